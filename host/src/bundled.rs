@@ -1,0 +1,36 @@
+//! Plugins compiled into the `trellis` binary, built from `plugins/` by the build script.
+
+use std::path::PathBuf;
+
+use crate::plugins::PluginKind;
+
+mod components {
+    include!(concat!(env!("OUT_DIR"), "/components.rs"));
+}
+
+/// A plugin shipped inside the binary.
+#[derive(Debug)]
+pub struct BundledPlugin {
+    /// Plugin id.
+    pub id: &'static str,
+    /// Its world.
+    pub kind: PluginKind,
+    /// One line for listings.
+    pub description: &'static str,
+    /// The component.
+    pub component: &'static [u8],
+}
+
+/// Every bundled plugin.
+pub const PLUGINS: &[BundledPlugin] = &[BundledPlugin {
+    id: "workspace",
+    kind: PluginKind::Tool,
+    description: "Read, write, list, search, patch, move and delete files in the folders granted to the turn.",
+    component: components::WORKSPACE,
+}];
+
+/// Path of a component that exists only for tests (`adversary`, `wrong_world`).
+#[doc(hidden)]
+pub fn test_component(name: &str) -> PathBuf {
+    PathBuf::from(components::TEST_COMPONENTS_DIR).join(format!("{name}.wasm"))
+}

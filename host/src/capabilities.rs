@@ -1,0 +1,327 @@
+//! Capability grants: what one plugin call may see and how much it may use.
+//!
+//! A [`Grant`] lists folders, each read-only or read-write, and maps each into
+//! the guest as a preopened directory at a workspace-relative guest path. The
+//! guest gets no environment variables, no arguments, no sockets and no other
+//! files: what is not granted does not exist for it. [`Limits`] bound memory,
+//! time and output of one call.
+
+use std::path::{Component as PathComponent, Path, PathBuf};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context as TaskContext, Poll};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
+use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder};
+
+/// Whether a granted folder can be changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Files can be read and listed, nothing can be created, changed or removed.
+    ReadOnly,
+    /// Files can be read, created, changed and removed.
+    ReadWrite,
+}
+
+/// One folder of a grant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FolderGrant {
+    /// The folder on the host.
+    pub host: PathBuf,
+    /// Where the guest sees it: an absolute, normalized guest path such as
+    /// `/runs/iteration-0/execution/step-1`.
+    pub guest: String,
+    /// What the guest may do there.
+    pub access: Access,
+}
+
+/// Access to the workflow database through the `workflow-db` host interface.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DbGrant {
+    /// The SQLite file.
+    pub path: PathBuf,
+    /// Whether statements that modify the database may run.
+    pub writable: bool,
+}
+
+/// Everything one plugin call may reach. The default grant reaches nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Grant {
+    folders: Vec<FolderGrant>,
+    db: Option<DbGrant>,
+}
+
+impl Grant {
+    /// A grant with no folders and no database.
+    pub fn none() -> Self {
+        Grant::default()
+    }
+
+    /// Adds `host` as a read-only folder seen at `guest`.
+    pub fn read(self, host: impl Into<PathBuf>, guest: &str) -> Result<Self> {
+        self.folder(host.into(), guest, Access::ReadOnly)
+    }
+
+    /// Adds `host` as a read-write folder seen at `guest`.
+    pub fn write(self, host: impl Into<PathBuf>, guest: &str) -> Result<Self> {
+        self.folder(host.into(), guest, Access::ReadWrite)
+    }
+
+    /// Adds a folder. A guest path that is already granted is replaced, so a
+    /// later, narrower decision about the same folder wins.
+    pub fn folder(mut self, host: PathBuf, guest: &str, access: Access) -> Result<Self> {
+        let guest = normalize_guest_path(guest)?;
+        self.folders.retain(|f| f.guest != guest);
+        self.folders.push(FolderGrant { host, guest, access });
+        Ok(self)
+    }
+
+    /// Gives the call the workflow database.
+    pub fn with_db(mut self, path: impl Into<PathBuf>, writable: bool) -> Self {
+        self.db = Some(DbGrant {
+            path: path.into(),
+            writable,
+        });
+        self
+    }
+
+    /// The granted folders, in the order they were added.
+    pub fn folders(&self) -> &[FolderGrant] {
+        &self.folders
+    }
+
+    /// The database grant, if any.
+    pub fn db(&self) -> Option<&DbGrant> {
+        self.db.as_ref()
+    }
+
+    /// Builds the WASI context for one call: the granted folders as preopens,
+    /// the given stdout/stderr sinks, and nothing else.
+    pub(crate) fn wasi_ctx(&self, stdout: CappedOutput, stderr: CappedOutput) -> Result<WasiCtx> {
+        let mut builder = WasiCtxBuilder::new();
+        builder
+            .stdout(stdout)
+            .stderr(stderr)
+            .allow_tcp(false)
+            .allow_udp(false)
+            .allow_ip_name_lookup(false)
+            .socket_addr_check(|_, _| Box::pin(async { false }));
+        for folder in &self.folders {
+            let perms = match folder.access {
+                Access::ReadOnly => FsPerms::ReadOnly,
+                Access::ReadWrite => FsPerms::ReadWrite,
+            };
+            builder
+                .preopened_dir(&folder.host, &folder.guest, perms)
+                .map_err(anyhow::Error::from)
+                .with_context(|| {
+                    format!(
+                        "granting folder {} (seen as {}): it must be an existing directory",
+                        folder.host.display(),
+                        folder.guest
+                    )
+                })?;
+        }
+        Ok(builder.build())
+    }
+}
+
+/// Normalizes a guest path to `/a/b`: absolute, no `.` or `..`, no trailing slash.
+pub fn normalize_guest_path(guest: &str) -> Result<String> {
+    let mut parts = Vec::new();
+    for part in Path::new(guest).components() {
+        match part {
+            PathComponent::RootDir | PathComponent::CurDir => {}
+            PathComponent::Normal(p) => parts.push(
+                p.to_str()
+                    .with_context(|| format!("guest path {guest:?} is not UTF-8"))?,
+            ),
+            PathComponent::ParentDir | PathComponent::Prefix(_) => {
+                bail!("guest path {guest:?} must not contain `..`")
+            }
+        }
+    }
+    Ok(format!("/{}", parts.join("/")))
+}
+
+/// Resolves `relative` (a workspace-relative folder, as written in a plan or on
+/// the command line) inside `root`, refusing anything that would leave it:
+/// absolute paths, `..`, and symbolic links that point outside `root`.
+///
+/// The check opens the folder through a cap-std handle on `root`, which cannot
+/// name anything outside it; the canonical host path is returned for the grant.
+pub fn resolve_in_root(root: &Path, relative: &str) -> Result<PathBuf> {
+    let rel = Path::new(relative);
+    if rel.is_absolute() {
+        bail!("{relative:?} must be a path relative to {}", root.display());
+    }
+    if rel.components().any(|c| matches!(c, PathComponent::ParentDir)) {
+        bail!("{relative:?} must not contain `..`");
+    }
+    let root_dir = cap_std::fs::Dir::open_ambient_dir(root, cap_std::ambient_authority())
+        .with_context(|| format!("opening {}", root.display()))?;
+    let target = if rel.as_os_str().is_empty() { Path::new(".") } else { rel };
+    let meta = root_dir
+        .metadata(target)
+        .with_context(|| format!("{relative:?} is not a folder inside {}", root.display()))?;
+    if !meta.is_dir() {
+        bail!("{relative:?} is not a folder");
+    }
+    let canonical_root = root
+        .canonicalize()
+        .with_context(|| format!("resolving {}", root.display()))?;
+    let host = root
+        .join(rel)
+        .canonicalize()
+        .with_context(|| format!("resolving {relative:?} in {}", root.display()))?;
+    if !host.starts_with(&canonical_root) {
+        bail!("{relative:?} leaves {} through a symbolic link", root.display());
+    }
+    Ok(host)
+}
+
+/// Bounds on one plugin call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest total linear memory of the instance, in bytes.
+    pub memory_bytes: usize,
+    /// Wall-clock deadline for the call, guest code and host calls included.
+    pub timeout: Duration,
+    /// Largest result (JSON text) the call may return, in bytes.
+    pub output_bytes: usize,
+    /// How much of the guest's stdout and of its stderr is kept, each, in bytes;
+    /// the rest is counted and dropped.
+    pub stdio_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            memory_bytes: 256 << 20,
+            timeout: Duration::from_secs(30),
+            output_bytes: 4 << 20,
+            stdio_bytes: 64 << 10,
+        }
+    }
+}
+
+/// A stdout/stderr sink that keeps the first `capacity` bytes and silently
+/// drops the rest, so a guest printing without end neither grows host memory
+/// nor sees a write error it might turn into a panic.
+#[derive(Debug, Clone)]
+pub(crate) struct CappedOutput {
+    inner: Arc<Mutex<CappedBuffer>>,
+}
+
+#[derive(Debug, Default)]
+struct CappedBuffer {
+    kept: Vec<u8>,
+    dropped: u64,
+    capacity: usize,
+}
+
+impl CappedOutput {
+    pub(crate) fn new(capacity: usize) -> Self {
+        CappedOutput {
+            inner: Arc::new(Mutex::new(CappedBuffer {
+                capacity,
+                ..CappedBuffer::default()
+            })),
+        }
+    }
+
+    /// The kept bytes as text, with a note of how much was dropped.
+    pub(crate) fn text(&self) -> String {
+        let buffer = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut text = String::from_utf8_lossy(&buffer.kept).into_owned();
+        if buffer.dropped > 0 {
+            text.push_str(&format!("\n[{} more bytes dropped]", buffer.dropped));
+        }
+        text
+    }
+
+    fn push(&self, bytes: &[u8]) {
+        let mut buffer = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let room = buffer.capacity.saturating_sub(buffer.kept.len());
+        let kept = room.min(bytes.len());
+        buffer.kept.extend_from_slice(&bytes[..kept]);
+        buffer.dropped += (bytes.len() - kept) as u64;
+    }
+}
+
+impl IsTerminal for CappedOutput {
+    fn is_terminal(&self) -> bool {
+        false
+    }
+}
+
+impl StdoutStream for CappedOutput {
+    fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
+        Box::new(self.clone())
+    }
+}
+
+impl tokio::io::AsyncWrite for CappedOutput {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _cx: &mut TaskContext<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        self.push(buf);
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut TaskContext<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut TaskContext<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guest_paths_are_normalized() {
+        assert_eq!(normalize_guest_path("a/./b/").unwrap(), "/a/b");
+        assert_eq!(normalize_guest_path("/").unwrap(), "/");
+        assert!(normalize_guest_path("a/../../b").is_err());
+    }
+
+    #[test]
+    fn a_later_grant_of_the_same_folder_replaces_the_earlier() {
+        let grant = Grant::none()
+            .write("/tmp", "/x")
+            .unwrap()
+            .read("/tmp", "x/")
+            .unwrap();
+        assert_eq!(grant.folders().len(), 1);
+        assert_eq!(grant.folders()[0].access, Access::ReadOnly);
+    }
+
+    #[test]
+    fn resolving_refuses_to_leave_the_root() {
+        let root = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::create_dir(root.path().join("inside")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), root.path().join("escape")).unwrap();
+
+        assert!(resolve_in_root(root.path(), "inside").is_ok());
+        for bad in ["../", "/etc", "inside/../../x", "escape", "missing"] {
+            assert!(resolve_in_root(root.path(), bad).is_err(), "{bad} accepted");
+        }
+    }
+
+    #[test]
+    fn capped_output_keeps_the_head_and_counts_the_rest() {
+        let out = CappedOutput::new(4);
+        out.push(b"abcdef");
+        out.push(b"gh");
+        assert_eq!(out.text(), "abcd\n[4 more bytes dropped]");
+    }
+}

@@ -1,0 +1,528 @@
+//! Plugin loading and calling.
+//!
+//! A [`PluginRegistry`] holds every loaded plugin: the bundled ones compiled
+//! into the binary and third-party ones read from plugin folders (a
+//! `plugin.json` manifest beside a component). Loading compiles the component
+//! once (through the engine's cache), checks that it implements the world its
+//! manifest claims, links it into an `InstancePre`, and for tool plugins asks
+//! it for its tools. Every call then gets a fresh `Store` with the grant of
+//! that call, so nothing carries over from one call to the next.
+
+pub mod manifest;
+pub mod tools;
+
+mod bindings;
+mod state;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::{Store, Trap};
+
+use crate::bundled;
+use crate::capabilities::{CappedOutput, Grant, Limits};
+use crate::engine::Engine;
+pub use manifest::{Manifest, PluginKind};
+use state::{CallState, MemoryLimitExceeded};
+pub use tools::{ToolCallError, ToolErrorKind, ToolListing, ToolSpec, normalize_tool_name};
+
+/// Where a plugin came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PluginSource {
+    /// Compiled into the `trellis` binary.
+    Bundled,
+    /// Loaded from this component file.
+    File(PathBuf),
+}
+
+impl std::fmt::Display for PluginSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PluginSource::Bundled => f.write_str("bundled"),
+            PluginSource::File(path) => write!(f, "{}", path.display()),
+        }
+    }
+}
+
+/// A loaded plugin.
+pub struct Plugin {
+    manifest: Manifest,
+    source: PluginSource,
+    pre: wasmtime::component::InstancePre<CallState>,
+    tools: Vec<ToolSpec>,
+}
+
+impl std::fmt::Debug for Plugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plugin")
+            .field("id", &self.manifest.id)
+            .field("kind", &self.manifest.kind)
+            .field("source", &self.source)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Plugin {
+    /// The plugin's manifest.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// Where it was loaded from.
+    pub fn source(&self) -> &PluginSource {
+        &self.source
+    }
+
+    /// Its tools (empty for other kinds).
+    pub fn tools(&self) -> &[ToolSpec] {
+        &self.tools
+    }
+
+    /// The tools as listed to users, with full `server:tool` names.
+    pub fn tool_listings(&self) -> Vec<ToolListing<'_>> {
+        self.tools
+            .iter()
+            .map(|t| ToolListing {
+                name: format!("{}:{}", self.manifest.id, t.name),
+                description: &t.description,
+                input_schema: &t.input_schema,
+                read_only: t.read_only,
+                destructive: t.destructive,
+                idempotent: t.idempotent,
+            })
+            .collect()
+    }
+
+    fn find_tool(&self, name: &str) -> Option<&ToolSpec> {
+        let wanted = normalize_tool_name(name);
+        self.tools.iter().find(|t| normalize_tool_name(&t.name) == wanted)
+    }
+}
+
+/// Every loaded plugin, by id.
+pub struct PluginRegistry {
+    engine: Engine,
+    tool_linker: Linker<CallState>,
+    validator_linker: Linker<CallState>,
+    plugins: BTreeMap<String, Plugin>,
+}
+
+impl std::fmt::Debug for PluginRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PluginRegistry")
+            .field("plugins", &self.plugins.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Limits used while a plugin lists its tools at load time.
+const LOAD_LIMITS: Limits = Limits {
+    memory_bytes: 64 << 20,
+    timeout: Duration::from_secs(10),
+    output_bytes: 1 << 20,
+    stdio_bytes: 16 << 10,
+};
+
+impl PluginRegistry {
+    /// A registry with the bundled plugins loaded.
+    pub async fn with_bundled(engine: &Engine) -> Result<Self> {
+        let mut registry = PluginRegistry::empty(engine)?;
+        for plugin in bundled::PLUGINS {
+            let manifest = Manifest {
+                id: plugin.id.to_string(),
+                kind: plugin.kind,
+                version: env!("CARGO_PKG_VERSION").to_string(),
+                description: plugin.description.to_string(),
+                component: PathBuf::from(format!("{}.wasm", plugin.id)),
+            };
+            registry
+                .add(manifest, PluginSource::Bundled, plugin.component)
+                .await
+                .with_context(|| format!("loading bundled plugin `{}`", plugin.id))?;
+        }
+        Ok(registry)
+    }
+
+    /// A registry with nothing loaded.
+    pub fn empty(engine: &Engine) -> Result<Self> {
+        let mut tool_linker = Linker::new(engine.wasmtime());
+        wasmtime_wasi::p2::add_to_linker_async(&mut tool_linker)?;
+        bindings::tool::ToolPlugin::add_to_linker::<CallState, HasSelf<CallState>>(
+            &mut tool_linker,
+            |s| s,
+        )?;
+        let mut validator_linker = Linker::new(engine.wasmtime());
+        wasmtime_wasi::p2::add_to_linker_async(&mut validator_linker)?;
+        bindings::validator::ValidatorPlugin::add_to_linker::<CallState, HasSelf<CallState>>(
+            &mut validator_linker,
+            |s| s,
+        )?;
+        Ok(PluginRegistry {
+            engine: engine.clone(),
+            tool_linker,
+            validator_linker,
+            plugins: BTreeMap::new(),
+        })
+    }
+
+    /// Loads every plugin in `dir`: either `dir/plugin.json` itself, or each
+    /// `dir/<name>/plugin.json`. Returns the ids loaded.
+    pub async fn load_dir(&mut self, dir: &Path) -> Result<Vec<String>> {
+        let manifests = find_manifests(dir)?;
+        let mut ids = Vec::new();
+        for path in manifests {
+            ids.push(self.load_manifest(&path).await?);
+        }
+        Ok(ids)
+    }
+
+    /// Loads the plugin described by the manifest at `path`.
+    pub async fn load_manifest(&mut self, path: &Path) -> Result<String> {
+        let manifest = Manifest::read(path)?;
+        let folder = path.parent().unwrap_or(Path::new("."));
+        let component_path = folder.join(&manifest.component);
+        let bytes = std::fs::read(&component_path).with_context(|| {
+            format!(
+                "{}: component: cannot read {}",
+                path.display(),
+                component_path.display()
+            )
+        })?;
+        let id = manifest.id.clone();
+        self.add(manifest, PluginSource::File(component_path.clone()), &bytes)
+            .await
+            .with_context(|| format!("loading plugin `{id}` from {}", component_path.display()))?;
+        Ok(id)
+    }
+
+    async fn add(&mut self, manifest: Manifest, source: PluginSource, bytes: &[u8]) -> Result<()> {
+        if let Some(existing) = self.plugins.get(&manifest.id) {
+            bail!(
+                "plugin id `{}` is already taken by {}",
+                manifest.id,
+                existing.source
+            );
+        }
+        let origin = source.to_string();
+        let component = self.engine.load_component(bytes, &origin)?;
+        check_world(&component, &self.engine, manifest.kind)?;
+        let linker = match manifest.kind {
+            PluginKind::Tool => &self.tool_linker,
+            PluginKind::Validator => &self.validator_linker,
+            PluginKind::LlmProvider => bail!(
+                "llm-provider plugins cannot be loaded by this version of Trellis yet (kind `llm-provider`)"
+            ),
+        };
+        let pre = linker.instantiate_pre(&component).map_err(|err| {
+            anyhow::anyhow!(
+                "the component needs an import a {} plugin is not given: {err}",
+                manifest.kind
+            )
+        })?;
+        let mut plugin = Plugin {
+            manifest,
+            source,
+            pre,
+            tools: Vec::new(),
+        };
+        if plugin.manifest.kind == PluginKind::Tool {
+            plugin.tools = list_tools(&plugin, &self.engine).await?;
+        }
+        self.plugins.insert(plugin.manifest.id.clone(), plugin);
+        Ok(())
+    }
+
+    /// Loaded plugins, sorted by id.
+    pub fn plugins(&self) -> impl Iterator<Item = &Plugin> {
+        self.plugins.values()
+    }
+
+    /// The plugin with this id.
+    pub fn get(&self, id: &str) -> Option<&Plugin> {
+        self.plugins.get(id)
+    }
+
+    /// Resolves `server:tool` to its plugin and tool.
+    pub fn resolve_tool(&self, full_name: &str) -> Result<(&Plugin, &ToolSpec), ToolCallError> {
+        let Some((server, tool)) = full_name.split_once(':') else {
+            return Err(ToolCallError::BadName(full_name.to_string()));
+        };
+        let plugin = self
+            .plugins
+            .get(server)
+            .filter(|p| p.manifest.kind == PluginKind::Tool)
+            .ok_or_else(|| ToolCallError::UnknownServer {
+                server: server.to_string(),
+                loaded: self
+                    .plugins
+                    .values()
+                    .filter(|p| p.manifest.kind == PluginKind::Tool)
+                    .map(|p| p.manifest.id.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })?;
+        let spec = plugin
+            .find_tool(tool)
+            .ok_or_else(|| ToolCallError::UnknownTool {
+                server: server.to_string(),
+                tool: tool.to_string(),
+                available: plugin
+                    .tools
+                    .iter()
+                    .map(|t| t.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })?;
+        Ok((plugin, spec))
+    }
+
+    /// Calls tool `full_name` (`server:tool`) with `args` under `grant` and `limits`.
+    ///
+    /// The arguments are checked against the tool's schema first; the call runs
+    /// in a fresh instance that sees only the grant's folders.
+    #[tracing::instrument(skip(self, args, grant, limits), fields(tool = full_name))]
+    pub async fn call_tool(
+        &self,
+        full_name: &str,
+        args: &serde_json::Value,
+        grant: &Grant,
+        limits: &Limits,
+    ) -> Result<serde_json::Value, ToolCallError> {
+        let (plugin, spec) = self.resolve_tool(full_name)?;
+        let tool = format!("{}:{}", plugin.manifest.id, spec.name);
+        spec.check_arguments(args)
+            .map_err(|details| ToolCallError::InvalidArguments {
+                tool: tool.clone(),
+                details,
+            })?;
+        let outcome = run_call(&self.engine, plugin, grant, limits, |bindings, store| {
+            let name = spec.name.clone();
+            let args = args.to_string();
+            Box::pin(async move {
+                bindings
+                    .trellis_plugin_tool()
+                    .call_call_tool(store, &name, &args)
+                    .await
+            })
+        })
+        .await;
+        let text = match outcome {
+            Ok(Ok(text)) => text,
+            Ok(Err(err)) => {
+                let (kind, message) = tool_error(err);
+                return Err(ToolCallError::Tool {
+                    tool,
+                    kind,
+                    message,
+                });
+            }
+            Err(failure) => return Err(failure.into_error(tool, limits)),
+        };
+        if text.len() > limits.output_bytes {
+            return Err(ToolCallError::OutputTooLarge {
+                tool,
+                size: text.len(),
+                limit: limits.output_bytes,
+            });
+        }
+        serde_json::from_str(&text).map_err(|e| ToolCallError::InvalidOutput {
+            tool,
+            error: e.to_string(),
+        })
+    }
+}
+
+fn tool_error(err: bindings::tool::exports::trellis::plugin::tool::ToolError) -> (ToolErrorKind, String) {
+    use bindings::tool::exports::trellis::plugin::tool::ToolError as E;
+    match err {
+        E::InvalidArguments(m) => (ToolErrorKind::InvalidArguments, m),
+        E::UnknownTool(m) => (ToolErrorKind::UnknownTool, m),
+        E::NotFound(m) => (ToolErrorKind::NotFound, m),
+        E::Denied(m) => (ToolErrorKind::Denied, m),
+        E::Failed(m) => (ToolErrorKind::Failed, m),
+    }
+}
+
+/// Why a call into a guest did not return normally.
+enum CallFailure {
+    Timeout(Duration),
+    Memory,
+    StackOverflow,
+    Trap { message: String, stderr: String },
+    Host(anyhow::Error),
+}
+
+impl CallFailure {
+    fn into_error(self, tool: String, limits: &Limits) -> ToolCallError {
+        match self {
+            CallFailure::Timeout(after) => ToolCallError::Timeout { tool, after },
+            CallFailure::Memory => ToolCallError::MemoryLimit {
+                tool,
+                limit: limits.memory_bytes,
+            },
+            CallFailure::StackOverflow => ToolCallError::StackOverflow { tool },
+            CallFailure::Trap { message, stderr } => ToolCallError::Crashed {
+                tool,
+                message,
+                stderr,
+            },
+            CallFailure::Host(error) => ToolCallError::Host { tool, error },
+        }
+    }
+}
+
+type CallFuture<'a, T> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = wasmtime::Result<T>> + Send + 'a>>;
+
+/// Runs one call in a fresh store: builds the grant's WASI context, sets the
+/// memory limit and the epoch deadline, instantiates, calls `f`, and sorts any
+/// failure into timeout, memory, stack or crash.
+async fn run_call<T, F>(
+    engine: &Engine,
+    plugin: &Plugin,
+    grant: &Grant,
+    limits: &Limits,
+    f: F,
+) -> Result<T, CallFailure>
+where
+    F: for<'a> FnOnce(
+        &'a bindings::tool::ToolPlugin,
+        &'a mut Store<CallState>,
+    ) -> CallFuture<'a, T>,
+{
+    let stdout = CappedOutput::new(limits.stdio_bytes);
+    let stderr = CappedOutput::new(limits.stdio_bytes);
+    let wasi = grant
+        .wasi_ctx(stdout, stderr.clone())
+        .map_err(CallFailure::Host)?;
+    let state = CallState::new(
+        Arc::from(plugin.manifest.id.as_str()),
+        wasi,
+        limits.memory_bytes,
+        grant.db().cloned(),
+    );
+    let mut store = Store::new(engine.wasmtime(), state);
+    store.limiter(|s| &mut s.memory);
+    store.set_epoch_deadline(Engine::ticks_for(limits.timeout));
+    store.epoch_deadline_trap();
+
+    let call = async {
+        let pre = bindings::tool::ToolPluginPre::new(plugin.pre.clone())?;
+        let instance = pre.instantiate_async(&mut store).await?;
+        f(&instance, &mut store).await
+    };
+    // The epoch deadline stops guest code; this outer timeout also covers time
+    // spent in async host calls, which epochs do not interrupt.
+    let grace = limits.timeout + Duration::from_millis(250);
+    let result = match tokio::time::timeout(grace, call).await {
+        Ok(result) => result,
+        Err(_) => return Err(CallFailure::Timeout(limits.timeout)),
+    };
+    result.map_err(|err| classify(err, limits, store.data(), &stderr))
+}
+
+fn classify(err: wasmtime::Error, limits: &Limits, state: &CallState, stderr: &CappedOutput) -> CallFailure {
+    // The limiter's error is usually the one that surfaces, but a guest may turn
+    // a failed allocation into a trap of its own: the flag catches both.
+    if err.downcast_ref::<MemoryLimitExceeded>().is_some() || state.memory.exceeded.is_some() {
+        return CallFailure::Memory;
+    }
+    match err.downcast_ref::<Trap>() {
+        Some(Trap::Interrupt) => CallFailure::Timeout(limits.timeout),
+        Some(Trap::StackOverflow) => CallFailure::StackOverflow,
+        _ => CallFailure::Trap {
+            message: format!("{err:#}"),
+            stderr: stderr.text(),
+        },
+    }
+}
+
+async fn list_tools(plugin: &Plugin, engine: &Engine) -> Result<Vec<ToolSpec>> {
+    let listed = run_call(engine, plugin, &Grant::none(), &LOAD_LIMITS, |bindings, store| {
+        Box::pin(async move { bindings.trellis_plugin_tool().call_list_tools(store).await })
+    })
+    .await
+    .map_err(|failure| anyhow::anyhow!("{}", failure.into_error("list-tools".into(), &LOAD_LIMITS)))?;
+
+    let mut tools: Vec<ToolSpec> = Vec::new();
+    for info in listed {
+        let name = info.name;
+        manifest::check_id(&normalize_tool_name(&name))
+            .with_context(|| format!("list-tools: tool name {name:?}"))?;
+        if tools
+            .iter()
+            .any(|t| normalize_tool_name(&t.name) == normalize_tool_name(&name))
+        {
+            bail!("list-tools: tool `{name}` is listed twice");
+        }
+        let schema: serde_json::Value = serde_json::from_str(&info.input_schema)
+            .with_context(|| format!("list-tools: tool `{name}`: input-schema is not JSON"))?;
+        if schema.get("type").and_then(|t| t.as_str()) != Some("object") {
+            bail!("list-tools: tool `{name}`: input-schema must have \"type\": \"object\"");
+        }
+        let validator = jsonschema::validator_for(&schema)
+            .map_err(|e| anyhow::anyhow!("list-tools: tool `{name}`: invalid input-schema: {e}"))?;
+        tools.push(ToolSpec {
+            name,
+            description: info.description,
+            input_schema: schema,
+            read_only: info.hints.read_only,
+            destructive: info.hints.destructive,
+            idempotent: info.hints.idempotent,
+            validator,
+        });
+    }
+    Ok(tools)
+}
+
+/// Checks that `component` exports the interface of `kind`, with a message
+/// saying what it exports instead.
+fn check_world(component: &Component, engine: &Engine, kind: PluginKind) -> Result<()> {
+    let ty = component.component_type();
+    let exports: Vec<String> = ty
+        .exports(engine.wasmtime())
+        .map(|(name, _)| name.to_string())
+        .collect();
+    if exports.iter().any(|e| e == kind.export()) {
+        return Ok(());
+    }
+    let found = if exports.is_empty() {
+        "nothing".to_string()
+    } else {
+        exports.join(", ")
+    };
+    bail!(
+        "wrong world: the manifest says kind `{kind}`, so the component must implement world `{}` (export `{}`), but it exports {found}",
+        kind.world(),
+        kind.export()
+    )
+}
+
+fn find_manifests(dir: &Path) -> Result<Vec<PathBuf>> {
+    let direct = dir.join(manifest::MANIFEST_FILE);
+    if direct.is_file() {
+        return Ok(vec![direct]);
+    }
+    let entries =
+        std::fs::read_dir(dir).with_context(|| format!("reading plugin folder {}", dir.display()))?;
+    let mut found = Vec::new();
+    for entry in entries {
+        let path = entry?.path().join(manifest::MANIFEST_FILE);
+        if path.is_file() {
+            found.push(path);
+        }
+    }
+    if found.is_empty() {
+        bail!(
+            "{}: no {} here or in its subfolders",
+            dir.display(),
+            manifest::MANIFEST_FILE
+        );
+    }
+    found.sort();
+    Ok(found)
+}

@@ -1,0 +1,229 @@
+//! The per-call store state and the host interfaces every plugin imports.
+
+use std::sync::Arc;
+
+use wasmtime::ResourceLimiter;
+use wasmtime::component::ResourceTable;
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+use super::bindings::tool::trellis::plugin::{host, types, workflow_db};
+use crate::capabilities::DbGrant;
+
+/// Log lines longer than this are cut: a plugin cannot flood the host's log.
+const LOG_LINE_BYTES: usize = 4 << 10;
+/// Log lines per call after which the rest are dropped.
+const LOG_LINES_PER_CALL: u32 = 1000;
+/// Rows a `workflow-db` query may return.
+const DB_MAX_ROWS: usize = 10_000;
+/// Bytes of JSON a `workflow-db` query may return.
+const DB_MAX_BYTES: usize = 8 << 20;
+
+/// Store data of one plugin call. A fresh one is made for every call.
+pub(crate) struct CallState {
+    pub(crate) plugin: Arc<str>,
+    wasi: WasiCtx,
+    table: ResourceTable,
+    pub(crate) memory: MemoryLimit,
+    db: Option<DbGrant>,
+    db_conn: Option<rusqlite::Connection>,
+    log_lines: u32,
+}
+
+impl CallState {
+    pub(crate) fn new(
+        plugin: Arc<str>,
+        wasi: WasiCtx,
+        memory_bytes: usize,
+        db: Option<DbGrant>,
+    ) -> Self {
+        CallState {
+            plugin,
+            wasi,
+            table: ResourceTable::new(),
+            memory: MemoryLimit {
+                limit: memory_bytes,
+                exceeded: None,
+            },
+            db,
+            db_conn: None,
+            log_lines: 0,
+        }
+    }
+
+    fn connection(&mut self) -> Result<&rusqlite::Connection, workflow_db::DbError> {
+        let Some(grant) = &self.db else {
+            return Err(workflow_db::DbError::NotGranted);
+        };
+        if self.db_conn.is_none() {
+            use rusqlite::OpenFlags;
+            // A read-only grant opens the file read-only: even a statement that
+            // slipped past the read-only check below could not write.
+            let flags = if grant.writable {
+                OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE
+            } else {
+                OpenFlags::SQLITE_OPEN_READ_ONLY
+            } | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+            let conn = rusqlite::Connection::open_with_flags(&grant.path, flags)
+                .map_err(|e| workflow_db::DbError::Sql(format!("opening the workflow db: {e}")))?;
+            self.db_conn = Some(conn);
+        }
+        Ok(self.db_conn.as_ref().expect("connection opened above"))
+    }
+}
+
+impl WasiView for CallState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+/// Memory limit of one instance. Exceeding it traps the call with
+/// [`MemoryLimitExceeded`], which the host reports as such rather than as a crash.
+pub(crate) struct MemoryLimit {
+    limit: usize,
+    pub(crate) exceeded: Option<usize>,
+}
+
+/// The trap raised when a guest asks for more memory than its limit.
+#[derive(Debug, thiserror::Error)]
+#[error("memory limit of {limit} bytes exceeded (asked for {desired} bytes)")]
+pub(crate) struct MemoryLimitExceeded {
+    pub(crate) limit: usize,
+    pub(crate) desired: usize,
+}
+
+impl ResourceLimiter for MemoryLimit {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired > self.limit {
+            self.exceeded = Some(desired);
+            return Err(MemoryLimitExceeded {
+                limit: self.limit,
+                desired,
+            }
+            .into());
+        }
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(desired <= 100_000)
+    }
+}
+
+impl types::Host for CallState {}
+
+impl host::Host for CallState {
+    fn log(&mut self, level: host::LogLevel, message: String) {
+        self.log_lines += 1;
+        if self.log_lines > LOG_LINES_PER_CALL {
+            return;
+        }
+        let message = truncate(&message, LOG_LINE_BYTES);
+        let plugin = &*self.plugin;
+        match level {
+            host::LogLevel::Trace => tracing::trace!(plugin, "{message}"),
+            host::LogLevel::Debug => tracing::debug!(plugin, "{message}"),
+            host::LogLevel::Info => tracing::info!(plugin, "{message}"),
+            host::LogLevel::Warn => tracing::warn!(plugin, "{message}"),
+            host::LogLevel::Error => tracing::error!(plugin, "{message}"),
+        }
+    }
+}
+
+impl workflow_db::Host for CallState {
+    fn query(
+        &mut self,
+        sql: String,
+        params: Vec<workflow_db::SqlValue>,
+    ) -> Result<String, workflow_db::DbError> {
+        use workflow_db::DbError;
+        let conn = self.connection()?;
+        let mut stmt = conn.prepare(&sql).map_err(|e| DbError::Sql(e.to_string()))?;
+        if !stmt.readonly() {
+            return Err(DbError::ReadOnly(
+                "query runs read-only statements only; use execute to modify the database".into(),
+            ));
+        }
+        let names: Vec<String> = stmt.column_names().map(|s| s.to_string()).collect();
+        let mut rows = stmt
+            .query(rusqlite::params_from_iter(params.iter().map(to_sql)))
+            .map_err(|e| DbError::Sql(e.to_string()))?;
+        let mut out = Vec::new();
+        let mut bytes = 0;
+        while let Some(row) = rows.next().map_err(|e| DbError::Sql(e.to_string()))? {
+            if out.len() == DB_MAX_ROWS {
+                return Err(DbError::TooLarge(format!("more than {DB_MAX_ROWS} rows")));
+            }
+            let mut object = serde_json::Map::new();
+            for (i, name) in names.iter().enumerate() {
+                let value = match row.get_ref(i).map_err(|e| DbError::Sql(e.to_string()))? {
+                    rusqlite::types::ValueRef::Null => serde_json::Value::Null,
+                    rusqlite::types::ValueRef::Integer(n) => n.into(),
+                    rusqlite::types::ValueRef::Real(f) => f.into(),
+                    rusqlite::types::ValueRef::Text(t) => String::from_utf8_lossy(t).into(),
+                    rusqlite::types::ValueRef::Blob(b) => format!("<{} byte blob>", b.len()).into(),
+                };
+                bytes += name.len() + value.to_string().len();
+                object.insert(name.clone(), value);
+            }
+            if bytes > DB_MAX_BYTES {
+                return Err(DbError::TooLarge(format!("result over {DB_MAX_BYTES} bytes")));
+            }
+            out.push(serde_json::Value::Object(object));
+        }
+        Ok(serde_json::Value::Array(out).to_string())
+    }
+
+    fn execute(
+        &mut self,
+        sql: String,
+        params: Vec<workflow_db::SqlValue>,
+    ) -> Result<u64, workflow_db::DbError> {
+        use workflow_db::DbError;
+        if self.db.as_ref().is_some_and(|db| !db.writable) {
+            return Err(DbError::ReadOnly(
+                "this turn has read-only access to the workflow db".into(),
+            ));
+        }
+        let conn = self.connection()?;
+        let changed = conn
+            .execute(&sql, rusqlite::params_from_iter(params.iter().map(to_sql)))
+            .map_err(|e| DbError::Sql(e.to_string()))?;
+        Ok(changed as u64)
+    }
+}
+
+fn to_sql(value: &workflow_db::SqlValue) -> rusqlite::types::Value {
+    use rusqlite::types::Value;
+    match value {
+        workflow_db::SqlValue::Null => Value::Null,
+        workflow_db::SqlValue::Integer(n) => Value::Integer(*n),
+        workflow_db::SqlValue::Real(f) => Value::Real(*f),
+        workflow_db::SqlValue::Text(t) => Value::Text(t.clone()),
+    }
+}
+
+/// Cuts `text` to at most `max` bytes on a character boundary.
+pub(crate) fn truncate(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}

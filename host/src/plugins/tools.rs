@@ -1,0 +1,262 @@
+//! Tool descriptions, tool names and the errors of a tool call.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// A tool as offered by a loaded plugin, with its argument schema compiled.
+#[derive(Debug)]
+pub struct ToolSpec {
+    /// Name within the plugin, as the plugin lists it.
+    pub name: String,
+    /// What the tool does.
+    pub description: String,
+    /// JSON Schema of the arguments object.
+    pub input_schema: serde_json::Value,
+    /// The tool only reads.
+    pub read_only: bool,
+    /// The tool may delete or overwrite.
+    pub destructive: bool,
+    /// Repeating a call has the effect of one call.
+    pub idempotent: bool,
+    pub(crate) validator: jsonschema::Validator,
+}
+
+impl ToolSpec {
+    /// Checks `args` against the schema; every violation is listed, each with its JSON pointer.
+    pub fn check_arguments(&self, args: &serde_json::Value) -> Result<(), String> {
+        let problems: Vec<String> = self
+            .validator
+            .iter_errors(args)
+            .map(|err| {
+                let at = err.instance_path().to_string();
+                let at = if at.is_empty() { "/".to_string() } else { at };
+                format!("at {at}: {err}")
+            })
+            .collect();
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems.join("; "))
+        }
+    }
+}
+
+/// JSON shape of a tool for listings (`trellis plugins inspect`).
+#[derive(Debug, Serialize)]
+pub struct ToolListing<'a> {
+    /// Full name, `server:tool`.
+    pub name: String,
+    /// What it does.
+    pub description: &'a str,
+    /// Argument schema.
+    pub input_schema: &'a serde_json::Value,
+    /// Behaviour hints.
+    pub read_only: bool,
+    /// Behaviour hints.
+    pub destructive: bool,
+    /// Behaviour hints.
+    pub idempotent: bool,
+}
+
+/// Tool names are compared normalized: lowercase, `-` as `_`, CamelCase as snake_case.
+pub fn normalize_tool_name(name: &str) -> String {
+    let mut out = String::with_capacity(name.len() + 4);
+    let mut prev_lower_or_digit = false;
+    for c in name.chars() {
+        if c.is_ascii_uppercase() {
+            if prev_lower_or_digit {
+                out.push('_');
+            }
+            out.push(c.to_ascii_lowercase());
+            prev_lower_or_digit = false;
+        } else if c == '-' {
+            out.push('_');
+            prev_lower_or_digit = false;
+        } else {
+            out.push(c);
+            prev_lower_or_digit = c.is_ascii_lowercase() || c.is_ascii_digit();
+        }
+    }
+    out
+}
+
+/// What kind of error a plugin reported for a tool call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ToolErrorKind {
+    /// The arguments were not usable.
+    InvalidArguments,
+    /// The plugin has no such tool.
+    UnknownTool,
+    /// The path or record does not exist.
+    NotFound,
+    /// The grant does not allow it.
+    Denied,
+    /// Anything else.
+    Failed,
+}
+
+impl std::fmt::Display for ToolErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ToolErrorKind::InvalidArguments => "invalid arguments",
+            ToolErrorKind::UnknownTool => "unknown tool",
+            ToolErrorKind::NotFound => "not found",
+            ToolErrorKind::Denied => "denied",
+            ToolErrorKind::Failed => "failed",
+        })
+    }
+}
+
+/// Why a tool call produced no result. Every variant is a value for the
+/// caller (and, in a workflow, for the model); none brings the host down.
+#[derive(Debug, thiserror::Error)]
+pub enum ToolCallError {
+    /// The name is not `server:tool`.
+    #[error("{0:?} is not a tool name: expected `server:tool`, e.g. `workspace:read_file`")]
+    BadName(String),
+    /// No plugin with that id.
+    #[error("no tool plugin `{server}` (loaded: {loaded})")]
+    UnknownServer {
+        /// The id asked for.
+        server: String,
+        /// Ids that exist.
+        loaded: String,
+    },
+    /// The plugin has no tool of that name.
+    #[error("plugin `{server}` has no tool `{tool}` (it has: {available})")]
+    UnknownTool {
+        /// Plugin id.
+        server: String,
+        /// Tool asked for.
+        tool: String,
+        /// Tools it has.
+        available: String,
+    },
+    /// The arguments do not match the tool's schema; the plugin was not called.
+    #[error("{tool}: invalid arguments: {details}")]
+    InvalidArguments {
+        /// Full tool name.
+        tool: String,
+        /// Every schema violation.
+        details: String,
+    },
+    /// The plugin returned an error value.
+    #[error("{tool}: {kind}: {message}")]
+    Tool {
+        /// Full tool name.
+        tool: String,
+        /// Kind of error.
+        kind: ToolErrorKind,
+        /// The plugin's message.
+        message: String,
+    },
+    /// The call ran past its deadline and was stopped.
+    #[error("{tool}: timed out after {after:?} and was stopped")]
+    Timeout {
+        /// Full tool name.
+        tool: String,
+        /// The deadline.
+        after: Duration,
+    },
+    /// The guest asked for more memory than its limit.
+    #[error("{tool}: stopped: memory limit of {limit} bytes exceeded")]
+    MemoryLimit {
+        /// Full tool name.
+        tool: String,
+        /// The limit.
+        limit: usize,
+    },
+    /// The guest overflowed its stack.
+    #[error("{tool}: stopped: the plugin exhausted its stack (recursion too deep)")]
+    StackOverflow {
+        /// Full tool name.
+        tool: String,
+    },
+    /// The result was bigger than the output cap.
+    #[error("{tool}: result of {size} bytes is over the {limit}-byte output limit")]
+    OutputTooLarge {
+        /// Full tool name.
+        tool: String,
+        /// Size of the result.
+        size: usize,
+        /// The cap.
+        limit: usize,
+    },
+    /// The result was not JSON.
+    #[error("{tool}: the plugin returned invalid JSON: {error}")]
+    InvalidOutput {
+        /// Full tool name.
+        tool: String,
+        /// Parser message.
+        error: String,
+    },
+    /// The guest trapped (a panic, an `unreachable`, a bug).
+    #[error("{tool}: the plugin crashed: {message}{}", stderr_suffix(.stderr))]
+    Crashed {
+        /// Full tool name.
+        tool: String,
+        /// The trap.
+        message: String,
+        /// What the guest wrote to stderr (a panic message, usually).
+        stderr: String,
+    },
+    /// The grant could not be set up (a granted folder is missing, say).
+    #[error("{tool}: {error:#}")]
+    Host {
+        /// Full tool name.
+        tool: String,
+        /// What went wrong.
+        error: anyhow::Error,
+    },
+}
+
+fn stderr_suffix(stderr: &str) -> String {
+    let stderr = stderr.trim();
+    if stderr.is_empty() {
+        String::new()
+    } else {
+        format!("\nplugin stderr:\n{stderr}")
+    }
+}
+
+impl ToolCallError {
+    /// A short stable name of the error kind, for JSON output and logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ToolCallError::BadName(_) => "bad-name",
+            ToolCallError::UnknownServer { .. } => "unknown-server",
+            ToolCallError::UnknownTool { .. } => "unknown-tool",
+            ToolCallError::InvalidArguments { .. } => "invalid-arguments",
+            ToolCallError::Tool { kind, .. } => match kind {
+                ToolErrorKind::InvalidArguments => "invalid-arguments",
+                ToolErrorKind::UnknownTool => "unknown-tool",
+                ToolErrorKind::NotFound => "not-found",
+                ToolErrorKind::Denied => "denied",
+                ToolErrorKind::Failed => "failed",
+            },
+            ToolCallError::Timeout { .. } => "timeout",
+            ToolCallError::MemoryLimit { .. } => "memory-limit",
+            ToolCallError::StackOverflow { .. } => "stack-overflow",
+            ToolCallError::OutputTooLarge { .. } => "output-too-large",
+            ToolCallError::InvalidOutput { .. } => "invalid-output",
+            ToolCallError::Crashed { .. } => "crashed",
+            ToolCallError::Host { .. } => "host",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_normalize_as_the_spec_says() {
+        assert_eq!(normalize_tool_name("read_file"), "read_file");
+        assert_eq!(normalize_tool_name("read-file"), "read_file");
+        assert_eq!(normalize_tool_name("ReadFile"), "read_file");
+        assert_eq!(normalize_tool_name("readFile2X"), "read_file2_x");
+        assert_eq!(normalize_tool_name("HTTPGet"), "httpget");
+    }
+}

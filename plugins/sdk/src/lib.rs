@@ -1,0 +1,73 @@
+//! Write Trellis plugins in Rust.
+//!
+//! A Trellis plugin is a WebAssembly component built for `wasm32-wasip2`. This crate
+//! hides the component-model plumbing behind one trait per world and an export
+//! macro, so a tool plugin is about a dozen lines:
+//!
+//! ```rust,ignore
+//! use trellis_plugin_sdk::{tool::{ToolPlugin, Tool, ToolError}, export_tool_plugin, serde_json::{json, Value}};
+//!
+//! struct Echo;
+//!
+//! impl ToolPlugin for Echo {
+//!     fn tools() -> Vec<Tool> {
+//!         vec![Tool::new("echo", "Returns its input.", json!({"type":"object","properties":{"text":{"type":"string"}},"required":["text"]})).read_only()]
+//!     }
+//!     fn call(_name: &str, args: Value) -> Result<Value, ToolError> {
+//!         Ok(json!({"text": args["text"]}))
+//!     }
+//! }
+//!
+//! export_tool_plugin!(Echo);
+//! ```
+//!
+//! - [`tool`]: [`ToolPlugin`](tool::ToolPlugin) and [`export_tool_plugin!`] for the
+//!   `tool-plugin` world.
+//! - [`validator`]: [`ValidatorPlugin`](validator::ValidatorPlugin) and
+//!   [`export_validator_plugin!`] for the `validator-plugin` world.
+//! - [`log`] and [`db`]: the services the host gives every plugin.
+//!
+//! A plugin's filesystem is exactly the folders granted to the current call, each
+//! mounted at its workspace-relative path with a leading `/` (for example
+//! `/knowledgebase/notes`), so plain `std::fs` works and anything else does not exist.
+
+pub mod db;
+pub mod log;
+pub mod tool;
+pub mod validator;
+
+pub use serde;
+pub use serde_json;
+
+/// Generated bindings; public only because the export macros expand in the
+/// plugin's crate and must name them.
+#[doc(hidden)]
+#[allow(
+    missing_docs,
+    reason = "generated from the WIT, which documents every item"
+)]
+pub mod bindings {
+    wit_bindgen::generate!({
+        path: "../../wit",
+        world: "tool-plugin",
+        pub_export_macro: true,
+        default_bindings_module: "trellis_plugin_sdk::bindings",
+        export_macro_name: "__export_tool_world",
+    });
+
+    /// The validator world, sharing the host interface types with the tool world
+    /// so `log` has one `LogLevel` for both.
+    pub mod validator_world {
+        wit_bindgen::generate!({
+            path: "../../wit",
+            world: "validator-plugin",
+            pub_export_macro: true,
+            default_bindings_module: "trellis_plugin_sdk::bindings::validator_world",
+            export_macro_name: "__export_validator_world",
+            with: {
+                "trellis:plugin/host@0.1.0": crate::bindings::trellis::plugin::host,
+                "trellis:plugin/types@0.1.0": crate::bindings::trellis::plugin::types,
+            },
+        });
+    }
+}

@@ -1,0 +1,242 @@
+//! A tool plugin that tries, one tool per attack, to do what a Trellis plugin must
+//! not: leave its folder grants, write to a read-only grant, read the host's
+//! environment, open sockets, burn CPU or memory, overflow its stack, flood its
+//! outputs, or panic. Host tests call these tools and assert that the sandbox
+//! stops each one and that the host keeps serving calls afterwards (`echo`).
+//!
+//! Everything goes through plain `std` with the path exactly as given: no
+//! normalization, so `../` and absolute paths reach WASI untouched and the
+//! host's preopens are the only thing in the way.
+
+use std::hint::black_box;
+use std::io::Write;
+
+use serde_json::{Map, Value, json};
+use trellis_plugin_sdk::db;
+use trellis_plugin_sdk::export_tool_plugin;
+use trellis_plugin_sdk::tool::{Tool, ToolError, ToolPlugin};
+
+struct Adversary;
+
+/// A tool's name, description and parameters as (name, JSON type); every
+/// parameter is required, and an empty type accepts any JSON value.
+type Spec = (
+    &'static str,
+    &'static str,
+    &'static [(&'static str, &'static str)],
+);
+
+const TOOLS: &[Spec] = &[
+    (
+        "read",
+        "Reads a file and returns its content as a string.",
+        &[("path", "string")],
+    ),
+    (
+        "write",
+        "Writes `content` to a file, creating or truncating it.",
+        &[("path", "string"), ("content", "string")],
+    ),
+    (
+        "list",
+        "Lists a folder's entry names.",
+        &[("path", "string")],
+    ),
+    (
+        "env",
+        "Returns the environment variables and the command-line arguments.",
+        &[],
+    ),
+    (
+        "connect",
+        "Opens a TCP connection to `addr` (host:port).",
+        &[("addr", "string")],
+    ),
+    ("spin", "Loops forever.", &[]),
+    (
+        "memory_bomb",
+        "Allocates 1 MiB chunks forever, touching and keeping each one.",
+        &[],
+    ),
+    (
+        "recurse",
+        "Recurses `depth` levels with 1 KiB of stack per level.",
+        &[("depth", "integer")],
+    ),
+    (
+        "huge_output",
+        "Returns a string of `bytes` bytes.",
+        &[("bytes", "integer")],
+    ),
+    ("panic", "Panics with `message`.", &[("message", "string")]),
+    (
+        "stderr_flood",
+        "Writes `bytes` bytes to stderr, then returns.",
+        &[("bytes", "integer")],
+    ),
+    ("echo", "Returns `value` unchanged.", &[("value", "")]),
+    (
+        "db_query",
+        "Runs `sql` as a query on the workflow database.",
+        &[("sql", "string")],
+    ),
+    (
+        "db_execute",
+        "Runs `sql` as a statement on the workflow database.",
+        &[("sql", "string")],
+    ),
+];
+
+impl ToolPlugin for Adversary {
+    fn tools() -> Vec<Tool> {
+        TOOLS
+            .iter()
+            .map(|(name, description, params)| {
+                let properties: Map<String, Value> = params
+                    .iter()
+                    .map(|(param, ty)| {
+                        let schema = if ty.is_empty() {
+                            json!({})
+                        } else {
+                            json!({ "type": ty })
+                        };
+                        ((*param).to_owned(), schema)
+                    })
+                    .collect();
+                let required: Vec<&str> = params.iter().map(|(param, _)| *param).collect();
+                Tool::new(
+                    *name,
+                    *description,
+                    json!({
+                        "$schema": "https://json-schema.org/draft/2020-12/schema",
+                        "type": "object",
+                        "properties": properties,
+                        "required": required,
+                        "additionalProperties": false,
+                    }),
+                )
+            })
+            .collect()
+    }
+
+    fn call(name: &str, args: Value) -> Result<Value, ToolError> {
+        match name {
+            "read" => {
+                let path = string(&args, "path")?;
+                std::fs::read_to_string(path)
+                    .map(Value::String)
+                    .map_err(|e| ToolError::from_io(path, &e))
+            }
+            "write" => {
+                let path = string(&args, "path")?;
+                std::fs::write(path, string(&args, "content")?)
+                    .map(|()| json!({ "written": true }))
+                    .map_err(|e| ToolError::from_io_write(path, &e))
+            }
+            "list" => {
+                let path = string(&args, "path")?;
+                let names = std::fs::read_dir(path)
+                    .and_then(|entries| {
+                        entries
+                            .map(|entry| {
+                                entry.map(|e| e.file_name().to_string_lossy().into_owned())
+                            })
+                            .collect::<Result<Vec<_>, _>>()
+                    })
+                    .map_err(|e| ToolError::from_io(path, &e))?;
+                Ok(json!(names))
+            }
+            "env" => {
+                let vars: Map<String, Value> = std::env::vars()
+                    .map(|(k, v)| (k, Value::String(v)))
+                    .collect();
+                let args: Vec<String> = std::env::args().collect();
+                Ok(json!({ "vars": vars, "args": args }))
+            }
+            "connect" => {
+                let addr = string(&args, "addr")?;
+                match std::net::TcpStream::connect(addr) {
+                    Ok(stream) => Ok(
+                        json!({ "connected": true, "peer": format!("{:?}", stream.peer_addr()) }),
+                    ),
+                    Err(e) => Err(ToolError::Failed(e.to_string())),
+                }
+            }
+            "spin" => spin(),
+            "memory_bomb" => memory_bomb(),
+            "recurse" => Ok(json!(recurse(number(&args, "depth")?))),
+            "huge_output" => Ok(Value::String(
+                "x".repeat(usize::try_from(number(&args, "bytes")?).unwrap_or(usize::MAX)),
+            )),
+            "panic" => panic!("{}", string(&args, "message")?),
+            "stderr_flood" => stderr_flood(number(&args, "bytes")?),
+            "echo" => Ok(args.get("value").cloned().unwrap_or(Value::Null)),
+            "db_query" => db::query(string(&args, "sql")?, &[])
+                .map(Value::Array)
+                .map_err(|e| ToolError::Failed(e.to_string())),
+            "db_execute" => db::execute(string(&args, "sql")?, &[])
+                .map(|changed| json!({ "changed": changed }))
+                .map_err(|e| ToolError::Failed(e.to_string())),
+            other => Err(ToolError::UnknownTool(other.to_owned())),
+        }
+    }
+}
+
+fn string<'a>(args: &'a Value, key: &str) -> Result<&'a str, ToolError> {
+    args[key]
+        .as_str()
+        .ok_or_else(|| ToolError::InvalidArguments(format!("`{key}` must be a string")))
+}
+
+fn number(args: &Value, key: &str) -> Result<u64, ToolError> {
+    args[key].as_u64().ok_or_else(|| {
+        ToolError::InvalidArguments(format!("`{key}` must be a non-negative integer"))
+    })
+}
+
+fn spin() -> ! {
+    let mut counter = 0u64;
+    loop {
+        counter = black_box(counter.wrapping_add(1));
+    }
+}
+
+fn memory_bomb() -> ! {
+    let mut chunks: Vec<Vec<u8>> = Vec::new();
+    loop {
+        let mut chunk = vec![0u8; 1024 * 1024];
+        // Touch every page so the memory is really used, even on a host that
+        // commits lazily.
+        for page in chunk.chunks_mut(4096) {
+            page[0] = 1;
+        }
+        chunks.push(black_box(chunk));
+    }
+}
+
+/// Not a tail call: the frame's array is read after the recursive call returns,
+/// and `black_box` stops the compiler from shrinking or removing it.
+#[inline(never)]
+fn recurse(depth: u64) -> u64 {
+    let frame = black_box([depth as u8; 1024]);
+    if depth == 0 {
+        return u64::from(frame[0]);
+    }
+    recurse(depth - 1).wrapping_add(u64::from(black_box(&frame)[1023]))
+}
+
+fn stderr_flood(bytes: u64) -> Result<Value, ToolError> {
+    let chunk = [b'e'; 64 * 1024];
+    let mut stderr = std::io::stderr().lock();
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(chunk.len() as u64) as usize;
+        stderr
+            .write_all(&chunk[..n])
+            .map_err(|e| ToolError::Failed(e.to_string()))?;
+        left -= n as u64;
+    }
+    Ok(json!({ "written": bytes }))
+}
+
+export_tool_plugin!(Adversary);

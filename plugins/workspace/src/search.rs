@@ -1,0 +1,213 @@
+//! The `search` tool: a regular expression over the text files under a folder.
+
+use std::fs;
+
+use regex::{Regex, RegexBuilder};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use trellis_plugin_sdk::tool::{ToolError, from_args};
+
+use crate::files::{Kind, MAX_TEXT_BYTES, root_hint, sorted_entries};
+use crate::paths::WsPath;
+
+/// Longest matched line returned, in characters; minified files have lines of
+/// megabytes that would drown the agent's context.
+const MAX_LINE_CHARS: usize = 400;
+
+pub const MAX_RESULTS_LIMIT: usize = 1000;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SearchArgs {
+    pattern: String,
+    #[serde(default = "default_path")]
+    path: String,
+    glob: Option<String>,
+    #[serde(default = "default_max_results")]
+    max_results: usize,
+    #[serde(default)]
+    case_insensitive: bool,
+}
+
+fn default_path() -> String {
+    ".".to_owned()
+}
+
+fn default_max_results() -> usize {
+    100
+}
+
+struct Search {
+    regex: Regex,
+    glob: Option<String>,
+    max_results: usize,
+    matches: Vec<Value>,
+    files_scanned: u64,
+    files_skipped: u64,
+    truncated: bool,
+}
+
+pub fn search(args: Value) -> Result<Value, ToolError> {
+    let args: SearchArgs = from_args(args)?;
+    let regex = RegexBuilder::new(&args.pattern)
+        .case_insensitive(args.case_insensitive)
+        .build()
+        .map_err(|e| {
+            ToolError::InvalidArguments(format!("`pattern` is not a valid regular expression: {e}"))
+        })?;
+    if args.glob.as_deref().is_some_and(|glob| glob.contains('/')) {
+        return Err(ToolError::InvalidArguments(
+            "`glob` matches file names only and cannot contain `/`; narrow the folder with `path`"
+                .to_owned(),
+        ));
+    }
+    let root = WsPath::parse(&args.path);
+    let meta = fs::metadata(root.guest())
+        .map_err(|e| root_hint(&root, ToolError::from_io(root.display(), &e)))?;
+    let mut search = Search {
+        regex,
+        glob: args.glob,
+        max_results: args.max_results.clamp(1, MAX_RESULTS_LIMIT),
+        matches: Vec::new(),
+        files_scanned: 0,
+        files_skipped: 0,
+        truncated: false,
+    };
+    if meta.is_dir() {
+        search.walk(&root, true)?;
+    } else {
+        // A file named directly is searched even if the glob would not pick it.
+        search.scan(&root, meta.len());
+    }
+    Ok(json!({
+        "matches": search.matches,
+        "truncated": search.truncated,
+        "files_scanned": search.files_scanned,
+        "files_skipped": search.files_skipped,
+    }))
+}
+
+impl Search {
+    /// Symbolic links are not followed, as in `list_dir`. A subfolder that cannot be
+    /// read is skipped rather than failing the whole search.
+    fn walk(&mut self, dir: &WsPath, top: bool) -> Result<(), ToolError> {
+        let entries = match sorted_entries(dir) {
+            Ok(entries) => entries,
+            Err(e) if top => return Err(e),
+            Err(_) => return Ok(()),
+        };
+        for entry in entries {
+            if self.truncated {
+                break;
+            }
+            match entry.kind {
+                Kind::Dir => self.walk(&entry.path, false)?,
+                Kind::File
+                    if self
+                        .glob
+                        .as_deref()
+                        .is_none_or(|g| glob_match(g, entry.path.file_name())) =>
+                {
+                    self.scan(&entry.path, entry.size)
+                }
+                Kind::File | Kind::Symlink => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn scan(&mut self, path: &WsPath, size: u64) {
+        if size > MAX_TEXT_BYTES {
+            self.files_skipped += 1;
+            return;
+        }
+        let Some(text) = fs::read(path.guest())
+            .ok()
+            .and_then(|bytes| String::from_utf8(bytes).ok())
+        else {
+            self.files_skipped += 1;
+            return;
+        };
+        self.files_scanned += 1;
+        for (index, line) in text.lines().enumerate() {
+            if !self.regex.is_match(line) {
+                continue;
+            }
+            if self.matches.len() == self.max_results {
+                self.truncated = true;
+                return;
+            }
+            self.matches
+                .push(json!({ "path": path.display(), "line": index + 1, "text": clip(line) }));
+        }
+    }
+}
+
+fn clip(line: &str) -> String {
+    match line.char_indices().nth(MAX_LINE_CHARS) {
+        Some((cut, _)) => format!("{}…", &line[..cut]),
+        None => line.to_owned(),
+    }
+}
+
+/// Matches a file name against a glob where `*` is any run of characters and `?`
+/// is one character; everything else is literal.
+pub fn glob_match(glob: &str, name: &str) -> bool {
+    let glob: Vec<char> = glob.chars().collect();
+    let name: Vec<char> = name.chars().collect();
+    let (mut g, mut n) = (0, 0);
+    // Where the last `*` was and how much of the name it has swallowed, so a failed
+    // match can backtrack by letting that star take one more character.
+    let mut star: Option<(usize, usize)> = None;
+    while n < name.len() {
+        match glob.get(g) {
+            Some('*') => {
+                star = Some((g, n));
+                g += 1;
+            }
+            Some(&c) if c == '?' || c == name[n] => {
+                g += 1;
+                n += 1;
+            }
+            _ => match star {
+                Some((star_g, star_n)) => {
+                    g = star_g + 1;
+                    n = star_n + 1;
+                    star = Some((star_g, star_n + 1));
+                }
+                None => return false,
+            },
+        }
+    }
+    glob[g..].iter().all(|&c| c == '*')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn glob_literal_star_and_question_mark() {
+        assert!(glob_match("*.md", "notes.md"));
+        assert!(glob_match("*.md", ".md"));
+        assert!(!glob_match("*.md", "notes.md.bak"));
+        assert!(glob_match("plan-?.json", "plan-1.json"));
+        assert!(!glob_match("plan-?.json", "plan-12.json"));
+        assert!(glob_match("*", "anything"));
+        assert!(glob_match("a*b*c", "aXXbYYbZc"));
+        assert!(!glob_match("a*b*c", "aXXbYY"));
+        assert!(glob_match("README", "README"));
+        assert!(!glob_match("README", "readme"));
+        assert!(glob_match("**", ""));
+        assert!(glob_match("é*", "étude.txt"));
+    }
+
+    #[test]
+    fn long_lines_are_clipped_on_a_char_boundary() {
+        let line = "é".repeat(MAX_LINE_CHARS + 5);
+        let clipped = clip(&line);
+        assert_eq!(clipped.chars().count(), MAX_LINE_CHARS + 1);
+        assert!(clipped.ends_with('…'));
+        assert_eq!(clip("short"), "short");
+    }
+}
