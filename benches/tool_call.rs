@@ -76,7 +76,8 @@ impl Bare {
 
     async fn call(&self) -> String {
         let mut wasi = WasiCtxBuilder::new();
-        wasi.preopened_dir(&self.notes, "/notes", FsPerms::ReadOnly).unwrap();
+        wasi.preopened_dir(&self.notes, "/notes", FsPerms::ReadOnly)
+            .unwrap();
         let mut store = Store::new(
             &self.engine,
             BareState {
@@ -127,12 +128,18 @@ fn tool_call(c: &mut Criterion) {
     let dir = tempfile::tempdir().unwrap();
     let notes = dir.path().join("notes");
     std::fs::create_dir_all(&notes).unwrap();
-    std::fs::write(notes.join("a.md"), "# A note\nSmall file read by the benchmark.\n").unwrap();
+    std::fs::write(
+        notes.join("a.md"),
+        "# A note\nSmall file read by the benchmark.\n",
+    )
+    .unwrap();
 
     let cache = std::env::temp_dir().join("trellis-bench-cache");
     let engine = Engine::new(CacheSetting::Dir(cache)).unwrap();
     let trellis = Trellis {
-        registry: runtime.block_on(PluginRegistry::with_bundled(&engine)).unwrap(),
+        registry: runtime
+            .block_on(PluginRegistry::with_bundled(&engine))
+            .unwrap(),
         grant: Grant::none().read(&notes, "/notes").unwrap(),
         limits: Limits::default(),
     };
@@ -140,13 +147,16 @@ fn tool_call(c: &mut Criterion) {
 
     // Same answer from both paths, or the comparison means nothing.
     let from_trellis = runtime.block_on(trellis.call());
-    let from_bare: serde_json::Value = serde_json::from_str(&runtime.block_on(bare.call())).unwrap();
+    let from_bare: serde_json::Value =
+        serde_json::from_str(&runtime.block_on(bare.call())).unwrap();
     assert_eq!(from_trellis, from_bare);
     assert_eq!(from_trellis["total_lines"], json!(2));
 
     let mut group = c.benchmark_group("tool_call");
     group.bench_function("trellis", |b| b.iter(|| runtime.block_on(trellis.call())));
-    group.bench_function("bare_wasmtime", |b| b.iter(|| runtime.block_on(bare.call())));
+    group.bench_function("bare_wasmtime", |b| {
+        b.iter(|| runtime.block_on(bare.call()))
+    });
     group.finish();
 
     // Interleaved sample for percentiles: drift in machine load hits both alike.
@@ -174,8 +184,16 @@ fn tool_call(c: &mut Criterion) {
     );
     println!();
     println!("tool_call, {samples} interleaved calls each:");
-    println!("  trellis        p50 {:>8.1} us   p99 {:>8.1} us", micros(t50), micros(t99));
-    println!("  bare wasmtime  p50 {:>8.1} us   p99 {:>8.1} us", micros(w50), micros(w99));
+    println!(
+        "  trellis        p50 {:>8.1} us   p99 {:>8.1} us",
+        micros(t50),
+        micros(t99)
+    );
+    println!(
+        "  bare wasmtime  p50 {:>8.1} us   p99 {:>8.1} us",
+        micros(w50),
+        micros(w99)
+    );
     println!(
         "  ratio          p50 {:>8.2}      p99 {:>8.2}",
         micros(t50) / micros(w50),

@@ -34,7 +34,10 @@ fn main() {
     for name in BUNDLED.iter().chain(TEST_ONLY) {
         let path = release.join(format!("{name}.wasm"));
         if !path.is_file() {
-            panic!("trellis build: expected {} after building plugins/", path.display());
+            panic!(
+                "trellis build: expected {} after building plugins/",
+                path.display()
+            );
         }
     }
     for name in BUNDLED {
@@ -114,9 +117,15 @@ fn build_plugins(plugins: &Path, target_dir: &Path) {
     // overrides) are for the host, not for the guests.
     for (key, _) in env::vars_os() {
         let key = key.to_string_lossy();
-        let keep = ["CARGO_HOME", "CARGO_MAKEFLAGS", "CARGO_NET_", "CARGO_HTTP_", "CARGO_REGISTRIES_"]
-            .iter()
-            .any(|k| key.starts_with(k));
+        let keep = [
+            "CARGO_HOME",
+            "CARGO_MAKEFLAGS",
+            "CARGO_NET_",
+            "CARGO_HTTP_",
+            "CARGO_REGISTRIES_",
+        ]
+        .iter()
+        .any(|k| key.starts_with(k));
         if (key.starts_with("CARGO_") && !keep && key != "CARGO_TARGET_DIR")
             || key.starts_with("RUSTC_")
             || key == "RUSTFLAGS"
@@ -129,6 +138,8 @@ fn build_plugins(plugins: &Path, target_dir: &Path) {
         .status()
         .unwrap_or_else(|e| panic!("trellis build: cannot run cargo for plugins/: {e}"));
     if !status.success() {
-        panic!("trellis build: building the guest plugins in plugins/ failed (see the output above)");
+        panic!(
+            "trellis build: building the guest plugins in plugins/ failed (see the output above)"
+        );
     }
 }

@@ -115,7 +115,10 @@ struct PluginDirs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing(cli.verbose);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(err) => {
             eprintln!("error: starting the async runtime: {err}");
@@ -182,7 +185,9 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 "--timeout: expected a positive number of seconds, found {timeout}"
             );
             let limits = Limits {
-                memory_bytes: memory.checked_mul(1 << 20).context("--memory is too large")?,
+                memory_bytes: memory
+                    .checked_mul(1 << 20)
+                    .context("--memory is too large")?,
                 timeout: Duration::from_secs_f64(timeout),
                 ..Limits::default()
             };
@@ -217,8 +222,8 @@ fn parse_args(text: &str) -> Result<serde_json::Value> {
         ),
         None => ("--args".to_string(), text.to_string()),
     };
-    let value: serde_json::Value = serde_json::from_str(&text)
-        .with_context(|| format!("{source}: expected a JSON object"))?;
+    let value: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{source}: expected a JSON object"))?;
     anyhow::ensure!(
         value.is_object(),
         "{source}: expected a JSON object, found {}",
@@ -268,7 +273,10 @@ fn list_plugins(registry: &PluginRegistry, json: bool) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&list)?);
         return Ok(());
     }
-    println!("{:<16} {:<10} {:<9} {:<10} DESCRIPTION", "ID", "KIND", "VERSION", "TOOLS");
+    println!(
+        "{:<16} {:<10} {:<9} {:<10} DESCRIPTION",
+        "ID", "KIND", "VERSION", "TOOLS"
+    );
     for plugin in registry.plugins() {
         let m = plugin.manifest();
         println!(
@@ -285,7 +293,10 @@ fn list_plugins(registry: &PluginRegistry, json: bool) -> Result<()> {
 
 fn inspect_plugin(registry: &PluginRegistry, id: &str, json: bool) -> Result<()> {
     let plugin = registry.get(id).with_context(|| {
-        let ids: Vec<_> = registry.plugins().map(|p| p.manifest().id.as_str()).collect();
+        let ids: Vec<_> = registry
+            .plugins()
+            .map(|p| p.manifest().id.as_str())
+            .collect();
         format!("no plugin `{id}` (loaded: {})", ids.join(", "))
     })?;
     let m = plugin.manifest();

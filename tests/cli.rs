@@ -7,7 +7,10 @@ fn trellis(args: &[&str], cwd: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_trellis"))
         .args(args)
         .current_dir(cwd)
-        .env("TRELLIS_CACHE_DIR", PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("component-cache"))
+        .env(
+            "TRELLIS_CACHE_DIR",
+            PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("component-cache"),
+        )
         .env_remove("RUST_LOG")
         .output()
         .unwrap()
@@ -26,7 +29,12 @@ fn plugins_list_shows_the_bundled_workspace_plugin() {
     let out = trellis(&["plugins", "list"], &example());
     assert!(out.status.success(), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
-    assert!(stdout.lines().any(|l| l.starts_with("workspace ") && l.contains("tool")), "{stdout}");
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("workspace ") && l.contains("tool")),
+        "{stdout}"
+    );
 
     let out = trellis(&["plugins", "list", "--json"], &example());
     let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -39,9 +47,25 @@ fn plugins_inspect_prints_every_tool_with_its_schema() {
     let out = trellis(&["plugins", "inspect", "workspace", "--json"], &example());
     assert!(out.status.success(), "{}", text(&out.stderr));
     let value: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let names: Vec<&str> = value["tools"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
-    for tool in ["read_file", "write_file", "list_dir", "search", "apply_patch", "delete_file", "move_file"] {
-        assert!(names.contains(&format!("workspace:{tool}").as_str()), "{names:?}");
+    let names: Vec<&str> = value["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    for tool in [
+        "read_file",
+        "write_file",
+        "list_dir",
+        "search",
+        "apply_patch",
+        "delete_file",
+        "move_file",
+    ] {
+        assert!(
+            names.contains(&format!("workspace:{tool}").as_str()),
+            "{names:?}"
+        );
     }
     for tool in value["tools"].as_array().unwrap() {
         assert_eq!(tool["input_schema"]["type"], "object", "{tool}");
@@ -55,7 +79,15 @@ fn plugins_inspect_prints_every_tool_with_its_schema() {
 #[test]
 fn tool_call_prints_the_result_and_fails_with_the_error_on_stderr() {
     let out = trellis(
-        &["tool", "call", "workspace:read_file", "--read", "knowledgebase", "--args", r#"{"path": "knowledgebase/notes/escalation.md"}"#],
+        &[
+            "tool",
+            "call",
+            "workspace:read_file",
+            "--read",
+            "knowledgebase",
+            "--args",
+            r#"{"path": "knowledgebase/notes/escalation.md"}"#,
+        ],
         &example(),
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -64,12 +96,22 @@ fn tool_call_prints_the_result_and_fails_with_the_error_on_stderr() {
 
     // Without a grant for it, the same file does not exist for the plugin.
     let out = trellis(
-        &["tool", "call", "workspace:read_file", "--args", r#"{"path": "knowledgebase/notes/escalation.md"}"#],
+        &[
+            "tool",
+            "call",
+            "workspace:read_file",
+            "--args",
+            r#"{"path": "knowledgebase/notes/escalation.md"}"#,
+        ],
         &example(),
     );
     assert_eq!(out.status.code(), Some(1));
     assert!(out.stdout.is_empty());
-    assert!(text(&out.stderr).contains("workspace:read_file: denied"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("workspace:read_file: denied"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[test]
@@ -78,28 +120,71 @@ fn tool_call_writes_only_into_write_grants() {
     std::fs::create_dir_all(dir.path().join("out")).unwrap();
     std::fs::create_dir_all(dir.path().join("in")).unwrap();
     let args = r#"{"path": "out/x.txt", "content": "hello"}"#;
-    let out = trellis(&["tool", "call", "workspace:write_file", "--read", "out", "--args", args], dir.path());
+    let out = trellis(
+        &[
+            "tool",
+            "call",
+            "workspace:write_file",
+            "--read",
+            "out",
+            "--args",
+            args,
+        ],
+        dir.path(),
+    );
     assert_eq!(out.status.code(), Some(1));
     assert!(!dir.path().join("out/x.txt").exists());
-    let out = trellis(&["tool", "call", "workspace:write_file", "--write", "out", "--args", args], dir.path());
+    let out = trellis(
+        &[
+            "tool",
+            "call",
+            "workspace:write_file",
+            "--write",
+            "out",
+            "--args",
+            args,
+        ],
+        dir.path(),
+    );
     assert!(out.status.success(), "{}", text(&out.stderr));
-    assert_eq!(std::fs::read_to_string(dir.path().join("out/x.txt")).unwrap(), "hello");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("out/x.txt")).unwrap(),
+        "hello"
+    );
 }
 
 #[test]
 fn bad_command_lines_get_clear_errors() {
     let cases: [(&[&str], &str); 5] = [
-        (&["tool", "call", "workspace:read_file", "--args", "{oops"], "--args: expected a JSON object"),
-        (&["tool", "call", "workspace:read_file", "--args", "[1]"], "--args: expected a JSON object, found an array"),
-        (&["tool", "call", "workspace:read_file", "--read", "../"], "--read ../: \"../\" must not contain `..`"),
-        (&["tool", "call", "workspace:read_file", "--read", "missing"], "--read missing"),
-        (&["plugins", "list", "--plugins", "no-such-dir"], "reading plugin folder no-such-dir"),
+        (
+            &["tool", "call", "workspace:read_file", "--args", "{oops"],
+            "--args: expected a JSON object",
+        ),
+        (
+            &["tool", "call", "workspace:read_file", "--args", "[1]"],
+            "--args: expected a JSON object, found an array",
+        ),
+        (
+            &["tool", "call", "workspace:read_file", "--read", "../"],
+            "--read ../: \"../\" must not contain `..`",
+        ),
+        (
+            &["tool", "call", "workspace:read_file", "--read", "missing"],
+            "--read missing",
+        ),
+        (
+            &["plugins", "list", "--plugins", "no-such-dir"],
+            "reading plugin folder no-such-dir",
+        ),
     ];
     for (args, expected) in cases {
         let out = trellis(args, &example());
         assert_eq!(out.status.code(), Some(1), "{args:?}");
         let stderr = text(&out.stderr);
-        assert!(stderr.contains(expected), "{args:?}: expected {expected:?} in {stderr}");
+        assert!(
+            stderr.contains(expected),
+            "{args:?}: expected {expected:?} in {stderr}"
+        );
     }
 }
 
@@ -108,6 +193,9 @@ fn help_explains_the_sandbox() {
     let out = trellis(&["tool", "call", "--help"], &example());
     assert!(out.status.success());
     let help = text(&out.stdout);
-    assert!(help.contains("only the folders given with --read and\n--write exist"), "{help}");
+    assert!(
+        help.contains("only the folders given with --read and\n--write exist"),
+        "{help}"
+    );
     assert!(help.contains("--read <DIR>"), "{help}");
 }

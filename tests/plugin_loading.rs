@@ -55,7 +55,10 @@ async fn bytes_that_are_not_a_component_are_refused() {
     let folder = plugin_folder(dir.path(), "adversary", "broken", "tool");
     std::fs::write(folder.join("adversary.wasm"), b"\0asm garbage").unwrap();
     let err = load_error(&folder).await;
-    assert!(err.contains("adversary.wasm: not a valid WebAssembly component"), "{err}");
+    assert!(
+        err.contains("adversary.wasm: not a valid WebAssembly component"),
+        "{err}"
+    );
 }
 
 #[tokio::test]
@@ -64,21 +67,35 @@ async fn manifest_errors_name_the_file_and_the_field() {
     let folder = plugin_folder(dir.path(), "adversary", "adversary", "tool");
     let manifest = folder.join("plugin.json");
     let cases = [
-        (r#"{"id":"x","kind":"tool","version":"1","description":"d","component":"missing.wasm"}"#,
-         "component: cannot read"),
-        (r#"{"id":"x","kind":"tools","version":"1","description":"d","component":"adversary.wasm"}"#,
-         "kind: unknown variant `tools`, expected one of `tool`, `validator`, `llm-provider`"),
-        (r#"{"id":"X Y","kind":"tool","version":"1","description":"d","component":"adversary.wasm"}"#,
-         "id: expected 1-64 characters"),
-        (r#"{"id":"x","kind":"tool","version":"1","description":"d","component":"adversary.wasm","extra":true}"#,
-         "unknown field `extra`"),
-        ("[1,2", "EOF while parsing"),
+        (
+            r#"{"id":"x","kind":"tool","version":"1","description":"d","component":"missing.wasm"}"#,
+            "component: cannot read",
+        ),
+        (
+            r#"{"id":"x","kind":"tools","version":"1","description":"d","component":"adversary.wasm"}"#,
+            "kind: unknown variant `tools`, expected one of `tool`, `validator`, `llm-provider`",
+        ),
+        (
+            r#"{"id":"X Y","kind":"tool","version":"1","description":"d","component":"adversary.wasm"}"#,
+            "id: expected 1-64 characters",
+        ),
+        (
+            r#"{"id":"x","kind":"tool","version":"1","description":"d","component":"adversary.wasm","extra":true}"#,
+            "unknown field `extra`",
+        ),
+        (r#"{"id": "x", "#, "EOF while parsing"),
     ];
     for (text, expected) in cases {
         std::fs::write(&manifest, text).unwrap();
         let err = load_error(&folder).await;
-        assert!(err.contains(&manifest.display().to_string()), "{text}: {err}");
-        assert!(err.contains(expected), "{text}: expected {expected:?} in {err}");
+        assert!(
+            err.contains(&manifest.display().to_string()),
+            "{text}: {err}"
+        );
+        assert!(
+            err.contains(expected),
+            "{text}: expected {expected:?} in {err}"
+        );
     }
 }
 
@@ -87,12 +104,18 @@ async fn ids_must_be_unique() {
     let dir = tempfile::tempdir().unwrap();
     let folder = plugin_folder(dir.path(), "adversary", "workspace", "tool");
     let err = load_error(&folder).await;
-    assert!(err.contains("plugin id `workspace` is already taken by bundled"), "{err}");
+    assert!(
+        err.contains("plugin id `workspace` is already taken by bundled"),
+        "{err}"
+    );
 }
 
 #[tokio::test]
 async fn an_empty_folder_says_what_it_expected() {
     let dir = tempfile::tempdir().unwrap();
     let err = load_error(dir.path()).await;
-    assert!(err.contains("no plugin.json here or in its subfolders"), "{err}");
+    assert!(
+        err.contains("no plugin.json here or in its subfolders"),
+        "{err}"
+    );
 }

@@ -66,7 +66,10 @@ fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
         let rel = path.strip_prefix(root).unwrap().display().to_string();
         let meta = std::fs::symlink_metadata(&path).unwrap();
         if meta.file_type().is_symlink() {
-            out.insert(rel, format!("link -> {}", std::fs::read_link(&path).unwrap().display()));
+            out.insert(
+                rel,
+                format!("link -> {}", std::fs::read_link(&path).unwrap().display()),
+            );
         } else if meta.is_dir() {
             out.insert(rel.clone(), "dir".into());
             walk(root, &path, out);

@@ -74,7 +74,11 @@ impl Grant {
     pub fn folder(mut self, host: PathBuf, guest: &str, access: Access) -> Result<Self> {
         let guest = normalize_guest_path(guest)?;
         self.folders.retain(|f| f.guest != guest);
-        self.folders.push(FolderGrant { host, guest, access });
+        self.folders.push(FolderGrant {
+            host,
+            guest,
+            access,
+        });
         Ok(self)
     }
 
@@ -157,12 +161,19 @@ pub fn resolve_in_root(root: &Path, relative: &str) -> Result<PathBuf> {
     if rel.is_absolute() {
         bail!("{relative:?} must be a path relative to {}", root.display());
     }
-    if rel.components().any(|c| matches!(c, PathComponent::ParentDir)) {
+    if rel
+        .components()
+        .any(|c| matches!(c, PathComponent::ParentDir))
+    {
         bail!("{relative:?} must not contain `..`");
     }
     let root_dir = cap_std::fs::Dir::open_ambient_dir(root, cap_std::ambient_authority())
         .with_context(|| format!("opening {}", root.display()))?;
-    let target = if rel.as_os_str().is_empty() { Path::new(".") } else { rel };
+    let target = if rel.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        rel
+    };
     let meta = root_dir
         .metadata(target)
         .with_context(|| format!("{relative:?} is not a folder inside {}", root.display()))?;
@@ -177,7 +188,10 @@ pub fn resolve_in_root(root: &Path, relative: &str) -> Result<PathBuf> {
         .canonicalize()
         .with_context(|| format!("resolving {relative:?} in {}", root.display()))?;
     if !host.starts_with(&canonical_root) {
-        bail!("{relative:?} leaves {} through a symbolic link", root.display());
+        bail!(
+            "{relative:?} leaves {} through a symbolic link",
+            root.display()
+        );
     }
     Ok(host)
 }

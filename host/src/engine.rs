@@ -200,7 +200,8 @@ impl ComponentCache {
         digest.update(self.engine_key.as_bytes());
         digest.update([0]);
         digest.update(bytes);
-        self.dir.join(format!("{}.cwasm", hex::encode(digest.finalize())))
+        self.dir
+            .join(format!("{}.cwasm", hex::encode(digest.finalize())))
     }
 
     fn load(&self, engine: &wasmtime::Engine, bytes: &[u8], origin: &str) -> Result<Component> {
@@ -222,7 +223,8 @@ impl ComponentCache {
     }
 
     fn store(&self, path: &Path, component: &Component) -> Result<()> {
-        fs::create_dir_all(&self.dir).with_context(|| format!("creating {}", self.dir.display()))?;
+        fs::create_dir_all(&self.dir)
+            .with_context(|| format!("creating {}", self.dir.display()))?;
         let payload = component.serialize()?;
         let mut file = tempfile::NamedTempFile::new_in(&self.dir)?;
         file.write_all(&Sha256::digest(&payload))?;
@@ -275,7 +277,11 @@ mod tests {
         fs::write(&path, &bad).unwrap();
         assert!(read_entry(engine.wasmtime(), &path).is_err());
         engine.load_component(&bytes, "test").unwrap();
-        assert_eq!(fs::read(&path).unwrap(), good, "entry rewritten from a fresh compile");
+        assert_eq!(
+            fs::read(&path).unwrap(),
+            good,
+            "entry rewritten from a fresh compile"
+        );
 
         // A truncated file is rejected as well.
         fs::write(&path, &good[..10]).unwrap();
@@ -296,7 +302,9 @@ mod tests {
     #[test]
     fn invalid_bytes_name_their_origin() {
         let engine = Engine::new(CacheSetting::Disabled).unwrap();
-        let err = engine.load_component(b"not wasm", "plugins/x/x.wasm").unwrap_err();
+        let err = engine
+            .load_component(b"not wasm", "plugins/x/x.wasm")
+            .unwrap_err();
         assert!(format!("{err:#}").contains("plugins/x/x.wasm: not a valid WebAssembly component"));
     }
 

@@ -8,11 +8,17 @@
 //! - [`capabilities`]: grants (folders a call may see, read-only or read-write) and limits.
 //! - [`plugins`]: manifests, loading, the registry, and calling tools.
 //! - [`bundled`]: plugins compiled into the binary.
+//! - [`workflow`]: `plan.json`, `step_config.json`, `workflow.json`, contracts and migrations.
+//! - [`validation`]: the `validation_schema` gate and custom validator dispatch.
+//! - [`store`]: workspace files through cap-std and atomic writes.
 
 pub mod bundled;
 pub mod capabilities;
 pub mod engine;
 pub mod plugins;
+pub mod store;
+pub mod validation;
+pub mod workflow;
 
 pub use capabilities::{Access, Grant, Limits};
 pub use engine::{CacheSetting, Engine};

@@ -99,7 +99,9 @@ impl Plugin {
 
     fn find_tool(&self, name: &str) -> Option<&ToolSpec> {
         let wanted = normalize_tool_name(name);
-        self.tools.iter().find(|t| normalize_tool_name(&t.name) == wanted)
+        self.tools
+            .iter()
+            .find(|t| normalize_tool_name(&t.name) == wanted)
     }
 }
 
@@ -336,7 +338,9 @@ impl PluginRegistry {
     }
 }
 
-fn tool_error(err: bindings::tool::exports::trellis::plugin::tool::ToolError) -> (ToolErrorKind, String) {
+fn tool_error(
+    err: bindings::tool::exports::trellis::plugin::tool::ToolError,
+) -> (ToolErrorKind, String) {
     use bindings::tool::exports::trellis::plugin::tool::ToolError as E;
     match err {
         E::InvalidArguments(m) => (ToolErrorKind::InvalidArguments, m),
@@ -425,28 +429,54 @@ where
     result.map_err(|err| classify(err, limits, store.data(), &stderr))
 }
 
-fn classify(err: wasmtime::Error, limits: &Limits, state: &CallState, stderr: &CappedOutput) -> CallFailure {
+fn classify(
+    err: wasmtime::Error,
+    limits: &Limits,
+    state: &CallState,
+    stderr: &CappedOutput,
+) -> CallFailure {
     // The limiter's error is usually the one that surfaces, but a guest may turn
     // a failed allocation into a trap of its own: the flag catches both.
     if err.downcast_ref::<MemoryLimitExceeded>().is_some() || state.memory.exceeded.is_some() {
         return CallFailure::Memory;
     }
-    match err.downcast_ref::<Trap>() {
-        Some(Trap::Interrupt) => CallFailure::Timeout(limits.timeout),
-        Some(Trap::StackOverflow) => CallFailure::StackOverflow,
-        _ => CallFailure::Trap {
-            message: format!("{err:#}"),
-            stderr: stderr.text(),
-        },
+    let trap = err.downcast_ref::<Trap>().copied();
+    let message = match trap {
+        Some(Trap::Interrupt) => return CallFailure::Timeout(limits.timeout),
+        Some(Trap::StackOverflow) => return CallFailure::StackOverflow,
+        // The wasm backtrace is for plugin authors (trace logs); the user gets the trap.
+        Some(Trap::MemoryOutOfBounds) => {
+            "wasm trap: out of bounds memory access (a stack overflow in \
+             the plugin, such as recursion too deep, ends this way too)"
+                .to_string()
+        }
+        Some(Trap::UnreachableCodeReached) => {
+            "wasm trap: unreachable code reached (a panic in the plugin ends this way)".to_string()
+        }
+        Some(trap) => format!("wasm trap: {trap}"),
+        None => format!("{err:#}"),
+    };
+    tracing::debug!(plugin = %state.plugin, "plugin trapped: {err:?}");
+    CallFailure::Trap {
+        message,
+        stderr: stderr.text(),
     }
 }
 
 async fn list_tools(plugin: &Plugin, engine: &Engine) -> Result<Vec<ToolSpec>> {
-    let listed = run_call(engine, plugin, &Grant::none(), &LOAD_LIMITS, |bindings, store| {
-        Box::pin(async move { bindings.trellis_plugin_tool().call_list_tools(store).await })
-    })
+    let listed = run_call(
+        engine,
+        plugin,
+        &Grant::none(),
+        &LOAD_LIMITS,
+        |bindings, store| {
+            Box::pin(async move { bindings.trellis_plugin_tool().call_list_tools(store).await })
+        },
+    )
     .await
-    .map_err(|failure| anyhow::anyhow!("{}", failure.into_error("list-tools".into(), &LOAD_LIMITS)))?;
+    .map_err(|failure| {
+        anyhow::anyhow!("{}", failure.into_error("list-tools".into(), &LOAD_LIMITS))
+    })?;
 
     let mut tools: Vec<ToolSpec> = Vec::new();
     for info in listed {
@@ -507,8 +537,8 @@ fn find_manifests(dir: &Path) -> Result<Vec<PathBuf>> {
     if direct.is_file() {
         return Ok(vec![direct]);
     }
-    let entries =
-        std::fs::read_dir(dir).with_context(|| format!("reading plugin folder {}", dir.display()))?;
+    let entries = std::fs::read_dir(dir)
+        .with_context(|| format!("reading plugin folder {}", dir.display()))?;
     let mut found = Vec::new();
     for entry in entries {
         let path = entry?.path().join(manifest::MANIFEST_FILE);

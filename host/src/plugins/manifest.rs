@@ -74,8 +74,8 @@ pub struct Manifest {
 impl Manifest {
     /// Reads and checks the manifest at `path`. Errors name the file and the field.
     pub fn read(path: &Path) -> Result<Manifest> {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("{}: cannot read", path.display()))?;
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("{}: cannot read", path.display()))?;
         Manifest::parse(&text).with_context(|| format!("{}", path.display()))
     }
 
@@ -101,7 +101,9 @@ impl Manifest {
             bail!("version: expected a version such as \"0.1.0\", found an empty string");
         }
         if self.description.trim().is_empty() {
-            bail!("description: expected one line saying what the plugin does, found an empty string");
+            bail!(
+                "description: expected one line saying what the plugin does, found an empty string"
+            );
         }
         let component = &self.component;
         if component.is_absolute()
@@ -156,11 +158,18 @@ mod tests {
     fn bad_manifests_say_which_field_and_what_was_expected() {
         let base = r#""version":"0.1.0","description":"d","component":"x.wasm""#;
         assert!(
-            err(&format!(r#"{{"id":"echo","kind":"tol",{base}}}"#))
-                .starts_with("kind: unknown variant `tol`, expected one of `tool`, `validator`, `llm-provider`")
+            err(&format!(r#"{{"id":"echo","kind":"tol",{base}}}"#)).starts_with(
+                "kind: unknown variant `tol`, expected one of `tool`, `validator`, `llm-provider`"
+            )
         );
-        assert!(err(&format!(r#"{{"id":"Echo!","kind":"tool",{base}}}"#)).starts_with("id: expected 1-64"));
-        assert!(err(&format!(r#"{{"id":"e","kind":"tool","extra":1,{base}}}"#)).contains("unknown field `extra`"));
+        assert!(
+            err(&format!(r#"{{"id":"Echo!","kind":"tool",{base}}}"#))
+                .starts_with("id: expected 1-64")
+        );
+        assert!(
+            err(&format!(r#"{{"id":"e","kind":"tool","extra":1,{base}}}"#))
+                .contains("unknown field `extra`")
+        );
         assert!(err(r#"{"id":"e","kind":"tool"}"#).contains("missing field"));
         assert!(
             err(r#"{"id":"e","kind":"tool","version":"1","description":"d","component":"../x.wasm"}"#)

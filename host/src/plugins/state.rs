@@ -151,7 +151,9 @@ impl workflow_db::Host for CallState {
     ) -> Result<String, workflow_db::DbError> {
         use workflow_db::DbError;
         let conn = self.connection()?;
-        let mut stmt = conn.prepare(&sql).map_err(|e| DbError::Sql(e.to_string()))?;
+        let mut stmt = conn
+            .prepare(&sql)
+            .map_err(|e| DbError::Sql(e.to_string()))?;
         if !stmt.readonly() {
             return Err(DbError::ReadOnly(
                 "query runs read-only statements only; use execute to modify the database".into(),
@@ -180,7 +182,9 @@ impl workflow_db::Host for CallState {
                 object.insert(name.clone(), value);
             }
             if bytes > DB_MAX_BYTES {
-                return Err(DbError::TooLarge(format!("result over {DB_MAX_BYTES} bytes")));
+                return Err(DbError::TooLarge(format!(
+                    "result over {DB_MAX_BYTES} bytes"
+                )));
             }
             out.push(serde_json::Value::Object(object));
         }

@@ -13,6 +13,7 @@
 use serde_json::Value;
 
 use crate::bindings::trellis::plugin::workflow_db;
+use crate::tool::ToolError;
 
 pub use crate::bindings::trellis::plugin::workflow_db::{DbError, SqlValue};
 
@@ -62,5 +63,26 @@ impl From<String> for SqlValue {
 impl<T: Into<SqlValue>> From<Option<T>> for SqlValue {
     fn from(value: Option<T>) -> Self {
         value.map_or(SqlValue::Null, Into::into)
+    }
+}
+
+/// Lets a tool use `?` on database calls: a missing or read-only grant is
+/// `denied`, the rest `failed`, each with a message the agent can act on.
+impl From<DbError> for ToolError {
+    fn from(err: DbError) -> Self {
+        match err {
+            DbError::NotGranted => {
+                ToolError::Denied("this call has no access to the workflow database".to_owned())
+            }
+            DbError::ReadOnly(message) => ToolError::Denied(format!(
+                "the workflow database is read-only for this call: {message}"
+            )),
+            DbError::Sql(message) => {
+                ToolError::Failed(format!("the database rejected the statement: {message}"))
+            }
+            DbError::TooLarge(message) => {
+                ToolError::Failed(format!("the result is too large: {message}"))
+            }
+        }
     }
 }

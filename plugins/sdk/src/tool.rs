@@ -8,6 +8,7 @@
 use std::fmt;
 use std::io;
 use std::marker::PhantomData;
+use std::path::{Path, PathBuf};
 
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -109,10 +110,15 @@ pub fn from_args<T: DeserializeOwned>(args: Value) -> Result<T, ToolError> {
 }
 
 impl ToolError {
-    /// Maps an error from `std::fs` on `path` (as the agent wrote it) to the tool
-    /// error the agent should see: missing paths are `not-found`; paths outside the
-    /// call's grants, paths that leave a grant through `..` or a symbolic link, and
-    /// writes to a read-only folder are `denied`; anything else is `failed`.
+    /// Maps an error from `std::fs` on `path` to the tool error the agent should
+    /// see: missing paths are `not-found`; paths outside the call's grants, paths
+    /// that leave a grant through `..` or a symbolic link, and writes to a
+    /// read-only folder are `denied`; anything else is `failed`.
+    ///
+    /// `path` is the guest path (`/knowledgebase/notes/a.md`) or the same path
+    /// workspace-relative (`knowledgebase/notes/a.md`), which is what the message
+    /// shows. On "not found" this looks at the path's folders to tell a missing file
+    /// from a path outside every grant.
     ///
     /// WASI reports a write to a read-only grant and an escape through a link with
     /// the same code; this function names both. Use [`from_io_write`](Self::from_io_write)
@@ -129,12 +135,16 @@ impl ToolError {
     }
 
     fn map_io(path: &str, err: &io::Error, access: Access) -> ToolError {
-        if err.raw_os_error() == Some(ENOTCAPABLE) {
-            return ToolError::Denied(format!(
+        let outside = || {
+            ToolError::Denied(format!(
                 "`{path}` is outside the folders granted to this call"
-            ));
+            ))
+        };
+        if err.raw_os_error() == Some(ENOTCAPABLE) {
+            return outside();
         }
         match (err.kind(), access) {
+            (io::ErrorKind::NotFound, _) if outside_grants(path) => outside(),
             (io::ErrorKind::NotFound, _) => ToolError::NotFound(format!("`{path}` does not exist")),
             (io::ErrorKind::ReadOnlyFilesystem, _)
             | (io::ErrorKind::PermissionDenied, Access::Write) => {
@@ -159,6 +169,23 @@ impl ToolError {
             _ => ToolError::Failed(format!("`{path}`: {err}")),
         }
     }
+}
+
+/// Whether `path` lies under none of the granted folders. WASI answers "not
+/// found" both for a missing file in a grant and for a path under no grant; only
+/// granted folders and their contents exist for a plugin, so the path is outside
+/// the grants exactly when none of its ancestors exists. A path without a leading
+/// `/` is taken as workspace-relative.
+fn outside_grants(path: &str) -> bool {
+    let guest = if path.starts_with('/') {
+        PathBuf::from(path)
+    } else {
+        Path::new("/").join(path)
+    };
+    !guest
+        .ancestors()
+        .skip(1)
+        .any(|ancestor| std::fs::metadata(ancestor).is_ok())
 }
 
 #[derive(Clone, Copy)]
@@ -209,4 +236,85 @@ macro_rules! export_tool_plugin {
         type __TrellisToolPluginExport = $crate::tool::Adapter<$plugin>;
         $crate::bindings::__export_tool_world!(__TrellisToolPluginExport with_types_in $crate::bindings);
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    struct Echo;
+
+    impl ToolPlugin for Echo {
+        fn tools() -> Vec<Tool> {
+            vec![Tool::new("echo", "Returns its input.", json!({"type": "object"})).read_only()]
+        }
+
+        fn call(_name: &str, args: Value) -> Result<Value, ToolError> {
+            Ok(json!({ "text": args["text"] }))
+        }
+    }
+
+    #[test]
+    fn adapter_parses_arguments_and_serializes_results() {
+        let out = Adapter::<Echo>::call_tool("echo".into(), r#"{"text":"hi"}"#.into()).unwrap();
+        assert_eq!(
+            serde_json::from_str::<Value>(&out).unwrap(),
+            json!({ "text": "hi" })
+        );
+    }
+
+    #[test]
+    fn adapter_rejects_unknown_names_and_bad_json() {
+        let err = Adapter::<Echo>::call_tool("nope".into(), "{}".into()).unwrap_err();
+        assert!(matches!(err, ToolError::UnknownTool(name) if name == "nope"));
+        let err = Adapter::<Echo>::call_tool("echo".into(), "{".into()).unwrap_err();
+        assert!(matches!(err, ToolError::InvalidArguments(m) if m.contains("not valid JSON")));
+    }
+
+    #[test]
+    fn adapter_lists_tools_with_hints() {
+        let tools = Adapter::<Echo>::list_tools();
+        assert_eq!(tools.len(), 1);
+        assert!(
+            tools[0].hints.read_only && tools[0].hints.idempotent && !tools[0].hints.destructive
+        );
+        assert_eq!(tools[0].input_schema, r#"{"type":"object"}"#);
+    }
+
+    #[test]
+    fn io_errors_map_to_what_the_agent_can_act_on() {
+        let denied = io::Error::from(io::ErrorKind::PermissionDenied);
+        assert!(
+            matches!(ToolError::from_io("a/b", &denied), ToolError::Denied(m) if m.contains("outside the folders"))
+        );
+        assert!(
+            matches!(ToolError::from_io_write("a/b", &denied), ToolError::Denied(m) if m.contains("read-only"))
+        );
+        let read_only = io::Error::from(io::ErrorKind::ReadOnlyFilesystem);
+        assert!(
+            matches!(ToolError::from_io("a/b", &read_only), ToolError::Denied(m) if m.contains("read-only"))
+        );
+        let not_capable = io::Error::from_raw_os_error(ENOTCAPABLE);
+        assert!(matches!(
+            ToolError::from_io("planning/plan.json", &not_capable),
+            ToolError::Denied(m) if m == "`planning/plan.json` is outside the folders granted to this call"
+        ));
+        let other = io::Error::other("disk on fire");
+        assert!(
+            matches!(ToolError::from_io("a", &other), ToolError::Failed(m) if m.contains("disk on fire"))
+        );
+    }
+
+    #[test]
+    fn a_missing_file_in_an_existing_folder_is_not_found() {
+        // On the build machine `/` exists, standing in for a granted folder.
+        let missing = std::env::temp_dir().join("trellis-sdk-test-missing-file");
+        let err = io::Error::from(io::ErrorKind::NotFound);
+        assert!(matches!(
+            ToolError::from_io(missing.to_str().unwrap(), &err),
+            ToolError::NotFound(m) if m.contains("does not exist")
+        ));
+    }
 }

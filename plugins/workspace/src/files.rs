@@ -303,6 +303,13 @@ pub fn move_file(args: Value) -> Result<Value, ToolError> {
             Ok(()) => {}
             // Two grants may be different host folders; rename cannot cross them.
             Err(e) if e.kind() == io::ErrorKind::CrossesDevices => copy_then_remove(&from, &to)?,
+            // WASI does not say which side refused, and either folder may be the
+            // read-only one.
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+                return Err(ToolError::Denied(format!(
+                    "`{from}` cannot be moved to `{to}`: one of the two folders is read-only"
+                )));
+            }
             Err(e) => return Err(ToolError::from_io_write(from.display(), &e)),
         }
     }
@@ -346,10 +353,12 @@ pub fn root_hint(path: &WsPath, err: ToolError) -> ToolError {
 
 pub fn create_parent_dirs(path: &WsPath) -> Result<(), ToolError> {
     let parent = path.parent();
-    if parent.is_root() {
+    // A granted folder is a preopen, where `create_dir_all` would try `mkdir` on
+    // the preopen itself; existing folders need nothing anyway.
+    if parent.is_root() || fs::metadata(parent.guest()).is_ok_and(|m| m.is_dir()) {
         return Ok(());
     }
-    fs::create_dir_all(parent.guest()).map_err(|e| ToolError::from_io_write(parent.display(), &e))
+    fs::create_dir_all(parent.guest()).map_err(|e| ToolError::from_io_write(path.display(), &e))
 }
 
 /// Writes through a temporary file in the same folder and renames it over the
@@ -397,7 +406,8 @@ impl Staged {
     }
 }
 
-fn temp_path(path: &WsPath) -> WsPath {
+/// A hidden name next to `path` that no other call will pick.
+pub fn temp_path(path: &WsPath) -> WsPath {
     // Instances are fresh per call, so the counter alone would repeat across calls;
     // the random seed keeps concurrent calls on one folder apart.
     static COUNTER: AtomicU64 = AtomicU64::new(0);

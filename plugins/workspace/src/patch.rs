@@ -13,7 +13,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use trellis_plugin_sdk::tool::{ToolError, from_args};
 
-use crate::files::{Staged, create_parent_dirs, stage};
+use crate::files::{Staged, create_parent_dirs, stage, temp_path};
 use crate::paths::WsPath;
 
 /// One file's part of a patch. A `None` side is `/dev/null`: the file is created
@@ -450,31 +450,37 @@ fn read_text(path: &WsPath) -> Result<Option<String>, ToolError> {
     }
 }
 
-/// Stages every new content first, so a refused write (a read-only grant, a path
-/// outside the grants) leaves every file as it was; only then renames and deletes.
+/// Stages every new content and moves every file to delete aside first, so a
+/// refusal (a read-only grant, a path outside the grants) leaves every file as it
+/// was; only then renames the new contents into place and drops the set-aside files.
 fn commit(state: BTreeMap<WsPath, Option<String>>) -> Result<(), ToolError> {
     let mut staged: Vec<Staged> = Vec::new();
-    let mut deletions = Vec::new();
+    let mut set_aside: Vec<(WsPath, WsPath)> = Vec::new();
     for (path, content) in state {
         let result = match content {
             Some(text) => create_parent_dirs(&path)
                 .and_then(|()| stage(&path, text.as_bytes()))
-                .map(|s| staged.push(s)),
+                .map(|file| staged.push(file)),
             None => {
-                deletions.push(path);
-                Ok(())
+                let aside = temp_path(&path);
+                fs::rename(path.guest(), aside.guest())
+                    .map(|()| set_aside.push((path.clone(), aside)))
+                    .map_err(|e| ToolError::from_io_write(path.display(), &e))
             }
         };
         if let Err(e) = result {
             staged.into_iter().for_each(Staged::discard);
+            for (path, aside) in set_aside {
+                let _ = fs::rename(aside.guest(), path.guest());
+            }
             return Err(e);
         }
     }
     for file in staged {
         file.commit()?;
     }
-    for path in deletions {
-        fs::remove_file(path.guest()).map_err(|e| ToolError::from_io_write(path.display(), &e))?;
+    for (path, aside) in set_aside {
+        fs::remove_file(aside.guest()).map_err(|e| ToolError::from_io_write(path.display(), &e))?;
     }
     Ok(())
 }

@@ -173,10 +173,10 @@ impl ToolPlugin for Adversary {
             "echo" => Ok(args.get("value").cloned().unwrap_or(Value::Null)),
             "db_query" => db::query(string(&args, "sql")?, &[])
                 .map(Value::Array)
-                .map_err(|e| ToolError::Failed(e.to_string())),
+                .map_err(db_failure),
             "db_execute" => db::execute(string(&args, "sql")?, &[])
                 .map(|changed| json!({ "changed": changed }))
-                .map_err(|e| ToolError::Failed(e.to_string())),
+                .map_err(db_failure),
             other => Err(ToolError::UnknownTool(other.to_owned())),
         }
     }
@@ -191,6 +191,16 @@ fn string<'a>(args: &'a Value, key: &str) -> Result<&'a str, ToolError> {
 fn number(args: &Value, key: &str) -> Result<u64, ToolError> {
     args[key].as_u64().ok_or_else(|| {
         ToolError::InvalidArguments(format!("`{key}` must be a non-negative integer"))
+    })
+}
+
+/// The WIT case name first, so host tests can match on the kind of refusal.
+fn db_failure(err: db::DbError) -> ToolError {
+    ToolError::Failed(match err {
+        db::DbError::NotGranted => "not-granted".to_owned(),
+        db::DbError::ReadOnly(message) => format!("read-only: {message}"),
+        db::DbError::Sql(message) => format!("sql: {message}"),
+        db::DbError::TooLarge(message) => format!("too-large: {message}"),
     })
 }
 

@@ -1,0 +1,157 @@
+//! Workspace files: atomic JSON writes and confined reads.
+//!
+//! Every artifact Trellis writes goes through [`write_json_atomic`] (temp file in the same
+//! folder, then rename), so a crash never leaves a truncated file. Paths that come from plans
+//! and schemas are checked with [`check_relative`] and opened through a cap-std [`Dir`], so
+//! neither `..` nor an absolute path nor a symlink can reach outside the folder they name.
+
+use std::io::{self, Read, Write};
+use std::path::{Component, Path};
+
+use cap_std::ambient_authority;
+use cap_std::fs::Dir;
+use serde::Serialize;
+
+/// Serializes `value` as JSON with a 2-space indent and a final newline, and replaces `path`
+/// with it atomically: the bytes go to a temp file in the same folder, are flushed to disk,
+/// and the temp file is renamed over `path`. Parent folders are created.
+pub fn write_json_atomic<T: Serialize + ?Sized>(path: &Path, value: &T) -> io::Result<()> {
+    let mut bytes = serde_json::to_vec_pretty(value).map_err(io::Error::other)?;
+    bytes.push(b'\n');
+    write_bytes_atomic(path, &bytes)
+}
+
+/// Replaces `path` with `bytes` atomically (temp file in the same folder, then rename).
+pub fn write_bytes_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    std::fs::create_dir_all(dir)?;
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".trellis-")
+        .suffix(".tmp")
+        .tempfile_in(dir)?;
+    tmp.write_all(bytes)?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    Ok(())
+}
+
+/// Checks that `name` is a relative path that stays inside the folder it is resolved in:
+/// not empty, not absolute, no `..`, no drive or root prefix. Returns the message to show a
+/// user otherwise.
+pub fn check_relative(name: &str) -> Result<(), String> {
+    let shown = serde_json::Value::String(name.to_string());
+    if name.trim().is_empty() {
+        return Err("must not be empty: expected a relative path".into());
+    }
+    if name.contains('\\') {
+        return Err(format!(
+            "expected a relative path with \"/\" separators, found {shown}"
+        ));
+    }
+    let path = Path::new(name);
+    for c in path.components() {
+        match c {
+            Component::ParentDir => {
+                return Err(format!(
+                    "must stay inside the workspace: \"..\" is not allowed, found {shown}"
+                ));
+            }
+            Component::RootDir | Component::Prefix(_) => {
+                return Err(format!(
+                    "must be a relative path inside the workspace, found the absolute path {shown}"
+                ));
+            }
+            Component::CurDir | Component::Normal(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// Opens a host folder as a capability: everything read through it stays inside it.
+pub fn open_dir(path: &Path) -> io::Result<Dir> {
+    Dir::open_ambient_dir(path, ambient_authority())
+}
+
+/// What [`read_capped`] found.
+#[derive(Debug)]
+pub enum Capped {
+    /// The file's bytes.
+    Bytes(Vec<u8>),
+    /// The file is larger than the cap; its size.
+    TooLarge(u64),
+}
+
+/// Reads `rel` inside `dir`, unless it is larger than `cap` bytes. The size is checked both
+/// from the metadata and while reading, so a file growing under us cannot blow the cap.
+pub fn read_capped(dir: &Dir, rel: &str, cap: u64) -> io::Result<Capped> {
+    let file = dir.open(rel)?;
+    let len = file.metadata()?.len();
+    if len > cap {
+        return Ok(Capped::TooLarge(len));
+    }
+    let mut bytes = Vec::with_capacity(len as usize);
+    file.take(cap + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > cap {
+        return Ok(Capped::TooLarge(bytes.len() as u64));
+    }
+    Ok(Capped::Bytes(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn atomic_write_is_pretty_and_leaves_no_temp_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a/b.json");
+        write_json_atomic(&path, &serde_json::json!({"steps": [{"id": "x"}]})).unwrap();
+        write_json_atomic(&path, &serde_json::json!({"steps": []})).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "{\n  \"steps\": []\n}\n"
+        );
+        let names: Vec<_> = std::fs::read_dir(dir.path().join("a"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["b.json"]);
+    }
+
+    #[test]
+    fn relative_paths_cannot_escape() {
+        assert!(check_relative("report.json").is_ok());
+        assert!(check_relative("db/db.sqlite").is_ok());
+        assert!(check_relative("./a/b").is_ok());
+        assert!(check_relative("../x").is_err());
+        assert!(check_relative("a/../../x").is_err());
+        assert!(check_relative("/etc/passwd").is_err());
+        assert!(check_relative("").is_err());
+        assert!(check_relative("a\\..\\b").is_err());
+    }
+
+    #[test]
+    fn capped_reads_stop_at_the_cap_and_symlinks_cannot_escape() {
+        let outer = tempfile::tempdir().unwrap();
+        let inner = outer.path().join("inner");
+        std::fs::create_dir(&inner).unwrap();
+        std::fs::write(inner.join("big"), vec![b'x'; 100]).unwrap();
+        std::fs::write(outer.path().join("secret"), b"s").unwrap();
+        #[cfg(unix)]
+        std::os::unix::fs::symlink(outer.path().join("secret"), inner.join("link")).unwrap();
+        let dir = open_dir(&inner).unwrap();
+        assert!(matches!(
+            read_capped(&dir, "big", 10).unwrap(),
+            Capped::TooLarge(100)
+        ));
+        assert!(
+            matches!(read_capped(&dir, "big", 100).unwrap(), Capped::Bytes(b) if b.len() == 100)
+        );
+        #[cfg(unix)]
+        assert!(read_capped(&dir, "link", 10).is_err());
+        assert!(read_capped(&dir, "../secret", 10).is_err());
+    }
+}

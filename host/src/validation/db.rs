@@ -1,0 +1,178 @@
+//! Db rules: read-only SQL on the workflow database.
+//!
+//! The database is opened with `SQLITE_OPEN_READ_ONLY` and `PRAGMA query_only`, and every
+//! statement is asked `readonly()` before it runs, so a rule that would write is refused with a
+//! message rather than attempted.
+
+use std::path::Path;
+
+use rusqlite::types::ValueRef;
+use rusqlite::{Connection, OpenFlags};
+use serde_json::{Map, Value};
+
+use super::GateError;
+use super::json_checks::{Sink, run_check};
+use super::schema::DbRule;
+
+/// The database file, relative to the workspace.
+pub const DB_FILE: &str = "db/db.sqlite";
+
+/// Rows read at most per rule; enough for any sensible `min_rows`, and a bound on a query that
+/// would return the whole database.
+const MAX_ROWS_READ: u64 = 100_000;
+
+/// Opens the workflow database read-only. `workspace` must already be known to hold
+/// `db/db.sqlite` as a regular file (not a symlink out of the workspace).
+pub(crate) fn open_read_only(workspace: &Path) -> Result<Connection, GateError> {
+    let path = workspace.join(DB_FILE);
+    let conn = Connection::open_with_flags(
+        &path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|e| GateError::Db(format!("{DB_FILE} cannot be opened: {e}")))?;
+    conn.execute_batch("PRAGMA query_only = ON;")
+        .map_err(|e| GateError::Db(format!("{DB_FILE} cannot be read: {e}")))?;
+    Ok(conn)
+}
+
+fn to_json(v: ValueRef<'_>) -> Value {
+    match v {
+        ValueRef::Null => Value::Null,
+        ValueRef::Integer(i) => Value::from(i),
+        ValueRef::Real(f) => serde_json::Number::from_f64(f)
+            .map(Value::Number)
+            .unwrap_or(Value::Null),
+        ValueRef::Text(t) => Value::String(String::from_utf8_lossy(t).into_owned()),
+        ValueRef::Blob(b) => Value::String(format!("<blob of {} bytes>", b.len())),
+    }
+}
+
+/// Runs one db rule, recording its checks in `sink`.
+pub(crate) fn run_rule(conn: &Connection, rule: &DbRule, sink: &mut Sink) -> Result<(), GateError> {
+    let label = rule.label().to_string();
+    let mut stmt = match conn.prepare(&rule.sql) {
+        Ok(s) => s,
+        Err(e) => {
+            let msg = e.to_string();
+            // A missing table or column is something the step may still have to create: a
+            // failed check the agent can repair. Anything else is a broken schema.
+            if msg.contains("no such table") || msg.contains("no such column") {
+                sink.record(
+                    "",
+                    "sql",
+                    false,
+                    "the query runs".into(),
+                    msg.clone(),
+                    format!("db rule {label:?}: the query failed: {msg}"),
+                );
+                return Ok(());
+            }
+            return Err(GateError::Schema(vec![format!(
+                "db rule {label:?}: the SQL cannot be used: {msg}"
+            )]));
+        }
+    };
+    if !stmt.readonly() {
+        return Err(GateError::Schema(vec![format!(
+            "db rule {label:?}: the statement would write to the database; only read-only queries (SELECT) are allowed in a validation schema"
+        )]));
+    }
+    let names: Vec<String> = stmt.column_names().map(|s| s.to_string()).collect();
+    let mut rows = stmt
+        .query([])
+        .map_err(|e| GateError::Db(format!("db rule {label:?}: {e}")))?;
+    let mut count: u64 = 0;
+    let mut first: Option<Value> = None;
+    let cap = rule
+        .max_rows
+        .map_or(MAX_ROWS_READ, |m| {
+            m.saturating_add(1).max(rule.min_rows.unwrap_or(0))
+        })
+        .min(MAX_ROWS_READ);
+    while count < cap {
+        let row = match rows.next() {
+            Ok(Some(r)) => r,
+            Ok(None) => break,
+            Err(e) => {
+                sink.record(
+                    "",
+                    "sql",
+                    false,
+                    "the query runs".into(),
+                    e.to_string(),
+                    format!("db rule {label:?}: the query failed: {e}"),
+                );
+                return Ok(());
+            }
+        };
+        if first.is_none() {
+            let mut obj = Map::new();
+            for (i, name) in names.iter().enumerate() {
+                let v = row.get_ref(i).map(to_json).unwrap_or(Value::Null);
+                obj.insert(name.clone(), v);
+            }
+            first = Some(Value::Object(obj));
+        }
+        count += 1;
+    }
+    let capped = count >= cap;
+    let shown = if capped {
+        format!("at least {count} row(s)")
+    } else {
+        format!("{count} row(s)")
+    };
+    if let Some(min) = rule.min_rows {
+        let ok = count >= min;
+        sink.record(
+            "",
+            "min_rows",
+            ok,
+            format!("at least {min} row(s)"),
+            shown.clone(),
+            if ok {
+                format!("db rule {label:?}: {shown}")
+            } else {
+                format!(
+                    "db rule {label:?}: expected at least {min} row(s), the query returned {shown}"
+                )
+            },
+        );
+    }
+    if let Some(max) = rule.max_rows {
+        let ok = count <= max;
+        sink.record(
+            "",
+            "max_rows",
+            ok,
+            format!("at most {max} row(s)"),
+            shown.clone(),
+            if ok {
+                format!("db rule {label:?}: {shown}")
+            } else {
+                format!(
+                    "db rule {label:?}: expected at most {max} row(s), the query returned {shown}"
+                )
+            },
+        );
+    }
+    if rule.checks.is_empty() {
+        return Ok(());
+    }
+    match first {
+        Some(row) => {
+            for check in &rule.checks {
+                run_check(sink, &row, check)
+                    .map_err(|e| GateError::Schema(vec![format!("db rule {label:?}: {e}")]))?;
+            }
+        }
+        None => sink.record(
+            "",
+            "row",
+            false,
+            "a first row to check".into(),
+            "no rows".into(),
+            format!("db rule {label:?}: the query returned no row, so its checks cannot hold"),
+        ),
+    }
+    Ok(())
+}
