@@ -9,7 +9,9 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use trellis_host::capabilities::resolve_in_root;
-use trellis_host::{CacheSetting, Engine, Grant, Limits, PluginRegistry};
+use trellis_host::plugins::PluginValidators;
+use trellis_host::workflow::{self, Workspace};
+use trellis_host::{CacheSetting, Engine, Grant, Limits, PluginRegistry, validation};
 
 /// Trellis: a sandboxed runtime for agent workflows.
 ///
@@ -42,6 +44,73 @@ enum Command {
     /// Call tools directly, outside a workflow.
     #[command(subcommand)]
     Tool(ToolCommand),
+    /// Check a workspace's plan.json, step_config.json and workflow.json.
+    ///
+    /// Prints every problem found, each with its file and JSON path. Exit
+    /// status 1 when there is an error; warnings alone exit 0.
+    Validate {
+        /// The workspace folder.
+        workspace: PathBuf,
+        /// Check the run-specific step config of this run folder (e.g. `iteration-0`).
+        #[arg(long, value_name = "FOLDER")]
+        run: Option<String>,
+    },
+    /// Run a step's validation gate on its current outputs and print each check.
+    ///
+    /// The schema is the step's `validation_schema` (plan.json, else its step
+    /// config). Outputs are read from `runs/<run>/execution/<step>/`; the report is
+    /// written to `runs/<run>/logs/<step>/pre_validation.json` and a per-attempt
+    /// file beside it. Exit status 1 when a check fails or the gate cannot run.
+    Check {
+        /// The workspace folder.
+        workspace: PathBuf,
+        /// The step whose outputs to check.
+        #[arg(long, value_name = "ID")]
+        step: String,
+        /// Run folder under `runs/` [default: iteration-0].
+        #[arg(long, value_name = "FOLDER")]
+        run: Option<String>,
+        #[command(flatten)]
+        plugins: PluginDirs,
+    },
+    /// Print a JSON Schema of a workspace file, for editors.
+    Schema {
+        /// Which file.
+        #[arg(value_enum)]
+        which: SchemaKind,
+    },
+    /// Convert legacy `code` items of message sequences into scripted steps
+    /// (migrate_message_sequence_code_items, contract v1.0.10, then v1.0.11).
+    ///
+    /// Converts only unambiguous sequences; anything else is refused with
+    /// MESSAGE_SEQUENCE_CODE_MIGRATION_BLOCKED and what to split, changing no file.
+    Migrate {
+        /// The workspace folder.
+        workspace: PathBuf,
+    },
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum SchemaKind {
+    /// planning/plan.json
+    Plan,
+    /// planning/step_config.json
+    StepConfig,
+    /// workflow.json
+    Workflow,
+    /// A step's validation_schema.
+    Validation,
+}
+
+impl SchemaKind {
+    fn name(self) -> &'static str {
+        match self {
+            SchemaKind::Plan => "plan",
+            SchemaKind::StepConfig => "step-config",
+            SchemaKind::Workflow => "workflow",
+            SchemaKind::Validation => "validation",
+        }
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -149,6 +218,18 @@ fn init_tracing(verbose: u8) {
 }
 
 async fn run(cli: Cli) -> Result<ExitCode> {
+    // Commands that run no plugin start no engine.
+    match &cli.command {
+        Command::Validate { workspace, run } => return Ok(validate(workspace, run.as_deref())),
+        Command::Schema { which } => {
+            let schema =
+                workflow::json_schema::schema_for(which.name()).context("unknown schema")?;
+            println!("{}", serde_json::to_string_pretty(&schema)?);
+            return Ok(ExitCode::SUCCESS);
+        }
+        Command::Migrate { workspace } => return migrate(workspace),
+        _ => {}
+    }
     let cache = if cli.no_cache {
         CacheSetting::Disabled
     } else if let Some(dir) = cli.cache_dir {
@@ -167,6 +248,18 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             let registry = registry(&engine, &plugins).await?;
             inspect_plugin(&registry, &id, json)?;
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Check {
+            workspace,
+            step,
+            run,
+            plugins,
+        } => {
+            let registry = registry(&engine, &plugins).await?;
+            check(&registry, &workspace, &step, run.as_deref())
+        }
+        Command::Validate { .. } | Command::Schema { .. } | Command::Migrate { .. } => {
+            unreachable!("handled above")
         }
         Command::Tool(ToolCommand::Call {
             name,
@@ -330,4 +423,141 @@ fn inspect_plugin(registry: &PluginRegistry, id: &str, json: bool) -> Result<()>
         }
     }
     Ok(())
+}
+
+fn validate(root: &std::path::Path, run: Option<&str>) -> ExitCode {
+    let diagnostics = match Workspace::open_run(root, run) {
+        Ok(ws) => ws.warnings,
+        Err(diagnostics) => diagnostics,
+    };
+    for line in diagnostics.lines() {
+        println!("{line}");
+    }
+    let errors = diagnostics.errors().count();
+    let warnings = diagnostics.warnings().count();
+    println!(
+        "{}: {errors} error{}, {warnings} warning{}",
+        root.display(),
+        plural(errors),
+        plural(warnings)
+    );
+    if errors > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}
+
+fn check(
+    registry: &PluginRegistry,
+    root: &std::path::Path,
+    step_id: &str,
+    run: Option<&str>,
+) -> Result<ExitCode> {
+    let run = run.unwrap_or("iteration-0");
+    let ws = Workspace::open_run(root, Some(run)).map_err(|d| anyhow::anyhow!("{d}"))?;
+    let step = ws.plan.step(step_id).with_context(|| {
+        let ids: Vec<_> = ws.plan.all_steps().map(|s| s.id.as_str()).collect();
+        format!(
+            "no step `{step_id}` in the plan (steps: {})",
+            ids.join(", ")
+        )
+    })?;
+    let schema = step
+        .validation_schema
+        .clone()
+        .or_else(|| {
+            ws.step_configs
+                .get(step_id)
+                .and_then(|c| c.validation_schema.clone())
+        })
+        .unwrap_or_default();
+    let output_dir = ws.step_output_dir(step_id);
+    let validators = PluginValidators::new(registry, Limits::default());
+    let report = match validation::run_gate(&ws.root, &output_dir, &schema, &validators) {
+        Ok(report) => report,
+        Err(err) => {
+            eprintln!("error: step `{step_id}`: the gate cannot run: {err}");
+            return Ok(ExitCode::FAILURE);
+        }
+    };
+    let run_dir = ws.run_dir();
+    let logs = run_dir.join("logs").join(step_id);
+    let attempt = (1..)
+        .find(|n| {
+            !logs
+                .join(format!("pre_validation_check_attempt_{n}.json"))
+                .exists()
+        })
+        .unwrap_or(1);
+    let (latest, _) = validation::write_report(&run_dir, step_id, "check", attempt, &report)
+        .with_context(|| format!("writing the report under {}", logs.display()))?;
+
+    if report.skipped {
+        println!("step `{step_id}` has no validation_schema rules: nothing to check");
+    }
+    for check in &report.checks {
+        let mark = if check.passed { "PASS" } else { "FAIL" };
+        let at = if check.path.is_empty() {
+            String::new()
+        } else {
+            format!(" {}", check.path)
+        };
+        println!(
+            "{mark} {}{at} [{}] {}",
+            check.file, check.kind, check.message
+        );
+        if !check.passed {
+            println!("     expected: {}", check.expected);
+            println!("     actual:   {}", check.actual);
+        }
+    }
+    for warning in &report.warnings {
+        println!("warning: {warning}");
+    }
+    let failed = report.failures().count();
+    println!(
+        "{} checks, {failed} failed; report: {}",
+        report.checks.len(),
+        latest.display()
+    );
+    Ok(if report.passed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+fn migrate(root: &std::path::Path) -> Result<ExitCode> {
+    match workflow::migrate::migrate_message_sequence_code_items(root) {
+        Ok(summary) => {
+            if summary.converted.is_empty() {
+                println!("nothing to migrate: no message sequence has code items");
+            }
+            for converted in &summary.converted {
+                println!(
+                    "converted sequence `{}` into scripted steps: {}",
+                    converted.sequence_id,
+                    converted.new_step_ids.join(", ")
+                );
+            }
+            for script in &summary.scripts {
+                println!("wrote {}", script.display());
+            }
+            println!(
+                "contract_version: {} -> {}",
+                summary.contract_before.as_deref().unwrap_or("(none)"),
+                summary.contract_after
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(err) => {
+            eprintln!("{err}");
+            Ok(ExitCode::FAILURE)
+        }
+    }
 }

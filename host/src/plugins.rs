@@ -26,6 +26,7 @@ use wasmtime::{Store, Trap};
 use crate::bundled;
 use crate::capabilities::{CappedOutput, Grant, Limits};
 use crate::engine::Engine;
+use crate::validation::{CheckResult, CustomOutcome, CustomValidator};
 pub use manifest::{Manifest, PluginKind};
 use state::{CallState, MemoryLimitExceeded};
 pub use tools::{ToolCallError, ToolErrorKind, ToolListing, ToolSpec, normalize_tool_name};
@@ -120,6 +121,9 @@ impl std::fmt::Debug for PluginRegistry {
             .finish_non_exhaustive()
     }
 }
+
+/// Checks one validator call may report; more means a broken validator.
+const MAX_VALIDATOR_CHECKS: usize = 10_000;
 
 /// Limits used while a plugin lists its tools at load time.
 const LOAD_LIMITS: Limits = Limits {
@@ -301,10 +305,13 @@ impl PluginRegistry {
                 tool: tool.clone(),
                 details,
             })?;
-        let outcome = run_call(&self.engine, plugin, grant, limits, |bindings, store| {
+        let outcome = run_call(&self.engine, plugin, grant, limits, |pre, store| {
             let name = spec.name.clone();
             let args = args.to_string();
             Box::pin(async move {
+                let bindings = bindings::tool::ToolPluginPre::new(pre.clone())?
+                    .instantiate_async(&mut *store)
+                    .await?;
                 bindings
                     .trellis_plugin_tool()
                     .call_call_tool(store, &name, &args)
@@ -379,12 +386,135 @@ impl CallFailure {
     }
 }
 
+impl PluginRegistry {
+    /// Runs validator plugin `id` on `file` (a host path) with `rule`, the whole file
+    /// rule of the schema. The plugin sees the file's folder read-only, at `/input`.
+    #[tracing::instrument(skip(self, rule, limits), fields(validator = id))]
+    pub async fn validate_file(
+        &self,
+        id: &str,
+        validation_type: &str,
+        file: &Path,
+        rule: &serde_json::Value,
+        limits: &Limits,
+    ) -> Result<CustomOutcome, String> {
+        let plugin = self
+            .plugins
+            .get(id)
+            .filter(|p| p.manifest.kind == PluginKind::Validator)
+            .ok_or_else(|| format!("no validator plugin `{id}`"))?;
+        let (Some(folder), Some(name)) = (file.parent(), file.file_name()) else {
+            return Err(format!("{} is not a file", file.display()));
+        };
+        let grant = Grant::none()
+            .read(folder, "/input")
+            .map_err(|e| format!("{e:#}"))?;
+        let request = bindings::validator::exports::trellis::plugin::validator::ValidateRequest {
+            validation_type: validation_type.to_string(),
+            file: format!("/input/{}", name.to_string_lossy()),
+            rule: rule.to_string(),
+        };
+        let outcome = run_call(&self.engine, plugin, &grant, limits, |pre, store| {
+            Box::pin(async move {
+                let bindings = bindings::validator::ValidatorPluginPre::new(pre.clone())?
+                    .instantiate_async(&mut *store)
+                    .await?;
+                bindings
+                    .trellis_plugin_validator()
+                    .call_validate(store, &request)
+                    .await
+            })
+        })
+        .await;
+        let label = format!("validator `{id}`");
+        let report = match outcome {
+            Ok(Ok(report)) if report.checks.len() > MAX_VALIDATOR_CHECKS => {
+                return Err(format!(
+                    "{label}: returned {} checks, over the limit of {MAX_VALIDATOR_CHECKS}",
+                    report.checks.len()
+                ));
+            }
+            Ok(Ok(report)) => report,
+            Ok(Err(message)) => return Err(format!("{label}: {message}")),
+            Err(failure) => return Err(failure.into_error(label, limits).to_string()),
+        };
+        let checks = report
+            .checks
+            .into_iter()
+            .map(|c| CheckResult {
+                file: c.file,
+                path: c.path,
+                kind: c.kind,
+                passed: c.passed,
+                expected: c.expected,
+                actual: c.actual,
+                message: c.message,
+            })
+            .collect();
+        Ok(CustomOutcome {
+            checks,
+            warnings: report.warnings,
+        })
+    }
+}
+
+/// The registry's validator plugins as the gate's [`CustomValidator`]: a file rule
+/// whose `validation_type` is `csv` goes to the validator plugin with id `csv`.
+#[derive(Debug)]
+pub struct PluginValidators<'a> {
+    registry: &'a PluginRegistry,
+    limits: Limits,
+}
+
+impl<'a> PluginValidators<'a> {
+    /// Validators of `registry`, each call bounded by `limits`.
+    pub fn new(registry: &'a PluginRegistry, limits: Limits) -> Self {
+        PluginValidators { registry, limits }
+    }
+}
+
+impl CustomValidator for PluginValidators<'_> {
+    fn supports(&self, validation_type: &str) -> bool {
+        self.registry
+            .get(validation_type)
+            .is_some_and(|p| p.manifest.kind == PluginKind::Validator)
+    }
+
+    fn validate(
+        &self,
+        validation_type: &str,
+        file: &Path,
+        rule: &serde_json::Value,
+    ) -> Result<CustomOutcome, String> {
+        // The gate is synchronous and may itself run inside an async task: drive the
+        // plugin call on a thread of its own with a small runtime, which works from both.
+        std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    let runtime = tokio::runtime::Builder::new_current_thread()
+                        .enable_time()
+                        .build()
+                        .map_err(|e| format!("starting a runtime for the validator: {e}"))?;
+                    runtime.block_on(self.registry.validate_file(
+                        validation_type,
+                        validation_type,
+                        file,
+                        rule,
+                        &self.limits,
+                    ))
+                })
+                .join()
+                .unwrap_or_else(|_| Err("the validator thread panicked".into()))
+        })
+    }
+}
+
 type CallFuture<'a, T> =
     std::pin::Pin<Box<dyn std::future::Future<Output = wasmtime::Result<T>> + Send + 'a>>;
 
 /// Runs one call in a fresh store: builds the grant's WASI context, sets the
-/// memory limit and the epoch deadline, instantiates, calls `f`, and sorts any
-/// failure into timeout, memory, stack or crash.
+/// memory limit and the epoch deadline, lets `f` instantiate and call, and
+/// sorts any failure into timeout, memory, stack or crash.
 async fn run_call<T, F>(
     engine: &Engine,
     plugin: &Plugin,
@@ -394,7 +524,7 @@ async fn run_call<T, F>(
 ) -> Result<T, CallFailure>
 where
     F: for<'a> FnOnce(
-        &'a bindings::tool::ToolPlugin,
+        &'a wasmtime::component::InstancePre<CallState>,
         &'a mut Store<CallState>,
     ) -> CallFuture<'a, T>,
 {
@@ -414,11 +544,7 @@ where
     store.set_epoch_deadline(Engine::ticks_for(limits.timeout));
     store.epoch_deadline_trap();
 
-    let call = async {
-        let pre = bindings::tool::ToolPluginPre::new(plugin.pre.clone())?;
-        let instance = pre.instantiate_async(&mut store).await?;
-        f(&instance, &mut store).await
-    };
+    let call = f(&plugin.pre, &mut store);
     // The epoch deadline stops guest code; this outer timeout also covers time
     // spent in async host calls, which epochs do not interrupt.
     let grace = limits.timeout + Duration::from_millis(250);
@@ -469,8 +595,13 @@ async fn list_tools(plugin: &Plugin, engine: &Engine) -> Result<Vec<ToolSpec>> {
         plugin,
         &Grant::none(),
         &LOAD_LIMITS,
-        |bindings, store| {
-            Box::pin(async move { bindings.trellis_plugin_tool().call_list_tools(store).await })
+        |pre, store| {
+            Box::pin(async move {
+                let bindings = bindings::tool::ToolPluginPre::new(pre.clone())?
+                    .instantiate_async(&mut *store)
+                    .await?;
+                bindings.trellis_plugin_tool().call_list_tools(store).await
+            })
         },
     )
     .await

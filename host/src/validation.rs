@@ -308,7 +308,13 @@ pub fn run_gate(
                     file: name.to_string(),
                     message,
                 })?;
-            sink.checks.extend(outcome.checks);
+            // A validator names the file by whatever path it was shown; the report
+            // names it as the schema does.
+            sink.checks
+                .extend(outcome.checks.into_iter().map(|mut check| {
+                    check.file = name.to_string();
+                    check
+                }));
             sink.warnings.extend(outcome.warnings);
         }
         if !rule.needs_json() {

@@ -1070,6 +1070,12 @@ fn check_references(ctx: &mut Ctx, value: &Value, plan: &Plan) {
             ids.push(&s.id);
         }
     }
+    let raw_ids: Vec<&str> = ["steps", "orphan_steps"]
+        .iter()
+        .filter_map(|list| value.get(*list).and_then(Value::as_array))
+        .flatten()
+        .filter_map(|step| step.get("id").and_then(Value::as_str))
+        .collect();
     for (list, steps) in lists {
         for (i, s) in steps.iter().enumerate() {
             let path = JsonPath::root().key(list).index(i);
@@ -1101,7 +1107,13 @@ fn check_references(ctx: &mut Ctx, value: &Value, plan: &Plan) {
                 _ => {}
             }
             for (p, target) in refs {
-                if target != END && !target.is_empty() && !ids.contains(&target) {
+                // A step that failed to parse still exists: its own errors are reported,
+                // references to it are not errors on top of them.
+                if target != END
+                    && !target.is_empty()
+                    && !ids.contains(&target)
+                    && !raw_ids.contains(&target)
+                {
                     let hint = did_you_mean(target, ids.iter().copied())
                         .map(|c| format!(" (did you mean \"{c}\"?)"))
                         .unwrap_or_default();

@@ -1,19 +1,53 @@
-//! A valid component of the `validator-plugin` world. Host tests load it where a
-//! tool plugin is expected and assert that the error names the wrong world
-//! instead of failing somewhere deeper.
+//! A validator plugin used only by host tests, in two roles:
+//!
+//! - loaded where a tool plugin is expected, it shows that the error names the
+//!   wrong world instead of failing somewhere deeper;
+//! - loaded as the validator it is, its rule option `behave` makes it misbehave
+//!   (`spin`, `panic`, `flood`, `fail`, `escape`) so the host can show that a bad
+//!   validator ends in a gate error naming the plugin, never a crash.
+
+use std::hint::black_box;
 
 use trellis_plugin_sdk::export_validator_plugin;
 use trellis_plugin_sdk::validator::{Check, Report, Request, ValidatorPlugin};
 
-struct AlwaysPasses;
+struct TestValidator;
 
-impl ValidatorPlugin for AlwaysPasses {
+impl ValidatorPlugin for TestValidator {
     fn validate(request: Request) -> Result<Report, String> {
-        let check = Check::new(request.file, request.validation_type, true)
-            .expected("anything")
-            .actual("something");
-        Ok(Report::from_checks(vec![check]))
+        let behave = request.rule["behave"].as_str().unwrap_or("pass");
+        match behave {
+            "pass" => {
+                let text = std::fs::read_to_string(&request.file).map_err(|e| e.to_string())?;
+                let check = Check::new(&request.file, "not_empty", !text.is_empty())
+                    .expected("some content")
+                    .actual(format!("{} bytes", text.len()));
+                Ok(Report::from_checks(vec![check]))
+            }
+            "spin" => {
+                let mut n: u64 = 0;
+                loop {
+                    n = black_box(n.wrapping_add(1));
+                }
+            }
+            "panic" => panic!("validator gave up"),
+            "flood" => {
+                // Far more checks than any report should carry.
+                let checks = (0..2_000_000)
+                    .map(|i| Check::new(&request.file, "flood", false).at(format!("row {i}")))
+                    .collect();
+                Ok(Report::from_checks(checks))
+            }
+            "fail" => Err("option `columns` must be a list of strings".into()),
+            "escape" => match std::fs::read_to_string("/etc/passwd") {
+                Ok(text) => Ok(Report::from_checks(vec![
+                    Check::new("/etc/passwd", "escape", true).actual(text),
+                ])),
+                Err(err) => Err(format!("cannot read /etc/passwd: {err}")),
+            },
+            other => Err(format!("unknown behave {other:?}")),
+        }
     }
 }
 
-export_validator_plugin!(AlwaysPasses);
+export_validator_plugin!(TestValidator);

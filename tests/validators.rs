@@ -1,0 +1,124 @@
+//! Custom validators: a `validation_type` other than `json` goes to the
+//! validator plugin of that id, which sees only the file's folder, read-only.
+//! A validator that loops, panics, floods or fails is a gate error naming the
+//! plugin, never a crash, and the gate carries on serving.
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::json;
+use support::{engine, plugin_folder};
+use trellis_host::plugins::PluginValidators;
+use trellis_host::validation::{GateError, run_gate_value};
+use trellis_host::{Limits, PluginRegistry};
+
+async fn registry() -> PluginRegistry {
+    let plugins = tempfile::tempdir().unwrap();
+    let folder = plugin_folder(plugins.path(), "wrong_world", "unruly", "validator");
+    let mut registry = PluginRegistry::with_bundled(engine()).await.unwrap();
+    registry.load_dir(&folder).await.unwrap();
+    registry
+}
+
+fn limits() -> Limits {
+    Limits {
+        memory_bytes: 64 << 20,
+        timeout: Duration::from_millis(500),
+        ..Limits::default()
+    }
+}
+
+struct Step {
+    root: tempfile::TempDir,
+}
+
+impl Step {
+    fn new() -> Step {
+        let root = tempfile::tempdir().unwrap();
+        let out = root.path().join("runs/iteration-0/execution/s");
+        std::fs::create_dir_all(&out).unwrap();
+        std::fs::write(out.join("data.txt"), "hello").unwrap();
+        Step { root }
+    }
+
+    fn gate(
+        &self,
+        registry: &PluginRegistry,
+        behave: &str,
+    ) -> Result<trellis_host::validation::Report, GateError> {
+        let schema = json!({"files": [{"file_name": "data.txt", "validation_type": "unruly", "behave": behave}]});
+        let validators = PluginValidators::new(registry, limits());
+        run_gate_value(
+            self.root.path(),
+            &self.root.path().join("runs/iteration-0/execution/s"),
+            &schema,
+            &validators,
+        )
+    }
+}
+
+fn validator_error(result: Result<trellis_host::validation::Report, GateError>) -> String {
+    match result {
+        Err(err @ GateError::Validator { .. }) => err.to_string(),
+        other => panic!("expected a validator error, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_validator_reports_checks_into_the_gate() {
+    let registry = registry().await;
+    let step = Step::new();
+    let report = step.gate(&registry, "pass").unwrap();
+    assert!(report.passed, "{report:?}");
+    assert_eq!(report.checks.len(), 1);
+    let check = &report.checks[0];
+    assert_eq!(
+        (check.file.as_str(), check.kind.as_str()),
+        ("data.txt", "not_empty")
+    );
+    assert_eq!(check.actual, "5 bytes");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn misbehaving_validators_are_gate_errors_naming_the_plugin() {
+    let registry = registry().await;
+    let step = Step::new();
+    let cases = [
+        ("spin", "timed out after 500ms"),
+        ("panic", "validator gave up"),
+        ("flood", "validator `unruly`"),
+        ("fail", "option `columns` must be a list of strings"),
+        ("escape", "cannot read /etc/passwd"),
+    ];
+    for (behave, expected) in cases {
+        let message = validator_error(step.gate(&registry, behave));
+        assert!(message.contains("unruly"), "{behave}: {message}");
+        assert!(
+            message.contains(expected),
+            "{behave}: expected {expected:?} in {message}"
+        );
+    }
+    // Still serving.
+    assert!(step.gate(&registry, "pass").unwrap().passed);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unknown_validation_type_fails_the_gate_clearly() {
+    let registry = registry().await;
+    let step = Step::new();
+    let schema = json!({"files": [{"file_name": "data.txt", "validation_type": "yaml"}]});
+    let validators = PluginValidators::new(&registry, limits());
+    let err = run_gate_value(
+        step.root.path(),
+        &step.root.path().join("runs/iteration-0/execution/s"),
+        &schema,
+        &validators,
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("no validator handles validation_type \"yaml\""),
+        "{err}"
+    );
+}
