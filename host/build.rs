@@ -11,7 +11,7 @@ use std::process::Command;
 
 const TARGET: &str = "wasm32-wasip2";
 /// Components embedded in the `trellis` binary.
-const BUNDLED: &[&str] = &["workspace"];
+const BUNDLED: &[&str] = &["workspace", "csv_validator"];
 /// Components used only by tests.
 const TEST_ONLY: &[&str] = &["adversary", "wrong_world"];
 
@@ -19,7 +19,14 @@ fn main() {
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
     let root = manifest_dir.parent().unwrap().to_path_buf();
     let plugins = root.join("plugins");
-    for watched in ["Cargo.toml", "Cargo.lock", "sdk", "workspace", "tests"] {
+    for watched in [
+        "Cargo.toml",
+        "Cargo.lock",
+        "sdk",
+        "workspace",
+        "validators",
+        "tests",
+    ] {
         println!("cargo:rerun-if-changed={}", plugins.join(watched).display());
     }
     println!("cargo:rerun-if-changed={}", root.join("wit").display());

@@ -38,8 +38,21 @@ fn plugins_list_shows_the_bundled_workspace_plugin() {
 
     let out = trellis(&["plugins", "list", "--json"], &example());
     let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let tools = list[0]["tools"].as_array().unwrap();
-    assert_eq!(tools.len(), 7, "{list}");
+    let workspace = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == "workspace")
+        .unwrap();
+    assert_eq!(workspace["kind"], "tool");
+    assert_eq!(workspace["tools"].as_array().unwrap().len(), 7, "{list}");
+    let csv = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == "csv")
+        .unwrap();
+    assert_eq!(csv["kind"], "validator");
 }
 
 #[test]
@@ -73,7 +86,11 @@ fn plugins_inspect_prints_every_tool_with_its_schema() {
 
     let out = trellis(&["plugins", "inspect", "nope"], &example());
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("no plugin `nope` (loaded: workspace)"));
+    assert!(
+        text(&out.stderr).contains("no plugin `nope` (loaded: csv, "),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[test]

@@ -59,10 +59,12 @@ impl World {
     }
 }
 
+/// Generous deadline for attacks that must end some other way (a loaded CI
+/// machine must not turn a memory error into a timeout); the loop test sets its own.
 fn limits() -> Limits {
     Limits {
         memory_bytes: 64 << 20,
-        timeout: Duration::from_millis(500),
+        timeout: Duration::from_secs(20),
         output_bytes: 1 << 20,
         stdio_bytes: 16 << 10,
     }
@@ -227,16 +229,15 @@ async fn listing_shows_only_granted_folders() {
 
 #[tokio::test]
 async fn no_environment_and_no_arguments_reach_the_guest() {
-    // SAFETY: set before any thread of this test reads the environment; the
-    // variable only proves the host's environment does not leak into guests.
-    unsafe { std::env::set_var("TRELLIS_TEST_SECRET", "hunter2") };
+    // The test process has PATH, HOME and the rest: none of it may reach the guest.
+    let path = std::env::var("PATH").expect("PATH is set");
     let registry = registry_with_adversary().await;
     let result = call(&registry, "env", json!({}), &Grant::none())
         .await
         .unwrap();
     assert_eq!(result["vars"], json!({}), "{result}");
     assert!(result["args"].as_array().unwrap().is_empty(), "{result}");
-    assert!(!result.to_string().contains("hunter2"));
+    assert!(!result.to_string().contains(&path));
 }
 
 #[tokio::test]
@@ -261,7 +262,12 @@ async fn sockets_cannot_be_opened() {
 #[tokio::test]
 async fn an_infinite_loop_times_out() {
     let registry = registry_with_adversary().await;
-    let err = call(&registry, "spin", json!({}), &Grant::none())
+    let limits = Limits {
+        timeout: Duration::from_millis(500),
+        ..limits()
+    };
+    let err = registry
+        .call_tool("adversary:spin", &json!({}), &Grant::none(), &limits)
         .await
         .unwrap_err();
     assert!(matches!(err, ToolCallError::Timeout { .. }), "{err:?}");
@@ -358,7 +364,7 @@ async fn flooding_stderr_is_capped_not_fatal() {
     let result = call(
         &registry,
         "stderr_flood",
-        json!({"bytes": 32 << 20}),
+        json!({"bytes": 8 << 20}),
         &Grant::none(),
     )
     .await;

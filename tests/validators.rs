@@ -21,10 +21,11 @@ async fn registry() -> PluginRegistry {
     registry
 }
 
+/// Short deadline: the `spin` validator must time out; the others end long before.
 fn limits() -> Limits {
     Limits {
         memory_bytes: 64 << 20,
-        timeout: Duration::from_millis(500),
+        timeout: Duration::from_millis(2000),
         ..Limits::default()
     }
 }
@@ -85,7 +86,7 @@ async fn misbehaving_validators_are_gate_errors_naming_the_plugin() {
     let registry = registry().await;
     let step = Step::new();
     let cases = [
-        ("spin", "timed out after 500ms"),
+        ("spin", "timed out after 2s"),
         ("panic", "validator gave up"),
         ("flood", "validator `unruly`"),
         ("fail", "option `columns` must be a list of strings"),
@@ -121,4 +122,52 @@ async fn an_unknown_validation_type_fails_the_gate_clearly() {
             .contains("no validator handles validation_type \"yaml\""),
         "{err}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_bundled_csv_validator_checks_a_real_file() {
+    let registry = registry().await;
+    let step = Step::new();
+    let out = step.root.path().join("runs/iteration-0/execution/s");
+    std::fs::write(
+        out.join("tickets.csv"),
+        "id,priority\nT-1,P1\nT-2,P9\nT-2,P2\n",
+    )
+    .unwrap();
+    let schema = json!({"files": [{
+        "file_name": "tickets.csv", "validation_type": "csv",
+        "columns": ["id", "priority"], "min_rows": 1,
+        "column_patterns": {"priority": "^P[1-4]$"}, "unique_columns": ["id"]
+    }]});
+    let validators = PluginValidators::new(&registry, limits());
+    let report = run_gate_value(step.root.path(), &out, &schema, &validators).unwrap();
+    assert!(!report.passed);
+    let failed: Vec<(&str, &str)> = report
+        .failures()
+        .map(|c| (c.kind.as_str(), c.path.as_str()))
+        .collect();
+    assert_eq!(
+        failed,
+        [("pattern", "priority"), ("unique", "id")],
+        "{report:?}"
+    );
+    assert!(report.checks.iter().all(|c| c.file == "tickets.csv"));
+    let pattern = report.failures().next().unwrap();
+    assert!(pattern.actual.contains("\"P9\""), "{pattern:?}");
+
+    // Fixed file: every check passes.
+    std::fs::write(out.join("tickets.csv"), "id,priority\nT-1,P1\nT-2,P2\n").unwrap();
+    assert!(
+        run_gate_value(step.root.path(), &out, &schema, &validators)
+            .unwrap()
+            .passed
+    );
+
+    // A malformed rule is a gate error naming the option.
+    let bad =
+        json!({"files": [{"file_name": "tickets.csv", "validation_type": "csv", "min_row": 1}]});
+    let err = run_gate_value(step.root.path(), &out, &bad, &validators)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("min_rows"), "{err}");
 }

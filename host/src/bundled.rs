@@ -22,12 +22,20 @@ pub struct BundledPlugin {
 }
 
 /// Every bundled plugin.
-pub const PLUGINS: &[BundledPlugin] = &[BundledPlugin {
-    id: "workspace",
-    kind: PluginKind::Tool,
-    description: "Read, write, list, search, patch, move and delete files in the folders granted to the turn.",
-    component: components::WORKSPACE,
-}];
+pub const PLUGINS: &[BundledPlugin] = &[
+    BundledPlugin {
+        id: "workspace",
+        kind: PluginKind::Tool,
+        description: "Read, write, list, search, patch, move and delete files in the folders granted to the turn.",
+        component: components::WORKSPACE,
+    },
+    BundledPlugin {
+        id: "csv",
+        kind: PluginKind::Validator,
+        description: "Checks CSV outputs (validation_type \"csv\"): header columns, row counts, per-column patterns, unique and non-empty columns.",
+        component: components::CSV_VALIDATOR,
+    },
+];
 
 /// Path of a component that exists only for tests (`adversary`, `wrong_world`).
 #[doc(hidden)]
