@@ -11,9 +11,9 @@ use std::process::Command;
 
 const TARGET: &str = "wasm32-wasip2";
 /// Components embedded in the `trellis` binary.
-const BUNDLED: &[&str] = &["workspace", "csv_validator"];
+const BUNDLED: &[&str] = &["workspace", "csv_validator", "openai", "replay"];
 /// Components used only by tests.
-const TEST_ONLY: &[&str] = &["adversary", "wrong_world"];
+const TEST_ONLY: &[&str] = &["adversary", "wrong_world", "test_snoop"];
 
 fn main() {
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
@@ -25,6 +25,7 @@ fn main() {
         "sdk",
         "workspace",
         "validators",
+        "providers",
         "tests",
     ] {
         println!("cargo:rerun-if-changed={}", plugins.join(watched).display());

@@ -35,9 +35,21 @@ pub const PLUGINS: &[BundledPlugin] = &[
         description: "Checks CSV outputs (validation_type \"csv\"): header columns, row counts, per-column patterns, unique and non-empty columns.",
         component: components::CSV_VALIDATOR,
     },
+    BundledPlugin {
+        id: "openai",
+        kind: PluginKind::LlmProvider,
+        description: "OpenAI-compatible chat completions with tool calling (OpenAI, OpenRouter, Ollama, vLLM, llama.cpp).",
+        component: components::OPENAI,
+    },
+    BundledPlugin {
+        id: "replay",
+        kind: PluginKind::LlmProvider,
+        description: "Answers from a recorded cassette; shows the first difference when a request does not match.",
+        component: components::REPLAY,
+    },
 ];
 
-/// Path of a component that exists only for tests (`adversary`, `wrong_world`).
+/// Path of a component that exists only for tests (`adversary`, `wrong_world`, `test_snoop`).
 #[doc(hidden)]
 pub fn test_component(name: &str) -> PathBuf {
     PathBuf::from(components::TEST_COMPONENTS_DIR).join(format!("{name}.wasm"))

@@ -16,6 +16,8 @@ use anyhow::{Context, Result, bail};
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder};
 
+pub mod turn;
+
 /// Whether a granted folder can be changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Access {

@@ -5,8 +5,13 @@
 //! crate is the host: the only code with ambient authority.
 //!
 //! - [`engine`]: the one wasmtime engine, its limits and its compiled-component cache.
-//! - [`capabilities`]: grants (folders a call may see, read-only or read-write) and limits.
-//! - [`plugins`]: manifests, loading, the registry, and calling tools.
+//! - [`capabilities`]: grants (folders a call may see, read-only or read-write) and limits;
+//!   [`capabilities::turn`] derives a turn's grant from `write_access`.
+//! - [`plugins`]: manifests, loading, the registry, and calling tools, validators and providers.
+//! - [`llm`]: LLM requests and responses, the HTTP gate of provider plugins, retries,
+//!   fallbacks and cassettes.
+//! - [`sequence`]: building blocks of the message-sequence driver: tool filters, foreach
+//!   rows and templates, session and log files, run folders.
 //! - [`bundled`]: plugins compiled into the binary.
 //! - [`workflow`]: `plan.json`, `step_config.json`, `workflow.json`, contracts and migrations.
 //! - [`validation`]: the `validation_schema` gate and custom validator dispatch.
@@ -15,7 +20,9 @@
 pub mod bundled;
 pub mod capabilities;
 pub mod engine;
+pub mod llm;
 pub mod plugins;
+pub mod sequence;
 pub mod store;
 pub mod validation;
 pub mod workflow;

@@ -11,7 +11,7 @@
 pub mod manifest;
 pub mod tools;
 
-mod bindings;
+pub(crate) mod bindings;
 mod state;
 
 use std::collections::BTreeMap;
@@ -26,6 +26,7 @@ use wasmtime::{Store, Trap};
 use crate::bundled;
 use crate::capabilities::{CappedOutput, Grant, Limits};
 use crate::engine::Engine;
+use crate::llm::{self, LlmCallError, LlmError};
 use crate::validation::{CheckResult, CustomOutcome, CustomValidator};
 pub use manifest::{Manifest, PluginKind};
 use state::{CallState, MemoryLimitExceeded};
@@ -111,6 +112,7 @@ pub struct PluginRegistry {
     engine: Engine,
     tool_linker: Linker<CallState>,
     validator_linker: Linker<CallState>,
+    llm_linker: Linker<CallState>,
     plugins: BTreeMap<String, Plugin>,
 }
 
@@ -167,10 +169,24 @@ impl PluginRegistry {
             &mut validator_linker,
             |s| s,
         )?;
+        // An LLM provider gets WASI, `wasi:http` (gated per call by the host's
+        // policy) and the host interface; not the workflow db.
+        let mut llm_linker = Linker::new(engine.wasmtime());
+        wasmtime_wasi::p2::add_to_linker_async(&mut llm_linker)?;
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut llm_linker)?;
+        bindings::tool::trellis::plugin::host::add_to_linker::<CallState, HasSelf<CallState>>(
+            &mut llm_linker,
+            |s| s,
+        )?;
+        bindings::tool::trellis::plugin::types::add_to_linker::<CallState, HasSelf<CallState>>(
+            &mut llm_linker,
+            |s| s,
+        )?;
         Ok(PluginRegistry {
             engine: engine.clone(),
             tool_linker,
             validator_linker,
+            llm_linker,
             plugins: BTreeMap::new(),
         })
     }
@@ -219,9 +235,7 @@ impl PluginRegistry {
         let linker = match manifest.kind {
             PluginKind::Tool => &self.tool_linker,
             PluginKind::Validator => &self.validator_linker,
-            PluginKind::LlmProvider => bail!(
-                "llm-provider plugins cannot be loaded by this version of Trellis yet (kind `llm-provider`)"
-            ),
+            PluginKind::LlmProvider => &self.llm_linker,
         };
         let pre = linker.instantiate_pre(&component).map_err(|err| {
             anyhow::anyhow!(
@@ -458,6 +472,121 @@ impl PluginRegistry {
     }
 }
 
+/// Time a provider call gets beyond its HTTP timeout, so that a slow server
+/// ends as the provider's own `timeout` error rather than an interrupted call.
+const LLM_CALL_GRACE: Duration = Duration::from_secs(2);
+
+impl PluginRegistry {
+    /// Asks LLM provider `provider` for a completion of `request` at `endpoint`.
+    ///
+    /// The call runs in a fresh instance that sees only `endpoint.grant`'s
+    /// folders and may send HTTP requests only to `endpoint.base_url`'s origin;
+    /// the host adds `Authorization: Bearer <secret>` to them, so the plugin
+    /// never holds the key. `limits.timeout` bounds each HTTP exchange; the
+    /// call as a whole gets a little more. No retries here: see
+    /// [`llm::complete_with_retries`].
+    #[tracing::instrument(skip_all, fields(provider = %provider, model = %request.model))]
+    pub async fn complete(
+        &self,
+        provider: &str,
+        endpoint: &llm::Endpoint,
+        secret: &llm::Secret,
+        request: &llm::Request,
+        limits: &Limits,
+    ) -> Result<llm::Response, LlmCallError> {
+        let plugin = self
+            .plugins
+            .get(provider)
+            .filter(|p| p.manifest.kind == PluginKind::LlmProvider)
+            .ok_or_else(|| LlmCallError::UnknownProvider {
+                provider: provider.to_string(),
+                loaded: self
+                    .plugins
+                    .values()
+                    .filter(|p| p.manifest.kind == PluginKind::LlmProvider)
+                    .map(|p| p.manifest.id.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })?;
+        let policy =
+            llm::http::HttpPolicy::for_endpoint(&endpoint.base_url, secret, limits.timeout)
+                .map_err(|message| LlmCallError::BadEndpoint {
+                    provider: provider.to_string(),
+                    message,
+                })?;
+        let refused = policy.refused();
+        let allowed = policy.allowed().map(|o| o.to_string());
+        let call_limits = Limits {
+            timeout: limits.timeout + LLM_CALL_GRACE,
+            ..*limits
+        };
+        let wit_endpoint = llm::wit::endpoint(endpoint);
+        let wit_request = llm::wit::request(request);
+        let outcome = run_call_with_http(
+            &self.engine,
+            plugin,
+            &endpoint.grant,
+            &call_limits,
+            Some(policy),
+            |pre, store| {
+                Box::pin(async move {
+                    let bindings = bindings::llm::LlmProviderPre::new(pre.clone())?
+                        .instantiate_async(&mut *store)
+                        .await?;
+                    bindings
+                        .trellis_plugin_llm()
+                        .call_complete(store, &wit_endpoint, &wit_request)
+                        .await
+                })
+            },
+        )
+        .await;
+        let provider_error = |error| LlmCallError::Provider {
+            provider: provider.to_string(),
+            error,
+        };
+        match outcome {
+            Ok(Ok(response)) => {
+                let response = llm::wit::response(response);
+                let size = response.text.len()
+                    + response
+                        .tool_calls
+                        .iter()
+                        .map(|c| c.arguments.len() + c.name.len())
+                        .sum::<usize>();
+                if size > limits.output_bytes {
+                    return Err(provider_error(LlmError::MalformedResponse(format!(
+                        "the answer is {size} bytes, over the limit of {}",
+                        limits.output_bytes
+                    ))));
+                }
+                Ok(response)
+            }
+            Ok(Err(error)) => {
+                let mut error = llm::wit::error(error);
+                let refused = refused.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                if !refused.is_empty() {
+                    // The plugin may word a refusal as it likes; the host says what happened.
+                    let only =
+                        allowed.map_or("no host at all".to_string(), |a| format!("only {a}"));
+                    error = LlmError::Transport(format!(
+                        "the host refused the request to {}: this provider may reach {only}",
+                        refused.join(", ")
+                    ));
+                }
+                Err(provider_error(error))
+            }
+            Err(CallFailure::Timeout(_)) => Err(provider_error(LlmError::Timeout)),
+            Err(failure) => Err(LlmCallError::Crashed {
+                provider: provider.to_string(),
+                message: failure
+                    .into_error(format!("llm `{provider}`"), &call_limits)
+                    .to_string(),
+            }),
+        }
+    }
+}
+
 /// The registry's validator plugins as the gate's [`CustomValidator`]: a file rule
 /// whose `validation_type` is `csv` goes to the validator plugin with id `csv`.
 #[derive(Debug)]
@@ -528,17 +657,38 @@ where
         &'a mut Store<CallState>,
     ) -> CallFuture<'a, T>,
 {
+    run_call_with_http(engine, plugin, grant, limits, None, f).await
+}
+
+/// [`run_call`] for a call that may send HTTP requests as `http` allows.
+async fn run_call_with_http<T, F>(
+    engine: &Engine,
+    plugin: &Plugin,
+    grant: &Grant,
+    limits: &Limits,
+    http: Option<llm::http::HttpPolicy>,
+    f: F,
+) -> Result<T, CallFailure>
+where
+    F: for<'a> FnOnce(
+        &'a wasmtime::component::InstancePre<CallState>,
+        &'a mut Store<CallState>,
+    ) -> CallFuture<'a, T>,
+{
     let stdout = CappedOutput::new(limits.stdio_bytes);
     let stderr = CappedOutput::new(limits.stdio_bytes);
     let wasi = grant
         .wasi_ctx(stdout, stderr.clone())
         .map_err(CallFailure::Host)?;
-    let state = CallState::new(
+    let mut state = CallState::new(
         Arc::from(plugin.manifest.id.as_str()),
         wasi,
         limits.memory_bytes,
         grant.db().cloned(),
     );
+    if let Some(policy) = http {
+        state.allow_http(policy);
+    }
     let mut store = Store::new(engine.wasmtime(), state);
     store.limiter(|s| &mut s.memory);
     store.set_epoch_deadline(Engine::ticks_for(limits.timeout));

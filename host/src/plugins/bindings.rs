@@ -24,3 +24,20 @@ pub mod validator {
         },
     });
 }
+
+/// World `llm-provider`. `wasi:http` and `wasi:io` come from wasmtime's own
+/// bindings, so the linker can take their implementations as they are.
+pub mod llm {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "llm-provider",
+        exports: { default: async },
+        with: {
+            "trellis:plugin/host": super::tool::trellis::plugin::host,
+            "trellis:plugin/types": super::tool::trellis::plugin::types,
+            "wasi:http": wasmtime_wasi_http::p2::bindings::http,
+            "wasi:io": wasmtime_wasi::p2::bindings::io,
+            "wasi:clocks": wasmtime_wasi::p2::bindings::clocks,
+        },
+    });
+}

@@ -5,9 +5,11 @@ use std::sync::Arc;
 use wasmtime::ResourceLimiter;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use super::bindings::tool::trellis::plugin::{host, types, workflow_db};
 use crate::capabilities::DbGrant;
+use crate::llm::http::HttpPolicy;
 
 /// Log lines longer than this are cut: a plugin cannot flood the host's log.
 const LOG_LINE_BYTES: usize = 4 << 10;
@@ -27,6 +29,10 @@ pub(crate) struct CallState {
     db: Option<DbGrant>,
     db_conn: Option<rusqlite::Connection>,
     log_lines: u32,
+    /// `wasi:http`, linked for LLM providers only; refuses everything unless
+    /// [`CallState::allow_http`] set a policy.
+    http_ctx: WasiHttpCtx,
+    http_policy: HttpPolicy,
 }
 
 impl CallState {
@@ -47,7 +53,14 @@ impl CallState {
             db,
             db_conn: None,
             log_lines: 0,
+            http_ctx: WasiHttpCtx::new(),
+            http_policy: HttpPolicy::deny_all(),
         }
+    }
+
+    /// Lets the call send HTTP requests as `policy` allows.
+    pub(crate) fn allow_http(&mut self, policy: HttpPolicy) {
+        self.http_policy = policy;
     }
 
     fn connection(&mut self) -> Result<&rusqlite::Connection, workflow_db::DbError> {
@@ -76,6 +89,16 @@ impl WasiView for CallState {
         WasiCtxView {
             ctx: &mut self.wasi,
             table: &mut self.table,
+        }
+    }
+}
+
+impl WasiHttpView for CallState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http_ctx,
+            table: &mut self.table,
+            hooks: &mut self.http_policy,
         }
     }
 }

@@ -25,6 +25,8 @@
 //!   `tool-plugin` world.
 //! - [`validator`]: [`ValidatorPlugin`](validator::ValidatorPlugin) and
 //!   [`export_validator_plugin!`] for the `validator-plugin` world.
+//! - [`llm`]: [`LlmProvider`](llm::LlmProvider), [`export_llm_provider!`] and a
+//!   blocking HTTP client over `wasi:http` for the `llm-provider` world.
 //! - [`log`] and [`db`]: the services the host gives every plugin.
 //!
 //! A plugin's filesystem is exactly the folders granted to the current call, each
@@ -32,6 +34,7 @@
 //! `/knowledgebase/notes`), so plain `std::fs` works and anything else does not exist.
 
 pub mod db;
+pub mod llm;
 pub mod log;
 pub mod tool;
 pub mod validator;
@@ -68,6 +71,22 @@ pub mod bindings {
                 "trellis:plugin/host@0.1.0": crate::bindings::trellis::plugin::host,
                 "trellis:plugin/types@0.1.0": crate::bindings::trellis::plugin::types,
             },
+        });
+    }
+
+    /// The LLM provider world: the shared host interface plus `wasi:http`.
+    pub mod llm_world {
+        wit_bindgen::generate!({
+            path: "../../wit",
+            world: "llm-provider",
+            pub_export_macro: true,
+            default_bindings_module: "trellis_plugin_sdk::bindings::llm_world",
+            export_macro_name: "__export_llm_world",
+            with: {
+                "trellis:plugin/host@0.1.0": crate::bindings::trellis::plugin::host,
+                "trellis:plugin/types@0.1.0": crate::bindings::trellis::plugin::types,
+            },
+            generate_all,
         });
     }
 }

@@ -1,0 +1,474 @@
+//! Language models behind provider plugins (world `llm-provider`).
+//!
+//! The types here mirror the WIT records of `trellis:plugin/llm` on the host
+//! side, serializable so runs can log them and cassettes can store them.
+//! [`PluginRegistry::complete`](crate::PluginRegistry::complete) makes one call
+//! in a fresh instance whose only way out is `wasi:http` to the endpoint's
+//! origin, with the API key added by the host ([`http`]);
+//! [`complete_with_retries`] adds backoff and fallbacks; [`record`] writes and
+//! describes cassettes for the `replay` provider.
+
+pub(crate) mod http;
+pub mod record;
+mod retry;
+pub(crate) mod wit;
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::capabilities::Grant;
+
+pub use record::{Cassette, Interaction, RecordedRequest, Recorder, ReplayCursor};
+pub use retry::{Attempt, AttemptStatus, Completion, RetryPolicy, Target, complete_with_retries};
+
+/// The public OpenAI API, the default base URL as in the official SDKs.
+pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
+/// The environment variable holding the API key unless configured otherwise.
+pub const DEFAULT_KEY_ENV: &str = "OPENAI_API_KEY";
+/// The environment variable overriding the base URL, as in the official SDKs.
+pub const BASE_URL_ENV: &str = "OPENAI_BASE_URL";
+/// Where the `replay` provider sees the cassette's folder.
+pub const CASSETTE_GUEST_DIR: &str = "/cassette";
+
+/// Who wrote a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Instructions framing the conversation.
+    System,
+    /// The user, or the runtime speaking for the workflow.
+    User,
+    /// The model.
+    Assistant,
+    /// A tool result.
+    Tool,
+}
+
+/// A tool call requested by the model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// Identifier chosen by the model; echoed in the tool result.
+    pub id: String,
+    /// Full tool name, `server:tool`.
+    pub name: String,
+    /// Arguments object as JSON text. Logged and recorded as the JSON value
+    /// itself when it parses, so logs stay readable.
+    #[serde(with = "json_text")]
+    pub arguments: String,
+}
+
+/// One message of the conversation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Message {
+    /// Who wrote it.
+    pub role: Role,
+    /// The text; may be empty for an assistant message that only calls tools.
+    #[serde(default)]
+    pub content: String,
+    /// Tool calls of an assistant message.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// For a `tool` message: the call it answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+}
+
+impl Message {
+    /// A message of `role` with `content` only.
+    pub fn new(role: Role, content: impl Into<String>) -> Self {
+        Message {
+            role,
+            content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+        }
+    }
+
+    /// A system message.
+    pub fn system(content: impl Into<String>) -> Self {
+        Message::new(Role::System, content)
+    }
+
+    /// A user message.
+    pub fn user(content: impl Into<String>) -> Self {
+        Message::new(Role::User, content)
+    }
+
+    /// The assistant's answer, tool calls included.
+    pub fn assistant(response: &Response) -> Self {
+        Message {
+            role: Role::Assistant,
+            content: response.text.clone(),
+            tool_calls: response.tool_calls.clone(),
+            tool_call_id: None,
+        }
+    }
+
+    /// The result of tool call `call_id`.
+    pub fn tool_result(call_id: impl Into<String>, content: impl Into<String>) -> Self {
+        Message {
+            role: Role::Tool,
+            content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: Some(call_id.into()),
+        }
+    }
+}
+
+/// A tool the model may call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolDefinition {
+    /// Full tool name, `server:tool`.
+    pub name: String,
+    /// What the tool does.
+    pub description: String,
+    /// JSON Schema of the arguments object.
+    pub parameters: serde_json::Value,
+}
+
+/// Sampling and size options; `None` uses the provider's default.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Options {
+    /// Sampling temperature.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f32>,
+    /// Upper bound on generated tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    /// Provider-specific options, merged into the request body.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extra: Option<serde_json::Value>,
+}
+
+/// One completion request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Request {
+    /// Model identifier as the provider names it.
+    pub model: String,
+    /// The conversation so far, oldest first.
+    pub messages: Vec<Message>,
+    /// Tools the model may call.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<ToolDefinition>,
+    /// Sampling options.
+    #[serde(default)]
+    pub options: Options,
+}
+
+/// Why the model stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// It finished its answer.
+    Stop,
+    /// It asked for tool calls.
+    ToolCalls,
+    /// It hit the token limit.
+    Length,
+    /// The provider filtered the content.
+    ContentFilter,
+    /// Anything else.
+    Other,
+}
+
+/// Tokens used by one completion.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Tokens in the request.
+    pub prompt_tokens: u32,
+    /// Tokens generated.
+    pub completion_tokens: u32,
+    /// Their sum, as reported by the provider.
+    pub total_tokens: u32,
+}
+
+impl std::ops::AddAssign for Usage {
+    fn add_assign(&mut self, other: Usage) {
+        self.prompt_tokens = self.prompt_tokens.saturating_add(other.prompt_tokens);
+        self.completion_tokens = self
+            .completion_tokens
+            .saturating_add(other.completion_tokens);
+        self.total_tokens = self.total_tokens.saturating_add(other.total_tokens);
+    }
+}
+
+/// The model's answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Response {
+    /// The text; may be empty when it only calls tools.
+    #[serde(default)]
+    pub text: String,
+    /// Tool calls, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// Why it stopped.
+    pub stop_reason: StopReason,
+    /// Token usage.
+    #[serde(default)]
+    pub usage: Usage,
+    /// The model that answered, when reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+}
+
+/// A provider's own error, the WIT `llm-error`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[serde(tag = "kind", content = "detail", rename_all = "snake_case")]
+pub enum LlmError {
+    /// HTTP 429, with the server's `Retry-After` in milliseconds if given.
+    #[error("rate limited{}", .0.map(|ms| format!(" (retry after {ms} ms)")).unwrap_or_default())]
+    RateLimited(Option<u64>),
+    /// A 5xx status, with the status and the start of the body.
+    #[error("server error: {0}")]
+    Server(String),
+    /// No answer in time.
+    #[error("no answer in time")]
+    Timeout,
+    /// The request was refused as invalid.
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    /// The answer could not be understood.
+    #[error("malformed response: {0}")]
+    MalformedResponse(String),
+    /// The connection failed or the host refused the destination.
+    #[error("transport: {0}")]
+    Transport(String),
+}
+
+impl LlmError {
+    /// Whether trying again may help: rate limits, server errors, timeouts.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            LlmError::RateLimited(_) | LlmError::Server(_) | LlmError::Timeout
+        )
+    }
+}
+
+/// Why [`PluginRegistry::complete`](crate::PluginRegistry::complete) gave no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum LlmCallError {
+    /// No LLM provider plugin has this id.
+    #[error("no LLM provider `{provider}` (loaded: {loaded})")]
+    UnknownProvider {
+        /// The id asked for.
+        provider: String,
+        /// The provider ids loaded.
+        loaded: String,
+    },
+    /// The endpoint cannot be used (a base URL that does not parse).
+    #[error("LLM provider `{provider}`: {message}")]
+    BadEndpoint {
+        /// Provider id.
+        provider: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The provider answered with an error.
+    #[error("LLM provider `{provider}`: {error}")]
+    Provider {
+        /// Provider id.
+        provider: String,
+        /// Its error.
+        error: LlmError,
+    },
+    /// The plugin crashed or hit a limit other than time.
+    #[error("LLM provider `{provider}` failed: {message}")]
+    Crashed {
+        /// Provider id.
+        provider: String,
+        /// The trap or limit, for the user.
+        message: String,
+    },
+}
+
+impl LlmCallError {
+    /// The provider's own error, if that is what this is.
+    pub fn llm_error(&self) -> Option<&LlmError> {
+        match self {
+            LlmCallError::Provider { error, .. } => Some(error),
+            _ => None,
+        }
+    }
+
+    /// Whether trying again may help.
+    pub fn is_retryable(&self) -> bool {
+        self.llm_error().is_some_and(LlmError::is_retryable)
+    }
+}
+
+/// Where and how to reach the model. Secrets are not here: see [`Secret`].
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Endpoint {
+    /// Base URL of the API, e.g. `https://api.openai.com/v1`; the plugin may
+    /// reach only its scheme, host and port. Empty: no network at all.
+    pub base_url: String,
+    /// Provider settings as a JSON object, passed to the plugin.
+    #[serde(default)]
+    pub settings: serde_json::Value,
+    /// Folders the plugin may read (the `replay` cassette's folder).
+    #[serde(skip)]
+    pub grant: Grant,
+}
+
+impl Endpoint {
+    /// An endpoint at `base_url` with no settings.
+    pub fn new(base_url: impl Into<String>) -> Self {
+        Endpoint {
+            base_url: base_url.into(),
+            settings: serde_json::Value::Object(Default::default()),
+            grant: Grant::none(),
+        }
+    }
+
+    /// `$OPENAI_BASE_URL`, else the public OpenAI API.
+    pub fn openai_from_env() -> Self {
+        Endpoint::new(std::env::var(BASE_URL_ENV).unwrap_or_else(|_| DEFAULT_BASE_URL.into()))
+    }
+
+    /// The same endpoint with `settings`.
+    pub fn with_settings(mut self, settings: serde_json::Value) -> Self {
+        self.settings = settings;
+        self
+    }
+
+    /// The endpoint of the `replay` provider answering call `index` (from 0) of
+    /// `cassette`: no network, the cassette's folder read-only at
+    /// [`CASSETTE_GUEST_DIR`], and `{"cassette": <guest path>, "index": index}`.
+    pub fn replay(cassette: &Path, index: usize) -> Result<Self> {
+        let file = cassette
+            .file_name()
+            .and_then(|n| n.to_str())
+            .with_context(|| format!("cassette {}: not a file name", cassette.display()))?;
+        let folder = cassette
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let grant = Grant::none().read(folder, CASSETTE_GUEST_DIR)?;
+        Ok(Endpoint {
+            base_url: String::new(),
+            settings: serde_json::json!({
+                "cassette": format!("{CASSETTE_GUEST_DIR}/{file}"),
+                "index": index,
+            }),
+            grant,
+        })
+    }
+}
+
+/// An API key held by the host. The plugin never sees it: the host adds it to
+/// the requests the plugin sends to its endpoint. Debug output hides it.
+#[derive(Clone, Default)]
+pub struct Secret {
+    value: Option<String>,
+    source: Option<String>,
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Secret")
+            .field("source", &self.source)
+            .field("set", &self.value.is_some())
+            .finish()
+    }
+}
+
+impl Secret {
+    /// No key: requests go out without `Authorization` (local servers).
+    pub fn none() -> Self {
+        Secret::default()
+    }
+
+    /// A key given directly (tests, or a key read elsewhere).
+    pub fn new(key: impl Into<String>) -> Self {
+        Secret {
+            value: Some(key.into()),
+            source: None,
+        }
+    }
+
+    /// The key in environment variable `var`; no key when it is unset or empty.
+    pub fn from_env(var: &str) -> Self {
+        Secret {
+            value: std::env::var(var).ok().filter(|v| !v.is_empty()),
+            source: Some(var.to_string()),
+        }
+    }
+
+    /// Whether a key is present.
+    pub fn is_set(&self) -> bool {
+        self.value.is_some()
+    }
+
+    /// The environment variable it came from, if any.
+    pub fn source(&self) -> Option<&str> {
+        self.source.as_deref()
+    }
+
+    pub(crate) fn value(&self) -> Option<&str> {
+        self.value.as_deref()
+    }
+}
+
+/// Serde for JSON text that is shown as the JSON value itself when it parses.
+mod json_text {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(text: &str, s: S) -> Result<S::Ok, S::Error> {
+        match serde_json::from_str::<serde_json::Value>(text) {
+            Ok(value) => value.serialize(s),
+            Err(_) => text.serialize(s),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+        Ok(match serde_json::Value::deserialize(d)? {
+            serde_json::Value::String(text) => text,
+            other => other.to_string(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tool_call_arguments_are_logged_as_json_values() {
+        let call = ToolCall {
+            id: "c1".into(),
+            name: "workspace:read_file".into(),
+            arguments: r#"{"path":"a.md"}"#.into(),
+        };
+        let value = serde_json::to_value(&call).unwrap();
+        assert_eq!(value["arguments"]["path"], "a.md");
+        let back: ToolCall = serde_json::from_value(value).unwrap();
+        assert_eq!(back, call);
+        let broken = ToolCall {
+            arguments: "{not json".into(),
+            ..call
+        };
+        let back: ToolCall =
+            serde_json::from_value(serde_json::to_value(&broken).unwrap()).unwrap();
+        assert_eq!(back, broken);
+    }
+
+    #[test]
+    fn secrets_do_not_show_in_debug_output() {
+        let secret = Secret::new("sk-very-secret");
+        assert!(!format!("{secret:?}").contains("sk-very"));
+    }
+
+    #[test]
+    fn errors_serialize_with_kind_and_detail() {
+        let value = serde_json::to_value(LlmError::RateLimited(Some(1500))).unwrap();
+        assert_eq!(
+            value,
+            serde_json::json!({"kind": "rate_limited", "detail": 1500})
+        );
+        assert!(LlmError::Timeout.is_retryable());
+        assert!(!LlmError::InvalidRequest("x".into()).is_retryable());
+    }
+}

@@ -1,0 +1,18 @@
+//! Building blocks of the message-sequence runtime (spec sections 1, 4, 8 and 10).
+//!
+//! The agent loop composes these; each is pure and tested on its own:
+//!
+//! - [`filters`]: which tools a step's turns are offered (section 10).
+//! - [`template`]: Go `text/template` rendering of foreach messages.
+//! - [`foreach`]: the read-only row query of a foreach item, with its cap.
+//! - [`session`]: `session.json`, the final summary and per-turn logs, written atomically.
+//! - [`run_folder`]: rotation of `runs/iteration-0` and group run folders.
+//!
+//! The grant of each turn (section 6) lives with the other grants, in
+//! [`crate::capabilities::turn`].
+
+pub mod filters;
+pub mod foreach;
+pub mod run_folder;
+pub mod session;
+pub mod template;

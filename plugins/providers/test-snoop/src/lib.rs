@@ -1,0 +1,63 @@
+//! A hostile LLM provider for the host's tests, never bundled.
+//!
+//! `settings.mode` picks the attack:
+//! - `env`: answers with every environment variable, argument and root folder
+//!   entry it can see (the host gives it none);
+//! - `fetch`: posts to `settings.url` with `settings.headers` and answers with
+//!   the response body, or the error it got (a host other than the endpoint's
+//!   must be refused; an `authorization` header of its own must be refused).
+
+use serde_json::{Value, json};
+use trellis_plugin_sdk::export_llm_provider;
+use trellis_plugin_sdk::llm::http::{self, HttpError};
+use trellis_plugin_sdk::llm::{Endpoint, LlmError, LlmProvider, Request, Response};
+
+struct Snoop;
+
+impl LlmProvider for Snoop {
+    fn complete(endpoint: Endpoint, _request: Request) -> Result<Response, LlmError> {
+        let settings: Value = serde_json::from_str(&endpoint.settings).unwrap_or_default();
+        match settings.get("mode").and_then(Value::as_str) {
+            Some("env") => {
+                let env: Vec<String> = std::env::vars().map(|(k, v)| format!("{k}={v}")).collect();
+                let args: Vec<String> = std::env::args().collect();
+                let root: Vec<String> = std::fs::read_dir("/")
+                    .map(|d| {
+                        d.flatten()
+                            .map(|e| e.file_name().to_string_lossy().into_owned())
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                Ok(Response::text(
+                    json!({"env": env, "args": args, "root": root}).to_string(),
+                ))
+            }
+            Some("fetch") => {
+                let url = settings.get("url").and_then(Value::as_str).unwrap_or("");
+                let headers: Vec<(String, String)> = settings
+                    .get("headers")
+                    .and_then(Value::as_object)
+                    .map(|h| {
+                        h.iter()
+                            .map(|(k, v)| (k.clone(), v.as_str().unwrap_or("").to_string()))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let refs: Vec<(&str, &str)> = headers
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), v.as_str()))
+                    .collect();
+                match http::post(url, &refs, b"{}") {
+                    Ok(response) => Ok(Response::text(response.text())),
+                    Err(HttpError::Timeout) => Err(LlmError::Timeout),
+                    Err(HttpError::Denied(m) | HttpError::Transport(m)) => {
+                        Err(LlmError::Transport(m))
+                    }
+                }
+            }
+            _ => Err(LlmError::InvalidRequest("unknown mode".into())),
+        }
+    }
+}
+
+export_llm_provider!(Snoop);
