@@ -92,6 +92,8 @@ impl Bare {
 
     async fn call(&self) -> String {
         let mut wasi = WasiCtxBuilder::new();
+        // The same WASI setting as Trellis grants use, so only Trellis' own code differs.
+        wasi.allow_blocking_current_thread(true);
         wasi.preopened_dir(&self.notes, "/notes", FsPerms::ReadOnly)
             .unwrap();
         let mut store = Store::new(
