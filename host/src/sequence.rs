@@ -11,6 +11,7 @@
 //! The grant of each turn (section 6) lives with the other grants, in
 //! [`crate::capabilities::turn`].
 
+pub mod driver;
 pub mod filters;
 pub mod foreach;
 pub mod run_folder;
