@@ -88,6 +88,34 @@ enum Command {
         /// The workspace folder.
         workspace: PathBuf,
     },
+    /// Run a workflow: its steps in plan order, following `next_step_id` and routes.
+    ///
+    /// A full run first moves `runs/iteration-0` to the next free `runs/iteration-N`;
+    /// `--step` runs one step in the existing `iteration-0`. Outputs go to
+    /// `runs/iteration-0/execution/<step>/`. The model is `--llm`, else workflow.json's
+    /// `llm`. The `replay` provider answers from the cassette
+    /// `<workspace>/cassettes/<model_id>.json`. A workspace may ship `db/seed.sql`
+    /// instead of a binary database: `db/db.sqlite` is created from it when missing.
+    /// Exit status 1 when a step fails.
+    ///
+    /// Example:
+    ///   trellis run examples/ticket-triage
+    #[command(verbatim_doc_comment)]
+    Run {
+        /// The workspace folder.
+        workspace: PathBuf,
+        /// Run only this step, in the existing run folder.
+        #[arg(long, value_name = "ID")]
+        step: Option<String>,
+        /// The model of every step, `provider:model` (e.g. `openai:gpt-4o`, `replay:demo`).
+        #[arg(long, value_name = "PROVIDER:MODEL")]
+        llm: Option<String>,
+        /// The answer of a human_input step, by its variable_name (repeatable).
+        #[arg(long = "input", value_name = "NAME=VALUE")]
+        inputs: Vec<String>,
+        #[command(flatten)]
+        plugins: PluginDirs,
+    },
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -261,6 +289,16 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Validate { .. } | Command::Schema { .. } | Command::Migrate { .. } => {
             unreachable!("handled above")
         }
+        Command::Run {
+            workspace,
+            step,
+            llm,
+            inputs,
+            plugins,
+        } => {
+            let registry = registry(&engine, &plugins).await?;
+            run_workflow(&registry, &workspace, step, llm.as_deref(), &inputs).await
+        }
         Command::Tool(ToolCommand::Call {
             name,
             args,
@@ -297,6 +335,125 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             }
         }
     }
+}
+
+/// `trellis run`: resolves the model, runs the workflow, prints one line per step and the
+/// outputs.
+async fn run_workflow(
+    registry: &PluginRegistry,
+    root: &std::path::Path,
+    step: Option<String>,
+    llm: Option<&str>,
+    inputs: &[String],
+) -> Result<ExitCode> {
+    use trellis_host::llm::{Endpoint, ReplayCursor, Secret, Target};
+    use trellis_host::sequence::driver::StepRunner;
+    use trellis_host::sequence::workflow_run::{self, RunOptions, status_name};
+
+    let mut opts = RunOptions {
+        step,
+        ..RunOptions::default()
+    };
+    for input in inputs {
+        let (name, value) = input
+            .split_once('=')
+            .with_context(|| format!("--input {input:?}: expected NAME=VALUE"))?;
+        opts.inputs.insert(name.to_string(), value.to_string());
+    }
+    let ws = Workspace::open(root)
+        .map_err(|d| anyhow::anyhow!("{}: the workspace has errors:\n{d}", root.display()))?;
+    workflow_run::check_inputs(&ws, &opts)?;
+    let model = match llm {
+        Some(spec) => {
+            let (provider, model) = spec
+                .split_once(':')
+                .with_context(|| format!("--llm {spec:?}: expected PROVIDER:MODEL"))?;
+            Some((provider.to_string(), model.to_string()))
+        }
+        None => ws
+            .manifest
+            .llm
+            .as_ref()
+            .map(|l| (l.provider.clone(), l.model_id.clone())),
+    };
+    let mut targets = Vec::new();
+    let mut replay = None;
+    match model {
+        Some((provider, model)) if provider == "replay" => {
+            let cassette = root.join("cassettes").join(format!("{model}.json"));
+            if workflow_run::needs_llm(&ws, opts.step.as_deref()) {
+                anyhow::ensure!(
+                    cassette.is_file(),
+                    "replay: no cassette {}",
+                    cassette.display()
+                );
+                targets.push(Target {
+                    provider,
+                    model,
+                    endpoint: Endpoint::replay(&cassette, 0)?,
+                    secret: Secret::none(),
+                });
+                replay = Some(ReplayCursor::new(cassette));
+            }
+        }
+        Some((provider, model)) => {
+            let settings = ws.manifest.providers.get(&provider);
+            let endpoint = match settings.and_then(|s| s.base_url.clone()) {
+                Some(url) => Endpoint::new(url),
+                None => Endpoint::openai_from_env(),
+            };
+            let key_env = settings
+                .and_then(|s| s.api_key_env.clone())
+                .unwrap_or_else(|| "OPENAI_API_KEY".to_string());
+            targets.push(Target {
+                provider,
+                model,
+                endpoint,
+                secret: Secret::from_env(&key_env),
+            });
+        }
+        None => anyhow::ensure!(
+            !workflow_run::needs_llm(&ws, opts.step.as_deref()),
+            "no LLM configured: give --llm PROVIDER:MODEL or set \"llm\" in workflow.json"
+        ),
+    }
+    let mut runner = StepRunner::new(registry, targets, Limits::default());
+    if let Some(cursor) = replay {
+        runner = runner.with_replay(cursor);
+    }
+    let run =
+        workflow_run::run_workflow(&runner, root, &opts, &mut |line| println!("{line}")).await?;
+    println!("outputs: {}", run.run_dir.join("execution").display());
+    for step in &run.steps {
+        println!(
+            "  {} [{}]: {} -> {}",
+            step.step_id,
+            step.step_type,
+            status_name(step.status),
+            step.output_dir.display()
+        );
+        let mut files: Vec<_> = std::fs::read_dir(&step.output_dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.path().is_file())
+            .map(|e| e.path())
+            .collect();
+        files.sort();
+        for file in files {
+            println!("    {}", file.display());
+        }
+        if let Some(outcome) = &step.outcome {
+            for concern in &outcome.concerns {
+                println!("    CONCERNS: {concern}");
+            }
+        }
+    }
+    Ok(if run.succeeded() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 async fn registry(engine: &Engine, dirs: &PluginDirs) -> Result<PluginRegistry> {
