@@ -261,6 +261,16 @@ impl PluginRegistry {
         self.plugins.values()
     }
 
+    /// Ids of the loaded plugins of `kind`, comma-separated, for error messages.
+    fn ids_of(&self, kind: PluginKind) -> String {
+        self.plugins
+            .values()
+            .filter(|p| p.manifest.kind == kind)
+            .map(|p| p.manifest.id.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
     /// The plugin with this id.
     pub fn get(&self, id: &str) -> Option<&Plugin> {
         self.plugins.get(id)
@@ -277,13 +287,7 @@ impl PluginRegistry {
             .filter(|p| p.manifest.kind == PluginKind::Tool)
             .ok_or_else(|| ToolCallError::UnknownServer {
                 server: server.to_string(),
-                loaded: self
-                    .plugins
-                    .values()
-                    .filter(|p| p.manifest.kind == PluginKind::Tool)
-                    .map(|p| p.manifest.id.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
+                loaded: self.ids_of(PluginKind::Tool),
             })?;
         let spec = plugin
             .find_tool(tool)
@@ -500,13 +504,7 @@ impl PluginRegistry {
             .filter(|p| p.manifest.kind == PluginKind::LlmProvider)
             .ok_or_else(|| LlmCallError::UnknownProvider {
                 provider: provider.to_string(),
-                loaded: self
-                    .plugins
-                    .values()
-                    .filter(|p| p.manifest.kind == PluginKind::LlmProvider)
-                    .map(|p| p.manifest.id.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
+                loaded: self.ids_of(PluginKind::LlmProvider),
             })?;
         let policy =
             llm::http::HttpPolicy::for_endpoint(&endpoint.base_url, secret, limits.timeout)

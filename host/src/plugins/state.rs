@@ -194,13 +194,9 @@ impl workflow_db::Host for CallState {
             }
             let mut object = serde_json::Map::new();
             for (i, name) in names.iter().enumerate() {
-                let value = match row.get_ref(i).map_err(|e| DbError::Sql(e.to_string()))? {
-                    rusqlite::types::ValueRef::Null => serde_json::Value::Null,
-                    rusqlite::types::ValueRef::Integer(n) => n.into(),
-                    rusqlite::types::ValueRef::Real(f) => f.into(),
-                    rusqlite::types::ValueRef::Text(t) => String::from_utf8_lossy(t).into(),
-                    rusqlite::types::ValueRef::Blob(b) => format!("<{} byte blob>", b.len()).into(),
-                };
+                let value = crate::store::sql_to_json(
+                    row.get_ref(i).map_err(|e| DbError::Sql(e.to_string()))?,
+                );
                 bytes += name.len() + value.to_string().len();
                 object.insert(name.clone(), value);
             }

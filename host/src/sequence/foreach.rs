@@ -9,7 +9,6 @@
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
-use rusqlite::types::ValueRef;
 use rusqlite::{Connection, OpenFlags};
 use serde_json::{Map, Value};
 
@@ -91,7 +90,8 @@ pub fn query_rows(
         for (i, name) in names.iter().enumerate() {
             let value = row.get_ref(i).with_context(ctx)?;
             // With duplicate column names the first one wins, as the caller reads `{{.name}}`.
-            obj.entry(name.clone()).or_insert_with(|| to_json(value));
+            obj.entry(name.clone())
+                .or_insert_with(|| crate::store::sql_to_json(value));
         }
         out.push(obj);
     }
@@ -100,18 +100,6 @@ pub fn query_rows(
         rows: out,
         total,
     })
-}
-
-fn to_json(v: ValueRef<'_>) -> Value {
-    match v {
-        ValueRef::Null => Value::Null,
-        ValueRef::Integer(i) => Value::from(i),
-        ValueRef::Real(f) => serde_json::Number::from_f64(f)
-            .map(Value::Number)
-            .unwrap_or(Value::Null),
-        ValueRef::Text(t) => Value::String(String::from_utf8_lossy(t).into_owned()),
-        ValueRef::Blob(b) => Value::String(format!("<blob of {} bytes>", b.len())),
-    }
 }
 
 #[cfg(test)]

@@ -6,7 +6,6 @@
 
 use std::path::Path;
 
-use rusqlite::types::ValueRef;
 use rusqlite::{Connection, OpenFlags};
 use serde_json::{Map, Value};
 
@@ -33,18 +32,6 @@ pub(crate) fn open_read_only(workspace: &Path) -> Result<Connection, GateError> 
     conn.execute_batch("PRAGMA query_only = ON;")
         .map_err(|e| GateError::Db(format!("{DB_FILE} cannot be read: {e}")))?;
     Ok(conn)
-}
-
-fn to_json(v: ValueRef<'_>) -> Value {
-    match v {
-        ValueRef::Null => Value::Null,
-        ValueRef::Integer(i) => Value::from(i),
-        ValueRef::Real(f) => serde_json::Number::from_f64(f)
-            .map(Value::Number)
-            .unwrap_or(Value::Null),
-        ValueRef::Text(t) => Value::String(String::from_utf8_lossy(t).into_owned()),
-        ValueRef::Blob(b) => Value::String(format!("<blob of {} bytes>", b.len())),
-    }
 }
 
 /// Runs one db rule, recording its checks in `sink`.
@@ -108,7 +95,10 @@ pub(crate) fn run_rule(conn: &Connection, rule: &DbRule, sink: &mut Sink) -> Res
         if first.is_none() {
             let mut obj = Map::new();
             for (i, name) in names.iter().enumerate() {
-                let v = row.get_ref(i).map(to_json).unwrap_or(Value::Null);
+                let v = row
+                    .get_ref(i)
+                    .map(crate::store::sql_to_json)
+                    .unwrap_or(Value::Null);
                 obj.insert(name.clone(), v);
             }
             first = Some(Value::Object(obj));
