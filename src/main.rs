@@ -4,6 +4,8 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -417,12 +419,29 @@ async fn run_workflow(
             "no LLM configured: give --llm PROVIDER:MODEL or set \"llm\" in workflow.json"
         ),
     }
-    let mut runner = StepRunner::new(registry, targets, Limits::default());
+    // Ctrl-C asks the runner to stop at the next boundary (before an item, between
+    // foreach rows or tool rounds); the session records `stopped`. A second
+    // Ctrl-C is the usual hard stop.
+    let cancel = Arc::new(AtomicBool::new(false));
+    let watcher = {
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                eprintln!("stopping at the next boundary (Ctrl-C again to abort)");
+                cancel.store(true, Ordering::Relaxed);
+                let _ = tokio::signal::ctrl_c().await;
+                std::process::exit(130);
+            }
+        })
+    };
+    let mut runner = StepRunner::new(registry, targets, Limits::default()).with_cancel(cancel);
     if let Some(cursor) = replay {
         runner = runner.with_replay(cursor);
     }
     let run =
-        workflow_run::run_workflow(&runner, root, &opts, &mut |line| println!("{line}")).await?;
+        workflow_run::run_workflow(&runner, root, &opts, &mut |line| println!("{line}")).await;
+    watcher.abort();
+    let run = run?;
     println!("outputs: {}", run.run_dir.join("execution").display());
     for step in &run.steps {
         println!(
