@@ -212,6 +212,14 @@ struct PluginDirs {
 }
 
 fn main() -> ExitCode {
+    // A CLI whose output is piped into `head` should end quietly when the pipe
+    // closes, as other Unix tools do, not panic inside `println!`.
+    #[cfg(unix)]
+    // SAFETY: called first thing in main, before any other thread exists;
+    // SIG_DFL is a valid disposition for SIGPIPE.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     init_tracing(cli.verbose);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -543,13 +551,13 @@ fn list_plugins(registry: &PluginRegistry, json: bool) -> Result<()> {
         return Ok(());
     }
     println!(
-        "{:<16} {:<10} {:<9} {:<10} DESCRIPTION",
+        "{:<16} {:<13} {:<9} {:<6} DESCRIPTION",
         "ID", "KIND", "VERSION", "TOOLS"
     );
     for plugin in registry.plugins() {
         let m = plugin.manifest();
         println!(
-            "{:<16} {:<10} {:<9} {:<10} {}",
+            "{:<16} {:<13} {:<9} {:<6} {}",
             m.id,
             m.kind.as_str(),
             m.version,
