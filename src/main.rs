@@ -46,6 +46,9 @@ enum Command {
     /// Call tools directly, outside a workflow.
     #[command(subcommand)]
     Tool(ToolCommand),
+    /// List past runs and inspect their steps.
+    #[command(subcommand)]
+    Runs(RunsCommand),
     /// Check a workspace's plan.json, step_config.json and workflow.json.
     ///
     /// Prints every problem found, each with its file and JSON path. Exit
@@ -166,6 +169,32 @@ enum PluginsCommand {
 }
 
 #[derive(Subcommand, Debug)]
+enum RunsCommand {
+    /// One line per run folder under `runs/`, with each step's status.
+    ///
+    /// `iteration-0` first, then `iteration-N` newest first; group folders follow
+    /// their iteration. A step's status is its `execution-final-summary.json`'s, else
+    /// its `session.json`'s, else `no summary`.
+    List {
+        /// The workspace folder.
+        workspace: PathBuf,
+    },
+    /// Show one step of a run: status, concerns, session entries and turn logs.
+    ///
+    /// Read from `runs/<run>/execution/<step>/` and `runs/<run>/logs/<step>/`.
+    /// Exit status 1 when the run folder or the step does not exist.
+    Show {
+        /// The workspace folder.
+        workspace: PathBuf,
+        /// The step id.
+        step: String,
+        /// Run folder under `runs/` [default: iteration-0].
+        #[arg(long, value_name = "FOLDER")]
+        run: Option<String>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
 enum ToolCommand {
     /// Call one tool in a fresh sandbox and print its JSON result.
     ///
@@ -266,6 +295,18 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             return Ok(ExitCode::SUCCESS);
         }
         Command::Migrate { workspace } => return migrate(workspace),
+        Command::Runs(RunsCommand::List { workspace }) => {
+            list_runs(workspace)?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        Command::Runs(RunsCommand::Show {
+            workspace,
+            step,
+            run,
+        }) => {
+            show_run_step(workspace, step, run.as_deref())?;
+            return Ok(ExitCode::SUCCESS);
+        }
         _ => {}
     }
     let cache = if cli.no_cache {
@@ -296,7 +337,10 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             let registry = registry(&engine, &plugins).await?;
             check(&registry, &workspace, &step, run.as_deref())
         }
-        Command::Validate { .. } | Command::Schema { .. } | Command::Migrate { .. } => {
+        Command::Validate { .. }
+        | Command::Schema { .. }
+        | Command::Migrate { .. }
+        | Command::Runs(_) => {
             unreachable!("handled above")
         }
         Command::Run {
@@ -345,6 +389,97 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             }
         }
     }
+}
+
+/// `trellis runs list`: one line per run folder, then its steps.
+fn list_runs(root: &std::path::Path) -> Result<()> {
+    let runs = trellis_host::sequence::runs::list_runs(root)?;
+    if runs.is_empty() {
+        println!("no runs in {}", root.join("runs").display());
+    }
+    for run in runs {
+        if run.steps.is_empty() {
+            println!("{}: no steps", run.run_folder);
+            continue;
+        }
+        let steps: Vec<String> = run
+            .steps
+            .iter()
+            .map(|s| match &s.completed_at {
+                Some(at) => format!("{} {} {at}", s.step_id, s.status),
+                None => format!("{} {}", s.step_id, s.status),
+            })
+            .collect();
+        println!("{}: {}", run.run_folder, steps.join(", "));
+    }
+    Ok(())
+}
+
+/// `trellis runs show`: one step of one run.
+fn show_run_step(root: &std::path::Path, step: &str, run: Option<&str>) -> Result<()> {
+    use trellis_host::sequence::run_folder::ACTIVE_RUN;
+    use trellis_host::sequence::runs::{first_line, show_step};
+    use trellis_host::sequence::workflow_run::status_name;
+
+    let report = show_step(root, run.unwrap_or(ACTIVE_RUN), step)?;
+    println!("step: {} (run {})", report.step_id, report.run_folder);
+    match &report.completed_at {
+        Some(at) => println!("status: {} at {at}", report.status),
+        None => println!("status: {}", report.status),
+    }
+    if report.concerns.is_empty() {
+        println!("concerns: none");
+    } else {
+        println!("concerns:");
+        for concern in &report.concerns {
+            println!("  - {concern}");
+        }
+    }
+    println!("turns: {}", report.turns.len());
+    println!("entries:");
+    if report.entries.is_empty() {
+        println!("  (no session.json)");
+    }
+    for e in &report.entries {
+        let summary = first_line(e.summary.as_deref());
+        let summary = if summary.is_empty() {
+            String::new()
+        } else {
+            format!(": {summary}")
+        };
+        println!(
+            "  {} [{}] {}{summary}",
+            e.item_id,
+            e.item_type,
+            status_name(e.status)
+        );
+    }
+    if !report.turns.is_empty() {
+        println!("turn logs:");
+    }
+    for t in &report.turns {
+        println!(
+            "  attempt {} iteration {}: {} {}, LLM calls {}, tool calls {}{}, tokens {} prompt / {} completion, {} ms",
+            t.attempt,
+            t.iteration,
+            t.model,
+            t.status,
+            t.llm_calls,
+            t.tool_calls,
+            if t.tool_names.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", t.tool_names.join(", "))
+            },
+            t.prompt_tokens,
+            t.completion_tokens,
+            t.duration_ms
+        );
+        if t.tool_errors > 0 {
+            println!("    {} tool calls failed", t.tool_errors);
+        }
+    }
+    Ok(())
 }
 
 /// `trellis run`: resolves the model, runs the workflow, prints one line per step and the

@@ -96,6 +96,31 @@ fn example_runs_offline_and_a_second_run_rotates() {
     let check = trellis(&["check", root, "--step", STEP]);
     assert!(check.status.success(), "{}", text(&check.stdout));
 
+    // `runs list` and `runs show` read what the run left behind.
+    let list = trellis(&["runs", "list", root]);
+    let listed = text(&list.stdout);
+    assert!(list.status.success(), "{listed}\n{}", text(&list.stderr));
+    let first = listed.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with("iteration-0: triage-tickets completed"),
+        "{listed}"
+    );
+    let show = trellis(&["runs", "show", root, STEP]);
+    let shown = text(&show.stdout);
+    assert!(show.status.success(), "{shown}\n{}", text(&show.stderr));
+    assert!(shown.contains("status: completed"), "{shown}");
+    assert!(shown.contains("turns: 3"), "{shown}");
+    assert!(shown.contains("triage-each [foreach] completed"), "{shown}");
+    assert_eq!(
+        shown.matches("tool calls 1 (workspace:write_file)").count(),
+        3,
+        "{shown}"
+    );
+    let missing = trellis(&["runs", "show", root, "no-such-step"]);
+    assert_eq!(missing.status.code(), Some(1));
+    let err = text(&missing.stderr);
+    assert!(err.contains("execution/no-such-step"), "{err}");
+
     let again = trellis(&["run", root]);
     assert!(again.status.success(), "{}", text(&again.stderr));
     assert!(text(&again.stdout).contains("previous run moved to runs/iteration-1"));

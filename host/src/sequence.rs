@@ -7,6 +7,7 @@
 //! - [`foreach`]: the read-only row query of a foreach item, with its cap.
 //! - [`session`]: `session.json`, the final summary and per-turn logs, written atomically.
 //! - [`run_folder`]: rotation of `runs/iteration-0` and group run folders.
+//! - [`runs`]: reading what runs left behind (`trellis runs list` / `show`).
 //! - [`workflow_run`]: a whole workflow, step after step (section 2).
 //!
 //! The grant of each turn (section 6) lives with the other grants, in
@@ -16,6 +17,7 @@ pub mod driver;
 pub mod filters;
 pub mod foreach;
 pub mod run_folder;
+pub mod runs;
 pub mod session;
 pub mod template;
 pub mod workflow_run;
