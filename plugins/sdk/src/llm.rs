@@ -101,6 +101,38 @@ impl StopReason {
             _ => StopReason::Other,
         }
     }
+
+    /// The reason a provider reported, parsed; when it reported none, `tool-calls`
+    /// if the answer calls tools, else `stop`.
+    pub fn reported_or_inferred(reported: Option<&str>, calls_tools: bool) -> StopReason {
+        match reported {
+            Some(reason) => StopReason::parse(reason),
+            None if calls_tools => StopReason::ToolCalls,
+            None => StopReason::Stop,
+        }
+    }
+}
+
+impl Usage {
+    /// Reads an OpenAI-style usage object (`prompt_tokens`, `completion_tokens`,
+    /// `total_tokens`); missing counts are 0, a missing total is the sum, and
+    /// counts beyond `u32` saturate.
+    pub fn from_json(usage: Option<&serde_json::Value>) -> Usage {
+        let tokens = |key: &str| {
+            usage
+                .and_then(|u| u.get(key))
+                .and_then(serde_json::Value::as_u64)
+                .map(|n| u32::try_from(n).unwrap_or(u32::MAX))
+        };
+        let prompt_tokens = tokens("prompt_tokens").unwrap_or(0);
+        let completion_tokens = tokens("completion_tokens").unwrap_or(0);
+        Usage {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: tokens("total_tokens")
+                .unwrap_or(prompt_tokens.saturating_add(completion_tokens)),
+        }
+    }
 }
 
 /// Bridges an [`LlmProvider`] to the generated `Guest` trait; named by

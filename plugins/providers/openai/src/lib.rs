@@ -218,31 +218,15 @@ fn parse_response(response: &HttpResponse, names: &NameMap) -> Result<Response, 
             });
         }
     }
-    let stop_reason = match choice.get("finish_reason").and_then(Value::as_str) {
-        Some(reason) => StopReason::parse(reason),
-        None if !tool_calls.is_empty() => StopReason::ToolCalls,
-        None => StopReason::Stop,
-    };
-    let usage = body.get("usage").cloned().unwrap_or(Value::Null);
-    let tokens = |key: &str| {
-        usage
-            .get(key)
-            .and_then(Value::as_u64)
-            .map(|n| u32::try_from(n).unwrap_or(u32::MAX))
-    };
-    let prompt_tokens = tokens("prompt_tokens").unwrap_or(0);
-    let completion_tokens = tokens("completion_tokens").unwrap_or(0);
-    let total_tokens =
-        tokens("total_tokens").unwrap_or(prompt_tokens.saturating_add(completion_tokens));
+    let stop_reason = StopReason::reported_or_inferred(
+        choice.get("finish_reason").and_then(Value::as_str),
+        !tool_calls.is_empty(),
+    );
     Ok(Response {
         text,
         tool_calls,
         stop_reason,
-        usage: Usage {
-            prompt_tokens,
-            completion_tokens,
-            total_tokens,
-        },
+        usage: Usage::from_json(body.get("usage")),
         model: body
             .get("model")
             .and_then(Value::as_str)

@@ -290,30 +290,15 @@ fn parse_response(recorded: &Value) -> Result<Response, String> {
             });
         }
     }
-    let stop_reason = match recorded.get("stop_reason").and_then(Value::as_str) {
-        Some(reason) => StopReason::parse(reason),
-        None if !tool_calls.is_empty() => StopReason::ToolCalls,
-        None => StopReason::Stop,
-    };
-    let usage = recorded.get("usage").cloned().unwrap_or(Value::Null);
-    let tokens = |key: &str| {
-        usage
-            .get(key)
-            .and_then(Value::as_u64)
-            .map(|n| u32::try_from(n).unwrap_or(u32::MAX))
-    };
-    let prompt_tokens = tokens("prompt_tokens").unwrap_or(0);
-    let completion_tokens = tokens("completion_tokens").unwrap_or(0);
+    let stop_reason = StopReason::reported_or_inferred(
+        recorded.get("stop_reason").and_then(Value::as_str),
+        !tool_calls.is_empty(),
+    );
     Ok(Response {
         text,
         tool_calls,
         stop_reason,
-        usage: Usage {
-            prompt_tokens,
-            completion_tokens,
-            total_tokens: tokens("total_tokens")
-                .unwrap_or(prompt_tokens.saturating_add(completion_tokens)),
-        },
+        usage: Usage::from_json(recorded.get("usage")),
         model: recorded
             .get("model")
             .and_then(Value::as_str)
