@@ -8,12 +8,14 @@
 //! - [`session`]: `session.json`, the final summary and per-turn logs, written atomically.
 //! - [`run_folder`]: rotation of `runs/iteration-0` and group run folders.
 //! - [`runs`]: reading what runs left behind (`trellis runs list` / `show`).
+//! - [`events`]: what a running step reports as it goes (live progress).
 //! - [`workflow_run`]: a whole workflow, step after step (section 2).
 //!
 //! The grant of each turn (section 6) lives with the other grants, in
 //! [`crate::capabilities::turn`].
 
 pub mod driver;
+pub mod events;
 pub mod filters;
 pub mod foreach;
 pub mod run_folder;

@@ -25,6 +25,7 @@ use crate::llm::{
     complete_with_retries,
 };
 use crate::plugins::{PluginRegistry, PluginValidators};
+use crate::sequence::events::{Observer, RunEvent};
 use crate::sequence::filters::ToolPolicy;
 use crate::sequence::session::{
     FinalSummary, LlmCallRecord, RequestedToolCall, Session, Status, ToolCallRecord,
@@ -74,6 +75,7 @@ pub struct StepRunner<'a> {
     max_tool_rounds: usize,
     cancel: Arc<AtomicBool>,
     replay: Option<ReplayCursor>,
+    observer: Observer,
 }
 
 /// Why a turn ended without a final reply.
@@ -136,7 +138,14 @@ impl<'a> StepRunner<'a> {
             max_tool_rounds: DEFAULT_MAX_TOOL_ROUNDS,
             cancel: Arc::new(AtomicBool::new(false)),
             replay: None,
+            observer: Observer::default(),
         }
+    }
+
+    /// Reports [`RunEvent`]s (items, turns, LLM and tool calls, gates) to `observer`.
+    pub fn with_observer(mut self, observer: Observer) -> Self {
+        self.observer = observer;
+        self
     }
 
     /// Sets the retry policy of LLM calls.
@@ -276,12 +285,22 @@ impl<'a> StepRunner<'a> {
                 .session
                 .start_entry(&item.id, &item.id, item.body.name());
             let _ = run.save_session();
+            self.observer.emit(RunEvent::ItemStarted {
+                step_id: run.step.id.clone(),
+                item_id: item.id.clone(),
+                item_type: item.body.name().to_string(),
+            });
             let result = self.run_item(run, item).await;
             let (status, summary) = match &result {
                 Ok(()) => (Status::Completed, run.final_text.clone()),
                 Err(TurnEnd::Stopped) => (Status::Stopped, None),
                 Err(TurnEnd::Failed(reason)) => (Status::Failed, Some(reason.clone())),
             };
+            self.observer.emit(RunEvent::ItemEnded {
+                step_id: run.step.id.clone(),
+                item_id: item.id.clone(),
+                status,
+            });
             run.session.end_entry(entry, status, summary);
             run.save_session()
                 .map_err(|e| TurnEnd::Failed(format!("{e:#}")))?;
@@ -300,6 +319,11 @@ impl<'a> StepRunner<'a> {
                 let entry = run
                     .session
                     .start_entry(FINAL_GATE_ID, FINAL_GATE_ID, "prevalidation");
+                self.observer.emit(RunEvent::ItemStarted {
+                    step_id: run.step.id.clone(),
+                    item_id: FINAL_GATE_ID.to_string(),
+                    item_type: "prevalidation".to_string(),
+                });
                 let access = TurnAccess::for_step(&run.configs);
                 let result = self.gate(run, FINAL_GATE_ID, schema, access).await;
                 let (status, summary) = match &result {
@@ -307,6 +331,11 @@ impl<'a> StepRunner<'a> {
                     Err(TurnEnd::Stopped) => (Status::Stopped, None),
                     Err(TurnEnd::Failed(reason)) => (Status::Failed, Some(reason.clone())),
                 };
+                self.observer.emit(RunEvent::ItemEnded {
+                    step_id: run.step.id.clone(),
+                    item_id: FINAL_GATE_ID.to_string(),
+                    status,
+                });
                 run.session.end_entry(entry, status, summary);
                 run.save_session()
                     .map_err(|e| TurnEnd::Failed(format!("{e:#}")))?;
@@ -373,6 +402,13 @@ impl<'a> StepRunner<'a> {
             {
                 tracing::warn!("gate {item_id}: writing the report: {e}");
             }
+            self.observer.emit(RunEvent::Gate {
+                step_id: run.step.id.clone(),
+                item_id: item_id.to_string(),
+                attempt,
+                passed: report.passed,
+                failures: report.failures().count(),
+            });
             if report.passed {
                 return Ok(());
             }
@@ -421,6 +457,12 @@ impl<'a> StepRunner<'a> {
         run.turns += 1;
         run.session.execution_turn_count += 1;
         let turn_no = run.session.execution_turn_count;
+        self.observer.emit(RunEvent::TurnStarted {
+            step_id: run.step.id.clone(),
+            item_id: item_id.to_string(),
+            iteration,
+            turn: turn_no,
+        });
         let started_at = now_rfc3339();
         let started = Instant::now();
         let first_message = run.history.len();
@@ -477,6 +519,7 @@ impl<'a> StepRunner<'a> {
                 Err(e) => {
                     record.status = Status::Failed;
                     record.error = Some(e.to_string());
+                    self.emit_llm_call(&run.step.id, &record);
                     conv.llm_calls.push(record);
                     result = Err(TurnEnd::Failed(format!(
                         "turn {item_id}: LLM call failed: {e}"
@@ -496,6 +539,7 @@ impl<'a> StepRunner<'a> {
                     arguments: parse_arguments(&c.arguments).unwrap_or(Value::Null),
                 })
                 .collect();
+            self.emit_llm_call(&run.step.id, &record);
             conv.llm_calls.push(record);
             run.history.push(Message::assistant(&response));
             if response.tool_calls.is_empty() {
@@ -521,6 +565,12 @@ impl<'a> StepRunner<'a> {
                 out
             };
             for r in records {
+                self.observer.emit(RunEvent::ToolCall {
+                    step_id: run.step.id.clone(),
+                    tool: r.tool_name.clone(),
+                    error: r.error.clone(),
+                    duration_ms: r.duration_ms,
+                });
                 let content = match (&r.result, &r.error) {
                     (_, Some(e)) => format!("error: {e}"),
                     (Some(v), None) => match v {
@@ -564,6 +614,19 @@ impl<'a> StepRunner<'a> {
             return Err(TurnEnd::Failed(reason));
         }
         Ok(())
+    }
+
+    fn emit_llm_call(&self, step_id: &str, record: &LlmCallRecord) {
+        self.observer.emit(RunEvent::LlmCall {
+            step_id: step_id.to_string(),
+            provider: record.provider.clone(),
+            model: record.model_id.clone(),
+            prompt_tokens: record.prompt_tokens,
+            completion_tokens: record.completion_tokens,
+            tool_calls: record.tool_calls.len(),
+            duration_ms: record.duration_ms,
+            error: record.error.clone(),
+        });
     }
 
     /// One tool call, never failing: errors land in the record.
