@@ -2,10 +2,12 @@
 //!
 //! Parses arguments and calls into `trellis-host`; all behaviour lives there.
 
+mod progress;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -95,29 +97,55 @@ enum Command {
     },
     /// Run a workflow: its steps in plan order, following `next_step_id` and routes.
     ///
-    /// A full run first moves `runs/iteration-0` to the next free `runs/iteration-N`;
-    /// `--step` runs one step in the existing `iteration-0`. Outputs go to
-    /// `runs/iteration-0/execution/<step>/`. The model is `--llm`, else workflow.json's
-    /// `llm`. The `replay` provider answers from the cassette
-    /// `<workspace>/cassettes/<model_id>.json`. A workspace may ship `db/seed.sql`
-    /// instead of a binary database: `db/db.sqlite` is created from it when missing.
-    /// Exit status 1 when a step fails.
+    /// A full run first moves `runs/iteration-0` to the next free `runs/iteration-N`, then
+    /// runs the steps in `runs/iteration-0` (with workflow.json groups: in
+    /// `runs/iteration-0/<group>`, one group after the other). `--step` and `--group` run
+    /// in the existing `iteration-0` without moving it. Outputs go to
+    /// `runs/iteration-0[/<group>]/execution/<step>/`.
     ///
-    /// Example:
+    /// The model of a step: `--llm` when given, else its step config's `execution_llm`
+    /// (its `fallbacks` tried in order when it fails), else its `execution_tier` through
+    /// workflow.json `tiers`, else workflow.json's `llm`. A step that needs a model and has
+    /// none is an error before anything runs. The `replay` provider answers from
+    /// `<workspace>/cassettes/<model_id>.json`; others reach the provider's `base_url` in
+    /// workflow.json (else $OPENAI_BASE_URL) with the key from its `api_key_env` (else
+    /// $OPENAI_API_KEY). A workspace may ship `db/seed.sql` instead of a binary database:
+    /// `db/db.sqlite` is created from it when missing.
+    ///
+    /// On a terminal a status line shows the step, item, turn, tool calls and tokens as
+    /// they go; otherwise one line per item, turn, LLM call, tool call and gate.
+    /// Ctrl-C stops at the next boundary. Exit status 1 when a step fails.
+    ///
+    /// Examples:
     ///   trellis run examples/ticket-triage
+    ///   trellis run WS --llm openai:gpt-4o --record WS/cassettes/demo.json
+    ///   trellis run WS --llm replay:demo
+    ///   trellis run WS --group us --step summarize
     #[command(verbatim_doc_comment)]
     Run {
         /// The workspace folder.
         workspace: PathBuf,
-        /// Run only this step, in the existing run folder.
+        /// Run only this step, in the existing run folder (with groups, give --group too).
         #[arg(long, value_name = "ID")]
         step: Option<String>,
-        /// The model of every step, `provider:model` (e.g. `openai:gpt-4o`, `replay:demo`).
+        /// Run only this group of workflow.json (its id or display name), in
+        /// `runs/iteration-0/<group>`, without rotating `iteration-0`.
+        #[arg(long, value_name = "GROUP")]
+        group: Option<String>,
+        /// The model of every step, `provider:model` (e.g. `openai:gpt-4o`, `replay:demo`);
+        /// overrides execution_llm (fallbacks included), tiers and workflow.json's llm.
         #[arg(long, value_name = "PROVIDER:MODEL")]
         llm: Option<String>,
+        /// Write every answered LLM call to the cassette FILE (replaced). Put it at
+        /// `<workspace>/cassettes/NAME.json` and replay the run with `--llm replay:NAME`.
+        #[arg(long, value_name = "FILE")]
+        record: Option<PathBuf>,
         /// The answer of a human_input step, by its variable_name (repeatable).
         #[arg(long = "input", value_name = "NAME=VALUE")]
         inputs: Vec<String>,
+        /// Print only the final summary.
+        #[arg(long, short)]
+        quiet: bool,
         #[command(flatten)]
         plugins: PluginDirs,
     },
@@ -346,12 +374,23 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Run {
             workspace,
             step,
+            group,
             llm,
+            record,
             inputs,
+            quiet,
             plugins,
         } => {
             let registry = registry(&engine, &plugins).await?;
-            run_workflow(&registry, &workspace, step, llm.as_deref(), &inputs).await
+            let args = RunArgs {
+                step,
+                group,
+                llm,
+                record,
+                inputs,
+                quiet,
+            };
+            run_workflow(&registry, &workspace, args).await
         }
         Command::Tool(ToolCommand::Call {
             name,
@@ -482,94 +521,71 @@ fn show_run_step(root: &std::path::Path, step: &str, run: Option<&str>) -> Resul
     Ok(())
 }
 
-/// `trellis run`: resolves the model, runs the workflow, prints one line per step and the
-/// outputs.
+/// The options of `trellis run`.
+struct RunArgs {
+    step: Option<String>,
+    group: Option<String>,
+    llm: Option<String>,
+    record: Option<PathBuf>,
+    inputs: Vec<String>,
+    quiet: bool,
+}
+
+/// `trellis run`: runs the workflow with live progress (or plain lines), then prints the
+/// outputs of every step and the totals.
 async fn run_workflow(
     registry: &PluginRegistry,
     root: &std::path::Path,
-    step: Option<String>,
-    llm: Option<&str>,
-    inputs: &[String],
+    args: RunArgs,
 ) -> Result<ExitCode> {
-    use trellis_host::llm::{Endpoint, ReplayCursor, Secret, Target};
-    use trellis_host::sequence::driver::StepRunner;
-    use trellis_host::sequence::workflow_run::{self, RunOptions, status_name};
+    use trellis_host::llm::Recorder;
+    use trellis_host::sequence::events::Observer;
+    use trellis_host::sequence::llm_choice::{LlmSetup, REPLAY_PROVIDER, parse_llm_spec};
+    use trellis_host::sequence::workflow_run::{self, RunEnv, RunOptions, status_name};
 
     let mut opts = RunOptions {
-        step,
+        step: args.step,
+        group: args.group,
         ..RunOptions::default()
     };
-    for input in inputs {
+    for input in &args.inputs {
         let (name, value) = input
             .split_once('=')
             .with_context(|| format!("--input {input:?}: expected NAME=VALUE"))?;
         opts.inputs.insert(name.to_string(), value.to_string());
     }
-    let ws = Workspace::open(root)
-        .map_err(|d| anyhow::anyhow!("{}: the workspace has errors:\n{d}", root.display()))?;
-    workflow_run::check_inputs(&ws, &opts)?;
-    let model = match llm {
-        Some(spec) => {
-            let (provider, model) = spec
-                .split_once(':')
-                .with_context(|| format!("--llm {spec:?}: expected PROVIDER:MODEL"))?;
-            Some((provider.to_string(), model.to_string()))
-        }
-        None => ws
-            .manifest
-            .llm
-            .as_ref()
-            .map(|l| (l.provider.clone(), l.model_id.clone())),
-    };
-    let mut targets = Vec::new();
-    let mut replay = None;
-    match model {
-        Some((provider, model)) if provider == "replay" => {
-            let cassette = root.join("cassettes").join(format!("{model}.json"));
-            if workflow_run::needs_llm(&ws, opts.step.as_deref()) {
-                anyhow::ensure!(
-                    cassette.is_file(),
-                    "replay: no cassette {}",
-                    cassette.display()
-                );
-                targets.push(Target {
-                    provider,
-                    model,
-                    endpoint: Endpoint::replay(&cassette, 0)?,
-                    secret: Secret::none(),
-                });
-                replay = Some(ReplayCursor::new(cassette));
-            }
-        }
-        Some((provider, model)) => {
-            let settings = ws.manifest.providers.get(&provider);
-            let endpoint = match settings.and_then(|s| s.base_url.clone()) {
-                Some(url) => Endpoint::new(url),
-                None => Endpoint::openai_from_env(),
-            };
-            let key_env = settings
-                .and_then(|s| s.api_key_env.clone())
-                .unwrap_or_else(|| "OPENAI_API_KEY".to_string());
-            targets.push(Target {
-                provider,
-                model,
-                endpoint,
-                secret: Secret::from_env(&key_env),
-            });
-        }
-        None => anyhow::ensure!(
-            !workflow_run::needs_llm(&ws, opts.step.as_deref()),
-            "no LLM configured: give --llm PROVIDER:MODEL or set \"llm\" in workflow.json"
-        ),
+    let override_llm = args.llm.as_deref().map(parse_llm_spec).transpose()?;
+    let mut llm = LlmSetup::new(override_llm.clone());
+    if let Some(file) = &args.record {
+        anyhow::ensure!(
+            override_llm
+                .as_ref()
+                .is_none_or(|l| l.provider != REPLAY_PROVIDER),
+            "--record records the answers of a live provider; `replay` answers from a cassette already"
+        );
+        let model = file
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .filter(|s| !s.is_empty())
+            .with_context(|| format!("--record {}: expected a file name", file.display()))?;
+        let recorder = Recorder::create(file)?.recording_model(model);
+        llm = llm.with_recorder(Arc::new(recorder));
     }
+    let progress = Arc::new(progress::Progress::new(progress::Mode::detect(args.quiet)));
+    let mut env = RunEnv::new(registry, llm);
+    env.observer = {
+        let progress = progress.clone();
+        Observer::new(move |event| progress.event(event))
+    };
     // Ctrl-C asks the runner to stop at the next boundary (before an item, between
     // foreach rows or tool rounds); the session records `stopped`. A second
     // Ctrl-C is the usual hard stop.
-    let cancel = Arc::new(AtomicBool::new(false));
     let watcher = {
-        let cancel = cancel.clone();
+        let cancel = env.cancel.clone();
+        let progress = progress.clone();
         tokio::spawn(async move {
             if tokio::signal::ctrl_c().await.is_ok() {
+                progress.finish();
                 eprintln!("stopping at the next boundary (Ctrl-C again to abort)");
                 cancel.store(true, Ordering::Relaxed);
                 let _ = tokio::signal::ctrl_c().await;
@@ -577,39 +593,81 @@ async fn run_workflow(
             }
         })
     };
-    let mut runner = StepRunner::new(registry, targets, Limits::default()).with_cancel(cancel);
-    if let Some(cursor) = replay {
-        runner = runner.with_replay(cursor);
-    }
-    let run =
-        workflow_run::run_workflow(&runner, root, &opts, &mut |line| println!("{line}")).await;
+    let ticker = (progress.mode() == progress::Mode::Live).then(|| {
+        let progress = progress.clone();
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_millis(250));
+            loop {
+                every.tick().await;
+                progress.tick();
+            }
+        })
+    });
+    let run = workflow_run::run_workflow(&env, root, &opts, &mut |line| progress.line(line)).await;
     watcher.abort();
+    if let Some(t) = ticker {
+        t.abort();
+    }
+    progress.finish();
     let run = run?;
-    println!("outputs: {}", run.run_dir.join("execution").display());
-    for step in &run.steps {
-        println!(
-            "  {} [{}]: {} -> {}",
-            step.step_id,
-            step.step_type,
-            status_name(step.status),
-            step.output_dir.display()
-        );
-        let mut files: Vec<_> = std::fs::read_dir(&step.output_dir)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter(|e| e.path().is_file())
-            .map(|e| e.path())
-            .collect();
-        files.sort();
-        for file in files {
-            println!("    {}", file.display());
+    for unit in &run.units {
+        match &unit.group {
+            Some(g) => println!(
+                "outputs of group {g}: {}",
+                unit.run_dir.join("execution").display()
+            ),
+            None => println!("outputs: {}", unit.run_dir.join("execution").display()),
         }
-        if let Some(outcome) = &step.outcome {
-            for concern in &outcome.concerns {
-                println!("    CONCERNS: {concern}");
+        for step in &unit.steps {
+            println!(
+                "  {} [{}]: {} -> {}",
+                step.step_id,
+                step.step_type,
+                status_name(step.status),
+                step.output_dir.display()
+            );
+            let mut files: Vec<_> = std::fs::read_dir(&step.output_dir)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter(|e| e.path().is_file())
+                .map(|e| e.path())
+                .collect();
+            files.sort();
+            for file in files {
+                println!("    {}", file.display());
+            }
+            if let Some(outcome) = &step.outcome {
+                for concern in &outcome.concerns {
+                    println!("    CONCERNS: {concern}");
+                }
+            }
+            if step.status != trellis_host::sequence::session::Status::Completed {
+                println!("    {}", step.detail.lines().next().unwrap_or_default());
             }
         }
+    }
+    let t = progress.totals();
+    println!(
+        "{}: {} turn{}, {} LLM call{}, {} tool call{} ({} failed), tokens {} in / {} out",
+        if run.succeeded() { "done" } else { "failed" },
+        t.turns,
+        plural(t.turns as usize),
+        t.llm_calls,
+        plural(t.llm_calls as usize),
+        t.tool_calls,
+        plural(t.tool_calls as usize),
+        t.tool_errors,
+        t.prompt_tokens,
+        t.completion_tokens
+    );
+    if let Some(recorder) = env.llm.recorder() {
+        println!(
+            "recorded {} LLM call{} to {}",
+            recorder.len(),
+            plural(recorder.len()),
+            recorder.path().display()
+        );
     }
     Ok(if run.succeeded() {
         ExitCode::SUCCESS

@@ -21,7 +21,10 @@ use serde::{Deserialize, Serialize};
 use crate::capabilities::Grant;
 
 pub use record::{Cassette, Interaction, RecordedRequest, Recorder, ReplayCursor};
-pub use retry::{Attempt, AttemptStatus, Completion, RetryPolicy, Target, complete_with_retries};
+pub use retry::{
+    Attempt, AttemptStatus, Completion, RetryPolicy, Target, complete_with_options,
+    complete_with_retries,
+};
 
 /// The public OpenAI API, the default base URL as in the official SDKs.
 pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";

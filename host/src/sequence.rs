@@ -9,6 +9,7 @@
 //! - [`run_folder`]: rotation of `runs/iteration-0` and group run folders.
 //! - [`runs`]: reading what runs left behind (`trellis runs list` / `show`).
 //! - [`events`]: what a running step reports as it goes (live progress).
+//! - [`llm_choice`]: the models of each step (`--llm`, `execution_llm`, tiers, default).
 //! - [`workflow_run`]: a whole workflow, step after step (section 2).
 //!
 //! The grant of each turn (section 6) lives with the other grants, in
@@ -18,6 +19,7 @@ pub mod driver;
 pub mod events;
 pub mod filters;
 pub mod foreach;
+pub mod llm_choice;
 pub mod run_folder;
 pub mod runs;
 pub mod session;

@@ -11,8 +11,8 @@
 //! killed half way leaves a whole cassette of what happened until then.
 
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
@@ -83,10 +83,12 @@ impl Cassette {
 
 /// The position in a cassette across the calls of a run. Every provider call is
 /// a fresh instance, so the host keeps the count and passes it in the endpoint.
-#[derive(Debug)]
+/// Clones share the position: the steps of a run that replay the same cassette
+/// consume its interactions in turn.
+#[derive(Debug, Clone)]
 pub struct ReplayCursor {
     cassette: PathBuf,
-    next: AtomicUsize,
+    next: Arc<AtomicUsize>,
 }
 
 impl ReplayCursor {
@@ -94,13 +96,18 @@ impl ReplayCursor {
     pub fn new(cassette: impl Into<PathBuf>) -> Self {
         ReplayCursor {
             cassette: cassette.into(),
-            next: AtomicUsize::new(0),
+            next: Arc::new(AtomicUsize::new(0)),
         }
     }
 
     /// The endpoint of the next call, which consumes one interaction.
     pub fn next_endpoint(&self) -> Result<Endpoint> {
         Endpoint::replay(&self.cassette, self.next.fetch_add(1, Ordering::SeqCst))
+    }
+
+    /// The cassette file.
+    pub fn cassette(&self) -> &Path {
+        &self.cassette
     }
 
     /// Interactions consumed so far.
@@ -113,6 +120,7 @@ impl ReplayCursor {
 #[derive(Debug)]
 pub struct Recorder {
     path: PathBuf,
+    model: Option<String>,
     cassette: Mutex<Cassette>,
 }
 
@@ -124,8 +132,17 @@ impl Recorder {
         cassette.save(&path)?;
         Ok(Recorder {
             path,
+            model: None,
             cassette: Mutex::new(cassette),
         })
+    }
+
+    /// Records every request under `model` instead of the model it asked for. The `replay`
+    /// provider compares the model, and a run replays as `replay:<name>` whatever models
+    /// answered the recorded run (each response keeps the model that answered).
+    pub fn recording_model(mut self, model: impl Into<String>) -> Self {
+        self.model = Some(model.into());
+        self
     }
 
     /// The cassette file.
@@ -149,9 +166,13 @@ impl Recorder {
 
     /// Appends one interaction and rewrites the file.
     pub fn record(&self, request: &Request, response: &Response) -> Result<()> {
+        let mut recorded = RecordedRequest::from(request);
+        if let Some(model) = &self.model {
+            recorded.model = model.clone();
+        }
         let mut cassette = self.lock();
         cassette.interactions.push(Interaction {
-            request: request.into(),
+            request: recorded,
             response: response.clone(),
         });
         cassette.save(&self.path)

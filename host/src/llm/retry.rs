@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::{Endpoint, LlmCallError, LlmError, Request, Response, Secret, Usage};
+use super::{Endpoint, LlmCallError, LlmError, Options, Request, Response, Secret, Usage};
 use crate::PluginRegistry;
 use crate::capabilities::Limits;
 
@@ -156,11 +156,28 @@ pub async fn complete_with_retries(
     policy: &RetryPolicy,
     limits: &Limits,
 ) -> Completion {
+    complete_with_options(registry, targets, &[], request, policy, limits).await
+}
+
+/// [`complete_with_retries`] with the sampling options of each target, by position
+/// (`execution_llm.options` of the primary, then of each fallback); a missing or `None`
+/// entry keeps the request's own options.
+pub async fn complete_with_options(
+    registry: &PluginRegistry,
+    targets: &[Target],
+    options: &[Option<Options>],
+    request: &Request,
+    policy: &RetryPolicy,
+    limits: &Limits,
+) -> Completion {
     let mut attempts = Vec::new();
     let mut last_error = None;
-    for target in targets {
+    for (i, target) in targets.iter().enumerate() {
         let mut request = request.clone();
         request.model = target.model.clone();
+        if let Some(Some(options)) = options.get(i) {
+            request.options = options.clone();
+        }
         let mut retry = 0;
         loop {
             let started = Instant::now();

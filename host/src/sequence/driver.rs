@@ -21,8 +21,8 @@ use crate::capabilities::turn::{
     TurnAccess, TurnContext, TurnGrant, TurnPurpose, grant_for_access, turn_grant,
 };
 use crate::llm::{
-    Message, Options, ReplayCursor, Request, RetryPolicy, Target, ToolCall, ToolDefinition,
-    complete_with_retries,
+    Message, Options, Recorder, ReplayCursor, Request, RetryPolicy, Target, ToolCall,
+    ToolDefinition, complete_with_options,
 };
 use crate::plugins::{PluginRegistry, PluginValidators};
 use crate::sequence::events::{Observer, RunEvent};
@@ -76,6 +76,8 @@ pub struct StepRunner<'a> {
     cancel: Arc<AtomicBool>,
     replay: Option<ReplayCursor>,
     observer: Observer,
+    target_options: Vec<Option<Options>>,
+    recorder: Option<Arc<Recorder>>,
 }
 
 /// Why a turn ended without a final reply.
@@ -139,7 +141,22 @@ impl<'a> StepRunner<'a> {
             cancel: Arc::new(AtomicBool::new(false)),
             replay: None,
             observer: Observer::default(),
+            target_options: Vec::new(),
+            recorder: None,
         }
+    }
+
+    /// Sampling options of each target, by position (`execution_llm.options` of the
+    /// primary, then of each fallback); `None` sends the request's defaults.
+    pub fn with_target_options(mut self, options: Vec<Option<Options>>) -> Self {
+        self.target_options = options;
+        self
+    }
+
+    /// Appends every answered LLM call to `recorder`'s cassette (`trellis run --record`).
+    pub fn with_recorder(mut self, recorder: Arc<Recorder>) -> Self {
+        self.recorder = Some(recorder);
+        self
     }
 
     /// Reports [`RunEvent`]s (items, turns, LLM and tool calls, gates) to `observer`.
@@ -441,7 +458,21 @@ impl<'a> StepRunner<'a> {
             },
             None => self.targets.clone(),
         };
-        complete_with_retries(self.registry, &targets, request, &self.retry, &self.limits).await
+        let completion = complete_with_options(
+            self.registry,
+            &targets,
+            &self.target_options,
+            request,
+            &self.retry,
+            &self.limits,
+        )
+        .await;
+        if let (Some(recorder), Ok(response)) = (&self.recorder, &completion.result)
+            && let Err(e) = recorder.record(request, response)
+        {
+            tracing::error!("{e:#}");
+        }
+        completion
     }
 
     /// One turn: user message, then rounds of LLM call and tool calls until a plain reply.

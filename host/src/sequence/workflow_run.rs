@@ -1,23 +1,43 @@
-//! Running a whole workflow (spec section 2): the steps of the plan in order, honouring
-//! `next_step_id` and `"end"`.
+//! Running a whole workflow (spec sections 1 and 2): the steps of the plan in order,
+//! honouring `next_step_id` and `"end"`, in one run folder per run unit.
 //!
-//! `regular` and `message_sequence` steps run through [`StepRunner::run_step`]; `routing`
-//! steps are deterministic switches; `human_input` steps take their answers from a map given
-//! up front (a missing answer is an error before anything runs). A full run rotates
-//! `runs/iteration-0` first ([`start_full_run`]); a single-step run reuses `iteration-0`.
-//! Not here yet: `todo_task` steps, groups, live per-turn progress.
+//! `regular` and `message_sequence` steps run through [`StepRunner::run_step`], each with a
+//! runner of its own models ([`RunEnv::step_runner`], see [`llm_choice`]); `routing` steps
+//! are deterministic switches; `human_input` steps take their answers from a map given up
+//! front (a missing answer, or a step needing a model it does not have, is an error before
+//! anything runs).
+//!
+//! Run units: `runs/iteration-0`, or with workflow.json `groups` one `iteration-0/<group>`
+//! per group (the folder is the sanitized display name, else the id). A full run rotates
+//! `iteration-0` first ([`start_full_run`]) and runs every unit; `--step` or `--group` runs
+//! reuse `iteration-0` without rotating. The workflow variables (declared values, then the
+//! group's) are part of every step's charter: a `Workflow variables` block appended to the
+//! step description, which is the system prompt's first part.
+//!
+//! Prerequisites (spec section 3): with `enable_prerequisite_detection`, a final reply with a
+//! line `PREREQUISITE MISSING: <step-id or rule description>` that matches one of the step's
+//! `prerequisite_rules` sends the run back to the rule's `depends_on_step`, at most
+//! [`MAX_PREREQUISITE_RETURNS`] times per step; then the step fails with the reason.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
-use crate::llm::{Message, Role};
+use crate::Limits;
+use crate::llm::RetryPolicy;
+use crate::plugins::PluginRegistry;
 use crate::sequence::driver::{StepOutcome, StepRunner};
-use crate::sequence::run_folder::{ACTIVE_RUN, start_full_run};
-use crate::sequence::session::{Session, Status};
+use crate::sequence::events::Observer;
+use crate::sequence::llm_choice::{self, LlmSetup, check_models};
+use crate::sequence::run_folder::{ACTIVE_RUN, group_folder_name, open_group_run, start_full_run};
+use crate::sequence::session::{FINAL_SUMMARY_SCHEMA_VERSION, FinalSummary, Status, now_rfc3339};
+use crate::workflow::manifest::Group;
 use crate::workflow::plan::{HumanInput, Routing};
+use crate::workflow::step_config::PrerequisiteRule;
 use crate::workflow::{Step, StepKind, Workspace};
 
 /// The file a routing step reads from its own output folder.
@@ -28,16 +48,82 @@ pub const HUMAN_INPUT_FILE: &str = "human_input.json";
 pub const SEED_SQL: &str = "db/seed.sql";
 /// The database of a workspace.
 pub const DB_FILE: &str = "db/db.sqlite";
-/// A bound on steps run in one workflow run (a loop in `next_step_id` ends here).
+/// A bound on steps run in one run unit (a loop in `next_step_id` ends here).
 pub const MAX_STEPS: usize = 1000;
+/// How often one step may send the run back to a prerequisite before it fails.
+pub const MAX_PREREQUISITE_RETURNS: u32 = 2;
+/// The start of the reply line reporting a missing prerequisite.
+pub const PREREQUISITE_MISSING: &str = "PREREQUISITE MISSING:";
 
 /// What to run.
 #[derive(Debug, Clone, Default)]
 pub struct RunOptions {
     /// Run just this step, in the existing `iteration-0` (no rotation).
     pub step: Option<String>,
+    /// Run just this group (id or display name), in `iteration-0/<group>` (no rotation).
+    pub group: Option<String>,
     /// Answers of `human_input` steps, by `variable_name` (or step id).
     pub inputs: BTreeMap<String, String>,
+}
+
+/// What the steps of a run share: the plugins, the bounds of every call, the stop flag, the
+/// observer of run events and how the models are reached.
+#[derive(Debug)]
+pub struct RunEnv<'a> {
+    /// The plugins.
+    pub registry: &'a PluginRegistry,
+    /// Bounds of every plugin call.
+    pub limits: Limits,
+    /// Retries of LLM calls.
+    pub retry: RetryPolicy,
+    /// Set to stop at the next boundary (the session records `stopped`).
+    pub cancel: Arc<AtomicBool>,
+    /// Receives the events of every step.
+    pub observer: Observer,
+    /// The models of the steps.
+    pub llm: LlmSetup,
+}
+
+impl<'a> RunEnv<'a> {
+    /// Default limits and retries, no observer, a fresh stop flag.
+    pub fn new(registry: &'a PluginRegistry, llm: LlmSetup) -> Self {
+        RunEnv {
+            registry,
+            limits: Limits::default(),
+            retry: RetryPolicy::default(),
+            cancel: Arc::new(AtomicBool::new(false)),
+            observer: Observer::default(),
+            llm,
+        }
+    }
+
+    /// The runner of step `step_id` of `ws`: its models (primary, then fallbacks, with their
+    /// options and the shared cassette position under replay), the stop flag, the observer
+    /// and the recorder of the run. A step with no model gets a runner with no target.
+    pub fn step_runner(&self, ws: &Workspace, step_id: &str) -> Result<StepRunner<'a>> {
+        let mut runner = match self.llm.step_llm(ws, step_id)? {
+            Some(llm) => {
+                let runner = StepRunner::new(self.registry, llm.targets, self.limits)
+                    .with_target_options(llm.options);
+                match llm.replay {
+                    Some(cursor) => runner.with_replay(cursor),
+                    None => runner,
+                }
+            }
+            None => StepRunner::new(self.registry, Vec::new(), self.limits),
+        }
+        .with_retry(self.retry)
+        .with_cancel(self.cancel.clone())
+        .with_observer(self.observer.clone());
+        if let Some(recorder) = self.llm.recorder() {
+            runner = runner.with_recorder(recorder.clone());
+        }
+        Ok(runner)
+    }
+
+    fn cancelled(&self) -> bool {
+        self.cancel.load(Ordering::SeqCst)
+    }
 }
 
 /// How one step of the workflow ended.
@@ -57,21 +143,128 @@ pub struct StepReport {
     pub outcome: Option<StepOutcome>,
 }
 
+/// One run unit: `iteration-0`, or `iteration-0/<group>`.
+#[derive(Debug, Clone)]
+pub struct UnitRun {
+    /// The group id, when the workflow has groups.
+    pub group: Option<String>,
+    /// Relative to `runs/`: `iteration-0` or `iteration-0/<group folder>`.
+    pub run_folder: String,
+    /// `runs/<run_folder>` on the host.
+    pub run_dir: PathBuf,
+    /// The steps run, in order (a step sent back to by a prerequisite appears again).
+    pub steps: Vec<StepReport>,
+}
+
+impl UnitRun {
+    /// Whether the last run of every step completed.
+    pub fn succeeded(&self) -> bool {
+        let mut last: BTreeMap<&str, Status> = BTreeMap::new();
+        for s in &self.steps {
+            last.insert(&s.step_id, s.status);
+        }
+        last.values().all(|s| *s == Status::Completed)
+    }
+}
+
 /// What a workflow run did.
 #[derive(Debug, Clone)]
 pub struct WorkflowRun {
     /// Where the previous `iteration-0` went, if a full run rotated one.
     pub archived: Option<String>,
-    /// The run folder, `runs/iteration-0`.
-    pub run_dir: PathBuf,
-    /// The steps run, in order.
-    pub steps: Vec<StepReport>,
+    /// The run units, in order.
+    pub units: Vec<UnitRun>,
 }
 
 impl WorkflowRun {
-    /// Whether every step run completed.
+    /// Whether every unit succeeded.
     pub fn succeeded(&self) -> bool {
-        self.steps.iter().all(|s| s.status == Status::Completed)
+        self.units.iter().all(UnitRun::succeeded)
+    }
+}
+
+/// The groups a run covers: all of workflow.json's (none when it has none), or the one
+/// named by id or display name. An unknown name is an error listing the known groups.
+pub fn select_groups<'w>(ws: &'w Workspace, name: Option<&str>) -> Result<Vec<&'w Group>> {
+    let groups = &ws.manifest.groups;
+    let known = || {
+        groups
+            .iter()
+            .map(|g| match &g.name {
+                Some(n) => format!("{} ({n})", g.id),
+                None => g.id.clone(),
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let Some(name) = name else {
+        return Ok(groups.iter().collect());
+    };
+    if groups.is_empty() {
+        bail!("--group {name:?}: workflow.json declares no groups");
+    }
+    let group = groups
+        .iter()
+        .find(|g| g.id == name)
+        .or_else(|| groups.iter().find(|g| g.name.as_deref() == Some(name)))
+        .with_context(|| format!("no group {name:?} in workflow.json (groups: {})", known()))?;
+    Ok(vec![group])
+}
+
+/// The run folder of a group, relative to `runs/`: `iteration-0/<sanitized name>`.
+pub fn group_run_folder(group: &Group) -> Result<String> {
+    Ok(format!(
+        "{ACTIVE_RUN}/{}",
+        group_folder_name(group.name.as_deref(), &group.id)?
+    ))
+}
+
+/// The workflow variables a run unit sees: declared values, then the group's.
+pub fn unit_variables(ws: &Workspace, group: Option<&Group>) -> BTreeMap<String, String> {
+    ws.manifest.resolved_variables(group.map(|g| g.id.as_str()))
+}
+
+/// The block of workflow variables appended to every step's charter (empty with none).
+pub fn variables_block(
+    variables: &BTreeMap<String, String>,
+    group: Option<&Group>,
+) -> Option<String> {
+    if variables.is_empty() {
+        return None;
+    }
+    let mut text = match group {
+        Some(g) => format!(
+            "Workflow variables (group {}{}):",
+            g.id,
+            g.name
+                .as_deref()
+                .map(|n| format!(", {n}"))
+                .unwrap_or_default()
+        ),
+        None => "Workflow variables:".to_string(),
+    };
+    for (name, value) in variables {
+        text.push_str(&format!("\n- {name} = {value}"));
+    }
+    Some(text)
+}
+
+/// Appends the [`variables_block`] of the unit to the description of every step of `ws`.
+pub fn apply_variables(ws: &mut Workspace, group: Option<&Group>) {
+    let variables = unit_variables(ws, group);
+    let Some(block) = variables_block(&variables, group) else {
+        return;
+    };
+    for step in ws
+        .plan
+        .steps
+        .iter_mut()
+        .chain(ws.plan.orphan_steps.iter_mut())
+    {
+        step.description = Some(match step.description.as_deref().map(str::trim_end) {
+            Some(d) if !d.is_empty() => format!("{d}\n\n{block}"),
+            _ => block.clone(),
+        });
     }
 }
 
@@ -81,7 +274,8 @@ pub fn input_key<'s>(step: &'s Step, h: &'s HumanInput) -> &'s str {
 }
 
 /// The steps a run would visit from `start` if every branch were taken (routes, yes/no and
-/// option routes, `next_step_id`, array order).
+/// option routes, `next_step_id`, array order, prerequisite rules). From a single `start`
+/// step only its prerequisites are followed, and everything after them.
 fn reachable<'w>(ws: &'w Workspace, start: Option<&str>) -> Vec<&'w Step> {
     let steps = &ws.plan.steps;
     let mut seen = BTreeSet::new();
@@ -98,8 +292,18 @@ fn reachable<'w>(ws: &'w Workspace, start: Option<&str>) -> Vec<&'w Step> {
             continue;
         };
         out.push(step);
-        if start.is_some() {
-            break;
+        let configs = ws.agent_configs(&id);
+        if configs.enable_prerequisite_detection == Some(true) {
+            todo.extend(
+                configs
+                    .prerequisite_rules
+                    .iter()
+                    .flatten()
+                    .map(|r| r.depends_on_step.clone()),
+            );
+        }
+        if start == Some(id.as_str()) {
+            continue;
         }
         let mut next: Vec<String> = Vec::new();
         match &step.kind {
@@ -151,14 +355,17 @@ pub fn check_inputs(ws: &Workspace, opts: &RunOptions) -> Result<()> {
     Ok(())
 }
 
-/// Whether any reachable step runs the agent loop (and so needs an LLM).
+/// Whether any reachable step needs a model (see [`llm_choice::needs_model`]).
 pub fn needs_llm(ws: &Workspace, step: Option<&str>) -> bool {
-    reachable(ws, step).iter().any(|s| {
-        matches!(
-            s.kind,
-            StepKind::MessageSequence(_) | StepKind::Regular | StepKind::TodoTask(_)
-        )
-    })
+    reachable(ws, step)
+        .iter()
+        .any(|s| llm_choice::needs_model(ws, s))
+}
+
+/// Checks up front that every reachable step that needs a model has one that can be
+/// reached (see [`check_models`]).
+pub fn check_step_models(ws: &Workspace, opts: &RunOptions, llm: &LlmSetup) -> Result<()> {
+    check_models(ws, reachable(ws, opts.step.as_deref()), llm)
 }
 
 /// Creates `db/db.sqlite` from `db/seed.sql` when the database is missing and the seed
@@ -242,20 +449,56 @@ pub fn select_route(
 }
 
 fn write_json(path: &Path, value: &Value) -> Result<()> {
-    let parent = path.parent().context("no parent folder")?;
-    std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
-    let tmp = path.with_extension("json.tmp");
-    std::fs::write(&tmp, serde_json::to_vec_pretty(value)?)
-        .with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
+    crate::store::write_json_atomic(path, value)
+        .with_context(|| format!("writing {}", path.display()))
 }
 
-/// Runs the workflow at `root`: checks the inputs, seeds the database, rotates the run
-/// folder (unless `opts.step`), then runs the steps, calling `progress` with one line per
-/// step. Stops at the first failed step (an `Ok` run whose last step failed); errors are for
-/// a broken setup.
+/// The text after `PREREQUISITE MISSING:` on the first such line of a reply.
+pub fn prerequisite_missing(text: &str) -> Option<String> {
+    text.lines().find_map(|line| {
+        line.trim()
+            .strip_prefix(PREREQUISITE_MISSING)
+            .map(|rest| rest.trim().to_string())
+    })
+}
+
+fn normalized(text: &str) -> String {
+    text.split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .trim_end_matches(['.', '!'])
+        .to_lowercase()
+}
+
+/// The rule a `PREREQUISITE MISSING:` text names: the text is the rule's `depends_on_step`
+/// (alone, or followed by `:`, ` -` or a space and a reason), or its `description`
+/// (compared without case and repeated spaces).
+pub fn matching_rule<'r>(
+    rules: &'r [PrerequisiteRule],
+    missing: &str,
+) -> Option<&'r PrerequisiteRule> {
+    let text = missing.trim();
+    rules.iter().find(|r| {
+        let id = r.depends_on_step.as_str();
+        let by_id = text == id
+            || text
+                .strip_prefix(id)
+                .is_some_and(|rest| rest.starts_with([':', ' ', ',', '.', ';']));
+        let by_description = r
+            .description
+            .as_deref()
+            .is_some_and(|d| !d.trim().is_empty() && normalized(d) == normalized(text));
+        by_id || by_description
+    })
+}
+
+/// Runs the workflow at `root`: checks the groups, the inputs and the models of every
+/// reachable step, seeds the database, rotates the run folder (a full run: no `opts.step`,
+/// no `opts.group`), then runs each unit's steps, calling `progress` with one line per step
+/// and unit. A unit stops at its first failed step (an `Ok` run that did not succeed);
+/// errors are for a broken setup.
 pub async fn run_workflow(
-    runner: &StepRunner<'_>,
+    env: &RunEnv<'_>,
     root: &Path,
     opts: &RunOptions,
     progress: &mut dyn FnMut(&str),
@@ -267,23 +510,101 @@ pub async fn run_workflow(
             .step(step)
             .with_context(|| format!("no step {step:?} in the plan"))?;
     }
+    let groups = select_groups(&ws, opts.group.as_deref())?;
+    if opts.step.is_some() && opts.group.is_none() && !groups.is_empty() {
+        bail!(
+            "workflow.json declares groups: --step runs in one group's run folder, give --group \
+             (groups: {})",
+            groups
+                .iter()
+                .map(|g| g.id.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    let mut units: Vec<(Option<&Group>, String)> = Vec::new();
+    for g in &groups {
+        let folder = group_run_folder(g)?;
+        if let Some((other, _)) = units.iter().find(|(_, f)| *f == folder) {
+            bail!(
+                "workflow.json: groups {:?} and {:?} both use the run folder runs/{folder}",
+                other.map(|o| o.id.as_str()).unwrap_or_default(),
+                g.id
+            );
+        }
+        units.push((Some(*g), folder));
+    }
+    if units.is_empty() {
+        units.push((None, ACTIVE_RUN.to_string()));
+    }
+    let full = opts.step.is_none() && opts.group.is_none();
     check_inputs(&ws, opts)?;
+    for (_, folder) in &units {
+        // A full run starts from fresh run folders: the default step config applies.
+        let unit_ws = if full {
+            ws.clone()
+        } else {
+            Workspace::open_run(root, Some(folder))
+                .map_err(|d| anyhow::anyhow!("the workspace has errors:\n{d}"))?
+        };
+        check_step_models(&unit_ws, opts, &env.llm)?;
+    }
     if seed_database(root)? {
         progress(&format!("created {DB_FILE} from {SEED_SQL}"));
     }
-    let archived = if opts.step.is_none() {
-        start_full_run(root, &[])?.archived
+    let archived = if full {
+        let group_folders: Vec<String> = groups
+            .iter()
+            .map(|g| group_folder_name(g.name.as_deref(), &g.id))
+            .collect::<Result<_>>()?;
+        start_full_run(root, &group_folders)?.archived
     } else {
-        std::fs::create_dir_all(root.join("runs").join(ACTIVE_RUN).join("execution"))?;
+        for (group, folder) in &units {
+            match group {
+                Some(g) => {
+                    open_group_run(root, &group_folder_name(g.name.as_deref(), &g.id)?)?;
+                }
+                None => std::fs::create_dir_all(root.join("runs").join(folder).join("execution"))
+                    .with_context(|| format!("creating runs/{folder}/execution"))?,
+            }
+        }
         None
     };
     if let Some(a) = &archived {
         progress(&format!("previous run moved to runs/{a}"));
     }
-    let ws = Workspace::open_run(root, Some(ACTIVE_RUN))
-        .map_err(|d| anyhow::anyhow!("the workspace has errors:\n{d}"))?;
     let mut run = WorkflowRun {
         archived,
+        units: Vec::new(),
+    };
+    for (group, folder) in units {
+        if env.cancelled() {
+            break;
+        }
+        if let Some(g) = group {
+            progress(&format!("group {} (runs/{folder})", g.id));
+        }
+        let unit = run_unit(env, root, group, &folder, opts, progress).await?;
+        run.units.push(unit);
+    }
+    Ok(run)
+}
+
+/// Runs the steps of one unit in `runs/<folder>`.
+async fn run_unit(
+    env: &RunEnv<'_>,
+    root: &Path,
+    group: Option<&Group>,
+    folder: &str,
+    opts: &RunOptions,
+    progress: &mut dyn FnMut(&str),
+) -> Result<UnitRun> {
+    let mut ws = Workspace::open_run(root, Some(folder))
+        .map_err(|d| anyhow::anyhow!("the workspace has errors:\n{d}"))?;
+    apply_variables(&mut ws, group);
+    let mut unit = UnitRun {
+        group: group.map(|g| g.id.clone()),
+        run_folder: folder.to_string(),
         run_dir: ws.run_dir(),
         steps: Vec::new(),
     };
@@ -292,11 +613,12 @@ pub async fn run_workflow(
         None => ws.plan.steps.first().map(|s| s.id.clone()),
     };
     let mut previous: Option<String> = None;
+    let mut returns: BTreeMap<String, u32> = BTreeMap::new();
     while let Some(id) = current.take() {
         if id == "end" {
             break;
         }
-        if run.steps.len() >= MAX_STEPS {
+        if unit.steps.len() >= MAX_STEPS {
             bail!("more than {MAX_STEPS} steps run: is there a loop in next_step_id?");
         }
         let step = ws
@@ -305,12 +627,11 @@ pub async fn run_workflow(
             .with_context(|| format!("next step {id:?} is not in the plan"))?;
         progress(&format!("step {id} ({}): started", step.type_name()));
         let output_dir = ws.step_output_dir(&id);
-        let (report, next) = match &step.kind {
-            StepKind::MessageSequence(_) | StepKind::Regular => {
+        let mut went_back = false;
+        let (mut report, mut next) = match &step.kind {
+            StepKind::MessageSequence(_) | StepKind::Regular | StepKind::TodoTask(_) => {
+                let runner = env.step_runner(&ws, &id)?;
                 let outcome = runner.run_step(&ws, &id).await?;
-                for line in agent_step_lines(&outcome.output_dir) {
-                    progress(&line);
-                }
                 let detail = match &outcome.error {
                     Some(e) => e.clone(),
                     None => format!("{} turn(s)", outcome.turns),
@@ -371,77 +692,107 @@ pub async fn run_workflow(
                 };
                 (report, next)
             }
-            StepKind::TodoTask(_) => bail!("step {id:?}: todo_task steps are not supported yet"),
         };
+        if let Some(back) = check_prerequisite(&ws, &mut report, &mut returns)? {
+            went_back = true;
+            next = Some(back);
+        }
         progress(&format!(
             "step {id}: {} ({})",
             status_name(report.status),
             report.detail
         ));
-        let done = report.status != Status::Completed;
-        run.steps.push(report);
-        if done || opts.step.is_some() {
+        let done = report.status != Status::Completed && !went_back;
+        unit.steps.push(report);
+        if done || env.cancelled() {
+            break;
+        }
+        if opts.step.as_deref() == Some(id.as_str()) && !went_back {
             break;
         }
         previous = Some(id);
         current = next;
     }
-    Ok(run)
+    Ok(unit)
 }
 
-fn short(text: &str, max: usize) -> String {
-    let line = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
-    if line.chars().count() > max {
-        format!("{}...", line.chars().take(max).collect::<String>())
-    } else {
-        line.to_string()
+/// Prerequisite detection after an agent step: `Some(step)` to go back to, or `None` to go
+/// on. A reported prerequisite that matches no rule, or one reported once more after
+/// [`MAX_PREREQUISITE_RETURNS`] returns, fails the step (its final summary says why).
+fn check_prerequisite(
+    ws: &Workspace,
+    report: &mut StepReport,
+    returns: &mut BTreeMap<String, u32>,
+) -> Result<Option<String>> {
+    let configs = ws.agent_configs(&report.step_id);
+    if configs.enable_prerequisite_detection != Some(true) || report.status == Status::Stopped {
+        return Ok(None);
     }
-}
-
-/// Plain progress lines of an agent step, from its `session.json`: one per turn (the user
-/// message), one per tool call, then one per item or turn entry with its status.
-pub fn agent_step_lines(output_dir: &Path) -> Vec<String> {
-    let Ok(Some(session)) = Session::read(output_dir) else {
-        return Vec::new();
+    let Some(missing) = report
+        .outcome
+        .as_ref()
+        .and_then(|o| o.final_text.as_deref())
+        .and_then(prerequisite_missing)
+    else {
+        return Ok(None);
     };
-    let mut lines = Vec::new();
-    let mut turn = 0;
-    for message in &session.conversation_history {
-        let Ok(message) = serde_json::from_value::<Message>(message.clone()) else {
-            continue;
-        };
-        match message.role {
-            Role::User => {
-                turn += 1;
-                lines.push(format!("  turn {turn}: {}", short(&message.content, 70)));
+    let rules = configs.prerequisite_rules.as_deref().unwrap_or_default();
+    let failure = match matching_rule(rules, &missing) {
+        Some(rule) => {
+            let count = returns.entry(report.step_id.clone()).or_insert(0);
+            if *count < MAX_PREREQUISITE_RETURNS {
+                *count += 1;
+                report.detail = format!(
+                    "prerequisite missing: {missing} -> back to {} (return {count} of {MAX_PREREQUISITE_RETURNS})",
+                    rule.depends_on_step
+                );
+                return Ok(Some(rule.depends_on_step.clone()));
             }
-            Role::Assistant => {
-                for call in &message.tool_calls {
-                    let args = serde_json::from_str::<Value>(&call.arguments)
-                        .ok()
-                        .and_then(|v| v.get("path").and_then(Value::as_str).map(str::to_string))
-                        .map(|p| format!("path={p}"))
-                        .unwrap_or_else(|| short(&call.arguments, 60));
-                    lines.push(format!("    tool {} {args}", call.name));
-                }
-            }
-            _ => {}
+            format!(
+                "prerequisite still missing after going back to {} {MAX_PREREQUISITE_RETURNS} times: {missing}",
+                rule.depends_on_step
+            )
         }
+        None => format!(
+            "the agent reported {PREREQUISITE_MISSING} {missing}, which matches none of the step's \
+             prerequisite_rules (depends_on_step: {})",
+            if rules.is_empty() {
+                "none".to_string()
+            } else {
+                rules
+                    .iter()
+                    .map(|r| r.depends_on_step.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }
+        ),
+    };
+    report.status = Status::Failed;
+    report.detail = failure.clone();
+    let concerns = report
+        .outcome
+        .as_ref()
+        .map(|o| o.concerns.clone())
+        .unwrap_or_default();
+    if let Some(outcome) = report.outcome.as_mut() {
+        outcome.status = Status::Failed;
+        outcome.error = Some(failure.clone());
     }
-    for entry in &session.entries {
-        lines.push(format!(
-            "  {} {} ({}): {}",
-            entry.item_type,
-            entry.entry_id,
-            status_name(entry.status),
-            entry
-                .summary
-                .as_deref()
-                .map(|s| short(s, 60))
-                .unwrap_or_default()
-        ));
+    FinalSummary {
+        schema_version: FINAL_SUMMARY_SCHEMA_VERSION,
+        step_id: report.step_id.clone(),
+        run_folder: ws
+            .run_folder
+            .clone()
+            .unwrap_or_else(|| ACTIVE_RUN.to_string()),
+        status: Status::Failed,
+        execution_result: Some(failure),
+        concerns,
+        completed_at: now_rfc3339(),
     }
-    lines
+    .write(&report.output_dir)
+    .with_context(|| format!("step {:?}: writing the final summary", report.step_id))?;
+    Ok(None)
 }
 
 /// The snake_case name of a status.
