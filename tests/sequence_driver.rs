@@ -12,12 +12,16 @@ use std::sync::atomic::AtomicBool;
 
 use serde_json::{Value, json};
 use support::engine;
+use trellis_host::capabilities::turn::reflection_due;
 use trellis_host::capabilities::turn::{TurnContext, TurnPurpose, turn_grant};
 use trellis_host::llm::{
     Cassette, Endpoint, Interaction, Message, RecordedRequest, ReplayCursor, Response, Secret,
     StopReason, Target, ToolCall, Usage,
 };
-use trellis_host::sequence::driver::{StepRunner, step_system_prompt};
+use trellis_host::sequence::driver::{
+    FINAL_GATE_ID, GATE_SKIPPED_SUMMARY, OFFLOAD_THRESHOLD, StepRunner, offload_reference,
+    reflection_message, step_system_prompt,
+};
 use trellis_host::sequence::session::Status;
 use trellis_host::workflow::Workspace;
 use trellis_host::{Limits, PluginRegistry};
@@ -38,9 +42,22 @@ const STEP_CONFIG: &str =
     r#"{"steps": [{"id": "s1", "agent_configs": {"selected_servers": ["workspace"]}}]}"#;
 
 fn workspace(root: &Path, plan: &str) -> Workspace {
+    workspace_with(root, plan, STEP_CONFIG)
+}
+
+/// A step config for `s1` with the workspace tools and these agent settings besides.
+fn config_with(settings: Value) -> String {
+    let mut configs = json!({"selected_servers": ["workspace"]});
+    for (k, v) in settings.as_object().unwrap() {
+        configs[k] = v.clone();
+    }
+    json!({"steps": [{"id": "s1", "agent_configs": configs}]}).to_string()
+}
+
+fn workspace_with(root: &Path, plan: &str, config: &str) -> Workspace {
     for (rel, text) in [
         ("planning/plan.json", plan),
-        ("planning/step_config.json", STEP_CONFIG),
+        ("planning/step_config.json", config),
     ] {
         let path = root.join(rel);
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
@@ -66,18 +83,49 @@ async fn expected_tool_text(
     args: &Value,
 ) -> String {
     let twin = tempfile::tempdir().unwrap();
-    let ws = workspace(twin.path(), plan);
+    twin_tool_text(
+        registry,
+        twin.path(),
+        plan,
+        STEP_CONFIG,
+        Some(item_id),
+        tool,
+        args,
+    )
+    .await
+}
+
+/// What a tool call returns in the twin workspace at `twin` (created on first use, then
+/// kept, so calls build on each other), under the grant of item `item_id`, or of the
+/// reflection turn when `None`.
+async fn twin_tool_text(
+    registry: &PluginRegistry,
+    twin: &Path,
+    plan: &str,
+    config: &str,
+    item_id: Option<&str>,
+    tool: &str,
+    args: &Value,
+) -> String {
+    let ws = if twin.join("planning").is_dir() {
+        Workspace::open(twin).unwrap()
+    } else {
+        workspace_with(twin, plan, config)
+    };
     let step = ws.plan.step("s1").unwrap();
     let configs = ws.agent_configs("s1");
     let items = step.effective_items();
-    let item = items.iter().find(|i| i.id == item_id).unwrap();
     let ctx = TurnContext {
         root: &ws.root,
         run_folder: "iteration-0",
         step,
         configs: &configs,
     };
-    let grant = turn_grant(&ctx, TurnPurpose::Item(item)).unwrap();
+    let purpose = match item_id {
+        Some(id) => TurnPurpose::Item(items.iter().find(|i| i.id == id).unwrap()),
+        None => TurnPurpose::Reflection,
+    };
+    let grant = turn_grant(&ctx, purpose).unwrap();
     match registry
         .call_tool(tool, args, &grant.grant, &Limits::default())
         .await
@@ -425,4 +473,268 @@ async fn too_many_tool_rounds_fail_the_step() {
     assert_eq!(outcome.status, Status::Failed);
     let error = outcome.error.unwrap();
     assert!(error.contains("more than 1 tool rounds"), "{error}");
+}
+
+fn entries(session: &Value) -> Vec<(String, String, String)> {
+    session["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["entry_id"].as_str().unwrap().to_string(),
+                e["item_type"].as_str().unwrap().to_string(),
+                e["status"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+fn owned(v: &[(&str, &str, &str)]) -> Vec<(String, String, String)> {
+    v.iter()
+        .map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reflection_turn_writes_only_the_store_that_is_due() {
+    let registry = registry().await;
+    let plan = plan(
+        json!([{"id": "work", "type": "user_message", "message": "Work."}]),
+        None,
+    );
+    let learnings = "learnings/_global/s1.md";
+    let note = "knowledgebase/notes/s1.md";
+    // (settings, the store written, the store refused)
+    let cases = [
+        (
+            json!({"learning_objective": "which check failed first",
+                   "learning_detail_level": "general"}),
+            learnings,
+            note,
+        ),
+        (
+            json!({"knowledgebase_contribution": "the refund rules met today"}),
+            note,
+            learnings,
+        ),
+    ];
+    for (settings, due, refused) in cases {
+        let config = config_with(settings.clone());
+        let dir = tempfile::tempdir().unwrap();
+        let ws = workspace_with(dir.path(), &plan, &config);
+        let configs = ws.agent_configs("s1");
+        let due_stores = reflection_due(&configs).expect("a reflection is due");
+        let message = reflection_message("s1", &configs, due_stores);
+        if due == learnings {
+            assert!(
+                message.contains("which check failed first") && message.contains("general"),
+                "{message}"
+            );
+        } else {
+            assert!(message.contains("the refund rules met today"), "{message}");
+        }
+        let twin = tempfile::tempdir().unwrap();
+        let mut tape = Tape::new(step_system_prompt(&ws, "s1").unwrap());
+        tape.user("Work.").reply("Work done.", &[]).user(&message);
+        let writes = [
+            ("r1", due.to_string(), true),
+            ("r2", refused.to_string(), false),
+            ("r3", format!("{OUT}/late.txt"), false),
+        ];
+        let calls: Vec<(&str, &str, Value)> = writes
+            .iter()
+            .map(|(id, path, _)| {
+                (
+                    *id,
+                    "workspace:write_file",
+                    json!({"path": path, "content": "- a lesson"}),
+                )
+            })
+            .collect();
+        tape.reply("", &calls);
+        for ((id, path, allowed), (_, tool, args)) in writes.iter().zip(&calls) {
+            let text =
+                twin_tool_text(&registry, twin.path(), &plan, &config, None, tool, args).await;
+            assert_eq!(!text.starts_with("error:"), *allowed, "{path}: {text}");
+            tape.tool(id, &text);
+        }
+        tape.reply("Recorded.", &[]);
+        let cassette = dir.path().join("cassette.json");
+        tape.save(&cassette);
+        let outcome = runner(&registry, &cassette)
+            .run_step(&ws, "s1")
+            .await
+            .unwrap();
+        assert_eq!(outcome.status, Status::Completed, "{:?}", outcome.error);
+        assert_eq!(outcome.turns, 2);
+        assert_eq!(outcome.final_text.as_deref(), Some("Work done."));
+        assert!(dir.path().join(due).is_file(), "{due}");
+        assert!(!dir.path().join(refused).exists(), "{refused}");
+        assert!(!dir.path().join(OUT).join("late.txt").exists());
+        let session = read_json(&dir.path().join(OUT).join("session.json"));
+        assert_eq!(
+            entries(&session),
+            owned(&[
+                ("work", "user_message", "completed"),
+                ("s1-reflection", "reflection", "completed")
+            ])
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_reflection_turn_when_learnings_are_locked_or_disabled() {
+    let registry = registry().await;
+    let plan = plan(
+        json!([{"id": "work", "type": "user_message", "message": "Work."}]),
+        None,
+    );
+    for settings in [
+        json!({"learning_objective": "x", "lock_learnings": true, "lock_learnings_reason": "audited"}),
+        json!({"learning_objective": "x", "disable_learning": true}),
+        json!({"learnings_access": "read-write"}),
+    ] {
+        let config = config_with(settings.clone());
+        let dir = tempfile::tempdir().unwrap();
+        let ws = workspace_with(dir.path(), &plan, &config);
+        assert_eq!(reflection_due(&ws.agent_configs("s1")), None, "{settings}");
+        // The cassette ends with the work: a reflection call would not be recorded.
+        let mut tape = Tape::new(step_system_prompt(&ws, "s1").unwrap());
+        tape.user("Work.").reply("Work done.", &[]);
+        let cassette = dir.path().join("cassette.json");
+        tape.save(&cassette);
+        let outcome = runner(&registry, &cassette)
+            .run_step(&ws, "s1")
+            .await
+            .unwrap();
+        assert_eq!(
+            outcome.status,
+            Status::Completed,
+            "{settings}: {:?}",
+            outcome.error
+        );
+        let session = read_json(&dir.path().join(OUT).join("session.json"));
+        assert_eq!(
+            entries(&session),
+            owned(&[("work", "user_message", "completed")]),
+            "{settings}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disable_validation_skips_every_gate() {
+    let registry = registry().await;
+    let plan = plan(
+        json!([
+            {"id": "work", "type": "user_message", "message": "Work."},
+            {"id": "gate", "type": "prevalidation",
+             "validation_schema": {"files": [{"file_name": "a.json", "must_exist": true}]}}
+        ]),
+        Some(json!({"files": [{"file_name": "report.json", "must_exist": true}]})),
+    );
+    let config = config_with(json!({"disable_validation": true}));
+    let dir = tempfile::tempdir().unwrap();
+    let ws = workspace_with(dir.path(), &plan, &config);
+    let mut tape = Tape::new(step_system_prompt(&ws, "s1").unwrap());
+    tape.user("Work.").reply("Nothing written.", &[]);
+    let cassette = dir.path().join("cassette.json");
+    tape.save(&cassette);
+    let outcome = runner(&registry, &cassette)
+        .run_step(&ws, "s1")
+        .await
+        .unwrap();
+    assert_eq!(outcome.status, Status::Completed, "{:?}", outcome.error);
+    let session = read_json(&dir.path().join(OUT).join("session.json"));
+    assert_eq!(
+        entries(&session),
+        owned(&[
+            ("work", "user_message", "completed"),
+            ("gate", "prevalidation", "skipped"),
+            (FINAL_GATE_ID, "prevalidation", "skipped")
+        ])
+    );
+    assert_eq!(session["entries"][1]["summary"], GATE_SKIPPED_SUMMARY);
+    assert!(
+        !dir.path()
+            .join("runs/iteration-0/logs/s1/pre_validation.json")
+            .exists(),
+        "no gate ran"
+    );
+
+    // The same step with validation on fails its gate: the skip is what let it pass.
+    let dir = tempfile::tempdir().unwrap();
+    let ws = workspace_with(dir.path(), &plan, STEP_CONFIG);
+    let cassette = dir.path().join("cassette.json");
+    tape.save(&cassette);
+    let outcome = runner(&registry, &cassette)
+        .run_step(&ws, "s1")
+        .await
+        .unwrap();
+    assert_eq!(outcome.status, Status::Failed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_tool_results_are_offloaded_to_a_file() {
+    let registry = registry().await;
+    let plan = plan(
+        json!([{"id": "work", "type": "user_message", "message": "Write and read back."}]),
+        None,
+    );
+    let config = config_with(json!({"enable_context_offloading": true}));
+    let dir = tempfile::tempdir().unwrap();
+    let ws = workspace_with(dir.path(), &plan, &config);
+    let twin = tempfile::tempdir().unwrap();
+    let big = "0123456789abcdef\n".repeat(1500);
+    let write = json!({"path": format!("{OUT}/big.txt"), "content": big});
+    let read = json!({"path": format!("{OUT}/big.txt")});
+    let mut tape = Tape::new(step_system_prompt(&ws, "s1").unwrap());
+    tape.user("Write and read back.")
+        .reply("", &[("w1", "workspace:write_file", write.clone())]);
+    let written = twin_tool_text(
+        &registry,
+        twin.path(),
+        &plan,
+        &config,
+        Some("work"),
+        "workspace:write_file",
+        &write,
+    )
+    .await;
+    assert!(written.len() < OFFLOAD_THRESHOLD, "{written}");
+    tape.tool("w1", &written)
+        .reply("", &[("r1", "workspace:read_file", read.clone())]);
+    let full = twin_tool_text(
+        &registry,
+        twin.path(),
+        &plan,
+        &config,
+        Some("work"),
+        "workspace:read_file",
+        &read,
+    )
+    .await;
+    assert!(full.len() > OFFLOAD_THRESHOLD, "{}", full.len());
+    let file = format!("{OUT}/tool-results/r1.json");
+    let reference = offload_reference(&file, full.len());
+    tape.tool("r1", &reference).reply("Read it.", &[]);
+    let cassette = dir.path().join("cassette.json");
+    tape.save(&cassette);
+    let outcome = runner(&registry, &cassette)
+        .run_step(&ws, "s1")
+        .await
+        .unwrap();
+    assert_eq!(outcome.status, Status::Completed, "{:?}", outcome.error);
+    let offloaded = read_json(&dir.path().join(&file));
+    assert_eq!(offloaded, serde_json::from_str::<Value>(&full).unwrap());
+    let session = read_json(&dir.path().join(OUT).join("session.json"));
+    let history = session["conversation_history"].as_array().unwrap();
+    let tool_messages: Vec<&str> = history
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| m["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(tool_messages, [written.as_str(), reference.as_str()]);
+    assert!(reference.contains(&file), "{reference}");
 }

@@ -9,6 +9,7 @@
 //! - [`run_folder`]: rotation of `runs/iteration-0` and group run folders.
 //! - [`runs`]: reading what runs left behind (`trellis runs list` / `show`).
 //! - [`events`]: what a running step reports as it goes (live progress).
+//! - [`routes`]: `call_sub_agent` and where a step's sub-agents keep their things.
 //! - [`llm_choice`]: the models of each step (`--llm`, `execution_llm`, tiers, default).
 //! - [`workflow_run`]: a whole workflow, step after step (section 2).
 //!
@@ -20,6 +21,7 @@ pub mod events;
 pub mod filters;
 pub mod foreach;
 pub mod llm_choice;
+pub mod routes;
 pub mod run_folder;
 pub mod runs;
 pub mod session;

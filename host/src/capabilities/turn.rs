@@ -155,6 +155,40 @@ pub struct TurnContext<'a> {
     pub configs: &'a AgentConfigs,
 }
 
+/// The folders an agent writes its work to: its output folder (`STEP_OUTPUT_DIR`) and, when
+/// routes are involved, the folder a step and its sub-agents share. Both are
+/// workspace-relative and inside `runs/<run>/execution/`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentFolders {
+    /// The output folder: `runs/<run>/execution/<step-id>` for a step, a call folder
+    /// `<step output>/agents/<route-id>/calls/<call-id>` for a sub-agent.
+    pub output: String,
+    /// `<step output>/shared`, read-write for the step and all its sub-agents; `None` for a
+    /// step without routes.
+    pub shared: Option<String>,
+    /// Whether the agent is a sub-agent (it changes how the folders are described).
+    pub sub_agent: bool,
+}
+
+impl AgentFolders {
+    /// The folders of a step's own agent: its output folder, and `shared/` in it when the
+    /// step has routes.
+    pub fn for_step(run_folder: &str, step: &Step) -> Self {
+        let output = step_output_rel(run_folder, &step.id);
+        let shared = (!step.predefined_routes().is_empty()).then(|| format!("{output}/shared"));
+        AgentFolders {
+            output,
+            shared,
+            sub_agent: false,
+        }
+    }
+}
+
+/// `runs/<run>/execution/<step-id>`, the output folder of a step, workspace-relative.
+pub fn step_output_rel(run_folder: &str, step_id: &str) -> String {
+    format!("runs/{}/execution/{step_id}", run_folder.trim_matches('/'))
+}
+
 /// One folder of a turn grant, as the agent is told about it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GrantedFolder {
@@ -212,12 +246,26 @@ impl TurnGrant {
 /// when missing. Read-only folders that do not exist are left out. Everything is created and
 /// resolved through a handle on the workspace, so nothing outside it is created or granted.
 pub fn turn_grant(ctx: &TurnContext<'_>, purpose: TurnPurpose<'_>) -> Result<TurnGrant> {
+    turn_grant_in(
+        ctx,
+        purpose,
+        &AgentFolders::for_step(ctx.run_folder, ctx.step),
+    )
+}
+
+/// [`turn_grant`] for an agent writing to `folders` (a sub-agent's call folder, say) rather
+/// than to the step's own output folder.
+pub fn turn_grant_in(
+    ctx: &TurnContext<'_>,
+    purpose: TurnPurpose<'_>,
+    folders: &AgentFolders,
+) -> Result<TurnGrant> {
     let step_id = &ctx.step.id;
     let access = match purpose {
         TurnPurpose::Item(item) => TurnAccess::for_item(ctx.configs, item),
         TurnPurpose::Reflection => TurnAccess::for_reflection(ctx.configs),
     };
-    build(ctx, access).with_context(|| match purpose {
+    build(ctx, access, folders).with_context(|| match purpose {
         TurnPurpose::Item(item) => {
             format!("granting folders to step {step_id:?}, item {:?}", item.id)
         }
@@ -230,7 +278,21 @@ pub fn turn_grant(ctx: &TurnContext<'_>, purpose: TurnPurpose<'_>) -> Result<Tur
 /// Computes the grant of a turn from an access decision made elsewhere (a repair turn of a
 /// gate, say, which keeps its item's access).
 pub fn grant_for_access(ctx: &TurnContext<'_>, access: TurnAccess) -> Result<TurnGrant> {
-    build(ctx, access).with_context(|| format!("granting folders to step {:?}", ctx.step.id))
+    grant_for_access_in(
+        ctx,
+        access,
+        &AgentFolders::for_step(ctx.run_folder, ctx.step),
+    )
+}
+
+/// [`grant_for_access`] for an agent writing to `folders`.
+pub fn grant_for_access_in(
+    ctx: &TurnContext<'_>,
+    access: TurnAccess,
+    folders: &AgentFolders,
+) -> Result<TurnGrant> {
+    build(ctx, access, folders)
+        .with_context(|| format!("granting folders to step {:?}", ctx.step.id))
 }
 
 struct Builder<'a> {
@@ -265,15 +327,20 @@ impl Builder<'_> {
     }
 }
 
-fn build(ctx: &TurnContext<'_>, access: TurnAccess) -> Result<TurnGrant> {
+fn build(ctx: &TurnContext<'_>, access: TurnAccess, folders: &AgentFolders) -> Result<TurnGrant> {
     let step_id = ctx.step.id.as_str();
     single_component("step id", step_id)?;
     crate::store::check_relative(ctx.run_folder)
         .map_err(|e| anyhow::anyhow!("run folder {:?}: {e}", ctx.run_folder))?;
     let run = ctx.run_folder.trim_matches('/');
     let execution = format!("runs/{run}/execution");
-    let output = format!("{execution}/{step_id}");
     let downloads = format!("{execution}/Downloads");
+    let output = inside_execution(&execution, "output folder", &folders.output)?;
+    let shared = folders
+        .shared
+        .as_deref()
+        .map(|s| inside_execution(&execution, "shared folder", s))
+        .transpose()?;
 
     let dir = crate::store::open_dir(ctx.root)
         .with_context(|| format!("opening the workspace {}", ctx.root.display()))?;
@@ -300,7 +367,7 @@ fn build(ctx: &TurnContext<'_>, access: TurnAccess) -> Result<TurnGrant> {
             .with_context(|| format!("step {step_id:?}: {field} entry {path:?}"))?;
     }
 
-    for rel in [&output, &downloads] {
+    for rel in [&output, &downloads].into_iter().chain(shared.as_ref()) {
         b.create(rel)?;
     }
     b.add(
@@ -320,11 +387,21 @@ fn build(ctx: &TurnContext<'_>, access: TurnAccess) -> Result<TurnGrant> {
         rw(access.output_write),
         "downloads shared by the steps of this run",
     )?;
-    b.add(
-        &output,
-        rw(access.output_write),
-        "this step's output folder (STEP_OUTPUT_DIR)",
-    )?;
+    let (output_role, shared_role) = if folders.sub_agent {
+        (
+            "your output folder for this call (STEP_OUTPUT_DIR)",
+            "files shared with the agent that called you and its other sub-agents",
+        )
+    } else {
+        (
+            "this step's output folder (STEP_OUTPUT_DIR)",
+            "files shared with your sub-agents",
+        )
+    };
+    b.add(&output, rw(access.output_write), output_role)?;
+    if let Some(shared) = &shared {
+        b.add(shared, rw(access.output_write), shared_role)?;
+    }
 
     if access.knowledgebase_read {
         if access.knowledgebase_write {
@@ -385,6 +462,17 @@ fn build(ctx: &TurnContext<'_>, access: TurnAccess) -> Result<TurnGrant> {
         folders: b.folders,
         db_writable,
     })
+}
+
+/// Checks that `rel` is a folder strictly inside `execution` (`runs/<run>/execution`) and
+/// returns it normalized.
+fn inside_execution(execution: &str, what: &str, rel: &str) -> Result<String> {
+    crate::store::check_relative(rel).map_err(|e| anyhow::anyhow!("{what} {rel:?}: {e}"))?;
+    let rel = normalized(rel);
+    match rel.strip_prefix(execution) {
+        Some(rest) if rest.starts_with('/') && rest.len() > 1 => Ok(rel),
+        _ => bail!("{what} {rel:?} is not inside {execution}/"),
+    }
 }
 
 /// The workspace-relative folder a `context_dependencies` / `additional_read_paths` entry

@@ -5,8 +5,16 @@
 //! [`ToolPolicy`], under the turn's grant) -> results -> again, until a reply without tool
 //! calls. Tool errors go back to the model as `error: ...` results. Items, gates with repair
 //! turns, `STATUS: FAILED`, `CONCERNS:`, cancellation and persistence (`session.json`, turn
-//! logs, final summary) are handled here. Not here yet: the reflection turn, routes
-//! (`call_sub_agent`), whole-workflow stepping.
+//! logs, final summary) are handled here, and so are:
+//!
+//! - routes: a step with `predefined_routes` offers `call_sub_agent`; a call runs the route's
+//!   sub-agent step as a child agent with its own conversation per route (kept across calls)
+//!   and a fresh call folder per call as its output folder ([`crate::sequence::routes`]);
+//!   the child's answer, status and files come back as the tool result;
+//! - the closing reflection turn (`<step-id>-reflection`) when learnings or a knowledgebase
+//!   contribution are due, with write access only to those stores;
+//! - `disable_validation` (gates are recorded `skipped`) and `enable_context_offloading`
+//!   (large tool results go to `<output>/tool-results/<call-id>.json`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -18,7 +26,8 @@ use serde_json::Value;
 
 use crate::Limits;
 use crate::capabilities::turn::{
-    TurnAccess, TurnContext, TurnGrant, TurnPurpose, grant_for_access, turn_grant,
+    AgentFolders, ReflectionDue, TurnAccess, TurnContext, TurnGrant, TurnPurpose,
+    grant_for_access_in, reflection_due, turn_grant_in,
 };
 use crate::llm::{
     Message, Options, Recorder, ReplayCursor, Request, RetryPolicy, Target, ToolCall,
@@ -26,7 +35,11 @@ use crate::llm::{
 };
 use crate::plugins::{PluginRegistry, PluginValidators};
 use crate::sequence::events::{Observer, RunEvent};
-use crate::sequence::filters::ToolPolicy;
+use crate::sequence::filters::{CALL_SUB_AGENT, DELEGATION_CATEGORY, ToolPolicy};
+use crate::sequence::routes::{
+    AgentHome, CallResult, MAX_ROUTE_DEPTH, TOOL_RESULTS_DIR, call_preamble, call_sub_agent_tool,
+    delegation_note, files_written,
+};
 use crate::sequence::session::{
     FinalSummary, LlmCallRecord, RequestedToolCall, Session, Status, ToolCallRecord,
     TurnConversation, TurnSummary, logs_dir, now_rfc3339, write_turn_logs,
@@ -34,6 +47,7 @@ use crate::sequence::session::{
 use crate::sequence::{foreach, template};
 use crate::validation::{Report, ValidationSchema, run_gate, write_report};
 use crate::workflow::plan::{Item, ItemBody, Step, StepKind};
+use crate::workflow::step_config::LearningDetailLevel;
 use crate::workflow::{AgentConfigs, Workspace};
 
 /// Default cap on tool rounds (LLM calls answered with tool calls) per turn.
@@ -42,6 +56,13 @@ pub const DEFAULT_MAX_TOOL_ROUNDS: usize = 20;
 pub const MAX_REPAIR_TURNS: u32 = 3;
 /// The item id of the automatic final gate.
 pub const FINAL_GATE_ID: &str = "__automatic_final_validation__";
+/// Tool results larger than this (bytes) are offloaded to a file when the step enables
+/// context offloading.
+pub const OFFLOAD_THRESHOLD: usize = 16 * 1024;
+/// The summary of a gate entry skipped because of `disable_validation`.
+pub const GATE_SKIPPED_SUMMARY: &str = "validation disabled by disable_validation";
+/// The session item type of the reflection turn.
+pub const REFLECTION_ITEM_TYPE: &str = "reflection";
 /// The short tool policy note closing the system prompt.
 pub const TOOL_POLICY_NOTE: &str = "Use the tools offered to read and write files; paths are \
 workspace-relative. A tool error comes back as a result starting with `error:`: read it and \
@@ -73,6 +94,7 @@ pub struct StepRunner<'a> {
     retry: RetryPolicy,
     limits: Limits,
     max_tool_rounds: usize,
+    max_route_depth: usize,
     cancel: Arc<AtomicBool>,
     replay: Option<ReplayCursor>,
     observer: Observer,
@@ -90,14 +112,29 @@ struct TurnOk {
     text: String,
 }
 
-/// State of one step run.
+/// State of one agent's run: a step's own agent, or one call of a route's sub-agent.
 struct Run<'w> {
     ws: &'w Workspace,
     step: &'w Step,
     configs: AgentConfigs,
     run_folder: String,
+    /// The output folder (and shared folder) the agent's turns write to.
+    folders: AgentFolders,
+    /// `folders.output` on the host.
     output_dir: PathBuf,
+    /// Where `session.json` goes: the output folder of a step, the home of a route.
+    session_dir: PathBuf,
+    /// Workspace-relative folder under which this agent's own routes have their homes.
+    owner_rel: String,
     logs: PathBuf,
+    /// The name in events and messages: the step id, `<step>/<route>` for a sub-agent.
+    label: String,
+    /// 0 for a step's agent, one more per level of sub-agents.
+    depth: usize,
+    /// Prefix of session entry ids (`call-0001/` in a sub-agent's session).
+    entry_prefix: String,
+    /// Text put before the next user message (a caller's instructions).
+    preamble: Option<String>,
     session: Session,
     history: Vec<Message>,
     tools: Vec<ToolDefinition>,
@@ -117,6 +154,19 @@ impl<'w> Run<'w> {
         }
     }
 
+    fn grant(&self, purpose: TurnPurpose<'_>) -> Result<TurnGrant, TurnEnd> {
+        turn_grant_in(&self.ctx(), purpose, &self.folders).map_err(failed)
+    }
+
+    fn grant_for(&self, access: TurnAccess) -> Result<TurnGrant, TurnEnd> {
+        grant_for_access_in(&self.ctx(), access, &self.folders).map_err(failed)
+    }
+
+    fn start_entry(&mut self, item_id: &str, item_type: &str) -> usize {
+        let entry_id = format!("{}{item_id}", self.entry_prefix);
+        self.session.start_entry(&entry_id, item_id, item_type)
+    }
+
     fn save_session(&mut self) -> Result<()> {
         self.session.conversation_history = self
             .history
@@ -124,8 +174,8 @@ impl<'w> Run<'w> {
             .map(|m| serde_json::to_value(m).unwrap_or(Value::Null))
             .collect();
         self.session
-            .write(&self.output_dir)
-            .with_context(|| format!("writing session.json in {}", self.output_dir.display()))
+            .write(&self.session_dir)
+            .with_context(|| format!("writing session.json in {}", self.session_dir.display()))
     }
 }
 
@@ -138,6 +188,7 @@ impl<'a> StepRunner<'a> {
             retry: RetryPolicy::default(),
             limits,
             max_tool_rounds: DEFAULT_MAX_TOOL_ROUNDS,
+            max_route_depth: MAX_ROUTE_DEPTH,
             cancel: Arc::new(AtomicBool::new(false)),
             replay: None,
             observer: Observer::default(),
@@ -168,6 +219,13 @@ impl<'a> StepRunner<'a> {
     /// Sets the retry policy of LLM calls.
     pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
         self.retry = retry;
+        self
+    }
+
+    /// Sets how deep sub-agents may nest ([`MAX_ROUTE_DEPTH`] by default): a call from an
+    /// agent at this depth is refused with a tool error.
+    pub fn with_max_route_depth(mut self, depth: usize) -> Self {
+        self.max_route_depth = depth;
         self
     }
 
@@ -209,9 +267,12 @@ impl<'a> StepRunner<'a> {
             .step(step_id)
             .with_context(|| format!("no step {step_id:?} in the plan"))?;
         let items: Vec<Item> = match &step.kind {
-            StepKind::MessageSequence(_) | StepKind::Regular => step.effective_items(),
+            StepKind::MessageSequence(_) | StepKind::Regular | StepKind::TodoTask(_) => {
+                step.effective_items()
+            }
             other => bail!(
-                "step {step_id:?} is a {} step: the agent loop runs message_sequence and regular steps",
+                "step {step_id:?} is a {} step: the agent loop runs message_sequence, regular \
+                 and todo_task steps",
                 other.name()
             ),
         };
@@ -220,21 +281,28 @@ impl<'a> StepRunner<'a> {
             .run_folder
             .clone()
             .unwrap_or_else(|| "iteration-0".to_string());
+        let folders = AgentFolders::for_step(&run_folder, step);
         let output_dir = ws.step_output_dir(step_id);
         std::fs::create_dir_all(&output_dir)
             .with_context(|| format!("creating {}", output_dir.display()))?;
         let logs = logs_dir(&ws.run_dir(), step_id);
         std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
-        let policy = ToolPolicy::from_configs(&configs, false);
-        let tools = self.offered_tools(&policy);
+        let (policy, tools) = self.tools_of(step, &configs);
         let mut run = Run {
             ws,
             step,
             session: Session::new(step_id, &run_folder),
             configs,
             run_folder,
+            owner_rel: folders.output.clone(),
+            folders,
+            session_dir: output_dir.clone(),
             output_dir,
             logs,
+            label: step_id.to_string(),
+            depth: 0,
+            entry_prefix: String::new(),
+            preamble: None,
             history: Vec::new(),
             tools,
             policy,
@@ -242,12 +310,18 @@ impl<'a> StepRunner<'a> {
             final_text: None,
             turns: 0,
         };
-        let step_grant = grant_for_access(&run.ctx(), TurnAccess::for_step(&run.configs))?;
+        let step_grant =
+            grant_for_access_in(&run.ctx(), TurnAccess::for_step(&run.configs), &run.folders)?;
         run.history
             .push(Message::system(system_prompt(step, &step_grant)));
         run.save_session()?;
 
-        let result = self.run_items(&mut run, &items).await;
+        let mut result = self.run_items(&mut run, &items).await;
+        if result.is_ok()
+            && let Some(due) = reflection_due(&run.configs)
+        {
+            result = self.reflection(&mut run, due).await;
+        }
         let (status, error) = match result {
             Ok(()) => (Status::Completed, None),
             Err(TurnEnd::Stopped) => (Status::Stopped, Some("stop requested".to_string())),
@@ -276,6 +350,241 @@ impl<'a> StepRunner<'a> {
         })
     }
 
+    /// The closing reflection turn (`<step-id>-reflection`, kind learning): the grant of
+    /// [`TurnPurpose::Reflection`] writes only the stores due. The step's final answer stays
+    /// the one of its work.
+    async fn reflection(&self, run: &mut Run<'_>, due: ReflectionDue) -> Result<(), TurnEnd> {
+        if self.cancelled() {
+            return Err(TurnEnd::Stopped);
+        }
+        let item_id = reflection_item_id(&run.step.id);
+        let entry = run.start_entry(&item_id, REFLECTION_ITEM_TYPE);
+        self.observer.emit(RunEvent::ItemStarted {
+            step_id: run.label.clone(),
+            item_id: item_id.clone(),
+            item_type: REFLECTION_ITEM_TYPE.to_string(),
+        });
+        let answer = run.final_text.clone();
+        let message = reflection_message(&run.step.id, &run.configs, due);
+        let result = match run.grant(TurnPurpose::Reflection) {
+            Ok(grant) => self.turn(run, &item_id, 1, message, &grant).await,
+            Err(e) => Err(e),
+        };
+        let (status, summary) = match &result {
+            Ok(()) => (Status::Completed, run.final_text.clone()),
+            Err(TurnEnd::Stopped) => (Status::Stopped, None),
+            Err(TurnEnd::Failed(reason)) => (Status::Failed, Some(reason.clone())),
+        };
+        if answer.is_some() {
+            run.final_text = answer;
+        }
+        self.observer.emit(RunEvent::ItemEnded {
+            step_id: run.label.clone(),
+            item_id,
+            status,
+        });
+        run.session.end_entry(entry, status, summary);
+        run.save_session()
+            .map_err(|e| TurnEnd::Failed(format!("{e:#}")))?;
+        result
+    }
+
+    /// The tool policy of a step and the tools offered: plugin tools passing the filters,
+    /// then `call_sub_agent` when the step has routes.
+    fn tools_of(&self, step: &Step, configs: &AgentConfigs) -> (ToolPolicy, Vec<ToolDefinition>) {
+        let routes = step.predefined_routes();
+        let policy = ToolPolicy::from_configs(configs, !routes.is_empty());
+        let mut tools = self.offered_tools(&policy);
+        if policy.host.allows(DELEGATION_CATEGORY, CALL_SUB_AGENT) {
+            tools.push(call_sub_agent_tool(routes));
+        }
+        (policy, tools)
+    }
+
+    /// One `call_sub_agent` call of the agent of `parent`: checks the route and the depth,
+    /// runs the route's sub-agent in a fresh call folder and returns what it did. Never
+    /// fails: errors (an unknown route, too deep) land in the record as tool errors, and a
+    /// sub-agent that fails is a result saying so.
+    fn sub_agent_call<'s>(
+        &'s self,
+        parent: &'s Run<'_>,
+        call: &'s ToolCall,
+    ) -> futures::future::BoxFuture<'s, ToolCallRecord> {
+        Box::pin(async move {
+            let started_at = now_rfc3339();
+            let t0 = Instant::now();
+            let args = parse_arguments(&call.arguments);
+            let outcome = match &args {
+                Err(e) => Err(e.clone()),
+                Ok(a) => self.run_call(parent, a).await,
+            };
+            ToolCallRecord {
+                tool_call_id: call.id.clone(),
+                tool_name: call.name.clone(),
+                args: args.unwrap_or(Value::Null),
+                result: outcome.as_ref().ok().cloned(),
+                error: outcome.err(),
+                duration_ms: t0.elapsed().as_millis() as u64,
+                started_at,
+                completed_at: now_rfc3339(),
+            }
+        })
+    }
+
+    async fn run_call(&self, parent: &Run<'_>, args: &Value) -> Result<Value, String> {
+        let routes = parent.step.predefined_routes();
+        let route_id = args
+            .get("route_id")
+            .and_then(Value::as_str)
+            .ok_or("call_sub_agent needs a string \"route_id\"")?;
+        let instructions = args
+            .get("instructions")
+            .and_then(Value::as_str)
+            .ok_or("call_sub_agent needs a string \"instructions\"")?;
+        if let Some(extra) = args
+            .as_object()
+            .and_then(|o| o.keys().find(|k| *k != "route_id" && *k != "instructions"))
+        {
+            return Err(format!(
+                "call_sub_agent takes route_id and instructions only, not {extra:?}"
+            ));
+        }
+        let route = routes
+            .iter()
+            .find(|r| r.route_id == route_id)
+            .ok_or_else(|| {
+                format!(
+                    "unknown route_id {route_id:?}: the routes of {} are {}",
+                    parent.label,
+                    routes
+                        .iter()
+                        .map(|r| format!("{:?}", r.route_id))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            })?;
+        if parent.depth >= self.max_route_depth {
+            return Err(format!(
+                "route {route_id:?} refused: sub-agents nest at most {} level(s) deep and {} is \
+                 already at depth {}",
+                self.max_route_depth, parent.label, parent.depth
+            ));
+        }
+        if self.cancelled() {
+            return Err("stop requested".to_string());
+        }
+        let ws = parent.ws;
+        let step: &Step = &route.sub_agent_step;
+        let home =
+            AgentHome::new(&ws.root, &parent.owner_rel, route_id).map_err(|e| format!("{e:#}"))?;
+        let call_id = home.next_call().map_err(|e| format!("{e:#}"))?;
+        let output_rel = home.call_rel(&call_id);
+        let label = format!("{}/{route_id}", parent.label);
+        let folders = AgentFolders {
+            output: output_rel.clone(),
+            shared: parent.folders.shared.clone().or_else(|| {
+                Some(format!(
+                    "{}/{}",
+                    parent.folders.output,
+                    crate::sequence::routes::SHARED_DIR
+                ))
+            }),
+            sub_agent: true,
+        };
+        let configs = ws.agent_configs(route_id);
+        let (policy, tools) = self.tools_of(step, &configs);
+        let logs = parent
+            .logs
+            .join(crate::sequence::routes::AGENTS_DIR)
+            .join(route_id);
+        std::fs::create_dir_all(&logs).map_err(|e| format!("creating {}: {e}", logs.display()))?;
+        let (session, history) = match Session::read(&home.dir) {
+            Ok(Some(s)) => {
+                let history = s
+                    .conversation_history
+                    .iter()
+                    .map(|m| serde_json::from_value::<Message>(m.clone()))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| {
+                        format!("{}/session.json: unreadable conversation: {e}", home.rel)
+                    })?;
+                (s, history)
+            }
+            Ok(None) => (Session::new(route_id, &parent.run_folder), Vec::new()),
+            Err(e) => return Err(format!("{}/session.json: {e}", home.rel)),
+        };
+        let mut run = Run {
+            ws,
+            step,
+            configs,
+            run_folder: parent.run_folder.clone(),
+            output_dir: ws.root.join(&output_rel),
+            folders,
+            session_dir: home.dir.clone(),
+            owner_rel: home.rel.clone(),
+            logs,
+            label: label.clone(),
+            depth: parent.depth + 1,
+            entry_prefix: format!("{call_id}/"),
+            preamble: Some(call_preamble(&call_id, instructions)),
+            session,
+            history,
+            tools,
+            policy,
+            concerns: Vec::new(),
+            final_text: None,
+            turns: 0,
+        };
+        // The system prompt names this call's folders: it is replaced on every call, the
+        // rest of the conversation is kept.
+        let grant = run
+            .grant_for(TurnAccess::for_step(&run.configs))
+            .map_err(|e| match e {
+                TurnEnd::Failed(r) => r,
+                TurnEnd::Stopped => "stop requested".to_string(),
+            })?;
+        let system = Message::system(system_prompt(step, &grant));
+        match run.history.first_mut() {
+            Some(first) if first.role == crate::llm::Role::System => *first = system,
+            _ => run.history.insert(0, system),
+        }
+        run.session.status = Status::Running;
+        run.save_session().map_err(|e| format!("{e:#}"))?;
+        self.observer.emit(RunEvent::SubAgentStarted {
+            step_id: parent.label.clone(),
+            route_id: route_id.to_string(),
+            call_id: call_id.clone(),
+            depth: run.depth,
+        });
+        let items = step.effective_items();
+        let result = self.run_items(&mut run, &items).await;
+        let (status, error) = match result {
+            Ok(()) => (Status::Completed, None),
+            Err(TurnEnd::Stopped) => (Status::Stopped, Some("stop requested".to_string())),
+            Err(TurnEnd::Failed(reason)) => (Status::Failed, Some(reason)),
+        };
+        run.session.status = status;
+        if let Err(e) = run.save_session() {
+            tracing::warn!("{label}: {e:#}");
+        }
+        self.observer.emit(RunEvent::SubAgentEnded {
+            step_id: parent.label.clone(),
+            route_id: route_id.to_string(),
+            call_id: call_id.clone(),
+            status,
+        });
+        Ok(CallResult {
+            route_id: route_id.to_string(),
+            call_id,
+            status,
+            answer: run.final_text,
+            error,
+            files: files_written(&ws.root, &run.output_dir),
+            output_folder: output_rel,
+        }
+        .to_value())
+    }
+
     /// The plugin tools passing the policy, as the model is told about them.
     fn offered_tools(&self, policy: &ToolPolicy) -> Vec<ToolDefinition> {
         let mut tools = Vec::new();
@@ -294,16 +603,20 @@ impl<'a> StepRunner<'a> {
     }
 
     async fn run_items(&self, run: &mut Run<'_>, items: &[Item]) -> Result<(), TurnEnd> {
+        let skip_gates = run.configs.disable_validation == Some(true);
         for item in items {
             if self.cancelled() {
                 return Err(TurnEnd::Stopped);
             }
-            let entry = run
-                .session
-                .start_entry(&item.id, &item.id, item.body.name());
+            let is_gate = matches!(item.body, ItemBody::Prevalidation { .. });
+            if is_gate && skip_gates {
+                self.skip_gate(run, &item.id)?;
+                continue;
+            }
+            let entry = run.start_entry(&item.id, item.body.name());
             let _ = run.save_session();
             self.observer.emit(RunEvent::ItemStarted {
-                step_id: run.step.id.clone(),
+                step_id: run.label.clone(),
                 item_id: item.id.clone(),
                 item_type: item.body.name().to_string(),
             });
@@ -314,7 +627,7 @@ impl<'a> StepRunner<'a> {
                 Err(TurnEnd::Failed(reason)) => (Status::Failed, Some(reason.clone())),
             };
             self.observer.emit(RunEvent::ItemEnded {
-                step_id: run.step.id.clone(),
+                step_id: run.label.clone(),
                 item_id: item.id.clone(),
                 status,
             });
@@ -333,11 +646,12 @@ impl<'a> StepRunner<'a> {
                 if self.cancelled() {
                     return Err(TurnEnd::Stopped);
                 }
-                let entry = run
-                    .session
-                    .start_entry(FINAL_GATE_ID, FINAL_GATE_ID, "prevalidation");
+                if skip_gates {
+                    return self.skip_gate(run, FINAL_GATE_ID);
+                }
+                let entry = run.start_entry(FINAL_GATE_ID, "prevalidation");
                 self.observer.emit(RunEvent::ItemStarted {
-                    step_id: run.step.id.clone(),
+                    step_id: run.label.clone(),
                     item_id: FINAL_GATE_ID.to_string(),
                     item_type: "prevalidation".to_string(),
                 });
@@ -349,7 +663,7 @@ impl<'a> StepRunner<'a> {
                     Err(TurnEnd::Failed(reason)) => (Status::Failed, Some(reason.clone())),
                 };
                 self.observer.emit(RunEvent::ItemEnded {
-                    step_id: run.step.id.clone(),
+                    step_id: run.label.clone(),
                     item_id: FINAL_GATE_ID.to_string(),
                     status,
                 });
@@ -362,11 +676,32 @@ impl<'a> StepRunner<'a> {
         Ok(())
     }
 
+    /// Records a gate not run because the step sets `disable_validation`.
+    fn skip_gate(&self, run: &mut Run<'_>, item_id: &str) -> Result<(), TurnEnd> {
+        tracing::info!(
+            "{}: gate {item_id} skipped: disable_validation is set in the step config",
+            run.label
+        );
+        let entry = run.start_entry(item_id, "prevalidation");
+        run.session.end_entry(
+            entry,
+            Status::Skipped,
+            Some(GATE_SKIPPED_SUMMARY.to_string()),
+        );
+        self.observer.emit(RunEvent::ItemEnded {
+            step_id: run.label.clone(),
+            item_id: item_id.to_string(),
+            status: Status::Skipped,
+        });
+        run.save_session()
+            .map_err(|e| TurnEnd::Failed(format!("{e:#}")))
+    }
+
     #[tracing::instrument(skip_all, fields(item = %item.id))]
     async fn run_item(&self, run: &mut Run<'_>, item: &Item) -> Result<(), TurnEnd> {
         match &item.body {
             ItemBody::UserMessage { message, .. } => {
-                let grant = turn_grant(&run.ctx(), TurnPurpose::Item(item)).map_err(failed)?;
+                let grant = run.grant(TurnPurpose::Item(item))?;
                 self.turn(run, &item.id, 1, message.clone(), &grant).await?;
             }
             ItemBody::Foreach {
@@ -382,7 +717,7 @@ impl<'a> StepRunner<'a> {
                     tracing::warn!("{note}");
                 }
                 let tpl = template::MessageTemplate::parse(&item.id, message).map_err(failed)?;
-                let grant = turn_grant(&run.ctx(), TurnPurpose::Item(item)).map_err(failed)?;
+                let grant = run.grant(TurnPurpose::Item(item))?;
                 for (i, row) in rows.rows.iter().enumerate() {
                     if self.cancelled() {
                         return Err(TurnEnd::Stopped);
@@ -415,12 +750,11 @@ impl<'a> StepRunner<'a> {
         loop {
             let report = run_gate(&run.ws.root, &run.output_dir, schema, &validators)
                 .map_err(|e| TurnEnd::Failed(format!("gate {item_id}: {e}")))?;
-            if let Err(e) = write_report(&run.ws.run_dir(), &run.step.id, item_id, attempt, &report)
-            {
-                tracing::warn!("gate {item_id}: writing the report: {e}");
+            if let Err(e) = write_gate_report(run, item_id, attempt, &report) {
+                tracing::warn!("{}: gate {item_id}: writing the report: {e}", run.label);
             }
             self.observer.emit(RunEvent::Gate {
-                step_id: run.step.id.clone(),
+                step_id: run.label.clone(),
                 item_id: item_id.to_string(),
                 attempt,
                 passed: report.passed,
@@ -438,7 +772,7 @@ impl<'a> StepRunner<'a> {
             if self.cancelled() {
                 return Err(TurnEnd::Stopped);
             }
-            let grant = grant_for_access(&run.ctx(), access).map_err(failed)?;
+            let grant = run.grant_for(access)?;
             let repair_id = format!("{item_id}-repair-{attempt}");
             self.turn(run, &repair_id, 1, repair_message(item_id, &report), &grant)
                 .await?;
@@ -489,7 +823,7 @@ impl<'a> StepRunner<'a> {
         run.session.execution_turn_count += 1;
         let turn_no = run.session.execution_turn_count;
         self.observer.emit(RunEvent::TurnStarted {
-            step_id: run.step.id.clone(),
+            step_id: run.label.clone(),
             item_id: item_id.to_string(),
             iteration,
             turn: turn_no,
@@ -497,6 +831,10 @@ impl<'a> StepRunner<'a> {
         let started_at = now_rfc3339();
         let started = Instant::now();
         let first_message = run.history.len();
+        let message = match run.preamble.take() {
+            Some(preamble) => format!("{preamble}\n\n{message}"),
+            None => message,
+        };
         run.history.push(Message::user(message));
         let mut conv = TurnConversation {
             step_id: run.step.id.clone(),
@@ -550,7 +888,7 @@ impl<'a> StepRunner<'a> {
                 Err(e) => {
                     record.status = Status::Failed;
                     record.error = Some(e.to_string());
-                    self.emit_llm_call(&run.step.id, &record);
+                    self.emit_llm_call(&run.label, &record);
                     conv.llm_calls.push(record);
                     result = Err(TurnEnd::Failed(format!(
                         "turn {item_id}: LLM call failed: {e}"
@@ -570,7 +908,7 @@ impl<'a> StepRunner<'a> {
                     arguments: parse_arguments(&c.arguments).unwrap_or(Value::Null),
                 })
                 .collect();
-            self.emit_llm_call(&run.step.id, &record);
+            self.emit_llm_call(&run.label, &record);
             conv.llm_calls.push(record);
             run.history.push(Message::assistant(&response));
             if response.tool_calls.is_empty() {
@@ -582,22 +920,12 @@ impl<'a> StepRunner<'a> {
             if round == self.max_tool_rounds {
                 break;
             }
-            let calls = response
-                .tool_calls
-                .iter()
-                .map(|c| self.tool_call(&run.policy, c, grant));
-            let records: Vec<ToolCallRecord> = if parallel {
-                futures::future::join_all(calls).await
-            } else {
-                let mut out = Vec::new();
-                for c in calls {
-                    out.push(c.await);
-                }
-                out
-            };
+            let records = self
+                .tool_calls(run, &response.tool_calls, grant, parallel)
+                .await;
             for r in records {
                 self.observer.emit(RunEvent::ToolCall {
-                    step_id: run.step.id.clone(),
+                    step_id: run.label.clone(),
                     tool: r.tool_name.clone(),
                     error: r.error.clone(),
                     duration_ms: r.duration_ms,
@@ -609,6 +937,14 @@ impl<'a> StepRunner<'a> {
                         other => other.to_string(),
                     },
                     (None, None) => String::new(),
+                };
+                let content = if run.configs.enable_context_offloading == Some(true)
+                    && r.error.is_none()
+                    && content.len() > OFFLOAD_THRESHOLD
+                {
+                    offload(run, &r, content)
+                } else {
+                    content
                 };
                 run.history
                     .push(Message::tool_result(r.tool_call_id.clone(), content));
@@ -634,7 +970,7 @@ impl<'a> StepRunner<'a> {
             started.elapsed().as_millis() as u64,
         );
         if let Err(e) = write_turn_logs(&run.logs, &summary, &conv) {
-            tracing::warn!("turn {item_id}: writing the turn logs: {e}");
+            tracing::warn!("{}: turn {item_id}: writing the turn logs: {e}", run.label);
         }
         let _ = run.save_session();
         let ok = result?;
@@ -658,6 +994,45 @@ impl<'a> StepRunner<'a> {
             duration_ms: record.duration_ms,
             error: record.error.clone(),
         });
+    }
+
+    /// The tool calls of one LLM response, records in the order asked. Plugin tools run in
+    /// parallel unless `parallel` is off; `call_sub_agent` calls run after them, one at a
+    /// time (a route's conversation is one conversation).
+    async fn tool_calls(
+        &self,
+        run: &Run<'_>,
+        calls: &[ToolCall],
+        grant: &TurnGrant,
+        parallel: bool,
+    ) -> Vec<ToolCallRecord> {
+        let is_delegation = |c: &ToolCall| {
+            crate::plugins::normalize_tool_name(c.name.trim()) == CALL_SUB_AGENT
+                && run.policy.host.allows(DELEGATION_CATEGORY, CALL_SUB_AGENT)
+        };
+        let plugin_calls = calls
+            .iter()
+            .filter(|c| !is_delegation(c))
+            .map(|c| self.tool_call(&run.policy, c, grant));
+        let mut plugin_records = if parallel {
+            futures::future::join_all(plugin_calls).await
+        } else {
+            let mut out = Vec::new();
+            for c in plugin_calls {
+                out.push(c.await);
+            }
+            out
+        }
+        .into_iter();
+        let mut records = Vec::with_capacity(calls.len());
+        for c in calls {
+            if is_delegation(c) {
+                records.push(self.sub_agent_call(run, c).await);
+            } else if let Some(r) = plugin_records.next() {
+                records.push(r);
+            }
+        }
+        records
     }
 
     /// One tool call, never failing: errors land in the record.
@@ -699,6 +1074,126 @@ fn failed(e: anyhow::Error) -> TurnEnd {
     TurnEnd::Failed(format!("{e:#}"))
 }
 
+/// Writes a gate report: a step's under `logs/<step-id>/`, a sub-agent's in its own log
+/// folder (`logs/<step-id>/agents/<route-id>/`), labelled with the call.
+fn write_gate_report(
+    run: &Run<'_>,
+    item_id: &str,
+    attempt: u32,
+    report: &Report,
+) -> std::io::Result<()> {
+    if run.depth == 0 {
+        return write_report(&run.ws.run_dir(), &run.step.id, item_id, attempt, report).map(|_| ());
+    }
+    let label = format!("{}{item_id}", run.entry_prefix).replace('/', "-");
+    let record = serde_json::json!({
+        "step_id": run.label,
+        "label": label,
+        "attempt": attempt,
+        "report": report,
+    });
+    crate::store::write_json_atomic(
+        &run.logs
+            .join(format!("pre_validation_{label}_attempt_{attempt}.json")),
+        &record,
+    )?;
+    crate::store::write_json_atomic(&run.logs.join("pre_validation.json"), &record)
+}
+
+/// Writes a large tool result to `<output>/tool-results/<tool-call-id>.json` and returns the
+/// short reference that replaces it in the conversation. When the file cannot be written the
+/// result stays in the conversation as it was.
+fn offload(run: &Run<'_>, record: &ToolCallRecord, content: String) -> String {
+    let name = format!("{}.json", file_safe(&record.tool_call_id));
+    let path = run.output_dir.join(TOOL_RESULTS_DIR).join(&name);
+    let value = record.result.clone().unwrap_or(Value::Null);
+    match crate::store::write_json_atomic(&path, &value) {
+        Ok(()) => offload_reference(
+            &format!("{}/{TOOL_RESULTS_DIR}/{name}", run.folders.output),
+            content.len(),
+        ),
+        Err(e) => {
+            tracing::warn!(
+                "{}: offloading a tool result to {}: {e}",
+                run.label,
+                path.display()
+            );
+            content
+        }
+    }
+}
+
+/// The reference that replaces an offloaded tool result of `bytes` bytes written to `rel`
+/// (workspace-relative).
+pub fn offload_reference(rel: &str, bytes: usize) -> String {
+    format!(
+        "The result of this tool call ({bytes} bytes) is too large to show here. It was \
+         written to {rel}: read it with your tools when you need it."
+    )
+}
+
+/// A tool call id as a file name: characters other than letters, digits, `-`, `_` and `.`
+/// become `_`; an empty or dot-only id becomes `call`.
+fn file_safe(id: &str) -> String {
+    let name: String = id
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if name.trim_matches('.').is_empty() {
+        "call".to_string()
+    } else {
+        name
+    }
+}
+
+/// The item id of a step's reflection turn: `<step-id>-reflection`.
+pub fn reflection_item_id(step_id: &str) -> String {
+    format!("{step_id}-reflection")
+}
+
+/// The message of the reflection turn: what to record and where, per store due.
+pub fn reflection_message(step_id: &str, configs: &AgentConfigs, due: ReflectionDue) -> String {
+    let mut text = String::from(
+        "Reflection: the work of this step is done and accepted; its output folder is \
+         read-only now.\n",
+    );
+    if due.learnings {
+        let objective = configs.learning_objective.as_deref().unwrap_or("").trim();
+        let detail = match configs.effective_learning_detail_level() {
+            LearningDetailLevel::Exact => {
+                "Be exact: name the values, queries, commands and file names that mattered."
+            }
+            LearningDetailLevel::General => {
+                "Keep to general lessons that carry over to similar runs."
+            }
+            LearningDetailLevel::None => "State each lesson in one line, without detail.",
+        };
+        text.push_str(&format!(
+            "- Record what this run taught you in learnings/_global/{step_id}.md (add to it if \
+             it exists). Learning objective: {objective} {detail}\n"
+        ));
+    }
+    if due.knowledgebase {
+        let contribution = configs
+            .knowledgebase_contribution
+            .as_deref()
+            .unwrap_or("")
+            .trim();
+        text.push_str(&format!(
+            "- Contribute to the knowledgebase: write or update a markdown note in \
+             knowledgebase/notes/. What to contribute: {contribution}\n"
+        ));
+    }
+    text.push_str("Write nowhere else, then reply briefly with what you recorded.");
+    text
+}
+
 fn parse_arguments(text: &str) -> Result<Value, String> {
     if text.trim().is_empty() {
         return Ok(Value::Object(Default::default()));
@@ -716,6 +1211,11 @@ pub fn system_prompt(step: &Step, grant: &TurnGrant) -> String {
     text.push_str(&grant.describe());
     text.push('\n');
     text.push_str(TOOL_POLICY_NOTE);
+    let note = delegation_note(step);
+    if !note.is_empty() {
+        text.push_str("\n\n");
+        text.push_str(note.trim_end());
+    }
     text
 }
 
@@ -733,8 +1233,62 @@ pub fn step_system_prompt(ws: &Workspace, step_id: &str) -> Result<String> {
         step,
         configs: &configs,
     };
-    let grant = grant_for_access(&ctx, TurnAccess::for_step(&configs))?;
+    let folders = AgentFolders::for_step(run_folder, step);
+    let grant = grant_for_access_in(&ctx, TurnAccess::for_step(&configs), &folders)?;
     Ok(system_prompt(step, &grant))
+}
+
+/// The system prompt of call `call_id` of the sub-agent reached from step `step_id` through
+/// the routes `route_path` (one route id per level), for tests and cassettes. The folders
+/// its grant would create are created, except the call folder itself, which is left to the
+/// run (so the run's call numbering is unchanged).
+pub fn sub_agent_system_prompt(
+    ws: &Workspace,
+    step_id: &str,
+    route_path: &[&str],
+    call_id: &str,
+) -> Result<String> {
+    let mut step = ws
+        .plan
+        .step(step_id)
+        .ok_or_else(|| anyhow!("no step {step_id:?} in the plan"))?;
+    let run_folder = ws.run_folder.as_deref().unwrap_or("iteration-0");
+    let top = AgentFolders::for_step(run_folder, step);
+    let shared = Some(format!(
+        "{}/{}",
+        top.output,
+        crate::sequence::routes::SHARED_DIR
+    ));
+    let mut owner = top.output;
+    for route_id in route_path {
+        let route = step
+            .predefined_routes()
+            .iter()
+            .find(|r| r.route_id == *route_id)
+            .ok_or_else(|| anyhow!("step {:?} has no route {route_id:?}", step.id))?;
+        step = &route.sub_agent_step;
+        owner = AgentHome::new(&ws.root, &owner, route_id)?.rel;
+    }
+    let route_id = route_path.last().context("no route given")?;
+    let configs = ws.agent_configs(route_id);
+    let ctx = TurnContext {
+        root: &ws.root,
+        run_folder,
+        step,
+        configs: &configs,
+    };
+    let output = format!("{owner}/{}/{call_id}", crate::sequence::routes::CALLS_DIR);
+    let existed = ws.root.join(&output).exists();
+    let folders = AgentFolders {
+        output: output.clone(),
+        shared,
+        sub_agent: true,
+    };
+    let grant = grant_for_access_in(&ctx, TurnAccess::for_step(&configs), &folders);
+    if !existed {
+        let _ = std::fs::remove_dir(ws.root.join(&output));
+    }
+    Ok(system_prompt(step, &grant?))
 }
 
 /// The message of a repair turn: every failing check with file, path, expected and actual.

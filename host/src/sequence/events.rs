@@ -1,6 +1,7 @@
 //! What a running step reports as it goes, for live progress (`trellis run` on a terminal)
 //! and for anyone embedding the runtime. Events are advisory: the files of section 8 are the
-//! record, and a slow observer only slows the run, never changes it.
+//! record, and a slow observer only slows the run, never changes it. Events of a route's
+//! sub-agent carry `<step>/<route>` as their step id.
 
 use std::fmt;
 use std::sync::Arc;
@@ -72,6 +73,28 @@ pub enum RunEvent {
         passed: bool,
         /// Failing checks.
         failures: usize,
+    },
+    /// A `call_sub_agent` call started a route's sub-agent.
+    SubAgentStarted {
+        /// The calling agent: the step id, `<step>/<route>` for a sub-agent calling deeper.
+        step_id: String,
+        /// The route called.
+        route_id: String,
+        /// The call (`call-0001`), its folder name.
+        call_id: String,
+        /// The sub-agent's depth (1 for a step's own routes).
+        depth: usize,
+    },
+    /// A route's sub-agent ended its call.
+    SubAgentEnded {
+        /// The calling agent.
+        step_id: String,
+        /// The route called.
+        route_id: String,
+        /// The call.
+        call_id: String,
+        /// How the call ended.
+        status: Status,
     },
     /// An item ended.
     ItemEnded {

@@ -14,6 +14,8 @@ use crate::workflow::step_config::AgentConfigs;
 /// The host tool that delegates to a route's sub-agent; offered exactly when the step has
 /// routes.
 pub const CALL_SUB_AGENT: &str = "call_sub_agent";
+/// The host-tool category of `call_sub_agent`.
+pub const DELEGATION_CATEGORY: &str = "delegation";
 
 fn norm(name: &str) -> String {
     normalize_tool_name(name.trim())

@@ -1,0 +1,809 @@
+//! Routes (`call_sub_agent`) and legacy `todo_task` steps through the agent loop, with the
+//! bundled `replay` provider and the real `workspace` plugin.
+//!
+//! As in tests/sequence_driver.rs, each test writes its cassette: a parent and its
+//! sub-agents share one cassette, their calls interleaved in the order they happen. System
+//! prompts come from the driver (`step_system_prompt`, `sub_agent_system_prompt`); tool
+//! results from making the same call under the same grant in a twin workspace. The replay
+//! provider compares every request exactly, so a cassette that plays through shows that the
+//! conversations were what the test says (a sub-agent's second call carrying its first).
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use serde_json::{Value, json};
+use support::{engine, tree_digest};
+use trellis_host::capabilities::turn::{
+    AgentFolders, TurnContext, TurnPurpose, turn_grant, turn_grant_in,
+};
+use trellis_host::llm::{
+    Cassette, Endpoint, Interaction, Message, RecordedRequest, ReplayCursor, Response, Secret,
+    StopReason, Target, ToolCall, Usage,
+};
+use trellis_host::sequence::driver::{StepRunner, step_system_prompt, sub_agent_system_prompt};
+use trellis_host::sequence::events::{Observer, RunEvent};
+use trellis_host::sequence::routes::{CallResult, call_opening};
+use trellis_host::sequence::session::Status;
+use trellis_host::workflow::Workspace;
+use trellis_host::{Limits, PluginRegistry};
+
+const MODEL: &str = "m-routes";
+const OUT: &str = "runs/iteration-0/execution/s1";
+const SHARED: &str = "runs/iteration-0/execution/s1/shared";
+/// The tools the parent is offered: its two selected plugin tools, then the delegation tool.
+const PARENT_TOOLS: &[&str] = &[
+    "workspace:read_file",
+    "workspace:write_file",
+    "call_sub_agent",
+];
+
+fn call_folder(route: &str, call: &str) -> String {
+    format!("{OUT}/agents/{route}/calls/{call}")
+}
+
+/// A sub-agent step: a message sequence with one user message.
+fn child(id: &str, description: &str, message: &str, routes: Value) -> Value {
+    json!({"id": id, "type": "message_sequence", "title": id, "description": description,
+        "items": [{"id": "task", "type": "user_message", "message": message}],
+        "predefined_routes": routes})
+}
+
+fn route(step: Value, name: &str, condition: &str) -> Value {
+    json!({"route_id": step["id"], "route_name": name, "condition": condition,
+        "sub_agent_step": step})
+}
+
+fn refunds_route() -> Value {
+    route(
+        child(
+            "refunds",
+            "You decide refunds.",
+            "Write decision.json in your output folder, then answer in one line.",
+            json!([]),
+        ),
+        "Refunds specialist",
+        "a customer asks for money back",
+    )
+}
+
+fn sequence_plan(routes: Value) -> String {
+    json!({"objective": "route tests", "steps": [
+        {"id": "s1", "type": "message_sequence", "title": "S1",
+         "description": "You coordinate the refund desk.",
+         "items": [{"id": "work", "type": "user_message", "message": "Handle the requests."}],
+         "predefined_routes": routes}
+    ]})
+    .to_string()
+}
+
+fn step_config() -> String {
+    json!({"steps": [
+        {"id": "s1", "agent_configs": {"selected_tools": ["workspace:read_file", "workspace:write_file"]}},
+        {"id": "refunds", "agent_configs": {"selected_tools": ["workspace:write_file"]}}
+    ]})
+    .to_string()
+}
+
+fn workspace(root: &Path, plan: &str) -> Workspace {
+    for (rel, text) in [
+        ("planning/plan.json", plan.to_string()),
+        ("planning/step_config.json", step_config()),
+        (
+            "knowledgebase/notes/refunds.md",
+            "Refund within 30 days.".into(),
+        ),
+    ] {
+        let path = root.join(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    }
+    std::fs::create_dir_all(root.join("db")).unwrap();
+    let conn = rusqlite::Connection::open(root.join("db/db.sqlite")).unwrap();
+    conn.execute_batch("CREATE TABLE orders (id INTEGER); INSERT INTO orders VALUES (1), (2);")
+        .unwrap();
+    drop(conn);
+    Workspace::open(root).expect("the test workspace loads")
+}
+
+/// A twin of the test workspace where tools are called to learn what they answer.
+struct Twin {
+    _dir: tempfile::TempDir,
+    ws: Workspace,
+}
+
+impl Twin {
+    fn new(plan: &str) -> Twin {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = workspace(dir.path(), plan);
+        Twin { _dir: dir, ws }
+    }
+
+    /// What `tool` answers the agent of step `s1` (its first item's grant).
+    async fn parent(&self, registry: &PluginRegistry, tool: &str, args: &Value) -> String {
+        let step = self.ws.plan.step("s1").unwrap();
+        let configs = self.ws.agent_configs("s1");
+        let items = step.effective_items();
+        let ctx = TurnContext {
+            root: &self.ws.root,
+            run_folder: "iteration-0",
+            step,
+            configs: &configs,
+        };
+        let grant = turn_grant(&ctx, TurnPurpose::Item(&items[0])).unwrap();
+        call(registry, tool, args, &grant.grant).await
+    }
+
+    /// What `tool` answers the sub-agent of `route` (a route of `s1`) in call `call`.
+    async fn child(
+        &self,
+        registry: &PluginRegistry,
+        route: &str,
+        call_id: &str,
+        tool: &str,
+        args: &Value,
+    ) -> String {
+        let parent = self.ws.plan.step("s1").unwrap();
+        let step = &parent
+            .predefined_routes()
+            .iter()
+            .find(|r| r.route_id == route)
+            .unwrap()
+            .sub_agent_step;
+        let configs = self.ws.agent_configs(route);
+        let items = step.effective_items();
+        let ctx = TurnContext {
+            root: &self.ws.root,
+            run_folder: "iteration-0",
+            step,
+            configs: &configs,
+        };
+        let folders = AgentFolders {
+            output: call_folder(route, call_id),
+            shared: Some(SHARED.to_string()),
+            sub_agent: true,
+        };
+        let grant = turn_grant_in(&ctx, TurnPurpose::Item(&items[0]), &folders).unwrap();
+        call(registry, tool, args, &grant.grant).await
+    }
+}
+
+async fn call(
+    registry: &PluginRegistry,
+    tool: &str,
+    args: &Value,
+    grant: &trellis_host::Grant,
+) -> String {
+    match registry
+        .call_tool(tool, args, grant, &Limits::default())
+        .await
+    {
+        Ok(Value::String(s)) => s,
+        Ok(v) => v.to_string(),
+        Err(e) => format!("error: {e}"),
+    }
+}
+
+/// One cassette shared by every agent of a run.
+#[derive(Default)]
+struct Tape {
+    interactions: Vec<Interaction>,
+}
+
+impl Tape {
+    fn save(&self, path: &Path) {
+        Cassette {
+            interactions: self.interactions.clone(),
+        }
+        .save(path)
+        .unwrap();
+    }
+}
+
+/// One agent's conversation as the cassette expects it.
+struct Conv {
+    messages: Vec<Message>,
+    tools: Vec<String>,
+}
+
+impl Conv {
+    fn new(system: String) -> Conv {
+        Conv {
+            messages: vec![Message::system(system)],
+            tools: Vec::new(),
+        }
+    }
+
+    /// Also checks the names of the tools offered in every request of this agent.
+    fn offering(mut self, tools: &[&str]) -> Conv {
+        self.tools = tools.iter().map(|t| t.to_string()).collect();
+        self
+    }
+
+    fn system(&mut self, text: String) {
+        self.messages[0] = Message::system(text);
+    }
+
+    fn user(&mut self, text: &str) {
+        self.messages.push(Message::user(text));
+    }
+
+    fn tool(&mut self, id: &str, text: &str) {
+        self.messages.push(Message::tool_result(id, text));
+    }
+
+    fn reply(&mut self, tape: &mut Tape, text: &str, calls: &[(&str, &str, Value)]) {
+        let response = Response {
+            text: text.to_string(),
+            tool_calls: calls
+                .iter()
+                .map(|(id, name, args)| ToolCall {
+                    id: id.to_string(),
+                    name: name.to_string(),
+                    arguments: args.to_string(),
+                })
+                .collect(),
+            stop_reason: if calls.is_empty() {
+                StopReason::Stop
+            } else {
+                StopReason::ToolCalls
+            },
+            usage: Usage {
+                prompt_tokens: 10,
+                completion_tokens: 5,
+                total_tokens: 15,
+            },
+            model: None,
+        };
+        tape.interactions.push(Interaction {
+            request: RecordedRequest {
+                model: MODEL.to_string(),
+                messages: self.messages.clone(),
+                tools: self.tools.clone(),
+            },
+            response: response.clone(),
+        });
+        self.messages.push(Message::assistant(&response));
+    }
+}
+
+async fn registry() -> PluginRegistry {
+    PluginRegistry::with_bundled(engine()).await.unwrap()
+}
+
+fn runner<'a>(registry: &'a PluginRegistry, cassette: &Path) -> StepRunner<'a> {
+    let target = Target {
+        provider: "replay".into(),
+        model: MODEL.into(),
+        endpoint: Endpoint::replay(cassette, 0).unwrap(),
+        secret: Secret::none(),
+    };
+    StepRunner::new(registry, vec![target], Limits::default())
+        .with_replay(ReplayCursor::new(cassette))
+}
+
+fn read_json(path: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+fn delegate(id: &str, route: &str, instructions: &str) -> (String, Value) {
+    (
+        id.to_string(),
+        json!({"route_id": route, "instructions": instructions}),
+    )
+}
+
+/// The tool result of a call as the parent reads it.
+fn call_result(
+    route: &str,
+    call_id: &str,
+    status: Status,
+    answer: &str,
+    error: Option<&str>,
+    files: &[&str],
+) -> String {
+    let folder = call_folder(route, call_id);
+    CallResult {
+        route_id: route.to_string(),
+        call_id: call_id.to_string(),
+        status,
+        answer: Some(answer.to_string()),
+        error: error.map(String::from),
+        files: files.iter().map(|f| format!("{folder}/{f}")).collect(),
+        output_folder: folder,
+    }
+    .to_value()
+    .to_string()
+}
+
+const TASK: &str = "Write decision.json in your output folder, then answer in one line.";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_called_twice_keeps_its_conversation_in_fresh_call_folders() {
+    let registry = registry().await;
+    let plan = sequence_plan(json!([refunds_route()]));
+    let dir = tempfile::tempdir().unwrap();
+    let ws = workspace(dir.path(), &plan);
+    let twin = Twin::new(&plan);
+    let mut tape = Tape::default();
+    let mut parent = Conv::new(step_system_prompt(&ws, "s1").unwrap()).offering(PARENT_TOOLS);
+    assert!(
+        parent.messages[0]
+            .content
+            .contains("- refunds (Refunds specialist): a customer asks for money back"),
+        "the delegation note lists the routes: {}",
+        parent.messages[0].content
+    );
+    assert!(
+        parent.messages[0]
+            .content
+            .contains(&format!("- {SHARED}/ (read-write)")),
+        "{}",
+        parent.messages[0].content
+    );
+    let mut refunds = Conv::new(String::new());
+    parent.user("Handle the requests.");
+    for (n, order) in [
+        (1, "Order 1: refund 20 EUR."),
+        (2, "Order 2: refund 5 EUR."),
+    ] {
+        let call_id = format!("call-000{n}");
+        let (pid, pargs) = delegate(&format!("p{n}"), "refunds", order);
+        parent.reply(&mut tape, "", &[(&pid, "call_sub_agent", pargs)]);
+
+        // The sub-agent: its system prompt names this call's folder; its conversation goes on.
+        refunds.system(sub_agent_system_prompt(&ws, "s1", &["refunds"], &call_id).unwrap());
+        refunds.user(&call_opening(&call_id, order, TASK));
+        let args = json!({"path": format!("{}/decision.json", call_folder("refunds", &call_id)),
+            "content": format!("{{\"order\": {n}, \"refund\": true}}")});
+        let cid = format!("c{n}");
+        refunds.reply(
+            &mut tape,
+            "",
+            &[(&cid, "workspace:write_file", args.clone())],
+        );
+        let result = twin
+            .child(
+                &registry,
+                "refunds",
+                &call_id,
+                "workspace:write_file",
+                &args,
+            )
+            .await;
+        assert!(!result.starts_with("error"), "{result}");
+        refunds.tool(&cid, &result);
+        let answer = format!("Refund for order {n} approved.");
+        refunds.reply(&mut tape, &answer, &[]);
+
+        parent.tool(
+            &pid,
+            &call_result(
+                "refunds",
+                &call_id,
+                Status::Completed,
+                &answer,
+                None,
+                &["decision.json"],
+            ),
+        );
+    }
+    parent.reply(&mut tape, "Both refunds handled.", &[]);
+    let cassette = dir.path().join("cassette.json");
+    tape.save(&cassette);
+    // The call folders are numbered by the run: computing the prompts created none.
+    assert!(
+        !dir.path()
+            .join(call_folder("refunds", "call-0001"))
+            .exists()
+    );
+
+    let outcome = runner(&registry, &cassette)
+        .run_step(&ws, "s1")
+        .await
+        .unwrap();
+    assert_eq!(outcome.status, Status::Completed, "{:?}", outcome.error);
+    assert_eq!(outcome.final_text.as_deref(), Some("Both refunds handled."));
+    for n in 1..=2 {
+        let decision = read_json(
+            &dir.path()
+                .join(call_folder("refunds", &format!("call-000{n}")))
+                .join("decision.json"),
+        );
+        assert_eq!(decision, json!({"order": n, "refund": true}));
+    }
+    let home = dir.path().join(OUT).join("agents/refunds");
+    let session = read_json(&home.join("session.json"));
+    assert_eq!(session["step_id"], "refunds");
+    assert_eq!(session["status"], "completed");
+    assert_eq!(session["execution_turn_count"], 2);
+    let history = session["conversation_history"].as_array().unwrap();
+    assert_eq!(history.len(), 9, "one system message, then 4 per call");
+    assert!(
+        history[1]["content"].as_str().unwrap().contains("Order 1"),
+        "{}",
+        history[1]
+    );
+    assert!(
+        history[0]["content"]
+            .as_str()
+            .unwrap()
+            .contains("calls/call-0002/ (read-write)"),
+        "{}",
+        history[0]
+    );
+    let entries: Vec<&str> = session["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["entry_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(entries, ["call-0001/task", "call-0002/task"]);
+    // The child's turn logs sit under the parent's, by route.
+    let logs = dir.path().join("runs/iteration-0/logs/s1/agents/refunds");
+    for turn in 1..=2 {
+        assert!(
+            logs.join(format!("execution-attempt-{turn}-iteration-1.json"))
+                .is_file(),
+            "turn {turn} of the sub-agent is logged"
+        );
+    }
+    // The parent's turn log records the delegation with what came back.
+    let conv = read_json(
+        &dir.path()
+            .join("runs/iteration-0/logs/s1/execution-attempt-1-iteration-1-conversation.json"),
+    );
+    let calls = conv["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 2);
+    assert_eq!(calls[1]["tool_name"], "call_sub_agent");
+    assert_eq!(calls[1]["result"]["answer"], "Refund for order 2 approved.");
+    assert_eq!(
+        calls[1]["result"]["files"],
+        json!([format!(
+            "{}/decision.json",
+            call_folder("refunds", "call-0002")
+        )])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_route_is_a_tool_error() {
+    let registry = registry().await;
+    let plan = sequence_plan(json!([refunds_route()]));
+    let dir = tempfile::tempdir().unwrap();
+    let ws = workspace(dir.path(), &plan);
+    let mut tape = Tape::default();
+    let mut parent = Conv::new(step_system_prompt(&ws, "s1").unwrap()).offering(PARENT_TOOLS);
+    parent.user("Handle the requests.");
+    let (id, args) = delegate("p1", "billing", "Check invoice 7.");
+    parent.reply(&mut tape, "", &[(&id, "call_sub_agent", args)]);
+    parent.tool(
+        &id,
+        "error: unknown route_id \"billing\": the routes of s1 are \"refunds\"",
+    );
+    parent.reply(&mut tape, "There is no billing specialist.", &[]);
+    let cassette = dir.path().join("cassette.json");
+    tape.save(&cassette);
+    let outcome = runner(&registry, &cassette)
+        .run_step(&ws, "s1")
+        .await
+        .unwrap();
+    assert_eq!(outcome.status, Status::Completed, "{:?}", outcome.error);
+    assert!(!dir.path().join(OUT).join("agents/billing").exists());
+    let conv = read_json(
+        &dir.path()
+            .join("runs/iteration-0/logs/s1/execution-attempt-1-iteration-1-conversation.json"),
+    );
+    let error = conv["tool_calls"][0]["error"].as_str().unwrap();
+    assert!(error.contains("unknown route_id"), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_beyond_the_depth_bound_is_refused() {
+    let registry = registry().await;
+    let inner = child("inner", "You go deepest.", "Do the inner part.", json!([]));
+    let outer = child(
+        "outer",
+        "You are the outer specialist.",
+        "Do the outer part.",
+        json!([route(inner, "Inner", "never reachable here")]),
+    );
+    let plan = sequence_plan(json!([route(outer, "Outer", "always")]));
+    let dir = tempfile::tempdir().unwrap();
+    let ws = workspace(dir.path(), &plan);
+    let mut tape = Tape::default();
+    let mut parent = Conv::new(step_system_prompt(&ws, "s1").unwrap()).offering(PARENT_TOOLS);
+    parent.user("Handle the requests.");
+    let (pid, pargs) = delegate("p1", "outer", "Go deep.");
+    parent.reply(&mut tape, "", &[(&pid, "call_sub_agent", pargs)]);
+    let system = sub_agent_system_prompt(&ws, "s1", &["outer"], "call-0001").unwrap();
+    assert!(system.contains("- inner (Inner)"), "{system}");
+    let mut outer = Conv::new(system);
+    outer.user(&call_opening("call-0001", "Go deep.", "Do the outer part."));
+    let (oid, oargs) = delegate("o1", "inner", "Deeper.");
+    outer.reply(&mut tape, "", &[(&oid, "call_sub_agent", oargs)]);
+    outer.tool(
+        &oid,
+        "error: route \"inner\" refused: sub-agents nest at most 1 level(s) deep and s1/outer \
+         is already at depth 1",
+    );
+    outer.reply(&mut tape, "The inner specialist is out of reach.", &[]);
+    parent.tool(
+        &pid,
+        &call_result(
+            "outer",
+            "call-0001",
+            Status::Completed,
+            "The inner specialist is out of reach.",
+            None,
+            &[],
+        ),
+    );
+    parent.reply(&mut tape, "Done.", &[]);
+    let cassette = dir.path().join("cassette.json");
+    tape.save(&cassette);
+    let outcome = runner(&registry, &cassette)
+        .with_max_route_depth(1)
+        .run_step(&ws, "s1")
+        .await
+        .unwrap();
+    assert_eq!(outcome.status, Status::Completed, "{:?}", outcome.error);
+    assert!(!dir.path().join(OUT).join("agents/outer/agents").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_sub_agent_is_a_result_for_the_parent() {
+    let registry = registry().await;
+    let plan = sequence_plan(json!([refunds_route()]));
+    let dir = tempfile::tempdir().unwrap();
+    let ws = workspace(dir.path(), &plan);
+    let mut tape = Tape::default();
+    let mut parent = Conv::new(step_system_prompt(&ws, "s1").unwrap()).offering(PARENT_TOOLS);
+    parent.user("Handle the requests.");
+    let (pid, pargs) = delegate("p1", "refunds", "Order 3: refund everything.");
+    parent.reply(&mut tape, "", &[(&pid, "call_sub_agent", pargs)]);
+    let mut refunds =
+        Conv::new(sub_agent_system_prompt(&ws, "s1", &["refunds"], "call-0001").unwrap());
+    refunds.user(&call_opening(
+        "call-0001",
+        "Order 3: refund everything.",
+        TASK,
+    ));
+    let answer = "Cannot decide.\nSTATUS: FAILED: the invoice is missing";
+    refunds.reply(&mut tape, answer, &[]);
+    parent.tool(
+        &pid,
+        &call_result(
+            "refunds",
+            "call-0001",
+            Status::Failed,
+            answer,
+            Some("the invoice is missing"),
+            &[],
+        ),
+    );
+    parent.reply(&mut tape, "The refund could not be decided.", &[]);
+    let cassette = dir.path().join("cassette.json");
+    tape.save(&cassette);
+    let outcome = runner(&registry, &cassette)
+        .run_step(&ws, "s1")
+        .await
+        .unwrap();
+    assert_eq!(outcome.status, Status::Completed, "{:?}", outcome.error);
+    let session = read_json(&dir.path().join(OUT).join("agents/refunds/session.json"));
+    assert_eq!(session["status"], "failed");
+    assert_eq!(session["entries"][0]["status"], "failed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sub_agent_writes_only_its_call_folder_and_the_shared_folder() {
+    let registry = registry().await;
+    let plan = sequence_plan(json!([refunds_route()]));
+    let dir = tempfile::tempdir().unwrap();
+    let ws = workspace(dir.path(), &plan);
+    let twin = Twin::new(&plan);
+    let mut tape = Tape::default();
+    let mut parent = Conv::new(step_system_prompt(&ws, "s1").unwrap()).offering(PARENT_TOOLS);
+    parent.user("Handle the requests.");
+    let (pid, pargs) = delegate("p1", "refunds", "Order 1.");
+    parent.reply(&mut tape, "", &[(&pid, "call_sub_agent", pargs)]);
+    let mut refunds =
+        Conv::new(sub_agent_system_prompt(&ws, "s1", &["refunds"], "call-0001").unwrap());
+    refunds.user(&call_opening("call-0001", "Order 1.", TASK));
+    let call = call_folder("refunds", "call-0001");
+    let writes = [
+        ("w1", format!("{OUT}/report.json"), false),
+        ("w2", "knowledgebase/notes/refunds.md".to_string(), false),
+        ("w3", format!("{OUT}/agents/refunds/session.json"), false),
+        ("w4", "planning/plan.json".to_string(), false),
+        ("w5", format!("{SHARED}/note.txt"), true),
+        ("w6", format!("{call}/decision.json"), true),
+    ];
+    let calls: Vec<(&str, &str, Value)> = writes
+        .iter()
+        .map(|(id, path, _)| {
+            (
+                *id,
+                "workspace:write_file",
+                json!({"path": path, "content": "x"}),
+            )
+        })
+        .collect();
+    refunds.reply(&mut tape, "", &calls);
+    for ((id, _, allowed), (_, tool, args)) in writes.iter().zip(&calls) {
+        let result = twin
+            .child(&registry, "refunds", "call-0001", tool, args)
+            .await;
+        assert_eq!(!result.starts_with("error:"), *allowed, "{id}: {result}");
+        refunds.tool(id, &result);
+    }
+    refunds.reply(&mut tape, "Wrote what I could.", &[]);
+    parent.tool(
+        &pid,
+        &call_result(
+            "refunds",
+            "call-0001",
+            Status::Completed,
+            "Wrote what I could.",
+            None,
+            &["decision.json"],
+        ),
+    );
+    // The parent reads what its sub-agent left in the shared folder.
+    let read = json!({"path": format!("{SHARED}/note.txt")});
+    parent.reply(
+        &mut tape,
+        "",
+        &[("p2", "workspace:read_file", read.clone())],
+    );
+    let shared = twin.parent(&registry, "workspace:read_file", &read).await;
+    assert!(shared.contains("\"content\":\"x\""), "{shared}");
+    parent.tool("p2", &shared);
+    parent.reply(&mut tape, "Done.", &[]);
+    let cassette = dir.path().join("cassette.json");
+    tape.save(&cassette);
+
+    let before = tree_digest(dir.path());
+    let outcome = runner(&registry, &cassette)
+        .run_step(&ws, "s1")
+        .await
+        .unwrap();
+    assert_eq!(outcome.status, Status::Completed, "{:?}", outcome.error);
+    let after = tree_digest(dir.path());
+    // What the host itself writes: sessions, summaries, logs, and the folders they need.
+    let host_written = |p: &str| {
+        p.starts_with("runs/iteration-0/logs")
+            || p == format!("{OUT}/session.json")
+            || p == format!("{OUT}/execution-final-summary.json")
+            || p == format!("{OUT}/agents/refunds/session.json")
+    };
+    let mut agent_written = Vec::new();
+    for (path, digest) in &after {
+        if before.get(path) == Some(digest) || digest == "dir" || host_written(path) {
+            continue;
+        }
+        agent_written.push(path.as_str());
+    }
+    assert_eq!(
+        agent_written,
+        [
+            format!("{call}/decision.json"),
+            format!("{SHARED}/note.txt")
+        ]
+    );
+    for (path, digest) in &before {
+        assert_eq!(after.get(path), Some(digest), "{path} changed or vanished");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_during_a_call_stops_the_sub_agent_and_the_parent() {
+    let registry = registry().await;
+    let plan = sequence_plan(json!([refunds_route()]));
+    let dir = tempfile::tempdir().unwrap();
+    let ws = workspace(dir.path(), &plan);
+    let mut tape = Tape::default();
+    let mut parent = Conv::new(step_system_prompt(&ws, "s1").unwrap()).offering(PARENT_TOOLS);
+    parent.user("Handle the requests.");
+    let (pid, pargs) = delegate("p1", "refunds", "Order 1.");
+    parent.reply(&mut tape, "", &[(&pid, "call_sub_agent", pargs)]);
+    let cassette = dir.path().join("cassette.json");
+    tape.save(&cassette);
+    let cancel = Arc::new(AtomicBool::new(false));
+    let flag = cancel.clone();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let observer = Observer::new(move |e| {
+        match e {
+            RunEvent::SubAgentStarted { .. } => flag.store(true, Ordering::SeqCst),
+            RunEvent::SubAgentEnded {
+                route_id, status, ..
+            } => log.lock().unwrap().push((route_id.clone(), *status)),
+            _ => {}
+        };
+    });
+    let outcome = runner(&registry, &cassette)
+        .with_cancel(cancel)
+        .with_observer(observer)
+        .run_step(&ws, "s1")
+        .await
+        .unwrap();
+    assert_eq!(outcome.status, Status::Stopped);
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [("refunds".to_string(), Status::Stopped)]
+    );
+    let child = read_json(&dir.path().join(OUT).join("agents/refunds/session.json"));
+    assert_eq!(child["status"], "stopped");
+    assert_eq!(child["execution_turn_count"], 0);
+    let session = read_json(&dir.path().join(OUT).join("session.json"));
+    assert_eq!(session["status"], "stopped");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_todo_task_runs_its_messages_as_a_sequence_with_routes() {
+    let registry = registry().await;
+    let plan = json!({"objective": "todo", "steps": [
+        {"id": "s1", "type": "todo_task", "title": "Todo",
+         "description": "You work through a todo list.",
+         "messages": ["First, delegate order 1.",
+                      {"id": "wrap-up", "type": "user_message", "message": "Now sum up."}],
+         "predefined_routes": [refunds_route()]}
+    ]})
+    .to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let ws = workspace(dir.path(), &plan);
+    let mut tape = Tape::default();
+    let mut parent = Conv::new(step_system_prompt(&ws, "s1").unwrap()).offering(PARENT_TOOLS);
+    parent.user("First, delegate order 1.");
+    let (pid, pargs) = delegate("p1", "refunds", "Order 1.");
+    parent.reply(&mut tape, "", &[(&pid, "call_sub_agent", pargs)]);
+    let mut refunds =
+        Conv::new(sub_agent_system_prompt(&ws, "s1", &["refunds"], "call-0001").unwrap());
+    refunds.user(&call_opening("call-0001", "Order 1.", TASK));
+    refunds.reply(&mut tape, "Approved.", &[]);
+    parent.tool(
+        &pid,
+        &call_result(
+            "refunds",
+            "call-0001",
+            Status::Completed,
+            "Approved.",
+            None,
+            &[],
+        ),
+    );
+    parent.reply(&mut tape, "Delegated.", &[]);
+    parent.user("Now sum up.");
+    parent.reply(&mut tape, "One refund approved.", &[]);
+    let cassette = dir.path().join("cassette.json");
+    tape.save(&cassette);
+    let outcome = runner(&registry, &cassette)
+        .run_step(&ws, "s1")
+        .await
+        .unwrap();
+    assert_eq!(outcome.status, Status::Completed, "{:?}", outcome.error);
+    assert_eq!(outcome.turns, 2);
+    let session = read_json(&dir.path().join(OUT).join("session.json"));
+    let entries: BTreeMap<String, String> = session["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["entry_id"].as_str().unwrap().to_string(),
+                e["status"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        entries,
+        BTreeMap::from([
+            ("message-1".to_string(), "completed".to_string()),
+            ("wrap-up".to_string(), "completed".to_string())
+        ])
+    );
+}
