@@ -89,6 +89,29 @@ fn example_runs_offline_and_a_second_run_rotates() {
         "{stdout}"
     );
     assert!(stdout.contains("runs/iteration-0/execution"), "{stdout}");
+    // Plain progress: one line per turn, LLM call and tool call, as they happen.
+    for line in [
+        "  item triage-each (foreach)",
+        "  turn 2: triage-each row 2",
+        "    llm replay:triage-demo: 400 + 60 tokens, 1 tool call,",
+        "    tool workspace:write_file: ok,",
+        "  gate __automatic_final_validation__ attempt 1: passed",
+    ] {
+        assert!(stdout.contains(line), "{line:?} in {stdout}");
+    }
+    assert_eq!(
+        stdout.matches("    tool workspace:write_file: ok").count(),
+        3
+    );
+    // --quiet: only the summary (one step again, in the same run folder).
+    let quiet = trellis(&["run", root, "--quiet", "--step", STEP]);
+    let quiet_out = text(&quiet.stdout);
+    assert!(quiet.status.success(), "{quiet_out}");
+    assert!(!quiet_out.contains("turn 1"), "{quiet_out}");
+    assert!(
+        quiet_out.contains("done: 3 turns, 6 LLM calls, 3 tool calls"),
+        "{quiet_out}"
+    );
     let report = read_json(&ws.join("runs/iteration-0/execution/triage-tickets/report.json"));
     assert_eq!(report["tickets"].as_array().unwrap().len(), 3, "{report}");
     assert_eq!(report["escalated"], json!([1]));
@@ -371,4 +394,478 @@ async fn record_example_cassette() {
     }
     .save(&example_dir().join(format!("cassettes/{MODEL}.json")))
     .unwrap();
+}
+
+// ------------------------------------------------- models, recording, groups, prerequisites
+
+/// What the fake server answers: status and JSON body, from the request body.
+type Handler = Box<dyn Fn(&Value) -> (u16, Value) + Send + Sync>;
+
+/// An OpenAI-compatible chat completions server on 127.0.0.1, answering from a handler and
+/// keeping every request body it saw (as tests/llm_providers.rs does, smaller).
+struct FakeServer {
+    addr: std::net::SocketAddr,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<Value>>>,
+}
+
+impl FakeServer {
+    fn start(handler: Handler) -> FakeServer {
+        use std::io::{BufRead, BufReader, Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = seen.clone();
+        let handler = std::sync::Arc::new(handler);
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let log = log.clone();
+                let handler = handler.clone();
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(stream.try_clone().unwrap());
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let mut length = 0;
+                    loop {
+                        let mut header = String::new();
+                        reader.read_line(&mut header).unwrap();
+                        let header = header.trim_end();
+                        if header.is_empty() {
+                            break;
+                        }
+                        if let Some((name, value)) = header.split_once(':')
+                            && name.eq_ignore_ascii_case("content-length")
+                        {
+                            length = value.trim().parse().unwrap();
+                        }
+                    }
+                    let mut body = vec![0; length];
+                    reader.read_exact(&mut body).unwrap();
+                    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                    // Log before answering: the handler may count earlier requests.
+                    let (status, reply) = {
+                        let mut log = log.lock().unwrap();
+                        log.push(body.clone());
+                        handler(&body)
+                    };
+                    let reply = reply.to_string();
+                    let out = format!(
+                        "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{reply}",
+                        reply.len()
+                    );
+                    let mut stream = stream;
+                    let _ = stream.write_all(out.as_bytes());
+                });
+            }
+        });
+        FakeServer { addr, seen }
+    }
+
+    fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    fn seen(&self) -> Vec<Value> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    fn models(&self) -> Vec<String> {
+        self.seen()
+            .iter()
+            .map(|b| b["model"].as_str().unwrap_or_default().to_string())
+            .collect()
+    }
+}
+
+/// A chat completion answering `text`, or asking for `calls` (name, arguments).
+fn completion(text: &str, calls: &[(&str, Value)]) -> Value {
+    let mut message = json!({"role": "assistant", "content": text});
+    if !calls.is_empty() {
+        message["tool_calls"] = calls
+            .iter()
+            .enumerate()
+            .map(|(i, (name, args))| {
+                json!({"id": format!("call-{i}"), "type": "function",
+                       "function": {"name": name, "arguments": args.to_string()}})
+            })
+            .collect();
+    }
+    json!({"id": "c", "object": "chat.completion", "model": "fake-model",
+           "choices": [{"index": 0, "message": message,
+                        "finish_reason": if calls.is_empty() { "stop" } else { "tool_calls" }}],
+           "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}})
+}
+
+/// The system message of a request body.
+fn system_of(body: &Value) -> String {
+    body["messages"][0]["content"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// A workspace of `regular` steps (id, description), with step configs and workflow.json.
+fn agent_workspace(root: &Path, steps: &[(&str, &str)], configs: Value, manifest: Value) {
+    let steps: Vec<Value> = steps
+        .iter()
+        .map(|(id, description)| {
+            json!({"id": id, "type": "regular", "title": id, "description": description})
+        })
+        .collect();
+    std::fs::create_dir_all(root.join("planning")).unwrap();
+    std::fs::write(
+        root.join("planning/plan.json"),
+        json!({"objective": "tests", "steps": steps}).to_string(),
+    )
+    .unwrap();
+    std::fs::write(
+        root.join("planning/step_config.json"),
+        json!({"steps": configs}).to_string(),
+    )
+    .unwrap();
+    std::fs::write(root.join("workflow.json"), manifest.to_string()).unwrap();
+}
+
+fn providers(server: &FakeServer) -> Value {
+    json!({"openai": {"base_url": server.base_url(), "api_key_env": "TRELLIS_TEST_NO_KEY"}})
+}
+
+#[test]
+fn each_step_reaches_the_server_with_its_own_model_and_options() {
+    let server = FakeServer::start(Box::new(|_| (200, completion("done", &[]))));
+    let dir = tempfile::tempdir().unwrap();
+    agent_workspace(
+        dir.path(),
+        &[
+            ("first", "Do the first thing."),
+            ("second", "Do the second thing."),
+            ("third", "Do the third thing."),
+        ],
+        json!([
+            {"id": "first", "agent_configs": {"execution_llm": {"provider": "openai",
+                "model_id": "model-a", "options": {"temperature": 0.25, "top_p": 0.5}}}},
+            {"id": "second", "agent_configs": {"execution_tier": "low"}}
+        ]),
+        json!({"llm": {"provider": "openai", "model_id": "model-default"},
+               "tiers": {"low": {"provider": "openai", "model_id": "model-b"}},
+               "providers": providers(&server)}),
+    );
+    let out = trellis(&["run", dir.path().to_str().unwrap()]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    assert_eq!(server.models(), ["model-a", "model-b", "model-default"]);
+    let seen = server.seen();
+    assert_eq!(seen[0]["temperature"], json!(0.25));
+    assert_eq!(seen[0]["top_p"], json!(0.5));
+    assert!(seen[1].get("temperature").is_none(), "{}", seen[1]);
+    assert!(system_of(&seen[1]).starts_with("Do the second thing."));
+    // Plain progress lines, one per event, and the totals.
+    assert!(stdout.contains("  turn 1: execute-and-verify"), "{stdout}");
+    assert!(
+        stdout.contains("    llm openai:model-a: 11 + 7 tokens, 0 tool calls"),
+        "{stdout}"
+    );
+    assert!(
+        stdout
+            .contains("done: 3 turns, 3 LLM calls, 0 tool calls (0 failed), tokens 33 in / 21 out"),
+        "{stdout}"
+    );
+
+    // --llm overrides every step.
+    let out = trellis(&[
+        "run",
+        dir.path().to_str().unwrap(),
+        "--llm",
+        "openai:forced",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(server.models()[3..], ["forced", "forced", "forced"]);
+}
+
+#[test]
+fn a_failing_primary_falls_back_in_order() {
+    let server = FakeServer::start(Box::new(|body| match body["model"].as_str() {
+        Some("fallback-2") => (200, completion("answered by the second fallback", &[])),
+        _ => (400, json!({"error": {"message": "no such model"}})),
+    }));
+    let dir = tempfile::tempdir().unwrap();
+    agent_workspace(
+        dir.path(),
+        &[("only", "Answer.")],
+        json!([{"id": "only", "agent_configs": {"execution_llm": {
+            "provider": "openai", "model_id": "primary",
+            "fallbacks": [{"provider": "openai", "model_id": "fallback-1"},
+                          {"provider": "openai", "model_id": "fallback-2",
+                           "options": {"max_tokens": 50}}]}}}]),
+        json!({"providers": providers(&server)}),
+    );
+    let out = trellis(&["run", dir.path().to_str().unwrap()]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    assert_eq!(server.models(), ["primary", "fallback-1", "fallback-2"]);
+    assert_eq!(server.seen()[2]["max_tokens"], json!(50));
+    let summary = read_json(
+        &dir.path()
+            .join("runs/iteration-0/execution/only/execution-final-summary.json"),
+    );
+    assert_eq!(
+        summary["execution_result"],
+        "answered by the second fallback"
+    );
+    assert!(
+        stdout.contains("llm openai:fallback-2: 11 + 7 tokens"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn a_step_needing_a_model_without_one_is_an_error_before_anything_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    agent_workspace(dir.path(), &[("lonely", "Think.")], json!([]), json!({}));
+    let out = trellis(&["run", dir.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("step \"lonely\""), "{stderr}");
+    for way in [
+        "--llm PROVIDER:MODEL",
+        "execution_llm",
+        "\"llm\" in workflow.json",
+    ] {
+        assert!(stderr.contains(way), "{way}: {stderr}");
+    }
+    assert!(!dir.path().join("runs").exists(), "nothing may run");
+    // A workflow that never needs a model runs without one (switch_workspace has no
+    // workflow.json and no llm at all).
+    let switch = tempfile::tempdir().unwrap();
+    switch_workspace(switch.path());
+    let out = trellis(&[
+        "run",
+        switch.path().to_str().unwrap(),
+        "--input",
+        "left_answer=L",
+        "--input",
+        "right_answer=R",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+#[test]
+fn a_recorded_run_replays_offline_with_the_same_outputs() {
+    // The model writes report.json with a tool call, then answers.
+    let server = FakeServer::start(Box::new(|body| {
+        let tool_results = body["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["role"] == "tool")
+            .count();
+        if tool_results == 0 {
+            let args = json!({"path": "runs/iteration-0/execution/write/report.json",
+                              "content": "{\"answer\": 42}"});
+            (200, completion("", &[("workspace__write_file", args)]))
+        } else {
+            (
+                200,
+                completion("report.json written.\nCONCERNS: none really", &[]),
+            )
+        }
+    }));
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    agent_workspace(
+        &ws,
+        &[("write", "Write report.json in your output folder.")],
+        json!([{"id": "write", "agent_configs": {"selected_tools": ["workspace:write_file"]}}]),
+        json!({"llm": {"provider": "openai", "model_id": "live"},
+               "providers": providers(&server)}),
+    );
+    let root = ws.to_str().unwrap();
+    let cassette = ws.join("cassettes/taped.json");
+    std::fs::create_dir_all(cassette.parent().unwrap()).unwrap();
+    let out = trellis(&["run", root, "--record", cassette.to_str().unwrap()]);
+    let recorded_stdout = text(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{recorded_stdout}\n{}",
+        text(&out.stderr)
+    );
+    assert!(
+        recorded_stdout.contains("recorded 2 LLM calls to"),
+        "{recorded_stdout}"
+    );
+    assert_eq!(server.seen().len(), 2);
+    let step = |run: &str, file: &str| {
+        std::fs::read_to_string(ws.join(format!("runs/{run}/execution/write/{file}"))).unwrap()
+    };
+    let live_report = step("iteration-0", "report.json");
+    assert_eq!(live_report, "{\"answer\": 42}");
+
+    // Replay: no server involved (the override replaces the openai model everywhere).
+    let out = trellis(&["run", root, "--llm", "replay:taped"]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    assert_eq!(server.seen().len(), 2, "the replay reached the server");
+    assert_eq!(step("iteration-0", "report.json"), live_report);
+    let summary = |run: &str| -> Value {
+        let mut v: Value =
+            serde_json::from_str(&step(run, "execution-final-summary.json")).unwrap();
+        v.as_object_mut().unwrap().remove("completed_at");
+        v
+    };
+    assert_eq!(summary("iteration-0"), summary("iteration-1"));
+    assert!(stdout.contains("CONCERNS: none really"), "{stdout}");
+
+    // Recording from replay makes no sense and is refused.
+    let out = trellis(&[
+        "run",
+        root,
+        "--llm",
+        "replay:taped",
+        "--record",
+        "/tmp/x.json",
+    ]);
+    assert!(!out.status.success());
+}
+
+#[test]
+fn groups_run_in_their_own_folders_with_their_variables() {
+    let server = FakeServer::start(Box::new(|body| {
+        let region = system_of(body)
+            .lines()
+            .find_map(|l| l.strip_prefix("- REGION = ").map(str::to_string))
+            .unwrap_or_else(|| "none".into());
+        (200, completion(&format!("region {region}"), &[]))
+    }));
+    let dir = tempfile::tempdir().unwrap();
+    agent_workspace(
+        dir.path(),
+        &[("report", "Report on your region.")],
+        json!([]),
+        json!({"llm": {"provider": "openai", "model_id": "m"},
+               "providers": providers(&server),
+               "variables": {"REGION": "eu-west-1", "TEAM": {"value": "core"}},
+               "groups": [{"id": "us", "name": "US market", "variables": {"REGION": "us-east-1"}},
+                          {"id": "eu"}]}),
+    );
+    let root = dir.path().to_str().unwrap();
+    let result = |group: &str| -> Value {
+        read_json(&dir.path().join(format!(
+            "runs/iteration-0/{group}/execution/report/execution-final-summary.json"
+        )))["execution_result"]
+            .clone()
+    };
+    let out = trellis(&["run", root]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    assert_eq!(result("US_market"), "region us-east-1");
+    assert_eq!(result("eu"), "region eu-west-1");
+    assert!(system_of(&server.seen()[0]).contains(
+        "Workflow variables (group us, US market):\n- REGION = us-east-1\n- TEAM = core"
+    ));
+    assert!(stdout.contains("outputs of group us:"), "{stdout}");
+
+    // One group again: iteration-0 is reused, the other group's outputs stay.
+    let out = trellis(&["run", root, "--group", "US market"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(!dir.path().join("runs/iteration-1").exists(), "no rotation");
+    assert_eq!(result("eu"), "region eu-west-1");
+    let out = trellis(&["run", root, "--group", "eu", "--step", "report"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(server.seen().len(), 4);
+
+    let out = trellis(&["run", root, "--group", "apac"]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("no group \"apac\""), "{stderr}");
+    assert!(stderr.contains("us (US market), eu"), "{stderr}");
+    let out = trellis(&["run", root, "--step", "report"]);
+    assert!(!out.status.success(), "--step needs --group here");
+    assert!(text(&out.stderr).contains("--group"));
+
+    // A full run rotates the whole iteration-0.
+    let out = trellis(&["run", root]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        dir.path()
+            .join("runs/iteration-1/US_market/execution/report")
+            .is_dir()
+    );
+}
+
+/// A two-step workflow whose second step reports its prerequisite missing the first
+/// `misses` times it runs.
+fn prerequisite_run(misses: usize) -> (tempfile::TempDir, Output, FakeServer) {
+    let analyzed = std::sync::atomic::AtomicUsize::new(0);
+    let server = FakeServer::start(Box::new(move |body| {
+        if system_of(body).starts_with("Fetch") {
+            return (200, completion("fetched", &[]));
+        }
+        let n = analyzed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let reply = match n % 2 {
+            _ if n >= misses => "analyzed",
+            0 => "The input is not there.\nPREREQUISITE MISSING: fetch: no data file",
+            _ => "Cannot start.\nPREREQUISITE MISSING: The fetched  data.",
+        };
+        (200, completion(reply, &[]))
+    }));
+    let dir = tempfile::tempdir().unwrap();
+    agent_workspace(
+        dir.path(),
+        &[
+            ("fetch", "Fetch the data."),
+            ("analyze", "Analyze the data."),
+        ],
+        json!([{"id": "analyze", "agent_configs": {
+            "enable_prerequisite_detection": true,
+            "prerequisite_rules": [{"depends_on_step": "fetch", "description": "the fetched data"}]}}]),
+        json!({"llm": {"provider": "openai", "model_id": "m"}, "providers": providers(&server)}),
+    );
+    let out = trellis(&["run", dir.path().to_str().unwrap()]);
+    (dir, out, server)
+}
+
+/// The steps a run reports ending, in order.
+fn steps_ended(stdout: &str) -> Vec<String> {
+    stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("step "))
+        .filter(|l| !l.ends_with(": started"))
+        .filter_map(|l| l.split_once(':').map(|(id, _)| id.to_string()))
+        .collect()
+}
+
+#[test]
+fn a_missing_prerequisite_sends_the_run_back_a_bounded_number_of_times() {
+    // Twice missing (once by step id, once by the rule's description): back to fetch each
+    // time, then it completes.
+    let (_dir, out, _server) = prerequisite_run(2);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    assert_eq!(
+        steps_ended(&stdout),
+        ["fetch", "analyze", "fetch", "analyze", "fetch", "analyze"],
+        "{stdout}"
+    );
+    assert!(
+        stdout
+            .contains("prerequisite missing: fetch: no data file -> back to fetch (return 1 of 2)"),
+        "{stdout}"
+    );
+
+    // Always missing: after two returns the step fails with the reason.
+    let (dir, out, _server) = prerequisite_run(usize::MAX);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert_eq!(steps_ended(&stdout).len(), 6, "{stdout}");
+    let summary = read_json(
+        &dir.path()
+            .join("runs/iteration-0/execution/analyze/execution-final-summary.json"),
+    );
+    assert_eq!(summary["status"], "failed");
+    let reason = summary["execution_result"].as_str().unwrap();
+    assert!(
+        reason.contains("prerequisite still missing after going back to fetch 2 times"),
+        "{reason}"
+    );
 }

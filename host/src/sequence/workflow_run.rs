@@ -891,6 +891,55 @@ mod tests {
     }
 
     #[test]
+    fn prerequisite_lines_match_rules_by_step_id_or_description() {
+        let rules = vec![
+            PrerequisiteRule {
+                depends_on_step: "fetch".into(),
+                description: Some("The raw  data file".into()),
+            },
+            PrerequisiteRule {
+                depends_on_step: "fetch-more".into(),
+                description: None,
+            },
+        ];
+        let text = "Cannot go on.\n  PREREQUISITE MISSING: fetch-more: no rows\nbye";
+        let missing = prerequisite_missing(text).unwrap();
+        assert_eq!(missing, "fetch-more: no rows");
+        assert_eq!(
+            matching_rule(&rules, &missing).unwrap().depends_on_step,
+            "fetch-more"
+        );
+        let by_description = matching_rule(&rules, "the raw data file.").unwrap();
+        assert_eq!(by_description.depends_on_step, "fetch");
+        assert!(matching_rule(&rules, "fetcher").is_none());
+        assert!(matching_rule(&rules, "something else").is_none());
+        assert_eq!(prerequisite_missing("all fine"), None);
+    }
+
+    #[test]
+    fn variables_are_appended_to_every_charter() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ws = workspace(
+            dir.path(),
+            json!([{"id": "s", "type": "regular", "title": "S", "description": "Do it."}]),
+        );
+        apply_variables(&mut ws, None);
+        assert_eq!(ws.plan.steps[0].description.as_deref(), Some("Do it."));
+        std::fs::write(
+            dir.path().join("workflow.json"),
+            r#"{"variables": {"A": "1", "B": "2"}, "groups": [{"id": "g", "variables": {"B": "3"}}]}"#,
+        )
+        .unwrap();
+        let mut ws = Workspace::open(dir.path()).unwrap();
+        let group = ws.manifest.groups[0].clone();
+        apply_variables(&mut ws, Some(&group));
+        assert_eq!(
+            ws.plan.steps[0].description.as_deref(),
+            Some("Do it.\n\nWorkflow variables (group g):\n- A = 1\n- B = 3")
+        );
+    }
+
+    #[test]
     fn a_missing_database_is_created_from_seed_sql() {
         let dir = tempfile::tempdir().unwrap();
         assert!(
