@@ -114,29 +114,12 @@ pub struct Group {
 }
 
 impl Group {
-    /// The folder of the group's runs: the display name with every character other than a
-    /// letter, digit, `-` or `_` replaced by `_`, else the id.
-    pub fn folder_name(&self) -> String {
-        let sanitize = |s: &str| {
-            let mut out = String::new();
-            for c in s.trim().chars() {
-                let c = if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                    c
-                } else {
-                    '_'
-                };
-                if !(c == '_' && out.ends_with('_')) {
-                    out.push(c);
-                }
-            }
-            out.trim_matches('_').to_string()
-        };
-        let from_name = self.name.as_deref().map(sanitize).unwrap_or_default();
-        if from_name.is_empty() {
-            sanitize(&self.id)
-        } else {
-            from_name
-        }
+    /// The folder of the group's runs, `runs/iteration-0/<folder>`: the display name
+    /// sanitized, else the id sanitized (see
+    /// [`group_folder_name`](crate::sequence::run_folder::group_folder_name)); an error when
+    /// neither leaves a usable name.
+    pub fn folder_name(&self) -> anyhow::Result<String> {
+        crate::sequence::run_folder::group_folder_name(self.name.as_deref(), &self.id)
     }
 }
 
@@ -438,7 +421,7 @@ mod tests {
             serde_json::to_value(&m).unwrap(),
             serde_json::from_str::<Value>(text).unwrap()
         );
-        assert_eq!(m.groups[0].folder_name(), "US_market");
+        assert_eq!(m.groups[0].folder_name().unwrap(), "US_market");
         let vars = m.resolved_variables(Some("us"));
         assert_eq!(vars["REGION"], "us");
         assert_eq!(vars["TICKER"], "ACME");
