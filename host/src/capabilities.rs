@@ -106,6 +106,16 @@ impl Grant {
     /// Builds the WASI context for one call: the granted folders as preopens,
     /// the given stdout/stderr sinks, and nothing else.
     pub(crate) fn wasi_ctx(&self, stdout: CappedOutput, stderr: CappedOutput) -> Result<WasiCtx> {
+        Ok(self.wasi_builder(stdout, stderr)?.build())
+    }
+
+    /// The WASI context builder of [`Grant::wasi_ctx`], for callers that add to it
+    /// (a step script gets an environment, arguments and a working directory).
+    pub(crate) fn wasi_builder(
+        &self,
+        stdout: impl StdoutStream + 'static,
+        stderr: impl StdoutStream + 'static,
+    ) -> Result<WasiCtxBuilder> {
         let mut builder = WasiCtxBuilder::new();
         builder
             .stdout(stdout)
@@ -135,7 +145,7 @@ impl Grant {
                     )
                 })?;
         }
-        Ok(builder.build())
+        Ok(builder)
     }
 }
 

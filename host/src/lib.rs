@@ -13,6 +13,8 @@
 //! - [`sequence`]: building blocks of the message-sequence driver: tool filters, foreach
 //!   rows and templates, session and log files, run folders.
 //! - [`bundled`]: plugins compiled into the binary.
+//! - [`script`]: step scripts (`code/<step-id>/main.py` or `main.wasm`) in a sandbox with the
+//!   step's grant.
 //! - [`workflow`]: `plan.json`, `step_config.json`, `workflow.json`, contracts and migrations.
 //! - [`validation`]: the `validation_schema` gate and custom validator dispatch.
 //! - [`store`]: workspace files through cap-std and atomic writes.
@@ -22,6 +24,7 @@ pub mod capabilities;
 pub mod engine;
 pub mod llm;
 pub mod plugins;
+pub mod script;
 pub mod sequence;
 pub mod store;
 pub mod validation;

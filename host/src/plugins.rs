@@ -12,7 +12,7 @@ pub mod manifest;
 pub mod tools;
 
 pub(crate) mod bindings;
-mod state;
+pub(crate) mod state;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

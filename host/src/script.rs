@@ -1,0 +1,752 @@
+//! Step scripts (spec section 7): `code/<step-id>/main.py` or `code/<step-id>/main.wasm`,
+//! run in a fresh sandboxed instance with the grant of the step.
+//!
+//! A Python script runs inside the Python script runner, CPython packaged as a component of
+//! world `script-runner` (`wit/script.wit`) by componentize-py and pre-initialized with the
+//! standard library modules scripts commonly use. A `main.wasm` is any `wasi:cli` command
+//! component, for scripts written in other languages; it runs the same way. When a step has
+//! both, `main.wasm` wins.
+//!
+//! What a script sees:
+//! - **Folders**: the grant of its step per spec section 6
+//!   ([`crate::capabilities::turn`]), each at its workspace-relative guest path
+//!   (`/runs/iteration-0/execution/<step-id>`), plus `/code/<step-id>` read-only, which is
+//!   its working directory. Nothing else exists: not `/etc`, not `planning/`.
+//! - **Environment**: `STEP_OUTPUT_DIR`, `STEP_EXECUTION_DIR`, `DB_PATH` (when the workspace
+//!   has a `db/` folder) and `VAR_<NAME>` for each workflow variable, as guest paths and
+//!   values; nothing from the host's environment.
+//! - **Arguments**: the script's file name (`main.py` or `main.wasm`).
+//! - **Database**: through the `workflow-db` interface (Python: the `trellis_db` module),
+//!   read-only unless the step may modify the database.
+//! - **No network**: socket interfaces exist, but every address and name lookup is refused.
+//!
+//! Limits: a memory limit per instance, a wall-clock deadline (epoch interruption, so a
+//! loop that never calls the host is stopped too), and a cap on the stdout and stderr kept
+//! (the head and the tail: a traceback at the end of a flood survives). The outcome goes to
+//! the step's logs folder: `runs/<run>/logs/<step-id>/script-stdout.txt`,
+//! `script-stderr.txt` and `script-result.json`, each written atomically.
+
+mod output;
+mod traceback;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use serde_json::json;
+use wasmtime::component::{Component, HasSelf, InstancePre, Linker};
+use wasmtime::{Store, Trap};
+use wasmtime_wasi::FsPerms;
+use wasmtime_wasi::p2::bindings::CommandPre;
+
+use crate::capabilities::Limits;
+use crate::capabilities::turn::{DB_FILE, TurnAccess, TurnContext, grant_for_access};
+use crate::engine::Engine;
+use crate::plugins::bindings::tool::trellis::plugin as wit;
+use crate::plugins::state::{CallState, MemoryLimitExceeded};
+use crate::sequence::session::rfc3339;
+use crate::store::{self, Capped};
+use crate::workflow::Workspace;
+use output::ScriptOutput;
+
+mod components {
+    include!(concat!(env!("OUT_DIR"), "/python_runner.rs"));
+}
+
+/// The Python script runner component, built by the build script with componentize-py
+/// from `plugins/runners/python`.
+///
+/// It is embedded in the binary like the bundled plugins rather than loaded from the build
+/// output: the `trellis` binary then runs scripts wherever it is copied or installed, with
+/// no path into a build tree and no Python on the machine. The price is ~20 MB of binary
+/// size; the component is compiled (or read from the component cache) only when the first
+/// Python script runs.
+pub const PYTHON_RUNNER: &[u8] = components::PYTHON_RUNNER;
+
+/// The Python script of a step, in `code/<step-id>/`.
+pub const PYTHON_SCRIPT: &str = "main.py";
+/// The WebAssembly script of a step, in `code/<step-id>/`; wins over `main.py`.
+pub const WASM_SCRIPT: &str = "main.wasm";
+/// stdout of the last run, in the step's logs folder.
+pub const STDOUT_LOG: &str = "script-stdout.txt";
+/// stderr of the last run, in the step's logs folder.
+pub const STDERR_LOG: &str = "script-stderr.txt";
+/// The record of the last run (status, exit code, error, timings), in the step's logs folder.
+pub const RESULT_LOG: &str = "script-result.json";
+
+/// Largest `main.wasm` the host reads.
+const MAX_WASM_BYTES: u64 = 256 << 20;
+
+/// Which kind of script a step has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScriptKind {
+    /// `main.py`, run by the Python script runner.
+    Python,
+    /// `main.wasm`, a `wasi:cli` command component.
+    Wasm,
+}
+
+impl ScriptKind {
+    /// The script's file name.
+    pub fn file_name(self) -> &'static str {
+        match self {
+            ScriptKind::Python => PYTHON_SCRIPT,
+            ScriptKind::Wasm => WASM_SCRIPT,
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            ScriptKind::Python => "python",
+            ScriptKind::Wasm => "wasm",
+        }
+    }
+}
+
+/// How to run a step's script.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScriptOptions {
+    /// Memory, deadline and output caps. `stdio_bytes` caps stdout and stderr each;
+    /// `output_bytes` is not used (a script returns no result).
+    pub limits: Limits,
+    /// What the script may write; [`TurnAccess::for_step`] of the step's config when `None`.
+    /// An item's `write_access` narrows it as for a turn ([`TurnAccess::narrowed`]).
+    pub access: Option<TurnAccess>,
+    /// The group (its id in `workflow.json`) whose variable values apply; the declared
+    /// defaults alone when `None`.
+    pub group: Option<String>,
+    /// Variables over those of `workflow.json` and the group, such as the answers of
+    /// `human_input` steps: each becomes `VAR_<NAME>`.
+    pub variables: BTreeMap<String, String>,
+    /// Write stdout, stderr and the result record into the step's logs folder.
+    pub write_logs: bool,
+}
+
+impl ScriptOptions {
+    /// The limits of a script run unless told otherwise: 512 MiB, 120 s, 1 MiB of stdout
+    /// and of stderr each.
+    pub const DEFAULT_LIMITS: Limits = Limits {
+        memory_bytes: 512 << 20,
+        timeout: Duration::from_secs(120),
+        output_bytes: 0,
+        stdio_bytes: 1 << 20,
+    };
+}
+
+impl Default for ScriptOptions {
+    fn default() -> Self {
+        ScriptOptions {
+            limits: Self::DEFAULT_LIMITS,
+            access: None,
+            group: None,
+            variables: BTreeMap::new(),
+            write_logs: true,
+        }
+    }
+}
+
+/// Where an uncaught Python exception was raised: the innermost frame in the script's
+/// folder (so an error inside the standard library points at the script's line that
+/// called it), else the innermost frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScriptLocation {
+    /// Workspace-relative file, e.g. `code/fetch/main.py`; a standard-library file keeps
+    /// the path the runner gave it.
+    pub file: String,
+    /// 1-based line number.
+    pub line: u32,
+}
+
+/// Why a script did not succeed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ScriptFailure {
+    /// The Python script raised an exception it did not handle (a syntax error included).
+    Exception {
+        /// The exception as Python prints it last, e.g. `KeyError: 'id'`.
+        exception: String,
+        /// Where it was raised.
+        location: ScriptLocation,
+        /// The whole traceback.
+        traceback: String,
+    },
+    /// The script exited with a non-zero status (`sys.exit(3)`, `std::process::exit(3)`).
+    Exit {
+        /// The status.
+        code: i32,
+    },
+    /// The script did not finish before its deadline and was stopped.
+    Timeout {
+        /// The deadline.
+        after: Duration,
+    },
+    /// The script asked for more memory than its limit.
+    MemoryLimit {
+        /// The limit, in bytes.
+        limit: usize,
+    },
+    /// The script's instance trapped (a Rust panic, a stack overflow, a bad component).
+    Crashed {
+        /// What happened.
+        message: String,
+    },
+}
+
+impl ScriptFailure {
+    /// One sentence naming the script (`code/<step-id>/main.py`), for errors and logs.
+    pub fn describe(&self, script: &str) -> String {
+        match self {
+            ScriptFailure::Exception {
+                exception,
+                location,
+                ..
+            } => {
+                let first = exception.lines().next().unwrap_or_default();
+                format!(
+                    "{script} raised {first} ({}, line {})",
+                    location.file, location.line
+                )
+            }
+            ScriptFailure::Exit { code } => format!("{script} exited with status {code}"),
+            ScriptFailure::Timeout { after } => format!(
+                "{script} did not finish within {} and was stopped (timeout)",
+                humantime::format_duration(*after)
+            ),
+            ScriptFailure::MemoryLimit { limit } => format!(
+                "{script} was stopped: it exceeded its memory limit of {} MiB",
+                limit >> 20
+            ),
+            ScriptFailure::Crashed { message } => format!("{script} crashed: {message}"),
+        }
+    }
+
+    fn status(&self) -> &'static str {
+        match self {
+            ScriptFailure::Exception { .. } => "exception",
+            ScriptFailure::Exit { .. } => "exit",
+            ScriptFailure::Timeout { .. } => "timeout",
+            ScriptFailure::MemoryLimit { .. } => "memory_limit",
+            ScriptFailure::Crashed { .. } => "crashed",
+        }
+    }
+}
+
+/// What one script run did.
+#[derive(Debug, Clone)]
+pub struct ScriptOutcome {
+    /// The step.
+    pub step_id: String,
+    /// Python or WebAssembly.
+    pub kind: ScriptKind,
+    /// The script, workspace-relative: `code/<step-id>/main.py`.
+    pub script: String,
+    /// The exit status, when the script exited (0 on success); `None` when it was stopped.
+    pub exit_code: Option<i32>,
+    /// Why it did not succeed; `None` when it did.
+    pub failure: Option<ScriptFailure>,
+    /// What it printed on stdout, capped (head and tail, with a note of what was dropped).
+    pub stdout: String,
+    /// What it printed on stderr, capped likewise.
+    pub stderr: String,
+    /// Wall-clock time of the run, instantiation included.
+    pub duration: Duration,
+    /// When it started, RFC 3339.
+    pub started_at: String,
+    /// The folder the logs were written to (`runs/<run>/logs/<step-id>`), when they were.
+    pub log_dir: Option<PathBuf>,
+}
+
+impl ScriptOutcome {
+    /// Whether the script exited with status 0.
+    pub fn succeeded(&self) -> bool {
+        self.failure.is_none()
+    }
+
+    /// The error to show a user or hand to an agent repairing the script: the sentence of
+    /// [`ScriptFailure::describe`], then the traceback or the end of stderr.
+    pub fn error_message(&self) -> Option<String> {
+        let failure = self.failure.as_ref()?;
+        let mut message = failure.describe(&self.script);
+        let detail = match failure {
+            ScriptFailure::Exception { traceback, .. } => traceback.as_str(),
+            ScriptFailure::Exit { .. } | ScriptFailure::Crashed { .. } => self.stderr.trim(),
+            ScriptFailure::Timeout { .. } | ScriptFailure::MemoryLimit { .. } => "",
+        };
+        if !detail.is_empty() {
+            message.push_str("\n\n");
+            message.push_str(tail(detail, 4 << 10));
+        }
+        Some(message)
+    }
+
+    fn record(&self, completed_at: &str) -> serde_json::Value {
+        let (exception, location) = match &self.failure {
+            Some(ScriptFailure::Exception {
+                exception,
+                location,
+                ..
+            }) => (
+                Some(exception.as_str()),
+                Some(json!({"file": location.file, "line": location.line})),
+            ),
+            _ => (None, None),
+        };
+        json!({
+            "step_id": self.step_id,
+            "script": self.script,
+            "kind": self.kind.label(),
+            "status": self.failure.as_ref().map_or("succeeded", ScriptFailure::status),
+            "exit_code": self.exit_code,
+            "error": self.failure.as_ref().map(|f| f.describe(&self.script)),
+            "exception": exception,
+            "location": location,
+            "stdout_file": STDOUT_LOG,
+            "stderr_file": STDERR_LOG,
+            "started_at": self.started_at,
+            "completed_at": completed_at,
+            "duration_ms": self.duration.as_millis() as u64,
+        })
+    }
+}
+
+/// The last `max` bytes of `text`, on a character boundary.
+fn tail(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut start = text.len() - max;
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    &text[start..]
+}
+
+/// Runs step scripts. Build one per process and share it: the linker is made once, and the
+/// Python runner is compiled (or read from the component cache) once, on first use.
+pub struct ScriptRunner {
+    engine: Engine,
+    linker: Linker<CallState>,
+    python: tokio::sync::OnceCell<InstancePre<CallState>>,
+}
+
+impl std::fmt::Debug for ScriptRunner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ScriptRunner")
+            .field("python_loaded", &self.python.initialized())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where one script runs: everything decided before the instance starts.
+struct Prepared {
+    kind: ScriptKind,
+    script: String,
+    pre: InstancePre<CallState>,
+    grant: crate::capabilities::Grant,
+    env: Vec<(String, String)>,
+    cwd: String,
+    /// The code folder on the host, also preopened as `.` for a `main.wasm` (see
+    /// [`ScriptRunner::execute`]).
+    code_host: PathBuf,
+    log_dir: PathBuf,
+}
+
+impl ScriptRunner {
+    /// A runner on `engine`: scripts get WASI (filesystem limited to their grant, no
+    /// sockets), the `workflow-db` interface and the host's `log`.
+    pub fn new(engine: &Engine) -> Result<Self> {
+        let mut linker = Linker::new(engine.wasmtime());
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)
+            .map_err(anyhow::Error::from)
+            .context("linking WASI for scripts")?;
+        wit::workflow_db::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s)
+            .map_err(anyhow::Error::from)
+            .context("linking workflow-db for scripts")?;
+        wit::host::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s)
+            .map_err(anyhow::Error::from)?;
+        wit::types::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s)
+            .map_err(anyhow::Error::from)?;
+        Ok(ScriptRunner {
+            engine: engine.clone(),
+            linker,
+            python: tokio::sync::OnceCell::new(),
+        })
+    }
+
+    /// Compiles the Python runner (or reads it from the component cache) now rather than
+    /// on the first Python script.
+    pub async fn load_python(&self) -> Result<()> {
+        self.python_pre().await.map(|_| ())
+    }
+
+    async fn python_pre(&self) -> Result<&InstancePre<CallState>> {
+        self.python
+            .get_or_try_init(|| async {
+                let component = self
+                    .engine
+                    .load_component(PYTHON_RUNNER, "bundled:python-runner")?;
+                self.instance_pre(&component, "the Python script runner")
+            })
+            .await
+    }
+
+    fn instance_pre(&self, component: &Component, what: &str) -> Result<InstancePre<CallState>> {
+        let exports: Vec<String> = component
+            .component_type()
+            .exports(self.engine.wasmtime())
+            .map(|(name, _)| name.to_string())
+            .collect();
+        if !exports.iter().any(|e| e.starts_with("wasi:cli/run@0.2")) {
+            bail!(
+                "{what} is not a wasi:cli command: it must export wasi:cli/run@0.2.x, but it exports {}",
+                if exports.is_empty() {
+                    "nothing".to_string()
+                } else {
+                    exports.join(", ")
+                }
+            );
+        }
+        self.linker.instantiate_pre(component).map_err(|err| {
+            anyhow!("{what} needs an import a step script is not given (WASI 0.2, trellis:plugin/workflow-db): {err}")
+        })
+    }
+
+    /// Runs the script of step `step_id` of `ws` in the run folder `ws.run_folder`
+    /// (`iteration-0` when none is selected): `code/<step-id>/main.wasm` if it exists, else
+    /// `code/<step-id>/main.py`.
+    ///
+    /// A script that fails (exception, non-zero exit, timeout, memory limit, trap) is an
+    /// `Ok` outcome with a [`ScriptFailure`]; an `Err` means the script could not be run at
+    /// all: no such step, no script, a grant that cannot be made, a `main.wasm` that is not
+    /// a command component, logs that cannot be written.
+    #[tracing::instrument(skip(self, ws, options), fields(step = step_id))]
+    pub async fn run(
+        &self,
+        ws: &Workspace,
+        step_id: &str,
+        options: &ScriptOptions,
+    ) -> Result<ScriptOutcome> {
+        let prepared = self
+            .prepare(ws, step_id, options)
+            .await
+            .with_context(|| format!("running the script of step {step_id:?}"))?;
+        let outcome = self.execute(step_id, &prepared, &options.limits).await?;
+        if options.write_logs {
+            write_logs(&prepared.log_dir, &outcome).with_context(|| {
+                format!(
+                    "step {step_id:?}: writing the script's logs in {}",
+                    prepared.log_dir.display()
+                )
+            })?;
+            return Ok(ScriptOutcome {
+                log_dir: Some(prepared.log_dir),
+                ..outcome
+            });
+        }
+        Ok(outcome)
+    }
+
+    async fn prepare(
+        &self,
+        ws: &Workspace,
+        step_id: &str,
+        options: &ScriptOptions,
+    ) -> Result<Prepared> {
+        let step = ws
+            .plan
+            .step(step_id)
+            .ok_or_else(|| anyhow!("planning/plan.json has no step {step_id:?}"))?;
+        let run_folder = ws.run_folder.as_deref().unwrap_or("iteration-0");
+        let configs = ws.agent_configs(step_id);
+        let access = options
+            .access
+            .unwrap_or_else(|| TurnAccess::for_step(&configs));
+        let ctx = TurnContext {
+            root: &ws.root,
+            run_folder,
+            step,
+            configs: &configs,
+        };
+        // Checks the step id and the run folder (single components, inside the workspace).
+        let turn = grant_for_access(&ctx, access)?;
+
+        let code_rel = format!("code/{step_id}");
+        let code_host = crate::capabilities::resolve_in_root(&ws.root, &code_rel).map_err(|_| {
+            anyhow!(
+                "{code_rel}/ does not exist: a scripted step runs {code_rel}/{WASM_SCRIPT} or {code_rel}/{PYTHON_SCRIPT}"
+            )
+        })?;
+        let code_dir =
+            store::open_dir(&code_host).with_context(|| format!("opening {code_rel}/"))?;
+        let is_file = |name: &str| code_dir.metadata(name).is_ok_and(|m| m.is_file());
+        let kind = if is_file(WASM_SCRIPT) {
+            ScriptKind::Wasm
+        } else if is_file(PYTHON_SCRIPT) {
+            ScriptKind::Python
+        } else {
+            bail!(
+                "{code_rel}/ has neither {WASM_SCRIPT} nor {PYTHON_SCRIPT}: a scripted step needs one of them"
+            );
+        };
+        let script = format!("{code_rel}/{}", kind.file_name());
+        let pre = match kind {
+            ScriptKind::Python => self.python_pre().await?.clone(),
+            ScriptKind::Wasm => {
+                let bytes = match store::read_capped(&code_dir, WASM_SCRIPT, MAX_WASM_BYTES)
+                    .with_context(|| format!("reading {script}"))?
+                {
+                    Capped::Bytes(bytes) => bytes,
+                    Capped::TooLarge(size) => {
+                        bail!("{script} is {size} bytes, over the limit of {MAX_WASM_BYTES}")
+                    }
+                };
+                let component = self.engine.load_component(&bytes, &script)?;
+                self.instance_pre(&component, &script)?
+            }
+        };
+
+        let cwd = format!("/{code_rel}");
+        let grant = turn.grant.clone().read(code_host.clone(), &cwd)?;
+        let execution = format!("/runs/{}/execution", run_folder.trim_matches('/'));
+        let mut env = vec![
+            (
+                "STEP_OUTPUT_DIR".to_string(),
+                format!("{execution}/{step_id}"),
+            ),
+            ("STEP_EXECUTION_DIR".to_string(), execution),
+        ];
+        if grant.db().is_some() {
+            env.push(("DB_PATH".to_string(), format!("/{DB_FILE}")));
+        }
+        let mut variables = ws.manifest.resolved_variables(options.group.as_deref());
+        variables.extend(options.variables.clone());
+        env.extend(
+            variables
+                .into_iter()
+                .map(|(name, value)| (variable_env_name(&name), value)),
+        );
+        let log_dir = ws
+            .root
+            .join("runs")
+            .join(run_folder.trim_matches('/'))
+            .join("logs")
+            .join(step_id);
+        Ok(Prepared {
+            kind,
+            script,
+            pre,
+            grant,
+            env,
+            cwd,
+            code_host,
+            log_dir,
+        })
+    }
+
+    async fn execute(
+        &self,
+        step_id: &str,
+        prepared: &Prepared,
+        limits: &Limits,
+    ) -> Result<ScriptOutcome> {
+        let started = std::time::SystemTime::now();
+        let clock = Instant::now();
+        let stdout = ScriptOutput::new(limits.stdio_bytes);
+        let stderr = ScriptOutput::new(limits.stdio_bytes);
+        let mut builder = prepared
+            .grant
+            .wasi_builder(stdout.clone(), stderr.clone())?;
+        builder
+            .envs(&prepared.env)
+            .arg(prepared.kind.file_name())
+            .initial_cwd(&prepared.cwd);
+        if prepared.kind == ScriptKind::Wasm {
+            // wasi-libc (Rust's std, C) resolves a relative path against the preopens, not
+            // against `initial-cwd`: the WASI convention for a working directory is a
+            // preopen named `.`. It is the same read-only code folder. (The Python runner
+            // changes directory itself.)
+            builder
+                .preopened_dir(&prepared.code_host, ".", FsPerms::ReadOnly)
+                .map_err(anyhow::Error::from)
+                .with_context(|| format!("granting {}", prepared.cwd))?;
+        }
+        let state = CallState::new(
+            Arc::from(format!("script:{step_id}").as_str()),
+            builder.build(),
+            limits.memory_bytes,
+            prepared.grant.db().cloned(),
+        );
+        let mut store = Store::new(self.engine.wasmtime(), state);
+        store.limiter(|s| &mut s.memory);
+        store.set_epoch_deadline(Engine::ticks_for(limits.timeout));
+        store.epoch_deadline_trap();
+
+        let call = async {
+            let command = CommandPre::new(prepared.pre.clone())?
+                .instantiate_async(&mut store)
+                .await?;
+            command.wasi_cli_run().call_run(&mut store).await
+        };
+        // The epoch deadline stops guest code; this outer timeout also covers time spent in
+        // host calls, which epochs do not interrupt.
+        let grace = limits.timeout + Duration::from_millis(250);
+        let result = tokio::time::timeout(grace, call).await;
+        let duration = clock.elapsed();
+
+        let (exit_code, failure) = match result {
+            Err(_) => (
+                None,
+                Some(ScriptFailure::Timeout {
+                    after: limits.timeout,
+                }),
+            ),
+            Ok(Ok(Ok(()))) => (Some(0), None),
+            Ok(Ok(Err(()))) => (Some(1), Some(ScriptFailure::Exit { code: 1 })),
+            Ok(Err(err)) => classify(err, limits, store.data()),
+        };
+        let stdout_text = stdout.text();
+        let stderr_text = stderr.text();
+        let failure = match failure {
+            // A Python script that raised exits with status 1 and a traceback on stderr.
+            Some(ScriptFailure::Exit { code: 1 }) if prepared.kind == ScriptKind::Python => {
+                match traceback::parse(&stderr_text, &format!("{}/", prepared.cwd)) {
+                    Some(tb) => Some(ScriptFailure::Exception {
+                        exception: tb.exception,
+                        location: ScriptLocation {
+                            file: workspace_relative(&tb.file),
+                            line: tb.line,
+                        },
+                        traceback: tb.text,
+                    }),
+                    None => Some(ScriptFailure::Exit { code: 1 }),
+                }
+            }
+            other => other,
+        };
+        tracing::debug!(
+            script = %prepared.script,
+            ?exit_code,
+            stdout_bytes = stdout.total(),
+            stderr_bytes = stderr.total(),
+            ?duration,
+            "script finished"
+        );
+        Ok(ScriptOutcome {
+            step_id: step_id.to_string(),
+            kind: prepared.kind,
+            script: prepared.script.clone(),
+            exit_code,
+            failure,
+            stdout: stdout_text,
+            stderr: stderr_text,
+            duration,
+            started_at: rfc3339(started),
+            log_dir: None,
+        })
+    }
+}
+
+/// Sorts a failed run into exit, timeout, memory limit or crash.
+fn classify(
+    err: wasmtime::Error,
+    limits: &Limits,
+    state: &CallState,
+) -> (Option<i32>, Option<ScriptFailure>) {
+    if let Some(exit) = err.downcast_ref::<wasmtime_wasi::I32Exit>() {
+        return match exit.0 {
+            0 => (Some(0), None),
+            code => (Some(code), Some(ScriptFailure::Exit { code })),
+        };
+    }
+    if err.downcast_ref::<MemoryLimitExceeded>().is_some() || state.memory.exceeded.is_some() {
+        return (
+            None,
+            Some(ScriptFailure::MemoryLimit {
+                limit: limits.memory_bytes,
+            }),
+        );
+    }
+    let message = match err.downcast_ref::<Trap>() {
+        Some(Trap::Interrupt) => {
+            return (
+                None,
+                Some(ScriptFailure::Timeout {
+                    after: limits.timeout,
+                }),
+            );
+        }
+        Some(Trap::StackOverflow) => "wasm trap: stack overflow".to_string(),
+        Some(Trap::UnreachableCodeReached) => {
+            "wasm trap: unreachable code reached (a panic ends this way)".to_string()
+        }
+        Some(trap) => format!("wasm trap: {trap}"),
+        None => format!("{err:#}"),
+    };
+    tracing::debug!(plugin = %state.plugin, "script trapped: {err:?}");
+    (None, Some(ScriptFailure::Crashed { message }))
+}
+
+/// `VAR_<NAME>`: the name upper-cased, every character other than a letter, digit or `_`
+/// replaced by `_`.
+fn variable_env_name(name: &str) -> String {
+    let name: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_uppercase()
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("VAR_{name}")
+}
+
+/// A guest path (`/code/step/main.py`) as the workspace-relative path it stands for.
+fn workspace_relative(guest: &str) -> String {
+    guest.strip_prefix('/').unwrap_or(guest).to_string()
+}
+
+fn write_logs(dir: &Path, outcome: &ScriptOutcome) -> Result<()> {
+    store::write_bytes_atomic(&dir.join(STDOUT_LOG), outcome.stdout.as_bytes())?;
+    store::write_bytes_atomic(&dir.join(STDERR_LOG), outcome.stderr.as_bytes())?;
+    let completed = rfc3339(std::time::SystemTime::now());
+    store::write_json_atomic(&dir.join(RESULT_LOG), &outcome.record(&completed))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn variable_names_become_env_names() {
+        assert_eq!(variable_env_name("region"), "VAR_REGION");
+        assert_eq!(variable_env_name("max-items.v2"), "VAR_MAX_ITEMS_V2");
+    }
+
+    #[test]
+    fn failures_name_the_script() {
+        let exception = ScriptFailure::Exception {
+            exception: "ZeroDivisionError: division by zero".into(),
+            location: ScriptLocation {
+                file: "code/s/main.py".into(),
+                line: 3,
+            },
+            traceback: String::new(),
+        };
+        assert_eq!(
+            exception.describe("code/s/main.py"),
+            "code/s/main.py raised ZeroDivisionError: division by zero (code/s/main.py, line 3)"
+        );
+        let timeout = ScriptFailure::Timeout {
+            after: Duration::from_secs(2),
+        };
+        assert_eq!(
+            timeout.describe("code/s/main.py"),
+            "code/s/main.py did not finish within 2s and was stopped (timeout)"
+        );
+        assert_eq!(tail("héllo", 4), "llo");
+    }
+}
