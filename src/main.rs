@@ -17,6 +17,8 @@ use trellis_host::plugins::PluginValidators;
 use trellis_host::workflow::{self, Workspace};
 use trellis_host::{CacheSetting, Engine, Grant, Limits, PluginRegistry, validation};
 
+mod script_command;
+
 /// Trellis: a sandboxed runtime for agent workflows.
 ///
 /// Every tool, validator, LLM provider and step script is a WebAssembly
@@ -51,6 +53,21 @@ enum Command {
     /// List past runs and inspect their steps.
     #[command(subcommand)]
     Runs(RunsCommand),
+    /// Run a step's script in its sandbox, outside a workflow run.
+    ///
+    /// Runs `code/<step>/main.wasm` (any wasi:cli command component) if it exists, else
+    /// `code/<step>/main.py` in the bundled Python runner, with working directory
+    /// `code/<step>/` (read-only), the step's folder grants, STEP_OUTPUT_DIR,
+    /// STEP_EXECUTION_DIR, DB_PATH and VAR_<NAME> for workflow variables, no network.
+    /// Python scripts reach the database with `import trellis_db`. Its stdout and stderr
+    /// are printed and written to `runs/<run>/logs/<step>/script-stdout.txt` and
+    /// `script-stderr.txt`, with `script-result.json` beside them. Exit status 1 when the
+    /// script fails (non-zero exit, exception, timeout, memory limit).
+    ///
+    /// Example:
+    ///   trellis script WS --step fetch-tickets --timeout 30 --var region=emea
+    #[command(verbatim_doc_comment)]
+    Script(script_command::ScriptArgs),
     /// Check a workspace's plan.json, step_config.json and workflow.json.
     ///
     /// Prints every problem found, each with its file and JSON path. Exit
@@ -356,6 +373,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             inspect_plugin(&registry, &id, json)?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Script(args) => script_command::run(&engine, args).await,
         Command::Check {
             workspace,
             step,

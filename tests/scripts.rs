@@ -597,9 +597,19 @@ async fn a_memory_bomb_hits_the_memory_limit() {
     let mut options = options();
     options.limits.memory_bytes = 128 << 20;
     let outcome = world.run(&options).await;
-    let failed = matches!(outcome.failure, Some(ScriptFailure::MemoryLimit { .. }))
-        || matches!(&outcome.failure, Some(ScriptFailure::Exception { exception, .. }) if exception.starts_with("MemoryError"));
-    assert!(failed, "{:?}", outcome.failure);
+    assert_eq!(
+        outcome.failure,
+        Some(ScriptFailure::MemoryLimit { limit: 128 << 20 })
+    );
+    assert!(
+        outcome
+            .error_message()
+            .unwrap()
+            .contains("exceeded its memory limit of 128 MiB")
+    );
+    // The host carries on.
+    world.script("print('next')\n");
+    assert_eq!(world.run(&options).await.stdout, "next\n");
 }
 
 const DB_SCRIPT: &str = r#"
@@ -834,4 +844,49 @@ async fn a_script_symlinked_out_of_the_workspace_is_not_read() {
             );
         }
     }
+}
+
+#[test]
+fn the_cli_runs_a_step_script_and_fails_with_its_error() {
+    let world = World::new();
+    let cache = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("component-cache");
+    let trellis = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_trellis"))
+            .arg("script")
+            .arg(world.root())
+            .args(["--step", STEP, "--cache-dir"])
+            .arg(&cache)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    world.script("import os\nprint('region', os.environ['VAR_REGION'])\n");
+    let out = trellis(&["--var", "region=apac"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "region apac\n");
+    assert!(
+        stderr.contains("code/fetch/main.py: succeeded in")
+            && stderr.contains("logs in runs/iteration-0/logs/fetch/"),
+        "{stderr}"
+    );
+
+    world.script("x = 1\nraise ValueError('bad input')\n");
+    let out = trellis(&[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("Traceback (most recent call last):"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(
+            "error: code/fetch/main.py raised ValueError: bad input (code/fetch/main.py, line 2)"
+        ),
+        "{stderr}"
+    );
+
+    let out = trellis(&["--timeout", "0"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--timeout: expected a positive number"));
 }

@@ -52,7 +52,7 @@ MORE_MODULES = """
     collections.abc colorsys contextlib copy copyreg dataclasses decimal difflib dis
     enum errno fnmatch fractions functools gettext glob graphlib gzip heapq hmac html
     html.entities html.parser inspect io ipaddress keyword linecache locale logging
-    lzma bz2 mimetypes numbers operator os.path pickle pprint quopri random reprlib
+    mimetypes numbers operator os.path pickle pprint quopri random reprlib
     secrets shlex shutil statistics string stringprep struct tempfile textwrap time
     tokenize tomllib traceback types typing unicodedata uuid warnings weakref
     xml.dom.minidom xml.etree.ElementTree xml.sax zipfile zlib zoneinfo

@@ -1,0 +1,95 @@
+//! `trellis script`: runs one step's script in its sandbox, outside a workflow run.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use trellis_host::Engine;
+use trellis_host::script::{ScriptOptions, ScriptRunner};
+use trellis_host::workflow::Workspace;
+
+/// Arguments of `trellis script`.
+#[derive(Args, Debug)]
+pub struct ScriptArgs {
+    /// The workspace folder.
+    workspace: PathBuf,
+    /// The step whose script to run (`code/<ID>/main.wasm`, else `code/<ID>/main.py`).
+    #[arg(long, value_name = "ID")]
+    step: String,
+    /// Run folder under `runs/` [default: iteration-0].
+    #[arg(long, value_name = "FOLDER")]
+    run: Option<String>,
+    /// The group of workflow.json (its id) whose variable values apply.
+    #[arg(long, value_name = "ID")]
+    group: Option<String>,
+    /// A variable over workflow.json's, seen as VAR_<NAME> (repeatable).
+    #[arg(long = "var", value_name = "NAME=VALUE")]
+    vars: Vec<String>,
+    /// Wall-clock deadline, in seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 120.0)]
+    timeout: f64,
+    /// Memory limit, in MiB.
+    #[arg(long, value_name = "MIB", default_value_t = 512)]
+    memory: usize,
+}
+
+/// Runs the script, replays its stdout and stderr, and prints one line saying how it
+/// ended. Exit status 1 when the script failed or could not run.
+pub async fn run(engine: &Engine, args: ScriptArgs) -> Result<ExitCode> {
+    anyhow::ensure!(
+        args.timeout.is_finite() && args.timeout > 0.0,
+        "--timeout: expected a positive number of seconds, found {}",
+        args.timeout
+    );
+    let mut options = ScriptOptions {
+        group: args.group,
+        ..ScriptOptions::default()
+    };
+    options.limits.timeout = Duration::from_secs_f64(args.timeout);
+    options.limits.memory_bytes = args
+        .memory
+        .checked_mul(1 << 20)
+        .context("--memory is too large")?;
+    for var in &args.vars {
+        let (name, value) = var
+            .split_once('=')
+            .with_context(|| format!("--var {var:?}: expected NAME=VALUE"))?;
+        options
+            .variables
+            .insert(name.to_string(), value.to_string());
+    }
+    let ws = Workspace::open_run(
+        &args.workspace,
+        Some(args.run.as_deref().unwrap_or("iteration-0")),
+    )
+    .map_err(|d| anyhow::anyhow!("{d}"))?;
+    let runner = ScriptRunner::new(engine)?;
+    let outcome = runner.run(&ws, &args.step, &options).await?;
+
+    std::io::stdout().write_all(outcome.stdout.as_bytes())?;
+    std::io::stdout().flush()?;
+    std::io::stderr().write_all(outcome.stderr.as_bytes())?;
+    let logs = outcome
+        .log_dir
+        .as_ref()
+        .and_then(|d| d.strip_prefix(&ws.root).ok())
+        .map(|d| format!("; logs in {}/", d.display()))
+        .unwrap_or_default();
+    match &outcome.failure {
+        None => {
+            eprintln!(
+                "{}: succeeded in {} ms{logs}",
+                outcome.script,
+                outcome.duration.as_millis()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Some(failure) => {
+            eprintln!("error: {}{logs}", failure.describe(&outcome.script));
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
