@@ -305,21 +305,31 @@ async fn foreach_renders_one_turn_per_row() {
 async fn failing_prevalidation_gets_a_repair_turn() {
     let registry = registry().await;
     let schema = json!({"files": [{"file_name": "report.json", "must_exist": true}]});
+    // The gate's own schema, or none: then it checks the step's schema.
+    for gate in [
+        json!({"id": "gate", "type": "prevalidation", "validation_schema": schema}),
+        json!({"id": "gate", "type": "prevalidation"}),
+    ] {
+        repair_turn_case(&registry, &schema, gate).await;
+    }
+}
+
+async fn repair_turn_case(registry: &PluginRegistry, schema: &Value, gate: Value) {
     let plan = plan(
         json!([
             {"id": "start", "type": "user_message", "message": "Begin."},
-            {"id": "gate", "type": "prevalidation", "validation_schema": schema}
+            gate
         ]),
         Some(schema.clone()),
     );
     let dir = tempfile::tempdir().unwrap();
     let ws = workspace(dir.path(), &plan);
     let args = json!({"path": format!("{OUT}/report.json"), "content": "{}"});
-    let result = expected_tool_text(&registry, &plan, "start", "workspace:write_file", &args).await;
+    let result = expected_tool_text(registry, &plan, "start", "workspace:write_file", &args).await;
 
     // The repair message is whatever the driver builds from the real report: run the gate on
     // the empty output folder the same way to know it.
-    let validators = trellis_host::plugins::PluginValidators::new(&registry, Limits::default());
+    let validators = trellis_host::plugins::PluginValidators::new(registry, Limits::default());
     let parsed: trellis_host::validation::ValidationSchema = ws
         .plan
         .step("s1")
@@ -347,7 +357,7 @@ async fn failing_prevalidation_gets_a_repair_turn() {
         .reply("Fixed.", &[]);
     let cassette = dir.path().join("cassette.json");
     tape.save(&cassette);
-    let outcome = runner(&registry, &cassette)
+    let outcome = runner(registry, &cassette)
         .run_step(&ws, "s1")
         .await
         .unwrap();

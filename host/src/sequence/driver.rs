@@ -285,7 +285,16 @@ impl<'a> StepRunner<'a> {
         let output_dir = ws.step_output_dir(step_id);
         std::fs::create_dir_all(&output_dir)
             .with_context(|| format!("creating {}", output_dir.display()))?;
+        // The routes' conversations and call folders belong to the step's conversation,
+        // which starts afresh: those of an earlier run of the step go with it.
+        let agents = output_dir.join(crate::sequence::routes::AGENTS_DIR);
+        if std::fs::symlink_metadata(&agents).is_ok() {
+            std::fs::remove_dir_all(&agents)
+                .or_else(|_| std::fs::remove_file(&agents))
+                .with_context(|| format!("clearing {} of an earlier run", agents.display()))?;
+        }
         let logs = logs_dir(&ws.run_dir(), step_id);
+        let _ = std::fs::remove_dir_all(logs.join(crate::sequence::routes::AGENTS_DIR));
         std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
         let (policy, tools) = self.tools_of(step, &configs);
         let mut run = Run {
@@ -640,7 +649,7 @@ impl<'a> StepRunner<'a> {
         if let Some(schema) = &run.step.validation_schema {
             let same = items
                 .last()
-                .and_then(|i| i.body.own_schema())
+                .and_then(|i| gate_schema(run.step, i))
                 .is_some_and(|s| s == schema);
             if !same {
                 if self.cancelled() {
@@ -727,7 +736,7 @@ impl<'a> StepRunner<'a> {
                 }
             }
             ItemBody::Prevalidation { .. } => {
-                let Some(schema) = item.body.own_schema() else {
+                let Some(schema) = gate_schema(run.step, item) else {
                     return Ok(());
                 };
                 let access = TurnAccess::for_item(&run.configs, item);
@@ -1067,6 +1076,17 @@ impl<'a> StepRunner<'a> {
             started_at,
             completed_at: now_rfc3339(),
         }
+    }
+}
+
+/// The schema a prevalidation item checks: its own, else the step's top-level one (spec
+/// section 2); `None` for other items.
+fn gate_schema<'s>(step: &'s Step, item: &'s Item) -> Option<&'s ValidationSchema> {
+    match item.body {
+        ItemBody::Prevalidation { .. } => {
+            item.body.own_schema().or(step.validation_schema.as_ref())
+        }
+        _ => None,
     }
 }
 
