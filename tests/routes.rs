@@ -451,6 +451,18 @@ async fn a_route_called_twice_keeps_its_conversation_in_fresh_call_folders() {
             "turn {turn} of the sub-agent is logged"
         );
     }
+    // A second run of the step starts its routes afresh too: the same cassette plays again,
+    // from call-0001.
+    let outcome = runner(&registry, &cassette)
+        .run_step(&ws, "s1")
+        .await
+        .unwrap();
+    assert_eq!(outcome.status, Status::Completed, "{:?}", outcome.error);
+    assert!(
+        !dir.path()
+            .join(call_folder("refunds", "call-0003"))
+            .exists()
+    );
     // The parent's turn log records the delegation with what came back.
     let conv = read_json(
         &dir.path()
@@ -806,4 +818,315 @@ async fn a_todo_task_runs_its_messages_as_a_sequence_with_routes() {
             ("wrap-up".to_string(), "completed".to_string())
         ])
     );
+}
+
+// The ticket-triage example: its cassette is built here, the way the tests above build
+// theirs, and checked against the committed file. Re-record after changing the example or a
+// prompt: `cargo test --test routes -- --ignored record_example_cassette`.
+
+const EXAMPLE: &str = "examples/ticket-triage";
+const EXAMPLE_MODEL: &str = "triage-demo";
+const EXAMPLE_STEP: &str = "triage-tickets";
+
+fn example_dir() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(EXAMPLE)
+}
+
+/// Copies a workspace, leaving out its database, run folders and learnings (outputs).
+fn copy_workspace(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name();
+        if name == "runs" || name == "db.sqlite" || name == "learnings" {
+            continue;
+        }
+        let target = to.join(&name);
+        if entry.file_type().unwrap().is_dir() {
+            copy_workspace(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+/// The example's conversation, recorded by playing it against the real tools in a copy of
+/// the example: a foreach turn per open ticket, the refund ticket delegated to the refunds
+/// specialist, then the reflection turn writing the step's learnings.
+async fn example_cassette(registry: &PluginRegistry) -> Cassette {
+    use trellis_host::capabilities::turn::reflection_due;
+    use trellis_host::sequence::driver::reflection_message;
+    use trellis_host::sequence::foreach::query_rows;
+    use trellis_host::sequence::template::MessageTemplate;
+    use trellis_host::sequence::workflow_run::seed_database;
+    use trellis_host::workflow::plan::ItemBody;
+
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ws");
+    copy_workspace(&example_dir(), &root);
+    assert!(seed_database(&root).unwrap());
+    let ws = Workspace::open(&root).unwrap();
+    let step = ws.plan.step(EXAMPLE_STEP).unwrap();
+    let configs = ws.agent_configs(EXAMPLE_STEP);
+    let items = step.effective_items();
+    let item = &items[0];
+    let ItemBody::Foreach {
+        source_sql,
+        message,
+        max_iterations,
+        ..
+    } = &item.body
+    else {
+        panic!("the first item of the example is a foreach");
+    };
+    let rows = query_rows(
+        &root.join("db/db.sqlite"),
+        &item.id,
+        source_sql,
+        *max_iterations,
+    )
+    .unwrap();
+    let template = MessageTemplate::parse(&item.id, message).unwrap();
+    let ctx = TurnContext {
+        root: &ws.root,
+        run_folder: "iteration-0",
+        step,
+        configs: &configs,
+    };
+    let grant = turn_grant(&ctx, TurnPurpose::Item(item)).unwrap();
+    let refunds_step = &step.predefined_routes()[0].sub_agent_step;
+    let refunds_configs = ws.agent_configs("refunds");
+    let refunds_items = refunds_step.effective_items();
+    let out = format!("runs/iteration-0/execution/{EXAMPLE_STEP}");
+    let call_dir = format!("{out}/agents/refunds/calls/call-0001");
+    let refunds_grant = turn_grant_in(
+        &TurnContext {
+            root: &ws.root,
+            run_folder: "iteration-0",
+            step: refunds_step,
+            configs: &refunds_configs,
+        },
+        TurnPurpose::Item(&refunds_items[0]),
+        &AgentFolders {
+            output: call_dir.clone(),
+            shared: Some(format!("{out}/shared")),
+            sub_agent: true,
+        },
+    )
+    .unwrap();
+    let usage = Usage {
+        prompt_tokens: 400,
+        completion_tokens: 60,
+        total_tokens: 460,
+    };
+    let mut tape = Tape::default();
+    let mut reply = |conv: &mut Conv, text: &str, calls: &[(&str, &str, Value)]| {
+        conv.reply(&mut tape, text, calls);
+        tape.interactions.last_mut().unwrap().response.usage = usage;
+        tape.interactions.last_mut().unwrap().request.model = EXAMPLE_MODEL.to_string();
+    };
+
+    let mut triage = Conv::new(step_system_prompt(&ws, EXAMPLE_STEP).unwrap());
+    let decisions = [
+        (1, "P1", "checkout outage for every customer: escalated"),
+        (
+            2,
+            "P2",
+            "duplicate charge: the refunds specialist refunds one charge",
+        ),
+        (3, "P4", "cosmetic typo"),
+    ];
+    let report_path = format!("{out}/report.json");
+    let mut triaged = Vec::new();
+    let mut refunds_done = Vec::new();
+    for (i, row) in rows.rows.iter().enumerate() {
+        let (id, priority, reason) = decisions[i];
+        assert_eq!(row["id"], json!(id));
+        triage.user(&template.render(i + 1, row).unwrap());
+        if id == 2 {
+            let instructions = "Ticket 2: the customer was charged twice for order 4411 and \
+                                asks for one charge back. Decide by the refund policy.";
+            let delegation = json!({"route_id": "refunds", "instructions": instructions});
+            reply(
+                &mut triage,
+                "",
+                &[("call-2a", "call_sub_agent", delegation)],
+            );
+            let mut refunds = Conv::new(
+                sub_agent_system_prompt(&ws, EXAMPLE_STEP, &["refunds"], "call-0001").unwrap(),
+            );
+            let task = match &refunds_items[0].body {
+                ItemBody::UserMessage { message, .. } => message.clone(),
+                _ => panic!("the refunds step starts with a user message"),
+            };
+            refunds.user(&call_opening("call-0001", instructions, &task));
+            let policy = json!({"path": "knowledgebase/notes/refunds.md"});
+            reply(
+                &mut refunds,
+                "",
+                &[("r-1", "workspace:read_file", policy.clone())],
+            );
+            let text = call(
+                registry,
+                "workspace:read_file",
+                &policy,
+                &refunds_grant.grant,
+            )
+            .await;
+            assert!(text.contains("30 days"), "{text}");
+            refunds.tool("r-1", &text);
+            let decision = json!({"ticket": 2, "decision": "refund",
+                "reason": "duplicate charge for order 4411, well within the 30 days of the policy"});
+            let write = json!({"path": format!("{call_dir}/refund.json"),
+                "content": serde_json::to_string_pretty(&decision).unwrap()});
+            reply(
+                &mut refunds,
+                "",
+                &[("r-2", "workspace:write_file", write.clone())],
+            );
+            let text = call(
+                registry,
+                "workspace:write_file",
+                &write,
+                &refunds_grant.grant,
+            )
+            .await;
+            assert!(!text.starts_with("error:"), "{text}");
+            refunds.tool("r-2", &text);
+            let answer =
+                "refund: one of the two charges for order 4411 (duplicate, within 30 days).";
+            reply(&mut refunds, answer, &[]);
+            triage.tool(
+                "call-2a",
+                &CallResult {
+                    route_id: "refunds".into(),
+                    call_id: "call-0001".into(),
+                    status: Status::Completed,
+                    answer: Some(answer.into()),
+                    error: None,
+                    output_folder: call_dir.clone(),
+                    files: vec![format!("{call_dir}/refund.json")],
+                }
+                .to_value()
+                .to_string(),
+            );
+            refunds_done.push(json!({"ticket": 2, "decision": "refund",
+                "decided_by": "refunds specialist", "details": format!("{call_dir}/refund.json")}));
+        }
+        triaged.push(
+            json!({"id": id, "subject": row["subject"], "priority": priority,
+            "reason": reason}),
+        );
+        let escalated: Vec<i64> = decisions[..=i]
+            .iter()
+            .filter(|d| d.1 == "P1")
+            .map(|d| d.0)
+            .collect();
+        let report = json!({"tickets": triaged, "escalated": escalated, "refunds": refunds_done});
+        let args = json!({"path": report_path,
+            "content": serde_json::to_string_pretty(&report).unwrap()});
+        let call_id = format!("call-{id}");
+        reply(
+            &mut triage,
+            "",
+            &[(&call_id, "workspace:write_file", args.clone())],
+        );
+        let text = call(registry, "workspace:write_file", &args, &grant.grant).await;
+        assert!(!text.starts_with("error:"), "{text}");
+        triage.tool(&call_id, &text);
+        reply(
+            &mut triage,
+            &format!("Ticket {id}: {priority} ({reason}). report.json updated."),
+            &[],
+        );
+    }
+
+    // The reflection turn: learnings are due (a learning objective, read-write by default).
+    let due = reflection_due(&configs).expect("the example closes with a reflection turn");
+    triage.user(&reflection_message(EXAMPLE_STEP, &configs, due));
+    let lessons = "# Ticket triage\n\n\
+        - Outage words (\"down for all customers\", \"every payment fails\") mean P1: escalate.\n\
+        - \"Charged twice\" and \"refund\" go to the refunds specialist; record its decision.\n\
+        - Cosmetic issues (typos) are P4.\n";
+    let write = json!({"path": format!("learnings/_global/{EXAMPLE_STEP}.md"), "content": lessons});
+    reply(
+        &mut triage,
+        "",
+        &[("call-learn", "workspace:write_file", write.clone())],
+    );
+    let reflection = turn_grant(&ctx, TurnPurpose::Reflection).unwrap();
+    let text = call(registry, "workspace:write_file", &write, &reflection.grant).await;
+    assert!(!text.starts_with("error:"), "{text}");
+    triage.tool("call-learn", &text);
+    reply(
+        &mut triage,
+        "Recorded three lessons in learnings/_global/triage-tickets.md.",
+        &[],
+    );
+    Cassette {
+        interactions: tape.interactions,
+    }
+}
+
+fn example_cassette_path() -> std::path::PathBuf {
+    example_dir().join(format!("cassettes/{EXAMPLE_MODEL}.json"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "re-records examples/ticket-triage/cassettes/triage-demo.json"]
+async fn record_example_cassette() {
+    let registry = registry().await;
+    example_cassette(&registry)
+        .await
+        .save(&example_cassette_path())
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_cassette_is_current_and_the_example_delegates_and_reflects() {
+    let registry = registry().await;
+    let fresh = example_cassette(&registry).await;
+    let committed = Cassette::load(&example_cassette_path()).unwrap();
+    assert!(
+        fresh == committed,
+        "{} is stale: re-record it with `cargo test --test routes -- --ignored \
+         record_example_cassette`",
+        example_cassette_path().display()
+    );
+
+    // The example runs offline from it: the refund goes to the specialist, and the step
+    // closes with its learnings.
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ws");
+    copy_workspace(&example_dir(), &root);
+    trellis_host::sequence::workflow_run::seed_database(&root).unwrap();
+    let ws = Workspace::open(&root).unwrap();
+    let cassette = example_cassette_path();
+    let target = Target {
+        provider: "replay".into(),
+        model: EXAMPLE_MODEL.into(),
+        endpoint: Endpoint::replay(&cassette, 0).unwrap(),
+        secret: Secret::none(),
+    };
+    let outcome = StepRunner::new(&registry, vec![target], Limits::default())
+        .with_replay(ReplayCursor::new(&cassette))
+        .run_step(&ws, EXAMPLE_STEP)
+        .await
+        .unwrap();
+    assert_eq!(outcome.status, Status::Completed, "{:?}", outcome.error);
+    let out = root.join("runs/iteration-0/execution").join(EXAMPLE_STEP);
+    let refund = read_json(&out.join("agents/refunds/calls/call-0001/refund.json"));
+    assert_eq!(refund["decision"], "refund");
+    let report = read_json(&out.join("report.json"));
+    assert_eq!(report["refunds"][0]["ticket"], 2);
+    assert!(root.join("learnings/_global/triage-tickets.md").is_file());
+    let session = read_json(&out.join("session.json"));
+    let last = session["entries"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert_eq!(last["entry_id"], "triage-tickets-reflection");
+    assert_eq!(last["status"], "completed");
 }

@@ -1,11 +1,10 @@
 //! `trellis run`: whole workflows through the binary. The example workspace runs offline
 //! from its committed cassette; small temp workspaces cover human input and routing.
 //!
-//! The example's cassette is written by the ignored test `record_example_cassette`, built
-//! the way tests/sequence_driver.rs builds its cassettes: the system prompt the driver sends
-//! (`step_system_prompt`) and tool results from calling the same tool under the same grant.
-//! Re-record after changing the example or the prompt:
-//! `cargo test --test run_cli -- --ignored record_example_cassette`.
+//! The example's cassette is built in tests/routes.rs (its conversation delegates a refund
+//! to a route's sub-agent and closes with a reflection turn), which also checks that the
+//! committed file is current. Re-record after changing the example or a prompt:
+//! `cargo test --test routes -- --ignored record_example_cassette`.
 
 mod support;
 
@@ -13,21 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_json::{Value, json};
-use support::engine;
-use trellis_host::capabilities::turn::{TurnContext, TurnPurpose, turn_grant};
-use trellis_host::llm::{
-    Cassette, Interaction, Message, RecordedRequest, Response, StopReason, ToolCall, Usage,
-};
-use trellis_host::sequence::driver::step_system_prompt;
-use trellis_host::sequence::foreach::query_rows;
-use trellis_host::sequence::template::MessageTemplate;
-use trellis_host::sequence::workflow_run::seed_database;
-use trellis_host::workflow::Workspace;
-use trellis_host::workflow::plan::ItemBody;
-use trellis_host::{Limits, PluginRegistry};
 
 const EXAMPLE: &str = "examples/ticket-triage";
-const MODEL: &str = "triage-demo";
 const STEP: &str = "triage-tickets";
 
 fn example_dir() -> PathBuf {
@@ -99,17 +85,19 @@ fn example_runs_offline_and_a_second_run_rotates() {
     ] {
         assert!(stdout.contains(line), "{line:?} in {stdout}");
     }
+    // Three tickets, the refunds specialist's decision, the reflection's learnings.
     assert_eq!(
         stdout.matches("    tool workspace:write_file: ok").count(),
-        3
+        5
     );
+    assert!(stdout.contains("    tool call_sub_agent: ok"), "{stdout}");
     // --quiet: only the summary (one step again, in the same run folder).
     let quiet = trellis(&["run", root, "--quiet", "--step", STEP]);
     let quiet_out = text(&quiet.stdout);
     assert!(quiet.status.success(), "{quiet_out}");
     assert!(!quiet_out.contains("turn 1"), "{quiet_out}");
     assert!(
-        quiet_out.contains("done: 3 turns, 6 LLM calls, 3 tool calls"),
+        quiet_out.contains("done: 5 turns, 12 LLM calls, 7 tool calls"),
         "{quiet_out}"
     );
     let report = read_json(&ws.join("runs/iteration-0/execution/triage-tickets/report.json"));
@@ -132,7 +120,7 @@ fn example_runs_offline_and_a_second_run_rotates() {
     let shown = text(&show.stdout);
     assert!(show.status.success(), "{shown}\n{}", text(&show.stderr));
     assert!(shown.contains("status: completed"), "{shown}");
-    assert!(shown.contains("turns: 3"), "{shown}");
+    assert!(shown.contains("turns: 4"), "{shown}");
     assert!(shown.contains("triage-each [foreach] completed"), "{shown}");
     assert_eq!(
         shown.matches("tool calls 1 (workspace:write_file)").count(),
@@ -170,7 +158,7 @@ fn a_step_that_fails_exits_1_and_says_so() {
     let stdout = text(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{stdout}");
     assert!(stdout.contains("step triage-tickets: failed"), "{stdout}");
-    assert!(stdout.contains("was not recorded"), "{stdout}");
+    assert!(stdout.contains("differs from the recording"), "{stdout}");
 }
 
 /// A workspace of human_input and routing steps only: it needs no LLM.
@@ -257,143 +245,6 @@ fn routing_takes_the_route_of_route_selection_else_the_default() {
         "{}",
         text(&out.stderr)
     );
-}
-
-/// Builds a cassette as the conversation goes (as in tests/sequence_driver.rs).
-struct Tape {
-    messages: Vec<Message>,
-    interactions: Vec<Interaction>,
-}
-
-impl Tape {
-    fn reply(&mut self, text: &str, calls: &[(&str, &str, Value)]) {
-        let response = Response {
-            text: text.to_string(),
-            tool_calls: calls
-                .iter()
-                .map(|(id, name, args)| ToolCall {
-                    id: id.to_string(),
-                    name: name.to_string(),
-                    arguments: args.to_string(),
-                })
-                .collect(),
-            stop_reason: if calls.is_empty() {
-                StopReason::Stop
-            } else {
-                StopReason::ToolCalls
-            },
-            usage: Usage {
-                prompt_tokens: 400,
-                completion_tokens: 60,
-                total_tokens: 460,
-            },
-            model: None,
-        };
-        self.interactions.push(Interaction {
-            request: RecordedRequest {
-                model: MODEL.to_string(),
-                messages: self.messages.clone(),
-                tools: Vec::new(),
-            },
-            response: response.clone(),
-        });
-        self.messages.push(Message::assistant(&response));
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "re-records examples/ticket-triage/cassettes/triage-demo.json"]
-async fn record_example_cassette() {
-    let registry = PluginRegistry::with_bundled(engine()).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("ws");
-    copy_workspace(&example_dir(), &root);
-    assert!(seed_database(&root).unwrap());
-    let ws = Workspace::open(&root).unwrap();
-    let step = ws.plan.step(STEP).unwrap();
-    let configs = ws.agent_configs(STEP);
-    let items = step.effective_items();
-    let item = items.iter().find(|i| i.id == "triage-each").unwrap();
-    let ItemBody::Foreach {
-        source_sql,
-        message,
-        max_iterations,
-        ..
-    } = &item.body
-    else {
-        panic!("triage-each is a foreach item");
-    };
-    let rows = query_rows(
-        &root.join("db/db.sqlite"),
-        &item.id,
-        source_sql,
-        *max_iterations,
-    )
-    .unwrap();
-    let template = MessageTemplate::parse(&item.id, message).unwrap();
-    let ctx = TurnContext {
-        root: &ws.root,
-        run_folder: "iteration-0",
-        step,
-        configs: &configs,
-    };
-    let grant = turn_grant(&ctx, TurnPurpose::Item(item)).unwrap();
-
-    let decisions = [
-        (1, "P1", "checkout outage for every customer: escalated"),
-        (2, "P2", "duplicate charge: refund per the refund notes"),
-        (3, "P4", "cosmetic typo"),
-    ];
-    let mut tape = Tape {
-        messages: vec![Message::system(step_system_prompt(&ws, STEP).unwrap())],
-        interactions: Vec::new(),
-    };
-    let path = format!("runs/iteration-0/execution/{STEP}/report.json");
-    let mut triaged = Vec::new();
-    for (i, row) in rows.rows.iter().enumerate() {
-        let (id, priority, reason) = decisions[i];
-        assert_eq!(row["id"], json!(id));
-        tape.messages
-            .push(Message::user(template.render(i + 1, row).unwrap()));
-        triaged.push(
-            json!({"id": id, "subject": row["subject"], "priority": priority,
-            "reason": reason}),
-        );
-        let escalated: Vec<i64> = decisions[..=i]
-            .iter()
-            .filter(|d| d.1 == "P1")
-            .map(|d| d.0)
-            .collect();
-        let report = json!({"tickets": triaged, "escalated": escalated});
-        let args = json!({"path": path,
-            "content": serde_json::to_string_pretty(&report).unwrap()});
-        let call_id = format!("call-{id}");
-        tape.reply("", &[(&call_id, "workspace:write_file", args.clone())]);
-        let result = match registry
-            .call_tool(
-                "workspace:write_file",
-                &args,
-                &grant.grant,
-                &Limits::default(),
-            )
-            .await
-        {
-            Ok(Value::String(s)) => s,
-            Ok(v) => v.to_string(),
-            Err(e) => format!("error: {e}"),
-        };
-        assert!(!result.starts_with("error:"), "{result}");
-        tape.messages.push(Message::tool_result(&call_id, result));
-        tape.reply(
-            &format!("Ticket {id}: {priority} ({reason}). report.json updated."),
-            &[],
-        );
-    }
-    Cassette {
-        interactions: tape.interactions,
-    }
-    .save(&example_dir().join(format!("cassettes/{MODEL}.json")))
-    .unwrap();
 }
 
 // ------------------------------------------------- models, recording, groups, prerequisites
