@@ -880,6 +880,64 @@ mod tests {
     }
 
     #[test]
+    fn a_sub_agent_writes_its_call_folder_and_the_shared_folder_only() {
+        let ws = workspace();
+        let c = configs(|_| {});
+        let s = step(&[]);
+        let ctx = TurnContext {
+            root: ws.path(),
+            run_folder: "iteration-0",
+            step: &s,
+            configs: &c,
+        };
+        let parent = "runs/iteration-0/execution/parent";
+        let call = format!("{parent}/agents/step-1/calls/call-0001");
+        let agent = AgentFolders {
+            output: call.clone(),
+            shared: Some(format!("{parent}/shared")),
+            sub_agent: true,
+        };
+        let g = turn_grant_in(&ctx, TurnPurpose::Item(&item(None, None)), &agent).unwrap();
+        use Access::*;
+        assert_eq!(
+            folders(&g)[..4],
+            [
+                ("runs/iteration-0/execution".to_string(), ReadOnly),
+                (
+                    "runs/iteration-0/execution/Downloads".to_string(),
+                    ReadWrite
+                ),
+                (call.clone(), ReadWrite),
+                (format!("{parent}/shared"), ReadWrite),
+            ]
+        );
+        assert!(
+            !folders(&g).iter().any(|(p, _)| p == parent),
+            "the parent's own output folder is not granted"
+        );
+        assert!(ws.path().join(&call).is_dir() && ws.path().join(parent).join("shared").is_dir());
+        assert_eq!(g.output_dir, ws.path().join(&call));
+        assert!(g.describe().contains("your output folder for this call"));
+
+        for bad in [
+            "runs/iteration-0/execution",
+            "knowledgebase/x",
+            "runs/iteration-0/logs/x",
+        ] {
+            let agent = AgentFolders {
+                output: bad.to_string(),
+                shared: None,
+                sub_agent: true,
+            };
+            let err = turn_grant_in(&ctx, TurnPurpose::Reflection, &agent).unwrap_err();
+            assert!(
+                format!("{err:#}").contains("is not inside"),
+                "{bad}: {err:#}"
+            );
+        }
+    }
+
+    #[test]
     fn read_only_stores_are_not_created_and_none_hides_them() {
         let dir = tempfile::tempdir().unwrap();
         let c = configs(|c| {
