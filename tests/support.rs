@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod fake_llm;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -78,4 +80,15 @@ fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
             out.insert(rel, hex::encode(digest));
         }
     }
+}
+
+/// Runs the `trellis` binary with a component cache under the target folder.
+pub fn trellis(args: &[&str]) -> std::process::Output {
+    let cache = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("component-cache");
+    std::process::Command::new(env!("CARGO_BIN_EXE_trellis"))
+        .arg("--cache-dir")
+        .arg(cache)
+        .args(args)
+        .output()
+        .expect("the trellis binary runs")
 }

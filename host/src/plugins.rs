@@ -256,6 +256,11 @@ impl PluginRegistry {
         Ok(())
     }
 
+    /// The engine the plugins run on.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
     /// Loaded plugins, sorted by id.
     pub fn plugins(&self) -> impl Iterator<Item = &Plugin> {
         self.plugins.values()

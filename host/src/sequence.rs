@@ -5,6 +5,7 @@
 //! - [`filters`]: which tools a step's turns are offered (section 10).
 //! - [`template`]: Go `text/template` rendering of foreach messages.
 //! - [`foreach`]: the read-only row query of a foreach item, with its cap.
+//! - [`scripted`]: texts and names of scripted steps (the loop is in [`driver`]).
 //! - [`session`]: `session.json`, the final summary and per-turn logs, written atomically.
 //! - [`run_folder`]: rotation of `runs/iteration-0` and group run folders.
 //! - [`runs`]: reading what runs left behind (`trellis runs list` / `show`).
@@ -24,6 +25,7 @@ pub mod llm_choice;
 pub mod routes;
 pub mod run_folder;
 pub mod runs;
+pub mod scripted;
 pub mod session;
 pub mod template;
 pub mod workflow_run;

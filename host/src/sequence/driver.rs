@@ -26,7 +26,7 @@ use serde_json::Value;
 
 use crate::Limits;
 use crate::capabilities::turn::{
-    AgentFolders, ReflectionDue, TurnAccess, TurnContext, TurnGrant, TurnPurpose,
+    AgentFolders, GrantedFolder, ReflectionDue, TurnAccess, TurnContext, TurnGrant, TurnPurpose,
     grant_for_access_in, reflection_due, turn_grant_in,
 };
 use crate::llm::{
@@ -34,12 +34,14 @@ use crate::llm::{
     ToolDefinition, complete_with_options,
 };
 use crate::plugins::{PluginRegistry, PluginValidators};
+use crate::script::{ScriptKind, ScriptOptions, ScriptOutcome, ScriptRunner};
 use crate::sequence::events::{Observer, RunEvent};
 use crate::sequence::filters::{CALL_SUB_AGENT, DELEGATION_CATEGORY, ToolPolicy};
 use crate::sequence::routes::{
     AgentHome, CallResult, MAX_ROUTE_DEPTH, TOOL_RESULTS_DIR, call_preamble, call_sub_agent_tool,
     delegation_note, files_written,
 };
+use crate::sequence::scripted;
 use crate::sequence::session::{
     FinalSummary, LlmCallRecord, RequestedToolCall, Session, Status, ToolCallRecord,
     TurnConversation, TurnSummary, logs_dir, now_rfc3339, write_turn_logs,
@@ -100,6 +102,7 @@ pub struct StepRunner<'a> {
     observer: Observer,
     target_options: Vec<Option<Options>>,
     recorder: Option<Arc<Recorder>>,
+    scripts: Option<(Arc<ScriptRunner>, ScriptOptions)>,
 }
 
 /// Why a turn ended without a final reply.
@@ -194,7 +197,15 @@ impl<'a> StepRunner<'a> {
             observer: Observer::default(),
             target_options: Vec::new(),
             recorder: None,
+            scripts: None,
         }
+    }
+
+    /// Runs the scripts of scripted steps (spec section 7) with `scripts`, under `options`
+    /// (limits, group, variables). Without it a scripted step fails saying so.
+    pub fn with_scripts(mut self, scripts: Arc<ScriptRunner>, options: ScriptOptions) -> Self {
+        self.scripts = Some((scripts, options));
+        self
     }
 
     /// Sampling options of each target, by position (`execution_llm.options` of the
@@ -325,8 +336,14 @@ impl<'a> StepRunner<'a> {
             .push(Message::system(system_prompt(step, &step_grant)));
         run.save_session()?;
 
-        let mut result = self.run_items(&mut run, &items).await;
+        let scripted = matches!(step.kind, StepKind::Regular) && run.configs.is_scripted();
+        let mut result = if scripted {
+            self.run_scripted(&mut run).await
+        } else {
+            self.run_items(&mut run, &items).await
+        };
         if result.is_ok()
+            && !scripted
             && let Some(due) = reflection_due(&run.configs)
         {
             result = self.reflection(&mut run, due).await;
@@ -357,6 +374,168 @@ impl<'a> StepRunner<'a> {
             error,
             output_dir: run.output_dir,
         })
+    }
+
+    /// A scripted step (spec section 7): the script, then the step's gate; on a failure a
+    /// repair turn (unless `lock_code`) and the script again. No LLM is called when the
+    /// script succeeds and its outputs pass.
+    async fn run_scripted(&self, run: &mut Run<'_>) -> Result<(), TurnEnd> {
+        let Some((scripts, options)) = &self.scripts else {
+            return Err(TurnEnd::Failed(format!(
+                "step {:?} is scripted (declared_execution_mode \"scripted\"), but this \
+                 runner runs no scripts",
+                run.step.id
+            )));
+        };
+        let step_id = run.step.id.clone();
+        let locked = run.configs.lock_code == Some(true);
+        let skip_gate = run.configs.disable_validation == Some(true);
+        let mut attempt = 1;
+        loop {
+            if self.cancelled() {
+                return Err(TurnEnd::Stopped);
+            }
+            let item_id = scripted::script_item_id(attempt);
+            let entry = run.start_entry(&item_id, scripted::SCRIPT_ITEM_TYPE);
+            let _ = run.save_session();
+            self.observer.emit(RunEvent::ItemStarted {
+                step_id: run.label.clone(),
+                item_id: item_id.clone(),
+                item_type: scripted::SCRIPT_ITEM_TYPE.to_string(),
+            });
+            let result = match scripts.run(run.ws, &step_id, options).await {
+                Ok(outcome) => self.check_script(run, &item_id, attempt, skip_gate, outcome),
+                Err(e) => Err(TurnEnd::Failed(format!("{e:#}"))),
+            };
+            let (status, summary) = match &result {
+                Ok(Ok(done)) => (Status::Completed, Some(done.clone())),
+                Ok(Err((_, problem))) => (Status::Failed, Some(problem.clone())),
+                Err(TurnEnd::Stopped) => (Status::Stopped, None),
+                Err(TurnEnd::Failed(reason)) => (Status::Failed, Some(reason.clone())),
+            };
+            self.observer.emit(RunEvent::ItemEnded {
+                step_id: run.label.clone(),
+                item_id,
+                status,
+            });
+            run.session.end_entry(entry, status, summary);
+            run.save_session()
+                .map_err(|e| TurnEnd::Failed(format!("{e:#}")))?;
+            let (kind, script, problem) = match result? {
+                Ok(done) => {
+                    run.final_text = Some(done);
+                    return Ok(());
+                }
+                Err((outcome, problem)) => (outcome.kind, outcome.script, problem),
+            };
+            if locked {
+                return Err(TurnEnd::Failed(format!(
+                    "{problem}\n(lock_code is set for step {step_id:?}: the script is not repaired)"
+                )));
+            }
+            if kind == ScriptKind::Wasm {
+                return Err(TurnEnd::Failed(format!(
+                    "{problem}\n({script} is a compiled component: the agent cannot repair it)"
+                )));
+            }
+            if attempt > scripted::MAX_SCRIPT_REPAIRS {
+                return Err(TurnEnd::Failed(format!(
+                    "{script} still fails after {} repairs: {problem}",
+                    scripted::MAX_SCRIPT_REPAIRS
+                )));
+            }
+            if self.targets.is_empty() {
+                return Err(TurnEnd::Failed(format!(
+                    "{problem}\nRepairing the script needs an LLM, and step {step_id:?} has \
+                     none: set its execution_llm, a default llm in workflow.json, or give \
+                     --llm PROVIDER:MODEL (or set lock_code to fail without repair)"
+                )));
+            }
+            if self.cancelled() {
+                return Err(TurnEnd::Stopped);
+            }
+            let code_rel = format!("code/{step_id}");
+            let code_host =
+                crate::capabilities::resolve_in_root(&run.ws.root, &code_rel).map_err(failed)?;
+            let mut grant = run.grant_for(TurnAccess::for_step(&run.configs))?;
+            grant.grant = grant
+                .grant
+                .clone()
+                .write(code_host, &format!("/{code_rel}"))
+                .map_err(failed)?;
+            grant.folders.push(GrantedFolder {
+                path: code_rel,
+                access: crate::Access::ReadWrite,
+                role: "the step's script, writable for this repair".to_string(),
+            });
+            let source = std::fs::read_to_string(run.ws.root.join(&script)).ok();
+            let message = scripted::repair_message(
+                &step_id,
+                &script,
+                kind,
+                source.as_deref(),
+                &problem,
+                &run.step.outputs(),
+            );
+            let repair_id = scripted::repair_item_id(attempt);
+            let entry = run.start_entry(&repair_id, "user_message");
+            let turn = self.turn(run, &repair_id, 1, message, &grant).await;
+            let (status, summary) = match &turn {
+                Ok(()) => (Status::Completed, run.final_text.clone()),
+                Err(TurnEnd::Stopped) => (Status::Stopped, None),
+                Err(TurnEnd::Failed(reason)) => (Status::Failed, Some(reason.clone())),
+            };
+            run.session.end_entry(entry, status, summary);
+            run.save_session()
+                .map_err(|e| TurnEnd::Failed(format!("{e:#}")))?;
+            turn?;
+            attempt += 1;
+        }
+    }
+
+    /// What one script run means for the step: `Ok(summary)` when it succeeded and its
+    /// outputs pass the gate (or the gate is disabled), `Err((outcome, problem))` when the
+    /// script or the gate failed. A gate that cannot run at all fails the step.
+    #[allow(clippy::type_complexity)]
+    fn check_script(
+        &self,
+        run: &mut Run<'_>,
+        item_id: &str,
+        attempt: u32,
+        skip_gate: bool,
+        outcome: ScriptOutcome,
+    ) -> Result<Result<String, (ScriptOutcome, String)>, TurnEnd> {
+        if let Some(problem) = outcome.error_message() {
+            return Ok(Err((outcome, problem)));
+        }
+        let Some(schema) = run.step.validation_schema.as_ref().filter(|_| !skip_gate) else {
+            return Ok(Ok(scripted::success_summary(&outcome)));
+        };
+        let validators = PluginValidators::new(self.registry, self.limits);
+        let report = run_gate(&run.ws.root, &run.output_dir, schema, &validators)
+            .map_err(|e| TurnEnd::Failed(format!("gate of {item_id}: {e}")))?;
+        if let Err(e) = write_gate_report(run, FINAL_GATE_ID, attempt, &report) {
+            tracing::warn!("{}: gate of {item_id}: writing the report: {e}", run.label);
+        }
+        self.observer.emit(RunEvent::Gate {
+            step_id: run.label.clone(),
+            item_id: item_id.to_string(),
+            attempt,
+            passed: report.passed,
+            failures: report.failures().count(),
+        });
+        if report.passed {
+            return Ok(Ok(format!(
+                "{}; the outputs pass the validation gate",
+                scripted::success_summary(&outcome)
+            )));
+        }
+        let problem = format!(
+            "{} exited normally, but its outputs fail the validation gate:\n{}",
+            outcome.script,
+            failing_checks(&report)
+        );
+        Ok(Err((outcome, problem)))
     }
 
     /// The closing reflection turn (`<step-id>-reflection`, kind learning): the grant of

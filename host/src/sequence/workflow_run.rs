@@ -21,8 +21,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
@@ -30,6 +30,7 @@ use serde_json::{Value, json};
 use crate::Limits;
 use crate::llm::RetryPolicy;
 use crate::plugins::PluginRegistry;
+use crate::script::{ScriptOptions, ScriptRunner};
 use crate::sequence::driver::{StepOutcome, StepRunner};
 use crate::sequence::events::Observer;
 use crate::sequence::llm_choice::{self, LlmSetup, check_models};
@@ -82,6 +83,8 @@ pub struct RunEnv<'a> {
     pub observer: Observer,
     /// The models of the steps.
     pub llm: LlmSetup,
+    /// Runs the scripts of scripted steps; made on the first one.
+    scripts: OnceLock<Arc<ScriptRunner>>,
 }
 
 impl<'a> RunEnv<'a> {
@@ -94,7 +97,17 @@ impl<'a> RunEnv<'a> {
             cancel: Arc::new(AtomicBool::new(false)),
             observer: Observer::default(),
             llm,
+            scripts: OnceLock::new(),
         }
+    }
+
+    /// The script runner of the run's scripted steps (spec section 7).
+    pub fn scripts(&self) -> Result<Arc<ScriptRunner>> {
+        if let Some(scripts) = self.scripts.get() {
+            return Ok(scripts.clone());
+        }
+        let scripts = Arc::new(ScriptRunner::new(self.registry.engine())?);
+        Ok(self.scripts.get_or_init(|| scripts).clone())
     }
 
     /// The runner of step `step_id` of `ws`: its models (primary, then fallbacks, with their
@@ -630,7 +643,15 @@ async fn run_unit(
         let mut went_back = false;
         let (mut report, mut next) = match &step.kind {
             StepKind::MessageSequence(_) | StepKind::Regular | StepKind::TodoTask(_) => {
-                let runner = env.step_runner(&ws, &id)?;
+                let mut runner = env.step_runner(&ws, &id)?;
+                if ws.agent_configs(&id).is_scripted() {
+                    let options = ScriptOptions {
+                        group: group.map(|g| g.id.clone()),
+                        variables: opts.inputs.clone(),
+                        ..ScriptOptions::default()
+                    };
+                    runner = runner.with_scripts(env.scripts()?, options);
+                }
                 let outcome = runner.run_step(&ws, &id).await?;
                 let detail = match &outcome.error {
                     Some(e) => e.clone(),
