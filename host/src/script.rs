@@ -471,25 +471,14 @@ impl ScriptRunner {
         // Checks the step id and the run folder (single components, inside the workspace).
         let turn = grant_for_access(&ctx, access)?;
 
+        let ScriptFile {
+            kind,
+            path: script,
+            code_dir: code_host,
+        } = find_script(&ws.root, step_id)?;
         let code_rel = format!("code/{step_id}");
-        let code_host = crate::capabilities::resolve_in_root(&ws.root, &code_rel).map_err(|_| {
-            anyhow!(
-                "{code_rel}/ does not exist: a scripted step runs {code_rel}/{WASM_SCRIPT} or {code_rel}/{PYTHON_SCRIPT}"
-            )
-        })?;
         let code_dir =
             store::open_dir(&code_host).with_context(|| format!("opening {code_rel}/"))?;
-        let is_file = |name: &str| code_dir.metadata(name).is_ok_and(|m| m.is_file());
-        let kind = if is_file(WASM_SCRIPT) {
-            ScriptKind::Wasm
-        } else if is_file(PYTHON_SCRIPT) {
-            ScriptKind::Python
-        } else {
-            bail!(
-                "{code_rel}/ has neither {WASM_SCRIPT} nor {PYTHON_SCRIPT}: a scripted step needs one of them"
-            );
-        };
-        let script = format!("{code_rel}/{}", kind.file_name());
         let pre = match kind {
             ScriptKind::Python => self.python_pre().await?.clone(),
             ScriptKind::Wasm => {
@@ -645,6 +634,50 @@ impl ScriptRunner {
             log_dir: None,
         })
     }
+}
+
+/// The script of a step, as [`find_script`] found it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScriptFile {
+    /// Python or WebAssembly.
+    pub kind: ScriptKind,
+    /// Workspace-relative: `code/<step-id>/main.py` or `code/<step-id>/main.wasm`.
+    pub path: String,
+    /// The folder `code/<step-id>/` on the host (canonical, inside the workspace).
+    pub code_dir: PathBuf,
+}
+
+/// The script [`ScriptRunner::run`] would run for step `step_id` of the workspace at `root`:
+/// `code/<step-id>/main.wasm` if it is a file, else `code/<step-id>/main.py`. An error names
+/// what is missing. The folder is resolved inside the workspace: a `code/<step-id>` that is
+/// a symbolic link leading out of it is refused, and so is a script file that does.
+pub fn find_script(root: &Path, step_id: &str) -> Result<ScriptFile> {
+    let code_rel = format!("code/{step_id}");
+    if step_id.is_empty() || step_id.contains(['/', '\\']) || step_id == "." || step_id == ".." {
+        bail!("step id {step_id:?} cannot name a folder under code/");
+    }
+    let code_dir = crate::capabilities::resolve_in_root(root, &code_rel).map_err(|_| {
+        anyhow!(
+            "{code_rel}/ does not exist: a scripted step runs {code_rel}/{WASM_SCRIPT} or {code_rel}/{PYTHON_SCRIPT}"
+        )
+    })?;
+    let dir = store::open_dir(&code_dir).with_context(|| format!("opening {code_rel}/"))?;
+    // cap-std follows a symbolic link only while it stays inside the folder.
+    let is_file = |name: &str| dir.metadata(name).is_ok_and(|m| m.is_file());
+    let kind = if is_file(WASM_SCRIPT) {
+        ScriptKind::Wasm
+    } else if is_file(PYTHON_SCRIPT) {
+        ScriptKind::Python
+    } else {
+        bail!(
+            "{code_rel}/ has neither {WASM_SCRIPT} nor {PYTHON_SCRIPT}: a scripted step needs one of them"
+        );
+    };
+    Ok(ScriptFile {
+        kind,
+        path: format!("{code_rel}/{}", kind.file_name()),
+        code_dir,
+    })
 }
 
 /// Sorts a failed run into exit, timeout, memory limit or crash.
