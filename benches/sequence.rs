@@ -1,0 +1,324 @@
+//! Host overhead per turn of the agent loop: a `message_sequence` step whose foreach runs
+//! one turn per row, each turn one LLM call asking for a `workspace:write_file` call, the
+//! tool call, and a second LLM call answering, all answered by the `replay` provider; the
+//! driver writes `session.json` after every item and the turn logs of every turn.
+//!
+//! Baseline, measured in the same run: the bare plugin calls of the same step made
+//! directly through the registry, the same requests to the `replay` provider (same
+//! cassette, same conversation, same tools offered) and the same tool calls under the
+//! same grant. The difference per turn is what the host adds: history and requests, tool
+//! policy, logs, session files, events.
+//!
+//! Besides criterion's report, prints medians per turn from an interleaved sample and the
+//! overhead; `BENCHMARKS.md` records these figures.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, criterion_group};
+use serde_json::{Value, json};
+use trellis_host::capabilities::turn::{TurnContext, TurnGrant, TurnPurpose, turn_grant};
+use trellis_host::llm::{
+    Cassette, Endpoint, Interaction, Message, RecordedRequest, ReplayCursor, Request, Response,
+    Secret, StopReason, Target, ToolCall, ToolDefinition, Usage,
+};
+use trellis_host::sequence::driver::{StepRunner, step_system_prompt};
+use trellis_host::sequence::run_folder::start_full_run;
+use trellis_host::sequence::session::Status;
+use trellis_host::workflow::Workspace;
+use trellis_host::workflow::plan::ItemBody;
+use trellis_host::{CacheSetting, Engine, Limits, PluginRegistry};
+
+const STEP: &str = "bench";
+const MODEL: &str = "bench";
+/// Turns per step run (foreach rows).
+const TURNS: usize = 10;
+const TOOL: &str = "workspace:write_file";
+
+/// A workspace with one step: a foreach over `TURNS` rows, the write_file tool only.
+fn workspace(root: &Path) {
+    let plan = json!({"objective": "bench", "steps": [{
+        "id": STEP, "type": "message_sequence", "title": "Bench",
+        "description": "Write one note per row into your output folder.",
+        "items": [{"id": "rows", "type": "foreach",
+                   "source_sql": "SELECT id, name FROM rows ORDER BY id",
+                   "message": "Row {{.id}}: write a note about {{.name}}."}]
+    }]});
+    let configs = json!({"steps": [{"id": STEP, "title": "Bench",
+        "agent_configs": {"selected_tools": [TOOL]}}]});
+    std::fs::create_dir_all(root.join("planning")).unwrap();
+    std::fs::create_dir_all(root.join("db")).unwrap();
+    std::fs::create_dir_all(root.join("cassettes")).unwrap();
+    std::fs::write(root.join("planning/plan.json"), plan.to_string()).unwrap();
+    std::fs::write(root.join("planning/step_config.json"), configs.to_string()).unwrap();
+    let db = rusqlite::Connection::open(root.join("db/db.sqlite")).unwrap();
+    db.execute_batch("CREATE TABLE rows (id INTEGER PRIMARY KEY, name TEXT)")
+        .unwrap();
+    for i in 1..=TURNS {
+        db.execute(
+            "INSERT INTO rows (id, name) VALUES (?1, ?2)",
+            rusqlite::params![i as i64, format!("item number {i}")],
+        )
+        .unwrap();
+    }
+    start_full_run(root, &[]).unwrap();
+}
+
+fn response(text: &str, calls: Vec<ToolCall>) -> Response {
+    Response {
+        text: text.to_string(),
+        stop_reason: if calls.is_empty() {
+            StopReason::Stop
+        } else {
+            StopReason::ToolCalls
+        },
+        tool_calls: calls,
+        usage: Usage {
+            prompt_tokens: 300,
+            completion_tokens: 40,
+            total_tokens: 340,
+        },
+        model: None,
+    }
+}
+
+/// The bare calls of one step run: each LLM request with its cassette index, and the tool
+/// call (arguments) after it, if any.
+struct Calls {
+    requests: Vec<Request>,
+    tools: Vec<Option<Value>>,
+}
+
+/// Writes the cassette of the step (as the driver will converse) and returns the bare calls.
+async fn record(registry: &PluginRegistry, root: &Path, grant: &TurnGrant) -> Calls {
+    let ws = Workspace::open_run(root, Some("iteration-0")).unwrap();
+    let offered: Vec<ToolDefinition> = registry
+        .plugins()
+        .flat_map(|p| p.tool_listings())
+        .filter(|l| l.name == TOOL)
+        .map(|l| ToolDefinition {
+            name: l.name.clone(),
+            description: l.description.to_string(),
+            parameters: l.input_schema.clone(),
+        })
+        .collect();
+    assert_eq!(offered.len(), 1);
+    let mut messages = vec![Message::system(step_system_prompt(&ws, STEP).unwrap())];
+    let mut interactions = Vec::new();
+    let mut calls = Calls {
+        requests: Vec::new(),
+        tools: Vec::new(),
+    };
+    let mut ask = |messages: &Vec<Message>, answer: Response, tool: Option<Value>| {
+        let request = Request {
+            model: MODEL.to_string(),
+            messages: messages.clone(),
+            tools: offered.clone(),
+            options: Default::default(),
+        };
+        interactions.push(Interaction {
+            request: RecordedRequest::from(&request),
+            response: answer,
+        });
+        calls.requests.push(request);
+        calls.tools.push(tool);
+    };
+    for i in 1..=TURNS {
+        messages.push(Message::user(format!(
+            "Row {i}: write a note about item number {i}."
+        )));
+        let args = json!({"path": format!("runs/iteration-0/execution/{STEP}/note-{i}.md"),
+                          "content": format!("# Note {i}\nAbout item number {i}.\n")});
+        let call = ToolCall {
+            id: format!("call-{i}"),
+            name: TOOL.to_string(),
+            arguments: args.to_string(),
+        };
+        let first = response("", vec![call.clone()]);
+        ask(&messages, first.clone(), Some(args.clone()));
+        messages.push(Message::assistant(&first));
+        let result = registry
+            .call_tool(TOOL, &args, &grant.grant, &Limits::default())
+            .await
+            .unwrap();
+        messages.push(Message::tool_result(&call.id, result.to_string()));
+        let last = response(&format!("Note {i} written."), Vec::new());
+        ask(&messages, last.clone(), None);
+        messages.push(Message::assistant(&last));
+    }
+    Cassette { interactions }
+        .save(&cassette_path(root))
+        .unwrap();
+    calls
+}
+
+fn cassette_path(root: &Path) -> PathBuf {
+    root.join("cassettes").join(format!("{MODEL}.json"))
+}
+
+struct Bench {
+    registry: PluginRegistry,
+    root: PathBuf,
+    ws: Workspace,
+    grant: TurnGrant,
+    calls: Calls,
+}
+
+impl Bench {
+    /// The whole step through the driver.
+    async fn trellis(&self) {
+        let cassette = cassette_path(&self.root);
+        let target = Target {
+            provider: "replay".into(),
+            model: MODEL.into(),
+            endpoint: Endpoint::replay(&cassette, 0).unwrap(),
+            secret: Secret::none(),
+        };
+        let runner = StepRunner::new(&self.registry, vec![target], Limits::default())
+            .with_replay(ReplayCursor::new(cassette));
+        let outcome = runner.run_step(&self.ws, STEP).await.unwrap();
+        assert_eq!(outcome.status, Status::Completed, "{:?}", outcome.error);
+        assert_eq!(outcome.turns, TURNS as u64);
+    }
+
+    /// The same plugin calls, directly.
+    async fn bare(&self) {
+        let cassette = cassette_path(&self.root);
+        let limits = Limits::default();
+        for (i, (request, tool)) in self
+            .calls
+            .requests
+            .iter()
+            .zip(&self.calls.tools)
+            .enumerate()
+        {
+            let endpoint = Endpoint::replay(&cassette, i).unwrap();
+            let answer = self
+                .registry
+                .complete("replay", &endpoint, &Secret::none(), request, &limits)
+                .await
+                .unwrap();
+            if let Some(args) = tool {
+                assert_eq!(answer.tool_calls.len(), 1);
+                self.registry
+                    .call_tool(TOOL, args, &self.grant.grant, &limits)
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn micros(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+fn sequence(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    // TRELLIS_BENCH_DIR puts the workspace elsewhere (a tmpfs, say, to see what durable
+    // writes cost); the default is the system's temp folder.
+    let dir = match std::env::var_os("TRELLIS_BENCH_DIR") {
+        Some(parent) => tempfile::tempdir_in(parent).unwrap(),
+        None => tempfile::tempdir().unwrap(),
+    };
+    let root = dir.path().to_path_buf();
+    workspace(&root);
+    let cache = std::env::temp_dir().join("trellis-bench-cache");
+    let engine = Engine::new(CacheSetting::Dir(cache)).unwrap();
+    let registry = runtime
+        .block_on(PluginRegistry::with_bundled(&engine))
+        .unwrap();
+    let ws = Workspace::open_run(&root, Some("iteration-0")).unwrap();
+    let step = ws.plan.step(STEP).unwrap().clone();
+    let configs = ws.agent_configs(STEP);
+    let items = step.effective_items();
+    assert!(matches!(items[0].body, ItemBody::Foreach { .. }));
+    let grant = turn_grant(
+        &TurnContext {
+            root: &ws.root,
+            run_folder: "iteration-0",
+            step: &step,
+            configs: &configs,
+        },
+        TurnPurpose::Item(&items[0]),
+    )
+    .unwrap();
+    let calls = runtime.block_on(record(&registry, &root, &grant));
+    let bench = Bench {
+        registry,
+        root,
+        ws,
+        grant,
+        calls,
+    };
+    // Both paths work before anything is timed.
+    runtime.block_on(bench.trellis());
+    runtime.block_on(bench.bare());
+
+    let mut group = c.benchmark_group("sequence");
+    group.sample_size(20);
+    group.bench_function("trellis_step_10_turns", |b| {
+        b.iter(|| runtime.block_on(bench.trellis()))
+    });
+    group.bench_function("bare_plugin_calls_10_turns", |b| {
+        b.iter(|| runtime.block_on(bench.bare()))
+    });
+    group.finish();
+
+    // Interleaved sample: drift in machine load hits both alike.
+    let samples = 100;
+    let (mut t, mut w, mut d) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..5 {
+        runtime.block_on(bench.trellis());
+        runtime.block_on(bench.bare());
+    }
+    for _ in 0..samples {
+        let start = Instant::now();
+        runtime.block_on(bench.trellis());
+        let trellis = start.elapsed();
+        let start = Instant::now();
+        runtime.block_on(bench.bare());
+        let bare = start.elapsed();
+        t.push(trellis / TURNS as u32);
+        w.push(bare / TURNS as u32);
+        d.push(trellis.saturating_sub(bare) / TURNS as u32);
+    }
+    let (t50, w50, d50) = (median(t), median(w), median(d));
+    println!();
+    println!(
+        "sequence, {samples} interleaved step runs of {TURNS} turns each (2 LLM calls + 1 tool call per turn), workspace in {}:",
+        bench.root.parent().unwrap_or(&bench.root).display()
+    );
+    println!(
+        "  trellis step          per turn p50 {:>9.1} us",
+        micros(t50)
+    );
+    println!(
+        "  bare plugin calls     per turn p50 {:>9.1} us",
+        micros(w50)
+    );
+    println!(
+        "  host overhead         per turn p50 {:>9.1} us",
+        micros(d50)
+    );
+    println!(
+        "  ratio                              {:>9.2}",
+        micros(t50) / micros(w50)
+    );
+}
+
+criterion_group!(benches, sequence);
+
+fn main() {
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}
