@@ -5,6 +5,7 @@
 //! Fed by the run's [`RunEvent`]s (inside a step) and the runner's step lines; it keeps the
 //! totals the final summary prints.
 
+use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
 use std::sync::Mutex;
 use std::time::Instant;
@@ -55,13 +56,20 @@ pub struct Totals {
     pub completion_tokens: u64,
 }
 
-#[derive(Debug)]
-struct State {
-    step: Option<String>,
+/// The current item of one agent: the step's own, or a route's sub-agent.
+#[derive(Debug, Default, Clone)]
+struct Agent {
     item: Option<String>,
     item_type: String,
     iteration: u32,
     turn: u64,
+}
+
+#[derive(Debug)]
+struct State {
+    step: Option<String>,
+    /// By event step id: `<step>`, or `<step>/<route>` for a sub-agent.
+    agents: BTreeMap<String, Agent>,
     step_tools: u64,
     step_prompt: u64,
     step_completion: u64,
@@ -86,10 +94,7 @@ impl Progress {
             started: Instant::now(),
             state: Mutex::new(State {
                 step: None,
-                item: None,
-                item_type: String::new(),
-                iteration: 1,
-                turn: 0,
+                agents: BTreeMap::new(),
                 step_tools: 0,
                 step_prompt: 0,
                 step_completion: 0,
@@ -123,8 +128,7 @@ impl Progress {
             .map(|(id, _)| id.to_string());
         if let Some(id) = step_line.clone().filter(|_| text.ends_with(": started")) {
             state.step = Some(id);
-            state.item = None;
-            state.turn = 0;
+            state.agents.clear();
             state.step_tools = 0;
             state.step_prompt = 0;
             state.step_completion = 0;
@@ -139,101 +143,19 @@ impl Progress {
     /// One event of a running step.
     pub fn event(&self, event: &RunEvent) {
         let mut state = self.lock();
-        let line = match event {
-            RunEvent::ItemStarted {
-                item_id, item_type, ..
-            } => {
-                state.item = Some(item_id.clone());
-                state.item_type = item_type.clone();
-                state.iteration = 1;
-                Some(format!("  item {item_id} ({item_type})"))
-            }
-            RunEvent::TurnStarted {
-                item_id,
-                iteration,
-                turn,
-                ..
-            } => {
-                state.turn = *turn;
-                state.iteration = *iteration;
-                state.totals.turns += 1;
-                let row = if state.item_type == "foreach" && state.item.as_deref() == Some(item_id)
-                {
-                    format!(" row {iteration}")
-                } else {
-                    String::new()
-                };
-                Some(format!("  turn {turn}: {item_id}{row}"))
-            }
-            RunEvent::LlmCall {
-                provider,
-                model,
-                prompt_tokens,
-                completion_tokens,
-                tool_calls,
-                duration_ms,
-                error,
-                ..
-            } => {
-                state.totals.llm_calls += 1;
-                state.totals.prompt_tokens += prompt_tokens;
-                state.totals.completion_tokens += completion_tokens;
-                state.step_prompt += prompt_tokens;
-                state.step_completion += completion_tokens;
-                Some(match error {
-                    Some(e) => format!(
-                        "    llm {provider}:{model} failed after {duration_ms} ms: {}",
-                        first_line(e)
-                    ),
-                    None => format!(
-                        "    llm {provider}:{model}: {prompt_tokens} + {completion_tokens} tokens, {tool_calls} tool call{}, {duration_ms} ms",
-                        if *tool_calls == 1 { "" } else { "s" }
-                    ),
-                })
-            }
-            RunEvent::ToolCall {
-                tool,
-                error,
-                duration_ms,
-                ..
-            } => {
-                state.totals.tool_calls += 1;
-                state.step_tools += 1;
-                Some(match error {
-                    Some(e) => {
-                        state.totals.tool_errors += 1;
-                        format!("    tool {tool}: error: {}", first_line(e))
-                    }
-                    None => format!("    tool {tool}: ok, {duration_ms} ms"),
-                })
-            }
-            RunEvent::Gate {
-                item_id,
-                attempt,
-                passed,
-                failures,
-                ..
-            } => Some(if *passed {
-                format!("  gate {item_id} attempt {attempt}: passed")
-            } else {
-                format!("  gate {item_id} attempt {attempt}: {failures} failing check(s)")
-            }),
-            RunEvent::ItemEnded {
-                item_id, status, ..
-            } => Some(format!("  item {item_id}: {}", status_name(*status))),
-            #[allow(unreachable_patterns, reason = "RunEvent grows with the runtime")]
-            _ => None,
-        };
+        let line = describe(&mut state, event);
         let Some(line) = line else {
             return;
         };
         match self.mode {
             Mode::Plain => self.print(&mut state, &line),
             Mode::Live => {
-                // On a terminal only what is worth keeping stays: failures and gates.
+                // On a terminal only what is worth keeping stays: gates, sub-agent calls
+                // and failures.
                 let lasting = matches!(
                     event,
                     RunEvent::Gate { .. }
+                        | RunEvent::SubAgentEnded { .. }
                         | RunEvent::ToolCall { error: Some(_), .. }
                         | RunEvent::LlmCall { error: Some(_), .. }
                 );
@@ -289,14 +211,24 @@ impl Progress {
             return;
         };
         let mut status = format!("[{step}]");
-        if let Some(item) = &state.item {
+        let own = state.agents.get(step).cloned().unwrap_or_default();
+        if let Some(item) = &own.item {
             status.push_str(&format!(" {item}"));
-            if state.item_type == "foreach" {
-                status.push_str(&format!(" row {}", state.iteration));
+            if own.item_type == "foreach" {
+                status.push_str(&format!(" row {}", own.iteration));
             }
         }
-        if state.turn > 0 {
-            status.push_str(&format!(" | turn {}", state.turn));
+        if own.turn > 0 {
+            status.push_str(&format!(" | turn {}", own.turn));
+        }
+        let busy: Vec<&str> = state
+            .agents
+            .iter()
+            .filter(|(id, a)| id.contains('/') && a.item.is_some())
+            .filter_map(|(id, _)| id.rsplit('/').next())
+            .collect();
+        if !busy.is_empty() {
+            status.push_str(&format!(" | sub-agent {}", busy.join(", ")));
         }
         status.push_str(&format!(
             " | {} tool call{} | tokens {} in / {} out | {:.1}s (run {:.0}s)",
@@ -314,6 +246,147 @@ impl Progress {
         let _ = out.flush();
         state.shown = true;
     }
+}
+
+/// Updates the state with `event` and returns its plain line, if it has one. Lines of a
+/// sub-agent are indented one level per depth and name the route.
+fn describe(state: &mut State, event: &RunEvent) -> Option<String> {
+    let agent_of = |id: &str| {
+        let depth = id.matches('/').count();
+        let label = match id.rsplit_once('/') {
+            Some((_, route)) => format!("[{route}] "),
+            None => String::new(),
+        };
+        ("  ".repeat(depth), label)
+    };
+    let line = match event {
+        RunEvent::ItemStarted {
+            step_id,
+            item_id,
+            item_type,
+        } => {
+            let agent = state.agents.entry(step_id.clone()).or_default();
+            agent.item = Some(item_id.clone());
+            agent.item_type = item_type.clone();
+            agent.iteration = 1;
+            let (indent, label) = agent_of(step_id);
+            format!("{indent}  {label}item {item_id} ({item_type})")
+        }
+        RunEvent::TurnStarted {
+            step_id,
+            item_id,
+            iteration,
+            turn,
+        } => {
+            state.totals.turns += 1;
+            let agent = state.agents.entry(step_id.clone()).or_default();
+            agent.turn = *turn;
+            agent.iteration = *iteration;
+            let row = if agent.item_type == "foreach" && agent.item.as_deref() == Some(item_id) {
+                format!(" row {iteration}")
+            } else {
+                String::new()
+            };
+            let (indent, label) = agent_of(step_id);
+            format!("{indent}  {label}turn {turn}: {item_id}{row}")
+        }
+        RunEvent::LlmCall {
+            step_id,
+            provider,
+            model,
+            prompt_tokens,
+            completion_tokens,
+            tool_calls,
+            duration_ms,
+            error,
+        } => {
+            state.totals.llm_calls += 1;
+            state.totals.prompt_tokens += prompt_tokens;
+            state.totals.completion_tokens += completion_tokens;
+            state.step_prompt += prompt_tokens;
+            state.step_completion += completion_tokens;
+            let (indent, label) = agent_of(step_id);
+            match error {
+                Some(e) => format!(
+                    "{indent}    {label}llm {provider}:{model} failed after {duration_ms} ms: {}",
+                    first_line(e)
+                ),
+                None => format!(
+                    "{indent}    {label}llm {provider}:{model}: {prompt_tokens} + {completion_tokens} tokens, {tool_calls} tool call{}, {duration_ms} ms",
+                    if *tool_calls == 1 { "" } else { "s" }
+                ),
+            }
+        }
+        RunEvent::ToolCall {
+            step_id,
+            tool,
+            error,
+            duration_ms,
+        } => {
+            state.totals.tool_calls += 1;
+            state.step_tools += 1;
+            let (indent, label) = agent_of(step_id);
+            match error {
+                Some(e) => {
+                    state.totals.tool_errors += 1;
+                    format!("{indent}    {label}tool {tool}: error: {}", first_line(e))
+                }
+                None => format!("{indent}    {label}tool {tool}: ok, {duration_ms} ms"),
+            }
+        }
+        RunEvent::Gate {
+            step_id,
+            item_id,
+            attempt,
+            passed,
+            failures,
+        } => {
+            let (indent, label) = agent_of(step_id);
+            if *passed {
+                format!("{indent}  {label}gate {item_id} attempt {attempt}: passed")
+            } else {
+                format!(
+                    "{indent}  {label}gate {item_id} attempt {attempt}: {failures} failing check(s)"
+                )
+            }
+        }
+        RunEvent::SubAgentStarted {
+            step_id,
+            route_id,
+            call_id,
+            ..
+        } => {
+            let (indent, label) = agent_of(step_id);
+            format!("{indent}    {label}sub-agent {route_id} {call_id}: started")
+        }
+        RunEvent::SubAgentEnded {
+            step_id,
+            route_id,
+            call_id,
+            status,
+        } => {
+            state.agents.remove(&format!("{step_id}/{route_id}"));
+            let (indent, label) = agent_of(step_id);
+            format!(
+                "{indent}    {label}sub-agent {route_id} {call_id}: {}",
+                status_name(*status)
+            )
+        }
+        RunEvent::ItemEnded {
+            step_id,
+            item_id,
+            status,
+        } => {
+            if let Some(agent) = state.agents.get_mut(step_id) {
+                agent.item = None;
+            }
+            let (indent, label) = agent_of(step_id);
+            format!("{indent}  {label}item {item_id}: {}", status_name(*status))
+        }
+        #[allow(unreachable_patterns, reason = "RunEvent grows with the runtime")]
+        _ => return None,
+    };
+    Some(line)
 }
 
 fn first_line(text: &str) -> &str {

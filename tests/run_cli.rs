@@ -81,16 +81,26 @@ fn example_runs_offline_and_a_second_run_rotates() {
         "  turn 2: triage-each row 2",
         "    llm replay:triage-demo: 400 + 60 tokens, 1 tool call,",
         "    tool workspace:write_file: ok,",
-        "  gate __automatic_final_validation__ attempt 1: passed",
+        "  gate check-report attempt 1: passed",
     ] {
         assert!(stdout.contains(line), "{line:?} in {stdout}");
     }
-    // Three tickets, the refunds specialist's decision, the reflection's learnings.
+    // Three tickets and the reflection's learnings; the refunds specialist's decision is
+    // a sub-agent's, indented and labelled with its route.
     assert_eq!(
-        stdout.matches("    tool workspace:write_file: ok").count(),
-        5
+        stdout
+            .matches("\n    tool workspace:write_file: ok")
+            .count(),
+        4,
+        "{stdout}"
     );
-    assert!(stdout.contains("    tool call_sub_agent: ok"), "{stdout}");
+    for line in [
+        "\n    sub-agent refunds call-0001: started\n    [refunds] item decide (user_message)\n",
+        "\n      [refunds] tool workspace:write_file: ok",
+        "\n    sub-agent refunds call-0001: completed\n    tool call_sub_agent: ok",
+    ] {
+        assert!(stdout.contains(line), "{line:?} in {stdout}");
+    }
     // --quiet: only the summary (one step again, in the same run folder).
     let quiet = trellis(&["run", root, "--quiet", "--step", STEP]);
     let quiet_out = text(&quiet.stdout);
