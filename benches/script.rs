@@ -1,0 +1,193 @@
+//! A trivial step script (`import json`, write one file) run sandboxed by Trellis against
+//! `python3 main.py` as a native subprocess, measured side by side in one run.
+//!
+//! - **trellis**: the full `ScriptRunner::run` path of a scripted step: the step's grant
+//!   (spec section 6, folders resolved and created), a fresh instance of the pre-initialized
+//!   Python runner with memory limit and epoch deadline, the script, and its three log
+//!   files written atomically.
+//! - **trellis, no logs**: the same without the log files (`write_logs: false`).
+//! - **native**: `python3 main.py` with the same working directory and environment, the
+//!   interpreter's real path (not a version-manager shim) so only Python itself is timed.
+//! - **native -S**: `python3 -S main.py`, the same without the `site` module (no
+//!   site-packages, no `.pth` files): the fastest a native interpreter starts.
+//!
+//! Besides criterion's report, prints p50/p99 of each from an interleaved sample and the
+//! ratios to native; `BENCHMARKS.md` records these figures.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, criterion_group};
+use serde_json::json;
+use trellis_host::script::{ScriptOptions, ScriptRunner};
+use trellis_host::workflow::Workspace;
+use trellis_host::{CacheSetting, Engine};
+
+const STEP: &str = "bench";
+
+const SCRIPT: &str = r#"import json
+import os
+
+with open(os.path.join(os.environ["STEP_OUTPUT_DIR"], "out.json"), "w") as f:
+    json.dump({"ok": True, "items": [1, 2, 3]}, f)
+"#;
+
+fn workspace(root: &Path) {
+    let write = |rel: &str, text: &str| {
+        let path = root.join(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    };
+    write(
+        "planning/plan.json",
+        &json!({"steps": [{"id": STEP, "type": "regular", "title": "Bench", "description": "d"}]})
+            .to_string(),
+    );
+    write(&format!("code/{STEP}/main.py"), SCRIPT);
+    std::fs::create_dir_all(root.join("runs/iteration-0/execution").join(STEP)).unwrap();
+}
+
+/// The interpreter `python3` runs, resolved once: a version manager's shim in front of it
+/// would add its own start-up to every native run.
+fn python() -> PathBuf {
+    let out = Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .expect("python3 is needed for the native baseline");
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
+
+fn native(python: &Path, root: &Path, output_dir: &Path, no_site: bool) {
+    let mut command = Command::new(python);
+    if no_site {
+        command.arg("-S");
+    }
+    let status = command
+        .arg("main.py")
+        .current_dir(root.join("code").join(STEP))
+        .env_clear()
+        .env("STEP_OUTPUT_DIR", output_dir)
+        .env("STEP_EXECUTION_DIR", output_dir.parent().unwrap())
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[index]
+}
+
+fn millis(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn script(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    workspace(&root);
+    let ws = Workspace::open(&root).unwrap();
+    let output_dir = root.join("runs/iteration-0/execution").join(STEP);
+    let out_file = output_dir.join("out.json");
+
+    let cache = std::env::temp_dir().join("trellis-bench-cache");
+    let engine = Engine::new(CacheSetting::Dir(cache)).unwrap();
+    let runner = ScriptRunner::new(&engine).unwrap();
+    // The runner is compiled (or read from the cache) once per process, not per run.
+    runtime.block_on(runner.load_python()).unwrap();
+    let with_logs = ScriptOptions::default();
+    let no_logs = ScriptOptions {
+        write_logs: false,
+        ..ScriptOptions::default()
+    };
+    let sandboxed = |options: &ScriptOptions| {
+        let outcome = runtime.block_on(runner.run(&ws, STEP, options)).unwrap();
+        assert!(outcome.succeeded(), "{:?}", outcome.error_message());
+    };
+    let python = python();
+
+    // Same output from both, or the comparison means nothing.
+    sandboxed(&with_logs);
+    let from_trellis = std::fs::read_to_string(&out_file).unwrap();
+    std::fs::remove_file(&out_file).unwrap();
+    native(&python, &root, &output_dir, false);
+    assert_eq!(std::fs::read_to_string(&out_file).unwrap(), from_trellis);
+
+    let mut group = c.benchmark_group("script");
+    group.sample_size(30);
+    group.measurement_time(Duration::from_secs(10));
+    group.bench_function("trellis", |b| b.iter(|| sandboxed(&with_logs)));
+    group.bench_function("trellis_no_logs", |b| b.iter(|| sandboxed(&no_logs)));
+    group.bench_function("native_python3", |b| {
+        b.iter(|| native(&python, &root, &output_dir, false))
+    });
+    group.bench_function("native_python3_no_site", |b| {
+        b.iter(|| native(&python, &root, &output_dir, true))
+    });
+    group.finish();
+
+    // Interleaved sample for percentiles: drift in machine load hits all three alike.
+    let samples = 300;
+    let mut times = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
+    for _ in 0..20 {
+        sandboxed(&with_logs);
+        native(&python, &root, &output_dir, false);
+    }
+    for _ in 0..samples {
+        let start = Instant::now();
+        sandboxed(&with_logs);
+        times[0].push(start.elapsed());
+        let start = Instant::now();
+        sandboxed(&no_logs);
+        times[1].push(start.elapsed());
+        let start = Instant::now();
+        native(&python, &root, &output_dir, false);
+        times[2].push(start.elapsed());
+        let start = Instant::now();
+        native(&python, &root, &output_dir, true);
+        times[3].push(start.elapsed());
+    }
+    for t in &mut times {
+        t.sort();
+    }
+    let p = |i: usize, q: f64| millis(percentile(&times[i], q));
+    println!();
+    println!(
+        "script, {samples} interleaved runs each ({}):",
+        python.display()
+    );
+    let names = [
+        "trellis",
+        "trellis, no logs",
+        "native python3",
+        "native python3 -S",
+    ];
+    for (i, name) in names.iter().enumerate() {
+        println!(
+            "  {name:<18} p50 {:>7.2} ms   p99 {:>7.2} ms",
+            p(i, 0.5),
+            p(i, 0.99)
+        );
+    }
+    for (i, j) in [(0, 2), (1, 2), (0, 3), (1, 3)] {
+        println!(
+            "  {:<18} / {:<18} p50 {:>5.2}   p99 {:>5.2}",
+            names[i],
+            names[j],
+            p(i, 0.5) / p(j, 0.5),
+            p(i, 0.99) / p(j, 0.99)
+        );
+    }
+}
+
+criterion_group!(benches, script);
+
+fn main() {
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}
