@@ -43,6 +43,8 @@ fn main() {
         println!("cargo:rerun-if-changed={}", plugins.join(watched).display());
     }
     println!("cargo:rerun-if-changed={}", root.join("wit").display());
+    // The interpreter that creates the componentize-py virtual environment.
+    println!("cargo:rerun-if-env-changed=PYTHON");
 
     ensure_target();
     let out_dir = PathBuf::from(env::var("OUT_DIR").unwrap());
