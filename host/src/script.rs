@@ -753,6 +753,27 @@ fn write_logs(dir: &Path, outcome: &ScriptOutcome) -> Result<()> {
 mod tests {
     use super::*;
 
+    /// A workflow runner spawns step runs on tokio tasks: the runner and its future must
+    /// cross threads.
+    #[test]
+    fn the_runner_can_be_shared_and_its_runs_spawned() {
+        fn send_sync<T: Send + Sync>() {}
+        fn send<T: Send>(_: &T) {}
+        send_sync::<ScriptRunner>();
+        let engine = Engine::new(crate::engine::CacheSetting::Disabled).unwrap();
+        let runner = ScriptRunner::new(&engine).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("planning")).unwrap();
+        std::fs::write(
+            dir.path().join("planning/plan.json"),
+            r#"{"steps": [{"id": "s", "type": "regular", "title": "S", "description": "d"}]}"#,
+        )
+        .unwrap();
+        let ws = Workspace::open(dir.path()).unwrap();
+        let options = ScriptOptions::default();
+        send(&runner.run(&ws, "s", &options));
+    }
+
     #[test]
     fn variable_names_become_env_names() {
         assert_eq!(variable_env_name("region"), "VAR_REGION");
