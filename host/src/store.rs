@@ -4,9 +4,13 @@
 //! folder, then rename), so a crash never leaves a truncated file. Paths that come from plans
 //! and schemas are checked with [`check_relative`] and opened through a cap-std [`Dir`], so
 //! neither `..` nor an absolute path nor a symlink can reach outside the folder they name.
+//! Logs rewritten on the agent loop's path go through [`write_behind`], which does the same
+//! atomic writes on a writer thread.
 
 use std::io::{self, Read, Write};
 use std::path::{Component, Path};
+
+pub mod write_behind;
 
 use cap_std::ambient_authority;
 use cap_std::fs::Dir;

@@ -355,6 +355,9 @@ impl<'a> StepRunner<'a> {
         };
         run.session.status = status;
         run.save_session()?;
+        // The session and the turn logs are written behind the loop: all on disk before the
+        // summary that says the step is over.
+        crate::store::write_behind::flush().context("writing the step's session and turn logs")?;
         FinalSummary {
             schema_version: crate::sequence::session::FINAL_SUMMARY_SCHEMA_VERSION,
             step_id: step_id.to_string(),

@@ -255,7 +255,9 @@ fn dir_names(dir: &Path) -> Result<Vec<String>> {
     Ok(names)
 }
 
+/// Reads a log as JSON, after this process's queued writes are on disk.
 fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
+    crate::store::write_behind::flush()?;
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     serde_json::from_slice(&bytes).with_context(|| format!("parsing {}", path.display()))
 }

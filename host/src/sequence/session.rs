@@ -4,7 +4,9 @@
 //! `...-conversation.json` (messages, LLM calls, tool calls).
 //!
 //! The field names are the spec's, so the files read the same in the original tools. Every
-//! file goes through [`crate::store::write_json_atomic`]; timestamps are RFC 3339 in UTC with
+//! file is replaced atomically: the final summary at once ([`crate::store::write_json_atomic`]),
+//! `session.json` and the turn logs on the writer thread of [`crate::store::write_behind`],
+//! which the agent loop flushes at the end of each step; timestamps are RFC 3339 in UTC with
 //! milliseconds (`2026-01-02T03:04:05.678Z`).
 
 use std::io;
@@ -14,7 +16,7 @@ use std::time::SystemTime;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::store::write_json_atomic;
+use crate::store::{write_behind, write_json_atomic};
 
 /// The file name of a session record.
 pub const SESSION_FILE: &str = "session.json";
@@ -109,7 +111,9 @@ impl Session {
     }
 
     /// Reads `dir/session.json`; `None` when there is none (a route called for the first time).
+    /// Writes still queued are flushed first, so this reads what was last written.
     pub fn read(dir: &Path) -> io::Result<Option<Self>> {
+        write_behind::flush()?;
         match std::fs::read(dir.join(SESSION_FILE)) {
             Ok(bytes) => serde_json::from_slice(&bytes)
                 .map(Some)
@@ -119,10 +123,11 @@ impl Session {
         }
     }
 
-    /// Stamps `updated_at` and writes `dir/session.json` atomically.
+    /// Stamps `updated_at` and writes `dir/session.json` atomically, off the caller's path
+    /// ([`write_behind`]: [`write_behind::flush`] waits for it).
     pub fn write(&mut self, dir: &Path) -> io::Result<()> {
         self.updated_at = now_rfc3339();
-        write_json_atomic(&dir.join(SESSION_FILE), self)
+        write_behind::write_json(&dir.join(SESSION_FILE), self)
     }
 
     /// Starts an entry (status running) and returns its index.
@@ -368,15 +373,16 @@ pub fn turn_log_paths(logs_dir: &Path, attempt: u32, iteration: u32) -> (PathBuf
     )
 }
 
-/// Writes both log files of a turn atomically; returns their paths.
+/// Writes both log files of a turn atomically, off the caller's path ([`write_behind`]:
+/// [`write_behind::flush`] waits for them); returns their paths.
 pub fn write_turn_logs(
     logs_dir: &Path,
     summary: &TurnSummary,
     conversation: &TurnConversation,
 ) -> io::Result<(PathBuf, PathBuf)> {
     let (s, c) = turn_log_paths(logs_dir, summary.attempt, summary.iteration);
-    write_json_atomic(&c, conversation)?;
-    write_json_atomic(&s, summary)?;
+    write_behind::write_json(&c, conversation)?;
+    write_behind::write_json(&s, summary)?;
     Ok((s, c))
 }
 
@@ -417,6 +423,7 @@ mod tests {
         s.end_entry(i, Status::Completed, Some("done".into()));
         s.status = Status::Completed;
         s.write(dir.path()).unwrap();
+        write_behind::flush().unwrap();
 
         let raw: Value =
             serde_json::from_str(&std::fs::read_to_string(dir.path().join(SESSION_FILE)).unwrap())
@@ -545,6 +552,7 @@ mod tests {
         );
         let logs = logs_dir(dir.path(), "triage");
         let (s, c) = write_turn_logs(&logs, &summary, &conversation).unwrap();
+        write_behind::flush().unwrap();
         assert!(s.ends_with("logs/triage/execution-attempt-1-iteration-2.json"));
         assert!(c.ends_with("logs/triage/execution-attempt-1-iteration-2-conversation.json"));
         let raw: Value = serde_json::from_slice(&std::fs::read(&c).unwrap()).unwrap();

@@ -1,0 +1,156 @@
+//! Atomic writes off the caller's path: the agent loop rewrites `session.json` and writes two
+//! turn logs every turn, and each atomic write waits for the disk (`fsync`) before its rename.
+//! Here a writer thread does that work while the loop goes on.
+//!
+//! Every write is still a whole-file atomic replace, flushed to disk before the rename, so a
+//! crash leaves each file either as it was or as it was last submitted, never truncated.
+//! Writes of the same file that queue up are coalesced (only the newest bytes are written).
+//! [`flush`] waits until everything submitted so far is on disk and returns the first error
+//! since the last flush; the agent loop flushes before it reads a file back and at the end
+//! of every step.
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+
+use serde::Serialize;
+
+use super::write_bytes_atomic;
+
+#[derive(Default)]
+struct State {
+    /// Files waiting, oldest first; their newest bytes are in `latest`.
+    queue: VecDeque<PathBuf>,
+    latest: HashMap<PathBuf, Vec<u8>>,
+    /// A write is being done by the writer thread.
+    busy: bool,
+    /// The first failure since the last flush.
+    error: Option<(PathBuf, io::Error)>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+fn shared() -> &'static Arc<Shared> {
+    static SHARED: OnceLock<Arc<Shared>> = OnceLock::new();
+    SHARED.get_or_init(|| {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::default()),
+            changed: Condvar::new(),
+        });
+        let worker = shared.clone();
+        std::thread::Builder::new()
+            .name("trellis-writer".into())
+            .spawn(move || write_loop(&worker))
+            .expect("starting the writer thread");
+        shared
+    })
+}
+
+fn write_loop(shared: &Shared) {
+    let mut state = shared.state.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let Some(path) = state.queue.pop_front() else {
+            state = shared
+                .changed
+                .wait(state)
+                .unwrap_or_else(|e| e.into_inner());
+            continue;
+        };
+        let Some(bytes) = state.latest.remove(&path) else {
+            continue;
+        };
+        state.busy = true;
+        drop(state);
+        let result = write_bytes_atomic(&path, &bytes);
+        state = shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.busy = false;
+        if let Err(e) = result
+            && state.error.is_none()
+        {
+            state.error = Some((path, e));
+        }
+        shared.changed.notify_all();
+    }
+}
+
+fn take_error(state: &mut State) -> io::Result<()> {
+    match state.error.take() {
+        Some((path, e)) => Err(io::Error::new(
+            e.kind(),
+            format!("writing {}: {e}", path.display()),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Queues an atomic replace of `path` with `bytes`. Returns an earlier write's failure, if
+/// one happened since the last [`flush`] (so a full disk shows up at the next write, not only
+/// at the end of the step).
+pub fn write_bytes(path: &Path, bytes: Vec<u8>) -> io::Result<()> {
+    let shared = shared();
+    let mut state = shared.state.lock().unwrap_or_else(|e| e.into_inner());
+    if state.latest.insert(path.to_path_buf(), bytes).is_none() {
+        state.queue.push_back(path.to_path_buf());
+    }
+    shared.changed.notify_all();
+    take_error(&mut state)
+}
+
+/// [`write_bytes`] of `value` as 2-space indented JSON with a final newline, the format of
+/// [`super::write_json_atomic`]. The value is serialized now, so later changes to it do not
+/// reach the file.
+pub fn write_json<T: Serialize + ?Sized>(path: &Path, value: &T) -> io::Result<()> {
+    let mut bytes = serde_json::to_vec_pretty(value).map_err(io::Error::other)?;
+    bytes.push(b'\n');
+    write_bytes(path, bytes)
+}
+
+/// Waits until every write submitted so far is on disk; returns the first failure since the
+/// last flush.
+pub fn flush() -> io::Result<()> {
+    let shared = shared();
+    let mut state = shared.state.lock().unwrap_or_else(|e| e.into_inner());
+    while state.busy || !state.queue.is_empty() {
+        state = shared
+            .changed
+            .wait(state)
+            .unwrap_or_else(|e| e.into_inner());
+    }
+    take_error(&mut state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_land_coalesced_after_a_flush_and_failures_are_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("logs/session.json");
+        for n in 0..50 {
+            write_json(&path, &serde_json::json!({"n": n})).unwrap();
+        }
+        flush().unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "{\n  \"n\": 49\n}\n"
+        );
+        let names: Vec<_> = std::fs::read_dir(dir.path().join("logs"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["session.json"], "no temp file is left behind");
+
+        // A folder where the file's parent should be: the write fails, the flush says so.
+        std::fs::write(dir.path().join("blocked"), "a file").unwrap();
+        let bad = dir.path().join("blocked/session.json");
+        let _ = write_json(&bad, &serde_json::json!({}));
+        let err = flush().unwrap_err().to_string();
+        assert!(err.contains("blocked/session.json"), "{err}");
+        flush().expect("the error is reported once");
+    }
+}
