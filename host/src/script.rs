@@ -60,7 +60,7 @@ mod components {
 ///
 /// It is embedded in the binary like the bundled plugins rather than loaded from the build
 /// output: the `trellis` binary then runs scripts wherever it is copied or installed, with
-/// no path into a build tree and no Python on the machine. The price is ~20 MB of binary
+/// no path into a build tree and no Python on the machine. The price is ~25 MB of binary
 /// size; the component is compiled (or read from the component cache) only when the first
 /// Python script runs.
 pub const PYTHON_RUNNER: &[u8] = components::PYTHON_RUNNER;
