@@ -9,9 +9,11 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 use serde_json::{Value, json};
+use support::fake_llm::{FakeServer, completion};
+use support::trellis;
 
 const EXAMPLE: &str = "examples/ticket-triage";
 const STEP: &str = "triage-tickets";
@@ -36,16 +38,6 @@ fn copy_workspace(from: &Path, to: &Path) {
             std::fs::copy(entry.path(), &target).unwrap();
         }
     }
-}
-
-fn trellis(args: &[&str]) -> Output {
-    let cache = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("component-cache");
-    Command::new(env!("CARGO_BIN_EXE_trellis"))
-        .arg("--cache-dir")
-        .arg(cache)
-        .args(args)
-        .output()
-        .expect("the trellis binary runs")
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -259,105 +251,6 @@ fn routing_takes_the_route_of_route_selection_else_the_default() {
 
 // ------------------------------------------------- models, recording, groups, prerequisites
 
-/// What the fake server answers: status and JSON body, from the request body.
-type Handler = Box<dyn Fn(&Value) -> (u16, Value) + Send + Sync>;
-
-/// An OpenAI-compatible chat completions server on 127.0.0.1, answering from a handler and
-/// keeping every request body it saw (as tests/llm_providers.rs does, smaller).
-struct FakeServer {
-    addr: std::net::SocketAddr,
-    seen: std::sync::Arc<std::sync::Mutex<Vec<Value>>>,
-}
-
-impl FakeServer {
-    fn start(handler: Handler) -> FakeServer {
-        use std::io::{BufRead, BufReader, Read, Write};
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let log = seen.clone();
-        let handler = std::sync::Arc::new(handler);
-        std::thread::spawn(move || {
-            for stream in listener.incoming().flatten() {
-                let log = log.clone();
-                let handler = handler.clone();
-                std::thread::spawn(move || {
-                    let mut reader = BufReader::new(stream.try_clone().unwrap());
-                    let mut line = String::new();
-                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                        return;
-                    }
-                    let mut length = 0;
-                    loop {
-                        let mut header = String::new();
-                        reader.read_line(&mut header).unwrap();
-                        let header = header.trim_end();
-                        if header.is_empty() {
-                            break;
-                        }
-                        if let Some((name, value)) = header.split_once(':')
-                            && name.eq_ignore_ascii_case("content-length")
-                        {
-                            length = value.trim().parse().unwrap();
-                        }
-                    }
-                    let mut body = vec![0; length];
-                    reader.read_exact(&mut body).unwrap();
-                    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-                    // Log before answering: the handler may count earlier requests.
-                    let (status, reply) = {
-                        let mut log = log.lock().unwrap();
-                        log.push(body.clone());
-                        handler(&body)
-                    };
-                    let reply = reply.to_string();
-                    let out = format!(
-                        "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{reply}",
-                        reply.len()
-                    );
-                    let mut stream = stream;
-                    let _ = stream.write_all(out.as_bytes());
-                });
-            }
-        });
-        FakeServer { addr, seen }
-    }
-
-    fn base_url(&self) -> String {
-        format!("http://{}/v1", self.addr)
-    }
-
-    fn seen(&self) -> Vec<Value> {
-        self.seen.lock().unwrap().clone()
-    }
-
-    fn models(&self) -> Vec<String> {
-        self.seen()
-            .iter()
-            .map(|b| b["model"].as_str().unwrap_or_default().to_string())
-            .collect()
-    }
-}
-
-/// A chat completion answering `text`, or asking for `calls` (name, arguments).
-fn completion(text: &str, calls: &[(&str, Value)]) -> Value {
-    let mut message = json!({"role": "assistant", "content": text});
-    if !calls.is_empty() {
-        message["tool_calls"] = calls
-            .iter()
-            .enumerate()
-            .map(|(i, (name, args))| {
-                json!({"id": format!("call-{i}"), "type": "function",
-                       "function": {"name": name, "arguments": args.to_string()}})
-            })
-            .collect();
-    }
-    json!({"id": "c", "object": "chat.completion", "model": "fake-model",
-           "choices": [{"index": 0, "message": message,
-                        "finish_reason": if calls.is_empty() { "stop" } else { "tool_calls" }}],
-           "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}})
-}
-
 /// The system message of a request body.
 fn system_of(body: &Value) -> String {
     body["messages"][0]["content"]
@@ -388,10 +281,6 @@ fn agent_workspace(root: &Path, steps: &[(&str, &str)], configs: Value, manifest
     std::fs::write(root.join("workflow.json"), manifest.to_string()).unwrap();
 }
 
-fn providers(server: &FakeServer) -> Value {
-    json!({"openai": {"base_url": server.base_url(), "api_key_env": "TRELLIS_TEST_NO_KEY"}})
-}
-
 #[test]
 fn each_step_reaches_the_server_with_its_own_model_and_options() {
     let server = FakeServer::start(Box::new(|_| (200, completion("done", &[]))));
@@ -410,7 +299,7 @@ fn each_step_reaches_the_server_with_its_own_model_and_options() {
         ]),
         json!({"llm": {"provider": "openai", "model_id": "model-default"},
                "tiers": {"low": {"provider": "openai", "model_id": "model-b"}},
-               "providers": providers(&server)}),
+               "providers": server.providers()}),
     );
     let out = trellis(&["run", dir.path().to_str().unwrap()]);
     let stdout = text(&out.stdout);
@@ -459,7 +348,7 @@ fn a_failing_primary_falls_back_in_order() {
             "fallbacks": [{"provider": "openai", "model_id": "fallback-1"},
                           {"provider": "openai", "model_id": "fallback-2",
                            "options": {"max_tokens": 50}}]}}}]),
-        json!({"providers": providers(&server)}),
+        json!({"providers": server.providers()}),
     );
     let out = trellis(&["run", dir.path().to_str().unwrap()]);
     let stdout = text(&out.stdout);
@@ -539,7 +428,7 @@ fn a_recorded_run_replays_offline_with_the_same_outputs() {
         &[("write", "Write report.json in your output folder.")],
         json!([{"id": "write", "agent_configs": {"selected_tools": ["workspace:write_file"]}}]),
         json!({"llm": {"provider": "openai", "model_id": "live"},
-               "providers": providers(&server)}),
+               "providers": server.providers()}),
     );
     let root = ws.to_str().unwrap();
     let cassette = ws.join("cassettes/taped.json");
@@ -604,7 +493,7 @@ fn groups_run_in_their_own_folders_with_their_variables() {
         &[("report", "Report on your region.")],
         json!([]),
         json!({"llm": {"provider": "openai", "model_id": "m"},
-               "providers": providers(&server),
+               "providers": server.providers(),
                "variables": {"REGION": "eu-west-1", "TEAM": {"value": "core"}},
                "groups": [{"id": "us", "name": "US market", "variables": {"REGION": "us-east-1"}},
                           {"id": "eu"}]}),
@@ -680,7 +569,7 @@ fn prerequisite_run(misses: usize) -> (tempfile::TempDir, Output, FakeServer) {
         json!([{"id": "analyze", "agent_configs": {
             "enable_prerequisite_detection": true,
             "prerequisite_rules": [{"depends_on_step": "fetch", "description": "the fetched data"}]}}]),
-        json!({"llm": {"provider": "openai", "model_id": "m"}, "providers": providers(&server)}),
+        json!({"llm": {"provider": "openai", "model_id": "m"}, "providers": server.providers()}),
     );
     let out = trellis(&["run", dir.path().to_str().unwrap()]);
     (dir, out, server)
