@@ -407,7 +407,7 @@ impl<'a> StepRunner<'a> {
                 item_type: scripted::SCRIPT_ITEM_TYPE.to_string(),
             });
             let result = match scripts.run(run.ws, &step_id, options).await {
-                Ok(outcome) => self.check_script(run, &item_id, attempt, skip_gate, outcome),
+                Ok(outcome) => self.check_script(run, attempt, skip_gate, outcome),
                 Err(e) => Err(TurnEnd::Failed(format!("{e:#}"))),
             };
             let (status, summary) = match &result {
@@ -503,7 +503,6 @@ impl<'a> StepRunner<'a> {
     fn check_script(
         &self,
         run: &mut Run<'_>,
-        item_id: &str,
         attempt: u32,
         skip_gate: bool,
         outcome: ScriptOutcome,
@@ -514,19 +513,7 @@ impl<'a> StepRunner<'a> {
         let Some(schema) = run.step.validation_schema.as_ref().filter(|_| !skip_gate) else {
             return Ok(Ok(scripted::success_summary(&outcome)));
         };
-        let validators = PluginValidators::new(self.registry, self.limits);
-        let report = run_gate(&run.ws.root, &run.output_dir, schema, &validators)
-            .map_err(|e| TurnEnd::Failed(format!("gate of {item_id}: {e}")))?;
-        if let Err(e) = write_gate_report(run, FINAL_GATE_ID, attempt, &report) {
-            tracing::warn!("{}: gate of {item_id}: writing the report: {e}", run.label);
-        }
-        self.observer.emit(RunEvent::Gate {
-            step_id: run.label.clone(),
-            item_id: item_id.to_string(),
-            attempt,
-            passed: report.passed,
-            failures: report.failures().count(),
-        });
+        let report = self.check_gate(run, FINAL_GATE_ID, attempt, schema)?;
         if report.passed {
             return Ok(Ok(format!(
                 "{}; the outputs pass the validation gate",
@@ -928,6 +915,31 @@ impl<'a> StepRunner<'a> {
         Ok(())
     }
 
+    /// Runs gate `item_id` once on the output folder: writes its report (attempt `attempt`)
+    /// and reports the result as an event. A gate that cannot run at all fails the step.
+    fn check_gate(
+        &self,
+        run: &Run<'_>,
+        item_id: &str,
+        attempt: u32,
+        schema: &ValidationSchema,
+    ) -> Result<Report, TurnEnd> {
+        let validators = PluginValidators::new(self.registry, self.limits);
+        let report = run_gate(&run.ws.root, &run.output_dir, schema, &validators)
+            .map_err(|e| TurnEnd::Failed(format!("gate {item_id}: {e}")))?;
+        if let Err(e) = write_gate_report(run, item_id, attempt, &report) {
+            tracing::warn!("{}: gate {item_id}: writing the report: {e}", run.label);
+        }
+        self.observer.emit(RunEvent::Gate {
+            step_id: run.label.clone(),
+            item_id: item_id.to_string(),
+            attempt,
+            passed: report.passed,
+            failures: report.failures().count(),
+        });
+        Ok(report)
+    }
+
     /// Runs a gate; on failure up to [`MAX_REPAIR_TURNS`] repair turns, each followed by the gate.
     async fn gate(
         &self,
@@ -936,21 +948,9 @@ impl<'a> StepRunner<'a> {
         schema: &ValidationSchema,
         access: TurnAccess,
     ) -> Result<(), TurnEnd> {
-        let validators = PluginValidators::new(self.registry, self.limits);
         let mut attempt = 1;
         loop {
-            let report = run_gate(&run.ws.root, &run.output_dir, schema, &validators)
-                .map_err(|e| TurnEnd::Failed(format!("gate {item_id}: {e}")))?;
-            if let Err(e) = write_gate_report(run, item_id, attempt, &report) {
-                tracing::warn!("{}: gate {item_id}: writing the report: {e}", run.label);
-            }
-            self.observer.emit(RunEvent::Gate {
-                step_id: run.label.clone(),
-                item_id: item_id.to_string(),
-                attempt,
-                passed: report.passed,
-                failures: report.failures().count(),
-            });
+            let report = self.check_gate(run, item_id, attempt, schema)?;
             if report.passed {
                 return Ok(());
             }
