@@ -619,3 +619,62 @@ fn a_missing_prerequisite_sends_the_run_back_a_bounded_number_of_times() {
         "{reason}"
     );
 }
+
+#[test]
+fn ctrl_c_stops_at_the_next_boundary_and_the_session_records_stopped() {
+    // The first answer is slow and asks for a tool: Ctrl-C arrives while the LLM call is in
+    // flight, the tool round it asked for still runs, and the loop stops before the next call.
+    let server = FakeServer::start(Box::new(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(3000));
+        let args = json!({"path": "runs/iteration-0/execution/only/note.md", "content": "x"});
+        (200, completion("", &[("workspace__write_file", args)]))
+    }));
+    let dir = tempfile::tempdir().unwrap();
+    agent_workspace(
+        dir.path(),
+        &[("only", "Write a note."), ("later", "Never reached.")],
+        json!([]),
+        json!({"llm": {"provider": "openai", "model_id": "slow"},
+               "providers": server.providers()}),
+    );
+    let cache = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("component-cache");
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_trellis"))
+        .arg("--cache-dir")
+        .arg(cache)
+        .args(["run", dir.path().to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let waited = std::time::Instant::now();
+    while server.seen().is_empty() {
+        assert!(
+            waited.elapsed() < std::time::Duration::from_secs(120),
+            "the run never reached the model"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // SAFETY: kill(2) on the child's pid, which is ours and still running (it is waiting
+    // for the slow answer).
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let out = child.wait_with_output().unwrap();
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success(), "{}", text(&out.stdout));
+    assert!(stderr.contains("stopping at the next boundary"), "{stderr}");
+    assert_eq!(server.seen().len(), 1, "no LLM call after the stop request");
+    let step = dir.path().join("runs/iteration-0/execution/only");
+    assert_eq!(read_json(&step.join("session.json"))["status"], "stopped");
+    assert_eq!(
+        read_json(&step.join("execution-final-summary.json"))["status"],
+        "stopped"
+    );
+    assert_eq!(
+        std::fs::read_to_string(step.join("note.md")).unwrap(),
+        "x",
+        "the tool round already asked for ran"
+    );
+    assert!(
+        !dir.path().join("runs/iteration-0/execution/later").exists(),
+        "no later step started"
+    );
+}
