@@ -1,9 +1,9 @@
 //! Routes (`call_sub_agent`) and legacy `todo_task` steps through the agent loop, with the
 //! bundled `replay` provider and the real `workspace` plugin.
 //!
-//! As in tests/sequence_driver.rs, each test writes its cassette: a parent and its
-//! sub-agents share one cassette, their calls interleaved in the order they happen. System
-//! prompts come from the driver (`step_system_prompt`, `sub_agent_system_prompt`); tool
+//! As in tests/sequence_driver.rs, each test writes its cassette (tests/support/tape.rs): a
+//! parent and its sub-agents share one cassette, their calls interleaved in the order they
+//! happen. System prompts come from the driver (`step_system_prompt`, `sub_agent_system_prompt`); tool
 //! results from making the same call under the same grant in a twin workspace. The replay
 //! provider compares every request exactly, so a cassette that plays through shows that the
 //! conversations were what the test says (a sub-agent's second call carrying its first).
@@ -16,24 +16,26 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde_json::{Value, json};
-use support::{engine, tree_digest};
-use trellis_host::capabilities::turn::{
-    AgentFolders, TurnContext, TurnPurpose, turn_grant, turn_grant_in,
+use support::grants::{item_grant, reflection_grant, sub_agent_grant};
+use support::tape::{Conv, Tape, Twin, replay_runner, write_calls};
+use support::workspace::{copy_workspace, create_db, example_dir, read_json, write_files};
+use support::{registry, tree_digest};
+use trellis_host::PluginRegistry;
+use trellis_host::capabilities::turn::AgentFolders;
+use trellis_host::llm::{Cassette, Usage};
+use trellis_host::sequence::driver::{
+    StepOutcome, StepRunner, step_system_prompt, sub_agent_system_prompt,
 };
-use trellis_host::llm::{
-    Cassette, Endpoint, Interaction, Message, RecordedRequest, ReplayCursor, Response, Secret,
-    StopReason, Target, ToolCall, Usage,
-};
-use trellis_host::sequence::driver::{StepRunner, step_system_prompt, sub_agent_system_prompt};
 use trellis_host::sequence::events::{Observer, RunEvent};
 use trellis_host::sequence::routes::{CallResult, call_opening};
 use trellis_host::sequence::session::Status;
 use trellis_host::workflow::Workspace;
-use trellis_host::{Limits, PluginRegistry};
 
 const MODEL: &str = "m-routes";
 const OUT: &str = "runs/iteration-0/execution/s1";
 const SHARED: &str = "runs/iteration-0/execution/s1/shared";
+/// The refunds specialist's task.
+const TASK: &str = "Write decision.json in your output folder, then answer in one line.";
 /// The tools the parent is offered: its two selected plugin tools, then the delegation tool.
 const PARENT_TOOLS: &[&str] = &[
     "workspace:read_file",
@@ -41,8 +43,22 @@ const PARENT_TOOLS: &[&str] = &[
     "call_sub_agent",
 ];
 
+/// The folder of call `call` of `route`, a route of the step with output folder `out`.
+fn call_folder_in(out: &str, route: &str, call: &str) -> String {
+    format!("{out}/agents/{route}/calls/{call}")
+}
+
 fn call_folder(route: &str, call: &str) -> String {
-    format!("{OUT}/agents/{route}/calls/{call}")
+    call_folder_in(OUT, route, call)
+}
+
+/// The folders of the sub-agent of `route` in call `call` (see [`call_folder_in`]).
+fn call_folders(out: &str, route: &str, call: &str) -> AgentFolders {
+    AgentFolders {
+        output: call_folder_in(out, route, call),
+        shared: Some(format!("{out}/shared")),
+        sub_agent: true,
+    }
 }
 
 /// A sub-agent step: a message sequence with one user message.
@@ -59,12 +75,7 @@ fn route(step: Value, name: &str, condition: &str) -> Value {
 
 fn refunds_route() -> Value {
     route(
-        child(
-            "refunds",
-            "You decide refunds.",
-            "Write decision.json in your output folder, then answer in one line.",
-            json!([]),
-        ),
+        child("refunds", "You decide refunds.", TASK, json!([])),
         "Refunds specialist",
         "a customer asks for money back",
     )
@@ -89,215 +100,67 @@ fn step_config() -> String {
 }
 
 fn workspace(root: &Path, plan: &str) -> Workspace {
-    for (rel, text) in [
-        ("planning/plan.json", plan.to_string()),
-        ("planning/step_config.json", step_config()),
-        (
-            "knowledgebase/notes/refunds.md",
-            "Refund within 30 days.".into(),
-        ),
-    ] {
-        let path = root.join(rel);
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(path, text).unwrap();
-    }
-    std::fs::create_dir_all(root.join("db")).unwrap();
-    let conn = rusqlite::Connection::open(root.join("db/db.sqlite")).unwrap();
-    conn.execute_batch("CREATE TABLE orders (id INTEGER); INSERT INTO orders VALUES (1), (2);")
-        .unwrap();
-    drop(conn);
+    write_files(
+        root,
+        &[
+            ("planning/plan.json", plan.to_string()),
+            ("planning/step_config.json", step_config()),
+            (
+                "knowledgebase/notes/refunds.md",
+                "Refund within 30 days.".into(),
+            ),
+        ],
+    );
+    create_db(
+        root,
+        "CREATE TABLE orders (id INTEGER); INSERT INTO orders VALUES (1), (2);",
+    );
     Workspace::open(root).expect("the test workspace loads")
 }
 
 /// A twin of the test workspace where tools are called to learn what they answer.
-struct Twin {
-    _dir: tempfile::TempDir,
-    ws: Workspace,
-}
-
-impl Twin {
-    fn new(plan: &str) -> Twin {
-        let dir = tempfile::tempdir().unwrap();
-        let ws = workspace(dir.path(), plan);
-        Twin { _dir: dir, ws }
-    }
-
-    /// What `tool` answers the agent of step `s1` (its first item's grant).
-    async fn parent(&self, registry: &PluginRegistry, tool: &str, args: &Value) -> String {
-        let step = self.ws.plan.step("s1").unwrap();
-        let configs = self.ws.agent_configs("s1");
-        let items = step.effective_items();
-        let ctx = TurnContext {
-            root: &self.ws.root,
-            run_folder: "iteration-0",
-            step,
-            configs: &configs,
-        };
-        let grant = turn_grant(&ctx, TurnPurpose::Item(&items[0])).unwrap();
-        call(registry, tool, args, &grant.grant).await
-    }
-
-    /// What `tool` answers the sub-agent of `route` (a route of `s1`) in call `call`.
-    async fn child(
-        &self,
-        registry: &PluginRegistry,
-        route: &str,
-        call_id: &str,
-        tool: &str,
-        args: &Value,
-    ) -> String {
-        let parent = self.ws.plan.step("s1").unwrap();
-        let step = &parent
-            .predefined_routes()
-            .iter()
-            .find(|r| r.route_id == route)
-            .unwrap()
-            .sub_agent_step;
-        let configs = self.ws.agent_configs(route);
-        let items = step.effective_items();
-        let ctx = TurnContext {
-            root: &self.ws.root,
-            run_folder: "iteration-0",
-            step,
-            configs: &configs,
-        };
-        let folders = AgentFolders {
-            output: call_folder(route, call_id),
-            shared: Some(SHARED.to_string()),
-            sub_agent: true,
-        };
-        let grant = turn_grant_in(&ctx, TurnPurpose::Item(&items[0]), &folders).unwrap();
-        call(registry, tool, args, &grant.grant).await
-    }
-}
-
-async fn call(
-    registry: &PluginRegistry,
-    tool: &str,
-    args: &Value,
-    grant: &trellis_host::Grant,
-) -> String {
-    match registry
-        .call_tool(tool, args, grant, &Limits::default())
-        .await
-    {
-        Ok(Value::String(s)) => s,
-        Ok(v) => v.to_string(),
-        Err(e) => format!("error: {e}"),
-    }
-}
-
-/// One cassette shared by every agent of a run.
-#[derive(Default)]
-struct Tape {
-    interactions: Vec<Interaction>,
-}
-
-impl Tape {
-    fn save(&self, path: &Path) {
-        Cassette {
-            interactions: self.interactions.clone(),
-        }
-        .save(path)
-        .unwrap();
-    }
-}
-
-/// One agent's conversation as the cassette expects it.
-struct Conv {
-    messages: Vec<Message>,
-    tools: Vec<String>,
-}
-
-impl Conv {
-    fn new(system: String) -> Conv {
-        Conv {
-            messages: vec![Message::system(system)],
-            tools: Vec::new(),
-        }
-    }
-
-    /// Also checks the names of the tools offered in every request of this agent.
-    fn offering(mut self, tools: &[&str]) -> Conv {
-        self.tools = tools.iter().map(|t| t.to_string()).collect();
-        self
-    }
-
-    fn system(&mut self, text: String) {
-        self.messages[0] = Message::system(text);
-    }
-
-    fn user(&mut self, text: &str) {
-        self.messages.push(Message::user(text));
-    }
-
-    fn tool(&mut self, id: &str, text: &str) {
-        self.messages.push(Message::tool_result(id, text));
-    }
-
-    fn reply(&mut self, tape: &mut Tape, text: &str, calls: &[(&str, &str, Value)]) {
-        let response = Response {
-            text: text.to_string(),
-            tool_calls: calls
-                .iter()
-                .map(|(id, name, args)| ToolCall {
-                    id: id.to_string(),
-                    name: name.to_string(),
-                    arguments: args.to_string(),
-                })
-                .collect(),
-            stop_reason: if calls.is_empty() {
-                StopReason::Stop
-            } else {
-                StopReason::ToolCalls
-            },
-            usage: Usage {
-                prompt_tokens: 10,
-                completion_tokens: 5,
-                total_tokens: 15,
-            },
-            model: None,
-        };
-        tape.interactions.push(Interaction {
-            request: RecordedRequest {
-                model: MODEL.to_string(),
-                messages: self.messages.clone(),
-                tools: self.tools.clone(),
-            },
-            response: response.clone(),
-        });
-        self.messages.push(Message::assistant(&response));
-    }
-}
-
-async fn registry() -> PluginRegistry {
-    PluginRegistry::with_bundled(engine()).await.unwrap()
+fn twin(plan: &str) -> Twin {
+    Twin::new(|root| workspace(root, plan))
 }
 
 fn runner<'a>(registry: &'a PluginRegistry, cassette: &Path) -> StepRunner<'a> {
-    let target = Target {
-        provider: "replay".into(),
-        model: MODEL.into(),
-        endpoint: Endpoint::replay(cassette, 0).unwrap(),
-        secret: Secret::none(),
-    };
-    StepRunner::new(registry, vec![target], Limits::default())
-        .with_replay(ReplayCursor::new(cassette))
+    replay_runner(registry, MODEL, cassette)
 }
 
-fn read_json(path: &Path) -> Value {
-    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+/// Plays `cassette` through step `s1` of `ws`.
+async fn play(registry: &PluginRegistry, cassette: &Path, ws: &Workspace) -> StepOutcome {
+    runner(registry, cassette).run_step(ws, "s1").await.unwrap()
 }
 
-fn delegate(id: &str, route: &str, instructions: &str) -> (String, Value) {
-    (
-        id.to_string(),
-        json!({"route_id": route, "instructions": instructions}),
-    )
+/// A temp workspace for `plan`, an empty cassette and the conversation of its step `s1`.
+fn desk(plan: &str) -> (tempfile::TempDir, Workspace, Tape, Conv) {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = workspace(dir.path(), plan);
+    let parent = parent(&ws);
+    (dir, ws, Tape::new(MODEL), parent)
 }
 
-/// The tool result of a call as the parent reads it.
+/// The agent of step `s1`, offered its tools and the delegation tool.
+fn parent(ws: &Workspace) -> Conv {
+    Conv::new(step_system_prompt(ws, "s1").unwrap()).offering(PARENT_TOOLS)
+}
+
+/// The refunds specialist in call `call_id`, opened with `instructions` from the parent.
+fn refunds(ws: &Workspace, call_id: &str, instructions: &str) -> Conv {
+    let mut conv = Conv::new(sub_agent_system_prompt(ws, "s1", &["refunds"], call_id).unwrap());
+    conv.user(&call_opening(call_id, instructions, TASK));
+    conv
+}
+
+/// `conv` delegates to `route` in its call `id` of `call_sub_agent`.
+fn delegate(conv: &mut Conv, tape: &mut Tape, id: &str, route: &str, instructions: &str) {
+    let args = json!({"route_id": route, "instructions": instructions});
+    conv.reply(tape, "", &[(id, "call_sub_agent", args)]);
+}
+
+/// The tool result of a call as the parent reads it; `out` is the parent's output folder.
 fn call_result(
+    out: &str,
     route: &str,
     call_id: &str,
     status: Status,
@@ -305,7 +168,7 @@ fn call_result(
     error: Option<&str>,
     files: &[&str],
 ) -> String {
-    let folder = call_folder(route, call_id);
+    let folder = call_folder_in(out, route, call_id);
     CallResult {
         route_id: route.to_string(),
         call_id: call_id.to_string(),
@@ -319,17 +182,12 @@ fn call_result(
     .to_string()
 }
 
-const TASK: &str = "Write decision.json in your output folder, then answer in one line.";
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_route_called_twice_keeps_its_conversation_in_fresh_call_folders() {
     let registry = registry().await;
     let plan = sequence_plan(json!([refunds_route()]));
-    let dir = tempfile::tempdir().unwrap();
-    let ws = workspace(dir.path(), &plan);
-    let twin = Twin::new(&plan);
-    let mut tape = Tape::default();
-    let mut parent = Conv::new(step_system_prompt(&ws, "s1").unwrap()).offering(PARENT_TOOLS);
+    let (dir, ws, mut tape, mut parent) = desk(&plan);
+    let twin = twin(&plan);
     assert!(
         parent.messages[0]
             .content
@@ -351,8 +209,8 @@ async fn a_route_called_twice_keeps_its_conversation_in_fresh_call_folders() {
         (2, "Order 2: refund 5 EUR."),
     ] {
         let call_id = format!("call-000{n}");
-        let (pid, pargs) = delegate(&format!("p{n}"), "refunds", order);
-        parent.reply(&mut tape, "", &[(&pid, "call_sub_agent", pargs)]);
+        let pid = format!("p{n}");
+        delegate(&mut parent, &mut tape, &pid, "refunds", order);
 
         // The sub-agent: its system prompt names this call's folder; its conversation goes on.
         refunds.system(sub_agent_system_prompt(&ws, "s1", &["refunds"], &call_id).unwrap());
@@ -365,11 +223,13 @@ async fn a_route_called_twice_keeps_its_conversation_in_fresh_call_folders() {
             "",
             &[(&cid, "workspace:write_file", args.clone())],
         );
+        let folders = call_folders(OUT, "refunds", &call_id);
         let result = twin
-            .child(
+            .sub_agent(
                 &registry,
+                "s1",
                 "refunds",
-                &call_id,
+                &folders,
                 "workspace:write_file",
                 &args,
             )
@@ -382,6 +242,7 @@ async fn a_route_called_twice_keeps_its_conversation_in_fresh_call_folders() {
         parent.tool(
             &pid,
             &call_result(
+                OUT,
                 "refunds",
                 &call_id,
                 Status::Completed,
@@ -392,8 +253,7 @@ async fn a_route_called_twice_keeps_its_conversation_in_fresh_call_folders() {
         );
     }
     parent.reply(&mut tape, "Both refunds handled.", &[]);
-    let cassette = dir.path().join("cassette.json");
-    tape.save(&cassette);
+    let cassette = tape.save_in(dir.path());
     // The call folders are numbered by the run: computing the prompts created none.
     assert!(
         !dir.path()
@@ -401,10 +261,7 @@ async fn a_route_called_twice_keeps_its_conversation_in_fresh_call_folders() {
             .exists()
     );
 
-    let outcome = runner(&registry, &cassette)
-        .run_step(&ws, "s1")
-        .await
-        .unwrap();
+    let outcome = play(&registry, &cassette, &ws).await;
     assert_eq!(outcome.status, Status::Completed, "{:?}", outcome.error);
     assert_eq!(outcome.final_text.as_deref(), Some("Both refunds handled."));
     for n in 1..=2 {
@@ -453,10 +310,7 @@ async fn a_route_called_twice_keeps_its_conversation_in_fresh_call_folders() {
     }
     // A second run of the step starts its routes afresh too: the same cassette plays again,
     // from call-0001.
-    let outcome = runner(&registry, &cassette)
-        .run_step(&ws, "s1")
-        .await
-        .unwrap();
+    let outcome = play(&registry, &cassette, &ws).await;
     assert_eq!(outcome.status, Status::Completed, "{:?}", outcome.error);
     assert!(
         !dir.path()
@@ -485,24 +339,16 @@ async fn a_route_called_twice_keeps_its_conversation_in_fresh_call_folders() {
 async fn an_unknown_route_is_a_tool_error() {
     let registry = registry().await;
     let plan = sequence_plan(json!([refunds_route()]));
-    let dir = tempfile::tempdir().unwrap();
-    let ws = workspace(dir.path(), &plan);
-    let mut tape = Tape::default();
-    let mut parent = Conv::new(step_system_prompt(&ws, "s1").unwrap()).offering(PARENT_TOOLS);
+    let (dir, ws, mut tape, mut parent) = desk(&plan);
     parent.user("Handle the requests.");
-    let (id, args) = delegate("p1", "billing", "Check invoice 7.");
-    parent.reply(&mut tape, "", &[(&id, "call_sub_agent", args)]);
+    delegate(&mut parent, &mut tape, "p1", "billing", "Check invoice 7.");
     parent.tool(
-        &id,
+        "p1",
         "error: unknown route_id \"billing\": the routes of s1 are \"refunds\"",
     );
     parent.reply(&mut tape, "There is no billing specialist.", &[]);
-    let cassette = dir.path().join("cassette.json");
-    tape.save(&cassette);
-    let outcome = runner(&registry, &cassette)
-        .run_step(&ws, "s1")
-        .await
-        .unwrap();
+    let cassette = tape.save_in(dir.path());
+    let outcome = play(&registry, &cassette, &ws).await;
     assert_eq!(outcome.status, Status::Completed, "{:?}", outcome.error);
     assert!(!dir.path().join(OUT).join("agents/billing").exists());
     let conv = read_json(
@@ -524,28 +370,24 @@ async fn a_call_beyond_the_depth_bound_is_refused() {
         json!([route(inner, "Inner", "never reachable here")]),
     );
     let plan = sequence_plan(json!([route(outer, "Outer", "always")]));
-    let dir = tempfile::tempdir().unwrap();
-    let ws = workspace(dir.path(), &plan);
-    let mut tape = Tape::default();
-    let mut parent = Conv::new(step_system_prompt(&ws, "s1").unwrap()).offering(PARENT_TOOLS);
+    let (dir, ws, mut tape, mut parent) = desk(&plan);
     parent.user("Handle the requests.");
-    let (pid, pargs) = delegate("p1", "outer", "Go deep.");
-    parent.reply(&mut tape, "", &[(&pid, "call_sub_agent", pargs)]);
+    delegate(&mut parent, &mut tape, "p1", "outer", "Go deep.");
     let system = sub_agent_system_prompt(&ws, "s1", &["outer"], "call-0001").unwrap();
     assert!(system.contains("- inner (Inner)"), "{system}");
     let mut outer = Conv::new(system);
     outer.user(&call_opening("call-0001", "Go deep.", "Do the outer part."));
-    let (oid, oargs) = delegate("o1", "inner", "Deeper.");
-    outer.reply(&mut tape, "", &[(&oid, "call_sub_agent", oargs)]);
+    delegate(&mut outer, &mut tape, "o1", "inner", "Deeper.");
     outer.tool(
-        &oid,
+        "o1",
         "error: route \"inner\" refused: sub-agents nest at most 1 level(s) deep and s1/outer \
          is already at depth 1",
     );
     outer.reply(&mut tape, "The inner specialist is out of reach.", &[]);
     parent.tool(
-        &pid,
+        "p1",
         &call_result(
+            OUT,
             "outer",
             "call-0001",
             Status::Completed,
@@ -555,8 +397,7 @@ async fn a_call_beyond_the_depth_bound_is_refused() {
         ),
     );
     parent.reply(&mut tape, "Done.", &[]);
-    let cassette = dir.path().join("cassette.json");
-    tape.save(&cassette);
+    let cassette = tape.save_in(dir.path());
     let outcome = runner(&registry, &cassette)
         .with_max_route_depth(1)
         .run_step(&ws, "s1")
@@ -570,25 +411,17 @@ async fn a_call_beyond_the_depth_bound_is_refused() {
 async fn a_failing_sub_agent_is_a_result_for_the_parent() {
     let registry = registry().await;
     let plan = sequence_plan(json!([refunds_route()]));
-    let dir = tempfile::tempdir().unwrap();
-    let ws = workspace(dir.path(), &plan);
-    let mut tape = Tape::default();
-    let mut parent = Conv::new(step_system_prompt(&ws, "s1").unwrap()).offering(PARENT_TOOLS);
+    let (dir, ws, mut tape, mut parent) = desk(&plan);
     parent.user("Handle the requests.");
-    let (pid, pargs) = delegate("p1", "refunds", "Order 3: refund everything.");
-    parent.reply(&mut tape, "", &[(&pid, "call_sub_agent", pargs)]);
-    let mut refunds =
-        Conv::new(sub_agent_system_prompt(&ws, "s1", &["refunds"], "call-0001").unwrap());
-    refunds.user(&call_opening(
-        "call-0001",
-        "Order 3: refund everything.",
-        TASK,
-    ));
+    let order = "Order 3: refund everything.";
+    delegate(&mut parent, &mut tape, "p1", "refunds", order);
+    let mut refunds = refunds(&ws, "call-0001", order);
     let answer = "Cannot decide.\nSTATUS: FAILED: the invoice is missing";
     refunds.reply(&mut tape, answer, &[]);
     parent.tool(
-        &pid,
+        "p1",
         &call_result(
+            OUT,
             "refunds",
             "call-0001",
             Status::Failed,
@@ -598,12 +431,8 @@ async fn a_failing_sub_agent_is_a_result_for_the_parent() {
         ),
     );
     parent.reply(&mut tape, "The refund could not be decided.", &[]);
-    let cassette = dir.path().join("cassette.json");
-    tape.save(&cassette);
-    let outcome = runner(&registry, &cassette)
-        .run_step(&ws, "s1")
-        .await
-        .unwrap();
+    let cassette = tape.save_in(dir.path());
+    let outcome = play(&registry, &cassette, &ws).await;
     assert_eq!(outcome.status, Status::Completed, "{:?}", outcome.error);
     let session = read_json(&dir.path().join(OUT).join("agents/refunds/session.json"));
     assert_eq!(session["status"], "failed");
@@ -614,18 +443,13 @@ async fn a_failing_sub_agent_is_a_result_for_the_parent() {
 async fn a_sub_agent_writes_only_its_call_folder_and_the_shared_folder() {
     let registry = registry().await;
     let plan = sequence_plan(json!([refunds_route()]));
-    let dir = tempfile::tempdir().unwrap();
-    let ws = workspace(dir.path(), &plan);
-    let twin = Twin::new(&plan);
-    let mut tape = Tape::default();
-    let mut parent = Conv::new(step_system_prompt(&ws, "s1").unwrap()).offering(PARENT_TOOLS);
+    let (dir, ws, mut tape, mut parent) = desk(&plan);
+    let twin = twin(&plan);
     parent.user("Handle the requests.");
-    let (pid, pargs) = delegate("p1", "refunds", "Order 1.");
-    parent.reply(&mut tape, "", &[(&pid, "call_sub_agent", pargs)]);
-    let mut refunds =
-        Conv::new(sub_agent_system_prompt(&ws, "s1", &["refunds"], "call-0001").unwrap());
-    refunds.user(&call_opening("call-0001", "Order 1.", TASK));
+    delegate(&mut parent, &mut tape, "p1", "refunds", "Order 1.");
+    let mut refunds = refunds(&ws, "call-0001", "Order 1.");
     let call = call_folder("refunds", "call-0001");
+    let folders = call_folders(OUT, "refunds", "call-0001");
     let writes = [
         ("w1", format!("{OUT}/report.json"), false),
         ("w2", "knowledgebase/notes/refunds.md".to_string(), false),
@@ -634,28 +458,20 @@ async fn a_sub_agent_writes_only_its_call_folder_and_the_shared_folder() {
         ("w5", format!("{SHARED}/note.txt"), true),
         ("w6", format!("{call}/decision.json"), true),
     ];
-    let calls: Vec<(&str, &str, Value)> = writes
-        .iter()
-        .map(|(id, path, _)| {
-            (
-                *id,
-                "workspace:write_file",
-                json!({"path": path, "content": "x"}),
-            )
-        })
-        .collect();
+    let calls = write_calls(&writes, "x");
     refunds.reply(&mut tape, "", &calls);
     for ((id, _, allowed), (_, tool, args)) in writes.iter().zip(&calls) {
         let result = twin
-            .child(&registry, "refunds", "call-0001", tool, args)
+            .sub_agent(&registry, "s1", "refunds", &folders, tool, args)
             .await;
         assert_eq!(!result.starts_with("error:"), *allowed, "{id}: {result}");
         refunds.tool(id, &result);
     }
     refunds.reply(&mut tape, "Wrote what I could.", &[]);
     parent.tool(
-        &pid,
+        "p1",
         &call_result(
+            OUT,
             "refunds",
             "call-0001",
             Status::Completed,
@@ -671,18 +487,16 @@ async fn a_sub_agent_writes_only_its_call_folder_and_the_shared_folder() {
         "",
         &[("p2", "workspace:read_file", read.clone())],
     );
-    let shared = twin.parent(&registry, "workspace:read_file", &read).await;
+    let shared = twin
+        .item(&registry, "s1", "work", "workspace:read_file", &read)
+        .await;
     assert!(shared.contains("\"content\":\"x\""), "{shared}");
     parent.tool("p2", &shared);
     parent.reply(&mut tape, "Done.", &[]);
-    let cassette = dir.path().join("cassette.json");
-    tape.save(&cassette);
+    let cassette = tape.save_in(dir.path());
 
     let before = tree_digest(dir.path());
-    let outcome = runner(&registry, &cassette)
-        .run_step(&ws, "s1")
-        .await
-        .unwrap();
+    let outcome = play(&registry, &cassette, &ws).await;
     assert_eq!(outcome.status, Status::Completed, "{:?}", outcome.error);
     let after = tree_digest(dir.path());
     // What the host itself writes: sessions, summaries, logs, and the folders they need.
@@ -715,15 +529,10 @@ async fn a_sub_agent_writes_only_its_call_folder_and_the_shared_folder() {
 async fn a_stop_during_a_call_stops_the_sub_agent_and_the_parent() {
     let registry = registry().await;
     let plan = sequence_plan(json!([refunds_route()]));
-    let dir = tempfile::tempdir().unwrap();
-    let ws = workspace(dir.path(), &plan);
-    let mut tape = Tape::default();
-    let mut parent = Conv::new(step_system_prompt(&ws, "s1").unwrap()).offering(PARENT_TOOLS);
+    let (dir, ws, mut tape, mut parent) = desk(&plan);
     parent.user("Handle the requests.");
-    let (pid, pargs) = delegate("p1", "refunds", "Order 1.");
-    parent.reply(&mut tape, "", &[(&pid, "call_sub_agent", pargs)]);
-    let cassette = dir.path().join("cassette.json");
-    tape.save(&cassette);
+    delegate(&mut parent, &mut tape, "p1", "refunds", "Order 1.");
+    let cassette = tape.save_in(dir.path());
     let cancel = Arc::new(AtomicBool::new(false));
     let flag = cancel.clone();
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -766,20 +575,15 @@ async fn a_todo_task_runs_its_messages_as_a_sequence_with_routes() {
          "predefined_routes": [refunds_route()]}
     ]})
     .to_string();
-    let dir = tempfile::tempdir().unwrap();
-    let ws = workspace(dir.path(), &plan);
-    let mut tape = Tape::default();
-    let mut parent = Conv::new(step_system_prompt(&ws, "s1").unwrap()).offering(PARENT_TOOLS);
+    let (dir, ws, mut tape, mut parent) = desk(&plan);
     parent.user("First, delegate order 1.");
-    let (pid, pargs) = delegate("p1", "refunds", "Order 1.");
-    parent.reply(&mut tape, "", &[(&pid, "call_sub_agent", pargs)]);
-    let mut refunds =
-        Conv::new(sub_agent_system_prompt(&ws, "s1", &["refunds"], "call-0001").unwrap());
-    refunds.user(&call_opening("call-0001", "Order 1.", TASK));
+    delegate(&mut parent, &mut tape, "p1", "refunds", "Order 1.");
+    let mut refunds = refunds(&ws, "call-0001", "Order 1.");
     refunds.reply(&mut tape, "Approved.", &[]);
     parent.tool(
-        &pid,
+        "p1",
         &call_result(
+            OUT,
             "refunds",
             "call-0001",
             Status::Completed,
@@ -791,12 +595,8 @@ async fn a_todo_task_runs_its_messages_as_a_sequence_with_routes() {
     parent.reply(&mut tape, "Delegated.", &[]);
     parent.user("Now sum up.");
     parent.reply(&mut tape, "One refund approved.", &[]);
-    let cassette = dir.path().join("cassette.json");
-    tape.save(&cassette);
-    let outcome = runner(&registry, &cassette)
-        .run_step(&ws, "s1")
-        .await
-        .unwrap();
+    let cassette = tape.save_in(dir.path());
+    let outcome = play(&registry, &cassette, &ws).await;
     assert_eq!(outcome.status, Status::Completed, "{:?}", outcome.error);
     assert_eq!(outcome.turns, 2);
     let session = read_json(&dir.path().join(OUT).join("session.json"));
@@ -824,30 +624,13 @@ async fn a_todo_task_runs_its_messages_as_a_sequence_with_routes() {
 // theirs, and checked against the committed file. Re-record after changing the example or a
 // prompt: `cargo test --test routes -- --ignored record_example_cassette`.
 
-const EXAMPLE: &str = "examples/ticket-triage";
 const EXAMPLE_MODEL: &str = "triage-demo";
 const EXAMPLE_STEP: &str = "triage-tickets";
 
-fn example_dir() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(EXAMPLE)
-}
-
-/// Copies a workspace, leaving out its database, run folders and learnings (outputs).
-fn copy_workspace(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let name = entry.file_name();
-        if name == "runs" || name == "db.sqlite" || name == "learnings" {
-            continue;
-        }
-        let target = to.join(&name);
-        if entry.file_type().unwrap().is_dir() {
-            copy_workspace(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), &target).unwrap();
-        }
-    }
+/// A copy of the example at `root`, leaving out its database, run folders and learnings
+/// (outputs).
+fn copy_example(root: &Path) {
+    copy_workspace(&example_dir(), root, &["runs", "db.sqlite", "learnings"]);
 }
 
 /// The example's conversation, recorded by playing it against the real tools in a copy of
@@ -863,7 +646,7 @@ async fn example_cassette(registry: &PluginRegistry) -> Cassette {
 
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("ws");
-    copy_workspace(&example_dir(), &root);
+    copy_example(&root);
     assert!(seed_database(&root).unwrap());
     let ws = Workspace::open(&root).unwrap();
     let step = ws.plan.step(EXAMPLE_STEP).unwrap();
@@ -887,44 +670,22 @@ async fn example_cassette(registry: &PluginRegistry) -> Cassette {
     )
     .unwrap();
     let template = MessageTemplate::parse(&item.id, message).unwrap();
-    let ctx = TurnContext {
-        root: &ws.root,
-        run_folder: "iteration-0",
-        step,
-        configs: &configs,
-    };
-    let grant = turn_grant(&ctx, TurnPurpose::Item(item)).unwrap();
+    let grant = item_grant(&ws, EXAMPLE_STEP, &item.id);
     let refunds_step = &step.predefined_routes()[0].sub_agent_step;
-    let refunds_configs = ws.agent_configs("refunds");
     let refunds_items = refunds_step.effective_items();
     let out = format!("runs/iteration-0/execution/{EXAMPLE_STEP}");
-    let call_dir = format!("{out}/agents/refunds/calls/call-0001");
-    let refunds_grant = turn_grant_in(
-        &TurnContext {
-            root: &ws.root,
-            run_folder: "iteration-0",
-            step: refunds_step,
-            configs: &refunds_configs,
-        },
-        TurnPurpose::Item(&refunds_items[0]),
-        &AgentFolders {
-            output: call_dir.clone(),
-            shared: Some(format!("{out}/shared")),
-            sub_agent: true,
-        },
-    )
-    .unwrap();
-    let usage = Usage {
+    let call_dir = call_folder_in(&out, "refunds", "call-0001");
+    let refunds_grant = sub_agent_grant(
+        &ws,
+        EXAMPLE_STEP,
+        "refunds",
+        &call_folders(&out, "refunds", "call-0001"),
+    );
+    let mut tape = Tape::new(EXAMPLE_MODEL).with_usage(Usage {
         prompt_tokens: 400,
         completion_tokens: 60,
         total_tokens: 460,
-    };
-    let mut tape = Tape::default();
-    let mut reply = |conv: &mut Conv, text: &str, calls: &[(&str, &str, Value)]| {
-        conv.reply(&mut tape, text, calls);
-        tape.interactions.last_mut().unwrap().response.usage = usage;
-        tape.interactions.last_mut().unwrap().request.model = EXAMPLE_MODEL.to_string();
-    };
+    });
 
     let mut triage = Conv::new(step_system_prompt(&ws, EXAMPLE_STEP).unwrap());
     let decisions = [
@@ -947,11 +708,7 @@ async fn example_cassette(registry: &PluginRegistry) -> Cassette {
             let instructions = "Ticket 2: the customer was charged twice for order 4411 and \
                                 asks for one charge back. Decide by the refund policy.";
             let delegation = json!({"route_id": "refunds", "instructions": instructions});
-            reply(
-                &mut triage,
-                "",
-                &[("call-2a", "call_sub_agent", delegation)],
-            );
+            triage.reply(&mut tape, "", &[("call-2a", "call_sub_agent", delegation)]);
             let mut refunds = Conv::new(
                 sub_agent_system_prompt(&ws, EXAMPLE_STEP, &["refunds"], "call-0001").unwrap(),
             );
@@ -961,54 +718,46 @@ async fn example_cassette(registry: &PluginRegistry) -> Cassette {
             };
             refunds.user(&call_opening("call-0001", instructions, &task));
             let policy = json!({"path": "knowledgebase/notes/refunds.md"});
-            reply(
-                &mut refunds,
-                "",
-                &[("r-1", "workspace:read_file", policy.clone())],
-            );
-            let text = call(
-                registry,
-                "workspace:read_file",
-                &policy,
-                &refunds_grant.grant,
-            )
-            .await;
+            let text = refunds
+                .call(
+                    &mut tape,
+                    registry,
+                    &refunds_grant.grant,
+                    "r-1",
+                    "workspace:read_file",
+                    policy,
+                )
+                .await;
             assert!(text.contains("30 days"), "{text}");
-            refunds.tool("r-1", &text);
             let decision = json!({"ticket": 2, "decision": "refund",
                 "reason": "duplicate charge for order 4411, well within the 30 days of the policy"});
             let write = json!({"path": format!("{call_dir}/refund.json"),
                 "content": serde_json::to_string_pretty(&decision).unwrap()});
-            reply(
-                &mut refunds,
-                "",
-                &[("r-2", "workspace:write_file", write.clone())],
-            );
-            let text = call(
-                registry,
-                "workspace:write_file",
-                &write,
-                &refunds_grant.grant,
-            )
-            .await;
+            let text = refunds
+                .call(
+                    &mut tape,
+                    registry,
+                    &refunds_grant.grant,
+                    "r-2",
+                    "workspace:write_file",
+                    write,
+                )
+                .await;
             assert!(!text.starts_with("error:"), "{text}");
-            refunds.tool("r-2", &text);
             let answer =
                 "refund: one of the two charges for order 4411 (duplicate, within 30 days).";
-            reply(&mut refunds, answer, &[]);
+            refunds.reply(&mut tape, answer, &[]);
             triage.tool(
                 "call-2a",
-                &CallResult {
-                    route_id: "refunds".into(),
-                    call_id: "call-0001".into(),
-                    status: Status::Completed,
-                    answer: Some(answer.into()),
-                    error: None,
-                    output_folder: call_dir.clone(),
-                    files: vec![format!("{call_dir}/refund.json")],
-                }
-                .to_value()
-                .to_string(),
+                &call_result(
+                    &out,
+                    "refunds",
+                    "call-0001",
+                    Status::Completed,
+                    answer,
+                    None,
+                    &["refund.json"],
+                ),
             );
             refunds_done.push(json!({"ticket": 2, "decision": "refund",
                 "decided_by": "refunds specialist", "details": format!("{call_dir}/refund.json")}));
@@ -1026,16 +775,19 @@ async fn example_cassette(registry: &PluginRegistry) -> Cassette {
         let args = json!({"path": report_path,
             "content": serde_json::to_string_pretty(&report).unwrap()});
         let call_id = format!("call-{id}");
-        reply(
-            &mut triage,
-            "",
-            &[(&call_id, "workspace:write_file", args.clone())],
-        );
-        let text = call(registry, "workspace:write_file", &args, &grant.grant).await;
+        let text = triage
+            .call(
+                &mut tape,
+                registry,
+                &grant.grant,
+                &call_id,
+                "workspace:write_file",
+                args,
+            )
+            .await;
         assert!(!text.starts_with("error:"), "{text}");
-        triage.tool(&call_id, &text);
-        reply(
-            &mut triage,
+        triage.reply(
+            &mut tape,
             &format!("Ticket {id}: {priority} ({reason}). report.json updated."),
             &[],
         );
@@ -1049,23 +801,24 @@ async fn example_cassette(registry: &PluginRegistry) -> Cassette {
         - \"Charged twice\" and \"refund\" go to the refunds specialist; record its decision.\n\
         - Cosmetic issues (typos) are P4.\n";
     let write = json!({"path": format!("learnings/_global/{EXAMPLE_STEP}.md"), "content": lessons});
-    reply(
-        &mut triage,
-        "",
-        &[("call-learn", "workspace:write_file", write.clone())],
-    );
-    let reflection = turn_grant(&ctx, TurnPurpose::Reflection).unwrap();
-    let text = call(registry, "workspace:write_file", &write, &reflection.grant).await;
+    let reflection = reflection_grant(&ws, EXAMPLE_STEP);
+    let text = triage
+        .call(
+            &mut tape,
+            registry,
+            &reflection.grant,
+            "call-learn",
+            "workspace:write_file",
+            write,
+        )
+        .await;
     assert!(!text.starts_with("error:"), "{text}");
-    triage.tool("call-learn", &text);
-    reply(
-        &mut triage,
+    triage.reply(
+        &mut tape,
         "Recorded three lessons in learnings/_global/triage-tickets.md.",
         &[],
     );
-    Cassette {
-        interactions: tape.interactions,
-    }
+    tape.cassette()
 }
 
 fn example_cassette_path() -> std::path::PathBuf {
@@ -1098,18 +851,10 @@ async fn the_example_cassette_is_current_and_the_example_delegates_and_reflects(
     // closes with its learnings.
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("ws");
-    copy_workspace(&example_dir(), &root);
+    copy_example(&root);
     trellis_host::sequence::workflow_run::seed_database(&root).unwrap();
     let ws = Workspace::open(&root).unwrap();
-    let cassette = example_cassette_path();
-    let target = Target {
-        provider: "replay".into(),
-        model: EXAMPLE_MODEL.into(),
-        endpoint: Endpoint::replay(&cassette, 0).unwrap(),
-        secret: Secret::none(),
-    };
-    let outcome = StepRunner::new(&registry, vec![target], Limits::default())
-        .with_replay(ReplayCursor::new(&cassette))
+    let outcome = replay_runner(&registry, EXAMPLE_MODEL, &example_cassette_path())
         .run_step(&ws, EXAMPLE_STEP)
         .await
         .unwrap();

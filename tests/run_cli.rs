@@ -14,45 +14,24 @@ use std::process::Output;
 use serde_json::{Value, json};
 use support::fake_llm::{FakeServer, completion};
 use support::trellis;
+use support::workspace::{copy_workspace, example_dir, read_json};
 
-const EXAMPLE: &str = "examples/ticket-triage";
 const STEP: &str = "triage-tickets";
 
-fn example_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(EXAMPLE)
-}
-
-/// Copies a workspace, leaving out its database and run folders (outputs).
-fn copy_workspace(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let name = entry.file_name();
-        if name == "runs" || name == "db.sqlite" {
-            continue;
-        }
-        let target = to.join(&name);
-        if entry.file_type().unwrap().is_dir() {
-            copy_workspace(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), &target).unwrap();
-        }
-    }
+/// A copy of the example at `root`, leaving out its database and run folders (outputs).
+fn copy_example(root: &Path) {
+    copy_workspace(&example_dir(), root, &["runs", "db.sqlite"]);
 }
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-fn read_json(path: &Path) -> Value {
-    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
-}
-
 #[test]
 fn example_runs_offline_and_a_second_run_rotates() {
     let dir = tempfile::tempdir().unwrap();
     let ws = dir.path().join("ws");
-    copy_workspace(&example_dir(), &ws);
+    copy_example(&ws);
     let root = ws.to_str().unwrap();
 
     let out = trellis(&["run", root]);
@@ -151,7 +130,7 @@ fn example_runs_offline_and_a_second_run_rotates() {
 fn a_step_that_fails_exits_1_and_says_so() {
     let dir = tempfile::tempdir().unwrap();
     let ws = dir.path().join("ws");
-    copy_workspace(&example_dir(), &ws);
+    copy_example(&ws);
     // A fourth open ticket: the cassette has no answer for its turn.
     let seed = ws.join("db/seed.sql");
     let sql = std::fs::read_to_string(&seed).unwrap();

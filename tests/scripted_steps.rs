@@ -10,6 +10,7 @@ use std::path::Path;
 use serde_json::{Value, json};
 use support::fake_llm::{FakeServer, completion};
 use support::trellis;
+use support::workspace::{read_json, write_file};
 
 const STEP: &str = "fetch";
 const OUT: &str = "runs/iteration-0/execution/fetch";
@@ -39,11 +40,7 @@ with open(os.path.join(os.environ['STEP_OUTPUT_DIR'], 'count.json'), 'w') as f:
 
 /// A workspace with the scripted step `fetch`, its script, a tickets table and a gate.
 fn workspace(root: &Path, script: &str, agent_configs: Value, manifest: Value) {
-    let write = |rel: &str, text: &str| {
-        let path = root.join(rel);
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(path, text).unwrap();
-    };
+    let write = |rel: &str, text: &str| write_file(root, rel, text);
     write(
         "planning/plan.json",
         &json!({"objective": "count tickets", "steps": [{
@@ -74,10 +71,6 @@ fn workspace(root: &Path, script: &str, agent_configs: Value, manifest: Value) {
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
-}
-
-fn read_json(path: &Path) -> Value {
-    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
 }
 
 /// `(entry_id, item_type, status)` of every session entry of the step.

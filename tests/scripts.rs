@@ -7,12 +7,13 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use support::tree_digest;
+use support::workspace::{read_json, write_file};
 use trellis_host::Limits;
 use trellis_host::capabilities::turn::TurnAccess;
 use trellis_host::script::{ScriptFailure, ScriptKind, ScriptOptions, ScriptOutcome, ScriptRunner};
@@ -36,11 +37,7 @@ impl World {
     fn new() -> World {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("ws");
-        let write = |rel: &str, text: &str| {
-            let path = root.join(rel);
-            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-            std::fs::write(path, text).unwrap();
-        };
+        let write = |rel: &str, text: &str| write_file(&root, rel, text);
         write(
             "planning/plan.json",
             &json!({"steps": [
@@ -138,10 +135,6 @@ fn options() -> ScriptOptions {
         },
         ..ScriptOptions::default()
     }
-}
-
-fn read_json(path: &Path) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
 #[tokio::test]

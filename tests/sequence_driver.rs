@@ -2,7 +2,7 @@
 //! real `workspace` plugin. Each test writes its cassette next to a temp workspace: the replay
 //! provider compares every request exactly, so the cassette is built from the same system
 //! prompt the driver sends (`step_system_prompt`) and from tool results obtained by calling the
-//! same tool under the same grant in a twin workspace.
+//! same tool under the same grant in a twin workspace (tests/support/tape.rs).
 
 mod support;
 
@@ -11,20 +11,18 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use serde_json::{Value, json};
-use support::engine;
+use support::registry;
+use support::tape::{Conv, Tape, Twin, replay_runner, write_calls};
+use support::workspace::{create_db, read_json, write_files};
+use trellis_host::Limits;
+use trellis_host::PluginRegistry;
 use trellis_host::capabilities::turn::reflection_due;
-use trellis_host::capabilities::turn::{TurnContext, TurnPurpose, turn_grant};
-use trellis_host::llm::{
-    Cassette, Endpoint, Interaction, Message, RecordedRequest, ReplayCursor, Response, Secret,
-    StopReason, Target, ToolCall, Usage,
-};
 use trellis_host::sequence::driver::{
-    FINAL_GATE_ID, GATE_SKIPPED_SUMMARY, OFFLOAD_THRESHOLD, StepRunner, offload_reference,
-    reflection_message, step_system_prompt,
+    FINAL_GATE_ID, GATE_SKIPPED_SUMMARY, OFFLOAD_THRESHOLD, StepOutcome, StepRunner,
+    offload_reference, reflection_message, step_system_prompt,
 };
 use trellis_host::sequence::session::Status;
 use trellis_host::workflow::Workspace;
-use trellis_host::{Limits, PluginRegistry};
 
 const MODEL: &str = "m-test";
 const OUT: &str = "runs/iteration-0/execution/s1";
@@ -55,26 +53,23 @@ fn config_with(settings: Value) -> String {
 }
 
 fn workspace_with(root: &Path, plan: &str, config: &str) -> Workspace {
-    for (rel, text) in [
-        ("planning/plan.json", plan),
-        ("planning/step_config.json", config),
-    ] {
-        let path = root.join(rel);
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(path, text).unwrap();
-    }
-    std::fs::create_dir_all(root.join("db")).unwrap();
-    let conn = rusqlite::Connection::open(root.join("db/db.sqlite")).unwrap();
-    conn.execute_batch(
+    write_files(
+        root,
+        &[
+            ("planning/plan.json", plan),
+            ("planning/step_config.json", config),
+        ],
+    );
+    create_db(
+        root,
         "CREATE TABLE tickets (id INTEGER, title TEXT);
          INSERT INTO tickets VALUES (1, 'printer'), (2, 'login');",
-    )
-    .unwrap();
-    drop(conn);
+    );
     Workspace::open(root).expect("the test workspace loads")
 }
 
-/// What a tool call returns to the model, found by making the same call in a twin workspace.
+/// What a tool call of item `item_id` returns to the model, found by making the same call
+/// in a fresh twin workspace.
 async fn expected_tool_text(
     registry: &PluginRegistry,
     plan: &str,
@@ -82,145 +77,26 @@ async fn expected_tool_text(
     tool: &str,
     args: &Value,
 ) -> String {
-    let twin = tempfile::tempdir().unwrap();
-    twin_tool_text(
-        registry,
-        twin.path(),
-        plan,
-        STEP_CONFIG,
-        Some(item_id),
-        tool,
-        args,
-    )
-    .await
-}
-
-/// What a tool call returns in the twin workspace at `twin` (created on first use, then
-/// kept, so calls build on each other), under the grant of item `item_id`, or of the
-/// reflection turn when `None`.
-async fn twin_tool_text(
-    registry: &PluginRegistry,
-    twin: &Path,
-    plan: &str,
-    config: &str,
-    item_id: Option<&str>,
-    tool: &str,
-    args: &Value,
-) -> String {
-    let ws = if twin.join("planning").is_dir() {
-        Workspace::open(twin).unwrap()
-    } else {
-        workspace_with(twin, plan, config)
-    };
-    let step = ws.plan.step("s1").unwrap();
-    let configs = ws.agent_configs("s1");
-    let items = step.effective_items();
-    let ctx = TurnContext {
-        root: &ws.root,
-        run_folder: "iteration-0",
-        step,
-        configs: &configs,
-    };
-    let purpose = match item_id {
-        Some(id) => TurnPurpose::Item(items.iter().find(|i| i.id == id).unwrap()),
-        None => TurnPurpose::Reflection,
-    };
-    let grant = turn_grant(&ctx, purpose).unwrap();
-    match registry
-        .call_tool(tool, args, &grant.grant, &Limits::default())
+    Twin::new(|root| workspace(root, plan))
+        .item(registry, "s1", item_id, tool, args)
         .await
-    {
-        Ok(Value::String(s)) => s,
-        Ok(v) => v.to_string(),
-        Err(e) => format!("error: {e}"),
-    }
 }
 
-/// Builds a cassette as the conversation goes.
-struct Tape {
-    messages: Vec<Message>,
-    interactions: Vec<Interaction>,
-}
-
-impl Tape {
-    fn new(system: String) -> Tape {
-        Tape {
-            messages: vec![Message::system(system)],
-            interactions: Vec::new(),
-        }
-    }
-
-    fn user(&mut self, text: &str) -> &mut Self {
-        self.messages.push(Message::user(text));
-        self
-    }
-
-    fn reply(&mut self, text: &str, calls: &[(&str, &str, Value)]) -> &mut Self {
-        let response = Response {
-            text: text.to_string(),
-            tool_calls: calls
-                .iter()
-                .map(|(id, name, args)| ToolCall {
-                    id: id.to_string(),
-                    name: name.to_string(),
-                    arguments: args.to_string(),
-                })
-                .collect(),
-            stop_reason: if calls.is_empty() {
-                StopReason::Stop
-            } else {
-                StopReason::ToolCalls
-            },
-            usage: Usage {
-                prompt_tokens: 10,
-                completion_tokens: 5,
-                total_tokens: 15,
-            },
-            model: None,
-        };
-        self.interactions.push(Interaction {
-            request: RecordedRequest {
-                model: MODEL.to_string(),
-                messages: self.messages.clone(),
-                tools: Vec::new(),
-            },
-            response: response.clone(),
-        });
-        self.messages.push(Message::assistant(&response));
-        self
-    }
-
-    fn tool(&mut self, id: &str, text: &str) -> &mut Self {
-        self.messages.push(Message::tool_result(id, text));
-        self
-    }
-
-    fn save(&self, path: &Path) {
-        Cassette {
-            interactions: self.interactions.clone(),
-        }
-        .save(path)
-        .unwrap();
-    }
-}
-
-async fn registry() -> PluginRegistry {
-    PluginRegistry::with_bundled(engine()).await.unwrap()
+/// The conversation of step `s1` in `ws`, opening with the system prompt the driver sends.
+fn conversation(ws: &Workspace) -> (Tape, Conv) {
+    (
+        Tape::new(MODEL),
+        Conv::new(step_system_prompt(ws, "s1").unwrap()),
+    )
 }
 
 fn runner<'a>(registry: &'a PluginRegistry, cassette: &Path) -> StepRunner<'a> {
-    let target = Target {
-        provider: "replay".into(),
-        model: MODEL.into(),
-        endpoint: Endpoint::replay(cassette, 0).unwrap(),
-        secret: Secret::none(),
-    };
-    StepRunner::new(registry, vec![target], Limits::default())
-        .with_replay(ReplayCursor::new(cassette))
+    replay_runner(registry, MODEL, cassette)
 }
 
-fn read_json(path: &Path) -> Value {
-    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+/// Plays `cassette` through step `s1` of `ws`.
+async fn play(registry: &PluginRegistry, cassette: &Path, ws: &Workspace) -> StepOutcome {
+    runner(registry, cassette).run_step(ws, "s1").await.unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -234,18 +110,14 @@ async fn user_message_turn_writes_a_file_and_the_logs() {
     let ws = workspace(dir.path(), &plan);
     let args = json!({"path": format!("{OUT}/hello.txt"), "content": "hello"});
     let result = expected_tool_text(&registry, &plan, "write", "workspace:write_file", &args).await;
-    let mut tape = Tape::new(step_system_prompt(&ws, "s1").unwrap());
-    tape.user("Write hello.txt.")
-        .reply("", &[("c1", "workspace:write_file", args)])
+    let (mut tape, mut conv) = conversation(&ws);
+    conv.user("Write hello.txt.")
+        .reply(&mut tape, "", &[("c1", "workspace:write_file", args)])
         .tool("c1", &result)
-        .reply("Done.\nCONCERNS: none really", &[]);
-    let cassette = dir.path().join("cassette.json");
-    tape.save(&cassette);
+        .reply(&mut tape, "Done.\nCONCERNS: none really", &[]);
+    let cassette = tape.save_in(dir.path());
 
-    let outcome = runner(&registry, &cassette)
-        .run_step(&ws, "s1")
-        .await
-        .unwrap();
+    let outcome = play(&registry, &cassette, &ws).await;
     assert_eq!(outcome.status, Status::Completed, "{:?}", outcome.error);
     assert_eq!(outcome.turns, 1);
     assert_eq!(
@@ -292,10 +164,7 @@ async fn foreach_renders_one_turn_per_row() {
     // description and the tool policy note, all stable.
     let cassette =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/sequence/foreach.cassette.json");
-    let outcome = runner(&registry, &cassette)
-        .run_step(&ws, "s1")
-        .await
-        .unwrap();
+    let outcome = play(&registry, &cassette, &ws).await;
     assert_eq!(outcome.status, Status::Completed, "{:?}", outcome.error);
     assert_eq!(outcome.turns, 2);
     assert_eq!(outcome.final_text.as_deref(), Some("ok 2"));
@@ -348,19 +217,15 @@ async fn repair_turn_case(registry: &PluginRegistry, schema: &Value, gate: Value
     let repair = trellis_host::sequence::driver::repair_message("gate", &report);
     assert!(repair.contains("report.json"), "{repair}");
 
-    let mut tape = Tape::new(step_system_prompt(&ws, "s1").unwrap());
-    tape.user("Begin.")
-        .reply("Begun.", &[])
+    let (mut tape, mut conv) = conversation(&ws);
+    conv.user("Begin.")
+        .reply(&mut tape, "Begun.", &[])
         .user(&repair)
-        .reply("", &[("r1", "workspace:write_file", args)])
+        .reply(&mut tape, "", &[("r1", "workspace:write_file", args)])
         .tool("r1", &result)
-        .reply("Fixed.", &[]);
-    let cassette = dir.path().join("cassette.json");
-    tape.save(&cassette);
-    let outcome = runner(registry, &cassette)
-        .run_step(&ws, "s1")
-        .await
-        .unwrap();
+        .reply(&mut tape, "Fixed.", &[]);
+    let cassette = tape.save_in(dir.path());
+    let outcome = play(registry, &cassette, &ws).await;
     assert_eq!(outcome.status, Status::Completed, "{:?}", outcome.error);
     assert_eq!(outcome.turns, 2);
     let session = read_json(&dir.path().join(OUT).join("session.json"));
@@ -380,15 +245,14 @@ async fn status_failed_ends_the_step() {
     );
     let dir = tempfile::tempdir().unwrap();
     let ws = workspace(dir.path(), &plan);
-    let mut tape = Tape::new(step_system_prompt(&ws, "s1").unwrap());
-    tape.user("Try.")
-        .reply("Cannot.\nSTATUS: FAILED: the data is missing", &[]);
-    let cassette = dir.path().join("cassette.json");
-    tape.save(&cassette);
-    let outcome = runner(&registry, &cassette)
-        .run_step(&ws, "s1")
-        .await
-        .unwrap();
+    let (mut tape, mut conv) = conversation(&ws);
+    conv.user("Try.").reply(
+        &mut tape,
+        "Cannot.\nSTATUS: FAILED: the data is missing",
+        &[],
+    );
+    let cassette = tape.save_in(dir.path());
+    let outcome = play(&registry, &cassette, &ws).await;
     assert_eq!(outcome.status, Status::Failed);
     assert_eq!(outcome.error.as_deref(), Some("the data is missing"));
     let summary = read_json(&dir.path().join(OUT).join("execution-final-summary.json"));
@@ -408,17 +272,13 @@ async fn tool_error_goes_back_to_the_model() {
     let args = json!({"path": "planning/evil.json", "content": "{}"});
     let result = expected_tool_text(&registry, &plan, "evil", "workspace:write_file", &args).await;
     assert!(result.starts_with("error: "), "{result}");
-    let mut tape = Tape::new(step_system_prompt(&ws, "s1").unwrap());
-    tape.user("Edit the plan.")
-        .reply("", &[("e1", "workspace:write_file", args)])
+    let (mut tape, mut conv) = conversation(&ws);
+    conv.user("Edit the plan.")
+        .reply(&mut tape, "", &[("e1", "workspace:write_file", args)])
         .tool("e1", &result)
-        .reply("I may not write there.", &[]);
-    let cassette = dir.path().join("cassette.json");
-    tape.save(&cassette);
-    let outcome = runner(&registry, &cassette)
-        .run_step(&ws, "s1")
-        .await
-        .unwrap();
+        .reply(&mut tape, "I may not write there.", &[]);
+    let cassette = tape.save_in(dir.path());
+    let outcome = play(&registry, &cassette, &ws).await;
     assert_eq!(outcome.status, Status::Completed, "{:?}", outcome.error);
     assert_eq!(
         outcome.final_text.as_deref(),
@@ -436,8 +296,7 @@ async fn cancellation_before_the_first_item_records_stopped() {
     );
     let dir = tempfile::tempdir().unwrap();
     let ws = workspace(dir.path(), &plan);
-    let cassette = dir.path().join("cassette.json");
-    Tape::new(String::new()).save(&cassette);
+    let cassette = Tape::new(MODEL).save_in(dir.path());
     let cancel = Arc::new(AtomicBool::new(true));
     let outcome = runner(&registry, &cassette)
         .with_cancel(cancel)
@@ -461,9 +320,10 @@ async fn too_many_tool_rounds_fail_the_step() {
     let ws = workspace(dir.path(), &plan);
     let args = json!({"path": "planning/evil.json", "content": "{}"});
     let result = expected_tool_text(&registry, &plan, "loop", "workspace:write_file", &args).await;
-    let mut tape = Tape::new(step_system_prompt(&ws, "s1").unwrap());
-    tape.user("Loop.")
+    let (mut tape, mut conv) = conversation(&ws);
+    conv.user("Loop.")
         .reply(
+            &mut tape,
             "",
             &[
                 ("a", "workspace:write_file", args.clone()),
@@ -472,9 +332,8 @@ async fn too_many_tool_rounds_fail_the_step() {
         )
         .tool("a", &result)
         .tool("b", &result)
-        .reply("", &[("c", "workspace:write_file", args)]);
-    let cassette = dir.path().join("cassette.json");
-    tape.save(&cassette);
+        .reply(&mut tape, "", &[("c", "workspace:write_file", args)]);
+    let cassette = tape.save_in(dir.path());
     let outcome = runner(&registry, &cassette)
         .with_max_tool_rounds(1)
         .run_step(&ws, "s1")
@@ -544,38 +403,26 @@ async fn the_reflection_turn_writes_only_the_store_that_is_due() {
         } else {
             assert!(message.contains("the refund rules met today"), "{message}");
         }
-        let twin = tempfile::tempdir().unwrap();
-        let mut tape = Tape::new(step_system_prompt(&ws, "s1").unwrap());
-        tape.user("Work.").reply("Work done.", &[]).user(&message);
+        let twin = Twin::new(|root| workspace_with(root, &plan, &config));
+        let (mut tape, mut conv) = conversation(&ws);
+        conv.user("Work.")
+            .reply(&mut tape, "Work done.", &[])
+            .user(&message);
         let writes = [
             ("r1", due.to_string(), true),
             ("r2", refused.to_string(), false),
             ("r3", format!("{OUT}/late.txt"), false),
         ];
-        let calls: Vec<(&str, &str, Value)> = writes
-            .iter()
-            .map(|(id, path, _)| {
-                (
-                    *id,
-                    "workspace:write_file",
-                    json!({"path": path, "content": "- a lesson"}),
-                )
-            })
-            .collect();
-        tape.reply("", &calls);
+        let calls = write_calls(&writes, "- a lesson");
+        conv.reply(&mut tape, "", &calls);
         for ((id, path, allowed), (_, tool, args)) in writes.iter().zip(&calls) {
-            let text =
-                twin_tool_text(&registry, twin.path(), &plan, &config, None, tool, args).await;
+            let text = twin.reflection(&registry, "s1", tool, args).await;
             assert_eq!(!text.starts_with("error:"), *allowed, "{path}: {text}");
-            tape.tool(id, &text);
+            conv.tool(id, &text);
         }
-        tape.reply("Recorded.", &[]);
-        let cassette = dir.path().join("cassette.json");
-        tape.save(&cassette);
-        let outcome = runner(&registry, &cassette)
-            .run_step(&ws, "s1")
-            .await
-            .unwrap();
+        conv.reply(&mut tape, "Recorded.", &[]);
+        let cassette = tape.save_in(dir.path());
+        let outcome = play(&registry, &cassette, &ws).await;
         assert_eq!(outcome.status, Status::Completed, "{:?}", outcome.error);
         assert_eq!(outcome.turns, 2);
         assert_eq!(outcome.final_text.as_deref(), Some("Work done."));
@@ -610,14 +457,10 @@ async fn no_reflection_turn_when_learnings_are_locked_or_disabled() {
         let ws = workspace_with(dir.path(), &plan, &config);
         assert_eq!(reflection_due(&ws.agent_configs("s1")), None, "{settings}");
         // The cassette ends with the work: a reflection call would not be recorded.
-        let mut tape = Tape::new(step_system_prompt(&ws, "s1").unwrap());
-        tape.user("Work.").reply("Work done.", &[]);
-        let cassette = dir.path().join("cassette.json");
-        tape.save(&cassette);
-        let outcome = runner(&registry, &cassette)
-            .run_step(&ws, "s1")
-            .await
-            .unwrap();
+        let (mut tape, mut conv) = conversation(&ws);
+        conv.user("Work.").reply(&mut tape, "Work done.", &[]);
+        let cassette = tape.save_in(dir.path());
+        let outcome = play(&registry, &cassette, &ws).await;
         assert_eq!(
             outcome.status,
             Status::Completed,
@@ -647,14 +490,10 @@ async fn disable_validation_skips_every_gate() {
     let config = config_with(json!({"disable_validation": true}));
     let dir = tempfile::tempdir().unwrap();
     let ws = workspace_with(dir.path(), &plan, &config);
-    let mut tape = Tape::new(step_system_prompt(&ws, "s1").unwrap());
-    tape.user("Work.").reply("Nothing written.", &[]);
-    let cassette = dir.path().join("cassette.json");
-    tape.save(&cassette);
-    let outcome = runner(&registry, &cassette)
-        .run_step(&ws, "s1")
-        .await
-        .unwrap();
+    let (mut tape, mut conv) = conversation(&ws);
+    conv.user("Work.").reply(&mut tape, "Nothing written.", &[]);
+    let cassette = tape.save_in(dir.path());
+    let outcome = play(&registry, &cassette, &ws).await;
     assert_eq!(outcome.status, Status::Completed, "{:?}", outcome.error);
     let session = read_json(&dir.path().join(OUT).join("session.json"));
     assert_eq!(
@@ -676,12 +515,8 @@ async fn disable_validation_skips_every_gate() {
     // The same step with validation on fails its gate: the skip is what let it pass.
     let dir = tempfile::tempdir().unwrap();
     let ws = workspace_with(dir.path(), &plan, STEP_CONFIG);
-    let cassette = dir.path().join("cassette.json");
-    tape.save(&cassette);
-    let outcome = runner(&registry, &cassette)
-        .run_step(&ws, "s1")
-        .await
-        .unwrap();
+    let cassette = tape.save_in(dir.path());
+    let outcome = play(&registry, &cassette, &ws).await;
     assert_eq!(outcome.status, Status::Failed);
 }
 
@@ -695,46 +530,35 @@ async fn large_tool_results_are_offloaded_to_a_file() {
     let config = config_with(json!({"enable_context_offloading": true}));
     let dir = tempfile::tempdir().unwrap();
     let ws = workspace_with(dir.path(), &plan, &config);
-    let twin = tempfile::tempdir().unwrap();
+    let twin = Twin::new(|root| workspace_with(root, &plan, &config));
     let big = "0123456789abcdef\n".repeat(1500);
     let write = json!({"path": format!("{OUT}/big.txt"), "content": big});
     let read = json!({"path": format!("{OUT}/big.txt")});
-    let mut tape = Tape::new(step_system_prompt(&ws, "s1").unwrap());
-    tape.user("Write and read back.")
-        .reply("", &[("w1", "workspace:write_file", write.clone())]);
-    let written = twin_tool_text(
-        &registry,
-        twin.path(),
-        &plan,
-        &config,
-        Some("work"),
-        "workspace:write_file",
-        &write,
-    )
-    .await;
+    let (mut tape, mut conv) = conversation(&ws);
+    conv.user("Write and read back.").reply(
+        &mut tape,
+        "",
+        &[("w1", "workspace:write_file", write.clone())],
+    );
+    let written = twin
+        .item(&registry, "s1", "work", "workspace:write_file", &write)
+        .await;
     assert!(written.len() < OFFLOAD_THRESHOLD, "{written}");
-    tape.tool("w1", &written)
-        .reply("", &[("r1", "workspace:read_file", read.clone())]);
-    let full = twin_tool_text(
-        &registry,
-        twin.path(),
-        &plan,
-        &config,
-        Some("work"),
-        "workspace:read_file",
-        &read,
-    )
-    .await;
+    conv.tool("w1", &written).reply(
+        &mut tape,
+        "",
+        &[("r1", "workspace:read_file", read.clone())],
+    );
+    let full = twin
+        .item(&registry, "s1", "work", "workspace:read_file", &read)
+        .await;
     assert!(full.len() > OFFLOAD_THRESHOLD, "{}", full.len());
     let file = format!("{OUT}/tool-results/r1.json");
     let reference = offload_reference(&file, full.len());
-    tape.tool("r1", &reference).reply("Read it.", &[]);
-    let cassette = dir.path().join("cassette.json");
-    tape.save(&cassette);
-    let outcome = runner(&registry, &cassette)
-        .run_step(&ws, "s1")
-        .await
-        .unwrap();
+    conv.tool("r1", &reference)
+        .reply(&mut tape, "Read it.", &[]);
+    let cassette = tape.save_in(dir.path());
+    let outcome = play(&registry, &cassette, &ws).await;
     assert_eq!(outcome.status, Status::Completed, "{:?}", outcome.error);
     let offloaded = read_json(&dir.path().join(&file));
     assert_eq!(offloaded, serde_json::from_str::<Value>(&full).unwrap());

@@ -1,9 +1,14 @@
 //! Shared helpers of the integration tests: one engine per test binary, plugin
-//! folders for the test components, and tree digests for "nothing changed" checks.
+//! folders for the test components, and tree digests for "nothing changed" checks. The
+//! submodules hold test workspaces on disk, turn grants, cassettes for the replay provider,
+//! and a fake OpenAI-compatible server.
 
 #![allow(dead_code)]
 
 pub mod fake_llm;
+pub mod grants;
+pub mod tape;
+pub mod workspace;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -43,11 +48,16 @@ pub fn plugin_folder(parent: &Path, component: &str, id: &str, kind: &str) -> Pa
     folder
 }
 
+/// The bundled plugins.
+pub async fn registry() -> PluginRegistry {
+    PluginRegistry::with_bundled(engine()).await.unwrap()
+}
+
 /// The bundled plugins plus the `adversary` test plugin.
 pub async fn registry_with_adversary() -> PluginRegistry {
     let plugins = tempfile::tempdir().unwrap();
     let folder = plugin_folder(plugins.path(), "adversary", "adversary", "tool");
-    let mut registry = PluginRegistry::with_bundled(engine()).await.unwrap();
+    let mut registry = registry().await;
     registry.load_dir(&folder).await.unwrap();
     registry
 }

@@ -10,8 +10,10 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde_json::{Value, json};
-use support::{engine, registry_with_adversary, tree_digest};
-use trellis_host::capabilities::turn::{TurnContext, TurnGrant, TurnPurpose, turn_grant};
+use support::grants::{item_grant, reflection_grant};
+use support::workspace::{create_db, write_files};
+use support::{registry, registry_with_adversary, tree_digest};
+use trellis_host::capabilities::turn::TurnGrant;
 use trellis_host::workflow::Workspace;
 use trellis_host::{Limits, PluginRegistry, ToolCallError};
 
@@ -65,16 +67,11 @@ impl Fixture {
             ("learnings/writer/own.md", "Check the queue first.\n"),
             ("reference/sla.md", "P1: 1 hour.\n"),
         ];
-        for (rel, text) in files {
-            let path = root.join(rel);
-            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-            std::fs::write(path, text).unwrap();
-        }
-        std::fs::create_dir_all(root.join("db")).unwrap();
-        let conn = rusqlite::Connection::open(root.join("db/db.sqlite")).unwrap();
-        conn.execute_batch("CREATE TABLE tickets (id INTEGER); INSERT INTO tickets VALUES (1);")
-            .unwrap();
-        drop(conn);
+        write_files(root, files);
+        create_db(
+            root,
+            "CREATE TABLE tickets (id INTEGER); INSERT INTO tickets VALUES (1);",
+        );
         let ws = Workspace::open(root).expect("the test workspace loads");
         Fixture { dir, ws }
     }
@@ -84,29 +81,11 @@ impl Fixture {
     }
 
     fn grant(&self, step_id: &str, item_id: &str) -> TurnGrant {
-        let step = self.ws.plan.step(step_id).unwrap();
-        let configs = self.ws.agent_configs(step_id);
-        let items = step.effective_items();
-        let item = items.iter().find(|i| i.id == item_id).unwrap();
-        let ctx = TurnContext {
-            root: self.root(),
-            run_folder: "iteration-0",
-            step,
-            configs: &configs,
-        };
-        turn_grant(&ctx, TurnPurpose::Item(item)).unwrap()
+        item_grant(&self.ws, step_id, item_id)
     }
 
     fn reflection(&self, step_id: &str) -> TurnGrant {
-        let step = self.ws.plan.step(step_id).unwrap();
-        let configs = self.ws.agent_configs(step_id);
-        let ctx = TurnContext {
-            root: self.root(),
-            run_folder: "iteration-0",
-            step,
-            configs: &configs,
-        };
-        turn_grant(&ctx, TurnPurpose::Reflection).unwrap()
+        reflection_grant(&self.ws, step_id)
     }
 
     fn digest(&self) -> BTreeMap<String, String> {
@@ -158,7 +137,7 @@ fn only_changed(
 
 #[tokio::test]
 async fn knowledgebase_notes_are_writable_only_with_knowledgebase_write_access() {
-    let registry = PluginRegistry::with_bundled(engine()).await.unwrap();
+    let registry = registry().await;
     let fx = Fixture::new();
     let denied = [
         fx.grant("writer", "no-kb"),
@@ -210,7 +189,7 @@ async fn knowledgebase_notes_are_writable_only_with_knowledgebase_write_access()
 
 #[tokio::test]
 async fn global_learnings_are_writable_only_with_learnings_write_access() {
-    let registry = PluginRegistry::with_bundled(engine()).await.unwrap();
+    let registry = registry().await;
     let fx = Fixture::new();
     let denied = [
         fx.grant("writer", "no-learnings"),
@@ -250,7 +229,7 @@ async fn global_learnings_are_writable_only_with_learnings_write_access() {
 
 #[tokio::test]
 async fn the_reflection_turn_writes_only_the_stores_due() {
-    let registry = PluginRegistry::with_bundled(engine()).await.unwrap();
+    let registry = registry().await;
     let fx = Fixture::new();
     let grant = fx.reflection("writer");
     let before = fx.digest();
@@ -336,7 +315,7 @@ async fn db_mutations_need_db_write_access() {
 
 #[tokio::test]
 async fn planning_code_and_builder_do_not_exist_for_a_turn() {
-    let registry = PluginRegistry::with_bundled(engine()).await.unwrap();
+    let registry = registry().await;
     let fx = Fixture::new();
     let grants = [
         fx.grant("writer", "free"),
@@ -380,7 +359,7 @@ async fn planning_code_and_builder_do_not_exist_for_a_turn() {
 
 #[tokio::test]
 async fn the_output_folder_and_downloads_are_writable_earlier_outputs_are_not() {
-    let registry = PluginRegistry::with_bundled(engine()).await.unwrap();
+    let registry = registry().await;
     let fx = Fixture::new();
     let earlier = fx.root().join("runs/iteration-0/execution/reader");
     std::fs::create_dir_all(&earlier).unwrap();
@@ -438,7 +417,7 @@ async fn the_output_folder_and_downloads_are_writable_earlier_outputs_are_not() 
 
 #[tokio::test]
 async fn additional_read_paths_are_read_only_and_only_for_their_step() {
-    let registry = PluginRegistry::with_bundled(engine()).await.unwrap();
+    let registry = registry().await;
     let fx = Fixture::new();
     let reader = fx.grant("reader", "wants-all");
     let writer = fx.grant("writer", "free");

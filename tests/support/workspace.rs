@@ -1,0 +1,59 @@
+//! Test workspaces on disk: files written under a root, a SQLite database, a copy of an
+//! example workspace, and JSON read back from what a run wrote.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+/// The example workspace the CLI and route tests run offline from its committed cassette.
+pub const EXAMPLE: &str = "examples/ticket-triage";
+
+/// Where [`EXAMPLE`] is in the checkout.
+pub fn example_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(EXAMPLE)
+}
+
+/// Writes `text` to `rel` under `root`, creating the folders on the way.
+pub fn write_file(root: &Path, rel: &str, text: impl AsRef<[u8]>) {
+    let path = root.join(rel);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, text).unwrap();
+}
+
+/// Writes every `(rel, text)` under `root` (see [`write_file`]).
+pub fn write_files<T: AsRef<[u8]>>(root: &Path, files: &[(&str, T)]) {
+    for (rel, text) in files {
+        write_file(root, rel, text);
+    }
+}
+
+/// Creates `db/db.sqlite` under `root` and runs `sql` in it (tables and rows).
+pub fn create_db(root: &Path, sql: &str) {
+    std::fs::create_dir_all(root.join("db")).unwrap();
+    let conn = rusqlite::Connection::open(root.join("db/db.sqlite")).unwrap();
+    conn.execute_batch(sql).unwrap();
+}
+
+/// Copies a workspace, leaving out the entries named in `leave_out` at any depth (outputs
+/// such as `runs`, `db.sqlite` or `learnings`).
+pub fn copy_workspace(from: &Path, to: &Path, leave_out: &[&str]) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name();
+        if leave_out.iter().any(|l| name == *l) {
+            continue;
+        }
+        let target = to.join(&name);
+        if entry.file_type().unwrap().is_dir() {
+            copy_workspace(&entry.path(), &target, leave_out);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+/// The JSON file at `path`.
+pub fn read_json(path: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
