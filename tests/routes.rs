@@ -1,12 +1,12 @@
 //! Routes (`call_sub_agent`) and legacy `todo_task` steps through the agent loop, with the
 //! bundled `replay` provider and the real `workspace` plugin.
 //!
-//! As in tests/sequence_driver.rs, each test writes its cassette (tests/support/tape.rs): a
-//! parent and its sub-agents share one cassette, their calls interleaved in the order they
-//! happen. System prompts come from the driver (`step_system_prompt`, `sub_agent_system_prompt`); tool
-//! results from making the same call under the same grant in a twin workspace. The replay
-//! provider compares every request exactly, so a cassette that plays through shows that the
-//! conversations were what the test says (a sub-agent's second call carrying its first).
+//! As in tests/sequence_driver.rs, each test writes its cassette (tests/support/tape.rs): a parent
+//! and its sub-agents share one cassette, their calls interleaved in the order they happen. System
+//! prompts come from the driver (`step_system_prompt`, `sub_agent_system_prompt`); tool results
+//! from making the same call under the same grant in a twin workspace. The replay provider compares
+//! every request exactly, so a cassette that plays through shows that the conversations were what
+//! the test says (a sub-agent's second call carrying its first).
 
 mod support;
 
