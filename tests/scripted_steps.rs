@@ -245,3 +245,53 @@ fn a_failing_script_without_a_model_says_how_to_give_one() {
     );
     assert!(result.contains("--llm PROVIDER:MODEL"), "{result}");
 }
+
+#[test]
+fn the_digest_example_runs_its_scripts_offline_with_no_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ws");
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/ticket-digest");
+    support::workspace::copy_workspace(&example, &root, &["runs", "db.sqlite"]);
+    let out = trellis(&["run", root.to_str().unwrap()]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    assert!(
+        stdout.contains("done: 0 turns, 0 LLM calls"),
+        "no model: {stdout}"
+    );
+
+    let exec = root.join("runs/iteration-0/execution");
+    let export = read_json(&exec.join("export-open/open_tickets.json"));
+    assert_eq!(export["count"], 4);
+    let ids: Vec<i64> = export["tickets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_i64().unwrap())
+        .collect();
+    assert_eq!(ids, [1, 2, 3, 4], "open tickets, oldest first");
+    let csv = std::fs::read_to_string(exec.join("export-open/open_tickets.csv")).unwrap();
+    assert!(
+        csv.starts_with("id,subject,customer,priority,opened_at"),
+        "{csv}"
+    );
+    assert_eq!(csv.lines().count(), 5);
+
+    let digest = std::fs::read_to_string(exec.join("digest/digest.md")).unwrap();
+    assert!(
+        digest.starts_with("# Open tickets for Support EMEA"),
+        "{digest}"
+    );
+    assert!(digest.contains("## High (2)"), "{digest}");
+    assert!(
+        digest.contains("- #4 Feature request: dark mode (acme, opened 04 Nov)"),
+        "{digest}"
+    );
+    let db = rusqlite::Connection::open(root.join("db/db.sqlite")).unwrap();
+    let recorded: (i64, i64) = db
+        .query_row("SELECT tickets, high FROM digests", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .expect("one digest recorded through trellis_db");
+    assert_eq!(recorded, (4, 2));
+}

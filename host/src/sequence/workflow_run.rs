@@ -653,9 +653,13 @@ async fn run_unit(
                     runner = runner.with_scripts(env.scripts()?, options);
                 }
                 let outcome = runner.run_step(&ws, &id).await?;
-                let detail = match &outcome.error {
-                    Some(e) => e.clone(),
-                    None => format!("{} turn(s)", outcome.turns),
+                let detail = match (&outcome.error, &outcome.final_text) {
+                    (Some(e), _) => e.clone(),
+                    // A scripted step that needed no agent: what its script did.
+                    (None, Some(text)) if outcome.turns == 0 => {
+                        text.lines().next().unwrap_or_default().to_string()
+                    }
+                    (None, _) => format!("{} turn(s)", outcome.turns),
                 };
                 let report = StepReport {
                     step_id: id.clone(),
