@@ -129,12 +129,18 @@ enum Command {
     /// $OPENAI_API_KEY). A workspace may ship `db/seed.sql` instead of a binary database:
     /// `db/db.sqlite` is created from it when missing.
     ///
+    /// A scripted step (`declared_execution_mode: "scripted"`) runs `code/<step>/main.py`
+    /// (or `main.wasm`) in its sandbox first: when the script succeeds and its outputs pass
+    /// the step's gate, no model is called. A failure goes to the step's model for a
+    /// repair of the script (up to three, not with `lock_code`), then the script runs again.
+    ///
     /// On a terminal a status line shows the step, item, turn, tool calls and tokens as
     /// they go; otherwise one line per item, turn, LLM call, tool call and gate.
     /// Ctrl-C stops at the next boundary. Exit status 1 when a step fails.
     ///
     /// Examples:
     ///   trellis run examples/ticket-triage
+    ///   trellis run examples/ticket-digest         (scripted steps, no model)
     ///   trellis run WS --llm openai:gpt-4o --record WS/cassettes/demo.json
     ///   trellis run WS --llm replay:demo
     ///   trellis run WS --group us --step summarize
