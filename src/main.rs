@@ -312,7 +312,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli)) {
+    let result = runtime.block_on(run(cli));
+    // Logs written behind the agent loop are on disk before the process ends, even when a
+    // run stopped on an error half way through a step.
+    let flushed = trellis_host::store::write_behind::flush();
+    match result.and_then(|code| flushed.map(|()| code).map_err(anyhow::Error::from)) {
         Ok(code) => code,
         Err(err) => {
             eprintln!("error: {err:#}");

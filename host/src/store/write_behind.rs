@@ -34,8 +34,10 @@ struct Shared {
     changed: Condvar,
 }
 
+static SHARED: OnceLock<Arc<Shared>> = OnceLock::new();
+
+/// The queue and its writer thread, started on the first write.
 fn shared() -> &'static Arc<Shared> {
-    static SHARED: OnceLock<Arc<Shared>> = OnceLock::new();
     SHARED.get_or_init(|| {
         let shared = Arc::new(Shared {
             state: Mutex::new(State::default()),
@@ -112,7 +114,9 @@ pub fn write_json<T: Serialize + ?Sized>(path: &Path, value: &T) -> io::Result<(
 /// Waits until every write submitted so far is on disk; returns the first failure since the
 /// last flush.
 pub fn flush() -> io::Result<()> {
-    let shared = shared();
+    let Some(shared) = SHARED.get() else {
+        return Ok(()); // nothing was ever written behind
+    };
     let mut state = shared.state.lock().unwrap_or_else(|e| e.into_inner());
     while state.busy || !state.queue.is_empty() {
         state = shared
