@@ -312,6 +312,132 @@ fn each_step_reaches_the_server_with_its_own_model_and_options() {
     assert_eq!(server.models()[3..], ["forced", "forced", "forced"]);
 }
 
+/// A workspace whose step `desk` may delegate to the route `refunds` (a sub-agent step of
+/// its own), with the `agent_configs` of both in its step config.
+fn route_workspace(root: &Path, desk_config: Value, refunds_config: Value, manifest: Value) {
+    let refunds = json!({"id": "refunds", "type": "message_sequence", "title": "Refunds",
+        "description": "You decide refunds.",
+        "items": [{"id": "decide", "type": "user_message", "message": "Decide."}]});
+    let plan = json!({"objective": "tests", "steps": [
+        {"id": "desk", "type": "message_sequence", "title": "Desk",
+         "description": "You coordinate the desk.",
+         "items": [{"id": "work", "type": "user_message", "message": "Handle the requests."}],
+         "predefined_routes": [{"route_id": "refunds", "route_name": "Refunds specialist",
+             "condition": "money back", "sub_agent_step": refunds}]}
+    ]});
+    std::fs::create_dir_all(root.join("planning")).unwrap();
+    std::fs::write(root.join("planning/plan.json"), plan.to_string()).unwrap();
+    let configs = json!([{"id": "desk", "agent_configs": desk_config},
+                         {"id": "refunds", "agent_configs": refunds_config}]);
+    std::fs::write(
+        root.join("planning/step_config.json"),
+        json!({"steps": configs}).to_string(),
+    )
+    .unwrap();
+    std::fs::write(root.join("workflow.json"), manifest.to_string()).unwrap();
+}
+
+/// The desk delegates once, the specialist decides, the desk closes.
+fn desk_server() -> FakeServer {
+    FakeServer::start(Box::new(|body| {
+        let messages = body["messages"].as_array().cloned().unwrap_or_default();
+        if system_of(body).starts_with("You decide refunds.") {
+            (200, completion("refund granted", &[]))
+        } else if messages.iter().any(|m| m["role"] == "tool") {
+            (200, completion("all handled", &[]))
+        } else {
+            let args = json!({"route_id": "refunds", "instructions": "Refund order 1."});
+            (200, completion("", &[("call_sub_agent", args)]))
+        }
+    }))
+}
+
+#[test]
+fn a_sub_agent_uses_its_own_model_when_its_step_config_names_one() {
+    let specialist = json!({"execution_llm": {"provider": "openai", "model_id": "specialist",
+        "options": {"temperature": 0.1}}});
+    let server = desk_server();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap();
+    let manifest = json!({"llm": {"provider": "openai", "model_id": "generalist"},
+                          "providers": server.providers()});
+    route_workspace(dir.path(), json!({}), specialist, manifest);
+    let out = trellis(&["run", root]);
+    let stdout = text(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}
+{}",
+        text(&out.stderr)
+    );
+    assert_eq!(server.models(), ["generalist", "specialist", "generalist"]);
+    let seen = server.seen();
+    assert_eq!(seen[1]["temperature"], json!(0.1), "the child's options");
+    assert!(seen[0].get("temperature").is_none(), "{}", seen[0]);
+    assert!(
+        stdout.contains("[refunds] llm openai:specialist: 11 + 7 tokens"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("llm openai:generalist: 11 + 7"), "{stdout}");
+    let summary = read_json(
+        &dir.path()
+            .join("runs/iteration-0/execution/desk/execution-final-summary.json"),
+    );
+    assert_eq!(summary["execution_result"], "all handled");
+
+    // --llm overrides the sub-agent's model too.
+    let out = trellis(&["run", root, "--llm", "openai:forced"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(server.models()[3..], ["forced", "forced", "forced"]);
+
+    // Without a model of its own the sub-agent talks to its parent's, not workflow.json's.
+    let server = desk_server();
+    let dir = tempfile::tempdir().unwrap();
+    route_workspace(
+        dir.path(),
+        json!({"execution_tier": "high"}),
+        json!({"selected_tools": ["workspace:write_file"]}),
+        json!({"tiers": {"high": {"provider": "openai", "model_id": "generalist"}},
+               "llm": {"provider": "openai", "model_id": "default"},
+               "providers": server.providers()}),
+    );
+    let out = trellis(&["run", dir.path().to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(server.models(), ["generalist", "generalist", "generalist"]);
+}
+
+#[test]
+fn a_sub_agent_with_an_unknown_tier_is_an_error_before_anything_runs() {
+    let server = desk_server();
+    let dir = tempfile::tempdir().unwrap();
+    route_workspace(
+        dir.path(),
+        json!({}),
+        json!({"execution_tier": "high"}),
+        json!({"llm": {"provider": "openai", "model_id": "generalist"},
+               "providers": server.providers()}),
+    );
+    let out = trellis(&["run", dir.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("route \"refunds\" of step \"desk\""),
+        "{stderr}"
+    );
+    assert!(stderr.contains("no tiers.high"), "{stderr}");
+    assert!(server.seen().is_empty(), "nothing may run");
+    assert!(!dir.path().join("runs").exists(), "nothing may run");
+    // Under --llm the sub-agent's own setting is not used, so it is not an error.
+    let out = trellis(&[
+        "run",
+        dir.path().to_str().unwrap(),
+        "--llm",
+        "openai:forced",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(server.models(), ["forced", "forced", "forced"]);
+}
+
 #[test]
 fn a_failing_primary_falls_back_in_order() {
     let server = FakeServer::start(Box::new(|body| match body["model"].as_str() {

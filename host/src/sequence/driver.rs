@@ -10,7 +10,9 @@
 //! - routes: a step with `predefined_routes` offers `call_sub_agent`; a call runs the route's
 //!   sub-agent step as a child agent with its own conversation per route (kept across calls)
 //!   and a fresh call folder per call as its output folder ([`crate::sequence::routes`]);
-//!   the child's answer, status and files come back as the tool result;
+//!   the child's answer, status and files come back as the tool result. The child talks to
+//!   the models its [`ModelResolver`] names for it (its own step config's), else to its
+//!   parent's;
 //! - the closing reflection turn (`<step-id>-reflection`) when learnings or a knowledgebase
 //!   contribution are due, with write access only to those stores;
 //! - `disable_validation` (gates are recorded `skipped`) and `enable_context_offloading`
@@ -88,19 +90,44 @@ pub struct StepOutcome {
     pub output_dir: PathBuf,
 }
 
+/// The models one agent talks to: targets in order (primary, then fallbacks), the request
+/// options of each by position, and the cassette position when the primary replays.
+#[derive(Debug, Clone, Default)]
+pub struct AgentModels {
+    /// Primary, then fallbacks.
+    pub targets: Vec<Target>,
+    /// The request options of each target, by position; `None` sends the defaults.
+    pub options: Vec<Option<Options>>,
+    /// Answers from a cassette: each call takes the primary with the cursor's next endpoint.
+    pub replay: Option<ReplayCursor>,
+}
+
+/// Names the models of a route's sub-agent step (`(workspace, sub-agent step id)`):
+/// `Ok(None)` when it talks to its parent's.
+pub type ModelResolver = Arc<dyn Fn(&Workspace, &str) -> Result<Option<AgentModels>> + Send + Sync>;
+
+/// A [`ModelResolver`] in a runner (closures have no `Debug`).
+#[derive(Clone)]
+struct Resolver(ModelResolver);
+
+impl std::fmt::Debug for Resolver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ModelResolver")
+    }
+}
+
 /// Runs steps: the plugins, the LLM targets and the bounds of every call.
 #[derive(Debug)]
 pub struct StepRunner<'a> {
     registry: &'a PluginRegistry,
-    targets: Vec<Target>,
+    models: AgentModels,
+    resolver: Option<Resolver>,
     retry: RetryPolicy,
     limits: Limits,
     max_tool_rounds: usize,
     max_route_depth: usize,
     cancel: Arc<AtomicBool>,
-    replay: Option<ReplayCursor>,
     observer: Observer,
-    target_options: Vec<Option<Options>>,
     recorder: Option<Arc<Recorder>>,
     scripts: Option<(Arc<ScriptRunner>, ScriptOptions)>,
 }
@@ -129,6 +156,8 @@ struct Run<'w> {
     session_dir: PathBuf,
     /// Workspace-relative folder under which this agent's own routes have their homes.
     owner_rel: String,
+    /// The models this agent talks to.
+    models: AgentModels,
     logs: PathBuf,
     /// The name in events and messages: the step id, `<step>/<route>` for a sub-agent.
     label: String,
@@ -187,15 +216,17 @@ impl<'a> StepRunner<'a> {
     pub fn new(registry: &'a PluginRegistry, targets: Vec<Target>, limits: Limits) -> Self {
         StepRunner {
             registry,
-            targets,
+            models: AgentModels {
+                targets,
+                ..AgentModels::default()
+            },
+            resolver: None,
             retry: RetryPolicy::default(),
             limits,
             max_tool_rounds: DEFAULT_MAX_TOOL_ROUNDS,
             max_route_depth: MAX_ROUTE_DEPTH,
             cancel: Arc::new(AtomicBool::new(false)),
-            replay: None,
             observer: Observer::default(),
-            target_options: Vec::new(),
             recorder: None,
             scripts: None,
         }
@@ -211,7 +242,14 @@ impl<'a> StepRunner<'a> {
     /// Sampling options of each target, by position (`execution_llm.options` of the
     /// primary, then of each fallback); `None` sends the request's defaults.
     pub fn with_target_options(mut self, options: Vec<Option<Options>>) -> Self {
-        self.target_options = options;
+        self.models.options = options;
+        self
+    }
+
+    /// Asks `resolver` for the models of each route's sub-agent before a call; without one,
+    /// or when it answers `None`, a sub-agent talks to its parent's models.
+    pub fn with_model_resolver(mut self, resolver: ModelResolver) -> Self {
+        self.resolver = Some(Resolver(resolver));
         self
     }
 
@@ -256,7 +294,7 @@ impl<'a> StepRunner<'a> {
     /// Answers from a replay cassette: every LLM call takes the first target's provider and
     /// model with the cursor's next endpoint.
     pub fn with_replay(mut self, cursor: ReplayCursor) -> Self {
-        self.replay = Some(cursor);
+        self.models.replay = Some(cursor);
         self
     }
 
@@ -315,6 +353,7 @@ impl<'a> StepRunner<'a> {
             configs,
             run_folder,
             owner_rel: folders.output.clone(),
+            models: self.models.clone(),
             folders,
             session_dir: output_dir.clone(),
             output_dir,
@@ -447,7 +486,7 @@ impl<'a> StepRunner<'a> {
                     scripted::MAX_SCRIPT_REPAIRS
                 )));
             }
-            if self.targets.is_empty() {
+            if run.models.targets.is_empty() {
                 return Err(TurnEnd::Failed(format!(
                     "{problem}\nRepairing the script needs an LLM, and step {step_id:?} has \
                      none: set its execution_llm, a default llm in workflow.json, or give \
@@ -652,6 +691,12 @@ impl<'a> StepRunner<'a> {
             return Err("stop requested".to_string());
         }
         let ws = parent.ws;
+        let own = match &self.resolver {
+            Some(Resolver(resolve)) => resolve(ws, route_id)
+                .map_err(|e| format!("route {route_id:?}: its model: {e:#}"))?,
+            None => None,
+        };
+        let models = own.unwrap_or_else(|| parent.models.clone());
         let step: &Step = &route.sub_agent_step;
         let home =
             AgentHome::new(&ws.root, &parent.owner_rel, route_id).map_err(|e| format!("{e:#}"))?;
@@ -700,6 +745,7 @@ impl<'a> StepRunner<'a> {
             folders,
             session_dir: home.dir.clone(),
             owner_rel: home.rel.clone(),
+            models,
             logs,
             label: label.clone(),
             depth: parent.depth + 1,
@@ -971,22 +1017,22 @@ impl<'a> StepRunner<'a> {
         }
     }
 
-    /// The LLM call of one round, with the cassette's next endpoint under replay.
-    async fn call_llm(&self, request: &Request) -> crate::llm::Completion {
-        let targets = match &self.replay {
-            Some(cursor) => match (self.targets.first(), cursor.next_endpoint()) {
+    /// The LLM call of one round to `models`, with the cassette's next endpoint under replay.
+    async fn call_llm(&self, models: &AgentModels, request: &Request) -> crate::llm::Completion {
+        let targets = match &models.replay {
+            Some(cursor) => match (models.targets.first(), cursor.next_endpoint()) {
                 (Some(first), Ok(endpoint)) => vec![Target {
                     endpoint,
                     ..first.clone()
                 }],
-                _ => self.targets.clone(),
+                _ => models.targets.clone(),
             },
-            None => self.targets.clone(),
+            None => models.targets.clone(),
         };
         let completion = complete_with_options(
             self.registry,
             &targets,
-            &self.target_options,
+            &models.options,
             request,
             &self.retry,
             &self.limits,
@@ -1047,7 +1093,8 @@ impl<'a> StepRunner<'a> {
                 break;
             }
             let request = Request {
-                model: self
+                model: run
+                    .models
                     .targets
                     .first()
                     .map(|t| t.model.clone())
@@ -1058,7 +1105,7 @@ impl<'a> StepRunner<'a> {
             };
             let call_started = now_rfc3339();
             let t0 = Instant::now();
-            let completion = self.call_llm(&request).await;
+            let completion = self.call_llm(&run.models, &request).await;
             let answered = completion.answered_by().or(completion.attempts.last());
             let mut record = LlmCallRecord {
                 turn: turn_no,

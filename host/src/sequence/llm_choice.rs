@@ -5,6 +5,9 @@
 //! `fallbacks` tried in order when the primary fails; else its `execution_tier` resolved
 //! through workflow.json `tiers`; else workflow.json's `llm`. A step with none of these has
 //! no model, which is an error only if it needs one ([`check_models`], before anything runs).
+//! A route's sub-agent step (spec section 4, `predefined_routes`) has models of its own when
+//! its step config entry sets `execution_llm` or `execution_tier` and no `--llm` is given
+//! ([`LlmSetup::own_step_llm`]); otherwise it talks to its parent's.
 //!
 //! How a model is reached: `replay` answers from `<workspace>/cassettes/<model_id>.json`
 //! (one shared position per cassette across the steps of a run); any other provider gets
@@ -202,12 +205,13 @@ pub struct StepLlm {
 }
 
 /// How the steps of one run reach their models: the `--llm` override, the cassette
-/// positions shared across steps, and the recorder of `--record`.
-#[derive(Debug, Default)]
+/// positions shared across steps, and the recorder of `--record`. Clones share the cassette
+/// positions (a sub-agent's resolver holds one).
+#[derive(Debug, Default, Clone)]
 pub struct LlmSetup {
     override_llm: Option<LlmRef>,
     recorder: Option<Arc<Recorder>>,
-    cursors: Mutex<BTreeMap<PathBuf, ReplayCursor>>,
+    cursors: Arc<Mutex<BTreeMap<PathBuf, ReplayCursor>>>,
 }
 
 impl LlmSetup {
@@ -292,6 +296,20 @@ impl LlmSetup {
         }))
     }
 
+    /// The models of sub-agent step `step_id` when they are its own: its step config sets
+    /// `execution_llm` or `execution_tier` and no `--llm` is given. `None` means it talks to
+    /// its parent's models (under `--llm` those are the override already).
+    pub fn own_step_llm(&self, ws: &Workspace, step_id: &str) -> Result<Option<StepLlm>> {
+        if self.override_llm.is_some() {
+            return Ok(None);
+        }
+        let configs = ws.agent_configs(step_id);
+        if configs.execution_llm.is_none() && configs.execution_tier.is_none() {
+            return Ok(None);
+        }
+        self.step_llm(ws, step_id)
+    }
+
     fn cursor(&self, cassette: &Path) -> ReplayCursor {
         let mut cursors = self.cursors.lock().unwrap_or_else(|e| e.into_inner());
         cursors
@@ -324,8 +342,9 @@ fn remote_target(ws: &Workspace, model: &LlmRef) -> Target {
 }
 
 /// Checks, before anything runs, that every one of `steps` that needs a model has one and
-/// that it can be reached (known tier, existing cassette, usable options). Every problem is
-/// reported at once, each naming its step.
+/// that it can be reached (known tier, existing cassette, usable options), and so can the
+/// own models of their routes' sub-agent steps ([`LlmSetup::own_step_llm`]). Every problem
+/// is reported at once, each naming its step (and route).
 pub fn check_models<'w>(
     ws: &Workspace,
     steps: impl IntoIterator<Item = &'w Step>,
@@ -333,6 +352,7 @@ pub fn check_models<'w>(
 ) -> Result<()> {
     let mut problems = Vec::new();
     for step in steps {
+        check_route_models(ws, step, llm, &mut problems);
         if !needs_model(ws, step) {
             continue;
         }
@@ -352,6 +372,19 @@ pub fn check_models<'w>(
         0 => Ok(()),
         1 => bail!("{}", problems[0]),
         _ => bail!("{}", problems.join("\n")),
+    }
+}
+
+/// The own models of the sub-agent steps of `step`'s routes, nested routes included.
+fn check_route_models(ws: &Workspace, step: &Step, llm: &LlmSetup, problems: &mut Vec<String>) {
+    for route in step.predefined_routes() {
+        if let Err(e) = llm.own_step_llm(ws, &route.route_id) {
+            problems.push(format!(
+                "route {:?} of step {:?} (its sub-agent step): {e:#}",
+                route.route_id, step.id
+            ));
+        }
+        check_route_models(ws, &route.sub_agent_step, llm, problems);
     }
 }
 
@@ -479,5 +512,50 @@ mod tests {
         let b = setup.step_llm(&ws, "b").unwrap().unwrap().replay.unwrap();
         a.next_endpoint().unwrap();
         assert_eq!(b.position(), 1);
+    }
+
+    #[test]
+    fn a_sub_agent_has_its_own_models_only_when_its_config_names_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = workspace(
+            dir.path(),
+            json!([
+                {"id": "b", "agent_configs": {"execution_llm":
+                    {"provider": "replay", "model_id": "tape"}}},
+                {"id": "c", "agent_configs": {"execution_llm":
+                    {"provider": "replay", "model_id": "other"}}},
+                {"id": "d", "agent_configs": {"selected_tools": []}}
+            ]),
+            json!({"llm": {"provider": "replay", "model_id": "tape"}}),
+        );
+        std::fs::create_dir_all(dir.path().join(CASSETTES_DIR)).unwrap();
+        for name in ["tape", "other"] {
+            std::fs::write(cassette_path(dir.path(), name), "[]").unwrap();
+        }
+        let setup = LlmSetup::new(None);
+        let clone = setup.clone();
+        assert!(setup.own_step_llm(&ws, "a").unwrap().is_none(), "no entry");
+        assert!(
+            setup.own_step_llm(&ws, "d").unwrap().is_none(),
+            "no model in it"
+        );
+        let parent = setup.step_llm(&ws, "a").unwrap().unwrap().replay.unwrap();
+        // The same cassette shares one position, across clones of the setup too.
+        let same = clone
+            .own_step_llm(&ws, "b")
+            .unwrap()
+            .unwrap()
+            .replay
+            .unwrap();
+        let other = clone.own_step_llm(&ws, "c").unwrap().unwrap();
+        parent.next_endpoint().unwrap();
+        assert_eq!(same.position(), 1);
+        assert_eq!(other.targets[0].model, "other");
+        assert_eq!(other.replay.unwrap().position(), 0);
+        let over = LlmSetup::new(Some(parse_llm_spec("openai:x").unwrap()));
+        assert!(
+            over.own_step_llm(&ws, "b").unwrap().is_none(),
+            "--llm: inherit"
+        );
     }
 }

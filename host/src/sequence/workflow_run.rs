@@ -31,7 +31,7 @@ use crate::Limits;
 use crate::llm::RetryPolicy;
 use crate::plugins::PluginRegistry;
 use crate::script::{ScriptOptions, ScriptRunner};
-use crate::sequence::driver::{StepOutcome, StepRunner};
+use crate::sequence::driver::{AgentModels, ModelResolver, StepOutcome, StepRunner};
 use crate::sequence::events::Observer;
 use crate::sequence::llm_choice::{self, LlmSetup, check_models};
 use crate::sequence::run_folder::{ACTIVE_RUN, group_folder_name, open_group_run, start_full_run};
@@ -111,8 +111,9 @@ impl<'a> RunEnv<'a> {
     }
 
     /// The runner of step `step_id` of `ws`: its models (primary, then fallbacks, with their
-    /// options and the shared cassette position under replay), the stop flag, the observer
-    /// and the recorder of the run. A step with no model gets a runner with no target.
+    /// options and the shared cassette position under replay), the models of its routes'
+    /// sub-agents ([`LlmSetup::own_step_llm`]), the stop flag, the observer and the recorder
+    /// of the run. A step with no model gets a runner with no target.
     pub fn step_runner(&self, ws: &Workspace, step_id: &str) -> Result<StepRunner<'a>> {
         let mut runner = match self.llm.step_llm(ws, step_id)? {
             Some(llm) => {
@@ -125,6 +126,7 @@ impl<'a> RunEnv<'a> {
             }
             None => StepRunner::new(self.registry, Vec::new(), self.limits),
         }
+        .with_model_resolver(self.sub_agent_models())
         .with_retry(self.retry)
         .with_cancel(self.cancel.clone())
         .with_observer(self.observer.clone());
@@ -132,6 +134,19 @@ impl<'a> RunEnv<'a> {
             runner = runner.with_recorder(recorder.clone());
         }
         Ok(runner)
+    }
+
+    /// The models of a route's sub-agent step: its own when its step config chooses them,
+    /// else (`None`) its parent's. Cassette positions are shared with the steps'.
+    fn sub_agent_models(&self) -> ModelResolver {
+        let llm = self.llm.clone();
+        Arc::new(move |ws: &Workspace, step_id: &str| {
+            Ok(llm.own_step_llm(ws, step_id)?.map(|own| AgentModels {
+                targets: own.targets,
+                options: own.options,
+                replay: own.replay,
+            }))
+        })
     }
 
     fn cancelled(&self) -> bool {
