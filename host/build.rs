@@ -318,7 +318,7 @@ fn componentize_py(target_dir: &Path) -> PathBuf {
         );
     if !ok || !installed() {
         panic!(
-            "trellis build: componentize-py {COMPONENTIZE_PY_VERSION} (for the Python script runner) could not be installed; run `{python} -m venv {venv} && {venv}/bin/pip install componentize-py=={COMPONENTIZE_PY_VERSION}` (Python 3.10+ with venv and pip, and PyPI reachable)",
+            "trellis build: componentize-py {COMPONENTIZE_PY_VERSION} (for the Python script runner) could not be installed; run `{python} -m venv {venv} && {venv}/bin/pip install componentize-py=={COMPONENTIZE_PY_VERSION}` (Python 3.10+ with venv and pip, and PyPI reachable; on Debian or Ubuntu: `apt-get install python3-venv`)",
             venv = venv.display()
         );
     }
