@@ -635,16 +635,7 @@ impl<'a> StepRunner<'a> {
                 Err(e) => Err(e.clone()),
                 Ok(a) => self.run_call(parent, a).await,
             };
-            ToolCallRecord {
-                tool_call_id: call.id.clone(),
-                tool_name: call.name.clone(),
-                args: args.unwrap_or(Value::Null),
-                result: outcome.as_ref().ok().cloned(),
-                error: outcome.err(),
-                duration_ms: t0.elapsed().as_millis() as u64,
-                started_at,
-                completed_at: now_rfc3339(),
-            }
+            tool_record(call, args, outcome, started_at, t0)
         })
     }
 
@@ -1295,16 +1286,7 @@ impl<'a> StepRunner<'a> {
                 .await
                 .map_err(|e| e.to_string()),
         };
-        ToolCallRecord {
-            tool_call_id: call.id.clone(),
-            tool_name: call.name.clone(),
-            args: args.unwrap_or(Value::Null),
-            result: outcome.as_ref().ok().cloned(),
-            error: outcome.err(),
-            duration_ms: t0.elapsed().as_millis() as u64,
-            started_at,
-            completed_at: now_rfc3339(),
-        }
+        tool_record(call, args, outcome, started_at, t0)
     }
 }
 
@@ -1316,6 +1298,26 @@ fn gate_schema<'s>(step: &'s Step, item: &'s Item) -> Option<&'s ValidationSchem
             item.body.own_schema().or(step.validation_schema.as_ref())
         }
         _ => None,
+    }
+}
+
+/// The record of a tool call that started at `started_at` (`t0`) and ended now.
+fn tool_record(
+    call: &ToolCall,
+    args: Result<Value, String>,
+    outcome: Result<Value, String>,
+    started_at: String,
+    t0: Instant,
+) -> ToolCallRecord {
+    ToolCallRecord {
+        tool_call_id: call.id.clone(),
+        tool_name: call.name.clone(),
+        args: args.unwrap_or(Value::Null),
+        result: outcome.as_ref().ok().cloned(),
+        error: outcome.err(),
+        duration_ms: t0.elapsed().as_millis() as u64,
+        started_at,
+        completed_at: now_rfc3339(),
     }
 }
 
