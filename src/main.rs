@@ -521,6 +521,12 @@ fn show_run_step(root: &std::path::Path, step: &str, run: Option<&str>) -> Resul
             status_name(e.status)
         );
     }
+    if !report.script_logs.is_empty() {
+        println!("script logs:");
+    }
+    for path in &report.script_logs {
+        println!("  {}", path.display());
+    }
     if !report.turns.is_empty() {
         println!("turn logs:");
     }

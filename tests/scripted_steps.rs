@@ -294,4 +294,17 @@ fn the_digest_example_runs_its_scripts_offline_with_no_model() {
         })
         .expect("one digest recorded through trellis_db");
     assert_eq!(recorded, (4, 2));
+
+    // `runs show` points at the script's logs.
+    let out = trellis(&["runs", "show", root.to_str().unwrap(), "export-open"]);
+    let shown = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(shown.contains("script-1 [script] completed"), "{shown}");
+    assert!(shown.contains("script logs:"), "{shown}");
+    let stdout_log = root.join("runs/iteration-0/logs/export-open/script-stdout.txt");
+    assert!(shown.contains(&stdout_log.display().to_string()), "{shown}");
+    assert_eq!(
+        std::fs::read_to_string(stdout_log).unwrap(),
+        "exported 4 open tickets\n"
+    );
 }

@@ -80,6 +80,9 @@ pub struct StepReport {
     pub entries: Vec<SessionEntry>,
     /// The turns, by attempt and iteration.
     pub turns: Vec<TurnLog>,
+    /// The logs of the step's last script run (`script-result.json`, `script-stdout.txt`,
+    /// `script-stderr.txt`), those that exist.
+    pub script_logs: Vec<PathBuf>,
 }
 
 /// The first line of an entry's summary, or empty.
@@ -180,7 +183,17 @@ pub fn show_step(root: &Path, run: &str, step: &str) -> Result<StepReport> {
         .with_context(|| format!("reading {}", step_dir.join("session.json").display()))?
         .map(|s| s.entries)
         .unwrap_or_default();
-    let turns = turn_logs(&logs_dir(&run_dir, step))?;
+    let logs = logs_dir(&run_dir, step);
+    let turns = turn_logs(&logs)?;
+    let script_logs = [
+        crate::script::RESULT_LOG,
+        crate::script::STDOUT_LOG,
+        crate::script::STDERR_LOG,
+    ]
+    .iter()
+    .map(|name| logs.join(name))
+    .filter(|path| path.is_file())
+    .collect();
     Ok(StepReport {
         run_folder: run.to_string(),
         step_id: step.to_string(),
@@ -189,6 +202,7 @@ pub fn show_step(root: &Path, run: &str, step: &str) -> Result<StepReport> {
         concerns,
         entries,
         turns,
+        script_logs,
     })
 }
 
