@@ -438,13 +438,7 @@ impl<'a> StepRunner<'a> {
                 return Err(TurnEnd::Stopped);
             }
             let item_id = scripted::script_item_id(attempt);
-            let entry = run.start_entry(&item_id, scripted::SCRIPT_ITEM_TYPE);
-            let _ = run.save_session();
-            self.observer.emit(RunEvent::ItemStarted {
-                step_id: run.label.clone(),
-                item_id: item_id.clone(),
-                item_type: scripted::SCRIPT_ITEM_TYPE.to_string(),
-            });
+            let entry = self.begin_item(run, &item_id, scripted::SCRIPT_ITEM_TYPE);
             let result = match scripts.run(run.ws, &step_id, options).await {
                 Ok(outcome) => self.check_script(run, attempt, skip_gate, outcome),
                 Err(e) => Err(TurnEnd::Failed(format!("{e:#}"))),
@@ -455,14 +449,7 @@ impl<'a> StepRunner<'a> {
                 Err(TurnEnd::Stopped) => (Status::Stopped, None),
                 Err(TurnEnd::Failed(reason)) => (Status::Failed, Some(reason.clone())),
             };
-            self.observer.emit(RunEvent::ItemEnded {
-                step_id: run.label.clone(),
-                item_id,
-                status,
-            });
-            run.session.end_entry(entry, status, summary);
-            run.save_session()
-                .map_err(|e| TurnEnd::Failed(format!("{e:#}")))?;
+            self.end_item(run, entry, &item_id, status, summary)?;
             let (kind, script, problem) = match result? {
                 Ok(done) => {
                     run.final_text = Some(done);
@@ -522,11 +509,7 @@ impl<'a> StepRunner<'a> {
             let repair_id = scripted::repair_item_id(attempt);
             let entry = run.start_entry(&repair_id, "user_message");
             let turn = self.turn(run, &repair_id, 1, message, &grant).await;
-            let (status, summary) = match &turn {
-                Ok(()) => (Status::Completed, run.final_text.clone()),
-                Err(TurnEnd::Stopped) => (Status::Stopped, None),
-                Err(TurnEnd::Failed(reason)) => (Status::Failed, Some(reason.clone())),
-            };
+            let (status, summary) = entry_outcome(&turn, run.final_text.clone());
             run.session.end_entry(entry, status, summary);
             run.save_session()
                 .map_err(|e| TurnEnd::Failed(format!("{e:#}")))?;
@@ -575,34 +558,18 @@ impl<'a> StepRunner<'a> {
             return Err(TurnEnd::Stopped);
         }
         let item_id = reflection_item_id(&run.step.id);
-        let entry = run.start_entry(&item_id, REFLECTION_ITEM_TYPE);
-        self.observer.emit(RunEvent::ItemStarted {
-            step_id: run.label.clone(),
-            item_id: item_id.clone(),
-            item_type: REFLECTION_ITEM_TYPE.to_string(),
-        });
+        let entry = self.begin_item(run, &item_id, REFLECTION_ITEM_TYPE);
         let answer = run.final_text.clone();
         let message = reflection_message(&run.step.id, &run.configs, due);
         let result = match run.grant(TurnPurpose::Reflection) {
             Ok(grant) => self.turn(run, &item_id, 1, message, &grant).await,
             Err(e) => Err(e),
         };
-        let (status, summary) = match &result {
-            Ok(()) => (Status::Completed, run.final_text.clone()),
-            Err(TurnEnd::Stopped) => (Status::Stopped, None),
-            Err(TurnEnd::Failed(reason)) => (Status::Failed, Some(reason.clone())),
-        };
+        let (status, summary) = entry_outcome(&result, run.final_text.clone());
         if answer.is_some() {
             run.final_text = answer;
         }
-        self.observer.emit(RunEvent::ItemEnded {
-            step_id: run.label.clone(),
-            item_id,
-            status,
-        });
-        run.session.end_entry(entry, status, summary);
-        run.save_session()
-            .map_err(|e| TurnEnd::Failed(format!("{e:#}")))?;
+        self.end_item(run, entry, &item_id, status, summary)?;
         result
     }
 
@@ -828,27 +795,10 @@ impl<'a> StepRunner<'a> {
                 self.skip_gate(run, &item.id)?;
                 continue;
             }
-            let entry = run.start_entry(&item.id, item.body.name());
-            let _ = run.save_session();
-            self.observer.emit(RunEvent::ItemStarted {
-                step_id: run.label.clone(),
-                item_id: item.id.clone(),
-                item_type: item.body.name().to_string(),
-            });
+            let entry = self.begin_item(run, &item.id, item.body.name());
             let result = self.run_item(run, item).await;
-            let (status, summary) = match &result {
-                Ok(()) => (Status::Completed, run.final_text.clone()),
-                Err(TurnEnd::Stopped) => (Status::Stopped, None),
-                Err(TurnEnd::Failed(reason)) => (Status::Failed, Some(reason.clone())),
-            };
-            self.observer.emit(RunEvent::ItemEnded {
-                step_id: run.label.clone(),
-                item_id: item.id.clone(),
-                status,
-            });
-            run.session.end_entry(entry, status, summary);
-            run.save_session()
-                .map_err(|e| TurnEnd::Failed(format!("{e:#}")))?;
+            let (status, summary) = entry_outcome(&result, run.final_text.clone());
+            self.end_item(run, entry, &item.id, status, summary)?;
             result?;
         }
         // The automatic final gate, unless the last item was the same gate.
@@ -864,27 +814,11 @@ impl<'a> StepRunner<'a> {
                 if skip_gates {
                     return self.skip_gate(run, FINAL_GATE_ID);
                 }
-                let entry = run.start_entry(FINAL_GATE_ID, "prevalidation");
-                self.observer.emit(RunEvent::ItemStarted {
-                    step_id: run.label.clone(),
-                    item_id: FINAL_GATE_ID.to_string(),
-                    item_type: "prevalidation".to_string(),
-                });
+                let entry = self.begin_item(run, FINAL_GATE_ID, "prevalidation");
                 let access = TurnAccess::for_step(&run.configs);
                 let result = self.gate(run, FINAL_GATE_ID, schema, access).await;
-                let (status, summary) = match &result {
-                    Ok(()) => (Status::Completed, None),
-                    Err(TurnEnd::Stopped) => (Status::Stopped, None),
-                    Err(TurnEnd::Failed(reason)) => (Status::Failed, Some(reason.clone())),
-                };
-                self.observer.emit(RunEvent::ItemEnded {
-                    step_id: run.label.clone(),
-                    item_id: FINAL_GATE_ID.to_string(),
-                    status,
-                });
-                run.session.end_entry(entry, status, summary);
-                run.save_session()
-                    .map_err(|e| TurnEnd::Failed(format!("{e:#}")))?;
+                let (status, summary) = entry_outcome(&result, None);
+                self.end_item(run, entry, FINAL_GATE_ID, status, summary)?;
                 result?;
             }
         }
@@ -898,16 +832,44 @@ impl<'a> StepRunner<'a> {
             run.label
         );
         let entry = run.start_entry(item_id, "prevalidation");
-        run.session.end_entry(
+        self.end_item(
+            run,
             entry,
+            item_id,
             Status::Skipped,
             Some(GATE_SKIPPED_SUMMARY.to_string()),
-        );
+        )
+    }
+
+    /// Starts item `item_id`: a running entry, written to `session.json`, and an
+    /// [`RunEvent::ItemStarted`]. Returns the entry's index.
+    fn begin_item(&self, run: &mut Run<'_>, item_id: &str, item_type: &str) -> usize {
+        let entry = run.start_entry(item_id, item_type);
+        let _ = run.save_session();
+        self.observer.emit(RunEvent::ItemStarted {
+            step_id: run.label.clone(),
+            item_id: item_id.to_string(),
+            item_type: item_type.to_string(),
+        });
+        entry
+    }
+
+    /// Ends the entry of item `item_id` as `status` with `summary`: an
+    /// [`RunEvent::ItemEnded`], then `session.json` rewritten.
+    fn end_item(
+        &self,
+        run: &mut Run<'_>,
+        entry: usize,
+        item_id: &str,
+        status: Status,
+        summary: Option<String>,
+    ) -> Result<(), TurnEnd> {
         self.observer.emit(RunEvent::ItemEnded {
             step_id: run.label.clone(),
             item_id: item_id.to_string(),
-            status: Status::Skipped,
+            status,
         });
+        run.session.end_entry(entry, status, summary);
         run.save_session()
             .map_err(|e| TurnEnd::Failed(format!("{e:#}")))
     }
@@ -1184,11 +1146,7 @@ impl<'a> StepRunner<'a> {
             .iter()
             .map(|m| serde_json::to_value(m).unwrap_or(Value::Null))
             .collect();
-        let (status, error) = match &result {
-            Ok(_) => (Status::Completed, None),
-            Err(TurnEnd::Stopped) => (Status::Stopped, None),
-            Err(TurnEnd::Failed(r)) => (Status::Failed, Some(r.clone())),
-        };
+        let (status, error) = entry_outcome(&result, None);
         let summary = TurnSummary::from_calls(
             &conv,
             item_id,
@@ -1318,6 +1276,16 @@ fn tool_record(
         duration_ms: t0.elapsed().as_millis() as u64,
         started_at,
         completed_at: now_rfc3339(),
+    }
+}
+
+/// How an item's entry (or a turn) ends for `result`: completed with `done` as its summary,
+/// stopped, or failed with the reason.
+fn entry_outcome<T>(result: &Result<T, TurnEnd>, done: Option<String>) -> (Status, Option<String>) {
+    match result {
+        Ok(_) => (Status::Completed, done),
+        Err(TurnEnd::Stopped) => (Status::Stopped, None),
+        Err(TurnEnd::Failed(reason)) => (Status::Failed, Some(reason.clone())),
     }
 }
 
