@@ -1,20 +1,10 @@
 //! The `trellis` binary as a user runs it.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod support;
 
-fn trellis(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_trellis"))
-        .args(args)
-        .current_dir(cwd)
-        .env(
-            "TRELLIS_CACHE_DIR",
-            PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("component-cache"),
-        )
-        .env_remove("RUST_LOG")
-        .output()
-        .unwrap()
-}
+use std::path::PathBuf;
+
+use support::trellis_in;
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
@@ -26,7 +16,7 @@ fn example() -> PathBuf {
 
 #[test]
 fn plugins_list_shows_the_bundled_workspace_plugin() {
-    let out = trellis(&["plugins", "list"], &example());
+    let out = trellis_in(&["plugins", "list"], &example());
     assert!(out.status.success(), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
     assert!(
@@ -36,7 +26,7 @@ fn plugins_list_shows_the_bundled_workspace_plugin() {
         "{stdout}"
     );
 
-    let out = trellis(&["plugins", "list", "--json"], &example());
+    let out = trellis_in(&["plugins", "list", "--json"], &example());
     let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let workspace = list
         .as_array()
@@ -57,7 +47,7 @@ fn plugins_list_shows_the_bundled_workspace_plugin() {
 
 #[test]
 fn plugins_inspect_prints_every_tool_with_its_schema() {
-    let out = trellis(&["plugins", "inspect", "workspace", "--json"], &example());
+    let out = trellis_in(&["plugins", "inspect", "workspace", "--json"], &example());
     assert!(out.status.success(), "{}", text(&out.stderr));
     let value: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let names: Vec<&str> = value["tools"]
@@ -84,7 +74,7 @@ fn plugins_inspect_prints_every_tool_with_its_schema() {
         assert_eq!(tool["input_schema"]["type"], "object", "{tool}");
     }
 
-    let out = trellis(&["plugins", "inspect", "nope"], &example());
+    let out = trellis_in(&["plugins", "inspect", "nope"], &example());
     assert_eq!(out.status.code(), Some(1));
     assert!(
         text(&out.stderr).contains("no plugin `nope` (loaded: csv, "),
@@ -95,7 +85,7 @@ fn plugins_inspect_prints_every_tool_with_its_schema() {
 
 #[test]
 fn tool_call_prints_the_result_and_fails_with_the_error_on_stderr() {
-    let out = trellis(
+    let out = trellis_in(
         &[
             "tool",
             "call",
@@ -112,7 +102,7 @@ fn tool_call_prints_the_result_and_fails_with_the_error_on_stderr() {
     assert!(value["content"].as_str().unwrap().contains("P1"), "{value}");
 
     // Without a grant for it, the same file does not exist for the plugin.
-    let out = trellis(
+    let out = trellis_in(
         &[
             "tool",
             "call",
@@ -137,7 +127,7 @@ fn tool_call_writes_only_into_write_grants() {
     std::fs::create_dir_all(dir.path().join("out")).unwrap();
     std::fs::create_dir_all(dir.path().join("in")).unwrap();
     let args = r#"{"path": "out/x.txt", "content": "hello"}"#;
-    let out = trellis(
+    let out = trellis_in(
         &[
             "tool",
             "call",
@@ -151,7 +141,7 @@ fn tool_call_writes_only_into_write_grants() {
     );
     assert_eq!(out.status.code(), Some(1));
     assert!(!dir.path().join("out/x.txt").exists());
-    let out = trellis(
+    let out = trellis_in(
         &[
             "tool",
             "call",
@@ -195,7 +185,7 @@ fn bad_command_lines_get_clear_errors() {
         ),
     ];
     for (args, expected) in cases {
-        let out = trellis(args, &example());
+        let out = trellis_in(args, &example());
         assert_eq!(out.status.code(), Some(1), "{args:?}");
         let stderr = text(&out.stderr);
         assert!(
@@ -207,7 +197,7 @@ fn bad_command_lines_get_clear_errors() {
 
 #[test]
 fn help_explains_the_sandbox() {
-    let out = trellis(&["tool", "call", "--help"], &example());
+    let out = trellis_in(&["tool", "call", "--help"], &example());
     assert!(out.status.success());
     let help = text(&out.stdout);
     assert!(

@@ -8,7 +8,7 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Output;
 
 use serde_json::{Value, json};
@@ -742,11 +742,7 @@ fn ctrl_c_stops_at_the_next_boundary_and_the_session_records_stopped() {
         json!({"llm": {"provider": "openai", "model_id": "slow"},
                "providers": server.providers()}),
     );
-    let cache = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("component-cache");
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_trellis"))
-        .arg("--cache-dir")
-        .arg(cache)
-        .args(["run", dir.path().to_str().unwrap()])
+    let child = support::trellis_command(&["run", dir.path().to_str().unwrap()])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()

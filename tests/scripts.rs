@@ -842,16 +842,9 @@ async fn a_script_symlinked_out_of_the_workspace_is_not_read() {
 #[test]
 fn the_cli_runs_a_step_script_and_fails_with_its_error() {
     let world = World::new();
-    let cache = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("component-cache");
+    let root = world.root().to_str().unwrap().to_string();
     let trellis = |args: &[&str]| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_trellis"))
-            .arg("script")
-            .arg(world.root())
-            .args(["--step", STEP, "--cache-dir"])
-            .arg(&cache)
-            .args(args)
-            .output()
-            .unwrap()
+        support::trellis(&[&["script", root.as_str(), "--step", STEP][..], args].concat())
     };
     world.script("import os\nprint('region', os.environ['VAR_REGION'])\n");
     let out = trellis(&["--var", "region=apac"]);

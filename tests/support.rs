@@ -92,13 +92,31 @@ fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
     }
 }
 
-/// Runs the `trellis` binary with a component cache under the target folder.
+/// Runs the `trellis` binary with a component cache under the target folder (through
+/// `TRELLIS_CACHE_DIR`, which every command reads) and no `RUST_LOG` of the caller's.
 pub fn trellis(args: &[&str]) -> std::process::Output {
-    let cache = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("component-cache");
-    std::process::Command::new(env!("CARGO_BIN_EXE_trellis"))
-        .arg("--cache-dir")
-        .arg(cache)
-        .args(args)
+    trellis_command(args)
         .output()
         .expect("the trellis binary runs")
+}
+
+/// [`trellis`] run in the folder `cwd`.
+pub fn trellis_in(args: &[&str], cwd: &Path) -> std::process::Output {
+    trellis_command(args)
+        .current_dir(cwd)
+        .output()
+        .expect("the trellis binary runs")
+}
+
+/// The command [`trellis`] runs, for a test that spawns it (to signal it, say).
+pub fn trellis_command(args: &[&str]) -> std::process::Command {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_trellis"));
+    command
+        .args(args)
+        .env(
+            "TRELLIS_CACHE_DIR",
+            PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("component-cache"),
+        )
+        .env_remove("RUST_LOG");
+    command
 }

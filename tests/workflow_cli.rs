@@ -1,22 +1,13 @@
 //! `trellis validate`, `check`, `schema` and `migrate`, run as a user runs them
 //! against real workspace folders.
 
+mod support;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+
+use support::trellis;
 
 use serde_json::{Value, json};
-
-fn trellis(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_trellis"))
-        .args(args)
-        .env(
-            "TRELLIS_CACHE_DIR",
-            PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("component-cache"),
-        )
-        .env_remove("RUST_LOG")
-        .output()
-        .unwrap()
-}
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
