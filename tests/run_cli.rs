@@ -779,3 +779,26 @@ fn ctrl_c_stops_at_the_next_boundary_and_the_session_records_stopped() {
         "no later step started"
     );
 }
+
+#[test]
+fn a_missing_or_empty_workspace_is_named_in_the_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nope");
+    let out = trellis(&["run", missing.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains(&format!("{}: no such workspace folder", missing.display())),
+        "{stderr}"
+    );
+    let out = trellis(&["run", dir.path().to_str().unwrap()]);
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "{}: the workspace has errors",
+            dir.path().display()
+        )) && stderr.contains("planning/plan.json"),
+        "{stderr}"
+    );
+    assert!(!dir.path().join("runs").exists(), "nothing was created");
+}

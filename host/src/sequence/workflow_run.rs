@@ -520,6 +520,12 @@ pub fn matching_rule<'r>(
     })
 }
 
+/// The workspace at `root` with run folder `run`, or every problem its files have.
+fn open_workspace(root: &Path, run: Option<&str>) -> Result<Workspace> {
+    Workspace::open_run(root, run)
+        .map_err(|d| anyhow::anyhow!("{}: the workspace has errors:\n{d}", root.display()))
+}
+
 /// Runs the workflow at `root`: checks the groups, the inputs and the models of every
 /// reachable step, seeds the database, rotates the run folder (a full run: no `opts.step`,
 /// no `opts.group`), then runs each unit's steps, calling `progress` with one line per step
@@ -531,8 +537,10 @@ pub async fn run_workflow(
     opts: &RunOptions,
     progress: &mut dyn FnMut(&str),
 ) -> Result<WorkflowRun> {
-    let ws =
-        Workspace::open(root).map_err(|d| anyhow::anyhow!("the workspace has errors:\n{d}"))?;
+    if !root.is_dir() {
+        bail!("{}: no such workspace folder", root.display());
+    }
+    let ws = open_workspace(root, None)?;
     if let Some(step) = &opts.step {
         ws.plan
             .step(step)
@@ -572,8 +580,7 @@ pub async fn run_workflow(
         let unit_ws = if full {
             ws.clone()
         } else {
-            Workspace::open_run(root, Some(folder))
-                .map_err(|d| anyhow::anyhow!("the workspace has errors:\n{d}"))?
+            open_workspace(root, Some(folder))?
         };
         check_step_models(&unit_ws, opts, &env.llm)?;
     }
@@ -627,8 +634,7 @@ async fn run_unit(
     opts: &RunOptions,
     progress: &mut dyn FnMut(&str),
 ) -> Result<UnitRun> {
-    let mut ws = Workspace::open_run(root, Some(folder))
-        .map_err(|d| anyhow::anyhow!("the workspace has errors:\n{d}"))?;
+    let mut ws = open_workspace(root, Some(folder))?;
     apply_variables(&mut ws, group);
     let mut unit = UnitRun {
         group: group.map(|g| g.id.clone()),
