@@ -18,7 +18,7 @@
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use bytes::Bytes;
 use cap_primitives::fs::FollowSymlinks;
@@ -78,7 +78,10 @@ pub(crate) struct FsBudget {
     limits: FsLimits,
     written: AtomicU64,
     created: AtomicU64,
-    open: AtomicU64,
+    /// The files and folders this call opened. A file stays open while anything holds it
+    /// (its descriptor, or a stream that outlived the descriptor), so what counts is whether
+    /// the handle is still alive, not which resources the guest has dropped.
+    open: Mutex<Vec<Weak<std::fs::File>>>,
     exceeded: Mutex<Option<FsLimitExceeded>>,
 }
 
@@ -88,7 +91,7 @@ impl FsBudget {
             limits,
             written: AtomicU64::new(0),
             created: AtomicU64::new(0),
-            open: AtomicU64::new(0),
+            open: Mutex::new(Vec::new()),
             exceeded: Mutex::new(None),
         })
     }
@@ -131,20 +134,25 @@ impl FsBudget {
         }
     }
 
-    fn open_descriptor(&self) -> Result<(), ErrorCode> {
-        if Self::take(&self.open, 1, self.limits.open_descriptors) {
+    /// Whether one more file may be opened: the handles still alive are under the limit.
+    fn check_open(&self) -> Result<(), ErrorCode> {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        open.retain(|handle| handle.strong_count() > 0);
+        if (open.len() as u64) < self.limits.open_descriptors {
             Ok(())
         } else {
+            drop(open);
             Err(self.over(FsLimitExceeded::OpenDescriptors(
                 self.limits.open_descriptors,
             )))
         }
     }
 
-    fn close_descriptor(&self) {
-        let _ = self
-            .open
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+    fn track_open(&self, handle: &Arc<std::fs::File>) {
+        self.open
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Arc::downgrade(handle));
     }
 }
 
@@ -390,18 +398,17 @@ impl HostDescriptor for GuardedFs<'_> {
                 Err(_) => {}
             }
         }
-        self.budget.open_descriptor()?;
+        self.budget.check_open()?;
         let opened =
-            HostDescriptor::open_at(&mut self.fs, fd, path_flags, path, oflags, flags).await;
-        if opened.is_err() {
-            self.budget.close_descriptor();
+            HostDescriptor::open_at(&mut self.fs, fd, path_flags, path, oflags, flags).await?;
+        match self.fs.table.get(&opened)? {
+            Descriptor::File(f) => self.budget.track_open(&f.file),
+            Descriptor::Dir(d) => self.budget.track_open(&d.dir),
         }
-        opened
+        Ok(opened)
     }
 
     fn drop(&mut self, fd: Resource<Descriptor>) -> wasmtime::Result<()> {
-        // Preopens are dropped too, without having been counted: the count never goes below 0.
-        self.budget.close_descriptor();
         HostDescriptor::drop(&mut self.fs, fd)
     }
 
@@ -554,14 +561,17 @@ mod tests {
 
         budget.charge_entry().unwrap();
         assert_eq!(budget.charge_entry(), Err(ErrorCode::Quota));
-        budget.open_descriptor().unwrap();
-        assert_eq!(budget.open_descriptor(), Err(ErrorCode::Quota));
-        budget.close_descriptor();
-        budget.open_descriptor().unwrap();
-        budget.close_descriptor();
-        budget.close_descriptor();
-        budget.close_descriptor();
-        assert_eq!(budget.open.load(Ordering::Relaxed), 0);
+
+        // An open handle counts until the last holder lets it go.
+        let file = Arc::new(tempfile::tempfile().unwrap());
+        budget.check_open().unwrap();
+        budget.track_open(&file);
+        let stream_holder = file.clone();
+        assert_eq!(budget.check_open(), Err(ErrorCode::Quota));
+        drop(file);
+        assert_eq!(budget.check_open(), Err(ErrorCode::Quota));
+        drop(stream_holder);
+        budget.check_open().unwrap();
         assert_eq!(
             budget.exceeded(),
             Some(FsLimitExceeded::WriteBytes(10)),
