@@ -139,7 +139,11 @@ fn hostile_component(mode: &str) -> Vec<u8> {
         .filter(|(_, w)| w == marker)
         .map(|(i, _)| i)
         .collect();
-    assert_eq!(found.len(), 1, "the mode marker appears once in the component");
+    assert_eq!(
+        found.len(),
+        1,
+        "the mode marker appears once in the component"
+    );
     let mut patched = format!("HOSTILE_MODE={mode}").into_bytes();
     assert!(patched.len() <= marker.len());
     patched.resize(marker.len(), b' ');
@@ -252,7 +256,10 @@ async fn an_argument_check_past_the_deadline_is_given_up() {
         )
         .await
         .unwrap_err();
-    assert!(matches!(err, ToolCallError::InvalidArguments { .. }), "{err}");
+    assert!(
+        matches!(err, ToolCallError::InvalidArguments { .. }),
+        "{err}"
+    );
 }
 
 #[tokio::test]
@@ -395,11 +402,20 @@ async fn the_memory_limit_covers_all_memories_of_an_instance() {
     );
     // The same component with small memories loads and works.
     let dir = tempfile::tempdir().unwrap();
-    tool_folder(dir.path(), "memok", &with_memories(&hostile_component("ok"), 4, 1));
+    tool_folder(
+        dir.path(),
+        "memok",
+        &with_memories(&hostile_component("ok"), 4, 1),
+    );
     let mut registry = PluginRegistry::with_bundled(engine()).await.unwrap();
     registry.load_dir(dir.path()).await.unwrap();
     let pong = registry
-        .call_tool("memok:ping", &serde_json::json!({}), &Grant::none(), &Limits::default())
+        .call_tool(
+            "memok:ping",
+            &serde_json::json!({}),
+            &Grant::none(),
+            &Limits::default(),
+        )
         .await
         .unwrap();
     assert_eq!(pong, "pong");
@@ -424,11 +440,20 @@ fn plugins_list_shows_a_bad_plugin_with_its_error_and_the_others() {
         )),
         "{stdout}"
     );
-    assert!(stdout.contains("80000 tools, over the limit of 256"), "{stdout}");
+    assert!(
+        stdout.contains("80000 tools, over the limit of 256"),
+        "{stdout}"
+    );
 
     // A command that uses the plugins fails naming the bad one.
     let output = support::trellis(&[
-        "tool", "call", "adversary:echo", "--args", r#"{"value": 1}"#, "--plugins", folder,
+        "tool",
+        "call",
+        "adversary:echo",
+        "--args",
+        r#"{"value": 1}"#,
+        "--plugins",
+        folder,
     ]);
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);

@@ -302,6 +302,8 @@ struct ComponentCache {
     dir: PathBuf,
     engine_key: String,
     max_bytes: u64,
+    /// A refused folder or key is reported once per engine, not once per component.
+    refusal_reported: AtomicBool,
 }
 
 /// What the cache has for a component.
@@ -322,6 +324,7 @@ impl ComponentCache {
             dir,
             engine_key,
             max_bytes: DEFAULT_CACHE_BYTES,
+            refusal_reported: AtomicBool::new(false),
         }
     }
 
@@ -338,7 +341,13 @@ impl ComponentCache {
         let key = match self.open() {
             Ok(key) => key,
             Err(refusal) => {
-                tracing::warn!("{refusal:#}; compiling {origin} in memory");
+                if !self.refusal_reported.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        "{refusal:#}; compiling components in memory, the cache left untouched"
+                    );
+                } else {
+                    tracing::debug!("{refusal:#}; compiling {origin} in memory");
+                }
                 return Lookup::Refused;
             }
         };
@@ -420,8 +429,14 @@ impl ComponentCache {
     }
 
     fn mac(&self, key: &[u8; 32], path: &Path, payload: &[u8]) -> [u8; 32] {
-        let name = path.file_name().map(|n| n.as_encoded_bytes()).unwrap_or(b"");
-        hmac_sha256(key, &[self.engine_key.as_bytes(), &[0], name, &[0], payload])
+        let name = path
+            .file_name()
+            .map(|n| n.as_encoded_bytes())
+            .unwrap_or(b"");
+        hmac_sha256(
+            key,
+            &[self.engine_key.as_bytes(), &[0], name, &[0], payload],
+        )
     }
 
     /// Reads an entry: `Ok(None)` when there is none.
@@ -527,7 +542,10 @@ fn not_owner_only(meta: &fs::Metadata, what: &str, path: &Path) -> Option<String
     let me = unsafe { libc::geteuid() };
     let mode = meta.mode() & 0o777;
     let problem = if meta.uid() != me {
-        format!("it is owned by uid {}, not by this user (uid {me})", meta.uid())
+        format!(
+            "it is owned by uid {}, not by this user (uid {me})",
+            meta.uid()
+        )
     } else if mode & 0o022 != 0 {
         format!("it is writable by group or others (mode {mode:o})")
     } else if what != "folder" && mode & 0o077 != 0 {
@@ -664,7 +682,10 @@ mod tests {
 
         assert!(!is_hit(&engine, &victim), "the forged entry was used");
         engine.load_component(&victim, "victim").unwrap();
-        assert!(fs::read(&path).unwrap() != forged, "not replaced by a fresh compile");
+        assert!(
+            fs::read(&path).unwrap() != forged,
+            "not replaced by a fresh compile"
+        );
         assert!(is_hit(&engine, &victim));
     }
 
@@ -691,7 +712,7 @@ mod tests {
             let other = with_custom_section(&bytes, "other");
             engine.load_component(&other, "test").unwrap();
             engine.load_component(&bytes, "test").unwrap();
-            assert_eq!(entries(dir.path()), [path.clone()]);
+            assert_eq!(entries(dir.path()), std::slice::from_ref(&path));
             assert!(fs::read(&path).unwrap() == entry);
         }
         fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o700)).unwrap();
@@ -722,7 +743,10 @@ mod tests {
             )
         );
         engine.load_component(&bytes, "test").unwrap();
-        assert!(fs::read(&path).unwrap() == entry, "a refused entry was replaced");
+        assert!(
+            fs::read(&path).unwrap() == entry,
+            "a refused entry was replaced"
+        );
         assert_eq!(mode(&path), 0o666);
 
         // Another user's entry (root can give one away; skipped for other users).
@@ -791,7 +815,10 @@ mod tests {
         let engine = cached_engine(dir.path());
         let bytes = wat_component();
         let loaded = engine.open_component(&bytes, "test", None).unwrap();
-        assert!(entries(dir.path()).is_empty(), "written before it was accepted");
+        assert!(
+            entries(dir.path()).is_empty(),
+            "written before it was accepted"
+        );
         engine.keep(&loaded);
         assert_eq!(entries(dir.path()).len(), 1);
     }
@@ -856,7 +883,11 @@ mod tests {
             .unwrap_err();
         assert!(format!("{err:#}").contains("plugins/x/x.wasm: not a valid WebAssembly component"));
         let err = engine
-            .open_component(b"not wasm", "plugins/x/x.wasm", Some(Duration::from_secs(60)))
+            .open_component(
+                b"not wasm",
+                "plugins/x/x.wasm",
+                Some(Duration::from_secs(60)),
+            )
             .unwrap_err();
         assert!(format!("{err:#}").contains("plugins/x/x.wasm: not a valid WebAssembly component"));
     }

@@ -906,7 +906,8 @@ async fn list_tools(plugin: &Plugin, engine: &Engine) -> Result<Vec<ToolSpec>> {
     for info in listed {
         let name = info.name;
         let normalized = normalize_tool_name(&name);
-        manifest::check_id(&normalized).with_context(|| format!("list-tools: tool name {name:?}"))?;
+        manifest::check_id(&normalized)
+            .with_context(|| format!("list-tools: tool name {name:?}"))?;
         if !names.insert(normalized) {
             bail!("list-tools: tool `{name}` is listed twice");
         }

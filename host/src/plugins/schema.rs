@@ -110,7 +110,9 @@ impl<'a> Expansion<'a> {
                 total = 1;
                 for (key, child) in map {
                     if key == "$ref" {
-                        let reference = child.as_str().ok_or("input-schema: `$ref` must be a string")?;
+                        let reference = child
+                            .as_str()
+                            .ok_or("input-schema: `$ref` must be a string")?;
                         total = total.saturating_add(self.follow(reference)?);
                     } else if !DATA_KEYWORDS.contains(&key.as_str())
                         && !DEFINITION_KEYWORDS.contains(&key.as_str())
@@ -246,11 +248,20 @@ mod tests {
         let props: serde_json::Map<String, Value> = (0..300)
             .map(|i| (format!("p{i}"), json!({"$ref": "#/$defs/s"})))
             .collect();
-        let many = json!({"type": "object", "properties": props, "$defs": {"s": {"type": "string"}}});
-        assert!(check(&many).unwrap_err().contains("300 `$ref`s, over the limit of 256"));
+        let many =
+            json!({"type": "object", "properties": props, "$defs": {"s": {"type": "string"}}});
+        assert!(
+            check(&many)
+                .unwrap_err()
+                .contains("300 `$ref`s, over the limit of 256")
+        );
         let remote = json!({"type": "object", "properties": {"a": {"$ref": "https://example.invalid/s.json"}}});
         assert!(check(&remote).unwrap_err().contains("is not local"));
         let dynamic = json!({"type": "object", "$dynamicRef": "#meta"});
-        assert!(check(&dynamic).unwrap_err().contains("`$dynamicRef` is not supported"));
+        assert!(
+            check(&dynamic)
+                .unwrap_err()
+                .contains("`$dynamicRef` is not supported")
+        );
     }
 }

@@ -122,9 +122,7 @@ impl MemoryLimit {
     /// Grants growing one memory or table from `current` to `desired` bytes if the
     /// instance's total stays within the limit.
     fn grow(&mut self, current: usize, desired: usize) -> wasmtime::Result<bool> {
-        let total = self
-            .used
-            .saturating_add(desired.saturating_sub(current));
+        let total = self.used.saturating_add(desired.saturating_sub(current));
         if total > self.limit {
             self.exceeded = Some(total);
             return Err(MemoryLimitExceeded {
@@ -172,33 +170,6 @@ impl ResourceLimiter for MemoryLimit {
         }
         let pointer = std::mem::size_of::<usize>();
         self.grow(current * pointer, desired * pointer)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_budget_covers_every_memory_and_table_of_an_instance() {
-        let mut limit = MemoryLimit::new(100 << 20);
-        // Eleven memories of 9 MiB each fit; a twelfth does not.
-        for _ in 0..11 {
-            assert!(limit.memory_growing(0, 9 << 20, None).unwrap());
-        }
-        let err = limit.memory_growing(0, 9 << 20, None).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "memory limit of 104857600 bytes exceeded (its memories and tables together asked for 113246208 bytes)"
-        );
-        assert_eq!(limit.exceeded, Some(108 << 20));
-        // Growing counts only the difference, and tables count too.
-        let mut limit = MemoryLimit::new(10 << 20);
-        assert!(limit.memory_growing(0, 4 << 20, None).unwrap());
-        assert!(limit.memory_growing(4 << 20, 8 << 20, None).unwrap());
-        assert!(limit.table_growing(0, 1000, None).unwrap());
-        assert!(limit.table_growing(1000, 300_000, None).is_ok_and(|ok| !ok));
-        assert!(limit.memory_growing(0, 2 << 20, None).is_err());
     }
 }
 
@@ -305,4 +276,31 @@ pub(crate) fn truncate(text: &str, max: usize) -> &str {
         end -= 1;
     }
     &text[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_budget_covers_every_memory_and_table_of_an_instance() {
+        let mut limit = MemoryLimit::new(100 << 20);
+        // Eleven memories of 9 MiB each fit; a twelfth does not.
+        for _ in 0..11 {
+            assert!(limit.memory_growing(0, 9 << 20, None).unwrap());
+        }
+        let err = limit.memory_growing(0, 9 << 20, None).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "memory limit of 104857600 bytes exceeded (its memories and tables together asked for 113246208 bytes)"
+        );
+        assert_eq!(limit.exceeded, Some(108 << 20));
+        // Growing counts only the difference, and tables count too.
+        let mut limit = MemoryLimit::new(10 << 20);
+        assert!(limit.memory_growing(0, 4 << 20, None).unwrap());
+        assert!(limit.memory_growing(4 << 20, 8 << 20, None).unwrap());
+        assert!(limit.table_growing(0, 1000, None).unwrap());
+        assert!(limit.table_growing(1000, 300_000, None).is_ok_and(|ok| !ok));
+        assert!(limit.memory_growing(0, 2 << 20, None).is_err());
+    }
 }

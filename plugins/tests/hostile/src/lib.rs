@@ -73,11 +73,7 @@ impl ToolPlugin for Hostile {
                 "x".repeat(8 << 20),
                 json!({"type": "object"}),
             )],
-            _ => vec![Tool::new(
-                "ping",
-                "Answers `pong`.",
-                args_schema(json!({})),
-            )],
+            _ => vec![Tool::new("ping", "Answers `pong`.", args_schema(json!({})))],
         }
     }
 
