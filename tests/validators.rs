@@ -91,6 +91,7 @@ async fn misbehaving_validators_are_gate_errors_naming_the_plugin() {
         ("flood", "validator `unruly`"),
         ("fail", "option `columns` must be a list of strings"),
         ("escape", "cannot read /etc/passwd"),
+        ("fail_long", "[cut: 1048594 bytes, limit 4096]"),
         (
             "huge_report",
             "report of 8388608 bytes is over the 4194304-byte output limit",

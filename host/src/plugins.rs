@@ -537,7 +537,7 @@ impl PluginRegistry {
                 ));
             }
             Ok(Ok(report)) => report,
-            Ok(Err(message)) => return Err(format!("{label}: {message}")),
+            Ok(Err(message)) => return Err(format!("{label}: {}", cap_text(message))),
             Err(failure) => return Err(failure.into_error(label, limits).to_string()),
         };
         let size: usize = report
@@ -563,22 +563,25 @@ impl PluginRegistry {
     }
 }
 
+/// `text` cut to [`MAX_VALIDATOR_FIELD_BYTES`], the cut marked.
+fn cap_text(text: String) -> String {
+    if text.len() <= MAX_VALIDATOR_FIELD_BYTES {
+        return text;
+    }
+    format!(
+        "{}… [cut: {} bytes, limit {MAX_VALIDATOR_FIELD_BYTES}]",
+        state::truncate(&text, MAX_VALIDATOR_FIELD_BYTES),
+        text.len()
+    )
+}
+
 /// A validator's report as the gate sees it, each text field cut to
 /// [`MAX_VALIDATOR_FIELD_BYTES`] and the warnings to [`MAX_VALIDATOR_WARNINGS`], each
 /// cut marked, so a validator cannot flood the run's report or the next LLM turn.
 fn capped_outcome(
     report: bindings::validator::exports::trellis::plugin::validator::Report,
 ) -> CustomOutcome {
-    let cap = |text: String| -> String {
-        if text.len() <= MAX_VALIDATOR_FIELD_BYTES {
-            return text;
-        }
-        format!(
-            "{}… [cut: {} bytes, limit {MAX_VALIDATOR_FIELD_BYTES}]",
-            state::truncate(&text, MAX_VALIDATOR_FIELD_BYTES),
-            text.len()
-        )
-    };
+    let cap = cap_text;
     let checks = report
         .checks
         .into_iter()

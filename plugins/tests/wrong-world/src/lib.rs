@@ -3,9 +3,9 @@
 //! - loaded where a tool plugin is expected, it shows that the error names the
 //!   wrong world instead of failing somewhere deeper;
 //! - loaded as the validator it is, its rule option `behave` makes it misbehave
-//!   (`spin`, `panic`, `flood`, `fail`, `escape`, `huge_report`) so the host can
-//!   show that a bad validator ends in a gate error naming the plugin, never a
-//!   crash, or talks too much (`verbose`) and is cut.
+//!   (`spin`, `panic`, `flood`, `fail`, `fail_long`, `escape`, `huge_report`) so
+//!   the host can show that a bad validator ends in a gate error naming the
+//!   plugin, never a crash, or talks too much (`verbose`) and is cut.
 
 use std::hint::black_box;
 
@@ -62,6 +62,7 @@ impl ValidatorPlugin for TestValidator {
                 Ok(report)
             }
             "fail" => Err("option `columns` must be a list of strings".into()),
+            "fail_long" => Err(format!("option `columns`: {}", "e".repeat(1 << 20))),
             "escape" => match std::fs::read_to_string("/etc/passwd") {
                 Ok(text) => Ok(Report::from_checks(vec![
                     Check::new("/etc/passwd", "escape", true).actual(text),
