@@ -276,7 +276,7 @@ enum ToolCommand {
         /// Stop the call after this many seconds.
         #[arg(long, default_value_t = 30.0, value_name = "SECS")]
         timeout: f64,
-        /// Memory limit of the plugin instance, in MiB.
+        /// Memory limit of the plugin instance (all its memories and tables together), in MiB.
         #[arg(long, default_value_t = 256, value_name = "MIB")]
         memory: usize,
         #[command(flatten)]
