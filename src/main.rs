@@ -283,7 +283,7 @@ enum ToolCommand {
         /// Stop the call after this many seconds.
         #[arg(long, default_value_t = 30.0, value_name = "SECS")]
         timeout: f64,
-        /// Memory limit of the plugin instance, in MiB.
+        /// Memory limit of the plugin instance (all its memories and tables together), in MiB.
         #[arg(long, default_value_t = 256, value_name = "MIB")]
         memory: usize,
         #[command(flatten)]
@@ -381,8 +381,17 @@ async fn run(cli: Cli) -> Result<ExitCode> {
     let engine = Engine::new(cache)?;
     match cli.command {
         Command::Plugins(PluginsCommand::List { plugins, json }) => {
-            let registry = registry(&engine, &plugins).await?;
-            list_plugins(&registry, json)?;
+            // One bad plugin does not hide the others: it is listed with its error.
+            let mut registry = PluginRegistry::with_bundled(&engine).await?;
+            let mut failures = Vec::new();
+            for dir in &plugins.dirs {
+                for outcome in registry.load_dir_each(dir).await? {
+                    if let Err(err) = outcome.result {
+                        failures.push((outcome.manifest, format!("{err:#}")));
+                    }
+                }
+            }
+            list_plugins(&registry, &failures, json)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Plugins(PluginsCommand::Inspect { id, plugins, json }) => {
@@ -789,9 +798,15 @@ fn grant(root: &std::path::Path, read: &[String], write: &[String]) -> Result<Gr
     Ok(grant)
 }
 
-fn list_plugins(registry: &PluginRegistry, json: bool) -> Result<()> {
+/// Lists the loaded plugins, then each plugin that failed to load (its manifest
+/// and error; in JSON an object with `manifest` and `error` instead of `id`).
+fn list_plugins(
+    registry: &PluginRegistry,
+    failures: &[(PathBuf, String)],
+    json: bool,
+) -> Result<()> {
     if json {
-        let list: Vec<_> = registry
+        let mut list: Vec<_> = registry
             .plugins()
             .map(|p| {
                 let m = p.manifest();
@@ -802,6 +817,9 @@ fn list_plugins(registry: &PluginRegistry, json: bool) -> Result<()> {
                 })
             })
             .collect();
+        list.extend(failures.iter().map(|(manifest, error)| {
+            serde_json::json!({"manifest": manifest.display().to_string(), "error": error})
+        }));
         println!("{}", serde_json::to_string_pretty(&list)?);
         return Ok(());
     }
@@ -819,6 +837,9 @@ fn list_plugins(registry: &PluginRegistry, json: bool) -> Result<()> {
             plugin.tools().len(),
             m.description
         );
+    }
+    for (manifest, error) in failures {
+        println!("{}  error: {error}", manifest.display());
     }
     Ok(())
 }

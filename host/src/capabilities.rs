@@ -267,7 +267,8 @@ pub fn resolve_in_root(root: &Path, relative: &str) -> Result<PathBuf> {
 /// Bounds on one plugin call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
-    /// Largest total linear memory of the instance, in bytes.
+    /// Largest total of the instance's linear memories and tables (all of them
+    /// together, a table element counted as a pointer), in bytes.
     pub memory_bytes: usize,
     /// Wall-clock deadline for the call, guest code and host calls included.
     pub timeout: Duration,

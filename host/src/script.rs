@@ -500,8 +500,11 @@ impl ScriptRunner {
                         bail!("{script} is {size} bytes, over the limit of {MAX_WASM_BYTES}")
                     }
                 };
-                let component = self.engine.load_component(&bytes, &script)?;
-                self.instance_pre(&component, &script)?
+                // Cached only once it proved to be a runnable script.
+                let loaded = self.engine.open_component(&bytes, &script, None)?;
+                let pre = self.instance_pre(loaded.component(), &script)?;
+                self.engine.keep(&loaded);
+                pre
             }
         };
 
