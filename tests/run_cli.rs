@@ -1044,7 +1044,12 @@ fn a_provider_call_opens_a_bounded_number_of_requests() {
         "{} connections in one call",
         server.connections()
     );
-    assert_eq!(server.seen().len(), 16, "the limit is 16 requests per attempt");
+    assert_eq!(
+        server.seen().len(),
+        16,
+        "the limit is 16 requests per attempt: {stdout}\n{}",
+        text(&out.stderr)
+    );
     let session = text(
         &std::fs::read(ws.join("runs/iteration-0/execution/answer/session.json")).unwrap(),
     );
