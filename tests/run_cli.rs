@@ -846,7 +846,7 @@ fn a_replay_model_id_cannot_read_outside_the_cassettes_folder() {
     let outside = dir.path().join("elsewhere");
     // A file outside the workspace shaped like a cassette, so that reading it would show
     // its text in the first difference.
-    let leak = json!({"interactions": [{"request": {"model": "x",
+    let leak = json!({"interactions": [{"request": {
         "messages": [{"role": "system", "content": MARKER}]},
         "response": {"text": MARKER}}]});
     support::workspace::write_files(
@@ -854,6 +854,7 @@ fn a_replay_model_id_cannot_read_outside_the_cassettes_folder() {
         &[("secret.json", leak.to_string()), ("demo.json", leak.to_string())],
     );
     preflight_workspace(&ws, json!({}));
+    std::fs::create_dir_all(ws.join("cassettes")).unwrap();
     let root = ws.to_str().unwrap();
     let absolute = outside.join("secret");
     for id in [
@@ -864,9 +865,9 @@ fn a_replay_model_id_cannot_read_outside_the_cassettes_folder() {
     ] {
         let out = trellis(&["run", root, "--llm", &format!("replay:{id}")]);
         let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert!(!stdout.contains(MARKER) && !stderr.contains(MARKER), "{stdout}{stderr}");
         assert!(!out.status.success(), "replay:{id}: {stdout}");
         assert!(stderr.contains("not one plain name"), "replay:{id}: {stderr}");
-        assert!(!stdout.contains(MARKER) && !stderr.contains(MARKER), "{stdout}{stderr}");
         assert_untouched(&ws);
     }
 
@@ -887,6 +888,7 @@ fn a_replay_model_id_cannot_read_outside_the_cassettes_folder() {
 
     // A `cassettes` folder that is a symlink out of the workspace.
     std::fs::write(ws.join("workflow.json"), "{}").unwrap();
+    std::fs::remove_dir(ws.join("cassettes")).unwrap();
     std::os::unix::fs::symlink(&outside, ws.join("cassettes")).unwrap();
     let out = trellis(&["run", root, "--llm", "replay:demo"]);
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
@@ -1096,21 +1098,27 @@ fn a_key_echoed_by_the_server_is_redacted_from_every_file_and_output() {
     let origin = server.base_url().trim_end_matches("/v1").to_string();
     let cassette = ws.join("cassettes/echo.json");
     std::fs::create_dir_all(cassette.parent().unwrap()).unwrap();
+    // Approved in the user config file (outside the workspace).
+    let config = dir.path().join("config");
+    support::workspace::write_file(
+        &config,
+        "trellis/config.toml",
+        format!("[[allow_key]]\nvar = \"TRELLIS_TEST_KEY\"\norigin = \"{origin}\"\n"),
+    );
     let out = run_with(
         &ws,
+        &["--record", cassette.to_str().unwrap()],
         &[
-            "--allow-key",
-            &format!("TRELLIS_TEST_KEY={origin}"),
-            "--record",
-            cassette.to_str().unwrap(),
+            ("TRELLIS_TEST_KEY", KEY),
+            ("RUST_LOG", "debug"),
+            ("XDG_CONFIG_HOME", config.to_str().unwrap()),
         ],
-        &[("TRELLIS_TEST_KEY", KEY), ("RUST_LOG", "debug")],
     );
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert!(server.seen().len() >= 3, "{stdout}\n{stderr}");
-    assert!(stdout.contains("[REDACTED]") || stderr.contains("[REDACTED]"), "{stdout}");
     assert!(!stdout.contains(KEY), "{stdout}");
     assert!(!stderr.contains(KEY), "{stderr}");
     assert_eq!(files_containing(&ws, KEY), Vec::<String>::new());
+    assert!(stdout.contains("[REDACTED]") || stderr.contains("[REDACTED]"), "{stdout}");
     assert!(!files_containing(&ws, "[REDACTED]").is_empty());
 }
