@@ -844,7 +844,10 @@ fn record_through_the_binary(conversation: &Cassette) -> Cassette {
     let server = FakeServer::start(Box::new(move |_| {
         match answers.get(next.fetch_add(1, Ordering::SeqCst)) {
             Some(answer) => (200, answer.clone()),
-            None => (500, json!({"error": {"message": "the conversation has no more answers"}})),
+            None => (
+                500,
+                json!({"error": {"message": "the conversation has no more answers"}}),
+            ),
         }
     }));
     let dir = tempfile::tempdir().unwrap();
@@ -878,7 +881,12 @@ fn record_through_the_binary(conversation: &Cassette) -> Cassette {
 /// messages and answers; tools compared by name where `built` names them.
 fn assert_same_conversation(recorded: &Cassette, built: &Cassette) {
     assert_eq!(recorded.interactions.len(), built.interactions.len());
-    for (i, (r, b)) in recorded.interactions.iter().zip(&built.interactions).enumerate() {
+    for (i, (r, b)) in recorded
+        .interactions
+        .iter()
+        .zip(&built.interactions)
+        .enumerate()
+    {
         let mut request = r.request.names_only();
         if b.request.tools.is_empty() {
             request.tools.clear();

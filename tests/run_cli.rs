@@ -851,7 +851,10 @@ fn a_replay_model_id_cannot_read_outside_the_cassettes_folder() {
         "response": {"text": MARKER}}]});
     support::workspace::write_files(
         &outside,
-        &[("secret.json", leak.to_string()), ("demo.json", leak.to_string())],
+        &[
+            ("secret.json", leak.to_string()),
+            ("demo.json", leak.to_string()),
+        ],
     );
     preflight_workspace(&ws, json!({}));
     std::fs::create_dir_all(ws.join("cassettes")).unwrap();
@@ -865,9 +868,15 @@ fn a_replay_model_id_cannot_read_outside_the_cassettes_folder() {
     ] {
         let out = trellis(&["run", root, "--llm", &format!("replay:{id}")]);
         let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
-        assert!(!stdout.contains(MARKER) && !stderr.contains(MARKER), "{stdout}{stderr}");
+        assert!(
+            !stdout.contains(MARKER) && !stderr.contains(MARKER),
+            "{stdout}{stderr}"
+        );
         assert!(!out.status.success(), "replay:{id}: {stdout}");
-        assert!(stderr.contains("not one plain name"), "replay:{id}: {stderr}");
+        assert!(
+            stderr.contains("not one plain name"),
+            "replay:{id}: {stderr}"
+        );
         assert_untouched(&ws);
     }
 
@@ -894,7 +903,10 @@ fn a_replay_model_id_cannot_read_outside_the_cassettes_folder() {
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert!(!out.status.success(), "{stdout}");
     assert!(stderr.contains("inside the workspace"), "{stderr}");
-    assert!(!stdout.contains(MARKER) && !stderr.contains(MARKER), "{stdout}{stderr}");
+    assert!(
+        !stdout.contains(MARKER) && !stderr.contains(MARKER),
+        "{stdout}{stderr}"
+    );
     assert_untouched(&ws);
     // A cassette file that is a symlink out of the workspace.
     std::fs::remove_file(ws.join("cassettes")).unwrap();
@@ -962,7 +974,10 @@ fn a_workspace_cannot_send_the_operators_key_to_an_unapproved_origin() {
     let out = run_with(
         &ws,
         &[],
-        &[("OPENAI_API_KEY", KEY), ("OPENAI_BASE_URL", &server.base_url())],
+        &[
+            ("OPENAI_API_KEY", KEY),
+            ("OPENAI_BASE_URL", &server.base_url()),
+        ],
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(server.seen().len(), 1);
@@ -1052,9 +1067,8 @@ fn a_provider_call_opens_a_bounded_number_of_requests() {
         "the limit is 16 requests per attempt: {stdout}\n{}",
         text(&out.stderr)
     );
-    let session = text(
-        &std::fs::read(ws.join("runs/iteration-0/execution/answer/session.json")).unwrap(),
-    );
+    let session =
+        text(&std::fs::read(ws.join("runs/iteration-0/execution/answer/session.json")).unwrap());
     assert!(
         session.contains("more than 16 requests in one call attempt"),
         "{session}"
@@ -1067,7 +1081,10 @@ fn a_key_echoed_by_the_server_is_redacted_from_every_file_and_output() {
     let server = FakeServer::start_with_auth(Box::new(|body, auth| {
         let auth = auth.unwrap_or("none").to_string();
         if body["model"] == "refused" {
-            (401, json!({"error": {"message": format!("bad credentials: {auth}")}}))
+            (
+                401,
+                json!({"error": {"message": format!("bad credentials: {auth}")}}),
+            )
         } else {
             let args = json!({"path": "runs/iteration-0/execution/echo/got.txt",
                               "content": format!("key was {auth}")});
@@ -1119,6 +1136,9 @@ fn a_key_echoed_by_the_server_is_redacted_from_every_file_and_output() {
     assert!(!stdout.contains(KEY), "{stdout}");
     assert!(!stderr.contains(KEY), "{stderr}");
     assert_eq!(files_containing(&ws, KEY), Vec::<String>::new());
-    assert!(stdout.contains("[REDACTED]") || stderr.contains("[REDACTED]"), "{stdout}");
+    assert!(
+        stdout.contains("[REDACTED]") || stderr.contains("[REDACTED]"),
+        "{stdout}"
+    );
     assert!(!files_containing(&ws, "[REDACTED]").is_empty());
 }

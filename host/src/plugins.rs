@@ -578,7 +578,8 @@ impl PluginRegistry {
                         "the host refused the request to {}: this provider may reach {only}",
                         refused.join(", ")
                     ));
-                } else if let Some(limit) = limited.lock().unwrap_or_else(|e| e.into_inner()).clone()
+                } else if let Some(limit) =
+                    limited.lock().unwrap_or_else(|e| e.into_inner()).clone()
                 {
                     error = LlmError::Transport(format!("the host stopped the call: {limit}"));
                 }

@@ -72,11 +72,7 @@ impl KeyApprovals {
     /// Approves `origin` (`scheme://host[:port]`, no path) for the key in `var`.
     pub fn allow(&mut self, var: &str, origin: &str) -> Result<()> {
         let var = var.trim();
-        if var.is_empty()
-            || !var
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_')
-        {
+        if var.is_empty() || !var.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
             bail!("`{var}` is not an environment variable name (letters, digits and _)");
         }
         let origin = origin.trim();
@@ -147,7 +143,9 @@ impl KeyApprovals {
             return Ok(());
         }
         let what = if plain {
-            format!("plain http to {origin} (readable on the way) is not approved for the key in {var}")
+            format!(
+                "plain http to {origin} (readable on the way) is not approved for the key in {var}"
+            )
         } else {
             format!("the key in {var} is not approved for {origin}")
         };
@@ -185,7 +183,11 @@ mod tests {
         approvals
             .allow_spec("MY_KEY=https://llm.internal:8443")
             .unwrap();
-        assert!(approvals.check("MY_KEY", true, "https://llm.internal:8443/v1").is_ok());
+        assert!(
+            approvals
+                .check("MY_KEY", true, "https://llm.internal:8443/v1")
+                .is_ok()
+        );
         let err = approvals
             .check("MY_KEY", true, "https://evil.example/v1")
             .unwrap_err();
@@ -198,13 +200,25 @@ mod tests {
             "{err}"
         );
         // No key: nothing secret goes out, but plain http off this machine still needs a yes.
-        assert!(approvals.check("UNSET", false, "https://anywhere.example").is_ok());
-        assert!(approvals.check("UNSET", false, "http://127.0.0.1:9/v1").is_ok());
+        assert!(
+            approvals
+                .check("UNSET", false, "https://anywhere.example")
+                .is_ok()
+        );
+        assert!(
+            approvals
+                .check("UNSET", false, "http://127.0.0.1:9/v1")
+                .is_ok()
+        );
         let err = approvals
             .check("UNSET", false, "http://llm.lan:8080/v1")
             .unwrap_err();
         assert!(err.contains("plain http to http://llm.lan:8080"), "{err}");
-        assert!(approvals.check("MY_KEY", true, "http://localhost:1").is_err());
+        assert!(
+            approvals
+                .check("MY_KEY", true, "http://localhost:1")
+                .is_err()
+        );
         assert!(approvals.allow_spec("MY_KEY").is_err());
         assert!(approvals.allow_spec("MY_KEY=https://h/v1").is_err());
         assert!(approvals.allow_spec("BAD VAR=https://h").is_err());
@@ -222,7 +236,11 @@ mod tests {
         .unwrap();
         let mut approvals = KeyApprovals::none();
         approvals.load_config(&path).unwrap();
-        assert!(approvals.check("MY_KEY", true, "https://llm.internal:8443").is_ok());
+        assert!(
+            approvals
+                .check("MY_KEY", true, "https://llm.internal:8443")
+                .is_ok()
+        );
         std::fs::write(
             &path,
             "[[allow_key]]\nvar = \"K\"\norigins = \"https://h\"\n",

@@ -463,7 +463,9 @@ mod tests {
         });
         let open: Vec<SendFuture> = (0..4).map(|_| send(&mut live, url, None)).collect();
         let fifth = Box::into_pin(send(&mut live, url, None)).await;
-        assert!(matches!(fifth, Err(HttpError::InternalError(Some(m))) if m.contains("more than 4 requests open at once")));
+        assert!(
+            matches!(fifth, Err(HttpError::InternalError(Some(m))) if m.contains("more than 4 requests open at once"))
+        );
         assert!(live.limited().lock().unwrap().is_some());
         drop(open);
         // Dropped, they are no longer live.
@@ -478,11 +480,15 @@ mod tests {
             drop(send(&mut total, url, None));
         }
         let fourth = Box::into_pin(send(&mut total, url, None)).await;
-        assert!(matches!(fourth, Err(HttpError::InternalError(Some(m))) if m.contains("more than 3 requests in one call attempt")));
+        assert!(
+            matches!(fourth, Err(HttpError::InternalError(Some(m))) if m.contains("more than 3 requests in one call attempt"))
+        );
 
         let mut size = policy(RequestLimits::default());
         let big = Box::into_pin(send(&mut size, url, Some(33 << 20))).await;
-        assert!(matches!(big, Err(HttpError::InternalError(Some(m))) if m.contains("over the limit of 33554432 bytes")));
+        assert!(
+            matches!(big, Err(HttpError::InternalError(Some(m))) if m.contains("over the limit of 33554432 bytes"))
+        );
     }
 
     #[test]

@@ -18,9 +18,7 @@ use std::sync::{Arc, Mutex};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-use super::{
-    Endpoint, LlmCallError, Message, Options, Request, Response, Secret, ToolDefinition,
-};
+use super::{Endpoint, LlmCallError, Message, Options, Request, Response, Secret, ToolDefinition};
 use crate::PluginRegistry;
 use crate::capabilities::Limits;
 
@@ -368,7 +366,17 @@ mod tests {
         for good in ["demo", "triage-demo", "v1.2_x"] {
             check_replay_model_id(good).unwrap();
         }
-        for bad in ["", ".", "..", "../x", "a/b", "/etc/passwd", "a\\b", "x y", "c:d"] {
+        for bad in [
+            "",
+            ".",
+            "..",
+            "../x",
+            "a/b",
+            "/etc/passwd",
+            "a\\b",
+            "x y",
+            "c:d",
+        ] {
             let err = check_replay_model_id(bad).unwrap_err();
             assert!(err.contains("not one plain name"), "{bad:?}: {err}");
         }

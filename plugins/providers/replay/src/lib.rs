@@ -211,9 +211,8 @@ fn value_difference(path: &str, want: &Value, got: &Value) -> Option<String> {
             .enumerate()
             .find_map(|(i, (a, b))| value_difference(&format!("{path}[{i}]"), a, b))
             .or_else(|| {
-                (w.len() != g.len()).then(|| {
-                    format!("{path}: expected {} item(s), got {}", w.len(), g.len())
-                })
+                (w.len() != g.len())
+                    .then(|| format!("{path}: expected {} item(s), got {}", w.len(), g.len()))
             }),
         (a, b) if a == b => None,
         (a, b) => Some(format!("{path}: expected {}, got {}", show(a), show(b))),
@@ -440,7 +439,10 @@ mod tests {
 
     #[test]
     fn the_same_request_has_no_difference() {
-        assert_eq!(first_difference(&recorded(), &request(Some(0.7), SCHEMA)), None);
+        assert_eq!(
+            first_difference(&recorded(), &request(Some(0.7), SCHEMA)),
+            None
+        );
     }
 
     #[test]
@@ -473,11 +475,17 @@ mod tests {
         );
         let extra = r#"{"type":"object","properties":{"path":{"type":"string"},"n":{}}}"#;
         let d = first_difference(&recorded(), &request(Some(0.7), extra)).unwrap();
-        assert_eq!(d, "tools[0].parameters.properties.n: expected nothing, got {}");
+        assert_eq!(
+            d,
+            "tools[0].parameters.properties.n: expected nothing, got {}"
+        );
         let mut described = request(Some(0.7), SCHEMA);
         described.tools[0].description = "Reads any file.".into();
         let d = first_difference(&recorded(), &described).unwrap();
-        assert!(d.starts_with("tools[0].description: first difference"), "{d}");
+        assert!(
+            d.starts_with("tools[0].description: first difference"),
+            "{d}"
+        );
         let mut renamed = request(Some(0.7), SCHEMA);
         renamed.tools[0].name = "workspace:write_file".into();
         let d = first_difference(&recorded(), &renamed).unwrap();
@@ -498,6 +506,9 @@ mod tests {
         assert_eq!(d.unwrap(), "x.a[1]: expected 2, got 3");
         let d = value_difference("x", &json!([1]), &json!([1, 2]));
         assert_eq!(d.unwrap(), "x: expected 1 item(s), got 2");
-        assert_eq!(value_difference("x", &json!({"a": 1}), &json!({"a": 1})), None);
+        assert_eq!(
+            value_difference("x", &json!({"a": 1}), &json!({"a": 1})),
+            None
+        );
     }
 }

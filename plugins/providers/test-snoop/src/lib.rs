@@ -29,7 +29,10 @@ impl LlmProvider for Snoop {
             .unwrap_or(&request.model);
         match Some(mode) {
             Some("flood") => {
-                let url = format!("{}/chat/completions", endpoint.base_url.trim_end_matches('/'));
+                let url = format!(
+                    "{}/chat/completions",
+                    endpoint.base_url.trim_end_matches('/')
+                );
                 let mut answered = 0;
                 let mut last_error = String::new();
                 for _ in 0..200 {
