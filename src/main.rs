@@ -280,6 +280,13 @@ enum ToolCommand {
         /// Grant a folder read-write (repeatable).
         #[arg(long = "write", value_name = "DIR")]
         write: Vec<String>,
+        /// Give the plugin this SQLite file through the `workflow-db` interface, relative to
+        /// ROOT (read-only unless --db-write).
+        #[arg(long, value_name = "FILE")]
+        db: Option<String>,
+        /// Let the plugin's `execute` modify the --db file.
+        #[arg(long, requires = "db")]
+        db_write: bool,
         /// Stop the call after this many seconds.
         #[arg(long, default_value_t = 30.0, value_name = "SECS")]
         timeout: f64,
@@ -435,12 +442,17 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             root,
             read,
             write,
+            db,
+            db_write,
             timeout,
             memory,
             plugins,
         }) => {
             let args = parse_args(&args)?;
-            let grant = grant(&root, &read, &write)?;
+            let mut grant = grant(&root, &read, &write)?;
+            if let Some(db) = db {
+                grant = grant.with_db(db_file(&root, &db)?, db_write);
+            }
             anyhow::ensure!(
                 timeout.is_finite() && timeout > 0.0,
                 "--timeout: expected a positive number of seconds, found {timeout}"
@@ -465,6 +477,22 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             }
         }
     }
+}
+
+/// The `--db` file of `tool call`: an existing regular file inside ROOT, not a link.
+fn db_file(root: &std::path::Path, rel: &str) -> Result<PathBuf> {
+    let (folder, name) = match rel.rsplit_once('/') {
+        Some((folder, name)) => (folder, name),
+        None => ("", rel),
+    };
+    let folder = resolve_in_root(root, folder).with_context(|| format!("--db {rel:?}"))?;
+    let path = folder.join(name);
+    let meta = std::fs::symlink_metadata(&path).with_context(|| format!("--db {rel:?}"))?;
+    anyhow::ensure!(
+        meta.is_file(),
+        "--db {rel:?}: expected an SQLite file, not a link, folder or special file"
+    );
+    Ok(path)
 }
 
 /// `trellis runs list`: one line per run folder, then its steps.

@@ -199,6 +199,7 @@ fn limits(timeout: Duration) -> Limits {
         timeout,
         output_bytes: 1 << 20,
         stdio_bytes: 16 << 10,
+        ..Limits::default()
     }
 }
 

@@ -132,6 +132,7 @@ fn options() -> ScriptOptions {
             timeout: Duration::from_secs(60),
             output_bytes: 0,
             stdio_bytes: 64 << 10,
+            ..Limits::default()
         },
         ..ScriptOptions::default()
     }

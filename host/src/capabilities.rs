@@ -12,11 +12,18 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+
 use anyhow::{Context, Result, bail};
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder};
 
+pub mod fs_guard;
+pub mod sql;
 pub mod turn;
+
+pub use fs_guard::{FsLimitExceeded, FsLimits};
 
 /// Whether a granted folder can be changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,6 +44,9 @@ pub struct FolderGrant {
     pub guest: String,
     /// What the guest may do there.
     pub access: Access,
+    /// Device and inode of the folder when it was granted: the folder preopened for a call
+    /// must be this one, not something swapped in at its path since.
+    identity: Option<(u64, u64)>,
 }
 
 /// Access to the workflow database through the `workflow-db` host interface.
@@ -76,10 +86,15 @@ impl Grant {
     pub fn folder(mut self, host: PathBuf, guest: &str, access: Access) -> Result<Self> {
         let guest = normalize_guest_path(guest)?;
         self.folders.retain(|f| f.guest != guest);
+        let identity = std::fs::metadata(&host)
+            .ok()
+            .filter(|m| m.is_dir())
+            .map(|m| (m.dev(), m.ino()));
         self.folders.push(FolderGrant {
             host,
             guest,
             access,
+            identity,
         });
         Ok(self)
     }
@@ -134,18 +149,54 @@ impl Grant {
                 Access::ReadOnly => FsPerms::ReadOnly,
                 Access::ReadWrite => FsPerms::ReadWrite,
             };
+            let granting = || {
+                format!(
+                    "granting folder {} (seen as {})",
+                    folder.host.display(),
+                    folder.guest
+                )
+            };
+            let opened = folder.open_checked().with_context(granting)?;
+            // wasmtime-wasi opens preopens by path. Naming the folder through the descriptor
+            // just checked, rather than by its path again, leaves no moment in which another
+            // folder (or a link) could be put in its place.
+            let by_descriptor = PathBuf::from(format!("/proc/self/fd/{}", opened.as_raw_fd()));
+            let path = if by_descriptor.exists() {
+                by_descriptor
+            } else {
+                folder.host.clone()
+            };
             builder
-                .preopened_dir(&folder.host, &folder.guest, perms)
+                .preopened_dir(&path, &folder.guest, perms)
                 .map_err(anyhow::Error::from)
-                .with_context(|| {
-                    format!(
-                        "granting folder {} (seen as {}): it must be an existing directory",
-                        folder.host.display(),
-                        folder.guest
-                    )
-                })?;
+                .with_context(granting)?;
         }
         Ok(builder)
+    }
+}
+
+impl FolderGrant {
+    /// Opens the folder, checking that it is still the one granted: a directory, not a
+    /// symbolic link, with the device and inode it had when the grant was made.
+    fn open_checked(&self) -> Result<std::fs::File> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&self.host)
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "it must be an existing directory, not a symbolic link or a file: {e}"
+                )
+            })?;
+        let meta = file.metadata()?;
+        if let Some(identity) = self.identity
+            && identity != (meta.dev(), meta.ino())
+        {
+            bail!(
+                "the folder was replaced since it was granted; refusing to open what is there now"
+            );
+        }
+        Ok(file)
     }
 }
 
@@ -225,6 +276,8 @@ pub struct Limits {
     /// How much of the guest's stdout and of its stderr is kept, each, in bytes;
     /// the rest is counted and dropped.
     pub stdio_bytes: usize,
+    /// What the call may add to its read-write folders and hold open.
+    pub fs: FsLimits,
 }
 
 impl Default for Limits {
@@ -234,6 +287,7 @@ impl Default for Limits {
             timeout: Duration::from_secs(30),
             output_bytes: 4 << 20,
             stdio_bytes: 64 << 10,
+            fs: FsLimits::DEFAULT,
         }
     }
 }

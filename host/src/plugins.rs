@@ -24,7 +24,8 @@ use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{Store, Trap};
 
 use crate::bundled;
-use crate::capabilities::{CappedOutput, Grant, Limits};
+use crate::capabilities::fs_guard::add_wasi_to_linker;
+use crate::capabilities::{CappedOutput, FsLimitExceeded, FsLimits, Grant, Limits};
 use crate::engine::Engine;
 use crate::llm::{self, LlmCallError, LlmError};
 use crate::validation::{CheckResult, CustomOutcome, CustomValidator};
@@ -133,6 +134,7 @@ const LOAD_LIMITS: Limits = Limits {
     timeout: Duration::from_secs(10),
     output_bytes: 1 << 20,
     stdio_bytes: 16 << 10,
+    fs: FsLimits::DEFAULT,
 };
 
 impl PluginRegistry {
@@ -158,13 +160,13 @@ impl PluginRegistry {
     /// A registry with nothing loaded.
     pub fn empty(engine: &Engine) -> Result<Self> {
         let mut tool_linker = Linker::new(engine.wasmtime());
-        wasmtime_wasi::p2::add_to_linker_async(&mut tool_linker)?;
+        add_wasi_to_linker(&mut tool_linker)?;
         bindings::tool::ToolPlugin::add_to_linker::<CallState, HasSelf<CallState>>(
             &mut tool_linker,
             |s| s,
         )?;
         let mut validator_linker = Linker::new(engine.wasmtime());
-        wasmtime_wasi::p2::add_to_linker_async(&mut validator_linker)?;
+        add_wasi_to_linker(&mut validator_linker)?;
         bindings::validator::ValidatorPlugin::add_to_linker::<CallState, HasSelf<CallState>>(
             &mut validator_linker,
             |s| s,
@@ -172,7 +174,7 @@ impl PluginRegistry {
         // An LLM provider gets WASI, `wasi:http` (gated per call by the host's
         // policy) and the host interface; not the workflow db.
         let mut llm_linker = Linker::new(engine.wasmtime());
-        wasmtime_wasi::p2::add_to_linker_async(&mut llm_linker)?;
+        add_wasi_to_linker(&mut llm_linker)?;
         wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut llm_linker)?;
         bindings::tool::trellis::plugin::host::add_to_linker::<CallState, HasSelf<CallState>>(
             &mut llm_linker,
@@ -386,6 +388,7 @@ enum CallFailure {
     Timeout(Duration),
     Memory,
     StackOverflow,
+    FsLimit(FsLimitExceeded),
     Trap { message: String, stderr: String },
     Host(anyhow::Error),
 }
@@ -399,6 +402,7 @@ impl CallFailure {
                 limit: limits.memory_bytes,
             },
             CallFailure::StackOverflow => ToolCallError::StackOverflow { tool },
+            CallFailure::FsLimit(exceeded) => ToolCallError::FsLimit { tool, exceeded },
             CallFailure::Trap { message, stderr } => ToolCallError::Crashed {
                 tool,
                 message,
@@ -700,6 +704,8 @@ where
     if let Some(policy) = http {
         state.allow_http(policy);
     }
+    state.set_deadline(limits.timeout);
+    state.set_fs_limits(limits.fs);
     let mut store = Store::new(engine.wasmtime(), state);
     store.limiter(|s| &mut s.memory);
     store.set_epoch_deadline(Engine::ticks_for(limits.timeout));
@@ -713,6 +719,14 @@ where
         Ok(result) => result,
         Err(_) => return Err(CallFailure::Timeout(limits.timeout)),
     };
+    // A call that went over a limit fails as such, even if the guest carried on after the
+    // error it got.
+    if let Some(exceeded) = store.data().fs_limit_exceeded() {
+        return Err(CallFailure::FsLimit(exceeded));
+    }
+    if store.data().db_deadline_hit() {
+        return Err(CallFailure::Timeout(limits.timeout));
+    }
     result.map_err(|err| classify(err, limits, store.data(), &stderr))
 }
 

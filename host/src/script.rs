@@ -41,8 +41,9 @@ use wasmtime::{Store, Trap};
 use wasmtime_wasi::FsPerms;
 use wasmtime_wasi::p2::bindings::CommandPre;
 
-use crate::capabilities::Limits;
+use crate::capabilities::fs_guard::add_wasi_to_linker;
 use crate::capabilities::turn::{DB_FILE, TurnAccess, TurnContext, grant_for_access};
+use crate::capabilities::{FsLimitExceeded, FsLimits, Limits};
 use crate::engine::Engine;
 use crate::plugins::bindings::tool::trellis::plugin as wit;
 use crate::plugins::state::{CallState, MemoryLimitExceeded};
@@ -132,6 +133,7 @@ impl ScriptOptions {
         timeout: Duration::from_secs(120),
         output_bytes: 0,
         stdio_bytes: 1 << 20,
+        fs: FsLimits::DEFAULT,
     };
 }
 
@@ -186,6 +188,12 @@ pub enum ScriptFailure {
         /// The limit, in bytes.
         limit: usize,
     },
+    /// The script went over a filesystem limit of its call (bytes written, files created,
+    /// files open at once).
+    FsLimit {
+        /// Which limit.
+        exceeded: FsLimitExceeded,
+    },
     /// The script's instance trapped (a Rust panic, a stack overflow, a bad component).
     Crashed {
         /// What happened.
@@ -217,6 +225,7 @@ impl ScriptFailure {
                 "{script} was stopped: it exceeded its memory limit of {} MiB",
                 limit >> 20
             ),
+            ScriptFailure::FsLimit { exceeded } => format!("{script} was stopped: it {exceeded}"),
             ScriptFailure::Crashed { message } => format!("{script} crashed: {message}"),
         }
     }
@@ -227,6 +236,7 @@ impl ScriptFailure {
             ScriptFailure::Exit { .. } => "exit",
             ScriptFailure::Timeout { .. } => "timeout",
             ScriptFailure::MemoryLimit { .. } => "memory_limit",
+            ScriptFailure::FsLimit { .. } => "fs_limit",
             ScriptFailure::Crashed { .. } => "crashed",
         }
     }
@@ -271,7 +281,9 @@ impl ScriptOutcome {
         let detail = match failure {
             ScriptFailure::Exception { traceback, .. } => traceback.as_str(),
             ScriptFailure::Exit { .. } | ScriptFailure::Crashed { .. } => self.stderr.trim(),
-            ScriptFailure::Timeout { .. } | ScriptFailure::MemoryLimit { .. } => "",
+            ScriptFailure::Timeout { .. }
+            | ScriptFailure::MemoryLimit { .. }
+            | ScriptFailure::FsLimit { .. } => "",
         };
         if !detail.is_empty() {
             message.push_str("\n\n");
@@ -357,9 +369,7 @@ impl ScriptRunner {
     /// sockets), the `workflow-db` interface and the host's `log`.
     pub fn new(engine: &Engine) -> Result<Self> {
         let mut linker = Linker::new(engine.wasmtime());
-        wasmtime_wasi::p2::add_to_linker_async(&mut linker)
-            .map_err(anyhow::Error::from)
-            .context("linking WASI for scripts")?;
+        add_wasi_to_linker(&mut linker).context("linking WASI for scripts")?;
         wit::workflow_db::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s)
             .map_err(anyhow::Error::from)
             .context("linking workflow-db for scripts")?;
@@ -560,12 +570,14 @@ impl ScriptRunner {
                 .map_err(anyhow::Error::from)
                 .with_context(|| format!("granting {}", prepared.cwd))?;
         }
-        let state = CallState::new(
+        let mut state = CallState::new(
             Arc::from(format!("script:{step_id}").as_str()),
             builder.build(),
             limits.memory_bytes,
             prepared.grant.db().cloned(),
         );
+        state.set_deadline(limits.timeout);
+        state.set_fs_limits(limits.fs);
         let mut store = Store::new(self.engine.wasmtime(), state);
         store.limiter(|s| &mut s.memory);
         store.set_epoch_deadline(Engine::ticks_for(limits.timeout));
@@ -596,6 +608,14 @@ impl ScriptRunner {
         };
         let stdout_text = stdout.text();
         let stderr_text = stderr.text();
+        // Going over a limit is what ended the script, whatever it did after the error it got.
+        let failure = match store.data().fs_limit_exceeded() {
+            Some(exceeded) => Some(ScriptFailure::FsLimit { exceeded }),
+            None if store.data().db_deadline_hit() => Some(ScriptFailure::Timeout {
+                after: limits.timeout,
+            }),
+            None => failure,
+        };
         let failure = match failure {
             // A Python script that raised exits with status 1 and a traceback on stderr.
             Some(ScriptFailure::Exit { code: 1 }) if prepared.kind == ScriptKind::Python => {

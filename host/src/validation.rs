@@ -387,14 +387,14 @@ pub fn run_gate(
                 )));
             }
         }
-        let conn = db::open_read_only(workspace_root)?;
+        let db = db::open_read_only(workspace_root)?;
         for rule in &schema.db {
             let mut sink = Sink {
                 file: db::DB_FILE,
                 checks: &mut checks,
                 warnings: &mut warnings,
             };
-            db::run_rule(&conn, rule, &mut sink)?;
+            db::run_rule(&db, rule, &mut sink)?;
         }
     }
 

@@ -1,6 +1,7 @@
 //! The per-call store state and the host interfaces every plugin imports.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use wasmtime::ResourceLimiter;
 use wasmtime::component::ResourceTable;
@@ -9,6 +10,9 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use super::bindings::tool::trellis::plugin::{host, types, workflow_db};
 use crate::capabilities::DbGrant;
+use crate::capabilities::fs_guard::{FsBudget, GuardedFsView};
+use crate::capabilities::sql::{self, GuardedDb, SqlAccess};
+use crate::capabilities::{FsLimitExceeded, FsLimits};
 use crate::llm::http::HttpPolicy;
 
 /// Log lines longer than this are cut: a plugin cannot flood the host's log.
@@ -27,7 +31,12 @@ pub(crate) struct CallState {
     table: ResourceTable,
     pub(crate) memory: MemoryLimit,
     db: Option<DbGrant>,
-    db_conn: Option<rusqlite::Connection>,
+    db_conn: Option<GuardedDb>,
+    /// When the call must end: database statements are stopped here too.
+    deadline: Instant,
+    fs_budget: Arc<FsBudget>,
+    /// A database statement was stopped because the call's deadline passed.
+    db_deadline_hit: bool,
     log_lines: u32,
     /// `wasi:http`, linked for LLM providers only; refuses everything unless
     /// [`CallState::allow_http`] set a policy.
@@ -52,6 +61,9 @@ impl CallState {
             },
             db,
             db_conn: None,
+            deadline: Instant::now() + crate::capabilities::Limits::default().timeout,
+            fs_budget: FsBudget::new(FsLimits::DEFAULT),
+            db_deadline_hit: false,
             log_lines: 0,
             http_ctx: WasiHttpCtx::new(),
             http_policy: HttpPolicy::deny_all(),
@@ -63,20 +75,47 @@ impl CallState {
         self.http_policy = policy;
     }
 
-    fn connection(&mut self) -> Result<&rusqlite::Connection, workflow_db::DbError> {
+    /// Sets when the call must end; database statements are interrupted at that moment.
+    pub(crate) fn set_deadline(&mut self, timeout: Duration) {
+        self.deadline = Instant::now() + timeout;
+    }
+
+    /// Sets what the call may add to its read-write folders and hold open.
+    pub(crate) fn set_fs_limits(&mut self, limits: FsLimits) {
+        self.fs_budget = FsBudget::new(limits);
+    }
+
+    /// Whether a database statement ran into the call's deadline: the call timed out, even
+    /// if the guest carried on after the error it got.
+    pub(crate) fn db_deadline_hit(&self) -> bool {
+        self.db_deadline_hit
+    }
+
+    /// The filesystem limit the call went over, if any.
+    pub(crate) fn fs_limit_exceeded(&self) -> Option<FsLimitExceeded> {
+        self.fs_budget.exceeded()
+    }
+
+    fn connection(&mut self, sql: &str) -> Result<&GuardedDb, workflow_db::DbError> {
         let Some(grant) = &self.db else {
             return Err(workflow_db::DbError::NotGranted);
         };
+        sql::refuse_unseen(sql).map_err(workflow_db::DbError::Sql)?;
         if self.db_conn.is_none() {
-            use rusqlite::OpenFlags;
             // A read-only grant opens the file read-only: even a statement that
             // slipped past the read-only check below could not write.
-            let flags = if grant.writable {
-                OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE
+            let access = if grant.writable {
+                SqlAccess::ReadWrite
             } else {
-                OpenFlags::SQLITE_OPEN_READ_ONLY
-            } | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-            let conn = rusqlite::Connection::open_with_flags(&grant.path, flags)
+                SqlAccess::ReadOnly
+            };
+            // Whole milliseconds: the time shows in messages.
+            let left = Duration::from_millis(
+                self.deadline
+                    .saturating_duration_since(Instant::now())
+                    .as_millis() as u64,
+            );
+            let conn = sql::open(&grant.path, access, left)
                 .map_err(|e| workflow_db::DbError::Sql(format!("opening the workflow db: {e}")))?;
             self.db_conn = Some(conn);
         }
@@ -90,6 +129,12 @@ impl WasiView for CallState {
             ctx: &mut self.wasi,
             table: &mut self.table,
         }
+    }
+}
+
+impl GuardedFsView for CallState {
+    fn fs_budget(&self) -> &Arc<FsBudget> {
+        &self.fs_budget
     }
 }
 
@@ -172,42 +217,9 @@ impl workflow_db::Host for CallState {
         sql: String,
         params: Vec<workflow_db::SqlValue>,
     ) -> Result<String, workflow_db::DbError> {
-        use workflow_db::DbError;
-        let conn = self.connection()?;
-        let mut stmt = conn
-            .prepare(&sql)
-            .map_err(|e| DbError::Sql(e.to_string()))?;
-        if !stmt.readonly() {
-            return Err(DbError::ReadOnly(
-                "query runs read-only statements only; use execute to modify the database".into(),
-            ));
-        }
-        let names: Vec<String> = stmt.column_names().map(|s| s.to_string()).collect();
-        let mut rows = stmt
-            .query(rusqlite::params_from_iter(params.iter().map(to_sql)))
-            .map_err(|e| DbError::Sql(e.to_string()))?;
-        let mut out = Vec::new();
-        let mut bytes = 0;
-        while let Some(row) = rows.next().map_err(|e| DbError::Sql(e.to_string()))? {
-            if out.len() == DB_MAX_ROWS {
-                return Err(DbError::TooLarge(format!("more than {DB_MAX_ROWS} rows")));
-            }
-            let mut object = serde_json::Map::new();
-            for (i, name) in names.iter().enumerate() {
-                let value = crate::store::sql_to_json(
-                    row.get_ref(i).map_err(|e| DbError::Sql(e.to_string()))?,
-                );
-                bytes += name.len() + value.to_string().len();
-                object.insert(name.clone(), value);
-            }
-            if bytes > DB_MAX_BYTES {
-                return Err(DbError::TooLarge(format!(
-                    "result over {DB_MAX_BYTES} bytes"
-                )));
-            }
-            out.push(serde_json::Value::Object(object));
-        }
-        Ok(serde_json::Value::Array(out).to_string())
+        let result = self.run_query(&sql, &params);
+        self.note_deadline(&result);
+        result
     }
 
     fn execute(
@@ -221,10 +233,71 @@ impl workflow_db::Host for CallState {
                 "this turn has read-only access to the workflow db".into(),
             ));
         }
-        let conn = self.connection()?;
-        let changed = conn
-            .execute(&sql, rusqlite::params_from_iter(params.iter().map(to_sql)))
-            .map_err(|e| DbError::Sql(e.to_string()))?;
+        let result = self.run_execute(&sql, &params);
+        self.note_deadline(&result);
+        result
+    }
+}
+
+impl CallState {
+    fn note_deadline<T>(&mut self, result: &Result<T, workflow_db::DbError>) {
+        if let Err(workflow_db::DbError::Sql(message)) = result
+            && message.starts_with(sql::DEADLINE_MESSAGE)
+        {
+            self.db_deadline_hit = true;
+        }
+    }
+
+    fn run_query(
+        &mut self,
+        sql: &str,
+        params: &[workflow_db::SqlValue],
+    ) -> Result<String, workflow_db::DbError> {
+        use workflow_db::DbError;
+        let db = self.connection(sql)?;
+        let failed = |e: rusqlite::Error| DbError::Sql(db.describe(&e));
+        let mut stmt = db.conn().prepare(sql).map_err(failed)?;
+        if !stmt.readonly() {
+            return Err(DbError::ReadOnly(
+                "query runs read-only statements only; use execute to modify the database".into(),
+            ));
+        }
+        let names: Vec<String> = stmt.column_names().map(|s| s.to_string()).collect();
+        let mut rows = stmt
+            .query(rusqlite::params_from_iter(params.iter().map(to_sql)))
+            .map_err(failed)?;
+        let mut out = Vec::new();
+        let mut bytes = 0;
+        while let Some(row) = rows.next().map_err(failed)? {
+            if out.len() == DB_MAX_ROWS {
+                return Err(DbError::TooLarge(format!("more than {DB_MAX_ROWS} rows")));
+            }
+            let mut object = serde_json::Map::new();
+            for (i, name) in names.iter().enumerate() {
+                let value = crate::store::sql_to_json(row.get_ref(i).map_err(failed)?);
+                bytes += name.len() + value.to_string().len();
+                object.insert(name.clone(), value);
+            }
+            if bytes > DB_MAX_BYTES {
+                return Err(DbError::TooLarge(format!(
+                    "result over {DB_MAX_BYTES} bytes"
+                )));
+            }
+            out.push(serde_json::Value::Object(object));
+        }
+        Ok(serde_json::Value::Array(out).to_string())
+    }
+
+    fn run_execute(
+        &mut self,
+        sql: &str,
+        params: &[workflow_db::SqlValue],
+    ) -> Result<u64, workflow_db::DbError> {
+        let db = self.connection(sql)?;
+        let changed = db
+            .conn()
+            .execute(sql, rusqlite::params_from_iter(params.iter().map(to_sql)))
+            .map_err(|e| workflow_db::DbError::Sql(db.describe(&e)))?;
         Ok(changed as u64)
     }
 }

@@ -174,6 +174,14 @@ pub enum ToolCallError {
         /// Full tool name.
         tool: String,
     },
+    /// The guest went over a filesystem limit of the call.
+    #[error("{tool}: stopped: the plugin {exceeded}")]
+    FsLimit {
+        /// Full tool name.
+        tool: String,
+        /// Which limit.
+        exceeded: crate::capabilities::FsLimitExceeded,
+    },
     /// The result was bigger than the output cap.
     #[error("{tool}: result of {size} bytes is over the {limit}-byte output limit")]
     OutputTooLarge {
@@ -239,6 +247,7 @@ impl ToolCallError {
             ToolCallError::Timeout { .. } => "timeout",
             ToolCallError::MemoryLimit { .. } => "memory-limit",
             ToolCallError::StackOverflow { .. } => "stack-overflow",
+            ToolCallError::FsLimit { .. } => "fs-limit",
             ToolCallError::OutputTooLarge { .. } => "output-too-large",
             ToolCallError::InvalidOutput { .. } => "invalid-output",
             ToolCallError::Crashed { .. } => "crashed",

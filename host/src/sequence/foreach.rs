@@ -1,16 +1,21 @@
 //! The rows of a foreach item: its `source_sql`, run read-only against `db/db.sqlite`
 //! (spec section 4).
 //!
-//! The database is opened with `SQLITE_OPEN_READ_ONLY` and `PRAGMA query_only`, and the
-//! statement is asked `readonly()` before it runs, so a query that would write is refused
-//! with a message rather than attempted. `max_iterations` caps the rows; how many were
-//! dropped is returned so the caller logs it: capping is never silent.
+//! The database is opened through [`sql::open`] (read-only, no `ATTACH`, a deadline of
+//! [`sql::PLAN_SQL_TIMEOUT`]), and the statement is asked `readonly()` before it runs, so a
+//! query that would write is refused with a message rather than attempted. `max_iterations`
+//! caps the rows; how many were dropped is returned so the caller logs it: capping is never
+//! silent. Without a cap, more than [`MAX_ROWS`] rows is an error.
 
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
-use rusqlite::{Connection, OpenFlags};
 use serde_json::{Map, Value};
+
+use crate::capabilities::sql::{self, SqlAccess};
+
+/// Rows a foreach item may run without `max_iterations`: each is an agent turn.
+pub const MAX_ROWS: usize = 100_000;
 
 /// The rows of one foreach item.
 #[derive(Debug, Clone, PartialEq)]
@@ -45,6 +50,22 @@ pub fn query_rows(
     source_sql: &str,
     max_iterations: Option<u64>,
 ) -> Result<ForeachRows> {
+    query_rows_within(
+        db_path,
+        item_id,
+        source_sql,
+        max_iterations,
+        sql::PLAN_SQL_TIMEOUT,
+    )
+}
+
+fn query_rows_within(
+    db_path: &Path,
+    item_id: &str,
+    source_sql: &str,
+    max_iterations: Option<u64>,
+    timeout: std::time::Duration,
+) -> Result<ForeachRows> {
     let ctx = || format!("foreach item {item_id:?}");
     if !db_path.is_file() {
         bail!(
@@ -52,16 +73,16 @@ pub fn query_rows(
             db_path.display()
         );
     }
-    let conn = Connection::open_with_flags(
-        db_path,
-        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )
-    .with_context(|| format!("{}: opening {}", ctx(), db_path.display()))?;
-    conn.execute_batch("PRAGMA query_only = ON;")
-        .with_context(ctx)?;
-    let mut stmt = conn
+    let db = sql::open(db_path, SqlAccess::ReadOnly, timeout)
+        .with_context(|| format!("{}: opening {}", ctx(), db_path.display()))?;
+    sql::refuse_unseen(source_sql)
+        .map_err(|e| anyhow::anyhow!("{}: source_sql cannot be used: {e}", ctx()))?;
+    let failed =
+        |what: &str, e: rusqlite::Error| anyhow::anyhow!("{}: {what}: {}", ctx(), db.describe(&e));
+    let mut stmt = db
+        .conn()
         .prepare(source_sql)
-        .with_context(|| format!("{}: source_sql cannot be used", ctx()))?;
+        .map_err(|e| failed("source_sql cannot be used", e))?;
     if !stmt.readonly() {
         bail!(
             "foreach item {item_id:?}: source_sql would modify the database; only read-only queries (SELECT) are allowed"
@@ -69,20 +90,26 @@ pub fn query_rows(
     }
     let names: Vec<String> = stmt.column_names().map(|s| s.to_string()).collect();
     let cap = match max_iterations {
-        None | Some(0) => usize::MAX,
-        Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
+        None | Some(0) => None,
+        Some(n) => Some(usize::try_from(n).unwrap_or(usize::MAX)),
     };
     let mut rows = stmt
         .query([])
-        .with_context(|| format!("{}: running source_sql", ctx()))?;
+        .map_err(|e| failed("running source_sql", e))?;
     let mut out = Vec::new();
     let mut total = 0usize;
     while let Some(row) = rows
         .next()
-        .with_context(|| format!("{}: reading row {}", ctx(), total + 1))?
+        .map_err(|e| failed(&format!("reading row {}", total + 1), e))?
     {
         total += 1;
-        if out.len() >= cap {
+        if cap.is_none() && total > MAX_ROWS {
+            bail!(
+                "{}: source_sql returned more than {MAX_ROWS} rows; set max_iterations to cap them",
+                ctx()
+            );
+        }
+        if out.len() >= cap.unwrap_or(usize::MAX) {
             // Rows past the cap are only counted.
             continue;
         }
@@ -105,6 +132,7 @@ pub fn query_rows(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rusqlite::Connection;
     use serde_json::json;
 
     fn db() -> (tempfile::TempDir, std::path::PathBuf) {
@@ -184,5 +212,35 @@ mod tests {
         let err = query_rows(&missing, "it", "SELECT 1", None).unwrap_err();
         assert!(err.to_string().contains("does not exist"), "{err}");
         assert!(!missing.exists());
+    }
+
+    #[test]
+    fn attach_and_runaway_queries_are_stopped() {
+        let (dir, path) = db();
+        let evil = dir.path().join("evil.db");
+        let sql = format!("ATTACH DATABASE '{}' AS e", evil.display());
+        let err = query_rows(&path, "it", &sql, None).unwrap_err();
+        assert!(format!("{err:#}").contains("not authorized"), "{err:#}");
+        assert!(!evil.exists());
+
+        let endless = "WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM c) \
+                       SELECT n FROM c";
+        let err = query_rows_within(
+            &path,
+            "it",
+            endless,
+            Some(1),
+            std::time::Duration::from_millis(100),
+        )
+        .unwrap_err();
+        assert!(
+            format!("{err:#}").contains(sql::DEADLINE_MESSAGE),
+            "{err:#}"
+        );
+        let err = query_rows(&path, "it", endless, None).unwrap_err();
+        assert!(
+            format!("{err:#}").contains("returned more than 100000 rows; set max_iterations"),
+            "{err:#}"
+        );
     }
 }

@@ -1,17 +1,18 @@
 //! Db rules: read-only SQL on the workflow database.
 //!
-//! The database is opened with `SQLITE_OPEN_READ_ONLY` and `PRAGMA query_only`, and every
-//! statement is asked `readonly()` before it runs, so a rule that would write is refused with a
-//! message rather than attempted.
+//! The database is opened through [`sql::open`] (read-only, no `ATTACH`, each rule bounded by
+//! [`sql::PLAN_SQL_TIMEOUT`]), and every statement is asked `readonly()` before it runs, so a
+//! rule that would write is refused with a message rather than attempted.
 
 use std::path::Path;
 
-use rusqlite::{Connection, OpenFlags};
+use rusqlite::ErrorCode;
 use serde_json::{Map, Value};
 
 use super::GateError;
 use super::json_checks::{Sink, run_check};
 use super::schema::DbRule;
+use crate::capabilities::sql::{self, GuardedDb, SqlAccess};
 
 /// The database file, relative to the workspace.
 pub const DB_FILE: &str = "db/db.sqlite";
@@ -22,22 +23,19 @@ const MAX_ROWS_READ: u64 = 100_000;
 
 /// Opens the workflow database read-only. `workspace` must already be known to hold
 /// `db/db.sqlite` as a regular file (not a symlink out of the workspace).
-pub(crate) fn open_read_only(workspace: &Path) -> Result<Connection, GateError> {
+pub(crate) fn open_read_only(workspace: &Path) -> Result<GuardedDb, GateError> {
     let path = workspace.join(DB_FILE);
-    let conn = Connection::open_with_flags(
-        &path,
-        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )
-    .map_err(|e| GateError::Db(format!("{DB_FILE} cannot be opened: {e}")))?;
-    conn.execute_batch("PRAGMA query_only = ON;")
-        .map_err(|e| GateError::Db(format!("{DB_FILE} cannot be read: {e}")))?;
-    Ok(conn)
+    sql::open(&path, SqlAccess::ReadOnly, sql::PLAN_SQL_TIMEOUT)
+        .map_err(|e| GateError::Db(format!("{DB_FILE} cannot be opened: {e}")))
 }
 
 /// Runs one db rule, recording its checks in `sink`.
-pub(crate) fn run_rule(conn: &Connection, rule: &DbRule, sink: &mut Sink) -> Result<(), GateError> {
+pub(crate) fn run_rule(db: &GuardedDb, rule: &DbRule, sink: &mut Sink) -> Result<(), GateError> {
     let label = rule.label().to_string();
-    let mut stmt = match conn.prepare(&rule.sql) {
+    sql::refuse_unseen(&rule.sql)
+        .map_err(|e| GateError::Schema(vec![format!("db rule {label:?}: {e}")]))?;
+    db.restart_deadline();
+    let mut stmt = match db.conn().prepare(&rule.sql) {
         Ok(s) => s,
         Err(e) => {
             let msg = e.to_string();
@@ -80,6 +78,12 @@ pub(crate) fn run_rule(conn: &Connection, rule: &DbRule, sink: &mut Sink) -> Res
         let row = match rows.next() {
             Ok(Some(r)) => r,
             Ok(None) => break,
+            Err(e) if e.sqlite_error_code() == Some(ErrorCode::OperationInterrupted) => {
+                return Err(GateError::Db(format!(
+                    "db rule {label:?}: {}",
+                    db.describe(&e)
+                )));
+            }
             Err(e) => {
                 sink.record(
                     "",

@@ -143,6 +143,25 @@ impl ToolError {
         if err.raw_os_error() == Some(ENOTCAPABLE) {
             return outside();
         }
+        if err.kind() == io::ErrorKind::PermissionDenied {
+            // The host refuses FIFOs, sockets and devices before opening them.
+            if std::fs::symlink_metadata(path).is_ok_and(|m| {
+                let kind = m.file_type();
+                !(kind.is_file() || kind.is_dir() || kind.is_symlink())
+            }) {
+                return ToolError::Denied(format!(
+                    "`{path}` is a FIFO, socket or device: only regular files and folders can be opened"
+                ));
+            }
+            // `..` that climbs out of a grant, and a link that points out of it, are refused
+            // with the code of a read-only folder.
+            if path.split('/').any(|part| part == "..") || through_link(path) {
+                return ToolError::Denied(format!(
+                    "`{path}` is outside the folders granted to this call \
+                     (a `..` or a link inside them points outside)"
+                ));
+            }
+        }
         match (err.kind(), access) {
             (io::ErrorKind::NotFound, _) if outside_grants(path) => outside(),
             (io::ErrorKind::NotFound, _) => ToolError::NotFound(format!("`{path}` does not exist")),
@@ -169,6 +188,21 @@ impl ToolError {
             _ => ToolError::Failed(format!("`{path}`: {err}")),
         }
     }
+}
+
+/// Whether `path` or one of its folders is a symbolic link.
+fn through_link(path: &str) -> bool {
+    let mut prefix = String::new();
+    for part in path.split('/').filter(|p| !p.is_empty()) {
+        if !prefix.is_empty() || path.starts_with('/') {
+            prefix.push('/');
+        }
+        prefix.push_str(part);
+        if std::fs::symlink_metadata(&prefix).is_ok_and(|m| m.file_type().is_symlink()) {
+            return true;
+        }
+    }
+    false
 }
 
 /// Whether `path` lies under none of the granted folders. WASI answers "not

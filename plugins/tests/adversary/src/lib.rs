@@ -1,7 +1,8 @@
 //! A tool plugin that tries, one tool per attack, to do what a Trellis plugin must
-//! not: leave its folder grants, write to a read-only grant, read the host's
-//! environment, open sockets, burn CPU or memory, overflow its stack, flood its
-//! outputs, or panic. Host tests call these tools and assert that the sandbox
+//! not: leave its folder grants (links, renames), write to a read-only grant, read the
+//! host's environment, open sockets (TCP, UDP, name lookup), burn CPU, memory, disk or
+//! file descriptors, overflow its stack, flood its outputs, keep state between calls,
+//! or panic. Host tests call these tools and assert that the sandbox
 //! stops each one and that the host keeps serving calls afterwards (`echo`).
 //!
 //! Everything goes through plain `std` with the path exactly as given: no
@@ -10,6 +11,7 @@
 
 use std::hint::black_box;
 use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde_json::{Map, Value, json};
 use trellis_plugin_sdk::db;
@@ -85,7 +87,75 @@ const TOOLS: &[Spec] = &[
         "Runs `sql` as a statement on the workflow database.",
         &[("sql", "string")],
     ),
+    (
+        "symlink",
+        "Creates a symbolic link at `link` pointing to `target`.",
+        &[("target", "string"), ("link", "string")],
+    ),
+    (
+        "hard_link",
+        "Creates a hard link at `to` for the file `from`.",
+        &[("from", "string"), ("to", "string")],
+    ),
+    (
+        "rename",
+        "Renames `from` to `to`.",
+        &[("from", "string"), ("to", "string")],
+    ),
+    (
+        "fill",
+        "Writes `bytes` bytes to the file `path` in 1 MiB chunks.",
+        &[("path", "string"), ("bytes", "integer")],
+    ),
+    (
+        "many_files",
+        "Creates `count` empty files in the folder `dir`; says how many it made.",
+        &[("dir", "string"), ("count", "integer")],
+    ),
+    (
+        "open_many",
+        "Opens the file `path` `count` times, keeping every handle; says how many it opened.",
+        &[("path", "string"), ("count", "integer")],
+    ),
+    (
+        "deep_dirs",
+        "Creates folders nested `depth` deep under `dir`; says how deep it got.",
+        &[("dir", "string"), ("depth", "integer")],
+    ),
+    (
+        "long_name",
+        "Creates a file in `dir` whose name is `length` characters long.",
+        &[("dir", "string"), ("length", "integer")],
+    ),
+    (
+        "udp",
+        "Sends a UDP datagram to `addr` (host:port).",
+        &[("addr", "string")],
+    ),
+    (
+        "resolve",
+        "Looks up the addresses of `host`.",
+        &[("host", "string")],
+    ),
+    (
+        "stdout_flood",
+        "Writes `bytes` bytes to stdout, then returns.",
+        &[("bytes", "integer")],
+    ),
+    (
+        "flood_and_panic",
+        "Writes `bytes` bytes to stderr, then panics.",
+        &[("bytes", "integer")],
+    ),
+    (
+        "counter",
+        "Adds one to a counter kept in the instance's memory and returns it.",
+        &[],
+    ),
 ];
+
+/// State an instance would carry from one call to the next, if instances were reused.
+static CALLS: AtomicU64 = AtomicU64::new(0);
 
 impl ToolPlugin for Adversary {
     fn tools() -> Vec<Tool> {
@@ -159,7 +229,7 @@ impl ToolPlugin for Adversary {
                     Ok(stream) => Ok(
                         json!({ "connected": true, "peer": format!("{:?}", stream.peer_addr()) }),
                     ),
-                    Err(e) => Err(ToolError::Failed(e.to_string())),
+                    Err(e) => Err(failed(e)),
                 }
             }
             "spin" => spin(),
@@ -177,6 +247,75 @@ impl ToolPlugin for Adversary {
             "db_execute" => db::execute(string(&args, "sql")?, &[])
                 .map(|changed| json!({ "changed": changed }))
                 .map_err(db_failure),
+            "symlink" => symlink(string(&args, "target")?, string(&args, "link")?)
+                .map(|()| json!({ "linked": true }))
+                .map_err(failed),
+            "hard_link" => std::fs::hard_link(string(&args, "from")?, string(&args, "to")?)
+                .map(|()| json!({ "linked": true }))
+                .map_err(failed),
+            "rename" => std::fs::rename(string(&args, "from")?, string(&args, "to")?)
+                .map(|()| json!({ "renamed": true }))
+                .map_err(failed),
+            "fill" => fill(string(&args, "path")?, number(&args, "bytes")?),
+            "many_files" => {
+                let dir = string(&args, "dir")?;
+                repeat(number(&args, "count")?, |i| {
+                    std::fs::write(format!("{dir}/f{i}"), b"").map(drop)
+                })
+            }
+            "open_many" => {
+                let path = string(&args, "path")?;
+                let mut handles = Vec::new();
+                repeat(number(&args, "count")?, |_| {
+                    handles.push(std::fs::File::open(path)?);
+                    Ok(())
+                })
+            }
+            "deep_dirs" => {
+                let mut path = string(&args, "dir")?.to_owned();
+                repeat(number(&args, "depth")?, |_| {
+                    path.push_str("/d");
+                    std::fs::create_dir(&path)
+                })
+            }
+            "long_name" => {
+                let length = usize::try_from(number(&args, "length")?).unwrap_or(usize::MAX);
+                let path = format!("{}/{}", string(&args, "dir")?, "n".repeat(length));
+                std::fs::write(&path, b"x")
+                    .map(|()| json!({ "written": length }))
+                    .map_err(failed)
+            }
+            "udp" => {
+                let addr = string(&args, "addr")?;
+                std::net::UdpSocket::bind("0.0.0.0:0")
+                    .and_then(|socket| socket.send_to(b"ping", addr))
+                    .map(|sent| json!({ "sent": sent }))
+                    .map_err(failed)
+            }
+            "resolve" => {
+                use std::net::ToSocketAddrs;
+                (string(&args, "host")?, 80)
+                    .to_socket_addrs()
+                    .map(|addrs| json!(addrs.map(|a| a.to_string()).collect::<Vec<_>>()))
+                    .map_err(failed)
+            }
+            "stdout_flood" => {
+                let chunk = [b'o'; 64 * 1024];
+                let mut stdout = std::io::stdout().lock();
+                let bytes = number(&args, "bytes")?;
+                let mut left = bytes;
+                while left > 0 {
+                    let n = left.min(chunk.len() as u64) as usize;
+                    stdout.write_all(&chunk[..n]).map_err(failed)?;
+                    left -= n as u64;
+                }
+                Ok(json!({ "written": bytes }))
+            }
+            "counter" => Ok(json!(CALLS.fetch_add(1, Ordering::Relaxed) + 1)),
+            "flood_and_panic" => {
+                stderr_flood(number(&args, "bytes")?)?;
+                panic!("after the flood")
+            }
             other => Err(ToolError::UnknownTool(other.to_owned())),
         }
     }
@@ -202,6 +341,51 @@ fn db_failure(err: db::DbError) -> ToolError {
         db::DbError::Sql(message) => format!("sql: {message}"),
         db::DbError::TooLarge(message) => format!("too-large: {message}"),
     })
+}
+
+/// An io error as the tool's failure, its kind first so host tests can match on it.
+fn failed(err: std::io::Error) -> ToolError {
+    ToolError::Failed(format!("{:?}: {err}", err.kind()))
+}
+
+/// Runs `step` `count` times or until it fails; says how many succeeded and the error.
+fn repeat(
+    count: u64,
+    mut step: impl FnMut(u64) -> std::io::Result<()>,
+) -> Result<Value, ToolError> {
+    for i in 0..count {
+        if let Err(err) = step(i) {
+            return Ok(json!({ "done": i, "error": format!("{:?}: {err}", err.kind()) }));
+        }
+    }
+    Ok(json!({ "done": count }))
+}
+
+/// `symlink(2)` of wasi-libc, which std does not expose on stable for WASI targets.
+fn symlink(target: &str, link: &str) -> std::io::Result<()> {
+    use std::ffi::{CString, c_char, c_int};
+    unsafe extern "C" {
+        fn symlink(target: *const c_char, link: *const c_char) -> c_int;
+    }
+    let target = CString::new(target).map_err(std::io::Error::other)?;
+    let link = CString::new(link).map_err(std::io::Error::other)?;
+    // SAFETY: both are valid NUL-terminated strings that outlive the call.
+    match unsafe { symlink(target.as_ptr(), link.as_ptr()) } {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
+}
+
+fn fill(path: &str, bytes: u64) -> Result<Value, ToolError> {
+    let chunk = vec![b'f'; 1 << 20];
+    let mut file = std::fs::File::create(path).map_err(failed)?;
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(chunk.len() as u64) as usize;
+        file.write_all(&chunk[..n]).map_err(failed)?;
+        left -= n as u64;
+    }
+    Ok(json!({ "written": bytes }))
 }
 
 fn spin() -> ! {

@@ -1,0 +1,571 @@
+//! The guest's filesystem: wasmtime-wasi's `wasi:filesystem/types`, with Trellis' own fences
+//! in front of it.
+//!
+//! wasmtime-wasi already confines every path to a preopened folder and enforces read-only
+//! grants. What it does not do, and this layer adds:
+//!
+//! - **No special files.** Opening a FIFO, socket or device is refused before the open: with
+//!   `allow_blocking_current_thread` a blocking open of a FIFO would hold the runtime thread
+//!   past every deadline. (Guests cannot create such files; a workspace may contain them.)
+//! - **No links made by guests.** `symlink-at` and `link-at` are refused: a link inside a
+//!   writable folder that points elsewhere only ever misleads a later reader, and no workflow
+//!   needs one.
+//! - **A disk budget per call** ([`FsBudget`]): bytes written and files or folders created in
+//!   read-write folders, and descriptors open at once. Going over it fails the operation with
+//!   `quota` and is recorded, so the host reports the call as over its limit.
+//!
+//! Everything else is passed through unchanged.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use cap_primitives::fs::FollowSymlinks;
+use wasmtime::component::{HasData, Linker, Resource};
+use wasmtime_wasi::filesystem::{Descriptor, WasiFilesystemCtxView, WasiFilesystemView};
+use wasmtime_wasi::p2::bindings::filesystem::types::{
+    self, ErrorCode, HostDescriptor, HostDirectoryEntryStream,
+};
+use wasmtime_wasi::p2::{
+    DynInputStream, DynOutputStream, FsError, FsResult, OutputStream, Pollable, ReaddirIterator,
+    StreamError, StreamResult,
+};
+
+/// How much one call may add to its read-write folders, and how many descriptors it may hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FsLimits {
+    /// Bytes written (every write counts, overwrites included).
+    pub write_bytes: u64,
+    /// Files and folders created.
+    pub created_entries: u64,
+    /// Files and folders open at once.
+    pub open_descriptors: u64,
+}
+
+impl FsLimits {
+    /// 1 GiB written, 10,000 files and folders created, 256 open at once.
+    pub const DEFAULT: FsLimits = FsLimits {
+        write_bytes: 1 << 30,
+        created_entries: 10_000,
+        open_descriptors: 256,
+    };
+}
+
+impl Default for FsLimits {
+    fn default() -> Self {
+        FsLimits::DEFAULT
+    }
+}
+
+/// Which limit of [`FsLimits`] a call went over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum FsLimitExceeded {
+    /// [`FsLimits::write_bytes`].
+    #[error("wrote more than {0} bytes to its folders (the per-call limit)")]
+    WriteBytes(u64),
+    /// [`FsLimits::created_entries`].
+    #[error("created more than {0} files and folders (the per-call limit)")]
+    CreatedEntries(u64),
+    /// [`FsLimits::open_descriptors`].
+    #[error("held more than {0} files open at once (the per-call limit)")]
+    OpenDescriptors(u64),
+}
+
+/// What one call has used of its [`FsLimits`]; shared with the output streams it opens.
+#[derive(Debug)]
+pub(crate) struct FsBudget {
+    limits: FsLimits,
+    written: AtomicU64,
+    created: AtomicU64,
+    open: AtomicU64,
+    exceeded: Mutex<Option<FsLimitExceeded>>,
+}
+
+impl FsBudget {
+    pub(crate) fn new(limits: FsLimits) -> Arc<Self> {
+        Arc::new(FsBudget {
+            limits,
+            written: AtomicU64::new(0),
+            created: AtomicU64::new(0),
+            open: AtomicU64::new(0),
+            exceeded: Mutex::new(None),
+        })
+    }
+
+    /// The first limit the call went over, if any.
+    pub(crate) fn exceeded(&self) -> Option<FsLimitExceeded> {
+        *self.exceeded.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn over(&self, which: FsLimitExceeded) -> ErrorCode {
+        self.exceeded
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert(which);
+        ErrorCode::Quota
+    }
+
+    /// Takes `n` from `counter` when that stays within `limit`; nothing is taken otherwise.
+    fn take(counter: &AtomicU64, n: u64, limit: u64) -> bool {
+        counter
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
+                used.checked_add(n).filter(|total| *total <= limit)
+            })
+            .is_ok()
+    }
+
+    fn charge_bytes(&self, n: u64) -> Result<(), ErrorCode> {
+        if Self::take(&self.written, n, self.limits.write_bytes) {
+            Ok(())
+        } else {
+            Err(self.over(FsLimitExceeded::WriteBytes(self.limits.write_bytes)))
+        }
+    }
+
+    fn charge_entry(&self) -> Result<(), ErrorCode> {
+        if Self::take(&self.created, 1, self.limits.created_entries) {
+            Ok(())
+        } else {
+            Err(self.over(FsLimitExceeded::CreatedEntries(self.limits.created_entries)))
+        }
+    }
+
+    fn open_descriptor(&self) -> Result<(), ErrorCode> {
+        if Self::take(&self.open, 1, self.limits.open_descriptors) {
+            Ok(())
+        } else {
+            Err(self.over(FsLimitExceeded::OpenDescriptors(
+                self.limits.open_descriptors,
+            )))
+        }
+    }
+
+    fn close_descriptor(&self) {
+        let _ = self
+            .open
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+    }
+}
+
+/// A store whose guests get the fenced filesystem.
+pub(crate) trait GuardedFsView: WasiFilesystemView {
+    fn fs_budget(&self) -> &Arc<FsBudget>;
+}
+
+/// Adds the WASI interfaces (`wasi:cli/imports`) to `linker`, with `wasi:filesystem/types`
+/// replaced by the fenced one of this module.
+pub(crate) fn add_wasi_to_linker<T: GuardedFsView + wasmtime_wasi::WasiView + 'static>(
+    linker: &mut Linker<T>,
+) -> anyhow::Result<()> {
+    wasmtime_wasi::p2::add_to_linker_async(linker)?;
+    linker.allow_shadowing(true);
+    let added = types::add_to_linker::<T, GuardedFsData>(linker, |state| {
+        let budget = state.fs_budget().clone();
+        GuardedFs {
+            fs: state.filesystem(),
+            budget,
+        }
+    });
+    linker.allow_shadowing(false);
+    Ok(added?)
+}
+
+struct GuardedFsData;
+
+impl HasData for GuardedFsData {
+    type Data<'a> = GuardedFs<'a>;
+}
+
+/// The fenced view handed to `wasi:filesystem/types` calls.
+pub(crate) struct GuardedFs<'a> {
+    fs: WasiFilesystemCtxView<'a>,
+    budget: Arc<FsBudget>,
+}
+
+impl GuardedFs<'_> {
+    /// Whether `fd` is a file or folder the guest may write to.
+    fn writable(&mut self, fd: &Resource<Descriptor>) -> bool {
+        match self.fs.table.get(fd) {
+            Ok(Descriptor::File(f)) => !f.perms.write_not_permitted(),
+            Ok(Descriptor::Dir(d)) => !d.perms.write_not_permitted(),
+            Err(_) => false,
+        }
+    }
+
+    /// Wraps the output stream `stream` so that what goes through it is charged.
+    fn counted(
+        &mut self,
+        stream: Resource<DynOutputStream>,
+    ) -> FsResult<Resource<DynOutputStream>> {
+        let inner = self.fs.table.delete(stream)?;
+        let counted: DynOutputStream = Box::new(CountedStream {
+            inner,
+            budget: self.budget.clone(),
+        });
+        Ok(self.fs.table.push(counted)?)
+    }
+}
+
+impl types::Host for GuardedFs<'_> {
+    fn convert_error_code(&mut self, err: FsError) -> wasmtime::Result<ErrorCode> {
+        types::Host::convert_error_code(&mut self.fs, err)
+    }
+
+    fn filesystem_error_code(
+        &mut self,
+        err: Resource<wasmtime::Error>,
+    ) -> wasmtime::Result<Option<ErrorCode>> {
+        types::Host::filesystem_error_code(&mut self.fs, err)
+    }
+}
+
+impl HostDirectoryEntryStream for GuardedFs<'_> {
+    async fn read_directory_entry(
+        &mut self,
+        stream: Resource<ReaddirIterator>,
+    ) -> FsResult<Option<types::DirectoryEntry>> {
+        HostDirectoryEntryStream::read_directory_entry(&mut self.fs, stream).await
+    }
+
+    fn drop(&mut self, stream: Resource<ReaddirIterator>) -> wasmtime::Result<()> {
+        HostDirectoryEntryStream::drop(&mut self.fs, stream)
+    }
+}
+
+impl HostDescriptor for GuardedFs<'_> {
+    async fn advise(
+        &mut self,
+        fd: Resource<Descriptor>,
+        offset: types::Filesize,
+        len: types::Filesize,
+        advice: types::Advice,
+    ) -> FsResult<()> {
+        HostDescriptor::advise(&mut self.fs, fd, offset, len, advice).await
+    }
+
+    async fn sync_data(&mut self, fd: Resource<Descriptor>) -> FsResult<()> {
+        HostDescriptor::sync_data(&mut self.fs, fd).await
+    }
+
+    async fn get_flags(&mut self, fd: Resource<Descriptor>) -> FsResult<types::DescriptorFlags> {
+        HostDescriptor::get_flags(&mut self.fs, fd).await
+    }
+
+    async fn get_type(&mut self, fd: Resource<Descriptor>) -> FsResult<types::DescriptorType> {
+        HostDescriptor::get_type(&mut self.fs, fd).await
+    }
+
+    async fn set_size(&mut self, fd: Resource<Descriptor>, size: types::Filesize) -> FsResult<()> {
+        // Growing a file is writing to it, as far as the budget goes.
+        if let Descriptor::File(f) = self.fs.table.get(&fd)?
+            && !f.perms.write_not_permitted()
+        {
+            let current = f.file.metadata().map(|m| m.len()).unwrap_or(0);
+            self.budget
+                .charge_bytes(size.saturating_sub(current))
+                .map_err(FsError::from)?;
+        }
+        HostDescriptor::set_size(&mut self.fs, fd, size).await
+    }
+
+    async fn set_times(
+        &mut self,
+        fd: Resource<Descriptor>,
+        atim: types::NewTimestamp,
+        mtim: types::NewTimestamp,
+    ) -> FsResult<()> {
+        HostDescriptor::set_times(&mut self.fs, fd, atim, mtim).await
+    }
+
+    async fn read(
+        &mut self,
+        fd: Resource<Descriptor>,
+        len: types::Filesize,
+        offset: types::Filesize,
+    ) -> FsResult<(Vec<u8>, bool)> {
+        HostDescriptor::read(&mut self.fs, fd, len, offset).await
+    }
+
+    async fn write(
+        &mut self,
+        fd: Resource<Descriptor>,
+        buf: Vec<u8>,
+        offset: types::Filesize,
+    ) -> FsResult<types::Filesize> {
+        if self.writable(&fd) {
+            self.budget.charge_bytes(buf.len() as u64)?;
+        }
+        HostDescriptor::write(&mut self.fs, fd, buf, offset).await
+    }
+
+    async fn read_directory(
+        &mut self,
+        fd: Resource<Descriptor>,
+    ) -> FsResult<Resource<types::DirectoryEntryStream>> {
+        HostDescriptor::read_directory(&mut self.fs, fd).await
+    }
+
+    async fn sync(&mut self, fd: Resource<Descriptor>) -> FsResult<()> {
+        HostDescriptor::sync(&mut self.fs, fd).await
+    }
+
+    async fn create_directory_at(
+        &mut self,
+        fd: Resource<Descriptor>,
+        path: String,
+    ) -> FsResult<()> {
+        if self.writable(&fd) {
+            self.budget.charge_entry()?;
+        }
+        HostDescriptor::create_directory_at(&mut self.fs, fd, path).await
+    }
+
+    async fn stat(&mut self, fd: Resource<Descriptor>) -> FsResult<types::DescriptorStat> {
+        HostDescriptor::stat(&mut self.fs, fd).await
+    }
+
+    async fn stat_at(
+        &mut self,
+        fd: Resource<Descriptor>,
+        path_flags: types::PathFlags,
+        path: String,
+    ) -> FsResult<types::DescriptorStat> {
+        HostDescriptor::stat_at(&mut self.fs, fd, path_flags, path).await
+    }
+
+    async fn set_times_at(
+        &mut self,
+        fd: Resource<Descriptor>,
+        path_flags: types::PathFlags,
+        path: String,
+        atim: types::NewTimestamp,
+        mtim: types::NewTimestamp,
+    ) -> FsResult<()> {
+        HostDescriptor::set_times_at(&mut self.fs, fd, path_flags, path, atim, mtim).await
+    }
+
+    async fn link_at(
+        &mut self,
+        _fd: Resource<Descriptor>,
+        _old_path_flags: types::PathFlags,
+        _old_path: String,
+        _new_descriptor: Resource<Descriptor>,
+        _new_path: String,
+    ) -> FsResult<()> {
+        Err(ErrorCode::NotPermitted.into())
+    }
+
+    async fn open_at(
+        &mut self,
+        fd: Resource<Descriptor>,
+        path_flags: types::PathFlags,
+        path: String,
+        oflags: types::OpenFlags,
+        flags: types::DescriptorFlags,
+    ) -> FsResult<Resource<Descriptor>> {
+        if let Descriptor::Dir(dir) = self.fs.table.get(&fd)? {
+            let follow = if path_flags.contains(types::PathFlags::SYMLINK_FOLLOW) {
+                FollowSymlinks::Yes
+            } else {
+                FollowSymlinks::No
+            };
+            // The stat goes through the same capability resolution as the open: it cannot
+            // look outside the folder either.
+            match cap_primitives::fs::stat(&dir.dir, Path::new(&path), follow) {
+                Ok(meta) => {
+                    let kind = meta.file_type();
+                    if !(kind.is_file() || kind.is_dir() || kind.is_symlink()) {
+                        return Err(ErrorCode::Access.into());
+                    }
+                }
+                Err(err)
+                    if err.kind() == std::io::ErrorKind::NotFound
+                        && oflags.contains(types::OpenFlags::CREATE)
+                        && !dir.perms.write_not_permitted() =>
+                {
+                    self.budget.charge_entry()?;
+                }
+                // Anything else is for the open itself to report.
+                Err(_) => {}
+            }
+        }
+        self.budget.open_descriptor()?;
+        let opened =
+            HostDescriptor::open_at(&mut self.fs, fd, path_flags, path, oflags, flags).await;
+        if opened.is_err() {
+            self.budget.close_descriptor();
+        }
+        opened
+    }
+
+    fn drop(&mut self, fd: Resource<Descriptor>) -> wasmtime::Result<()> {
+        // Preopens are dropped too, without having been counted: the count never goes below 0.
+        self.budget.close_descriptor();
+        HostDescriptor::drop(&mut self.fs, fd)
+    }
+
+    async fn readlink_at(&mut self, fd: Resource<Descriptor>, path: String) -> FsResult<String> {
+        HostDescriptor::readlink_at(&mut self.fs, fd, path).await
+    }
+
+    async fn remove_directory_at(
+        &mut self,
+        fd: Resource<Descriptor>,
+        path: String,
+    ) -> FsResult<()> {
+        HostDescriptor::remove_directory_at(&mut self.fs, fd, path).await
+    }
+
+    async fn rename_at(
+        &mut self,
+        fd: Resource<Descriptor>,
+        old_path: String,
+        new_fd: Resource<Descriptor>,
+        new_path: String,
+    ) -> FsResult<()> {
+        HostDescriptor::rename_at(&mut self.fs, fd, old_path, new_fd, new_path).await
+    }
+
+    async fn symlink_at(
+        &mut self,
+        _fd: Resource<Descriptor>,
+        _src_path: String,
+        _dest_path: String,
+    ) -> FsResult<()> {
+        Err(ErrorCode::NotPermitted.into())
+    }
+
+    async fn unlink_file_at(&mut self, fd: Resource<Descriptor>, path: String) -> FsResult<()> {
+        HostDescriptor::unlink_file_at(&mut self.fs, fd, path).await
+    }
+
+    fn read_via_stream(
+        &mut self,
+        fd: Resource<Descriptor>,
+        offset: types::Filesize,
+    ) -> FsResult<Resource<DynInputStream>> {
+        HostDescriptor::read_via_stream(&mut self.fs, fd, offset)
+    }
+
+    fn write_via_stream(
+        &mut self,
+        fd: Resource<Descriptor>,
+        offset: types::Filesize,
+    ) -> FsResult<Resource<DynOutputStream>> {
+        let stream = HostDescriptor::write_via_stream(&mut self.fs, fd, offset)?;
+        self.counted(stream)
+    }
+
+    fn append_via_stream(
+        &mut self,
+        fd: Resource<Descriptor>,
+    ) -> FsResult<Resource<DynOutputStream>> {
+        let stream = HostDescriptor::append_via_stream(&mut self.fs, fd)?;
+        self.counted(stream)
+    }
+
+    async fn is_same_object(
+        &mut self,
+        a: Resource<Descriptor>,
+        b: Resource<Descriptor>,
+    ) -> wasmtime::Result<bool> {
+        HostDescriptor::is_same_object(&mut self.fs, a, b).await
+    }
+
+    async fn metadata_hash(
+        &mut self,
+        fd: Resource<Descriptor>,
+    ) -> FsResult<types::MetadataHashValue> {
+        HostDescriptor::metadata_hash(&mut self.fs, fd).await
+    }
+
+    async fn metadata_hash_at(
+        &mut self,
+        fd: Resource<Descriptor>,
+        path_flags: types::PathFlags,
+        path: String,
+    ) -> FsResult<types::MetadataHashValue> {
+        HostDescriptor::metadata_hash_at(&mut self.fs, fd, path_flags, path).await
+    }
+}
+
+/// A file's output stream whose writes are charged to the call's budget.
+struct CountedStream {
+    inner: DynOutputStream,
+    budget: Arc<FsBudget>,
+}
+
+impl CountedStream {
+    fn charge(&self, n: usize) -> StreamResult<()> {
+        self.budget.charge_bytes(n as u64).map_err(|_| {
+            StreamError::LastOperationFailed(std::io::Error::from_raw_os_error(libc::EDQUOT).into())
+        })
+    }
+}
+
+#[wasmtime_wasi::async_trait]
+impl Pollable for CountedStream {
+    async fn ready(&mut self) {
+        self.inner.ready().await
+    }
+}
+
+#[wasmtime_wasi::async_trait]
+impl OutputStream for CountedStream {
+    fn write(&mut self, bytes: Bytes) -> StreamResult<()> {
+        self.charge(bytes.len())?;
+        self.inner.write(bytes)
+    }
+
+    fn flush(&mut self) -> StreamResult<()> {
+        self.inner.flush()
+    }
+
+    fn check_write(&mut self) -> StreamResult<usize> {
+        self.inner.check_write()
+    }
+
+    fn write_zeroes(&mut self, nelem: usize) -> StreamResult<()> {
+        self.charge(nelem)?;
+        self.inner.write_zeroes(nelem)
+    }
+
+    async fn cancel(&mut self) {
+        self.inner.cancel().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_budget_takes_nothing_past_a_limit_and_remembers_the_first() {
+        let budget = FsBudget::new(FsLimits {
+            write_bytes: 10,
+            created_entries: 1,
+            open_descriptors: 1,
+        });
+        budget.charge_bytes(6).unwrap();
+        assert_eq!(budget.charge_bytes(5), Err(ErrorCode::Quota));
+        budget.charge_bytes(4).unwrap();
+        assert_eq!(budget.exceeded(), Some(FsLimitExceeded::WriteBytes(10)));
+
+        budget.charge_entry().unwrap();
+        assert_eq!(budget.charge_entry(), Err(ErrorCode::Quota));
+        budget.open_descriptor().unwrap();
+        assert_eq!(budget.open_descriptor(), Err(ErrorCode::Quota));
+        budget.close_descriptor();
+        budget.open_descriptor().unwrap();
+        budget.close_descriptor();
+        budget.close_descriptor();
+        budget.close_descriptor();
+        assert_eq!(budget.open.load(Ordering::Relaxed), 0);
+        assert_eq!(
+            budget.exceeded(),
+            Some(FsLimitExceeded::WriteBytes(10)),
+            "the first limit hit is the one reported"
+        );
+    }
+}

@@ -1,0 +1,313 @@
+//! The workflow database as guests and plans reach it.
+//!
+//! Every connection the host opens on behalf of a guest (`workflow-db`, a script's
+//! `trellis_db`) or a plan (foreach `source_sql`, the gate's db rules) comes from [`open`], so
+//! every one carries the same fences:
+//!
+//! - an authorizer that denies `ATTACH`, `DETACH`, `load_extension` and every pragma outside a
+//!   short read-only list (a pragma could move temp files or change the journal), with
+//!   `SQLITE_LIMIT_ATTACHED = 0` behind it so that no statement, `VACUUM INTO` included, can
+//!   open a second file; `VACUUM` is refused before it is prepared;
+//! - a progress handler that interrupts a statement once the deadline has passed, so a runaway
+//!   query ends with its call instead of holding the thread;
+//! - bounded value and statement sizes, an in-memory temp store, and a process-wide heap ceiling
+//!   for SQLite as a whole.
+//!
+//! The read-only open flag and the statement read-only check of the callers stay as a second
+//! layer.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex, Once};
+use std::time::{Duration, Instant};
+
+use rusqlite::hooks::{AuthAction, AuthContext, Authorization};
+use rusqlite::limits::Limit;
+use rusqlite::{Connection, ErrorCode, OpenFlags};
+
+/// How long one foreach `source_sql` or gate db rule may run.
+pub const PLAN_SQL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Largest string or blob a statement may build, in bytes.
+const MAX_VALUE_BYTES: i32 = 16 << 20;
+/// Largest SQL text, in bytes.
+const MAX_SQL_BYTES: i32 = 1 << 20;
+/// Ceiling on the memory SQLite may hold across the whole process.
+const HEAP_CEILING_BYTES: i64 = 1 << 30;
+/// Virtual-machine steps between two deadline checks.
+const PROGRESS_STEPS: i32 = 1_000;
+
+/// Pragmas that only read the schema: the ones a query may use to describe tables.
+const READ_PRAGMAS: &[&str] = &[
+    "table_info",
+    "table_xinfo",
+    "table_list",
+    "index_list",
+    "index_info",
+    "index_xinfo",
+    "foreign_key_list",
+];
+
+/// Whether the connection may modify the database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SqlAccess {
+    /// Opened `SQLITE_OPEN_READ_ONLY` with `query_only` on.
+    ReadOnly,
+    /// Opened read-write, created when missing.
+    ReadWrite,
+}
+
+/// A fenced connection and the deadline its statements run under.
+#[derive(Debug)]
+pub struct GuardedDb {
+    conn: Connection,
+    deadline: Arc<Mutex<Instant>>,
+    timeout: Duration,
+}
+
+/// What the message of an interrupted statement says, so callers can tell it from other errors.
+pub const DEADLINE_MESSAGE: &str = "the statement ran past its deadline and was stopped";
+
+impl GuardedDb {
+    /// The connection.
+    pub fn conn(&self) -> &Connection {
+        &self.conn
+    }
+
+    /// Moves the deadline to `timeout` from now (for a connection that serves several
+    /// statements, each with a budget of its own).
+    pub fn restart_deadline(&self) {
+        *self.deadline.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now() + self.timeout;
+    }
+
+    /// Turns an error of this connection into a message, naming the deadline when it fired.
+    pub fn describe(&self, err: &rusqlite::Error) -> String {
+        describe(err, self.timeout)
+    }
+}
+
+/// The message of `err`; an interruption by the deadline says so, with the time allowed.
+pub fn describe(err: &rusqlite::Error, timeout: Duration) -> String {
+    match err.sqlite_error_code() {
+        Some(ErrorCode::OperationInterrupted) => {
+            format!(
+                "{DEADLINE_MESSAGE} ({})",
+                humantime::format_duration(timeout)
+            )
+        }
+        _ => err.to_string(),
+    }
+}
+
+/// Opens the database at `path` with the fences of this module; statements must finish within
+/// `timeout` of now (see [`GuardedDb::restart_deadline`]).
+pub fn open(path: &Path, access: SqlAccess, timeout: Duration) -> rusqlite::Result<GuardedDb> {
+    static HEAP_CEILING: Once = Once::new();
+    HEAP_CEILING.call_once(|| {
+        // SAFETY: a plain setter of a process-wide SQLite setting; any thread may call it.
+        unsafe {
+            rusqlite::ffi::sqlite3_hard_heap_limit64(HEAP_CEILING_BYTES);
+        }
+    });
+    let flags = match access {
+        SqlAccess::ReadOnly => OpenFlags::SQLITE_OPEN_READ_ONLY,
+        SqlAccess::ReadWrite => OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE,
+    } | OpenFlags::SQLITE_OPEN_NO_MUTEX
+        // A link at the database's path (a dangling one a guest planted, say) is refused
+        // rather than followed out of the workspace.
+        | OpenFlags::SQLITE_OPEN_NOFOLLOW;
+    let mut conn = Connection::open_with_flags(path, flags)?;
+    conn.set_limit(Limit::SQLITE_LIMIT_ATTACHED, 0)?;
+    conn.set_limit(Limit::SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)?;
+    conn.set_limit(Limit::SQLITE_LIMIT_SQL_LENGTH, MAX_SQL_BYTES)?;
+    conn.execute_batch("PRAGMA temp_store = MEMORY; PRAGMA trusted_schema = OFF;")?;
+    if access == SqlAccess::ReadOnly {
+        conn.execute_batch("PRAGMA query_only = ON;")?;
+    }
+    conn.authorizer(Some(authorize))?;
+    let deadline = Arc::new(Mutex::new(Instant::now() + timeout));
+    let watched = deadline.clone();
+    conn.progress_handler(
+        PROGRESS_STEPS,
+        Some(move || Instant::now() >= *watched.lock().unwrap_or_else(|e| e.into_inner())),
+    )?;
+    Ok(GuardedDb {
+        conn,
+        deadline,
+        timeout,
+    })
+}
+
+/// Refuses statements the authorizer never sees: `VACUUM` (whose `INTO` form writes a new
+/// file). Returns the message to give the caller.
+pub fn refuse_unseen(sql: &str) -> Result<(), String> {
+    let first = first_keyword(sql);
+    if first.eq_ignore_ascii_case("vacuum") {
+        return Err("VACUUM is not allowed on the workflow database".into());
+    }
+    Ok(())
+}
+
+/// The first word of `sql`, past whitespace and comments.
+fn first_keyword(sql: &str) -> &str {
+    let mut rest = sql;
+    loop {
+        rest = rest.trim_start_matches(|c: char| c.is_whitespace() || c == ';');
+        if let Some(after) = rest.strip_prefix("--") {
+            rest = after.split_once('\n').map_or("", |(_, r)| r);
+        } else if let Some(after) = rest.strip_prefix("/*") {
+            rest = after.split_once("*/").map_or("", |(_, r)| r);
+        } else {
+            break;
+        }
+    }
+    let end = rest
+        .find(|c: char| !c.is_ascii_alphanumeric() && c != '_')
+        .unwrap_or(rest.len());
+    &rest[..end]
+}
+
+fn authorize(ctx: AuthContext<'_>) -> Authorization {
+    match ctx.action {
+        AuthAction::Attach { .. } | AuthAction::Detach { .. } => Authorization::Deny,
+        AuthAction::Pragma { pragma_name, .. } => {
+            if READ_PRAGMAS
+                .iter()
+                .any(|p| p.eq_ignore_ascii_case(pragma_name))
+            {
+                Authorization::Allow
+            } else {
+                Authorization::Deny
+            }
+        }
+        AuthAction::Function { function_name }
+            if function_name.eq_ignore_ascii_case("load_extension") =>
+        {
+            Authorization::Deny
+        }
+        _ => Authorization::Allow,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn db(dir: &Path) -> std::path::PathBuf {
+        let path = dir.join("db.sqlite");
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch("CREATE TABLE t(x); INSERT INTO t VALUES (1);")
+            .unwrap();
+        path
+    }
+
+    #[test]
+    fn attach_is_refused_and_creates_no_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = db(dir.path());
+        let evil = dir.path().join("evil.db");
+        for access in [SqlAccess::ReadOnly, SqlAccess::ReadWrite] {
+            let db = open(&path, access, Duration::from_secs(5)).unwrap();
+            let sql = format!("ATTACH DATABASE '{}' AS e", evil.display());
+            let err = db.conn().execute_batch(&sql).unwrap_err();
+            assert!(err.to_string().contains("not authorized"), "{err}");
+            assert!(!evil.exists());
+        }
+    }
+
+    #[test]
+    fn vacuum_into_cannot_write_a_file_even_past_the_text_check() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = db(dir.path());
+        let out = dir.path().join("copy.db");
+        let sql = format!("VACUUM INTO '{}'", out.display());
+        assert_eq!(
+            refuse_unseen(&format!("  /* c */ -- x\n {sql}")).unwrap_err(),
+            "VACUUM is not allowed on the workflow database"
+        );
+        let db = open(&path, SqlAccess::ReadWrite, Duration::from_secs(5)).unwrap();
+        assert!(db.conn().execute_batch(&sql).is_err());
+        assert!(!out.exists());
+    }
+
+    #[test]
+    fn only_schema_pragmas_and_no_extensions() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = open(
+            &db(dir.path()),
+            SqlAccess::ReadWrite,
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        let conn = db.conn();
+        let n: i64 = conn
+            .query_row("SELECT count(*) FROM pragma_table_info('t')", [], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        assert_eq!(n, 1);
+        conn.execute_batch("PRAGMA table_info(t)").unwrap();
+        for sql in [
+            "PRAGMA temp_store_directory = '/tmp'",
+            "PRAGMA journal_mode = OFF",
+            "PRAGMA query_only = OFF",
+            "SELECT load_extension('/tmp/x.so')",
+        ] {
+            let err = conn.execute_batch(sql).unwrap_err();
+            assert!(err.to_string().contains("not authorized"), "{sql}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_runaway_query_is_stopped_at_the_deadline() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = open(
+            &db(dir.path()),
+            SqlAccess::ReadOnly,
+            Duration::from_millis(200),
+        )
+        .unwrap();
+        let err = db
+            .conn()
+            .query_row(
+                "WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM c) \
+                 SELECT count(*) FROM c",
+                [],
+                |r| r.get::<_, i64>(0),
+            )
+            .unwrap_err();
+        assert_eq!(
+            db.describe(&err),
+            format!("{DEADLINE_MESSAGE} (200ms)"),
+            "{err}"
+        );
+        // A fresh budget lets the next statement run.
+        db.restart_deadline();
+        let one: i64 = db.conn().query_row("SELECT 1", [], |r| r.get(0)).unwrap();
+        assert_eq!(one, 1);
+    }
+
+    #[test]
+    fn values_cannot_grow_past_the_length_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = open(
+            &db(dir.path()),
+            SqlAccess::ReadOnly,
+            Duration::from_secs(30),
+        )
+        .unwrap();
+        let err = db
+            .conn()
+            .query_row("SELECT length(zeroblob(100000000))", [], |r| {
+                r.get::<_, i64>(0)
+            })
+            .unwrap_err();
+        assert!(err.to_string().contains("too big"), "{err}");
+    }
+
+    #[test]
+    fn first_keyword_skips_comments() {
+        assert_eq!(first_keyword("-- a\n/* b */ vacuum"), "vacuum");
+        assert_eq!(first_keyword(";; SELECT 1"), "SELECT");
+        assert_eq!(first_keyword(""), "");
+    }
+}
