@@ -126,7 +126,9 @@ enum Command {
     /// none is an error before anything runs. The `replay` provider answers from
     /// `<workspace>/cassettes/<model_id>.json`; others reach the provider's `base_url` in
     /// workflow.json (else $OPENAI_BASE_URL) with the key from its `api_key_env` (else
-    /// $OPENAI_API_KEY). A workspace may ship `db/seed.sql` instead of a binary database:
+    /// $OPENAI_API_KEY). A key goes only to origins the operator approved for its variable
+    /// (OPENAI_API_KEY: the OpenAI API and $OPENAI_BASE_URL; more with --allow-key or the
+    /// user config file, see docs/configuration.md). A workspace may ship `db/seed.sql` instead of a binary database:
     /// `db/db.sqlite` is created from it when missing.
     ///
     /// A scripted step (`declared_execution_mode: "scripted"`) runs `code/<step>/main.py`
@@ -163,6 +165,11 @@ enum Command {
         /// `<workspace>/cassettes/NAME.json` and replay the run with `--llm replay:NAME`.
         #[arg(long, value_name = "FILE")]
         record: Option<PathBuf>,
+        /// Let the key in environment variable VAR go to ORIGIN (`scheme://host[:port]`)
+        /// when the workspace asks for it (repeatable). Also in
+        /// $XDG_CONFIG_HOME/trellis/config.toml (else ~/.config/trellis/config.toml).
+        #[arg(long = "allow-key", value_name = "VAR=ORIGIN")]
+        allow_keys: Vec<String>,
         /// The answer of a human_input step, by its variable_name (repeatable).
         #[arg(long = "input", value_name = "NAME=VALUE")]
         inputs: Vec<String>,
@@ -421,6 +428,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             group,
             llm,
             record,
+            allow_keys,
             inputs,
             quiet,
             plugins,
@@ -431,6 +439,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 group,
                 llm,
                 record,
+                allow_keys,
                 inputs,
                 quiet,
             };
@@ -598,6 +607,7 @@ struct RunArgs {
     group: Option<String>,
     llm: Option<String>,
     record: Option<PathBuf>,
+    allow_keys: Vec<String>,
     inputs: Vec<String>,
     quiet: bool,
 }
@@ -626,7 +636,14 @@ async fn run_workflow(
         opts.inputs.insert(name.to_string(), value.to_string());
     }
     let override_llm = args.llm.as_deref().map(parse_llm_spec).transpose()?;
-    let mut llm = LlmSetup::new(override_llm.clone());
+    let mut approvals = trellis_host::llm::KeyApprovals::defaults();
+    if let Some(config) = trellis_host::llm::KeyApprovals::user_config_path() {
+        approvals.load_config(&config)?;
+    }
+    for spec in &args.allow_keys {
+        approvals.allow_spec(spec)?;
+    }
+    let mut llm = LlmSetup::new(override_llm.clone()).with_approvals(approvals);
     if let Some(file) = &args.record {
         anyhow::ensure!(
             override_llm

@@ -651,6 +651,7 @@ impl PluginRegistry {
                     message,
                 })?;
         let refused = policy.refused();
+        let limited = policy.limited();
         let allowed = policy.allowed().map(|o| o.to_string());
         let call_limits = Limits {
             timeout: limits.timeout + LLM_CALL_GRACE,
@@ -683,7 +684,8 @@ impl PluginRegistry {
         };
         match outcome {
             Ok(Ok(response)) => {
-                let response = llm::wit::response(response);
+                // A server may echo the credentials it got: nothing returned keeps them.
+                let response = llm::wit::response(response).redacted(secret);
                 let size = response.text.len()
                     + response
                         .tool_calls
@@ -709,15 +711,21 @@ impl PluginRegistry {
                         "the host refused the request to {}: this provider may reach {only}",
                         refused.join(", ")
                     ));
+                } else if let Some(limit) =
+                    limited.lock().unwrap_or_else(|e| e.into_inner()).clone()
+                {
+                    error = LlmError::Transport(format!("the host stopped the call: {limit}"));
                 }
-                Err(provider_error(error))
+                Err(provider_error(error.redacted(secret)))
             }
             Err(CallFailure::Timeout(_)) => Err(provider_error(LlmError::Timeout)),
             Err(failure) => Err(LlmCallError::Crashed {
                 provider: provider.to_string(),
-                message: failure
-                    .into_error(format!("llm `{provider}`"), &call_limits)
-                    .to_string(),
+                message: secret.redact(
+                    &failure
+                        .into_error(format!("llm `{provider}`"), &call_limits)
+                        .to_string(),
+                ),
             }),
         }
     }

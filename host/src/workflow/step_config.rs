@@ -525,10 +525,26 @@ fn opt_enum<T: Copy>(
     enum_value(ctx, &obj.path().key(key), &s, allowed)
 }
 
+/// A `replay` model id names a cassette file of the workspace: one plain name.
+pub(super) fn check_replay_id(
+    ctx: &mut Ctx,
+    obj: &Obj,
+    provider: Option<&str>,
+    model_id: Option<&str>,
+) {
+    if provider == Some("replay")
+        && let Some(id) = model_id
+        && let Err(problem) = crate::llm::record::check_replay_model_id(id)
+    {
+        ctx.error(&obj.path().key("model_id"), problem);
+    }
+}
+
 fn parse_llm_ref(ctx: &mut Ctx, value: &Value, path: JsonPath) -> Option<LlmRef> {
     let mut obj = Obj::new(ctx, value, path, "a model choice")?;
     let provider = obj.req_str(ctx, "provider", "the LLM provider id");
     let model_id = obj.req_str(ctx, "model_id", "the provider's model id");
+    check_replay_id(ctx, &obj, provider.as_deref(), model_id.as_deref());
     let options = obj.object(ctx, "options");
     obj.finish(ctx);
     Some(LlmRef {
@@ -549,6 +565,7 @@ fn parse_execution_llm(ctx: &mut Ctx, value: &Value, path: JsonPath) -> Option<E
             obj.req_str(ctx, "model_id", "the provider's model id"),
         )
     };
+    check_replay_id(ctx, &obj, provider.as_deref(), model_id.as_deref());
     let options = obj.object(ctx, "options");
     let fallbacks = obj
         .list(ctx, "fallbacks", parse_llm_ref)
