@@ -445,11 +445,15 @@ fn build(ctx: &TurnContext<'_>, access: TurnAccess, folders: &AgentFolders) -> R
             "database files (query through the db tools)",
         )?;
         let db_host = resolve_in_root(ctx.root, "db")?.join("db.sqlite");
-        // SQLite follows a symbolic link: one leading out of the workspace is refused.
-        if let Ok(target) = db_host.canonicalize()
-            && !target.starts_with(ctx.root.canonicalize()?)
-        {
-            bail!("{DB_FILE} leads out of the workspace through a symbolic link");
+        // SQLite opens by path and follows links: the database must be a regular file, or
+        // nothing yet (SQLite then creates a regular file, refusing a link planted since:
+        // SQLITE_OPEN_NOFOLLOW).
+        match crate::store::WorkspaceFs::open(ctx.root)?.kind(DB_FILE)? {
+            None | Some(crate::store::Kind::File) => {}
+            Some(crate::store::Kind::Link) => {
+                bail!("{}", crate::store::workspace_fs::link_error(Path::new(DB_FILE)))
+            }
+            Some(_) => bail!("{DB_FILE} is not a regular file"),
         }
         b.grant = std::mem::take(&mut b.grant).with_db(db_host, access.db_write);
         db_writable = Some(access.db_write);
@@ -1005,7 +1009,7 @@ mod tests {
             ("runs/iteration-0", "execution/"),
             ("runs/iteration-0/planning", "execution/"),
             ("escape", ""),
-            ("alias", "never visible"),
+            ("alias", "symbolic link"),
             ("missing/folder", "does not exist"),
         ] {
             let s = step(&[bad]);

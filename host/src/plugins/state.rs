@@ -75,7 +75,8 @@ impl CallState {
                 OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE
             } else {
                 OpenFlags::SQLITE_OPEN_READ_ONLY
-            } | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+            } | OpenFlags::SQLITE_OPEN_NO_MUTEX
+                | OpenFlags::SQLITE_OPEN_NOFOLLOW;
             let conn = rusqlite::Connection::open_with_flags(&grant.path, flags)
                 .map_err(|e| workflow_db::DbError::Sql(format!("opening the workflow db: {e}")))?;
             self.db_conn = Some(conn);

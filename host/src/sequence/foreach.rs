@@ -54,7 +54,9 @@ pub fn query_rows(
     }
     let conn = Connection::open_with_flags(
         db_path,
-        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        OpenFlags::SQLITE_OPEN_READ_ONLY
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX
+            | OpenFlags::SQLITE_OPEN_NOFOLLOW,
     )
     .with_context(|| format!("{}: opening {}", ctx(), db_path.display()))?;
     conn.execute_batch("PRAGMA query_only = ON;")

@@ -26,7 +26,9 @@ pub(crate) fn open_read_only(workspace: &Path) -> Result<Connection, GateError> 
     let path = workspace.join(DB_FILE);
     let conn = Connection::open_with_flags(
         &path,
-        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        OpenFlags::SQLITE_OPEN_READ_ONLY
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX
+            | OpenFlags::SQLITE_OPEN_NOFOLLOW,
     )
     .map_err(|e| GateError::Db(format!("{DB_FILE} cannot be opened: {e}")))?;
     conn.execute_batch("PRAGMA query_only = ON;")

@@ -1,0 +1,410 @@
+//! The host's own file handling, through the binary: links planted in a workspace (by its
+//! author or by a guest) and FIFOs must neither lead the host outside the workspace nor hang
+//! it. Every test hashes a folder outside the workspace before and after, asserts the clear
+//! refusal, and runs `trellis` with a bound so a hang fails the test instead of blocking it.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use support::tree_digest;
+use support::workspace::write_file;
+
+const STEP: &str = "fetch";
+
+/// Far longer than any of these commands takes; only a hang reaches it.
+const BOUND: Duration = Duration::from_secs(180);
+
+/// A workspace and a folder beside it that nothing may touch.
+struct World {
+    _dir: tempfile::TempDir,
+    ws: PathBuf,
+    outside: PathBuf,
+    before: BTreeMap<String, String>,
+}
+
+impl World {
+    /// A workspace with one scripted regular step (`code/fetch/main.py` is `script`), and an
+    /// outside folder holding `secret.json`, `agents/keep.txt` and `execution/fetch/agents/`.
+    fn scripted(script: &str) -> World {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().join("ws");
+        let outside = dir.path().join("outside");
+        write_file(
+            &ws,
+            "planning/plan.json",
+            json!({"objective": "t", "steps": [
+                {"id": STEP, "type": "regular", "title": "Fetch", "description": "fetch"}
+            ]})
+            .to_string(),
+        );
+        write_file(
+            &ws,
+            "planning/step_config.json",
+            json!({"steps": [
+                {"id": STEP, "agent_configs": {"declared_execution_mode": "scripted"}}
+            ]})
+            .to_string(),
+        );
+        write_file(&ws, &format!("code/{STEP}/main.py"), script);
+        write_file(&outside, "secret.json", r#"{"select_route": "outside-secret"}"#);
+        write_file(&outside, "agents/keep.txt", "keep");
+        write_file(&outside, "execution/fetch/agents/keep.txt", "keep");
+        write_file(&outside, "seed.sql", "CREATE TABLE outside_secret (x); SELEC oops;");
+        let before = tree_digest(&outside);
+        World {
+            _dir: dir,
+            ws,
+            outside,
+            before,
+        }
+    }
+
+    /// A workspace of a routing step and two human_input steps: it needs no model.
+    fn switch(route_source_file: Option<&str>) -> World {
+        let world = World::scripted("print('unused')\n");
+        let mut pick = json!({"id": "pick", "type": "routing", "title": "Pick",
+            "routes": [
+                {"route_id": "a", "next_step_id": "left"},
+                {"route_id": "b", "next_step_id": "right"}
+            ]});
+        match route_source_file {
+            Some(f) => pick["route_source_file"] = json!(f),
+            None => pick["default_route_id"] = json!("a"),
+        }
+        write_file(
+            &world.ws,
+            "planning/plan.json",
+            json!({"objective": "t", "steps": [
+                pick,
+                {"id": "left", "type": "human_input", "title": "Left", "question": "Left?",
+                 "variable_name": "left_answer", "response_type": "text"},
+                {"id": "right", "type": "human_input", "title": "Right", "question": "Right?",
+                 "variable_name": "right_answer", "response_type": "text"}
+            ]})
+            .to_string(),
+        );
+        write_file(&world.ws, "planning/step_config.json", r#"{"steps": []}"#);
+        world
+    }
+
+    fn root(&self) -> &str {
+        self.ws.to_str().unwrap()
+    }
+
+    /// Replaces `rel` in the workspace with a link to `target`.
+    fn link(&self, rel: &str, target: impl AsRef<Path>) {
+        let path = self.ws.join(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let _ = std::fs::remove_dir_all(&path);
+        let _ = std::fs::remove_file(&path);
+        symlink(target, path).unwrap();
+    }
+
+    /// Replaces `rel` in the workspace with a FIFO.
+    fn fifo(&self, rel: &str) {
+        let path = self.ws.join(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0, "mkfifo");
+    }
+
+    /// Asserts that nothing outside the workspace changed.
+    fn outside_unchanged(&self) {
+        assert_eq!(
+            tree_digest(&self.outside),
+            self.before,
+            "something outside the workspace changed"
+        );
+    }
+}
+
+/// Runs `trellis args`, failing the test when it has not ended within [`BOUND`].
+fn bounded(args: &[&str]) -> Output {
+    let mut child = support::trellis_command(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the trellis binary runs");
+    let start = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        if start.elapsed() > BOUND {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("trellis {args:?} hung");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn both(out: &Output) -> String {
+    format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// The command failed and said `fragment`.
+fn refused(out: &Output, fragment: &str) {
+    let text = both(out);
+    assert!(!out.status.success(), "expected a refusal: {text}");
+    assert!(text.contains(fragment), "expected {fragment:?} in: {text}");
+}
+
+const LINK: &str = "is a symbolic link; Trellis does not read or write through links";
+const SPECIAL: &str = "is not a regular file";
+
+// ------------------------------------------------------------------------------- links
+
+#[test]
+fn a_partial_run_with_a_linked_run_folder_removes_nothing_outside() {
+    let w = World::scripted("print('hi')\n");
+    w.link("runs/iteration-0", &w.outside);
+    let out = bounded(&["run", w.root(), "--step", STEP]);
+    refused(&out, &format!("runs/iteration-0 {LINK}"));
+    w.outside_unchanged();
+}
+
+#[test]
+fn a_partial_run_with_a_linked_step_folder_removes_nothing_outside() {
+    let w = World::scripted("print('hi')\n");
+    w.link(
+        &format!("runs/iteration-0/execution/{STEP}"),
+        w.outside.join("execution/fetch"),
+    );
+    let out = bounded(&["run", w.root(), "--step", STEP]);
+    refused(&out, &format!("runs/iteration-0/execution/{STEP} {LINK}"));
+    w.outside_unchanged();
+}
+
+#[test]
+fn script_writes_no_logs_through_a_linked_logs_folder() {
+    let w = World::scripted("print('guest output')\n");
+    std::fs::create_dir_all(w.ws.join("runs/iteration-0/execution")).unwrap();
+    w.link(&format!("runs/iteration-0/logs/{STEP}"), w.outside.join("agents"));
+    let out = bounded(&["script", w.root(), "--step", STEP]);
+    refused(&out, &format!("runs/iteration-0/logs/{STEP} {LINK}"));
+    w.outside_unchanged();
+}
+
+#[test]
+fn check_writes_no_report_through_a_linked_logs_folder() {
+    let w = World::scripted("print('hi')\n");
+    std::fs::create_dir_all(w.ws.join(format!("runs/iteration-0/execution/{STEP}"))).unwrap();
+    w.link(&format!("runs/iteration-0/logs/{STEP}"), w.outside.join("agents"));
+    let out = bounded(&["check", w.root(), "--step", STEP]);
+    refused(&out, LINK);
+    w.outside_unchanged();
+}
+
+#[test]
+fn check_refuses_a_run_folder_outside_the_workspace() {
+    let w = World::scripted("print('hi')\n");
+    let abs = w.outside.to_str().unwrap().to_string();
+    for run in ["../../outside", abs.as_str(), "iteration-0/../../.."] {
+        let out = bounded(&["check", w.root(), "--step", STEP, "--run", run]);
+        refused(&out, "expected a run folder under runs/");
+        let out = bounded(&["validate", w.root(), "--run", run]);
+        refused(&out, "expected a run folder under runs/");
+        let out = bounded(&["runs", "show", w.root(), STEP, "--run", run]);
+        refused(&out, "expected a run folder under runs/");
+    }
+    w.outside_unchanged();
+}
+
+#[test]
+fn a_dangling_db_link_is_refused_before_the_guest_runs() {
+    let w = World::scripted(
+        "import trellis_db\ntrellis_db.execute('CREATE TABLE planted (x)')\nprint('wrote')\n",
+    );
+    std::fs::create_dir_all(w.ws.join("runs/iteration-0/execution")).unwrap();
+    w.link("db/db.sqlite", w.outside.join("planted.sqlite"));
+    let out = bounded(&["script", w.root(), "--step", STEP]);
+    refused(&out, &format!("db/db.sqlite {LINK}"));
+    let out = bounded(&["run", w.root()]);
+    refused(&out, &format!("db/db.sqlite {LINK}"));
+    assert!(!w.outside.join("planted.sqlite").exists());
+    w.outside_unchanged();
+}
+
+#[test]
+fn a_linked_seed_sql_is_not_loaded_or_printed() {
+    let w = World::scripted("print('hi')\n");
+    w.link("db/seed.sql", w.outside.join("seed.sql"));
+    let out = bounded(&["run", w.root()]);
+    refused(&out, &format!("db/seed.sql {LINK}"));
+    assert!(!both(&out).contains("outside_secret"), "{}", both(&out));
+    assert!(!w.ws.join("db/db.sqlite").exists());
+    w.outside_unchanged();
+}
+
+/// A legacy workspace with one message sequence holding a code item (what `migrate`
+/// converts into a scripted step).
+fn legacy(w: &World, script_path: &str) {
+    write_file(
+        &w.ws,
+        "planning/plan.json",
+        json!({"objective": "t", "steps": [
+            {"id": "seq", "type": "message_sequence", "title": "Seq", "items": [
+                {"id": "conv", "type": "code", "script_path": script_path,
+                 "output_files": ["out.json"]}
+            ]}
+        ]})
+        .to_string(),
+    );
+    write_file(&w.ws, "planning/step_config.json", r#"{"steps": []}"#);
+    write_file(&w.ws, "scripts/conv.py", "print('inside')\n");
+    write_file(&w.outside, "outside.py", "print('outside secret')\n");
+}
+
+#[test]
+fn migrate_does_not_copy_a_linked_script_path_from_outside() {
+    let mut w = World::scripted("print('hi')\n");
+    legacy(&w, "scripts/linked.py");
+    w.before = tree_digest(&w.outside);
+    w.link("scripts/linked.py", w.outside.join("outside.py"));
+    let out = bounded(&["migrate", w.root()]);
+    refused(&out, &format!("scripts/linked.py {LINK}"));
+    assert!(!w.ws.join("code/conv/main.py").exists());
+    w.outside_unchanged();
+}
+
+#[test]
+fn migrate_does_not_write_through_a_linked_code_folder() {
+    let mut w = World::scripted("print('hi')\n");
+    legacy(&w, "scripts/conv.py");
+    std::fs::remove_dir_all(w.ws.join("code")).unwrap();
+    w.before = tree_digest(&w.outside);
+    w.link("code", &w.outside);
+    let out = bounded(&["migrate", w.root()]);
+    refused(&out, &format!("code {LINK}"));
+    w.outside_unchanged();
+}
+
+#[test]
+fn migrate_does_not_write_through_a_linked_planning_folder() {
+    let mut w = World::scripted("print('hi')\n");
+    legacy(&w, "scripts/conv.py");
+    let real = w.outside.join("planning");
+    std::fs::rename(w.ws.join("planning"), &real).unwrap();
+    w.before = tree_digest(&w.outside);
+    w.link("planning", &real);
+    let out = bounded(&["migrate", w.root()]);
+    refused(&out, &format!("planning {LINK}"));
+    w.outside_unchanged();
+}
+
+#[test]
+fn a_linked_route_source_file_is_not_read() {
+    let w = World::switch(Some("choice.json"));
+    std::fs::create_dir_all(w.ws.join("runs/iteration-0/execution")).unwrap();
+    w.link(
+        "runs/iteration-0/execution/choice.json",
+        w.outside.join("secret.json"),
+    );
+    let out = bounded(&[
+        "run",
+        w.root(),
+        "--step",
+        "pick",
+        "--input",
+        "left_answer=L",
+        "--input",
+        "right_answer=R",
+    ]);
+    refused(&out, &format!("runs/iteration-0/execution/choice.json {LINK}"));
+    assert!(!both(&out).contains("outside-secret"), "{}", both(&out));
+    w.outside_unchanged();
+}
+
+#[test]
+fn a_linked_human_input_target_is_not_written_through() {
+    let w = World::switch(None);
+    std::fs::create_dir_all(w.ws.join("runs/iteration-0/execution")).unwrap();
+    w.link("runs/iteration-0/execution/left", w.outside.join("agents"));
+    let out = bounded(&[
+        "run",
+        w.root(),
+        "--step",
+        "pick",
+        "--input",
+        "left_answer=L",
+        "--input",
+        "right_answer=R",
+    ]);
+    refused(&out, LINK);
+    w.outside_unchanged();
+}
+
+#[test]
+fn runs_list_and_show_do_not_follow_links() {
+    let w = World::scripted("print('hi')\n");
+    write_file(&w.outside, "session.json", "{}");
+    let mut w = w;
+    w.before = tree_digest(&w.outside);
+    std::fs::create_dir_all(w.ws.join(format!("runs/iteration-0/execution/{STEP}"))).unwrap();
+    w.link(
+        &format!("runs/iteration-0/execution/{STEP}/session.json"),
+        w.outside.join("session.json"),
+    );
+    w.link("runs/iteration-1", &w.outside);
+    let out = bounded(&["runs", "show", w.root(), STEP]);
+    refused(&out, LINK);
+    let out = bounded(&["runs", "list", w.root()]);
+    refused(&out, LINK);
+    w.outside_unchanged();
+}
+
+// ------------------------------------------------------------------------------- FIFOs
+
+#[test]
+fn a_fifo_plan_does_not_hang_validate() {
+    let w = World::scripted("print('hi')\n");
+    w.fifo("planning/plan.json");
+    refused(&bounded(&["validate", w.root()]), SPECIAL);
+}
+
+#[test]
+fn a_fifo_workflow_json_does_not_hang_run() {
+    let w = World::scripted("print('hi')\n");
+    w.fifo("workflow.json");
+    refused(&bounded(&["run", w.root()]), SPECIAL);
+}
+
+#[test]
+fn a_fifo_step_config_does_not_hang_migrate_or_validate() {
+    let w = World::scripted("print('hi')\n");
+    w.fifo("planning/step_config.json");
+    refused(&bounded(&["migrate", w.root()]), SPECIAL);
+    refused(&bounded(&["validate", w.root()]), SPECIAL);
+}
+
+#[test]
+fn a_fifo_session_does_not_hang_runs() {
+    let w = World::scripted("print('hi')\n");
+    w.fifo(&format!("runs/iteration-0/execution/{STEP}/session.json"));
+    refused(&bounded(&["runs", "show", w.root(), STEP]), SPECIAL);
+    refused(&bounded(&["runs", "list", w.root()]), SPECIAL);
+}
+
+#[test]
+fn a_fifo_turn_log_does_not_hang_runs_show() {
+    let w = World::scripted("print('hi')\n");
+    std::fs::create_dir_all(w.ws.join(format!("runs/iteration-0/execution/{STEP}"))).unwrap();
+    w.fifo(&format!(
+        "runs/iteration-0/logs/{STEP}/execution-attempt-1-iteration-1.json"
+    ));
+    refused(&bounded(&["runs", "show", w.root(), STEP]), SPECIAL);
+}
