@@ -12,6 +12,7 @@ use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
+use support::fake_llm::{FakeServer, completion};
 use support::tree_digest;
 use support::workspace::write_file;
 
@@ -338,13 +339,13 @@ fn a_linked_human_input_target_is_not_written_through() {
         "run",
         w.root(),
         "--step",
-        "pick",
+        "left",
         "--input",
         "left_answer=L",
         "--input",
         "right_answer=R",
     ]);
-    refused(&out, LINK);
+    refused(&out, &format!("runs/iteration-0/execution/left {LINK}"));
     w.outside_unchanged();
 }
 
@@ -407,4 +408,60 @@ fn a_fifo_turn_log_does_not_hang_runs_show() {
         "runs/iteration-0/logs/{STEP}/execution-attempt-1-iteration-1.json"
     ));
     refused(&bounded(&["runs", "show", w.root(), STEP]), SPECIAL);
+}
+
+// ------------------------------------------------------------------ guest-planted links
+
+/// A message sequence step `desk` answered by a fake server: its first turn reads
+/// `big.txt` (over the offload threshold) from its own output folder, then it is done.
+#[test]
+fn offloading_a_large_result_does_not_write_through_a_planted_tool_results_link() {
+    let server = FakeServer::start(Box::new(|body| {
+        let messages = body["messages"].as_array().cloned().unwrap_or_default();
+        if messages.iter().any(|m| m["role"] == "tool") {
+            return (200, completion("done", &[]));
+        }
+        let read = body["tools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t["function"]["name"].as_str())
+            .find(|n| n.contains("read_file"))
+            .expect("a read_file tool is offered")
+            .to_string();
+        let args = json!({"path": "runs/iteration-0/execution/desk/big.txt"});
+        (200, completion("", &[(read.as_str(), args)]))
+    }));
+    let w = World::scripted("print('unused')\n");
+    write_file(
+        &w.ws,
+        "planning/plan.json",
+        json!({"objective": "t", "steps": [
+            {"id": "desk", "type": "message_sequence", "title": "Desk",
+             "description": "You read files.",
+             "items": [{"id": "work", "type": "user_message", "message": "Read big.txt."}]}
+        ]})
+        .to_string(),
+    );
+    write_file(&w.ws, "planning/step_config.json", r#"{"steps": []}"#);
+    write_file(
+        &w.ws,
+        "workflow.json",
+        json!({"llm": {"provider": "openai", "model_id": "m"}, "providers": server.providers()})
+            .to_string(),
+    );
+    write_file(
+        &w.ws,
+        "runs/iteration-0/execution/desk/big.txt",
+        "x".repeat(40 * 1024),
+    );
+    // What a guest with the output folder can plant: a relative link leading out.
+    symlink(
+        "../../../../../outside",
+        w.ws.join("runs/iteration-0/execution/desk/tool-results"),
+    )
+    .unwrap();
+    let out = bounded(&["run", w.root(), "--step", "desk"]);
+    assert!(server.seen().len() >= 2, "the turn ran: {}", both(&out));
+    w.outside_unchanged();
 }

@@ -37,6 +37,15 @@ pub fn write_named_file_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
+/// Test set-up: writes JSON the way Trellis does, without a workspace handle.
+#[cfg(test)]
+pub(crate) fn write_json_atomic<T: serde::Serialize + ?Sized>(
+    path: &Path,
+    value: &T,
+) -> io::Result<()> {
+    write_named_file_atomic(path, &json_bytes(value)?)
+}
+
 /// Checks that `name` is a relative path that stays inside the folder it is resolved in:
 /// not empty, not absolute, no `..`, no drive or root prefix. Returns the message to show a
 /// user otherwise.

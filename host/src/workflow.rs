@@ -125,7 +125,7 @@ fn load(root: &Path, run_folder: Option<&str>) -> (Option<Workspace>, Diagnostic
         Ok(fs) => fs,
         Err(e) => {
             diags.push(Diagnostic {
-                file: String::new(),
+                file: root.display().to_string(),
                 json_path: String::new(),
                 step_id: None,
                 message: e.to_string(),
@@ -138,7 +138,7 @@ fn load(root: &Path, run_folder: Option<&str>) -> (Option<Workspace>, Diagnostic
         && let Err(e) = check_run_selection(run)
     {
         diags.push(Diagnostic {
-            file: String::new(),
+            file: "--run".into(),
             json_path: String::new(),
             step_id: None,
             message: e,
@@ -228,8 +228,8 @@ pub fn check_run_selection(run: &str) -> Result<(), String> {
     let group_ok = group.is_none_or(|g| !g.is_empty() && g != "." && g != ".." && !g.contains('\\'));
     if !iteration_ok || !group_ok || parts.next().is_some() {
         return Err(format!(
-            "--run {shown}: expected a run folder under runs/, `iteration-N` or \
-             `iteration-N/<group>` (no `..`, not an absolute path)"
+            "{shown} is not a run folder: expected a run folder under runs/, `iteration-N` \
+             or `iteration-N/<group>` (no `..`, not an absolute path)"
         ));
     }
     Ok(())

@@ -297,18 +297,18 @@ pub fn grant_for_access_in(
 
 struct Builder<'a> {
     root: &'a Path,
-    dir: cap_std::fs::Dir,
+    fs: crate::store::WorkspaceFs,
     grant: Grant,
     folders: Vec<GrantedFolder>,
 }
 
 impl Builder<'_> {
     fn exists(&self, rel: &str) -> bool {
-        self.dir.metadata(rel).is_ok_and(|m| m.is_dir())
+        self.fs.is_dir(rel)
     }
 
     fn create(&self, rel: &str) -> Result<()> {
-        self.dir
+        self.fs
             .create_dir_all(rel)
             .with_context(|| format!("creating {rel}/ in {}", self.root.display()))
     }
@@ -342,11 +342,11 @@ fn build(ctx: &TurnContext<'_>, access: TurnAccess, folders: &AgentFolders) -> R
         .map(|s| inside_execution(&execution, "shared folder", s))
         .transpose()?;
 
-    let dir = crate::store::open_dir(ctx.root)
+    let fs = crate::store::WorkspaceFs::open(ctx.root)
         .with_context(|| format!("opening the workspace {}", ctx.root.display()))?;
     let mut b = Builder {
         root: ctx.root,
-        dir,
+        fs,
         grant: Grant::none(),
         folders: Vec::new(),
     };
@@ -448,7 +448,7 @@ fn build(ctx: &TurnContext<'_>, access: TurnAccess, folders: &AgentFolders) -> R
         // SQLite opens by path and follows links: the database must be a regular file, or
         // nothing yet (SQLite then creates a regular file, refusing a link planted since:
         // SQLITE_OPEN_NOFOLLOW).
-        match crate::store::WorkspaceFs::open(ctx.root)?.kind(DB_FILE)? {
+        match b.fs.kind(DB_FILE)? {
             None | Some(crate::store::Kind::File) => {}
             Some(crate::store::Kind::Link) => {
                 bail!("{}", crate::store::workspace_fs::link_error(Path::new(DB_FILE)))
@@ -485,9 +485,13 @@ fn dependency_folder(b: &Builder<'_>, access: &TurnAccess, path: &str) -> Result
     crate::store::check_relative(path).map_err(anyhow::Error::msg)?;
     let rel = normalized(path);
     check_dependency_path(&rel, access)?;
-    match b.dir.metadata(&rel) {
-        Ok(m) if m.is_dir() => Ok(rel),
-        Ok(_) => match rel.rsplit_once('/') {
+    match b.fs.kind(&rel) {
+        Ok(Some(crate::store::Kind::Dir)) => Ok(rel),
+        Ok(Some(crate::store::Kind::Link)) => {
+            bail!("{}", crate::store::workspace_fs::link_error(Path::new(&rel)))
+        }
+        Ok(None) => bail!("it does not exist in the workspace"),
+        Ok(Some(_)) => match rel.rsplit_once('/') {
             Some((parent, _)) => {
                 check_dependency_path(parent, access)?;
                 Ok(parent.to_string())

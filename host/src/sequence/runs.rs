@@ -95,6 +95,9 @@ pub fn first_line(summary: Option<&str>) -> &str {
 /// then other folders by name; each followed by its group folders (sub-folders with an
 /// `execution/`). Empty when there is no `runs/`.
 pub fn list_runs(root: &Path) -> Result<Vec<RunListing>> {
+    if !root.is_dir() {
+        return Ok(Vec::new());
+    }
     let fs = &WorkspaceFs::open(root)?;
     let runs = root.join("runs");
     if fs.kind(&runs)?.is_none() {
@@ -169,7 +172,7 @@ fn step_state(fs: &WorkspaceFs, step_dir: &Path) -> Result<(String, Option<Strin
 /// One step of one run: its status, concerns, session entries and turns. `run` is relative
 /// to `runs/` (e.g. `iteration-0`, `iteration-2/Team_A`).
 pub fn show_step(root: &Path, run: &str, step: &str) -> Result<StepReport> {
-    crate::workflow::check_run_selection(run).map_err(anyhow::Error::msg)?;
+    crate::workflow::check_run_selection(run).map_err(|e| anyhow::anyhow!("--run: {e}"))?;
     crate::store::check_relative(step).map_err(|e| anyhow::anyhow!("step {step:?}: {e}"))?;
     let fs = &WorkspaceFs::open(root)?;
     let run_dir = root.join("runs").join(run);

@@ -33,7 +33,7 @@ use serde::Serialize;
 pub const READ_CAP: u64 = 64 << 20;
 
 /// What is at a path, without following links.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Kind {
     File,
     Dir,
