@@ -56,7 +56,11 @@ impl World {
         write_file(&outside, "secret.json", r#"{"select_route": "outside-secret"}"#);
         write_file(&outside, "agents/keep.txt", "keep");
         write_file(&outside, "execution/fetch/agents/keep.txt", "keep");
-        write_file(&outside, "seed.sql", "CREATE TABLE outside_secret (x); SELEC oops;");
+        write_file(
+            &outside,
+            "seed.sql",
+            "CREATE TABLE outside_secret (x); INSERT INTO outside_secret VALUES ('s3cr3t');",
+        );
         let before = tree_digest(&outside);
         World {
             _dir: dir,
@@ -117,6 +121,17 @@ impl World {
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0, "mkfifo");
     }
 
+    /// Asserts, in this order, that nothing outside the workspace changed, that no outside
+    /// secret was printed, and that the command failed saying `fragment`.
+    fn refused(&self, out: &Output, fragment: &str) {
+        self.outside_unchanged();
+        let text = both(out);
+        for secret in ["outside-secret", "s3cr3t"] {
+            assert!(!text.contains(secret), "an outside file was read: {text}");
+        }
+        refused(out, fragment);
+    }
+
     /// Asserts that nothing outside the workspace changed.
     fn outside_unchanged(&self) {
         assert_eq!(
@@ -174,8 +189,7 @@ fn a_partial_run_with_a_linked_run_folder_removes_nothing_outside() {
     let w = World::scripted("print('hi')\n");
     w.link("runs/iteration-0", &w.outside);
     let out = bounded(&["run", w.root(), "--step", STEP]);
-    refused(&out, &format!("runs/iteration-0 {LINK}"));
-    w.outside_unchanged();
+    w.refused(&out, &format!("runs/iteration-0 {LINK}"));
 }
 
 #[test]
@@ -186,8 +200,7 @@ fn a_partial_run_with_a_linked_step_folder_removes_nothing_outside() {
         w.outside.join("execution/fetch"),
     );
     let out = bounded(&["run", w.root(), "--step", STEP]);
-    refused(&out, &format!("runs/iteration-0/execution/{STEP} {LINK}"));
-    w.outside_unchanged();
+    w.refused(&out, &format!("runs/iteration-0/execution/{STEP} {LINK}"));
 }
 
 #[test]
@@ -196,8 +209,7 @@ fn script_writes_no_logs_through_a_linked_logs_folder() {
     std::fs::create_dir_all(w.ws.join("runs/iteration-0/execution")).unwrap();
     w.link(&format!("runs/iteration-0/logs/{STEP}"), w.outside.join("agents"));
     let out = bounded(&["script", w.root(), "--step", STEP]);
-    refused(&out, &format!("runs/iteration-0/logs/{STEP} {LINK}"));
-    w.outside_unchanged();
+    w.refused(&out, &format!("runs/iteration-0/logs/{STEP} {LINK}"));
 }
 
 #[test]
@@ -206,8 +218,7 @@ fn check_writes_no_report_through_a_linked_logs_folder() {
     std::fs::create_dir_all(w.ws.join(format!("runs/iteration-0/execution/{STEP}"))).unwrap();
     w.link(&format!("runs/iteration-0/logs/{STEP}"), w.outside.join("agents"));
     let out = bounded(&["check", w.root(), "--step", STEP]);
-    refused(&out, LINK);
-    w.outside_unchanged();
+    w.refused(&out, LINK);
 }
 
 #[test]
@@ -216,11 +227,11 @@ fn check_refuses_a_run_folder_outside_the_workspace() {
     let abs = w.outside.to_str().unwrap().to_string();
     for run in ["../../outside", abs.as_str(), "iteration-0/../../.."] {
         let out = bounded(&["check", w.root(), "--step", STEP, "--run", run]);
-        refused(&out, "expected a run folder under runs/");
+        w.refused(&out, "expected a run folder under runs/");
         let out = bounded(&["validate", w.root(), "--run", run]);
-        refused(&out, "expected a run folder under runs/");
+        w.refused(&out, "expected a run folder under runs/");
         let out = bounded(&["runs", "show", w.root(), STEP, "--run", run]);
-        refused(&out, "expected a run folder under runs/");
+        w.refused(&out, "expected a run folder under runs/");
     }
     w.outside_unchanged();
 }
@@ -233,11 +244,13 @@ fn a_dangling_db_link_is_refused_before_the_guest_runs() {
     std::fs::create_dir_all(w.ws.join("runs/iteration-0/execution")).unwrap();
     w.link("db/db.sqlite", w.outside.join("planted.sqlite"));
     let out = bounded(&["script", w.root(), "--step", STEP]);
-    refused(&out, &format!("db/db.sqlite {LINK}"));
+    assert!(
+        !w.outside.join("planted.sqlite").exists(),
+        "the guest created a database outside"
+    );
+    w.refused(&out, &format!("db/db.sqlite {LINK}"));
     let out = bounded(&["run", w.root()]);
-    refused(&out, &format!("db/db.sqlite {LINK}"));
-    assert!(!w.outside.join("planted.sqlite").exists());
-    w.outside_unchanged();
+    w.refused(&out, &format!("db/db.sqlite {LINK}"));
 }
 
 #[test]
@@ -245,10 +258,11 @@ fn a_linked_seed_sql_is_not_loaded_or_printed() {
     let w = World::scripted("print('hi')\n");
     w.link("db/seed.sql", w.outside.join("seed.sql"));
     let out = bounded(&["run", w.root()]);
-    refused(&out, &format!("db/seed.sql {LINK}"));
-    assert!(!both(&out).contains("outside_secret"), "{}", both(&out));
-    assert!(!w.ws.join("db/db.sqlite").exists());
-    w.outside_unchanged();
+    assert!(
+        !w.ws.join("db/db.sqlite").exists(),
+        "the outside seed was loaded into the workspace db"
+    );
+    w.refused(&out, &format!("db/seed.sql {LINK}"));
 }
 
 /// A legacy workspace with one message sequence holding a code item (what `migrate`
@@ -277,8 +291,11 @@ fn migrate_does_not_copy_a_linked_script_path_from_outside() {
     w.before = tree_digest(&w.outside);
     w.link("scripts/linked.py", w.outside.join("outside.py"));
     let out = bounded(&["migrate", w.root()]);
-    refused(&out, &format!("scripts/linked.py {LINK}"));
-    assert!(!w.ws.join("code/conv/main.py").exists());
+    assert!(
+        !w.ws.join("code/conv/main.py").exists(),
+        "an outside file was copied into the workspace"
+    );
+    w.refused(&out, &format!("scripts/linked.py {LINK}"));
     w.outside_unchanged();
 }
 
@@ -290,8 +307,7 @@ fn migrate_does_not_write_through_a_linked_code_folder() {
     w.before = tree_digest(&w.outside);
     w.link("code", &w.outside);
     let out = bounded(&["migrate", w.root()]);
-    refused(&out, &format!("code {LINK}"));
-    w.outside_unchanged();
+    w.refused(&out, &format!("code {LINK}"));
 }
 
 #[test]
@@ -303,8 +319,7 @@ fn migrate_does_not_write_through_a_linked_planning_folder() {
     w.before = tree_digest(&w.outside);
     w.link("planning", &real);
     let out = bounded(&["migrate", w.root()]);
-    refused(&out, &format!("planning {LINK}"));
-    w.outside_unchanged();
+    w.refused(&out, &format!("planning {LINK}"));
 }
 
 #[test]
@@ -325,9 +340,7 @@ fn a_linked_route_source_file_is_not_read() {
         "--input",
         "right_answer=R",
     ]);
-    refused(&out, &format!("runs/iteration-0/execution/choice.json {LINK}"));
-    assert!(!both(&out).contains("outside-secret"), "{}", both(&out));
-    w.outside_unchanged();
+    w.refused(&out, &format!("runs/iteration-0/execution/choice.json {LINK}"));
 }
 
 #[test]
@@ -345,14 +358,19 @@ fn a_linked_human_input_target_is_not_written_through() {
         "--input",
         "right_answer=R",
     ]);
-    refused(&out, &format!("runs/iteration-0/execution/left {LINK}"));
-    w.outside_unchanged();
+    w.refused(&out, &format!("runs/iteration-0/execution/left {LINK}"));
 }
 
 #[test]
 fn runs_list_and_show_do_not_follow_links() {
     let w = World::scripted("print('hi')\n");
-    write_file(&w.outside, "session.json", "{}");
+    let session = json!({"session_id": "s", "step_id": STEP, "run_folder": "iteration-0",
+        "status": "completed", "created_at": "t", "updated_at": "t",
+        "conversation_history": [], "execution_turn_count": 0,
+        "entries": [{"entry_id": "e", "item_id": "i", "item_type": "user_message",
+            "status": "completed", "summary": "outside-secret", "started_at": "t",
+            "ended_at": "t"}]});
+    write_file(&w.outside, "session.json", session.to_string());
     let mut w = w;
     w.before = tree_digest(&w.outside);
     std::fs::create_dir_all(w.ws.join(format!("runs/iteration-0/execution/{STEP}"))).unwrap();
@@ -362,10 +380,9 @@ fn runs_list_and_show_do_not_follow_links() {
     );
     w.link("runs/iteration-1", &w.outside);
     let out = bounded(&["runs", "show", w.root(), STEP]);
-    refused(&out, LINK);
+    w.refused(&out, LINK);
     let out = bounded(&["runs", "list", w.root()]);
-    refused(&out, LINK);
-    w.outside_unchanged();
+    w.refused(&out, LINK);
 }
 
 // ------------------------------------------------------------------------------- FIFOs
@@ -443,7 +460,12 @@ fn offloading_a_large_result_does_not_write_through_a_planted_tool_results_link(
         ]})
         .to_string(),
     );
-    write_file(&w.ws, "planning/step_config.json", r#"{"steps": []}"#);
+    write_file(
+        &w.ws,
+        "planning/step_config.json",
+        json!({"steps": [{"id": "desk", "agent_configs": {"enable_context_offloading": true}}]})
+            .to_string(),
+    );
     write_file(
         &w.ws,
         "workflow.json",
