@@ -53,7 +53,11 @@ impl World {
             .to_string(),
         );
         write_file(&ws, &format!("code/{STEP}/main.py"), script);
-        write_file(&outside, "secret.json", r#"{"select_route": "outside-secret"}"#);
+        write_file(
+            &outside,
+            "secret.json",
+            r#"{"select_route": "outside-secret"}"#,
+        );
         write_file(&outside, "agents/keep.txt", "keep");
         write_file(&outside, "execution/fetch/agents/keep.txt", "keep");
         write_file(
@@ -74,10 +78,10 @@ impl World {
     fn switch(route_source_file: Option<&str>) -> World {
         let world = World::scripted("print('unused')\n");
         let mut pick = json!({"id": "pick", "type": "routing", "title": "Pick",
-            "routes": [
-                {"route_id": "a", "next_step_id": "left"},
-                {"route_id": "b", "next_step_id": "right"}
-            ]});
+        "routes": [
+            {"route_id": "a", "next_step_id": "left"},
+            {"route_id": "b", "next_step_id": "right"}
+        ]});
         match route_source_file {
             Some(f) => pick["route_source_file"] = json!(f),
             None => pick["default_route_id"] = json!("a"),
@@ -207,7 +211,10 @@ fn a_partial_run_with_a_linked_step_folder_removes_nothing_outside() {
 fn script_writes_no_logs_through_a_linked_logs_folder() {
     let w = World::scripted("print('guest output')\n");
     std::fs::create_dir_all(w.ws.join("runs/iteration-0/execution")).unwrap();
-    w.link(&format!("runs/iteration-0/logs/{STEP}"), w.outside.join("agents"));
+    w.link(
+        &format!("runs/iteration-0/logs/{STEP}"),
+        w.outside.join("agents"),
+    );
     let out = bounded(&["script", w.root(), "--step", STEP]);
     w.refused(&out, &format!("runs/iteration-0/logs/{STEP} {LINK}"));
 }
@@ -216,7 +223,10 @@ fn script_writes_no_logs_through_a_linked_logs_folder() {
 fn check_writes_no_report_through_a_linked_logs_folder() {
     let w = World::scripted("print('hi')\n");
     std::fs::create_dir_all(w.ws.join(format!("runs/iteration-0/execution/{STEP}"))).unwrap();
-    w.link(&format!("runs/iteration-0/logs/{STEP}"), w.outside.join("agents"));
+    w.link(
+        &format!("runs/iteration-0/logs/{STEP}"),
+        w.outside.join("agents"),
+    );
     let out = bounded(&["check", w.root(), "--step", STEP]);
     w.refused(&out, LINK);
 }
@@ -340,7 +350,10 @@ fn a_linked_route_source_file_is_not_read() {
         "--input",
         "right_answer=R",
     ]);
-    w.refused(&out, &format!("runs/iteration-0/execution/choice.json {LINK}"));
+    w.refused(
+        &out,
+        &format!("runs/iteration-0/execution/choice.json {LINK}"),
+    );
 }
 
 #[test]
@@ -486,4 +499,95 @@ fn offloading_a_large_result_does_not_write_through_a_planted_tool_results_link(
     let out = bounded(&["run", w.root(), "--step", "desk"]);
     assert!(server.seen().len() >= 2, "the turn ran: {}", both(&out));
     w.outside_unchanged();
+}
+
+/// The name of the offered tool whose API name contains `part`.
+fn tool_named(body: &serde_json::Value, part: &str) -> String {
+    body["tools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t["function"]["name"].as_str())
+        .find(|n| n.contains(part))
+        .unwrap_or_else(|| panic!("a {part} tool is offered"))
+        .to_string()
+}
+
+/// A guest moves a link it finds in its output folder to `<output>/agents`, then delegates:
+/// the host must neither create the sub-agent's folders through it nor read the
+/// `session.json` it leads to (and send its values to the model).
+#[test]
+fn a_guest_planted_agents_link_is_not_followed_by_a_sub_agent_call() {
+    let server = FakeServer::start(Box::new(|body| {
+        let messages = body["messages"].as_array().cloned().unwrap_or_default();
+        let system = messages[0]["content"].as_str().unwrap_or_default();
+        if system.starts_with("You decide refunds.") {
+            return (200, completion("refund granted", &[]));
+        }
+        let tools = messages.iter().filter(|m| m["role"] == "tool").count();
+        match tools {
+            0 => {
+                let args = json!({"from": "runs/iteration-0/execution/desk/planted",
+                                  "to": "runs/iteration-0/execution/desk/agents"});
+                (
+                    200,
+                    completion("", &[(tool_named(body, "move_file").as_str(), args)]),
+                )
+            }
+            1 => {
+                let args = json!({"route_id": "refunds", "instructions": "Refund order 1."});
+                (
+                    200,
+                    completion("", &[(tool_named(body, "call_sub_agent").as_str(), args)]),
+                )
+            }
+            _ => (200, completion("all handled", &[])),
+        }
+    }));
+    let mut w = World::scripted("print('unused')\n");
+    let refunds = json!({"id": "refunds", "type": "message_sequence", "title": "Refunds",
+        "description": "You decide refunds.",
+        "items": [{"id": "decide", "type": "user_message", "message": "Decide."}]});
+    write_file(
+        &w.ws,
+        "planning/plan.json",
+        json!({"objective": "t", "steps": [
+            {"id": "desk", "type": "message_sequence", "title": "Desk",
+             "description": "You coordinate the desk.",
+             "items": [{"id": "work", "type": "user_message", "message": "Handle it."}],
+             "predefined_routes": [{"route_id": "refunds", "route_name": "Refunds",
+                 "condition": "money back", "sub_agent_step": refunds}]}
+        ]})
+        .to_string(),
+    );
+    write_file(&w.ws, "planning/step_config.json", r#"{"steps": []}"#);
+    write_file(
+        &w.ws,
+        "workflow.json",
+        json!({"llm": {"provider": "openai", "model_id": "m"}, "providers": server.providers()})
+            .to_string(),
+    );
+    // What the link leads to: a sub-agent home whose session holds an outside secret.
+    let session = json!({"session_id": "s", "step_id": "refunds", "run_folder": "iteration-0",
+        "status": "completed", "created_at": "t", "updated_at": "t",
+        "conversation_history": [{"role": "user", "content": "outside-secret"}],
+        "execution_turn_count": 1, "entries": []});
+    write_file(&w.outside, "refunds/session.json", session.to_string());
+    w.before = tree_digest(&w.outside);
+    // Planted by an earlier guest of the step (a relative link, as a guest can make).
+    std::fs::create_dir_all(w.ws.join("runs/iteration-0/execution/desk")).unwrap();
+    symlink(
+        "../../../../../outside",
+        w.ws.join("runs/iteration-0/execution/desk/planted"),
+    )
+    .unwrap();
+    let out = bounded(&["run", w.root(), "--step", "desk"]);
+    assert!(server.seen().len() >= 3, "the turns ran: {}", both(&out));
+    w.outside_unchanged();
+    let sent = serde_json::to_string(&server.seen()).unwrap();
+    assert!(
+        !sent.contains("outside-secret"),
+        "an outside session was sent to the model"
+    );
+    assert!(sent.contains(LINK), "the refusal reached the agent: {sent}");
 }

@@ -225,7 +225,8 @@ pub fn check_run_selection(run: &str) -> Result<(), String> {
     let iteration_ok = first
         .strip_prefix("iteration-")
         .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
-    let group_ok = group.is_none_or(|g| !g.is_empty() && g != "." && g != ".." && !g.contains('\\'));
+    let group_ok =
+        group.is_none_or(|g| !g.is_empty() && g != "." && g != ".." && !g.contains('\\'));
     if !iteration_ok || !group_ok || parts.next().is_some() {
         return Err(format!(
             "{shown} is not a run folder: expected a run folder under runs/, `iteration-N` \

@@ -451,7 +451,10 @@ fn build(ctx: &TurnContext<'_>, access: TurnAccess, folders: &AgentFolders) -> R
         match b.fs.kind(DB_FILE)? {
             None | Some(crate::store::Kind::File) => {}
             Some(crate::store::Kind::Link) => {
-                bail!("{}", crate::store::workspace_fs::link_error(Path::new(DB_FILE)))
+                bail!(
+                    "{}",
+                    crate::store::workspace_fs::link_error(Path::new(DB_FILE))
+                )
             }
             Some(_) => bail!("{DB_FILE} is not a regular file"),
         }
@@ -488,7 +491,10 @@ fn dependency_folder(b: &Builder<'_>, access: &TurnAccess, path: &str) -> Result
     match b.fs.kind(&rel) {
         Ok(Some(crate::store::Kind::Dir)) => Ok(rel),
         Ok(Some(crate::store::Kind::Link)) => {
-            bail!("{}", crate::store::workspace_fs::link_error(Path::new(&rel)))
+            bail!(
+                "{}",
+                crate::store::workspace_fs::link_error(Path::new(&rel))
+            )
         }
         Ok(None) => bail!("it does not exist in the workspace"),
         Ok(Some(_)) => match rel.rsplit_once('/') {

@@ -895,7 +895,12 @@ impl<'a> StepRunner<'a> {
                 max_iterations,
                 ..
             } => {
-                let db = run.ws.root.join("db").join("db.sqlite");
+                // SQLite opens by path: no link on the way (it refuses one at the file).
+                let db = run
+                    .ws
+                    .fs
+                    .check_file_path("db/db.sqlite")
+                    .map_err(|e| failed(anyhow::anyhow!("foreach item {:?}: {e}", item.id)))?;
                 let rows = foreach::query_rows(&db, &item.id, source_sql, *max_iterations)
                     .map_err(failed)?;
                 if let Some(note) = rows.cap_message(&item.id) {
@@ -1310,7 +1315,15 @@ fn write_gate_report(
     report: &Report,
 ) -> std::io::Result<()> {
     if run.depth == 0 {
-        return write_report(&run.ws.fs, &run.ws.run_dir(), &run.step.id, item_id, attempt, report).map(|_| ());
+        return write_report(
+            &run.ws.fs,
+            &run.ws.run_dir(),
+            &run.step.id,
+            item_id,
+            attempt,
+            report,
+        )
+        .map(|_| ());
     }
     let label = format!("{}{item_id}", run.entry_prefix).replace('/', "-");
     let record = serde_json::json!({

@@ -283,7 +283,9 @@ fn dir_names(fs: &WorkspaceFs, dir: &Path) -> Result<Vec<String>> {
 /// Reads a log as JSON, after this process's queued writes are on disk.
 fn read_json<T: serde::de::DeserializeOwned>(fs: &WorkspaceFs, path: &Path) -> Result<T> {
     crate::store::write_behind::flush()?;
-    let bytes = fs.read(path).with_context(|| format!("reading {}", path.display()))?;
+    let bytes = fs
+        .read(path)
+        .with_context(|| format!("reading {}", path.display()))?;
     serde_json::from_slice(&bytes).with_context(|| format!("parsing {}", path.display()))
 }
 
@@ -341,7 +343,8 @@ mod tests {
         std::fs::create_dir_all(&step).unwrap();
         let mut s = Session::new("b", "iteration-0");
         s.status = Status::Failed;
-        s.write(&crate::store::WorkspaceFs::open(dir.path()).unwrap(), &step).unwrap();
+        s.write(&crate::store::WorkspaceFs::open(dir.path()).unwrap(), &step)
+            .unwrap();
         std::fs::create_dir_all(runs.join("iteration-0/execution/c")).unwrap();
 
         let list = list_runs(dir.path()).unwrap();
@@ -381,7 +384,9 @@ mod tests {
         let mut session = Session::new("s", "iteration-0");
         let i = session.start_entry("m", "m", "user_message");
         session.end_entry(i, Status::Completed, Some("line one\nline two".into()));
-        session.write(&crate::store::WorkspaceFs::open(dir.path()).unwrap(), &step).unwrap();
+        session
+            .write(&crate::store::WorkspaceFs::open(dir.path()).unwrap(), &step)
+            .unwrap();
         let logs = logs_dir(&run_dir, "s");
         for iteration in [2, 1] {
             let now = now_rfc3339();
@@ -425,7 +430,13 @@ mod tests {
                 now,
                 7,
             );
-            write_turn_logs(&crate::store::WorkspaceFs::open(dir.path()).unwrap(), &logs, &s, &conversation).unwrap();
+            write_turn_logs(
+                &crate::store::WorkspaceFs::open(dir.path()).unwrap(),
+                &logs,
+                &s,
+                &conversation,
+            )
+            .unwrap();
         }
 
         let report = show_step(dir.path(), "iteration-0", "s").unwrap();

@@ -423,7 +423,11 @@ mod tests {
         s.execution_turn_count = 1;
         s.end_entry(i, Status::Completed, Some("done".into()));
         s.status = Status::Completed;
-        s.write(&crate::store::WorkspaceFs::open(dir.path()).unwrap(), dir.path()).unwrap();
+        s.write(
+            &crate::store::WorkspaceFs::open(dir.path()).unwrap(),
+            dir.path(),
+        )
+        .unwrap();
         write_behind::flush().unwrap();
 
         let raw: Value =
@@ -461,8 +465,23 @@ mod tests {
         );
         assert_eq!(raw["status"], "completed");
         assert_eq!(raw["entries"][0]["status"], "completed");
-        assert_eq!(Session::read(&crate::store::WorkspaceFs::open(dir.path()).unwrap(), dir.path()).unwrap().unwrap(), s);
-        assert_eq!(Session::read(&crate::store::WorkspaceFs::open(dir.path()).unwrap(), &dir.path().join("none")).unwrap(), None);
+        assert_eq!(
+            Session::read(
+                &crate::store::WorkspaceFs::open(dir.path()).unwrap(),
+                dir.path()
+            )
+            .unwrap()
+            .unwrap(),
+            s
+        );
+        assert_eq!(
+            Session::read(
+                &crate::store::WorkspaceFs::open(dir.path()).unwrap(),
+                &dir.path().join("none")
+            )
+            .unwrap(),
+            None
+        );
     }
 
     #[test]
@@ -477,7 +496,10 @@ mod tests {
             concerns: vec!["slow".into()],
             completed_at: now_rfc3339(),
         }
-        .write(&crate::store::WorkspaceFs::open(dir.path()).unwrap(), dir.path())
+        .write(
+            &crate::store::WorkspaceFs::open(dir.path()).unwrap(),
+            dir.path(),
+        )
         .unwrap();
         let raw: Value =
             serde_json::from_slice(&std::fs::read(dir.path().join(FINAL_SUMMARY_FILE)).unwrap())
@@ -552,7 +574,13 @@ mod tests {
             (30, 32, 12, 1)
         );
         let logs = logs_dir(dir.path(), "triage");
-        let (s, c) = write_turn_logs(&crate::store::WorkspaceFs::open(dir.path()).unwrap(), &logs, &summary, &conversation).unwrap();
+        let (s, c) = write_turn_logs(
+            &crate::store::WorkspaceFs::open(dir.path()).unwrap(),
+            &logs,
+            &summary,
+            &conversation,
+        )
+        .unwrap();
         write_behind::flush().unwrap();
         assert!(s.ends_with("logs/triage/execution-attempt-1-iteration-2.json"));
         assert!(c.ends_with("logs/triage/execution-attempt-1-iteration-2-conversation.json"));

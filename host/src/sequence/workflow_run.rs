@@ -27,8 +27,6 @@ use std::sync::{Arc, OnceLock};
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
-use crate::store::workspace_fs::link_error;
-use crate::store::{Kind, WorkspaceFs};
 use crate::Limits;
 use crate::llm::RetryPolicy;
 use crate::plugins::PluginRegistry;
@@ -38,6 +36,8 @@ use crate::sequence::events::Observer;
 use crate::sequence::llm_choice::{self, LlmSetup, check_models};
 use crate::sequence::run_folder::{ACTIVE_RUN, group_folder_name, open_group_run, start_full_run};
 use crate::sequence::session::{FINAL_SUMMARY_SCHEMA_VERSION, FinalSummary, Status, now_rfc3339};
+use crate::store::workspace_fs::link_error;
+use crate::store::{Kind, WorkspaceFs};
 use crate::workflow::manifest::Group;
 use crate::workflow::plan::{HumanInput, Routing};
 use crate::workflow::step_config::PrerequisiteRule;
@@ -462,7 +462,10 @@ pub fn select_route(
 ) -> Result<(String, String, String)> {
     let own = ws.step_output_dir(&step.id).join(ROUTE_SELECTION_FILE);
     let (route_id, how) = if present(&ws.fs, &own) {
-        (read_selection(&ws.fs, &own)?, ROUTE_SELECTION_FILE.to_string())
+        (
+            read_selection(&ws.fs, &own)?,
+            ROUTE_SELECTION_FILE.to_string(),
+        )
     } else if let Some(source) = routing.route_source_file.as_deref().and_then(|file| {
         let exec = ws.run_dir().join("execution");
         previous
@@ -471,7 +474,10 @@ pub fn select_route(
             .chain([exec.join(file)])
             .find(|p| present(&ws.fs, p))
     }) {
-        (read_selection(&ws.fs, &source)?, source.display().to_string())
+        (
+            read_selection(&ws.fs, &source)?,
+            source.display().to_string(),
+        )
     } else if let Some(default) = &routing.default_route_id {
         (default.clone(), "default_route_id".to_string())
     } else {
@@ -1014,10 +1020,7 @@ mod tests {
     fn a_missing_database_is_created_from_seed_sql() {
         let dir = tempfile::tempdir().unwrap();
         let fs = WorkspaceFs::open(dir.path()).unwrap();
-        assert!(
-            !seed_database(&fs).unwrap(),
-            "no seed: nothing to do"
-        );
+        assert!(!seed_database(&fs).unwrap(), "no seed: nothing to do");
         std::fs::create_dir_all(dir.path().join("db")).unwrap();
         std::fs::write(
             dir.path().join(SEED_SQL),
@@ -1028,9 +1031,6 @@ mod tests {
         let conn = rusqlite::Connection::open(dir.path().join(DB_FILE)).unwrap();
         let x: i64 = conn.query_row("SELECT x FROM t", [], |r| r.get(0)).unwrap();
         assert_eq!(x, 7);
-        assert!(
-            !seed_database(&fs).unwrap(),
-            "an existing db is kept"
-        );
+        assert!(!seed_database(&fs).unwrap(), "an existing db is kept");
     }
 }

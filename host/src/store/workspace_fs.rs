@@ -94,7 +94,10 @@ impl WorkspaceFs {
     /// Opens the workspace folder `root` (which may itself be reached through links).
     pub fn open(root: &Path) -> io::Result<Self> {
         let dir = Dir::open_ambient_dir(root, cap_std::ambient_authority()).map_err(|e| {
-            io::Error::new(e.kind(), format!("opening the workspace {}: {e}", root.display()))
+            io::Error::new(
+                e.kind(),
+                format!("opening the workspace {}: {e}", root.display()),
+            )
         })?;
         let canonical = root.canonicalize().unwrap_or_else(|_| root.to_path_buf());
         Ok(WorkspaceFs {
@@ -316,7 +319,9 @@ impl WorkspaceFs {
     pub fn remove_all(&self, path: impl AsRef<Path>) -> io::Result<()> {
         let rel = self.relative(path.as_ref())?;
         if rel.as_os_str().is_empty() {
-            return Err(refused("the workspace folder itself cannot be removed".into()));
+            return Err(refused(
+                "the workspace folder itself cannot be removed".into(),
+            ));
         }
         match self.kind_rel(&rel)? {
             None => Ok(()),
@@ -389,12 +394,14 @@ impl WorkspaceFs {
     pub fn write_atomic(&self, path: impl AsRef<Path>, bytes: &[u8]) -> io::Result<()> {
         let rel = self.relative(path.as_ref())?;
         let Some(name) = rel.file_name() else {
-            return Err(refused(format!("{} names no file", path.as_ref().display())));
+            return Err(refused(format!(
+                "{} names no file",
+                path.as_ref().display()
+            )));
         };
         let parent = rel.parent().unwrap_or(Path::new(""));
-        match self.check(&rel)? {
-            Some(Kind::Dir) => return Err(refused(format!("{} is a folder", shown(&rel)))),
-            Some(_) | None => {}
+        if let Some(Kind::Dir) = self.check(&rel)? {
+            return Err(refused(format!("{} is a folder", shown(&rel))));
         }
         self.create_dir_all(parent)?;
         static COUNTER: AtomicU64 = AtomicU64::new(0);

@@ -129,13 +129,31 @@ mod tests {
             }],
             warnings: vec![],
         };
-        let (latest, attempt) = write_report(&crate::store::WorkspaceFs::open(dir.path()).unwrap(), dir.path(), "s", "gate/1", 2, &report).unwrap();
+        let (latest, attempt) = write_report(
+            &crate::store::WorkspaceFs::open(dir.path()).unwrap(),
+            dir.path(),
+            "s",
+            "gate/1",
+            2,
+            &report,
+        )
+        .unwrap();
         assert!(latest.ends_with("logs/s/pre_validation.json"));
         assert!(attempt.ends_with("logs/s/pre_validation_gate_1_attempt_2.json"));
         let v: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&latest).unwrap()).unwrap();
         assert_eq!(v["checks"][0]["kind"], "must_exist");
         assert_eq!(v["attempt"], 2);
-        assert!(write_report(&crate::store::WorkspaceFs::open(dir.path()).unwrap(), dir.path(), "../x", "l", 1, &report).is_err());
+        assert!(
+            write_report(
+                &crate::store::WorkspaceFs::open(dir.path()).unwrap(),
+                dir.path(),
+                "../x",
+                "l",
+                1,
+                &report
+            )
+            .is_err()
+        );
     }
 }
