@@ -591,3 +591,24 @@ fn a_guest_planted_agents_link_is_not_followed_by_a_sub_agent_call() {
     );
     assert!(sent.contains(LINK), "the refusal reached the agent: {sent}");
 }
+
+/// Links are refused inside a workspace, not above it: a workspace folder reached through a
+/// link (or under a linked /tmp) runs, its database included (SQLite is given the canonical
+/// path, since `SQLITE_OPEN_NOFOLLOW` refuses a link anywhere on it).
+#[test]
+fn a_workspace_reached_through_a_link_still_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let real = dir.path().join("real");
+    support::workspace::copy_workspace(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/ticket-digest"),
+        &real,
+        &["runs", "db.sqlite"],
+    );
+    let ws = dir.path().join("ws");
+    symlink(&real, &ws).unwrap();
+    let out = bounded(&["run", ws.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", both(&out));
+    let out = bounded(&["check", ws.to_str().unwrap(), "--step", "digest"]);
+    assert!(out.status.success(), "{}", both(&out));
+    assert!(real.join("db/db.sqlite").is_file());
+}

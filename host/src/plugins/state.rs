@@ -77,7 +77,16 @@ impl CallState {
                 OpenFlags::SQLITE_OPEN_READ_ONLY
             } | OpenFlags::SQLITE_OPEN_NO_MUTEX
                 | OpenFlags::SQLITE_OPEN_NOFOLLOW;
-            let conn = rusqlite::Connection::open_with_flags(&grant.path, flags)
+            // SQLITE_OPEN_NOFOLLOW refuses a link anywhere on the path: the folder is named
+            // canonically (the host checked it holds no link), the file itself must not be one.
+            let path = match (grant.path.parent(), grant.path.file_name()) {
+                (Some(dir), Some(name)) => dir
+                    .canonicalize()
+                    .map(|d| d.join(name))
+                    .unwrap_or_else(|_| grant.path.clone()),
+                _ => grant.path.clone(),
+            };
+            let conn = rusqlite::Connection::open_with_flags(&path, flags)
                 .map_err(|e| workflow_db::DbError::Sql(format!("opening the workflow db: {e}")))?;
             self.db_conn = Some(conn);
         }

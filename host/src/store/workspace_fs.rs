@@ -151,6 +151,12 @@ impl WorkspaceFs {
         self.root.join(rel)
     }
 
+    /// The host path of `rel` under the canonical workspace folder: free of links when `rel`
+    /// was checked, which SQLite's `SQLITE_OPEN_NOFOLLOW` requires of the whole path.
+    fn canonical_path(&self, rel: &Path) -> PathBuf {
+        self.canonical.join(rel)
+    }
+
     /// What is at `path` without following any link, `None` when nothing is. A link on the
     /// way to it (not at it) is an error.
     pub fn kind(&self, path: impl AsRef<Path>) -> io::Result<Option<Kind>> {
@@ -439,7 +445,7 @@ impl WorkspaceFs {
 
     /// Creates an empty regular file at `path` when nothing is there (for an SQLite database
     /// that a sandbox or SQLite will open by path), refusing links and special files; returns
-    /// its host path.
+    /// its host path, under the canonical workspace folder.
     pub fn ensure_regular_file(&self, path: impl AsRef<Path>) -> io::Result<PathBuf> {
         let rel = self.relative(path.as_ref())?;
         match self.check(&rel)? {
@@ -464,16 +470,16 @@ impl WorkspaceFs {
                 }
             }
         }
-        Ok(self.host_path(&rel))
+        Ok(self.canonical_path(&rel))
     }
 
     /// Checks that `path` is a regular file (or nothing) reached without links; returns its
-    /// host path, for handing to code that opens by path (SQLite).
+    /// host path under the canonical workspace folder, for code that opens by path (SQLite).
     pub fn check_file_path(&self, path: impl AsRef<Path>) -> io::Result<PathBuf> {
         let rel = self.relative(path.as_ref())?;
         match self.check(&rel)? {
             Some(Kind::Dir) => Err(refused(format!("{} is a folder", shown(&rel)))),
-            _ => Ok(self.host_path(&rel)),
+            _ => Ok(self.canonical_path(&rel)),
         }
     }
 }
