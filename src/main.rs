@@ -966,13 +966,13 @@ fn check(
     let logs = run_dir.join("logs").join(step_id);
     let attempt = (1..)
         .find(|n| {
-            !logs
-                .join(format!("pre_validation_check_attempt_{n}.json"))
-                .exists()
+            !ws.fs
+                .exists(logs.join(format!("pre_validation_check_attempt_{n}.json")))
         })
         .unwrap_or(1);
-    let (latest, _) = validation::write_report(&run_dir, step_id, "check", attempt, &report)
-        .with_context(|| format!("writing the report under {}", logs.display()))?;
+    let (latest, _) =
+        validation::write_report(&ws.fs, &run_dir, step_id, "check", attempt, &report)
+            .with_context(|| format!("writing the report under {}", logs.display()))?;
 
     if report.skipped {
         println!("step `{step_id}` has no validation_schema rules: nothing to check");

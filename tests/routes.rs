@@ -650,7 +650,7 @@ async fn example_cassette(registry: &PluginRegistry) -> Cassette {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("ws");
     copy_example(&root);
-    assert!(seed_database(&root).unwrap());
+    assert!(seed_database(&trellis_host::store::WorkspaceFs::open(&root).unwrap()).unwrap());
     let ws = Workspace::open(&root).unwrap();
     let step = ws.plan.step(EXAMPLE_STEP).unwrap();
     let configs = ws.agent_configs(EXAMPLE_STEP);
@@ -938,7 +938,10 @@ async fn the_example_cassette_is_current_and_the_example_delegates_and_reflects(
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("ws");
     copy_example(&root);
-    trellis_host::sequence::workflow_run::seed_database(&root).unwrap();
+    trellis_host::sequence::workflow_run::seed_database(
+        &trellis_host::store::WorkspaceFs::open(&root).unwrap(),
+    )
+    .unwrap();
     let ws = Workspace::open(&root).unwrap();
     let outcome = replay_runner(&registry, EXAMPLE_MODEL, &example_cassette_path())
         .run_step(&ws, EXAMPLE_STEP)

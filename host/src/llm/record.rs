@@ -129,7 +129,7 @@ impl Cassette {
 
     /// Writes the cassette atomically.
     pub fn save(&self, path: &Path) -> Result<()> {
-        crate::store::write_json_atomic(path, self)
+        crate::store::write_named_file_atomic(path, &crate::store::json_bytes(self)?)
             .with_context(|| format!("writing cassette {}", path.display()))
     }
 }

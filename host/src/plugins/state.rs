@@ -112,7 +112,16 @@ impl CallState {
                     .saturating_duration_since(Instant::now())
                     .as_millis() as u64,
             );
-            let conn = sql::open(&grant.path, access, left)
+            // SQLITE_OPEN_NOFOLLOW refuses a link anywhere on the path: the folder is named
+            // canonically (the host checked it holds no link), the file itself must not be one.
+            let path = match (grant.path.parent(), grant.path.file_name()) {
+                (Some(dir), Some(name)) => dir
+                    .canonicalize()
+                    .map(|d| d.join(name))
+                    .unwrap_or_else(|_| grant.path.clone()),
+                _ => grant.path.clone(),
+            };
+            let conn = sql::open(&path, access, left)
                 .map_err(|e| workflow_db::DbError::Sql(format!("opening the workflow db: {e}")))?;
             self.db_conn = Some(conn);
         }

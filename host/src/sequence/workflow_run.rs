@@ -36,6 +36,8 @@ use crate::sequence::events::Observer;
 use crate::sequence::llm_choice::{self, LlmSetup, check_models};
 use crate::sequence::run_folder::{ACTIVE_RUN, group_folder_name, open_group_run, start_full_run};
 use crate::sequence::session::{FINAL_SUMMARY_SCHEMA_VERSION, FinalSummary, Status, now_rfc3339};
+use crate::store::workspace_fs::link_error;
+use crate::store::{Kind, WorkspaceFs};
 use crate::workflow::manifest::Group;
 use crate::workflow::plan::{HumanInput, Routing};
 use crate::workflow::step_config::PrerequisiteRule;
@@ -398,28 +400,43 @@ pub fn check_step_models(ws: &Workspace, opts: &RunOptions, llm: &LlmSetup) -> R
 
 /// Creates `db/db.sqlite` from `db/seed.sql` when the database is missing and the seed
 /// exists: a workspace may ship SQL instead of a binary database. Returns whether it did.
-pub fn seed_database(root: &Path) -> Result<bool> {
-    let db = root.join(DB_FILE);
-    let seed = root.join(SEED_SQL);
-    if db.exists() || !seed.is_file() {
+pub fn seed_database(fs: &WorkspaceFs) -> Result<bool> {
+    // A link or a FIFO at either path is refused, not followed (see `store::workspace_fs`).
+    match fs.kind(DB_FILE)? {
+        None => {}
+        Some(Kind::File) => return Ok(false),
+        Some(Kind::Link) => bail!("{}", link_error(Path::new(DB_FILE))),
+        Some(_) => bail!("{DB_FILE} is not a regular file"),
+    }
+    if fs.kind(SEED_SQL)?.is_none() {
         return Ok(false);
     }
-    let sql =
-        std::fs::read_to_string(&seed).with_context(|| format!("reading {}", seed.display()))?;
-    let tmp = root.join("db/.db.sqlite.seeding");
-    let _ = std::fs::remove_file(&tmp);
-    let conn =
-        rusqlite::Connection::open(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    let sql = fs
+        .read_to_string(SEED_SQL)
+        .with_context(|| format!("reading {SEED_SQL}"))?;
+    let tmp = "db/.db.sqlite.seeding";
+    fs.remove_file(tmp)
+        .with_context(|| format!("clearing {tmp}"))?;
+    let tmp_host = fs
+        .ensure_regular_file(tmp)
+        .with_context(|| format!("creating {tmp}"))?;
+    let conn = rusqlite::Connection::open_with_flags(
+        &tmp_host,
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NOFOLLOW,
+    )
+    .with_context(|| format!("creating {tmp}"))?;
     conn.execute_batch(&sql)
-        .with_context(|| format!("running {}", seed.display()))?;
+        .with_context(|| format!("running {SEED_SQL}"))?;
     drop(conn);
-    std::fs::rename(&tmp, &db).with_context(|| format!("creating {}", db.display()))?;
+    fs.rename(tmp, DB_FILE)
+        .with_context(|| format!("creating {DB_FILE}"))?;
     Ok(true)
 }
 
-fn read_selection(path: &Path) -> Result<String> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+fn read_selection(fs: &WorkspaceFs, path: &Path) -> Result<String> {
+    let text = fs
+        .read_to_string(path)
+        .with_context(|| format!("reading {}", path.display()))?;
     let value: Value =
         serde_json::from_str(&text).with_context(|| format!("{}: not JSON", path.display()))?;
     value
@@ -427,6 +444,11 @@ fn read_selection(path: &Path) -> Result<String> {
         .and_then(Value::as_str)
         .map(str::to_string)
         .with_context(|| format!("{}: no string \"select_route\"", path.display()))
+}
+
+/// Something other than a folder is at `path` (or cannot be looked at): reading it says what.
+fn present(fs: &WorkspaceFs, path: &Path) -> bool {
+    !matches!(fs.kind(path), Ok(None | Some(Kind::Dir)))
 }
 
 /// Picks the route of a routing step (spec section 2): `route_selection.json` in its own
@@ -439,17 +461,23 @@ pub fn select_route(
     previous: Option<&str>,
 ) -> Result<(String, String, String)> {
     let own = ws.step_output_dir(&step.id).join(ROUTE_SELECTION_FILE);
-    let (route_id, how) = if own.is_file() {
-        (read_selection(&own)?, ROUTE_SELECTION_FILE.to_string())
+    let (route_id, how) = if present(&ws.fs, &own) {
+        (
+            read_selection(&ws.fs, &own)?,
+            ROUTE_SELECTION_FILE.to_string(),
+        )
     } else if let Some(source) = routing.route_source_file.as_deref().and_then(|file| {
         let exec = ws.run_dir().join("execution");
         previous
             .map(|p| exec.join(p).join(file))
             .into_iter()
             .chain([exec.join(file)])
-            .find(|p| p.is_file())
+            .find(|p| present(&ws.fs, p))
     }) {
-        (read_selection(&source)?, source.display().to_string())
+        (
+            read_selection(&ws.fs, &source)?,
+            source.display().to_string(),
+        )
     } else if let Some(default) = &routing.default_route_id {
         (default.clone(), "default_route_id".to_string())
     } else {
@@ -476,8 +504,8 @@ pub fn select_route(
     Ok((route_id, route.next_step_id.clone(), how))
 }
 
-fn write_json(path: &Path, value: &Value) -> Result<()> {
-    crate::store::write_json_atomic(path, value)
+fn write_json(fs: &WorkspaceFs, path: &Path, value: &Value) -> Result<()> {
+    fs.write_json_atomic(path, value)
         .with_context(|| format!("writing {}", path.display()))
 }
 
@@ -584,7 +612,7 @@ pub async fn run_workflow(
         };
         check_step_models(&unit_ws, opts, &env.llm)?;
     }
-    if seed_database(root)? {
+    if seed_database(&ws.fs)? {
         progress(&format!("created {DB_FILE} from {SEED_SQL}"));
     }
     let archived = if full {
@@ -599,7 +627,9 @@ pub async fn run_workflow(
                 Some(g) => {
                     open_group_run(root, &group_folder_name(g.name.as_deref(), &g.id)?)?;
                 }
-                None => std::fs::create_dir_all(root.join("runs").join(folder).join("execution"))
+                None => ws
+                    .fs
+                    .create_dir_all(Path::new("runs").join(folder).join("execution"))
                     .with_context(|| format!("creating runs/{folder}/execution"))?,
             }
         }
@@ -711,6 +741,7 @@ async fn run_unit(
                     .get(key)
                     .with_context(|| format!("step {id:?}: no --input {key}=VALUE"))?;
                 write_json(
+                    &ws.fs,
                     &output_dir.join(HUMAN_INPUT_FILE),
                     &json!({"variable_name": key, "question": h.question, "answer": answer}),
                 )?;
@@ -836,7 +867,7 @@ fn check_prerequisite(
         concerns,
         completed_at: now_rfc3339(),
     }
-    .write(&report.output_dir)
+    .write(&ws.fs, &report.output_dir)
     .with_context(|| format!("step {:?}: writing the final summary", report.step_id))?;
     Ok(None)
 }
@@ -988,23 +1019,18 @@ mod tests {
     #[test]
     fn a_missing_database_is_created_from_seed_sql() {
         let dir = tempfile::tempdir().unwrap();
-        assert!(
-            !seed_database(dir.path()).unwrap(),
-            "no seed: nothing to do"
-        );
+        let fs = WorkspaceFs::open(dir.path()).unwrap();
+        assert!(!seed_database(&fs).unwrap(), "no seed: nothing to do");
         std::fs::create_dir_all(dir.path().join("db")).unwrap();
         std::fs::write(
             dir.path().join(SEED_SQL),
             "CREATE TABLE t (x INTEGER); INSERT INTO t VALUES (7);",
         )
         .unwrap();
-        assert!(seed_database(dir.path()).unwrap());
+        assert!(seed_database(&fs).unwrap());
         let conn = rusqlite::Connection::open(dir.path().join(DB_FILE)).unwrap();
         let x: i64 = conn.query_row("SELECT x FROM t", [], |r| r.get(0)).unwrap();
         assert_eq!(x, 7);
-        assert!(
-            !seed_database(dir.path()).unwrap(),
-            "an existing db is kept"
-        );
+        assert!(!seed_database(&fs).unwrap(), "an existing db is kept");
     }
 }

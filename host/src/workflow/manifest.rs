@@ -180,8 +180,8 @@ impl WorkflowManifest {
     }
 
     /// Writes the manifest atomically, 2-space indent.
-    pub fn write(&self, path: &Path) -> io::Result<()> {
-        crate::store::write_json_atomic(path, self)
+    pub fn write(&self, fs: &crate::store::WorkspaceFs, path: &Path) -> io::Result<()> {
+        fs.write_json_atomic(path, self)
     }
 }
 
