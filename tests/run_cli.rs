@@ -1142,3 +1142,33 @@ fn a_key_echoed_by_the_server_is_redacted_from_every_file_and_output() {
     );
     assert!(!files_containing(&ws, "[REDACTED]").is_empty());
 }
+
+#[test]
+fn a_scripted_steps_repair_model_is_checked_in_the_preflight_too() {
+    let server = FakeServer::start(Box::new(|_| (200, completion("done", &[]))));
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    preflight_workspace(
+        &ws,
+        json!({"llm": {"provider": "openai", "model_id": "m"},
+               "providers": {"openai": {"base_url": server.base_url(),
+                                        "api_key_env": "AWS_SECRET_ACCESS_KEY"}}}),
+    );
+    // The only step is scripted: the model is used only if its script needs a repair.
+    std::fs::write(
+        ws.join("planning/step_config.json"),
+        json!({"steps": [{"id": "answer", "agent_configs": {"declared_execution_mode": "scripted"}}]})
+            .to_string(),
+    )
+    .unwrap();
+    support::workspace::write_file(&ws, "code/answer/main.py", "print('fine')\n");
+    let out = run_with(&ws, &[], &[("AWS_SECRET_ACCESS_KEY", KEY)]);
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success(), "{}", text(&out.stdout));
+    assert!(
+        stderr.contains("the key in AWS_SECRET_ACCESS_KEY is not approved"),
+        "{stderr}"
+    );
+    assert_untouched(&ws);
+    assert_eq!(server.seen().len(), 0);
+}

@@ -399,6 +399,13 @@ pub fn check_models<'w>(
     for step in steps {
         check_route_models(ws, step, llm, &mut problems);
         if !needs_model(ws, step) {
+            // A scripted step calls a model only to repair its script: the model it would
+            // use must resolve (its key approved for its origin) before anything runs too.
+            if matches!(step.kind, StepKind::Regular)
+                && let Err(e) = llm.step_llm(ws, &step.id)
+            {
+                problems.push(format!("{e:#}"));
+            }
             continue;
         }
         match llm.step_llm(ws, &step.id) {
