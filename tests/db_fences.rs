@@ -286,3 +286,35 @@ fn a_db_rule_of_a_gate_cannot_attach() {
     );
     assert!(!evil.exists(), "ATTACH created a file outside");
 }
+
+#[test]
+fn a_seed_sql_cannot_attach_and_leaves_no_database_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let evil = dir.path().join("evil.db");
+    let world = World::new(
+        json!({"id": "route", "type": "routing", "title": "Route", "description": "d",
+               "routes": [{"route_id": "done", "route_name": "Done", "condition": "always",
+                           "next_step_id": "end"}],
+               "default_route_id": "done"}),
+        json!([]),
+    );
+    std::fs::remove_file(world.root().join("db/db.sqlite")).unwrap();
+    write_file(
+        &world.root(),
+        "db/seed.sql",
+        format!(
+            "CREATE TABLE t (x INTEGER);\nATTACH DATABASE '{}' AS e;\nCREATE TABLE e.stolen (x);\n",
+            evil.display()
+        ),
+    );
+    let out = trellis(&["run", &world.root_str()]);
+    let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    assert!(all.contains("running db/seed.sql: not authorized"), "{all}");
+    assert!(!evil.exists(), "ATTACH created a file outside");
+    let db_folder: Vec<_> = std::fs::read_dir(world.root().join("db"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(db_folder, ["seed.sql"], "no database, no temp file left");
+}

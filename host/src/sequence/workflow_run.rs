@@ -28,6 +28,7 @@ use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
 use crate::Limits;
+use crate::capabilities::sql::{self, SqlAccess};
 use crate::llm::RetryPolicy;
 use crate::plugins::PluginRegistry;
 use crate::script::{ScriptOptions, ScriptRunner};
@@ -398,8 +399,12 @@ pub fn check_step_models(ws: &Workspace, opts: &RunOptions, llm: &LlmSetup) -> R
     check_models(ws, reachable(ws, opts.step.as_deref()), llm)
 }
 
+/// How long `db/seed.sql` may run.
+const SEED_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// Creates `db/db.sqlite` from `db/seed.sql` when the database is missing and the seed
 /// exists: a workspace may ship SQL instead of a binary database. Returns whether it did.
+
 pub fn seed_database(fs: &WorkspaceFs) -> Result<bool> {
     // A link or a FIFO at either path is refused, not followed (see `store::workspace_fs`).
     match fs.kind(DB_FILE)? {
@@ -420,14 +425,21 @@ pub fn seed_database(fs: &WorkspaceFs) -> Result<bool> {
     let tmp_host = fs
         .ensure_regular_file(tmp)
         .with_context(|| format!("creating {tmp}"))?;
-    let conn = rusqlite::Connection::open_with_flags(
-        &tmp_host,
-        rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NOFOLLOW,
-    )
-    .with_context(|| format!("creating {tmp}"))?;
-    conn.execute_batch(&sql)
-        .with_context(|| format!("running {SEED_SQL}"))?;
-    drop(conn);
+    // The seed is the workspace's SQL: fenced like a plan's (no ATTACH, a deadline).
+    let db = sql::open(&tmp_host, SqlAccess::ReadWrite, SEED_TIMEOUT)
+        .with_context(|| format!("creating {tmp}"))?;
+    let seeded = sql::refuse_unseen(&sql)
+        .map_err(anyhow::Error::msg)
+        .and_then(|()| {
+            db.conn()
+                .execute_batch(&sql)
+                .map_err(|e| anyhow::anyhow!(db.describe(&e)))
+        });
+    drop(db);
+    if let Err(err) = seeded {
+        let _ = fs.remove_file(tmp);
+        return Err(err.context(format!("running {SEED_SQL}")));
+    }
     fs.rename(tmp, DB_FILE)
         .with_context(|| format!("creating {DB_FILE}"))?;
     Ok(true)
@@ -554,27 +566,22 @@ fn open_workspace(root: &Path, run: Option<&str>) -> Result<Workspace> {
         .map_err(|d| anyhow::anyhow!("{}: the workspace has errors:\n{d}", root.display()))
 }
 
-/// Runs the workflow at `root`: checks the groups, the inputs and the models of every
-/// reachable step, seeds the database, rotates the run folder (a full run: no `opts.step`,
-/// no `opts.group`), then runs each unit's steps, calling `progress` with one line per step
-/// and unit. A unit stops at its first failed step (an `Ok` run that did not succeed);
-/// errors are for a broken setup.
-pub async fn run_workflow(
+/// The preflight of a run: every check that can be made before anything in the workspace
+/// changes (run-folder rotation, database creation). The step, group and inputs asked for,
+/// the models of every reachable step with their keys' approvals, and the workspace files
+/// the run will open first. Returns the groups and the units (group, run folder) to run.
+fn preflight<'w>(
     env: &RunEnv<'_>,
     root: &Path,
+    ws: &'w Workspace,
     opts: &RunOptions,
-    progress: &mut dyn FnMut(&str),
-) -> Result<WorkflowRun> {
-    if !root.is_dir() {
-        bail!("{}: no such workspace folder", root.display());
-    }
-    let ws = open_workspace(root, None)?;
+) -> Result<(Vec<&'w Group>, Vec<(Option<&'w Group>, String)>)> {
     if let Some(step) = &opts.step {
         ws.plan
             .step(step)
             .with_context(|| format!("no step {step:?} in the plan"))?;
     }
-    let groups = select_groups(&ws, opts.group.as_deref())?;
+    let groups = select_groups(ws, opts.group.as_deref())?;
     if opts.step.is_some() && opts.group.is_none() && !groups.is_empty() {
         bail!(
             "workflow.json declares groups: --step runs in one group's run folder, give --group \
@@ -602,7 +609,7 @@ pub async fn run_workflow(
         units.push((None, ACTIVE_RUN.to_string()));
     }
     let full = opts.step.is_none() && opts.group.is_none();
-    check_inputs(&ws, opts)?;
+    check_inputs(ws, opts)?;
     for (_, folder) in &units {
         // A full run starts from fresh run folders: the default step config applies.
         let unit_ws = if full {
@@ -612,6 +619,35 @@ pub async fn run_workflow(
         };
         check_step_models(&unit_ws, opts, &env.llm)?;
     }
+    // The database, or the seed it is made from, must be a regular file reached without a
+    // link: refused here rather than half-way through setting the run up.
+    for path in [DB_FILE, SEED_SQL] {
+        match ws.fs.kind(path)? {
+            None | Some(Kind::File) => {}
+            Some(Kind::Link) => bail!("{}", link_error(Path::new(path))),
+            Some(_) => bail!("{path} is not a regular file"),
+        }
+    }
+    Ok((groups, units))
+}
+
+/// Runs the workflow at `root`: the [`preflight`] (nothing in the workspace changes when it
+/// fails), then seeds the database, rotates the run folder (a full run: no `opts.step`,
+/// no `opts.group`), then runs each unit's steps, calling `progress` with one line per step
+/// and unit. A unit stops at its first failed step (an `Ok` run that did not succeed);
+/// errors are for a broken setup.
+pub async fn run_workflow(
+    env: &RunEnv<'_>,
+    root: &Path,
+    opts: &RunOptions,
+    progress: &mut dyn FnMut(&str),
+) -> Result<WorkflowRun> {
+    if !root.is_dir() {
+        bail!("{}: no such workspace folder", root.display());
+    }
+    let ws = open_workspace(root, None)?;
+    let (groups, units) = preflight(env, root, &ws, opts)?;
+    let full = opts.step.is_none() && opts.group.is_none();
     if seed_database(&ws.fs)? {
         progress(&format!("created {DB_FILE} from {SEED_SQL}"));
     }
