@@ -377,7 +377,8 @@ async fn a_component_with_many_memories_is_refused() {
     let err = hostile_load_error("memories", &component).await;
     assert!(err.contains("loading plugin `memories`"), "{err}");
     assert!(
-        err.contains("Wasm linear memories, which exceeds the configured maximum of 8"),
+        err.contains(": over a limit of this host")
+            && err.contains("Wasm linear memories, which exceeds the configured maximum of 8"),
         "{err}"
     );
     // A hundred instances of it: over the cap on core instances first.

@@ -234,7 +234,14 @@ fn compile(
     deadline: Option<Duration>,
 ) -> Result<Component> {
     let invalid = |err: wasmtime::Error| {
-        anyhow::Error::from(err).context(format!("{origin}: not a valid WebAssembly component"))
+        let err = anyhow::Error::from(err);
+        // A component over one of the engine's per-component limits is valid, just refused.
+        let what = if format!("{err:#}").contains("exceeds the configured maximum") {
+            "over a limit of this host"
+        } else {
+            "not a valid WebAssembly component"
+        };
+        err.context(format!("{origin}: {what}"))
     };
     let Some(deadline) = deadline else {
         return Component::new(engine, bytes).map_err(invalid);

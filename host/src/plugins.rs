@@ -427,10 +427,11 @@ impl PluginRegistry {
             Ok(Ok(text)) => text,
             Ok(Err(err)) => {
                 let (kind, message) = tool_error(err);
+                // The message goes to the agent's next turn: cut like a validator's.
                 return Err(ToolCallError::Tool {
                     tool,
                     kind,
-                    message,
+                    message: cap_text(message),
                 });
             }
             Err(failure) => return Err(failure.into_error(tool, limits)),
@@ -567,7 +568,8 @@ impl PluginRegistry {
     }
 }
 
-/// `text` cut to [`MAX_VALIDATOR_FIELD_BYTES`], the cut marked.
+/// `text` cut to [`MAX_VALIDATOR_FIELD_BYTES`] (validator fields, tool error messages), the
+/// cut marked.
 fn cap_text(text: String) -> String {
     if text.len() <= MAX_VALIDATOR_FIELD_BYTES {
         return text;

@@ -148,6 +148,11 @@ const TOOLS: &[Spec] = &[
         &[("bytes", "integer")],
     ),
     (
+        "long_error",
+        "Fails with an error message of `bytes` bytes.",
+        &[("bytes", "integer")],
+    ),
+    (
         "counter",
         "Adds one to a counter kept in the instance's memory and returns it.",
         &[],
@@ -312,6 +317,9 @@ impl ToolPlugin for Adversary {
                 Ok(json!({ "written": bytes }))
             }
             "counter" => Ok(json!(CALLS.fetch_add(1, Ordering::Relaxed) + 1)),
+            "long_error" => Err(ToolError::Failed(
+                "x".repeat(usize::try_from(number(&args, "bytes")?).unwrap_or(usize::MAX)),
+            )),
             "flood_and_panic" => {
                 stderr_flood(number(&args, "bytes")?)?;
                 panic!("after the flood")
