@@ -612,3 +612,40 @@ fn a_workspace_reached_through_a_link_still_runs() {
     assert!(out.status.success(), "{}", both(&out));
     assert!(real.join("db/db.sqlite").is_file());
 }
+
+#[test]
+fn a_guest_reading_a_fifo_in_its_grant_is_refused_not_hung() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    std::fs::create_dir_all(root.join("data")).unwrap();
+    let fifo = root.join("data/pipe");
+    let c_path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o644) }, 0);
+    let plugins = support::plugin_folder(root, "adversary", "adversary", "tool");
+    for (tool, args) in [
+        ("adversary:read", r#"{"path": "/data/pipe"}"#),
+        (
+            "adversary:write",
+            r#"{"path": "/data/pipe", "content": "x"}"#,
+        ),
+    ] {
+        let out = bounded(&[
+            "tool",
+            "call",
+            tool,
+            "--root",
+            root.to_str().unwrap(),
+            "--write",
+            "data",
+            "--args",
+            args,
+            "--plugins",
+            plugins.to_str().unwrap(),
+        ]);
+        refused(
+            &out,
+            &format!("error: {tool}: denied: `/data/pipe` is a FIFO, socket or device"),
+        );
+    }
+}
