@@ -36,6 +36,7 @@ use crate::sequence::driver::{AgentModels, ModelResolver, StepOutcome, StepRunne
 use crate::sequence::events::Observer;
 use crate::sequence::llm_choice::{self, LlmSetup, check_models};
 use crate::sequence::run_folder::{ACTIVE_RUN, group_folder_name, open_group_run, start_full_run};
+use crate::sequence::steering::Steering;
 use crate::sequence::session::{FINAL_SUMMARY_SCHEMA_VERSION, FinalSummary, Status, now_rfc3339};
 use crate::store::workspace_fs::link_error;
 use crate::store::{Kind, WorkspaceFs};
@@ -86,6 +87,8 @@ pub struct RunEnv<'a> {
     pub observer: Observer,
     /// The models of the steps.
     pub llm: LlmSetup,
+    /// Messages sent to the running step's agent from outside, if anyone may send them.
+    pub steering: Option<Arc<Steering>>,
     /// Runs the scripts of scripted steps; made on the first one.
     scripts: OnceLock<Arc<ScriptRunner>>,
 }
@@ -100,6 +103,7 @@ impl<'a> RunEnv<'a> {
             cancel: Arc::new(AtomicBool::new(false)),
             observer: Observer::default(),
             llm,
+            steering: None,
             scripts: OnceLock::new(),
         }
     }
@@ -133,6 +137,9 @@ impl<'a> RunEnv<'a> {
         .with_retry(self.retry)
         .with_cancel(self.cancel.clone())
         .with_observer(self.observer.clone());
+        if let Some(steering) = &self.steering {
+            runner = runner.with_steering(steering.clone());
+        }
         if let Some(recorder) = self.llm.recorder() {
             runner = runner.with_recorder(recorder.clone());
         }
