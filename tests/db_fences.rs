@@ -286,3 +286,28 @@ fn a_db_rule_of_a_gate_cannot_attach() {
     );
     assert!(!evil.exists(), "ATTACH created a file outside");
 }
+
+#[test]
+fn a_seed_sql_cannot_attach_another_file() {
+    // `db/seed.sql` comes with the workspace, which someone else may have written: it is
+    // run on the host's own connection, so it must carry the same fences as a plan's SQL.
+    let world = World::scripted();
+    std::fs::remove_file(world.root().join("db/db.sqlite")).unwrap();
+    let evil = world.evil();
+    write_file(
+        &world.root(),
+        "db/seed.sql",
+        format!(
+            "ATTACH DATABASE '{}' AS e; CREATE TABLE e.stolen (x); \
+             CREATE TABLE tickets (id INTEGER, subject TEXT);",
+            evil.display()
+        ),
+    );
+    let outside = tree_digest(&world.dir.path().join("outside"));
+    let out = trellis(&["run", &world.root_str()]);
+    let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(!evil.exists(), "seed.sql created a file outside: {all}");
+    assert_eq!(tree_digest(&world.dir.path().join("outside")), outside);
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    assert!(all.contains("not authorized"), "{all}");
+}

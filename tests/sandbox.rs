@@ -877,3 +877,127 @@ async fn a_folder_swapped_for_a_link_after_the_grant_is_not_opened() {
     assert_eq!(after, before, "nothing written anywhere");
     still_serving(&registry).await;
 }
+
+// ---- Red-team findings (branch `redteam`) ----
+
+/// A budget of 16 open descriptors, the rest as by default.
+fn sixteen_open() -> Limits {
+    fs_limits(FsLimits {
+        open_descriptors: 16,
+        ..FsLimits::DEFAULT
+    })
+}
+
+#[tokio::test]
+async fn dropping_a_preopen_does_not_give_back_the_open_budget() {
+    // `get-directories` hands out fresh handles of the preopens; dropping them used to be
+    // counted as closing a descriptor, so a guest could hold any number of files open.
+    let registry = registry_with_adversary().await;
+    let world = World::new();
+    let before = open_host_descriptors();
+    let result = registry
+        .call_tool(
+            "adversary:churn_preopens",
+            &json!({"path": "/granted/inside.txt", "count": 200}),
+            &world.grant(),
+            &sixteen_open(),
+        )
+        .await;
+    assert_fs_limit(result, FsLimitExceeded::OpenDescriptors(16));
+    assert!(open_host_descriptors() < before + 64);
+    still_serving(&registry).await;
+}
+
+#[tokio::test]
+async fn a_stream_kept_after_its_descriptor_counts_against_the_open_budget() {
+    // A read stream holds the host's file open after the guest dropped the descriptor it
+    // came from; dropping the descriptor must not free its place in the budget.
+    let registry = registry_with_adversary().await;
+    let world = World::new();
+    let result = registry
+        .call_tool(
+            "adversary:streams_outlive",
+            &json!({"dir": "/granted", "name": "inside.txt", "count": 200}),
+            &world.grant(),
+            &sixteen_open(),
+        )
+        .await;
+    assert_fs_limit(result, FsLimitExceeded::OpenDescriptors(16));
+    still_serving(&registry).await;
+}
+
+#[tokio::test]
+async fn a_write_far_past_the_end_is_charged_for_the_gap() {
+    // One byte written at offset 1 TiB makes a file of 1 TiB: the host, an archive or a
+    // backup that reads it reads a terabyte. `set-size` is charged for growth; a write past
+    // the end must be too.
+    let registry = registry_with_adversary().await;
+    let world = World::new();
+    let before = world.outside_grant();
+    let limits = fs_limits(FsLimits {
+        write_bytes: 4 << 20,
+        ..FsLimits::DEFAULT
+    });
+    for how in ["seek", "write"] {
+        let path = format!("/granted/sparse-{how}");
+        let result = registry
+            .call_tool(
+                "adversary:sparse_write",
+                &json!({"path": path, "offset": 1u64 << 40, "how": how}),
+                &world.grant(),
+                &limits,
+            )
+            .await;
+        assert_fs_limit(result, FsLimitExceeded::WriteBytes(4 << 20));
+        let len = std::fs::metadata(world.path(&format!("ws{path}")))
+            .map(|m| m.len())
+            .unwrap_or(0);
+        assert!(len <= 4 << 20, "{how}: a file of {len} bytes was made");
+    }
+    // Within the budget the same write works and the gap is what it costs.
+    let small = registry
+        .call_tool(
+            "adversary:sparse_write",
+            &json!({"path": "/granted/small", "offset": 1000, "how": "write"}),
+            &world.grant(),
+            &limits,
+        )
+        .await
+        .unwrap();
+    assert_eq!(small, json!({"len": 1001}));
+    assert_eq!(world.outside_grant(), before);
+    still_serving(&registry).await;
+}
+
+#[tokio::test]
+async fn the_workflow_db_cannot_grow_past_the_write_budget() {
+    // Bytes a guest writes through `workflow-db` reach the disk as surely as bytes written
+    // to a folder: one statement could add gigabytes to db/db.sqlite within its deadline.
+    let registry = registry_with_adversary().await;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("db.sqlite");
+    drop(rusqlite_setup(&db));
+    let size = || std::fs::metadata(&db).unwrap().len();
+    let start = size();
+    let limits = fs_limits(FsLimits {
+        write_bytes: 4 << 20,
+        ..FsLimits::DEFAULT
+    });
+    let result = registry
+        .call_tool(
+            "adversary:db_execute",
+            &json!({"sql": "INSERT INTO t SELECT randomblob(1000000) FROM \
+                (WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM c WHERE n < 64) \
+                 SELECT n FROM c)"}),
+            &Grant::none().with_db(&db, true),
+            &limits,
+        )
+        .await;
+    let grown = size() - start;
+    assert!(
+        result.is_err(),
+        "64 MB went into the db past a 4 MiB budget: {result:?}"
+    );
+    assert!(grown <= 5 << 20, "the db grew by {grown} bytes");
+    still_serving(&registry).await;
+}

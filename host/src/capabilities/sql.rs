@@ -304,6 +304,30 @@ mod tests {
         assert!(err.to_string().contains("too big"), "{err}");
     }
 
+    /// One call of a built-in function is one step of SQLite's virtual machine: the progress
+    /// handler never runs inside it. Several built-ins are quadratic in their arguments, so
+    /// a single call on values far below the length limit runs for minutes (at 16 MiB, hours).
+    #[test]
+    fn a_quadratic_builtin_is_stopped_at_the_deadline() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = db(dir.path());
+        for sql in [
+            // ~6 s unfenced: a naive search of a 64 KiB needle in 4 MiB.
+            "SELECT instr(printf('%.*c', 4194304, 'a'), printf('%.*c', 65536, 'a') || 'b')",
+            // ~5 s: each of 512 Ki characters compared with 8 Ki trim characters.
+            "SELECT length(trim(printf('%.*c', 524288, 'a'), printf('%.*c', 8192, 'b') || 'a'))",
+            // ~5 s: LIKE backtracking.
+            "SELECT printf('%.*c', 1048576, 'a') LIKE '%' || printf('%.*c', 4096, 'a') || 'b'",
+        ] {
+            let db = open(&path, SqlAccess::ReadOnly, Duration::from_millis(200)).unwrap();
+            let result = db.conn().query_row(sql, [], |r| r.get::<_, i64>(0));
+            match result {
+                Err(err) => assert_eq!(db.describe(&err), format!("{DEADLINE_MESSAGE} (200ms)")),
+                Ok(v) => panic!("{sql}: ran to the end ({v}) past a 200 ms deadline"),
+            }
+        }
+    }
+
     #[test]
     fn first_keyword_skips_comments() {
         assert_eq!(first_keyword("-- a\n/* b */ vacuum"), "vacuum");
