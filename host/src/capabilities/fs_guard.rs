@@ -16,9 +16,10 @@
 //!
 //! Everything else is passed through unchanged.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use bytes::Bytes;
 use cap_primitives::fs::FollowSymlinks;
@@ -28,8 +29,8 @@ use wasmtime_wasi::p2::bindings::filesystem::types::{
     self, ErrorCode, HostDescriptor, HostDirectoryEntryStream,
 };
 use wasmtime_wasi::p2::{
-    DynInputStream, DynOutputStream, FsError, FsResult, OutputStream, Pollable, ReaddirIterator,
-    StreamError, StreamResult,
+    DynInputStream, DynOutputStream, FsError, FsResult, InputStream, OutputStream, Pollable,
+    ReaddirIterator, StreamError, StreamResult,
 };
 
 /// How much one call may add to its read-write folders, and how many descriptors it may hold.
@@ -80,6 +81,25 @@ pub(crate) struct FsBudget {
     created: AtomicU64,
     open: AtomicU64,
     exceeded: Mutex<Option<FsLimitExceeded>>,
+    /// The descriptors `open_at` counted, by resource index: only these give their place
+    /// back when dropped (preopens, handed out again by every `get-directories`, were never
+    /// counted). Streams of a file share its [`OpenFile`], which keeps the place taken until
+    /// the last of them is gone, as the host's file stays open until then.
+    counted: Mutex<HashMap<u32, Arc<OpenFile>>>,
+}
+
+/// One file or folder counted as open; gives its place back when dropped.
+#[derive(Debug)]
+struct OpenFile {
+    budget: Weak<FsBudget>,
+}
+
+impl Drop for OpenFile {
+    fn drop(&mut self) {
+        if let Some(budget) = self.budget.upgrade() {
+            budget.close_descriptor();
+        }
+    }
 }
 
 impl FsBudget {
@@ -90,6 +110,7 @@ impl FsBudget {
             created: AtomicU64::new(0),
             open: AtomicU64::new(0),
             exceeded: Mutex::new(None),
+            counted: Mutex::new(HashMap::new()),
         })
     }
 
@@ -139,6 +160,41 @@ impl FsBudget {
                 self.limits.open_descriptors,
             )))
         }
+    }
+
+    fn counted(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Arc<OpenFile>>> {
+        self.counted.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records `rep` as a descriptor whose place in the budget is taken.
+    fn hold(self: &Arc<Self>, rep: u32) {
+        let file = Arc::new(OpenFile {
+            budget: Arc::downgrade(self),
+        });
+        self.counted().insert(rep, file);
+    }
+
+    /// The place of descriptor `rep`, for a stream that keeps its file open.
+    fn share(&self, rep: u32) -> Option<Arc<OpenFile>> {
+        self.counted().get(&rep).cloned()
+    }
+
+    /// Descriptor `rep` was dropped: its place is given back once no stream holds it.
+    fn release(&self, rep: u32) {
+        let file = self.counted().remove(&rep);
+        drop(file);
+    }
+
+    /// Bytes the call may still write.
+    pub(crate) fn write_bytes_left(&self) -> u64 {
+        self.limits
+            .write_bytes
+            .saturating_sub(self.written.load(Ordering::Relaxed))
+    }
+
+    /// A write outside the filesystem (the workflow database) ran into the write budget.
+    pub(crate) fn note_write_limit(&self) {
+        let _ = self.over(FsLimitExceeded::WriteBytes(self.limits.write_bytes));
     }
 
     fn close_descriptor(&self) {
@@ -197,13 +253,27 @@ impl GuardedFs<'_> {
     fn counted(
         &mut self,
         stream: Resource<DynOutputStream>,
+        held: Option<Arc<OpenFile>>,
     ) -> FsResult<Resource<DynOutputStream>> {
         let inner = self.fs.table.delete(stream)?;
         let counted: DynOutputStream = Box::new(CountedStream {
             inner,
             budget: self.budget.clone(),
+            _held: held,
         });
         Ok(self.fs.table.push(counted)?)
+    }
+
+    /// Growth of the file `fd` that writing at `offset` makes before the first byte lands
+    /// (a write past the end leaves a gap the file's length covers all the same).
+    fn gap_before(&mut self, fd: &Resource<Descriptor>, offset: u64) -> u64 {
+        match self.fs.table.get(fd) {
+            Ok(Descriptor::File(f)) if !f.perms.write_not_permitted() => {
+                let len = f.file.metadata().map(|m| m.len()).unwrap_or(0);
+                offset.saturating_sub(len)
+            }
+            _ => 0,
+        }
     }
 }
 
@@ -294,7 +364,9 @@ impl HostDescriptor for GuardedFs<'_> {
         offset: types::Filesize,
     ) -> FsResult<types::Filesize> {
         if self.writable(&fd) {
-            self.budget.charge_bytes(buf.len() as u64)?;
+            let gap = self.gap_before(&fd, offset);
+            self.budget
+                .charge_bytes((buf.len() as u64).saturating_add(gap))?;
         }
         HostDescriptor::write(&mut self.fs, fd, buf, offset).await
     }
@@ -393,15 +465,17 @@ impl HostDescriptor for GuardedFs<'_> {
         self.budget.open_descriptor()?;
         let opened =
             HostDescriptor::open_at(&mut self.fs, fd, path_flags, path, oflags, flags).await;
-        if opened.is_err() {
-            self.budget.close_descriptor();
+        match &opened {
+            Ok(new) => self.budget.hold(new.rep()),
+            Err(_) => self.budget.close_descriptor(),
         }
         opened
     }
 
     fn drop(&mut self, fd: Resource<Descriptor>) -> wasmtime::Result<()> {
-        // Preopens are dropped too, without having been counted: the count never goes below 0.
-        self.budget.close_descriptor();
+        // Only what `open_at` counted gives a place back: preopens are handed out afresh by
+        // every `get-directories`, and dropping them must not free places still taken.
+        self.budget.release(fd.rep());
         HostDescriptor::drop(&mut self.fs, fd)
     }
 
@@ -445,7 +519,14 @@ impl HostDescriptor for GuardedFs<'_> {
         fd: Resource<Descriptor>,
         offset: types::Filesize,
     ) -> FsResult<Resource<DynInputStream>> {
-        HostDescriptor::read_via_stream(&mut self.fs, fd, offset)
+        let held = self.budget.share(fd.rep());
+        let stream = HostDescriptor::read_via_stream(&mut self.fs, fd, offset)?;
+        let inner = self.fs.table.delete(stream)?;
+        let kept: DynInputStream = Box::new(HeldInputStream {
+            inner,
+            _held: held,
+        });
+        Ok(self.fs.table.push(kept)?)
     }
 
     fn write_via_stream(
@@ -453,16 +534,20 @@ impl HostDescriptor for GuardedFs<'_> {
         fd: Resource<Descriptor>,
         offset: types::Filesize,
     ) -> FsResult<Resource<DynOutputStream>> {
+        let gap = self.gap_before(&fd, offset);
+        self.budget.charge_bytes(gap).map_err(FsError::from)?;
+        let held = self.budget.share(fd.rep());
         let stream = HostDescriptor::write_via_stream(&mut self.fs, fd, offset)?;
-        self.counted(stream)
+        self.counted(stream, held)
     }
 
     fn append_via_stream(
         &mut self,
         fd: Resource<Descriptor>,
     ) -> FsResult<Resource<DynOutputStream>> {
+        let held = self.budget.share(fd.rep());
         let stream = HostDescriptor::append_via_stream(&mut self.fs, fd)?;
-        self.counted(stream)
+        self.counted(stream, held)
     }
 
     async fn is_same_object(
@@ -494,6 +579,44 @@ impl HostDescriptor for GuardedFs<'_> {
 struct CountedStream {
     inner: DynOutputStream,
     budget: Arc<FsBudget>,
+    /// The file's place in the open budget, kept while the stream keeps the file open.
+    _held: Option<Arc<OpenFile>>,
+}
+
+/// A file's input stream, which keeps the file's place in the open budget while it lives.
+struct HeldInputStream {
+    inner: DynInputStream,
+    _held: Option<Arc<OpenFile>>,
+}
+
+#[wasmtime_wasi::async_trait]
+impl Pollable for HeldInputStream {
+    async fn ready(&mut self) {
+        self.inner.ready().await
+    }
+}
+
+#[wasmtime_wasi::async_trait]
+impl InputStream for HeldInputStream {
+    fn read(&mut self, size: usize) -> StreamResult<Bytes> {
+        self.inner.read(size)
+    }
+
+    async fn blocking_read(&mut self, size: usize) -> StreamResult<Bytes> {
+        self.inner.blocking_read(size).await
+    }
+
+    fn skip(&mut self, nelem: usize) -> StreamResult<usize> {
+        self.inner.skip(nelem)
+    }
+
+    async fn blocking_skip(&mut self, nelem: usize) -> StreamResult<usize> {
+        self.inner.blocking_skip(nelem).await
+    }
+
+    async fn cancel(&mut self) {
+        self.inner.cancel().await
+    }
 }
 
 impl CountedStream {

@@ -11,7 +11,9 @@
 //! - a progress handler that interrupts a statement once the deadline has passed, so a runaway
 //!   query ends with its call instead of holding the thread;
 //! - bounded value and statement sizes, an in-memory temp store, and a process-wide heap ceiling
-//!   for SQLite as a whole.
+//!   for SQLite as a whole;
+//! - a ceiling on how far a read-write connection may grow the file (`max_page_count`): bytes
+//!   a guest puts in the database reach the disk as surely as bytes it writes to a folder.
 //!
 //! The read-only open flag and the statement read-only check of the callers stay as a second
 //! layer.
@@ -98,9 +100,25 @@ pub fn describe(err: &rusqlite::Error, timeout: Duration) -> String {
     }
 }
 
+/// How much a read-write connection of [`open`] may grow the database: the default write budget
+/// of a call.
+pub const DEFAULT_MAX_GROWTH_BYTES: u64 = crate::capabilities::FsLimits::DEFAULT.write_bytes;
+
 /// Opens the database at `path` with the fences of this module; statements must finish within
-/// `timeout` of now (see [`GuardedDb::restart_deadline`]).
+/// `timeout` of now (see [`GuardedDb::restart_deadline`]). A read-write connection may grow the
+/// file by [`DEFAULT_MAX_GROWTH_BYTES`].
 pub fn open(path: &Path, access: SqlAccess, timeout: Duration) -> rusqlite::Result<GuardedDb> {
+    open_with_growth(path, access, timeout, DEFAULT_MAX_GROWTH_BYTES)
+}
+
+/// [`open`], with a read-write connection allowed to grow the file by `max_growth` bytes (give
+/// or take a page); past it a statement fails with `SQLITE_FULL`.
+pub fn open_with_growth(
+    path: &Path,
+    access: SqlAccess,
+    timeout: Duration,
+    max_growth: u64,
+) -> rusqlite::Result<GuardedDb> {
     static HEAP_CEILING: Once = Once::new();
     HEAP_CEILING.call_once(|| {
         // SAFETY: a plain setter of a process-wide SQLite setting; any thread may call it.
@@ -122,6 +140,13 @@ pub fn open(path: &Path, access: SqlAccess, timeout: Duration) -> rusqlite::Resu
     conn.execute_batch("PRAGMA temp_store = MEMORY; PRAGMA trusted_schema = OFF;")?;
     if access == SqlAccess::ReadOnly {
         conn.execute_batch("PRAGMA query_only = ON;")?;
+    } else {
+        // Set before the authorizer, which refuses this pragma to the guest.
+        let pages: i64 = conn.query_row("PRAGMA page_count", [], |r| r.get(0))?;
+        let page_size: i64 = conn.query_row("PRAGMA page_size", [], |r| r.get(0))?;
+        let growth = i64::try_from(max_growth / page_size.max(1) as u64).unwrap_or(i64::MAX);
+        let most = pages.saturating_add(growth).max(1);
+        conn.query_row(&format!("PRAGMA max_page_count = {most}"), [], |_| Ok(()))?;
     }
     conn.authorizer(Some(authorize))?;
     let deadline = Arc::new(Mutex::new(Instant::now() + timeout));

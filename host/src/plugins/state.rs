@@ -115,7 +115,9 @@ impl CallState {
                     .saturating_duration_since(Instant::now())
                     .as_millis() as u64,
             );
-            let conn = sql::open(&grant.path, access, left)
+            // What the database may grow by comes out of the call's write budget.
+            let growth = self.fs_budget.write_bytes_left();
+            let conn = sql::open_with_growth(&grant.path, access, left, growth)
                 .map_err(|e| workflow_db::DbError::Sql(format!("opening the workflow db: {e}")))?;
             self.db_conn = Some(conn);
         }
@@ -296,9 +298,18 @@ impl CallState {
         let db = self.connection(sql)?;
         let changed = db
             .conn()
-            .execute(sql, rusqlite::params_from_iter(params.iter().map(to_sql)))
-            .map_err(|e| workflow_db::DbError::Sql(db.describe(&e)))?;
-        Ok(changed as u64)
+            .execute(sql, rusqlite::params_from_iter(params.iter().map(to_sql)));
+        match changed {
+            Ok(changed) => Ok(changed as u64),
+            Err(e) => {
+                let message = db.describe(&e);
+                if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull) {
+                    // `max_page_count` of the connection: the call's write budget.
+                    self.fs_budget.note_write_limit();
+                }
+                Err(workflow_db::DbError::Sql(message))
+            }
+        }
     }
 }
 

@@ -408,11 +408,24 @@ pub fn seed_database(root: &Path) -> Result<bool> {
         std::fs::read_to_string(&seed).with_context(|| format!("reading {}", seed.display()))?;
     let tmp = root.join("db/.db.sqlite.seeding");
     let _ = std::fs::remove_file(&tmp);
-    let conn =
-        rusqlite::Connection::open(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-    conn.execute_batch(&sql)
-        .with_context(|| format!("running {}", seed.display()))?;
-    drop(conn);
+    // The seed comes with the workspace, which someone else may have written: it runs with
+    // the fences of a plan's SQL (no ATTACH, VACUUM INTO, extensions or pragmas; a deadline).
+    let seeded = crate::capabilities::sql::open(
+        &tmp,
+        crate::capabilities::sql::SqlAccess::ReadWrite,
+        crate::capabilities::sql::PLAN_SQL_TIMEOUT,
+    )
+    .with_context(|| format!("creating {}", tmp.display()))
+    .and_then(|db| {
+        db.conn()
+            .execute_batch(&sql)
+            .map_err(|e| anyhow::anyhow!("{}", db.describe(&e)))
+            .with_context(|| format!("running {}", seed.display()))
+    });
+    if let Err(err) = seeded {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(err);
+    }
     std::fs::rename(&tmp, &db).with_context(|| format!("creating {}", db.display()))?;
     Ok(true)
 }
