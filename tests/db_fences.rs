@@ -311,3 +311,40 @@ fn a_seed_sql_cannot_attach_another_file() {
     assert_eq!(out.status.code(), Some(1), "{all}");
     assert!(all.contains("not authorized"), "{all}");
 }
+
+#[test]
+fn a_tool_plugin_cannot_make_sqlite_call_through_a_pointer_it_chose() {
+    // `fts3_tokenizer(?, ?)` with bound arguments stores a guest-chosen address as a
+    // tokenizer module; `USING fts3(tokenize=...)` then calls through it. Unfenced, the host
+    // process dies of SIGSEGV (or worse: runs what the pointer leads to).
+    let world = World::scripted();
+    plugin_folder(world.dir.path(), "adversary", "adversary", "tool");
+    let plugins = world.dir.path().join("adversary");
+    let root = world.root_str();
+    let args = json!({"steps": [
+        {"sql": "SELECT hex(fts3_tokenizer(?, ?)) AS p",
+         "params": ["evil", "A\u{0}\u{0}\u{0}\u{0}\u{0}\u{0}\u{0}"]},
+        {"sql": "CREATE VIRTUAL TABLE v USING fts3(tokenize=evil)", "write": true},
+    ]})
+    .to_string();
+    let out = trellis(&[
+        "tool",
+        "call",
+        "adversary:db_steps",
+        "--root",
+        root.as_str(),
+        "--db",
+        "db/db.sqlite",
+        "--db-write",
+        "--args",
+        args.as_str(),
+        "--plugins",
+        plugins.to_str().unwrap(),
+    ]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{:?}: {stderr}", out.status);
+    assert!(
+        stderr.contains("error: adversary:db_steps: failed: sql: not authorized"),
+        "{stderr}"
+    );
+}

@@ -998,3 +998,37 @@ async fn the_workflow_db_cannot_grow_past_the_write_budget() {
     assert!(grown <= 5 << 20, "the db grew by {grown} bytes");
     still_serving(&registry).await;
 }
+
+#[tokio::test]
+async fn fts3_tokenizer_pointers_are_neither_read_nor_set() {
+    // `fts3_tokenizer(name)` returns the address of a tokenizer module (a host pointer: the
+    // layout of the process) and `fts3_tokenizer(name, ptr)` stores any pointer as a module,
+    // which a later `USING fts3(tokenize=name)` calls through. SQLite allows both when the
+    // arguments are bound parameters, which `workflow-db` lets a guest pass.
+    let registry = registry_with_adversary().await;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("db.sqlite");
+    drop(rusqlite_setup(&db));
+    let before = tree_digest(dir.path());
+    for steps in [
+        json!([{"sql": "SELECT hex(fts3_tokenizer(?)) AS p", "params": ["simple"]}]),
+        json!([{"sql": "SELECT hex(fts3_tokenizer(?, ?)) AS p",
+                "params": ["evil", "A\u{0}\u{0}\u{0}\u{0}\u{0}\u{0}\u{0}"]}]),
+    ] {
+        let result = call(
+            &registry,
+            "db_steps",
+            json!({ "steps": steps }),
+            &Grant::none().with_db(&db, false),
+        )
+        .await;
+        let err = assert_refused(result, "fts3_tokenizer");
+        assert!(
+            err.to_string()
+                .starts_with("adversary:db_steps: failed: sql: not authorized"),
+            "{steps}: {err}"
+        );
+    }
+    assert_eq!(tree_digest(dir.path()), before);
+    still_serving(&registry).await;
+}

@@ -4,8 +4,9 @@
 //! `trellis_db`) or a plan (foreach `source_sql`, the gate's db rules) comes from [`open`], so
 //! every one carries the same fences:
 //!
-//! - an authorizer that denies `ATTACH`, `DETACH`, `load_extension` and every pragma outside a
-//!   short read-only list (a pragma could move temp files or change the journal), with
+//! - an authorizer that denies `ATTACH`, `DETACH`, `load_extension`, `fts3_tokenizer` (which
+//!   hands out and takes raw pointers) and every pragma outside a short read-only list (a
+//!   pragma could move temp files or change the journal), with
 //!   `SQLITE_LIMIT_ATTACHED = 0` behind it so that no statement, `VACUUM INTO` included, can
 //!   open a second file; `VACUUM` is refused before it is prepared;
 //! - a progress handler that interrupts a statement once the deadline has passed, so a runaway
@@ -204,8 +205,11 @@ fn authorize(ctx: AuthContext<'_>) -> Authorization {
                 Authorization::Deny
             }
         }
+        // `fts3_tokenizer` reads and, with bound arguments, sets a tokenizer module's address:
+        // a host pointer out, and a guest-chosen pointer SQLite later calls through.
         AuthAction::Function { function_name }
-            if function_name.eq_ignore_ascii_case("load_extension") =>
+            if function_name.eq_ignore_ascii_case("load_extension")
+                || function_name.eq_ignore_ascii_case("fts3_tokenizer") =>
         {
             Authorization::Deny
         }

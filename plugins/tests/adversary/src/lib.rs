@@ -148,6 +148,11 @@ const TOOLS: &[Spec] = &[
         &[("bytes", "integer")],
     ),
     (
+        "db_steps",
+        "Runs `steps` in order on one workflow-db connection, each {sql, params (strings), write}; stops at the first failure.",
+        &[("steps", "array")],
+    ),
+    (
         "churn_preopens",
         "Opens the file `path` `count` times, keeping every handle, and between two opens takes the preopened folders again and drops them; says how many it opened.",
         &[("path", "string"), ("count", "integer")],
@@ -326,6 +331,7 @@ impl ToolPlugin for Adversary {
                 }
                 Ok(json!({ "written": bytes }))
             }
+            "db_steps" => db_steps(&args["steps"]),
             "churn_preopens" => {
                 let path = string(&args, "path")?;
                 let mut handles = Vec::new();
@@ -421,6 +427,26 @@ fn fill(path: &str, bytes: u64) -> Result<Value, ToolError> {
         left -= n as u64;
     }
     Ok(json!({ "written": bytes }))
+}
+
+fn db_steps(steps: &Value) -> Result<Value, ToolError> {
+    let mut results = Vec::new();
+    for step in steps.as_array().into_iter().flatten() {
+        let sql = string(step, "sql")?;
+        let params: Vec<db::SqlValue> = step["params"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|p| db::SqlValue::from(p.as_str().unwrap_or_default()))
+            .collect();
+        let result = if step["write"].as_bool().unwrap_or(false) {
+            db::execute(sql, &params).map(|changed| json!({ "changed": changed }))
+        } else {
+            db::query(sql, &params).map(Value::Array)
+        };
+        results.push(result.map_err(db_failure)?);
+    }
+    Ok(Value::Array(results))
 }
 
 /// Keeps the read stream of a file after dropping its descriptor: the stream holds the host's
