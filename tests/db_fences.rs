@@ -348,3 +348,45 @@ fn a_tool_plugin_cannot_make_sqlite_call_through_a_pointer_it_chose() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_foreach_source_sql_does_not_read_a_database_behind_a_linked_db_folder() {
+    // A workspace whose `db` folder is a link to another project's `db` folder: the turn
+    // grant refuses it, and so must the foreach query, or that project's rows reach the model.
+    // (Tried by the red team; not a hole: it holds.)
+    let server = FakeServer::start(Box::new(|_| (200, completion("done", &[]))));
+    let world = World::new(
+        json!({"id": "each", "type": "message_sequence", "title": "Each", "description": "d",
+               "items": [{"id": "rows", "type": "foreach",
+                          "source_sql": "SELECT secret FROM other_project",
+                          "message": "Row {{.secret}}"}]}),
+        json!([]),
+    );
+    let other = world.dir.path().join("outside/db");
+    create_db(
+        &world.dir.path().join("outside"),
+        "CREATE TABLE other_project (secret TEXT); INSERT INTO other_project VALUES ('s3cr3t');",
+    );
+    std::fs::remove_dir_all(world.root().join("db")).unwrap();
+    std::os::unix::fs::symlink(&other, world.root().join("db")).unwrap();
+    write_file(
+        &world.root(),
+        "workflow.json",
+        json!({"llm": {"provider": "openai", "model_id": "m"}, "providers": server.providers()})
+            .to_string(),
+    );
+    let before = tree_digest(&world.dir.path().join("outside"));
+    let out = trellis(&["run", &world.root_str()]);
+    let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(
+        !serde_json::to_string(&server.seen()).unwrap().contains("s3cr3t"),
+        "a row of the database outside the workspace reached the model: {all}"
+    );
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    // SQLITE_OPEN_NOFOLLOW refuses a link in any component of the path, not only the last.
+    assert!(
+        all.contains("unable to open database file") && all.contains("Error code 1550"),
+        "{all}"
+    );
+    assert_eq!(tree_digest(&world.dir.path().join("outside")), before);
+}
