@@ -379,7 +379,9 @@ fn a_foreach_source_sql_does_not_read_a_database_behind_a_linked_db_folder() {
     let out = trellis(&["run", &world.root_str()]);
     let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
     assert!(
-        !serde_json::to_string(&server.seen()).unwrap().contains("s3cr3t"),
+        !serde_json::to_string(&server.seen())
+            .unwrap()
+            .contains("s3cr3t"),
         "a row of the database outside the workspace reached the model: {all}"
     );
     assert_eq!(out.status.code(), Some(1), "{all}");

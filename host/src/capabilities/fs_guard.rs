@@ -522,10 +522,7 @@ impl HostDescriptor for GuardedFs<'_> {
         let held = self.budget.share(fd.rep());
         let stream = HostDescriptor::read_via_stream(&mut self.fs, fd, offset)?;
         let inner = self.fs.table.delete(stream)?;
-        let kept: DynInputStream = Box::new(HeldInputStream {
-            inner,
-            _held: held,
-        });
+        let kept: DynInputStream = Box::new(HeldInputStream { inner, _held: held });
         Ok(self.fs.table.push(kept)?)
     }
 

@@ -278,12 +278,13 @@ impl CallState {
             for (i, name) in names.iter().enumerate() {
                 let value = crate::store::sql_to_json(row.get_ref(i).map_err(failed)?);
                 bytes += name.len() + value.to_string().len();
+                // Checked per value: one row of many 16 MiB columns is a gigabyte.
+                if bytes > DB_MAX_BYTES {
+                    return Err(DbError::TooLarge(format!(
+                        "result over {DB_MAX_BYTES} bytes"
+                    )));
+                }
                 object.insert(name.clone(), value);
-            }
-            if bytes > DB_MAX_BYTES {
-                return Err(DbError::TooLarge(format!(
-                    "result over {DB_MAX_BYTES} bytes"
-                )));
             }
             out.push(serde_json::Value::Object(object));
         }

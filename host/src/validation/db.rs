@@ -212,8 +212,11 @@ mod tests {
         let first = run_rule(&db, &rule("first", endless), &mut sink).unwrap_err();
         assert_eq!(
             first.to_string(),
-            GateError::Db(format!("db rule \"first\": {} (300ms)", sql::DEADLINE_MESSAGE))
-                .to_string()
+            GateError::Db(format!(
+                "db rule \"first\": {} (300ms)",
+                sql::DEADLINE_MESSAGE
+            ))
+            .to_string()
         );
         // The budget is spent: the next rule, a quick one, does not get a fresh one.
         let quick = "WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM c \
@@ -221,8 +224,11 @@ mod tests {
         let second = run_rule(&db, &rule("second", quick), &mut sink).unwrap_err();
         assert_eq!(
             second.to_string(),
-            GateError::Db(format!("db rule \"second\": {} (300ms)", sql::DEADLINE_MESSAGE))
-                .to_string()
+            GateError::Db(format!(
+                "db rule \"second\": {} (300ms)",
+                sql::DEADLINE_MESSAGE
+            ))
+            .to_string()
         );
         assert!(sink.checks.is_empty(), "{:?}", sink.checks);
     }
