@@ -11,6 +11,8 @@
 //!   open a second file; `VACUUM` is refused before it is prepared;
 //! - a progress handler that interrupts a statement once the deadline has passed, so a runaway
 //!   query ends with its call instead of holding the thread;
+//! - SQLite's defensive mode (no writes to the shadow tables of full-text and r-tree indexes,
+//!   whose blobs SQLite parses, nor to the schema);
 //! - bounded value and statement sizes, an in-memory temp store, and a process-wide heap ceiling
 //!   for SQLite as a whole;
 //! - a ceiling on how far a read-write connection may grow the file (`max_page_count`): bytes
@@ -139,6 +141,9 @@ pub fn open_with_growth(
     conn.set_limit(Limit::SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)?;
     conn.set_limit(Limit::SQLITE_LIMIT_SQL_LENGTH, MAX_SQL_BYTES)?;
     conn.execute_batch("PRAGMA temp_store = MEMORY; PRAGMA trusted_schema = OFF;")?;
+    // SQLite's hardening for untrusted SQL: no writes to the shadow tables of full-text or
+    // r-tree indexes (crafted index blobs), to the schema or to `sqlite_dbpage`.
+    conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_DEFENSIVE, true)?;
     if access == SqlAccess::ReadOnly {
         conn.execute_batch("PRAGMA query_only = ON;")?;
     } else {
@@ -355,6 +360,28 @@ mod tests {
                 Ok(v) => panic!("{sql}: ran to the end ({v}) past a 200 ms deadline"),
             }
         }
+    }
+
+    /// The shadow tables of FTS3/FTS5 hold the index as blobs that SQLite parses on every
+    /// match; writing crafted ones by hand is the classic path from SQL to memory corruption
+    /// (CVE-2018-20346). Defensive mode makes them read-only to SQL.
+    #[test]
+    fn shadow_tables_of_full_text_indexes_cannot_be_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = open(
+            &db(dir.path()),
+            SqlAccess::ReadWrite,
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        db.conn()
+            .execute_batch("CREATE VIRTUAL TABLE f USING fts3(x); INSERT INTO f VALUES ('a b');")
+            .unwrap();
+        let err = db
+            .conn()
+            .execute("INSERT INTO f_segdir VALUES (0, 1, 0, 0, '0 0', x'00')", [])
+            .unwrap_err();
+        assert_eq!(err.to_string(), "table f_segdir may not be modified");
     }
 
     #[test]
