@@ -1032,3 +1032,43 @@ async fn fts3_tokenizer_pointers_are_neither_read_nor_set() {
     assert_eq!(tree_digest(dir.path()), before);
     still_serving(&registry).await;
 }
+
+#[tokio::test]
+async fn a_fifo_is_refused_by_every_spelling_of_its_path() {
+    // Tried by the red team; holds: the pre-open check resolves the path as the open does.
+    let registry = registry_with_adversary().await;
+    let world = World::new();
+    let fifo = world.path("ws/granted/pipe");
+    let c_path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o644) }, 0);
+    std::os::unix::fs::symlink("pipe", world.path("ws/granted/pipelink")).unwrap();
+    std::os::unix::fs::symlink("../pipe", world.path("ws/granted/sub/up")).unwrap();
+    let limits = Limits {
+        timeout: Duration::from_secs(5),
+        ..limits()
+    };
+    for path in [
+        "/granted/./pipe",
+        "/granted/sub/../pipe",
+        "/granted//pipe",
+        "/granted/pipelink",
+        "/granted/sub/up",
+        "/granted/pipe/",
+        "/granted/pipe/.",
+    ] {
+        let result = registry
+            .call_tool(
+                "adversary:read",
+                &json!({ "path": path }),
+                &world.grant(),
+                &limits,
+            )
+            .await;
+        match result {
+            Err(ToolCallError::Tool { .. }) => {}
+            other => panic!("{path}: expected a refusal, got {other:?}"),
+        }
+    }
+    still_serving(&registry).await;
+}
