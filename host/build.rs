@@ -18,7 +18,13 @@ const TARGET: &str = "wasm32-wasip2";
 /// Components embedded in the `trellis` binary.
 const BUNDLED: &[&str] = &["workspace", "csv_validator", "openai", "replay"];
 /// Components used only by tests.
-const TEST_ONLY: &[&str] = &["adversary", "wrong_world", "test_snoop", "script_probe"];
+const TEST_ONLY: &[&str] = &[
+    "adversary",
+    "wrong_world",
+    "test_snoop",
+    "script_probe",
+    "hostile",
+];
 /// The componentize-py release the Python script runner is built with.
 const COMPONENTIZE_PY_VERSION: &str = "0.25.1";
 /// The world the Python script runner implements (`wit/script.wit`).

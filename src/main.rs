@@ -126,7 +126,9 @@ enum Command {
     /// none is an error before anything runs. The `replay` provider answers from
     /// `<workspace>/cassettes/<model_id>.json`; others reach the provider's `base_url` in
     /// workflow.json (else $OPENAI_BASE_URL) with the key from its `api_key_env` (else
-    /// $OPENAI_API_KEY). A workspace may ship `db/seed.sql` instead of a binary database:
+    /// $OPENAI_API_KEY). A key goes only to origins the operator approved for its variable
+    /// (OPENAI_API_KEY: the OpenAI API and $OPENAI_BASE_URL; more with --allow-key or the
+    /// user config file, see docs/configuration.md). A workspace may ship `db/seed.sql` instead of a binary database:
     /// `db/db.sqlite` is created from it when missing.
     ///
     /// A scripted step (`declared_execution_mode: "scripted"`) runs `code/<step>/main.py`
@@ -163,6 +165,11 @@ enum Command {
         /// `<workspace>/cassettes/NAME.json` and replay the run with `--llm replay:NAME`.
         #[arg(long, value_name = "FILE")]
         record: Option<PathBuf>,
+        /// Let the key in environment variable VAR go to ORIGIN (`scheme://host[:port]`)
+        /// when the workspace asks for it (repeatable). Also in
+        /// $XDG_CONFIG_HOME/trellis/config.toml (else ~/.config/trellis/config.toml).
+        #[arg(long = "allow-key", value_name = "VAR=ORIGIN")]
+        allow_keys: Vec<String>,
         /// The answer of a human_input step, by its variable_name (repeatable).
         #[arg(long = "input", value_name = "NAME=VALUE")]
         inputs: Vec<String>,
@@ -283,7 +290,7 @@ enum ToolCommand {
         /// Stop the call after this many seconds.
         #[arg(long, default_value_t = 30.0, value_name = "SECS")]
         timeout: f64,
-        /// Memory limit of the plugin instance, in MiB.
+        /// Memory limit of the plugin instance (all its memories and tables together), in MiB.
         #[arg(long, default_value_t = 256, value_name = "MIB")]
         memory: usize,
         #[command(flatten)]
@@ -381,8 +388,17 @@ async fn run(cli: Cli) -> Result<ExitCode> {
     let engine = Engine::new(cache)?;
     match cli.command {
         Command::Plugins(PluginsCommand::List { plugins, json }) => {
-            let registry = registry(&engine, &plugins).await?;
-            list_plugins(&registry, json)?;
+            // One bad plugin does not hide the others: it is listed with its error.
+            let mut registry = PluginRegistry::with_bundled(&engine).await?;
+            let mut failures = Vec::new();
+            for dir in &plugins.dirs {
+                for outcome in registry.load_dir_each(dir).await? {
+                    if let Err(err) = outcome.result {
+                        failures.push((outcome.manifest, format!("{err:#}")));
+                    }
+                }
+            }
+            list_plugins(&registry, &failures, json)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Plugins(PluginsCommand::Inspect { id, plugins, json }) => {
@@ -412,6 +428,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             group,
             llm,
             record,
+            allow_keys,
             inputs,
             quiet,
             plugins,
@@ -422,6 +439,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 group,
                 llm,
                 record,
+                allow_keys,
                 inputs,
                 quiet,
             };
@@ -589,6 +607,7 @@ struct RunArgs {
     group: Option<String>,
     llm: Option<String>,
     record: Option<PathBuf>,
+    allow_keys: Vec<String>,
     inputs: Vec<String>,
     quiet: bool,
 }
@@ -617,7 +636,14 @@ async fn run_workflow(
         opts.inputs.insert(name.to_string(), value.to_string());
     }
     let override_llm = args.llm.as_deref().map(parse_llm_spec).transpose()?;
-    let mut llm = LlmSetup::new(override_llm.clone());
+    let mut approvals = trellis_host::llm::KeyApprovals::defaults();
+    if let Some(config) = trellis_host::llm::KeyApprovals::user_config_path() {
+        approvals.load_config(&config)?;
+    }
+    for spec in &args.allow_keys {
+        approvals.allow_spec(spec)?;
+    }
+    let mut llm = LlmSetup::new(override_llm.clone()).with_approvals(approvals);
     if let Some(file) = &args.record {
         anyhow::ensure!(
             override_llm
@@ -789,9 +815,15 @@ fn grant(root: &std::path::Path, read: &[String], write: &[String]) -> Result<Gr
     Ok(grant)
 }
 
-fn list_plugins(registry: &PluginRegistry, json: bool) -> Result<()> {
+/// Lists the loaded plugins, then each plugin that failed to load (its manifest
+/// and error; in JSON an object with `manifest` and `error` instead of `id`).
+fn list_plugins(
+    registry: &PluginRegistry,
+    failures: &[(PathBuf, String)],
+    json: bool,
+) -> Result<()> {
     if json {
-        let list: Vec<_> = registry
+        let mut list: Vec<_> = registry
             .plugins()
             .map(|p| {
                 let m = p.manifest();
@@ -802,6 +834,9 @@ fn list_plugins(registry: &PluginRegistry, json: bool) -> Result<()> {
                 })
             })
             .collect();
+        list.extend(failures.iter().map(|(manifest, error)| {
+            serde_json::json!({"manifest": manifest.display().to_string(), "error": error})
+        }));
         println!("{}", serde_json::to_string_pretty(&list)?);
         return Ok(());
     }
@@ -819,6 +854,9 @@ fn list_plugins(registry: &PluginRegistry, json: bool) -> Result<()> {
             plugin.tools().len(),
             m.description
         );
+    }
+    for (manifest, error) in failures {
+        println!("{}  error: {error}", manifest.display());
     }
     Ok(())
 }
@@ -928,13 +966,13 @@ fn check(
     let logs = run_dir.join("logs").join(step_id);
     let attempt = (1..)
         .find(|n| {
-            !logs
-                .join(format!("pre_validation_check_attempt_{n}.json"))
-                .exists()
+            !ws.fs
+                .exists(logs.join(format!("pre_validation_check_attempt_{n}.json")))
         })
         .unwrap_or(1);
-    let (latest, _) = validation::write_report(&run_dir, step_id, "check", attempt, &report)
-        .with_context(|| format!("writing the report under {}", logs.display()))?;
+    let (latest, _) =
+        validation::write_report(&ws.fs, &run_dir, step_id, "check", attempt, &report)
+            .with_context(|| format!("writing the report under {}", logs.display()))?;
 
     if report.skipped {
         println!("step `{step_id}` has no validation_schema rules: nothing to check");

@@ -121,6 +121,41 @@ fn tool_call_prints_the_result_and_fails_with_the_error_on_stderr() {
     );
 }
 
+/// The attack on the compile cache: a cache folder other users can write, holding
+/// whatever they put there. Trellis says so, compiles in memory, and neither reads
+/// nor writes the folder; the call works.
+#[test]
+fn a_cache_folder_others_can_write_is_refused_and_left_untouched() {
+    use std::os::unix::fs::PermissionsExt;
+    let cache = tempfile::tempdir().unwrap();
+    std::fs::write(cache.path().join("planted.cwasm"), b"someone else's code").unwrap();
+    std::fs::set_permissions(cache.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let before = support::tree_digest(cache.path());
+    let out = support::trellis_command(&[
+        "tool",
+        "call",
+        "workspace:read_file",
+        "--read",
+        "knowledgebase",
+        "--args",
+        r#"{"path": "knowledgebase/notes/escalation.md"}"#,
+    ])
+    .current_dir(example())
+    .env("TRELLIS_CACHE_DIR", cache.path())
+    .output()
+    .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let value: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(value["content"].as_str().unwrap().contains("P1"), "{value}");
+    let stderr = text(&out.stderr);
+    let refusal = format!(
+        "component cache: refusing folder {}: it is writable by group or others (mode 777); compiling components in memory, the cache left untouched",
+        cache.path().display()
+    );
+    assert_eq!(stderr.matches(&refusal).count(), 1, "{stderr}");
+    assert_eq!(support::tree_digest(cache.path()), before);
+}
+
 #[test]
 fn tool_call_writes_only_into_write_grants() {
     let dir = tempfile::tempdir().unwrap();

@@ -288,28 +288,35 @@ fn a_db_rule_of_a_gate_cannot_attach() {
 }
 
 #[test]
-fn a_seed_sql_cannot_attach_another_file() {
-    // `db/seed.sql` comes with the workspace, which someone else may have written: it is
-    // run on the host's own connection, so it must carry the same fences as a plan's SQL.
-    let world = World::scripted();
+fn a_seed_sql_cannot_attach_and_leaves_no_database_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let evil = dir.path().join("evil.db");
+    let world = World::new(
+        json!({"id": "route", "type": "routing", "title": "Route", "description": "d",
+               "routes": [{"route_id": "done", "route_name": "Done", "condition": "always",
+                           "next_step_id": "end"}],
+               "default_route_id": "done"}),
+        json!([]),
+    );
     std::fs::remove_file(world.root().join("db/db.sqlite")).unwrap();
-    let evil = world.evil();
     write_file(
         &world.root(),
         "db/seed.sql",
         format!(
-            "ATTACH DATABASE '{}' AS e; CREATE TABLE e.stolen (x); \
-             CREATE TABLE tickets (id INTEGER, subject TEXT);",
+            "CREATE TABLE t (x INTEGER);\nATTACH DATABASE '{}' AS e;\nCREATE TABLE e.stolen (x);\n",
             evil.display()
         ),
     );
-    let outside = tree_digest(&world.dir.path().join("outside"));
     let out = trellis(&["run", &world.root_str()]);
     let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
-    assert!(!evil.exists(), "seed.sql created a file outside: {all}");
-    assert_eq!(tree_digest(&world.dir.path().join("outside")), outside);
     assert_eq!(out.status.code(), Some(1), "{all}");
-    assert!(all.contains("not authorized"), "{all}");
+    assert!(all.contains("running db/seed.sql: not authorized"), "{all}");
+    assert!(!evil.exists(), "ATTACH created a file outside");
+    let db_folder: Vec<_> = std::fs::read_dir(world.root().join("db"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(db_folder, ["seed.sql"], "no database, no temp file left");
 }
 
 #[test]
@@ -385,9 +392,8 @@ fn a_foreach_source_sql_does_not_read_a_database_behind_a_linked_db_folder() {
         "a row of the database outside the workspace reached the model: {all}"
     );
     assert_eq!(out.status.code(), Some(1), "{all}");
-    // SQLITE_OPEN_NOFOLLOW refuses a link in any component of the path, not only the last.
     assert!(
-        all.contains("unable to open database file") && all.contains("Error code 1550"),
+        all.contains("db is a symbolic link; Trellis does not read or write through links"),
         "{all}"
     );
     assert_eq!(tree_digest(&world.dir.path().join("outside")), before);

@@ -620,9 +620,12 @@ async fn a_todo_task_runs_its_messages_as_a_sequence_with_routes() {
     );
 }
 
-// The ticket-triage example: its cassette is built here, the way the tests above build
-// theirs, and checked against the committed file. Re-record after changing the example or a
-// prompt: `cargo test --test routes -- --ignored record_example_cassette`.
+// The ticket-triage example: its conversation is built here, the way the tests above build
+// theirs, then recorded offline through the `trellis` binary against a fake server on
+// 127.0.0.1 that answers with it, so the committed cassette holds the requests exactly as the
+// runtime sends them (tool schemas and options included). Re-record after changing the
+// example, a prompt or what requests contain:
+// `cargo test --test routes -- --ignored record_example_cassette`.
 
 const EXAMPLE_MODEL: &str = "triage-demo";
 const EXAMPLE_STEP: &str = "triage-tickets";
@@ -647,7 +650,7 @@ async fn example_cassette(registry: &PluginRegistry) -> Cassette {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("ws");
     copy_example(&root);
-    assert!(seed_database(&root).unwrap());
+    assert!(seed_database(&trellis_host::store::WorkspaceFs::open(&root).unwrap()).unwrap());
     let ws = Workspace::open(&root).unwrap();
     let step = ws.plan.step(EXAMPLE_STEP).unwrap();
     let configs = ws.agent_configs(EXAMPLE_STEP);
@@ -825,12 +828,84 @@ fn example_cassette_path() -> std::path::PathBuf {
     example_dir().join(format!("cassettes/{EXAMPLE_MODEL}.json"))
 }
 
+/// Records `conversation` by running the example through the `trellis` binary against a fake
+/// server answering with its responses in order (`--llm openai:<model> --record`).
+fn record_through_the_binary(conversation: &Cassette) -> Cassette {
+    use std::sync::atomic::AtomicUsize;
+    use support::fake_llm::{FakeServer, completion_of};
+
+    let answers: Vec<Value> = conversation
+        .interactions
+        .iter()
+        .map(|i| completion_of(&i.response))
+        .collect();
+    let count = answers.len();
+    let next = AtomicUsize::new(0);
+    let server = FakeServer::start(Box::new(move |_| {
+        match answers.get(next.fetch_add(1, Ordering::SeqCst)) {
+            Some(answer) => (200, answer.clone()),
+            None => (
+                500,
+                json!({"error": {"message": "the conversation has no more answers"}}),
+            ),
+        }
+    }));
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ws");
+    copy_example(&root);
+    let file = dir.path().join(format!("{EXAMPLE_MODEL}.json"));
+    let out = support::trellis_command(&[
+        "run",
+        root.to_str().unwrap(),
+        "--llm",
+        &format!("openai:{EXAMPLE_MODEL}"),
+        "--record",
+        file.to_str().unwrap(),
+    ])
+    .env("OPENAI_BASE_URL", server.base_url())
+    .output()
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(server.seen().len(), count, "every answer used once");
+    let recorded = Cassette::load(&file).unwrap();
+    assert_same_conversation(&recorded, conversation);
+    recorded
+}
+
+/// `recorded` (full requests) holds the conversation `built` describes: the same models,
+/// messages and answers; tools compared by name where `built` names them.
+fn assert_same_conversation(recorded: &Cassette, built: &Cassette) {
+    assert_eq!(recorded.interactions.len(), built.interactions.len());
+    for (i, (r, b)) in recorded
+        .interactions
+        .iter()
+        .zip(&built.interactions)
+        .enumerate()
+    {
+        let mut request = r.request.names_only();
+        if b.request.tools.is_empty() {
+            request.tools.clear();
+        }
+        assert!(
+            request == b.request && r.response == b.response,
+            "interaction {i} differs:\nrecorded {:#?}\nbuilt {:#?}",
+            (&request, &r.response),
+            (&b.request, &b.response)
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "re-records examples/ticket-triage/cassettes/triage-demo.json"]
 async fn record_example_cassette() {
     let registry = registry().await;
-    example_cassette(&registry)
-        .await
+    let conversation = example_cassette(&registry).await;
+    record_through_the_binary(&conversation)
         .save(&example_cassette_path())
         .unwrap();
 }
@@ -840,19 +915,33 @@ async fn the_example_cassette_is_current_and_the_example_delegates_and_reflects(
     let registry = registry().await;
     let fresh = example_cassette(&registry).await;
     let committed = Cassette::load(&example_cassette_path()).unwrap();
-    assert!(
-        fresh == committed,
+    let stale = format!(
         "{} is stale: re-record it with `cargo test --test routes -- --ignored \
          record_example_cassette`",
         example_cassette_path().display()
     );
+    // Recorded through the runtime: every request carries its tool definitions.
+    assert!(
+        committed.interactions.iter().all(|i| i
+            .request
+            .tools
+            .iter()
+            .all(|t| matches!(t, trellis_host::llm::RecordedTool::Definition(_)))
+            && !i.request.tools.is_empty()),
+        "{stale}"
+    );
+    let same = std::panic::catch_unwind(|| assert_same_conversation(&committed, &fresh));
+    assert!(same.is_ok(), "{stale}");
 
     // The example runs offline from it: the refund goes to the specialist, and the step
     // closes with its learnings.
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("ws");
     copy_example(&root);
-    trellis_host::sequence::workflow_run::seed_database(&root).unwrap();
+    trellis_host::sequence::workflow_run::seed_database(
+        &trellis_host::store::WorkspaceFs::open(&root).unwrap(),
+    )
+    .unwrap();
     let ws = Workspace::open(&root).unwrap();
     let outcome = replay_runner(&registry, EXAMPLE_MODEL, &example_cassette_path())
         .run_step(&ws, EXAMPLE_STEP)

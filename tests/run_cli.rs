@@ -802,3 +802,373 @@ fn a_missing_or_empty_workspace_is_named_in_the_error() {
     );
     assert!(!dir.path().join("runs").exists(), "nothing was created");
 }
+
+// ------------------------------------------------ LLM providers: files, secrets, requests
+// Each test below is an attack class of docs/security.md ("LLM providers: secrets, origins
+// and requests").
+
+/// Every file under `root` whose bytes contain `needle`.
+fn files_containing(root: &Path, needle: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for (rel, _) in support::tree_digest(root) {
+        let path = root.join(&rel);
+        if path.is_file() && text(&std::fs::read(&path).unwrap()).contains(needle) {
+            found.push(rel);
+        }
+    }
+    found
+}
+
+/// A one-step agent workspace at `root` with `manifest`, an old run folder and a seed.sql:
+/// a refusal before anything runs must leave `runs/` unrotated and create no database.
+fn preflight_workspace(root: &Path, manifest: Value) {
+    agent_workspace(root, &[("answer", "Answer.")], json!([]), manifest);
+    support::workspace::write_files(
+        root,
+        &[
+            ("runs/iteration-0/old.txt", "from before"),
+            ("db/seed.sql", "CREATE TABLE t (x INTEGER);"),
+        ],
+    );
+}
+
+fn assert_untouched(root: &Path) {
+    assert!(root.join("runs/iteration-0/old.txt").is_file(), "rotated");
+    assert!(!root.join("runs/iteration-1").exists(), "rotated");
+    assert!(!root.join("db/db.sqlite").exists(), "database created");
+}
+
+#[test]
+fn a_replay_model_id_cannot_read_outside_the_cassettes_folder() {
+    const MARKER: &str = "OUTSIDE-THE-WORKSPACE-7f3a";
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    let outside = dir.path().join("elsewhere");
+    // A file outside the workspace shaped like a cassette, so that reading it would show
+    // its text in the first difference.
+    let leak = json!({"interactions": [{"request": {
+        "messages": [{"role": "system", "content": MARKER}]},
+        "response": {"text": MARKER}}]});
+    support::workspace::write_files(
+        &outside,
+        &[
+            ("secret.json", leak.to_string()),
+            ("demo.json", leak.to_string()),
+        ],
+    );
+    preflight_workspace(&ws, json!({}));
+    std::fs::create_dir_all(ws.join("cassettes")).unwrap();
+    let root = ws.to_str().unwrap();
+    let absolute = outside.join("secret");
+    for id in [
+        "../../elsewhere/secret".to_string(),
+        "../elsewhere/secret".to_string(),
+        absolute.display().to_string(),
+        "..".to_string(),
+    ] {
+        let out = trellis(&["run", root, "--llm", &format!("replay:{id}")]);
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert!(
+            !stdout.contains(MARKER) && !stderr.contains(MARKER),
+            "{stdout}{stderr}"
+        );
+        assert!(!out.status.success(), "replay:{id}: {stdout}");
+        assert!(
+            stderr.contains("not one plain name"),
+            "replay:{id}: {stderr}"
+        );
+        assert_untouched(&ws);
+    }
+
+    // The same id in workflow.json: `validate` names it, `run` refuses it.
+    let manifest = json!({"llm": {"provider": "replay", "model_id": "../elsewhere/secret"}});
+    std::fs::write(ws.join("workflow.json"), manifest.to_string()).unwrap();
+    let out = trellis(&["validate", root]);
+    let stdout = text(&out.stdout);
+    assert!(!out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("workflow.json: llm.model_id") && stdout.contains("not one plain name"),
+        "{stdout}"
+    );
+    let out = trellis(&["run", root]);
+    assert!(!out.status.success());
+    assert!(!text(&out.stdout).contains(MARKER) && !text(&out.stderr).contains(MARKER));
+    assert_untouched(&ws);
+
+    // A `cassettes` folder that is a symlink out of the workspace.
+    std::fs::write(ws.join("workflow.json"), "{}").unwrap();
+    std::fs::remove_dir(ws.join("cassettes")).unwrap();
+    std::os::unix::fs::symlink(&outside, ws.join("cassettes")).unwrap();
+    let out = trellis(&["run", root, "--llm", "replay:demo"]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(!out.status.success(), "{stdout}");
+    assert!(stderr.contains("inside the workspace"), "{stderr}");
+    assert!(
+        !stdout.contains(MARKER) && !stderr.contains(MARKER),
+        "{stdout}{stderr}"
+    );
+    assert_untouched(&ws);
+    // A cassette file that is a symlink out of the workspace.
+    std::fs::remove_file(ws.join("cassettes")).unwrap();
+    std::fs::create_dir(ws.join("cassettes")).unwrap();
+    std::os::unix::fs::symlink(outside.join("demo.json"), ws.join("cassettes/demo.json")).unwrap();
+    let out = trellis(&["run", root, "--llm", "replay:demo"]);
+    assert!(!out.status.success());
+    assert!(!text(&out.stdout).contains(MARKER) && !text(&out.stderr).contains(MARKER));
+    assert_untouched(&ws);
+    assert!(files_containing(&ws.join("runs"), MARKER).is_empty());
+}
+
+const KEY: &str = "sk-operator-secret-4c1d9e";
+
+/// `trellis run root args...` with `vars` set.
+fn run_with(root: &Path, args: &[&str], vars: &[(&str, &str)]) -> Output {
+    let mut all = vec!["run", root.to_str().unwrap()];
+    all.extend_from_slice(args);
+    let mut command = support::trellis_command(&all);
+    for (k, v) in vars {
+        command.env(k, v);
+    }
+    command.output().unwrap()
+}
+
+#[test]
+fn a_workspace_cannot_send_the_operators_key_to_an_unapproved_origin() {
+    let server = FakeServer::start(Box::new(|_| (200, completion("done", &[]))));
+    let origin = server.base_url().trim_end_matches("/v1").to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    preflight_workspace(
+        &ws,
+        json!({"llm": {"provider": "openai", "model_id": "m"},
+               "providers": {"openai": {"base_url": server.base_url(),
+                                        "api_key_env": "AWS_SECRET_ACCESS_KEY"}}}),
+    );
+    let key = [("AWS_SECRET_ACCESS_KEY", KEY)];
+    let out = run_with(&ws, &[], &key);
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success(), "{}", text(&out.stdout));
+    let expected = format!(
+        "workflow.json: providers.openai.api_key_env: the key in AWS_SECRET_ACCESS_KEY is not \
+         approved for {origin}; approve it with --allow-key AWS_SECRET_ACCESS_KEY={origin}"
+    );
+    assert!(stderr.contains(&expected), "{stderr}");
+    assert_eq!(server.seen().len(), 0, "a request went out");
+    assert_untouched(&ws);
+
+    // The default key cannot be redirected by base_url either.
+    let mut manifest = read_json(&ws.join("workflow.json"));
+    manifest["providers"]["openai"]
+        .as_object_mut()
+        .unwrap()
+        .remove("api_key_env");
+    std::fs::write(ws.join("workflow.json"), manifest.to_string()).unwrap();
+    let out = run_with(&ws, &[], &[("OPENAI_API_KEY", KEY)]);
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("providers.openai.base_url: the key in OPENAI_API_KEY is not approved"),
+        "{stderr}"
+    );
+    assert_eq!(server.seen().len(), 0);
+    // ... unless the operator points OPENAI_BASE_URL there.
+    let out = run_with(
+        &ws,
+        &[],
+        &[
+            ("OPENAI_API_KEY", KEY),
+            ("OPENAI_BASE_URL", &server.base_url()),
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(server.seen().len(), 1);
+    std::fs::write(
+        ws.join("workflow.json"),
+        json!({"llm": {"provider": "openai", "model_id": "m"},
+               "providers": {"openai": {"base_url": server.base_url(),
+                                        "api_key_env": "AWS_SECRET_ACCESS_KEY"}}})
+        .to_string(),
+    )
+    .unwrap();
+
+    // Approved on the command line, then in the user config file.
+    let flag = format!("AWS_SECRET_ACCESS_KEY={origin}");
+    let out = run_with(&ws, &["--allow-key", &flag], &key);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(server.seen().len(), 2);
+    let config = dir.path().join("config");
+    let xdg = [("XDG_CONFIG_HOME", config.to_str().unwrap()), key[0]];
+    support::workspace::write_file(
+        &config,
+        "trellis/config.toml",
+        format!("[[allow_key]]\nvar = \"AWS_SECRET_ACCESS_KEY\"\norigin = \"{origin}\"\n"),
+    );
+    let out = run_with(&ws, &[], &xdg);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(server.seen().len(), 3);
+    // An unknown key in the config file is named with the file.
+    support::workspace::write_file(
+        &config,
+        "trellis/config.toml",
+        format!("[[allow_key]]\nvar = \"AWS_SECRET_ACCESS_KEY\"\nurl = \"{origin}\"\n"),
+    );
+    let out = run_with(&ws, &[], &xdg);
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("trellis/config.toml") && stderr.contains("url"),
+        "{stderr}"
+    );
+    assert_eq!(server.seen().len(), 3);
+
+    // Plain http off this machine needs the same approval, key or not.
+    std::fs::write(
+        ws.join("workflow.json"),
+        json!({"llm": {"provider": "openai", "model_id": "m"},
+               "providers": {"openai": {"base_url": "http://llm.example.invalid:8080/v1",
+                                        "api_key_env": "TRELLIS_TEST_NO_KEY"}}})
+        .to_string(),
+    )
+    .unwrap();
+    let out = run_with(&ws, &[], &[]);
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("plain http to http://llm.example.invalid:8080")
+            && stderr.contains("--allow-key TRELLIS_TEST_NO_KEY=http://llm.example.invalid:8080"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_provider_call_opens_a_bounded_number_of_requests() {
+    let server = FakeServer::start(Box::new(|_| (200, completion("again", &[]))));
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = dir.path().join("plugins");
+    support::plugin_folder(&plugins, "test_snoop", "snoop", "llm-provider");
+    let ws = dir.path().join("ws");
+    agent_workspace(
+        &ws,
+        &[("answer", "Answer.")],
+        json!([]),
+        json!({"llm": {"provider": "snoop", "model_id": "flood"},
+               "providers": {"snoop": {"base_url": server.base_url(),
+                                       "api_key_env": "TRELLIS_TEST_NO_KEY"}}}),
+    );
+    let out = run_with(&ws, &["--plugins", plugins.to_str().unwrap()], &[]);
+    let stdout = text(&out.stdout);
+    assert!(!out.status.success(), "{stdout}");
+    assert!(
+        server.connections() <= 16,
+        "{} connections in one call",
+        server.connections()
+    );
+    assert_eq!(
+        server.seen().len(),
+        16,
+        "the limit is 16 requests per attempt: {stdout}\n{}",
+        text(&out.stderr)
+    );
+    let session =
+        text(&std::fs::read(ws.join("runs/iteration-0/execution/answer/session.json")).unwrap());
+    assert!(
+        session.contains("more than 16 requests in one call attempt"),
+        "{session}"
+    );
+}
+
+#[test]
+fn a_key_echoed_by_the_server_is_redacted_from_every_file_and_output() {
+    // The first call is refused with the key in the 401 body; the next answers with it.
+    let server = FakeServer::start_with_auth(Box::new(|body, auth| {
+        let auth = auth.unwrap_or("none").to_string();
+        if body["model"] == "refused" {
+            (
+                401,
+                json!({"error": {"message": format!("bad credentials: {auth}")}}),
+            )
+        } else {
+            let args = json!({"path": "runs/iteration-0/execution/echo/got.txt",
+                              "content": format!("key was {auth}")});
+            let tools = body["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|m| m["role"] == "tool");
+            if tools {
+                (200, completion(&format!("echo: {auth}"), &[]))
+            } else {
+                (200, completion("", &[("workspace__write_file", args)]))
+            }
+        }
+    }));
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    agent_workspace(
+        &ws,
+        &[("echo", "Echo."), ("refuse", "Refuse.")],
+        json!([{"id": "echo", "agent_configs": {"selected_tools": ["workspace:write_file"]}},
+               {"id": "refuse", "agent_configs": {"execution_llm":
+                   {"provider": "openai", "model_id": "refused"}}}]),
+        json!({"llm": {"provider": "openai", "model_id": "m"},
+               "providers": {"openai": {"base_url": server.base_url(),
+                                        "api_key_env": "TRELLIS_TEST_KEY"}}}),
+    );
+    let origin = server.base_url().trim_end_matches("/v1").to_string();
+    let cassette = ws.join("cassettes/echo.json");
+    std::fs::create_dir_all(cassette.parent().unwrap()).unwrap();
+    // Approved in the user config file (outside the workspace).
+    let config = dir.path().join("config");
+    support::workspace::write_file(
+        &config,
+        "trellis/config.toml",
+        format!("[[allow_key]]\nvar = \"TRELLIS_TEST_KEY\"\norigin = \"{origin}\"\n"),
+    );
+    let out = run_with(
+        &ws,
+        &["--record", cassette.to_str().unwrap()],
+        &[
+            ("TRELLIS_TEST_KEY", KEY),
+            ("RUST_LOG", "debug"),
+            ("XDG_CONFIG_HOME", config.to_str().unwrap()),
+        ],
+    );
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(server.seen().len() >= 3, "{stdout}\n{stderr}");
+    assert!(!stdout.contains(KEY), "{stdout}");
+    assert!(!stderr.contains(KEY), "{stderr}");
+    assert_eq!(files_containing(&ws, KEY), Vec::<String>::new());
+    assert!(
+        stdout.contains("[REDACTED]") || stderr.contains("[REDACTED]"),
+        "{stdout}"
+    );
+    assert!(!files_containing(&ws, "[REDACTED]").is_empty());
+}
+
+#[test]
+fn a_scripted_steps_repair_model_is_checked_in_the_preflight_too() {
+    let server = FakeServer::start(Box::new(|_| (200, completion("done", &[]))));
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    preflight_workspace(
+        &ws,
+        json!({"llm": {"provider": "openai", "model_id": "m"},
+               "providers": {"openai": {"base_url": server.base_url(),
+                                        "api_key_env": "AWS_SECRET_ACCESS_KEY"}}}),
+    );
+    // The only step is scripted: the model is used only if its script needs a repair.
+    std::fs::write(
+        ws.join("planning/step_config.json"),
+        json!({"steps": [{"id": "answer", "agent_configs": {"declared_execution_mode": "scripted"}}]})
+            .to_string(),
+    )
+    .unwrap();
+    support::workspace::write_file(&ws, "code/answer/main.py", "print('fine')\n");
+    let out = run_with(&ws, &[], &[("AWS_SECRET_ACCESS_KEY", KEY)]);
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success(), "{}", text(&out.stdout));
+    assert!(
+        stderr.contains("the key in AWS_SECRET_ACCESS_KEY is not approved"),
+        "{stderr}"
+    );
+    assert_untouched(&ws);
+    assert_eq!(server.seen().len(), 0);
+}

@@ -1072,3 +1072,24 @@ async fn a_fifo_is_refused_by_every_spelling_of_its_path() {
     }
     still_serving(&registry).await;
 }
+
+#[tokio::test]
+async fn a_huge_error_message_is_cut_before_it_reaches_anyone() {
+    let registry = registry_with_adversary().await;
+    let err = call(
+        &registry,
+        "long_error",
+        json!({"bytes": 8 << 20}),
+        &Grant::none(),
+    )
+    .await
+    .unwrap_err();
+    let ToolCallError::Tool { message, .. } = &err else {
+        panic!("expected a tool error, got {err:?}");
+    };
+    assert_eq!(
+        message,
+        &format!("{}… [cut: {} bytes, limit 4096]", "x".repeat(4096), 8 << 20)
+    );
+    still_serving(&registry).await;
+}

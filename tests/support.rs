@@ -93,7 +93,9 @@ fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
 }
 
 /// Runs the `trellis` binary with a component cache under the target folder (through
-/// `TRELLIS_CACHE_DIR`, which every command reads) and no `RUST_LOG` of the caller's.
+/// `TRELLIS_CACHE_DIR`, which every command reads), no `RUST_LOG` of the caller's, and
+/// none of the caller's LLM settings: no OpenAI key or base URL, and an empty user config
+/// folder (`XDG_CONFIG_HOME`), so a developer's `~/.config/trellis` never leaks in.
 pub fn trellis(args: &[&str]) -> std::process::Output {
     trellis_command(args)
         .output()
@@ -117,6 +119,12 @@ pub fn trellis_command(args: &[&str]) -> std::process::Command {
             "TRELLIS_CACHE_DIR",
             PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("component-cache"),
         )
-        .env_remove("RUST_LOG");
+        .env_remove("RUST_LOG")
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("OPENAI_BASE_URL")
+        .env(
+            "XDG_CONFIG_HOME",
+            PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("no-user-config"),
+        );
     command
 }

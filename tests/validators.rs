@@ -100,9 +100,18 @@ async fn misbehaving_validators_are_gate_errors_naming_the_plugin() {
             "validator `unruly`: option `columns` must be a list of strings",
         ),
         ("escape", "validator `unruly`: cannot read /etc/passwd"),
+        ("fail_long", "… [cut: 1048594 bytes, limit 4096]"),
+        (
+            "huge_report",
+            "validator `unruly`: report of 8388608 bytes is over the 4194304-byte output limit",
+        ),
     ];
     for (behave, expected) in cases {
         let message = validator_error(step.gate(&registry, behave));
+        assert!(
+            message.contains("validator `unruly`: "),
+            "{behave}: {message}"
+        );
         assert!(
             message.contains(expected),
             "{behave}: expected {expected:?} in {message}"
@@ -110,6 +119,30 @@ async fn misbehaving_validators_are_gate_errors_naming_the_plugin() {
     }
     // Still serving.
     assert!(step.gate(&registry, "pass").unwrap().passed);
+}
+
+/// Long texts and many warnings (under the output limit) are cut, and the cuts marked:
+/// what reaches the run's report and the next LLM turn stays small.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_verbose_validator_is_cut_to_size() {
+    let registry = registry().await;
+    let step = Step::new();
+    let report = step.gate(&registry, "verbose").unwrap();
+    let check = &report.checks[0];
+    for text in [&check.expected, &check.actual, &check.message] {
+        assert!(text.len() < 4096 + 100, "{}", text.len());
+        assert!(
+            text.ends_with("[cut: 102400 bytes, limit 4096]"),
+            "{}",
+            &text[4000..]
+        );
+    }
+    assert_eq!(report.warnings.len(), 101, "{:?}", &report.warnings[..3]);
+    assert!(
+        report.warnings[100].contains("[900 more warnings dropped: limit 100]"),
+        "{}",
+        report.warnings[100]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -219,11 +219,11 @@ pub fn normalize_guest_path(guest: &str) -> Result<String> {
 }
 
 /// Resolves `relative` (a workspace-relative folder, as written in a plan or on
-/// the command line) inside `root`, refusing anything that would leave it:
-/// absolute paths, `..`, and symbolic links that point outside `root`.
+/// the command line) inside `root`, refusing anything that would leave it or
+/// hide where it is: absolute paths, `..`, and symbolic links anywhere on the way.
 ///
-/// The check opens the folder through a cap-std handle on `root`, which cannot
-/// name anything outside it; the canonical host path is returned for the grant.
+/// The check goes through [`crate::store::WorkspaceFs`]; the canonical host path
+/// is returned for the grant.
 pub fn resolve_in_root(root: &Path, relative: &str) -> Result<PathBuf> {
     let rel = Path::new(relative);
     if rel.is_absolute() {
@@ -235,18 +235,18 @@ pub fn resolve_in_root(root: &Path, relative: &str) -> Result<PathBuf> {
     {
         bail!("{relative:?} must not contain `..`");
     }
-    let root_dir = cap_std::fs::Dir::open_ambient_dir(root, cap_std::ambient_authority())
-        .with_context(|| format!("opening {}", root.display()))?;
-    let target = if rel.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        rel
-    };
-    let meta = root_dir
-        .metadata(target)
-        .with_context(|| format!("{relative:?} is not a folder inside {}", root.display()))?;
-    if !meta.is_dir() {
-        bail!("{relative:?} is not a folder");
+    // No link anywhere on the way, whether it leads out or stays inside: a grant names the
+    // folder it shows.
+    let fs = crate::store::WorkspaceFs::open(root)?;
+    match fs.kind(rel) {
+        Ok(Some(crate::store::Kind::Dir)) => {}
+        Ok(Some(crate::store::Kind::Link)) => bail!(
+            "{relative:?}: {}",
+            crate::store::workspace_fs::link_error(rel)
+        ),
+        Ok(Some(_)) => bail!("{relative:?} is not a folder"),
+        Ok(None) => bail!("{relative:?} is not a folder inside {}", root.display()),
+        Err(e) => bail!("{relative:?}: {e}"),
     }
     let canonical_root = root
         .canonicalize()
@@ -267,7 +267,8 @@ pub fn resolve_in_root(root: &Path, relative: &str) -> Result<PathBuf> {
 /// Bounds on one plugin call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
-    /// Largest total linear memory of the instance, in bytes.
+    /// Largest total of the instance's linear memories and tables (all of them
+    /// together, a table element counted as a pointer), in bytes.
     pub memory_bytes: usize,
     /// Wall-clock deadline for the call, guest code and host calls included.
     pub timeout: Duration,

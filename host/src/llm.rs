@@ -8,6 +8,7 @@
 //! [`complete_with_retries`] adds backoff and fallbacks; [`record`] writes and
 //! describes cassettes for the `replay` provider.
 
+pub mod approval;
 pub(crate) mod http;
 pub mod record;
 mod retry;
@@ -20,7 +21,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::capabilities::Grant;
 
-pub use record::{Cassette, Interaction, RecordedRequest, Recorder, ReplayCursor};
+pub use approval::KeyApprovals;
+pub use http::RequestLimits;
+pub use record::{Cassette, Interaction, RecordedRequest, RecordedTool, Recorder, ReplayCursor};
 pub use retry::{
     Attempt, AttemptStatus, Completion, RetryPolicy, Target, complete_with_options,
     complete_with_retries,
@@ -32,8 +35,6 @@ pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
 pub const DEFAULT_KEY_ENV: &str = "OPENAI_API_KEY";
 /// The environment variable overriding the base URL, as in the official SDKs.
 pub const BASE_URL_ENV: &str = "OPENAI_BASE_URL";
-/// Where the `replay` provider sees the cassette's folder.
-pub const CASSETTE_GUEST_DIR: &str = "/cassette";
 
 /// Who wrote a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -311,7 +312,7 @@ pub struct Endpoint {
     /// Provider settings as a JSON object, passed to the plugin.
     #[serde(default)]
     pub settings: serde_json::Value,
-    /// Folders the plugin may read (the `replay` cassette's folder).
+    /// Folders the plugin may read (none for the bundled providers).
     #[serde(skip)]
     pub grant: Grant,
 }
@@ -337,27 +338,41 @@ impl Endpoint {
         self
     }
 
-    /// The endpoint of the `replay` provider answering call `index` (from 0) of
-    /// `cassette`: no network, the cassette's folder read-only at
-    /// [`CASSETTE_GUEST_DIR`], and `{"cassette": <guest path>, "index": index}`.
+    /// The endpoint of the `replay` provider answering call `index` (from 0) of the
+    /// cassette file `cassette`, read here (a path the caller trusts: a workspace's
+    /// cassettes are opened by [`ReplayCursor::in_workspace`]).
     pub fn replay(cassette: &Path, index: usize) -> Result<Self> {
-        let file = cassette
-            .file_name()
-            .and_then(|n| n.to_str())
-            .with_context(|| format!("cassette {}: not a file name", cassette.display()))?;
-        let folder = cassette
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
-        let grant = Grant::none().read(folder, CASSETTE_GUEST_DIR)?;
-        Ok(Endpoint {
+        let text = std::fs::read(cassette)
+            .with_context(|| format!("cassette {}: cannot read", cassette.display()))?;
+        let interactions = record::interactions(&cassette.display().to_string(), &text)?;
+        Ok(Endpoint::replay_of(
+            &cassette.display().to_string(),
+            &interactions,
+            index,
+        ))
+    }
+
+    /// The endpoint of the `replay` provider answering call `index` of the cassette
+    /// `name` holding `interactions`. The plugin is granted nothing, no network and no
+    /// folder, not even the cassette's: the host has read the cassette (inside the
+    /// workspace) and hands over only the interaction due, in
+    /// `{"cassette": name, "index": index, "count": n, "interaction": {...}}` (no
+    /// `interaction` past the end). Copying the file or its folder into a private grant
+    /// would cost a copy per call and still show the plugin the whole cassette.
+    pub fn replay_of(name: &str, interactions: &[serde_json::Value], index: usize) -> Self {
+        let mut settings = serde_json::json!({
+            "cassette": name,
+            "index": index,
+            "count": interactions.len(),
+        });
+        if let Some(interaction) = interactions.get(index) {
+            settings["interaction"] = interaction.clone();
+        }
+        Endpoint {
             base_url: String::new(),
-            settings: serde_json::json!({
-                "cassette": format!("{CASSETTE_GUEST_DIR}/{file}"),
-                "index": index,
-            }),
-            grant,
-        })
+            settings,
+            grant: Grant::none(),
+        }
     }
 }
 
@@ -412,6 +427,50 @@ impl Secret {
 
     pub(crate) fn value(&self) -> Option<&str> {
         self.value.as_deref()
+    }
+
+    /// `text` with the key (and `Bearer <key>`) replaced by `[REDACTED]`: what a
+    /// provider call returns may echo the request's credentials.
+    pub fn redact(&self, text: &str) -> String {
+        match self.value() {
+            Some(key) if text.contains(key) => text
+                .replace(&format!("Bearer {key}"), REDACTED)
+                .replace(key, REDACTED),
+            _ => text.to_string(),
+        }
+    }
+}
+
+/// What stands in for a key in anything a provider call returns.
+pub const REDACTED: &str = "[REDACTED]";
+
+impl Response {
+    /// The answer with `secret` redacted from every text in it.
+    pub fn redacted(mut self, secret: &Secret) -> Response {
+        if !secret.is_set() {
+            return self;
+        }
+        self.text = secret.redact(&self.text);
+        for call in &mut self.tool_calls {
+            call.id = secret.redact(&call.id);
+            call.name = secret.redact(&call.name);
+            call.arguments = secret.redact(&call.arguments);
+        }
+        self.model = self.model.map(|m| secret.redact(&m));
+        self
+    }
+}
+
+impl LlmError {
+    /// The error with `secret` redacted from its text.
+    pub fn redacted(self, secret: &Secret) -> LlmError {
+        match self {
+            LlmError::Server(m) => LlmError::Server(secret.redact(&m)),
+            LlmError::InvalidRequest(m) => LlmError::InvalidRequest(secret.redact(&m)),
+            LlmError::MalformedResponse(m) => LlmError::MalformedResponse(secret.redact(&m)),
+            LlmError::Transport(m) => LlmError::Transport(secret.redact(&m)),
+            other => other,
+        }
     }
 }
 

@@ -9,12 +9,13 @@
 //! that call, so nothing carries over from one call to the next.
 
 pub mod manifest;
+pub mod schema;
 pub mod tools;
 
 pub(crate) mod bindings;
 pub(crate) mod state;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,6 +50,15 @@ impl std::fmt::Display for PluginSource {
             PluginSource::File(path) => write!(f, "{}", path.display()),
         }
     }
+}
+
+/// Whether the plugin of one manifest loaded ([`PluginRegistry::load_dir_each`]).
+#[derive(Debug)]
+pub struct LoadOutcome {
+    /// The manifest file.
+    pub manifest: PathBuf,
+    /// The plugin's id, or why it did not load (the error names the plugin and file).
+    pub result: Result<String>,
 }
 
 /// A loaded plugin.
@@ -127,6 +137,22 @@ impl std::fmt::Debug for PluginRegistry {
 
 /// Checks one validator call may report; more means a broken validator.
 const MAX_VALIDATOR_CHECKS: usize = 10_000;
+/// Warnings one validator call may report; the rest are dropped, and counted.
+const MAX_VALIDATOR_WARNINGS: usize = 100;
+/// Longest message, expected or actual text of a check, and longest warning; longer
+/// ones are cut and marked.
+const MAX_VALIDATOR_FIELD_BYTES: usize = 4 << 10;
+
+/// Largest component file of a third-party plugin, checked before it is read.
+pub const MAX_COMPONENT_BYTES: u64 = 64 << 20;
+/// How long compiling a third-party plugin may take (bundled ones are not bounded).
+pub const COMPILE_DEADLINE: Duration = Duration::from_secs(60);
+/// Most tools one plugin may list.
+pub const MAX_TOOLS: usize = 256;
+/// Largest list-tools answer: names, descriptions and schemas of all tools, in bytes.
+pub const MAX_LIST_TOOLS_BYTES: usize = 1 << 20;
+/// Longest tool description, in bytes.
+pub const MAX_DESCRIPTION_BYTES: usize = 4 << 10;
 
 /// Limits used while a plugin lists its tools at load time.
 const LOAD_LIMITS: Limits = Limits {
@@ -194,14 +220,33 @@ impl PluginRegistry {
     }
 
     /// Loads every plugin in `dir`: either `dir/plugin.json` itself, or each
-    /// `dir/<name>/plugin.json`. Returns the ids loaded.
+    /// `dir/<name>/plugin.json`. Returns the ids loaded; when any plugin fails, the
+    /// others are loaded all the same and the error names every one that failed.
     pub async fn load_dir(&mut self, dir: &Path) -> Result<Vec<String>> {
-        let manifests = find_manifests(dir)?;
         let mut ids = Vec::new();
-        for path in manifests {
-            ids.push(self.load_manifest(&path).await?);
+        let mut failures = Vec::new();
+        for outcome in self.load_dir_each(dir).await? {
+            match outcome.result {
+                Ok(id) => ids.push(id),
+                Err(err) => failures.push(format!("{err:#}")),
+            }
         }
-        Ok(ids)
+        match failures.len() {
+            0 => Ok(ids),
+            1 => bail!("{}", failures[0]),
+            n => bail!("{n} plugins failed to load:\n{}", failures.join("\n")),
+        }
+    }
+
+    /// Loads every plugin in `dir` like [`PluginRegistry::load_dir`], and says for each
+    /// manifest whether it loaded: one bad plugin does not keep the others out.
+    pub async fn load_dir_each(&mut self, dir: &Path) -> Result<Vec<LoadOutcome>> {
+        let mut outcomes = Vec::new();
+        for manifest in find_manifests(dir)? {
+            let result = self.load_manifest(&manifest).await;
+            outcomes.push(LoadOutcome { manifest, result });
+        }
+        Ok(outcomes)
     }
 
     /// Loads the plugin described by the manifest at `path`.
@@ -209,17 +254,39 @@ impl PluginRegistry {
         let manifest = Manifest::read(path)?;
         let folder = path.parent().unwrap_or(Path::new("."));
         let component_path = folder.join(&manifest.component);
-        let bytes = std::fs::read(&component_path).with_context(|| {
-            format!(
-                "{}: component: cannot read {}",
+        let id = manifest.id.clone();
+        let context = || format!("loading plugin `{id}` from {}", component_path.display());
+        let cannot_read = |err: std::io::Error| {
+            anyhow::anyhow!(
+                "{}: component: cannot read {}: {err}",
                 path.display(),
                 component_path.display()
             )
-        })?;
-        let id = manifest.id.clone();
+        };
+        let too_large = |size: u64| -> Result<String> {
+            Err(anyhow::anyhow!(
+                "the component is {size} bytes, over the limit of {MAX_COMPONENT_BYTES} bytes (64 MiB)"
+            ))
+            .with_context(context)
+        };
+        let file = std::fs::File::open(&component_path).map_err(cannot_read)?;
+        let size = file.metadata().map_err(cannot_read)?.len();
+        if size > MAX_COMPONENT_BYTES {
+            return too_large(size);
+        }
+        // Read at most one byte past the cap, should the file grow meanwhile.
+        let mut bytes = Vec::with_capacity(size as usize);
+        std::io::Read::read_to_end(
+            &mut std::io::Read::take(file, MAX_COMPONENT_BYTES + 1),
+            &mut bytes,
+        )
+        .map_err(cannot_read)?;
+        if bytes.len() as u64 > MAX_COMPONENT_BYTES {
+            return too_large(bytes.len() as u64);
+        }
         self.add(manifest, PluginSource::File(component_path.clone()), &bytes)
             .await
-            .with_context(|| format!("loading plugin `{id}` from {}", component_path.display()))?;
+            .with_context(context)?;
         Ok(id)
     }
 
@@ -231,15 +298,24 @@ impl PluginRegistry {
                 existing.source
             );
         }
-        let origin = source.to_string();
-        let component = self.engine.load_component(bytes, &origin)?;
-        check_world(&component, &self.engine, manifest.kind)?;
+        let origin = match &source {
+            PluginSource::Bundled => format!("bundled:{}", manifest.id),
+            PluginSource::File(path) => path.display().to_string(),
+        };
+        // Bundled components are ours; a third-party one gets a compile deadline.
+        let deadline = match source {
+            PluginSource::Bundled => None,
+            PluginSource::File(_) => Some(COMPILE_DEADLINE),
+        };
+        let loaded = self.engine.open_component(bytes, &origin, deadline)?;
+        let component = loaded.component();
+        check_world(component, &self.engine, manifest.kind)?;
         let linker = match manifest.kind {
             PluginKind::Tool => &self.tool_linker,
             PluginKind::Validator => &self.validator_linker,
             PluginKind::LlmProvider => &self.llm_linker,
         };
-        let pre = linker.instantiate_pre(&component).map_err(|err| {
+        let pre = linker.instantiate_pre(component).map_err(|err| {
             anyhow::anyhow!(
                 "the component needs an import a {} plugin is not given: {err}",
                 manifest.kind
@@ -254,6 +330,8 @@ impl PluginRegistry {
         if plugin.manifest.kind == PluginKind::Tool {
             plugin.tools = list_tools(&plugin, &self.engine).await?;
         }
+        // Only a component that loaded is cached.
+        self.engine.keep(&loaded);
         self.plugins.insert(plugin.manifest.id.clone(), plugin);
         Ok(())
     }
@@ -325,7 +403,8 @@ impl PluginRegistry {
     ) -> Result<serde_json::Value, ToolCallError> {
         let (plugin, spec) = self.resolve_tool(full_name)?;
         let tool = format!("{}:{}", plugin.manifest.id, spec.name);
-        spec.check_arguments(args)
+        spec.check_arguments_within(args, limits.timeout)
+            .await
             .map_err(|details| ToolCallError::InvalidArguments {
                 tool: tool.clone(),
                 details,
@@ -348,10 +427,11 @@ impl PluginRegistry {
             Ok(Ok(text)) => text,
             Ok(Err(err)) => {
                 let (kind, message) = tool_error(err);
+                // The message goes to the agent's next turn: cut like a validator's.
                 return Err(ToolCallError::Tool {
                     tool,
                     kind,
-                    message,
+                    message: cap_text(message),
                 });
             }
             Err(failure) => return Err(failure.into_error(tool, limits)),
@@ -462,27 +542,78 @@ impl PluginRegistry {
                 ));
             }
             Ok(Ok(report)) => report,
-            Ok(Err(message)) => return Err(format!("{label}: {message}")),
+            Ok(Err(message)) => return Err(format!("{label}: {}", cap_text(message))),
             Err(failure) => return Err(failure.into_error(label, limits).to_string()),
         };
-        let checks = report
+        let size: usize = report
             .checks
-            .into_iter()
-            .map(|c| CheckResult {
-                file: c.file,
-                path: c.path,
-                kind: c.kind,
-                passed: c.passed,
-                expected: c.expected,
-                actual: c.actual,
-                message: c.message,
+            .iter()
+            .map(|c| {
+                c.file.len()
+                    + c.path.len()
+                    + c.kind.len()
+                    + c.expected.len()
+                    + c.actual.len()
+                    + c.message.len()
             })
-            .collect();
-        Ok(CustomOutcome {
-            checks,
-            warnings: report.warnings,
-        })
+            .chain(report.warnings.iter().map(String::len))
+            .sum();
+        if size > limits.output_bytes {
+            return Err(format!(
+                "{label}: report of {size} bytes is over the {}-byte output limit",
+                limits.output_bytes
+            ));
+        }
+        Ok(capped_outcome(report))
     }
+}
+
+/// `text` cut to [`MAX_VALIDATOR_FIELD_BYTES`] (validator fields, tool error messages), the
+/// cut marked.
+fn cap_text(text: String) -> String {
+    if text.len() <= MAX_VALIDATOR_FIELD_BYTES {
+        return text;
+    }
+    format!(
+        "{}… [cut: {} bytes, limit {MAX_VALIDATOR_FIELD_BYTES}]",
+        state::truncate(&text, MAX_VALIDATOR_FIELD_BYTES),
+        text.len()
+    )
+}
+
+/// A validator's report as the gate sees it, each text field cut to
+/// [`MAX_VALIDATOR_FIELD_BYTES`] and the warnings to [`MAX_VALIDATOR_WARNINGS`], each
+/// cut marked, so a validator cannot flood the run's report or the next LLM turn.
+fn capped_outcome(
+    report: bindings::validator::exports::trellis::plugin::validator::Report,
+) -> CustomOutcome {
+    let cap = cap_text;
+    let checks = report
+        .checks
+        .into_iter()
+        .map(|c| CheckResult {
+            file: cap(c.file),
+            path: cap(c.path),
+            kind: cap(c.kind),
+            passed: c.passed,
+            expected: cap(c.expected),
+            actual: cap(c.actual),
+            message: cap(c.message),
+        })
+        .collect();
+    let dropped = report.warnings.len().saturating_sub(MAX_VALIDATOR_WARNINGS);
+    let mut warnings: Vec<String> = report
+        .warnings
+        .into_iter()
+        .take(MAX_VALIDATOR_WARNINGS)
+        .map(cap)
+        .collect();
+    if dropped > 0 {
+        warnings.push(format!(
+            "[{dropped} more warnings dropped: limit {MAX_VALIDATOR_WARNINGS}]"
+        ));
+    }
+    CustomOutcome { checks, warnings }
 }
 
 /// Time a provider call gets beyond its HTTP timeout, so that a slow server
@@ -522,6 +653,7 @@ impl PluginRegistry {
                     message,
                 })?;
         let refused = policy.refused();
+        let limited = policy.limited();
         let allowed = policy.allowed().map(|o| o.to_string());
         let call_limits = Limits {
             timeout: limits.timeout + LLM_CALL_GRACE,
@@ -554,7 +686,8 @@ impl PluginRegistry {
         };
         match outcome {
             Ok(Ok(response)) => {
-                let response = llm::wit::response(response);
+                // A server may echo the credentials it got: nothing returned keeps them.
+                let response = llm::wit::response(response).redacted(secret);
                 let size = response.text.len()
                     + response
                         .tool_calls
@@ -580,15 +713,21 @@ impl PluginRegistry {
                         "the host refused the request to {}: this provider may reach {only}",
                         refused.join(", ")
                     ));
+                } else if let Some(limit) =
+                    limited.lock().unwrap_or_else(|e| e.into_inner()).clone()
+                {
+                    error = LlmError::Transport(format!("the host stopped the call: {limit}"));
                 }
-                Err(provider_error(error))
+                Err(provider_error(error.redacted(secret)))
             }
             Err(CallFailure::Timeout(_)) => Err(provider_error(LlmError::Timeout)),
             Err(failure) => Err(LlmCallError::Crashed {
                 provider: provider.to_string(),
-                message: failure
-                    .into_error(format!("llm `{provider}`"), &call_limits)
-                    .to_string(),
+                message: secret.redact(
+                    &failure
+                        .into_error(format!("llm `{provider}`"), &call_limits)
+                        .to_string(),
+                ),
             }),
         }
     }
@@ -776,22 +915,42 @@ async fn list_tools(plugin: &Plugin, engine: &Engine) -> Result<Vec<ToolSpec>> {
         anyhow::anyhow!("{}", failure.into_error("list-tools".into(), &LOAD_LIMITS))
     })?;
 
-    let mut tools: Vec<ToolSpec> = Vec::new();
+    if listed.len() > MAX_TOOLS {
+        bail!(
+            "list-tools: {} tools, over the limit of {MAX_TOOLS} per plugin",
+            listed.len()
+        );
+    }
+    let size: usize = listed
+        .iter()
+        .map(|t| t.name.len() + t.description.len() + t.input_schema.len())
+        .sum();
+    if size > MAX_LIST_TOOLS_BYTES {
+        bail!("list-tools: the answer is {size} bytes, over the limit of {MAX_LIST_TOOLS_BYTES}");
+    }
+    let mut tools: Vec<ToolSpec> = Vec::with_capacity(listed.len());
+    let mut names = HashSet::with_capacity(listed.len());
     for info in listed {
         let name = info.name;
-        manifest::check_id(&normalize_tool_name(&name))
+        let normalized = normalize_tool_name(&name);
+        manifest::check_id(&normalized)
             .with_context(|| format!("list-tools: tool name {name:?}"))?;
-        if tools
-            .iter()
-            .any(|t| normalize_tool_name(&t.name) == normalize_tool_name(&name))
-        {
+        if !names.insert(normalized) {
             bail!("list-tools: tool `{name}` is listed twice");
+        }
+        if info.description.len() > MAX_DESCRIPTION_BYTES {
+            bail!(
+                "list-tools: tool `{name}`: the description is {} bytes, over the limit of {MAX_DESCRIPTION_BYTES}",
+                info.description.len()
+            );
         }
         let schema: serde_json::Value = serde_json::from_str(&info.input_schema)
             .with_context(|| format!("list-tools: tool `{name}`: input-schema is not JSON"))?;
         if schema.get("type").and_then(|t| t.as_str()) != Some("object") {
             bail!("list-tools: tool `{name}`: input-schema must have \"type\": \"object\"");
         }
+        schema::check_bounds(&info.input_schema, &schema)
+            .map_err(|e| anyhow::anyhow!("list-tools: tool `{name}`: {e}"))?;
         let validator = jsonschema::validator_for(&schema)
             .map_err(|e| anyhow::anyhow!("list-tools: tool `{name}`: invalid input-schema: {e}"))?;
         tools.push(ToolSpec {
@@ -801,7 +960,7 @@ async fn list_tools(plugin: &Plugin, engine: &Engine) -> Result<Vec<ToolSpec>> {
             read_only: info.hints.read_only,
             destructive: info.hints.destructive,
             idempotent: info.hints.idempotent,
-            validator,
+            validator: Arc::new(validator),
         });
     }
     Ok(tools)
@@ -853,4 +1012,46 @@ fn find_manifests(dir: &Path) -> Result<Vec<PathBuf>> {
     }
     found.sort();
     Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bindings::validator::exports::trellis::plugin::validator::{Check, Report};
+
+    #[test]
+    fn validator_reports_are_capped_and_cuts_marked() {
+        let huge = "x".repeat(100 << 10);
+        let report = Report {
+            checks: vec![Check {
+                file: "a.csv".into(),
+                path: String::new(),
+                kind: "row".into(),
+                passed: false,
+                expected: huge.clone(),
+                actual: "é".repeat(3000),
+                message: "short".into(),
+            }],
+            warnings: vec![huge.clone(); 150],
+        };
+        let outcome = capped_outcome(report);
+        let check = &outcome.checks[0];
+        assert!(check.expected.len() < MAX_VALIDATOR_FIELD_BYTES + 100);
+        assert!(
+            check
+                .expected
+                .ends_with("… [cut: 102400 bytes, limit 4096]"),
+            "{}",
+            &check.expected[4000..]
+        );
+        assert!(check.actual.ends_with("[cut: 6000 bytes, limit 4096]"));
+        assert_eq!(check.message, "short");
+        assert_eq!(outcome.warnings.len(), MAX_VALIDATOR_WARNINGS + 1);
+        assert_eq!(
+            outcome.warnings.last().unwrap(),
+            "[50 more warnings dropped: limit 100]"
+        );
+        let total: usize = outcome.warnings.iter().map(String::len).sum();
+        assert!(total < 500 << 10, "{total}");
+    }
 }

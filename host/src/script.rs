@@ -443,7 +443,7 @@ impl ScriptRunner {
             .with_context(|| format!("running the script of step {step_id:?}"))?;
         let outcome = self.execute(step_id, &prepared, &options.limits).await?;
         if options.write_logs {
-            write_logs(&prepared.log_dir, &outcome).with_context(|| {
+            write_logs(&ws.fs, &prepared.log_dir, &outcome).with_context(|| {
                 format!(
                     "step {step_id:?}: writing the script's logs in {}",
                     prepared.log_dir.display()
@@ -485,7 +485,7 @@ impl ScriptRunner {
             kind,
             path: script,
             code_dir: code_host,
-        } = find_script(&ws.root, step_id)?;
+        } = find_script(&ws.fs, step_id)?;
         let code_rel = format!("code/{step_id}");
         let code_dir =
             store::open_dir(&code_host).with_context(|| format!("opening {code_rel}/"))?;
@@ -500,8 +500,11 @@ impl ScriptRunner {
                         bail!("{script} is {size} bytes, over the limit of {MAX_WASM_BYTES}")
                     }
                 };
-                let component = self.engine.load_component(&bytes, &script)?;
-                self.instance_pre(&component, &script)?
+                // Cached only once it proved to be a runnable script.
+                let loaded = self.engine.open_component(&bytes, &script, None)?;
+                let pre = self.instance_pre(loaded.component(), &script)?;
+                self.engine.keep(&loaded);
+                pre
             }
         };
 
@@ -531,6 +534,11 @@ impl ScriptRunner {
             .join(run_folder.trim_matches('/'))
             .join("logs")
             .join(step_id);
+        // Refused up front, before the script runs: logs are never written through a link.
+        if options.write_logs && ws.fs.kind(&log_dir)? == Some(store::Kind::Link) {
+            let rel = ws.fs.relative(&log_dir)?;
+            return Err(store::workspace_fs::link_error(&rel).into());
+        }
         Ok(Prepared {
             kind,
             script,
@@ -671,7 +679,8 @@ pub struct ScriptFile {
 /// `code/<step-id>/main.wasm` if it is a file, else `code/<step-id>/main.py`. An error names
 /// what is missing. The folder is resolved inside the workspace: a `code/<step-id>` that is
 /// a symbolic link leading out of it is refused, and so is a script file that does.
-pub fn find_script(root: &Path, step_id: &str) -> Result<ScriptFile> {
+pub fn find_script(fs: &store::WorkspaceFs, step_id: &str) -> Result<ScriptFile> {
+    let root = fs.root();
     let code_rel = format!("code/{step_id}");
     if step_id.is_empty() || step_id.contains(['/', '\\']) || step_id == "." || step_id == ".." {
         bail!("step id {step_id:?} cannot name a folder under code/");
@@ -681,12 +690,21 @@ pub fn find_script(root: &Path, step_id: &str) -> Result<ScriptFile> {
             "{code_rel}/ does not exist: a scripted step runs {code_rel}/{WASM_SCRIPT} or {code_rel}/{PYTHON_SCRIPT}"
         )
     })?;
-    let dir = store::open_dir(&code_dir).with_context(|| format!("opening {code_rel}/"))?;
-    // cap-std follows a symbolic link only while it stays inside the folder.
-    let is_file = |name: &str| dir.metadata(name).is_ok_and(|m| m.is_file());
-    let kind = if is_file(WASM_SCRIPT) {
+    // A script that is a link is refused (it would show the sandbox another file than the
+    // one named), not skipped.
+    let is_file = |name: &str| -> Result<bool> {
+        match fs.kind(format!("{code_rel}/{name}"))? {
+            Some(store::Kind::File) => Ok(true),
+            Some(store::Kind::Link) => Err(store::workspace_fs::link_error(Path::new(&format!(
+                "{code_rel}/{name}"
+            )))
+            .into()),
+            _ => Ok(false),
+        }
+    };
+    let kind = if is_file(WASM_SCRIPT)? {
         ScriptKind::Wasm
-    } else if is_file(PYTHON_SCRIPT) {
+    } else if is_file(PYTHON_SCRIPT)? {
         ScriptKind::Python
     } else {
         bail!(
@@ -761,11 +779,11 @@ fn workspace_relative(guest: &str) -> String {
     guest.strip_prefix('/').unwrap_or(guest).to_string()
 }
 
-fn write_logs(dir: &Path, outcome: &ScriptOutcome) -> Result<()> {
-    store::write_bytes_atomic(&dir.join(STDOUT_LOG), outcome.stdout.as_bytes())?;
-    store::write_bytes_atomic(&dir.join(STDERR_LOG), outcome.stderr.as_bytes())?;
+fn write_logs(fs: &store::WorkspaceFs, dir: &Path, outcome: &ScriptOutcome) -> Result<()> {
+    fs.write_atomic(dir.join(STDOUT_LOG), outcome.stdout.as_bytes())?;
+    fs.write_atomic(dir.join(STDERR_LOG), outcome.stderr.as_bytes())?;
     let completed = rfc3339(std::time::SystemTime::now());
-    store::write_json_atomic(&dir.join(RESULT_LOG), &outcome.record(&completed))?;
+    fs.write_json_atomic(dir.join(RESULT_LOG), &outcome.record(&completed))?;
     Ok(())
 }
 

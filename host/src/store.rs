@@ -1,32 +1,27 @@
 //! Workspace files: atomic JSON writes and confined reads.
 //!
-//! Every artifact Trellis writes goes through [`write_json_atomic`] (temp file in the same
-//! folder, then rename), so a crash never leaves a truncated file. Paths that come from plans
-//! and schemas are checked with [`check_relative`] and opened through a cap-std [`Dir`], so
-//! neither `..` nor an absolute path nor a symlink can reach outside the folder they name.
-//! Logs rewritten on the agent loop's path go through [`write_behind`], which does the same
-//! atomic writes on a writer thread.
+//! Every host read, write, removal and rename under a workspace goes through
+//! [`WorkspaceFs`] (a cap-std handle on the workspace opened once; links and special files
+//! refused, writes atomic). Paths that come from plans and schemas are checked with
+//! [`check_relative`]. Logs rewritten on the agent loop's path go through [`write_behind`],
+//! which does the same atomic writes on a writer thread.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::path::{Component, Path};
 
+pub mod workspace_fs;
 pub mod write_behind;
+
+pub use workspace_fs::{Kind, WorkspaceFs, json_bytes};
 
 use cap_std::ambient_authority;
 use cap_std::fs::Dir;
-use serde::Serialize;
 
-/// Serializes `value` as JSON with a 2-space indent and a final newline, and replaces `path`
-/// with it atomically: the bytes go to a temp file in the same folder, are flushed to disk,
-/// and the temp file is renamed over `path`. Parent folders are created.
-pub fn write_json_atomic<T: Serialize + ?Sized>(path: &Path, value: &T) -> io::Result<()> {
-    let mut bytes = serde_json::to_vec_pretty(value).map_err(io::Error::other)?;
-    bytes.push(b'\n');
-    write_bytes_atomic(path, &bytes)
-}
-
-/// Replaces `path` with `bytes` atomically (temp file in the same folder, then rename).
-pub fn write_bytes_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+/// Replaces the file the user named on the command line (a cassette to record: anywhere, not
+/// necessarily in a workspace) atomically: temp file beside it, flushed, renamed over it.
+/// Files under a workspace go through [`WorkspaceFs`] instead.
+pub fn write_named_file_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    use std::io::Write;
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
@@ -40,6 +35,15 @@ pub fn write_bytes_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     tmp.as_file().sync_all()?;
     tmp.persist(path).map_err(|e| e.error)?;
     Ok(())
+}
+
+/// Test set-up: writes JSON the way Trellis does, without a workspace handle.
+#[cfg(test)]
+pub(crate) fn write_json_atomic<T: serde::Serialize + ?Sized>(
+    path: &Path,
+    value: &T,
+) -> io::Result<()> {
+    write_named_file_atomic(path, &json_bytes(value)?)
 }
 
 /// Checks that `name` is a relative path that stays inside the folder it is resolved in:
@@ -91,8 +95,19 @@ pub enum Capped {
 /// Reads `rel` inside `dir`, unless it is larger than `cap` bytes. The size is checked both
 /// from the metadata and while reading, so a file growing under us cannot blow the cap.
 pub fn read_capped(dir: &Dir, rel: &str, cap: u64) -> io::Result<Capped> {
-    let file = dir.open(rel)?;
-    let len = file.metadata()?.len();
+    use cap_std::fs::{OpenOptions, OpenOptionsExt};
+    // Non-blocking, so a FIFO cannot hang the read; its type is refused right after.
+    let file = dir.open_with(
+        rel,
+        OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW),
+    )?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(workspace_fs::special_error(Path::new(rel)));
+    }
+    let len = meta.len();
     if len > cap {
         return Ok(Capped::TooLarge(len));
     }
@@ -124,23 +139,6 @@ pub fn sql_to_json(value: rusqlite::types::ValueRef<'_>) -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn atomic_write_is_pretty_and_leaves_no_temp_files() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("a/b.json");
-        write_json_atomic(&path, &serde_json::json!({"steps": [{"id": "x"}]})).unwrap();
-        write_json_atomic(&path, &serde_json::json!({"steps": []})).unwrap();
-        assert_eq!(
-            std::fs::read_to_string(&path).unwrap(),
-            "{\n  \"steps\": []\n}\n"
-        );
-        let names: Vec<_> = std::fs::read_dir(dir.path().join("a"))
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
-        assert_eq!(names, ["b.json"]);
-    }
 
     #[test]
     fn relative_paths_cannot_escape() {

@@ -225,6 +225,29 @@ pub fn run_gate(
     };
     let workspace = crate::store::open_dir(workspace_root)
         .map_err(|e| io_err(&workspace_root.display().to_string(), e))?;
+    // The output folder is reached without links (a run folder or step folder linked out of
+    // the workspace is refused), then opened for the reads below.
+    let fs = crate::store::WorkspaceFs::open(workspace_root)
+        .map_err(|e| io_err(&workspace_root.display().to_string(), e))?;
+    match fs.kind(output_dir) {
+        Ok(None | Some(crate::store::Kind::Dir)) => {}
+        Ok(Some(crate::store::Kind::Link)) => {
+            let rel = fs
+                .relative(output_dir)
+                .map_err(|e| io_err(&output_dir.display().to_string(), e))?;
+            return Err(io_err(
+                &rel.display().to_string(),
+                crate::store::workspace_fs::link_error(&rel),
+            ));
+        }
+        Ok(Some(_)) => {
+            return Err(io_err(
+                &output_dir.display().to_string(),
+                io::Error::new(io::ErrorKind::InvalidInput, "not a folder"),
+            ));
+        }
+        Err(e) => return Err(io_err(&output_dir.display().to_string(), e)),
+    }
     // A step that has written nothing yet may have no output folder: its files are missing.
     let output = match crate::store::open_dir(output_dir) {
         Ok(d) => Some(d),

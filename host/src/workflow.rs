@@ -22,11 +22,15 @@ pub use step_config::{AgentConfigs, STEP_CONFIG_FILE, StepConfigFile, step_confi
 
 use diagnostics::{JsonPath, quote};
 
+use crate::store::WorkspaceFs;
+
 /// A loaded workspace: its folder, the run folder selected (if any), and the three files.
 #[derive(Debug, Clone)]
 pub struct Workspace {
     /// The workspace folder.
     pub root: PathBuf,
+    /// The workspace folder opened once: every host file access under it goes through this.
+    pub fs: WorkspaceFs,
     /// The run folder selected, relative to `runs/` (`iteration-0` or `iteration-0/<group>`).
     pub run_folder: Option<String>,
     /// `planning/plan.json`.
@@ -72,8 +76,7 @@ impl Workspace {
 
     /// Writes the step config back where it was read from, atomically, in object format.
     pub fn save_step_configs(&self) -> io::Result<()> {
-        self.step_configs
-            .write(&self.root.join(&self.step_config_file))
+        self.step_configs.write(&self.fs, &self.step_config_file)
     }
 
     /// The run folder in use: the selected one, else `iteration-0`.
@@ -99,8 +102,8 @@ fn file_label(rel: &Path) -> String {
     rel.to_string_lossy().replace('\\', "/")
 }
 
-fn read(root: &Path, rel: &Path, diags: &mut Diagnostics) -> Option<String> {
-    match std::fs::read_to_string(root.join(rel)) {
+fn read(fs: &WorkspaceFs, rel: &Path, diags: &mut Diagnostics) -> Option<String> {
+    match fs.read_to_string(rel) {
         Ok(text) => Some(text),
         Err(e) if e.kind() == io::ErrorKind::NotFound => None,
         Err(e) => {
@@ -118,15 +121,40 @@ fn read(root: &Path, rel: &Path, diags: &mut Diagnostics) -> Option<String> {
 
 fn load(root: &Path, run_folder: Option<&str>) -> (Option<Workspace>, Diagnostics) {
     let mut diags = Diagnostics::new();
+    let fs = match WorkspaceFs::open(root) {
+        Ok(fs) => fs,
+        Err(e) => {
+            diags.push(Diagnostic {
+                file: root.display().to_string(),
+                json_path: String::new(),
+                step_id: None,
+                message: e.to_string(),
+                severity: Severity::Error,
+            });
+            return (None, diags);
+        }
+    };
+    if let Some(run) = run_folder
+        && let Err(e) = check_run_selection(run)
+    {
+        diags.push(Diagnostic {
+            file: "--run".into(),
+            json_path: String::new(),
+            step_id: None,
+            message: e,
+            severity: Severity::Error,
+        });
+        return (None, diags);
+    }
 
-    let manifest = match read(root, Path::new(WORKFLOW_FILE), &mut diags) {
+    let manifest = match read(&fs, Path::new(WORKFLOW_FILE), &mut diags) {
         None => Some(WorkflowManifest::default()),
         Some(text) => keep(manifest::parse_manifest(&text, WORKFLOW_FILE), &mut diags),
     };
 
-    let plan = match read(root, Path::new(PLAN_FILE), &mut diags) {
+    let plan = match read(&fs, Path::new(PLAN_FILE), &mut diags) {
         None => {
-            if !root.join(PLAN_FILE).exists() {
+            if !fs.exists(PLAN_FILE) {
                 diags.push(Diagnostic {
                     file: PLAN_FILE.into(),
                     json_path: String::new(),
@@ -140,9 +168,9 @@ fn load(root: &Path, run_folder: Option<&str>) -> (Option<Workspace>, Diagnostic
         Some(text) => keep(plan::parse_plan(&text, PLAN_FILE), &mut diags),
     };
 
-    let config_rel = step_config_location(root, run_folder);
+    let config_rel = step_config_location(&fs, run_folder);
     let config_label = file_label(&config_rel);
-    let step_configs = match read(root, &config_rel, &mut diags) {
+    let step_configs = match read(&fs, &config_rel, &mut diags) {
         None => Some(StepConfigFile::default()),
         Some(text) => keep(
             step_config::parse_step_config(&text, &config_label),
@@ -152,7 +180,7 @@ fn load(root: &Path, run_folder: Option<&str>) -> (Option<Workspace>, Diagnostic
 
     if let (Some(plan), Some(configs)) = (&plan, &step_configs) {
         diags.extend(configs.orphan_warnings(plan, &config_label));
-        check_configs_against_plan(root, plan, configs, &config_label, &mut diags);
+        check_configs_against_plan(&fs, plan, configs, &config_label, &mut diags);
     }
     if let Some(m) = &manifest
         && let Some(v) = m.contract()
@@ -174,6 +202,7 @@ fn load(root: &Path, run_folder: Option<&str>) -> (Option<Workspace>, Diagnostic
     let ws = match (plan, step_configs, manifest) {
         (Some(plan), Some(step_configs), Some(manifest)) => Some(Workspace {
             root: root.to_path_buf(),
+            fs,
             run_folder: run_folder.map(str::to_string),
             plan,
             step_configs,
@@ -184,6 +213,27 @@ fn load(root: &Path, run_folder: Option<&str>) -> (Option<Workspace>, Diagnostic
         _ => None,
     };
     (ws, diags)
+}
+
+/// Checks a run folder given on the command line (`--run`) like a plan path: `iteration-N`
+/// or `iteration-N/<group>`, nothing absolute, no `..`.
+pub fn check_run_selection(run: &str) -> Result<(), String> {
+    let shown = serde_json::Value::String(run.to_string());
+    let mut parts = run.split('/');
+    let first = parts.next().unwrap_or_default();
+    let group = parts.next();
+    let iteration_ok = first
+        .strip_prefix("iteration-")
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+    let group_ok =
+        group.is_none_or(|g| !g.is_empty() && g != "." && g != ".." && !g.contains('\\'));
+    if !iteration_ok || !group_ok || parts.next().is_some() {
+        return Err(format!(
+            "{shown} is not a run folder: expected a run folder under runs/, `iteration-N` \
+             or `iteration-N/<group>` (no `..`, not an absolute path)"
+        ));
+    }
+    Ok(())
 }
 
 fn keep<T>(parsed: diagnostics::Parsed<T>, diags: &mut Diagnostics) -> Option<T> {
@@ -202,7 +252,7 @@ fn keep<T>(parsed: diagnostics::Parsed<T>, diags: &mut Diagnostics) -> Option<T>
 /// What only plan and config together can tell: scripted settings on steps that cannot be
 /// scripted, scripts that are missing, prerequisite rules naming no step.
 fn check_configs_against_plan(
-    root: &Path,
+    fs: &WorkspaceFs,
     plan: &Plan,
     configs: &StepConfigFile,
     file: &str,
@@ -227,7 +277,7 @@ fn check_configs_against_plan(
                         step.type_name()
                     ),
                 );
-            } else if !root.join("code").join(&step.id).join("main.py").is_file() {
+            } else if !fs.is_file(Path::new("code").join(&step.id).join("main.py")) {
                 ctx.warning(
                     &path.key("declared_execution_mode"),
                     format!(

@@ -1,31 +1,47 @@
 //! An OpenAI-compatible chat completions server on 127.0.0.1 for tests that run workflows
-//! against a real HTTP endpoint: it answers from a handler and keeps every request body.
+//! against a real HTTP endpoint: it answers from a handler and keeps every request body,
+//! and counts the connections it accepted.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
+use trellis_host::llm::{Response, StopReason};
 
 /// What the server answers: status and JSON body, from the request body.
 pub type Handler = Box<dyn Fn(&Value) -> (u16, Value) + Send + Sync>;
+
+/// A handler that also sees the request's `Authorization` header.
+pub type AuthHandler = Box<dyn Fn(&Value, Option<&str>) -> (u16, Value) + Send + Sync>;
 
 /// The server; it lives until the test process ends.
 pub struct FakeServer {
     addr: SocketAddr,
     seen: Arc<Mutex<Vec<Value>>>,
+    connections: Arc<AtomicUsize>,
 }
 
 impl FakeServer {
     /// Starts a server answering every request with `handler`.
     pub fn start(handler: Handler) -> FakeServer {
+        FakeServer::start_with_auth(Box::new(move |body, _| handler(body)))
+    }
+
+    /// Starts a server answering every request with `handler`, which sees the
+    /// `Authorization` header too.
+    pub fn start_with_auth(handler: AuthHandler) -> FakeServer {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let seen = Arc::new(Mutex::new(Vec::new()));
+        let connections = Arc::new(AtomicUsize::new(0));
         let log = seen.clone();
+        let count = connections.clone();
         let handler = Arc::new(handler);
         std::thread::spawn(move || {
             for stream in listener.incoming().flatten() {
+                count.fetch_add(1, Ordering::SeqCst);
                 let log = log.clone();
                 let handler = handler.clone();
                 std::thread::spawn(move || {
@@ -35,6 +51,7 @@ impl FakeServer {
                         return;
                     }
                     let mut length = 0;
+                    let mut authorization = None;
                     loop {
                         let mut header = String::new();
                         reader.read_line(&mut header).unwrap();
@@ -42,10 +59,12 @@ impl FakeServer {
                         if header.is_empty() {
                             break;
                         }
-                        if let Some((name, value)) = header.split_once(':')
-                            && name.eq_ignore_ascii_case("content-length")
-                        {
-                            length = value.trim().parse().unwrap();
+                        if let Some((name, value)) = header.split_once(':') {
+                            if name.eq_ignore_ascii_case("content-length") {
+                                length = value.trim().parse().unwrap();
+                            } else if name.eq_ignore_ascii_case("authorization") {
+                                authorization = Some(value.trim().to_string());
+                            }
                         }
                     }
                     let mut body = vec![0; length];
@@ -55,7 +74,7 @@ impl FakeServer {
                     let (status, reply) = {
                         let mut log = log.lock().unwrap();
                         log.push(body.clone());
-                        handler(&body)
+                        handler(&body, authorization.as_deref())
                     };
                     let reply = reply.to_string();
                     let out = format!(
@@ -67,7 +86,16 @@ impl FakeServer {
                 });
             }
         });
-        FakeServer { addr, seen }
+        FakeServer {
+            addr,
+            seen,
+            connections,
+        }
+    }
+
+    /// Connections accepted so far.
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
     }
 
     /// The base URL to configure (`http://127.0.0.1:PORT/v1`).
@@ -111,4 +139,31 @@ pub fn completion(text: &str, calls: &[(&str, Value)]) -> Value {
            "choices": [{"index": 0, "message": message,
                         "finish_reason": if calls.is_empty() { "stop" } else { "tool_calls" }}],
            "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}})
+}
+
+/// The chat completion the bundled `openai` provider reads back as `response` (tool names in
+/// their API form `server__tool`; no `model`, so none is reported).
+pub fn completion_of(response: &Response) -> Value {
+    let mut message = json!({"role": "assistant", "content": response.text});
+    if !response.tool_calls.is_empty() {
+        message["tool_calls"] = response
+            .tool_calls
+            .iter()
+            .map(|c| {
+                json!({"id": c.id, "type": "function",
+                       "function": {"name": c.name.replace(':', "__"), "arguments": c.arguments}})
+            })
+            .collect();
+    }
+    let finish = match response.stop_reason {
+        StopReason::ToolCalls => "tool_calls",
+        StopReason::Length => "length",
+        StopReason::ContentFilter => "content_filter",
+        _ => "stop",
+    };
+    json!({"id": "c", "object": "chat.completion",
+           "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+           "usage": {"prompt_tokens": response.usage.prompt_tokens,
+                     "completion_tokens": response.usage.completion_tokens,
+                     "total_tokens": response.usage.total_tokens}})
 }

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use serde_json::{Value, json};
 use trellis_host::capabilities::turn::AgentFolders;
 use trellis_host::llm::{
-    Cassette, Endpoint, Interaction, Message, RecordedRequest, ReplayCursor, Response, Secret,
-    StopReason, Target, ToolCall, Usage,
+    Cassette, Endpoint, Interaction, Message, RecordedRequest, RecordedTool, ReplayCursor,
+    Response, Secret, StopReason, Target, ToolCall, Usage,
 };
 use trellis_host::sequence::driver::StepRunner;
 use trellis_host::workflow::Workspace;
@@ -115,7 +115,12 @@ impl Conv {
             request: RecordedRequest {
                 model: tape.model.clone(),
                 messages: self.messages.clone(),
-                tools: self.tools.clone(),
+                tools: self
+                    .tools
+                    .iter()
+                    .map(|t| RecordedTool::Name(t.clone()))
+                    .collect(),
+                options: Default::default(),
             },
             response: response.clone(),
         });

@@ -16,7 +16,6 @@
 //!
 //! Everything else is passed through unchanged.
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -29,8 +28,8 @@ use wasmtime_wasi::p2::bindings::filesystem::types::{
     self, ErrorCode, HostDescriptor, HostDirectoryEntryStream,
 };
 use wasmtime_wasi::p2::{
-    DynInputStream, DynOutputStream, FsError, FsResult, InputStream, OutputStream, Pollable,
-    ReaddirIterator, StreamError, StreamResult,
+    DynInputStream, DynOutputStream, FsError, FsResult, OutputStream, Pollable, ReaddirIterator,
+    StreamError, StreamResult,
 };
 
 /// How much one call may add to its read-write folders, and how many descriptors it may hold.
@@ -79,27 +78,11 @@ pub(crate) struct FsBudget {
     limits: FsLimits,
     written: AtomicU64,
     created: AtomicU64,
-    open: AtomicU64,
+    /// The files and folders this call opened. A file stays open while anything holds it
+    /// (its descriptor, or a stream that outlived the descriptor), so what counts is whether
+    /// the handle is still alive, not which resources the guest has dropped.
+    open: Mutex<Vec<Weak<std::fs::File>>>,
     exceeded: Mutex<Option<FsLimitExceeded>>,
-    /// The descriptors `open_at` counted, by resource index: only these give their place
-    /// back when dropped (preopens, handed out again by every `get-directories`, were never
-    /// counted). Streams of a file share its [`OpenFile`], which keeps the place taken until
-    /// the last of them is gone, as the host's file stays open until then.
-    counted: Mutex<HashMap<u32, Arc<OpenFile>>>,
-}
-
-/// One file or folder counted as open; gives its place back when dropped.
-#[derive(Debug)]
-struct OpenFile {
-    budget: Weak<FsBudget>,
-}
-
-impl Drop for OpenFile {
-    fn drop(&mut self) {
-        if let Some(budget) = self.budget.upgrade() {
-            budget.close_descriptor();
-        }
-    }
 }
 
 impl FsBudget {
@@ -108,9 +91,8 @@ impl FsBudget {
             limits,
             written: AtomicU64::new(0),
             created: AtomicU64::new(0),
-            open: AtomicU64::new(0),
+            open: Mutex::new(Vec::new()),
             exceeded: Mutex::new(None),
-            counted: Mutex::new(HashMap::new()),
         })
     }
 
@@ -152,39 +134,6 @@ impl FsBudget {
         }
     }
 
-    fn open_descriptor(&self) -> Result<(), ErrorCode> {
-        if Self::take(&self.open, 1, self.limits.open_descriptors) {
-            Ok(())
-        } else {
-            Err(self.over(FsLimitExceeded::OpenDescriptors(
-                self.limits.open_descriptors,
-            )))
-        }
-    }
-
-    fn counted(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Arc<OpenFile>>> {
-        self.counted.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Records `rep` as a descriptor whose place in the budget is taken.
-    fn hold(self: &Arc<Self>, rep: u32) {
-        let file = Arc::new(OpenFile {
-            budget: Arc::downgrade(self),
-        });
-        self.counted().insert(rep, file);
-    }
-
-    /// The place of descriptor `rep`, for a stream that keeps its file open.
-    fn share(&self, rep: u32) -> Option<Arc<OpenFile>> {
-        self.counted().get(&rep).cloned()
-    }
-
-    /// Descriptor `rep` was dropped: its place is given back once no stream holds it.
-    fn release(&self, rep: u32) {
-        let file = self.counted().remove(&rep);
-        drop(file);
-    }
-
     /// Bytes the call may still write.
     pub(crate) fn write_bytes_left(&self) -> u64 {
         self.limits
@@ -197,10 +146,25 @@ impl FsBudget {
         let _ = self.over(FsLimitExceeded::WriteBytes(self.limits.write_bytes));
     }
 
-    fn close_descriptor(&self) {
-        let _ = self
-            .open
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+    /// Whether one more file may be opened: the handles still alive are under the limit.
+    fn check_open(&self) -> Result<(), ErrorCode> {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        open.retain(|handle| handle.strong_count() > 0);
+        if (open.len() as u64) < self.limits.open_descriptors {
+            Ok(())
+        } else {
+            drop(open);
+            Err(self.over(FsLimitExceeded::OpenDescriptors(
+                self.limits.open_descriptors,
+            )))
+        }
+    }
+
+    fn track_open(&self, handle: &Arc<std::fs::File>) {
+        self.open
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Arc::downgrade(handle));
     }
 }
 
@@ -253,13 +217,11 @@ impl GuardedFs<'_> {
     fn counted(
         &mut self,
         stream: Resource<DynOutputStream>,
-        held: Option<Arc<OpenFile>>,
     ) -> FsResult<Resource<DynOutputStream>> {
         let inner = self.fs.table.delete(stream)?;
         let counted: DynOutputStream = Box::new(CountedStream {
             inner,
             budget: self.budget.clone(),
-            _held: held,
         });
         Ok(self.fs.table.push(counted)?)
     }
@@ -462,20 +424,17 @@ impl HostDescriptor for GuardedFs<'_> {
                 Err(_) => {}
             }
         }
-        self.budget.open_descriptor()?;
+        self.budget.check_open()?;
         let opened =
-            HostDescriptor::open_at(&mut self.fs, fd, path_flags, path, oflags, flags).await;
-        match &opened {
-            Ok(new) => self.budget.hold(new.rep()),
-            Err(_) => self.budget.close_descriptor(),
+            HostDescriptor::open_at(&mut self.fs, fd, path_flags, path, oflags, flags).await?;
+        match self.fs.table.get(&opened)? {
+            Descriptor::File(f) => self.budget.track_open(&f.file),
+            Descriptor::Dir(d) => self.budget.track_open(&d.dir),
         }
-        opened
+        Ok(opened)
     }
 
     fn drop(&mut self, fd: Resource<Descriptor>) -> wasmtime::Result<()> {
-        // Only what `open_at` counted gives a place back: preopens are handed out afresh by
-        // every `get-directories`, and dropping them must not free places still taken.
-        self.budget.release(fd.rep());
         HostDescriptor::drop(&mut self.fs, fd)
     }
 
@@ -519,11 +478,7 @@ impl HostDescriptor for GuardedFs<'_> {
         fd: Resource<Descriptor>,
         offset: types::Filesize,
     ) -> FsResult<Resource<DynInputStream>> {
-        let held = self.budget.share(fd.rep());
-        let stream = HostDescriptor::read_via_stream(&mut self.fs, fd, offset)?;
-        let inner = self.fs.table.delete(stream)?;
-        let kept: DynInputStream = Box::new(HeldInputStream { inner, _held: held });
-        Ok(self.fs.table.push(kept)?)
+        HostDescriptor::read_via_stream(&mut self.fs, fd, offset)
     }
 
     fn write_via_stream(
@@ -533,18 +488,16 @@ impl HostDescriptor for GuardedFs<'_> {
     ) -> FsResult<Resource<DynOutputStream>> {
         let gap = self.gap_before(&fd, offset);
         self.budget.charge_bytes(gap).map_err(FsError::from)?;
-        let held = self.budget.share(fd.rep());
         let stream = HostDescriptor::write_via_stream(&mut self.fs, fd, offset)?;
-        self.counted(stream, held)
+        self.counted(stream)
     }
 
     fn append_via_stream(
         &mut self,
         fd: Resource<Descriptor>,
     ) -> FsResult<Resource<DynOutputStream>> {
-        let held = self.budget.share(fd.rep());
         let stream = HostDescriptor::append_via_stream(&mut self.fs, fd)?;
-        self.counted(stream, held)
+        self.counted(stream)
     }
 
     async fn is_same_object(
@@ -576,44 +529,6 @@ impl HostDescriptor for GuardedFs<'_> {
 struct CountedStream {
     inner: DynOutputStream,
     budget: Arc<FsBudget>,
-    /// The file's place in the open budget, kept while the stream keeps the file open.
-    _held: Option<Arc<OpenFile>>,
-}
-
-/// A file's input stream, which keeps the file's place in the open budget while it lives.
-struct HeldInputStream {
-    inner: DynInputStream,
-    _held: Option<Arc<OpenFile>>,
-}
-
-#[wasmtime_wasi::async_trait]
-impl Pollable for HeldInputStream {
-    async fn ready(&mut self) {
-        self.inner.ready().await
-    }
-}
-
-#[wasmtime_wasi::async_trait]
-impl InputStream for HeldInputStream {
-    fn read(&mut self, size: usize) -> StreamResult<Bytes> {
-        self.inner.read(size)
-    }
-
-    async fn blocking_read(&mut self, size: usize) -> StreamResult<Bytes> {
-        self.inner.blocking_read(size).await
-    }
-
-    fn skip(&mut self, nelem: usize) -> StreamResult<usize> {
-        self.inner.skip(nelem)
-    }
-
-    async fn blocking_skip(&mut self, nelem: usize) -> StreamResult<usize> {
-        self.inner.blocking_skip(nelem).await
-    }
-
-    async fn cancel(&mut self) {
-        self.inner.cancel().await
-    }
 }
 
 impl CountedStream {
@@ -674,14 +589,17 @@ mod tests {
 
         budget.charge_entry().unwrap();
         assert_eq!(budget.charge_entry(), Err(ErrorCode::Quota));
-        budget.open_descriptor().unwrap();
-        assert_eq!(budget.open_descriptor(), Err(ErrorCode::Quota));
-        budget.close_descriptor();
-        budget.open_descriptor().unwrap();
-        budget.close_descriptor();
-        budget.close_descriptor();
-        budget.close_descriptor();
-        assert_eq!(budget.open.load(Ordering::Relaxed), 0);
+
+        // An open handle counts until the last holder lets it go.
+        let file = Arc::new(tempfile::tempfile().unwrap());
+        budget.check_open().unwrap();
+        budget.track_open(&file);
+        let stream_holder = file.clone();
+        assert_eq!(budget.check_open(), Err(ErrorCode::Quota));
+        drop(file);
+        assert_eq!(budget.check_open(), Err(ErrorCode::Quota));
+        drop(stream_holder);
+        budget.check_open().unwrap();
         assert_eq!(
             budget.exceeded(),
             Some(FsLimitExceeded::WriteBytes(10)),

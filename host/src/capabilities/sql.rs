@@ -41,8 +41,9 @@ const HEAP_CEILING_BYTES: i64 = 1 << 30;
 /// Virtual-machine steps between two deadline checks.
 const PROGRESS_STEPS: i32 = 1_000;
 
-/// Pragmas that only read the schema: the ones a query may use to describe tables.
-const READ_PRAGMAS: &[&str] = &[
+/// Pragmas a statement may use: the ones that describe tables, and settings of this
+/// connection or of the database's own header that touch no other file.
+const ALLOWED_PRAGMAS: &[&str] = &[
     "table_info",
     "table_xinfo",
     "table_list",
@@ -50,6 +51,11 @@ const READ_PRAGMAS: &[&str] = &[
     "index_info",
     "index_xinfo",
     "foreign_key_list",
+    "foreign_keys",
+    "defer_foreign_keys",
+    "recursive_triggers",
+    "user_version",
+    "application_id",
 ];
 
 /// Whether the connection may modify the database.
@@ -201,7 +207,7 @@ fn authorize(ctx: AuthContext<'_>) -> Authorization {
     match ctx.action {
         AuthAction::Attach { .. } | AuthAction::Detach { .. } => Authorization::Deny,
         AuthAction::Pragma { pragma_name, .. } => {
-            if READ_PRAGMAS
+            if ALLOWED_PRAGMAS
                 .iter()
                 .any(|p| p.eq_ignore_ascii_case(pragma_name))
             {

@@ -297,18 +297,18 @@ pub fn grant_for_access_in(
 
 struct Builder<'a> {
     root: &'a Path,
-    dir: cap_std::fs::Dir,
+    fs: crate::store::WorkspaceFs,
     grant: Grant,
     folders: Vec<GrantedFolder>,
 }
 
 impl Builder<'_> {
     fn exists(&self, rel: &str) -> bool {
-        self.dir.metadata(rel).is_ok_and(|m| m.is_dir())
+        self.fs.is_dir(rel)
     }
 
     fn create(&self, rel: &str) -> Result<()> {
-        self.dir
+        self.fs
             .create_dir_all(rel)
             .with_context(|| format!("creating {rel}/ in {}", self.root.display()))
     }
@@ -342,11 +342,11 @@ fn build(ctx: &TurnContext<'_>, access: TurnAccess, folders: &AgentFolders) -> R
         .map(|s| inside_execution(&execution, "shared folder", s))
         .transpose()?;
 
-    let dir = crate::store::open_dir(ctx.root)
+    let fs = crate::store::WorkspaceFs::open(ctx.root)
         .with_context(|| format!("opening the workspace {}", ctx.root.display()))?;
     let mut b = Builder {
         root: ctx.root,
-        dir,
+        fs,
         grant: Grant::none(),
         folders: Vec::new(),
     };
@@ -445,11 +445,18 @@ fn build(ctx: &TurnContext<'_>, access: TurnAccess, folders: &AgentFolders) -> R
             "database files (query through the db tools)",
         )?;
         let db_host = resolve_in_root(ctx.root, "db")?.join("db.sqlite");
-        // SQLite follows a symbolic link: one leading out of the workspace is refused.
-        if let Ok(target) = db_host.canonicalize()
-            && !target.starts_with(ctx.root.canonicalize()?)
-        {
-            bail!("{DB_FILE} leads out of the workspace through a symbolic link");
+        // SQLite opens by path and follows links: the database must be a regular file, or
+        // nothing yet (SQLite then creates a regular file, refusing a link planted since:
+        // SQLITE_OPEN_NOFOLLOW).
+        match b.fs.kind(DB_FILE)? {
+            None | Some(crate::store::Kind::File) => {}
+            Some(crate::store::Kind::Link) => {
+                bail!(
+                    "{}",
+                    crate::store::workspace_fs::link_error(Path::new(DB_FILE))
+                )
+            }
+            Some(_) => bail!("{DB_FILE} is not a regular file"),
         }
         b.grant = std::mem::take(&mut b.grant).with_db(db_host, access.db_write);
         db_writable = Some(access.db_write);
@@ -481,9 +488,16 @@ fn dependency_folder(b: &Builder<'_>, access: &TurnAccess, path: &str) -> Result
     crate::store::check_relative(path).map_err(anyhow::Error::msg)?;
     let rel = normalized(path);
     check_dependency_path(&rel, access)?;
-    match b.dir.metadata(&rel) {
-        Ok(m) if m.is_dir() => Ok(rel),
-        Ok(_) => match rel.rsplit_once('/') {
+    match b.fs.kind(&rel) {
+        Ok(Some(crate::store::Kind::Dir)) => Ok(rel),
+        Ok(Some(crate::store::Kind::Link)) => {
+            bail!(
+                "{}",
+                crate::store::workspace_fs::link_error(Path::new(&rel))
+            )
+        }
+        Ok(None) => bail!("it does not exist in the workspace"),
+        Ok(Some(_)) => match rel.rsplit_once('/') {
             Some((parent, _)) => {
                 check_dependency_path(parent, access)?;
                 Ok(parent.to_string())
@@ -1005,7 +1019,7 @@ mod tests {
             ("runs/iteration-0", "execution/"),
             ("runs/iteration-0/planning", "execution/"),
             ("escape", ""),
-            ("alias", "never visible"),
+            ("alias", "symbolic link"),
             ("missing/folder", "does not exist"),
         ] {
             let s = step(&[bad]);

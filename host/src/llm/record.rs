@@ -2,7 +2,8 @@
 //!
 //! A cassette is `{"interactions": [{"request": {...}, "response": {...}}, ...]}`
 //! (a bare list of interactions is read too). Requests keep the model, the
-//! messages and the names of the tools offered; responses are
+//! messages, the tools offered (name, description and argument schema; older
+//! cassettes hold names alone) and the request options; responses are
 //! [`Response`]s. The `replay` provider consumes the interactions in order and
 //! reports the first difference when a request does not match.
 //!
@@ -17,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-use super::{Endpoint, LlmCallError, Message, Request, Response, Secret};
+use super::{Endpoint, LlmCallError, Message, Options, Request, Response, Secret, ToolDefinition};
 use crate::PluginRegistry;
 use crate::capabilities::Limits;
 
@@ -37,16 +38,45 @@ pub struct Interaction {
     pub response: Response,
 }
 
-/// The parts of a request a replay compares: model, messages, tool names.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// The parts of a request a replay compares: model, messages, tools and options.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RecordedRequest {
     /// The model asked for.
     pub model: String,
     /// The conversation sent.
     pub messages: Vec<Message>,
-    /// Names of the tools offered, in order; compared only when present.
+    /// The tools offered, in order; compared only when present.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tools: Vec<String>,
+    pub tools: Vec<RecordedTool>,
+    /// The request options; absent means none (the provider's defaults).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub options: Options,
+}
+
+fn is_default(options: &Options) -> bool {
+    *options == Options::default()
+}
+
+/// A tool of a recorded request: its whole definition (name, description and argument
+/// schema, all compared), or its name alone (compared by name; older cassettes, and the
+/// cassettes tests write by hand).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum RecordedTool {
+    /// The name alone.
+    Name(String),
+    /// The whole definition.
+    Definition(ToolDefinition),
+}
+
+impl RecordedTool {
+    /// The tool's full name.
+    pub fn name(&self) -> &str {
+        match self {
+            RecordedTool::Name(name) => name,
+            RecordedTool::Definition(d) => &d.name,
+        }
+    }
 }
 
 impl From<&Request> for RecordedRequest {
@@ -54,7 +84,30 @@ impl From<&Request> for RecordedRequest {
         RecordedRequest {
             model: request.model.clone(),
             messages: request.messages.clone(),
-            tools: request.tools.iter().map(|t| t.name.clone()).collect(),
+            tools: request
+                .tools
+                .iter()
+                .cloned()
+                .map(RecordedTool::Definition)
+                .collect(),
+            options: request.options.clone(),
+        }
+    }
+}
+
+impl RecordedRequest {
+    /// The same request as a cassette holding names alone records it: tools by name, no
+    /// options (to compare a recording with a hand-written cassette).
+    pub fn names_only(&self) -> RecordedRequest {
+        RecordedRequest {
+            model: self.model.clone(),
+            messages: self.messages.clone(),
+            tools: self
+                .tools
+                .iter()
+                .map(|t| RecordedTool::Name(t.name().to_string()))
+                .collect(),
+            options: Options::default(),
         }
     }
 }
@@ -76,33 +129,138 @@ impl Cassette {
 
     /// Writes the cassette atomically.
     pub fn save(&self, path: &Path) -> Result<()> {
-        crate::store::write_json_atomic(path, self)
+        crate::store::write_named_file_atomic(path, &crate::store::json_bytes(self)?)
             .with_context(|| format!("writing cassette {}", path.display()))
     }
 }
 
+/// Where `replay` cassettes live in a workspace: `cassettes/<model_id>.json`.
+pub const CASSETTES_DIR: &str = "cassettes";
+
+/// Checks that `model_id` of the `replay` provider is one plain name (letters, digits,
+/// `.`, `_`, `-`; not `.` or `..`): it names the file `cassettes/<model_id>.json` of the
+/// workspace and nothing else.
+pub fn check_replay_model_id(model_id: &str) -> Result<(), String> {
+    let plain = !model_id.is_empty()
+        && model_id != "."
+        && model_id != ".."
+        && model_id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if plain {
+        Ok(())
+    } else {
+        Err(format!(
+            "replay model id {model_id:?} is not one plain name (letters, digits, '.', '_', \
+             '-'): it names the cassette {CASSETTES_DIR}/<model_id>.json of the workspace"
+        ))
+    }
+}
+
+/// The interactions of the cassette `name` (its JSON text `bytes`), as the `replay`
+/// provider reads them: `{"interactions": [...]}` or a bare list.
+pub fn interactions(name: &str, bytes: &[u8]) -> Result<Vec<serde_json::Value>> {
+    let value: serde_json::Value =
+        serde_json::from_slice(bytes).with_context(|| format!("cassette {name}: not JSON"))?;
+    match value {
+        serde_json::Value::Array(list) => Ok(list),
+        serde_json::Value::Object(mut map) => match map.remove("interactions") {
+            Some(serde_json::Value::Array(list)) => Ok(list),
+            _ => anyhow::bail!(
+                "cassette {name}: expected {{\"interactions\": [...]}} or a list of interactions"
+            ),
+        },
+        _ => anyhow::bail!(
+            "cassette {name}: expected {{\"interactions\": [...]}} or a list of interactions"
+        ),
+    }
+}
+
 /// The position in a cassette across the calls of a run. Every provider call is
-/// a fresh instance, so the host keeps the count and passes it in the endpoint.
-/// Clones share the position: the steps of a run that replay the same cassette
-/// consume its interactions in turn.
+/// a fresh instance, so the host keeps the count and passes the interaction due in the
+/// endpoint ([`Endpoint::replay_of`]). Clones share the position: the steps of a run that
+/// replay the same cassette consume its interactions in turn.
 #[derive(Debug, Clone)]
 pub struct ReplayCursor {
     cassette: PathBuf,
+    name: String,
+    loaded: Arc<Mutex<Option<Arc<Vec<serde_json::Value>>>>>,
     next: Arc<AtomicUsize>,
 }
 
 impl ReplayCursor {
-    /// A cursor at the first interaction of `cassette`.
+    /// A cursor at the first interaction of the cassette file `cassette`, read on the
+    /// first call (a path the caller trusts; see [`ReplayCursor::in_workspace`]).
     pub fn new(cassette: impl Into<PathBuf>) -> Self {
+        let cassette = cassette.into();
         ReplayCursor {
-            cassette: cassette.into(),
+            name: cassette.display().to_string(),
+            cassette,
+            loaded: Arc::default(),
             next: Arc::new(AtomicUsize::new(0)),
         }
     }
 
+    /// A cursor at the first interaction of `cassettes/<model_id>.json` in the workspace
+    /// at `root`, read now. `model_id` must be one plain name, and the file is opened
+    /// through the workspace folder (cap-std): a `cassettes` folder or file that is a
+    /// symlink leaving the workspace, or anything but a regular file, is refused.
+    pub fn in_workspace(root: &Path, model_id: &str) -> Result<Self> {
+        check_replay_model_id(model_id).map_err(anyhow::Error::msg)?;
+        let name = format!("{CASSETTES_DIR}/{model_id}.json");
+        let shown = root.join(&name);
+        let open = || -> std::io::Result<Vec<u8>> {
+            use std::io::Read;
+            let ws = cap_std::fs::Dir::open_ambient_dir(root, cap_std::ambient_authority())?;
+            let folder = ws.open_dir(CASSETTES_DIR)?;
+            let file_name = format!("{model_id}.json");
+            if !folder.metadata(&file_name)?.is_file() {
+                return Err(std::io::Error::other("not a regular file"));
+            }
+            let mut bytes = Vec::new();
+            folder.open(&file_name)?.read_to_end(&mut bytes)?;
+            Ok(bytes)
+        };
+        let bytes = open().with_context(|| {
+            format!(
+                "no cassette {} (it must be a regular file inside the workspace)",
+                shown.display()
+            )
+        })?;
+        let interactions = interactions(&name, &bytes)?;
+        Ok(ReplayCursor {
+            cassette: shown,
+            name,
+            loaded: Arc::new(Mutex::new(Some(Arc::new(interactions)))),
+            next: Arc::new(AtomicUsize::new(0)),
+        })
+    }
+
+    fn interactions(&self) -> Result<Arc<Vec<serde_json::Value>>> {
+        let mut loaded = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(list) = &*loaded {
+            return Ok(list.clone());
+        }
+        let bytes = std::fs::read(&self.cassette)
+            .with_context(|| format!("cassette {}: cannot read", self.name))?;
+        let list = Arc::new(interactions(&self.name, &bytes)?);
+        *loaded = Some(list.clone());
+        Ok(list)
+    }
+
     /// The endpoint of the next call, which consumes one interaction.
     pub fn next_endpoint(&self) -> Result<Endpoint> {
-        Endpoint::replay(&self.cassette, self.next.fetch_add(1, Ordering::SeqCst))
+        let index = self.next.fetch_add(1, Ordering::SeqCst);
+        self.endpoint_at(index)
+    }
+
+    /// The endpoint answering call `index` (from 0), consuming nothing.
+    pub fn endpoint_at(&self, index: usize) -> Result<Endpoint> {
+        Ok(Endpoint::replay_of(
+            &self.name,
+            &self.interactions()?,
+            index,
+        ))
     }
 
     /// The cassette file.
@@ -196,5 +354,51 @@ impl Recorder {
             tracing::error!("{err:#}");
         }
         Ok(response)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replay_model_ids_are_plain_names() {
+        for good in ["demo", "triage-demo", "v1.2_x"] {
+            check_replay_model_id(good).unwrap();
+        }
+        for bad in [
+            "",
+            ".",
+            "..",
+            "../x",
+            "a/b",
+            "/etc/passwd",
+            "a\\b",
+            "x y",
+            "c:d",
+        ] {
+            let err = check_replay_model_id(bad).unwrap_err();
+            assert!(err.contains("not one plain name"), "{bad:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_cassette_outside_the_workspace_is_not_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().join("ws");
+        std::fs::create_dir_all(ws.join(CASSETTES_DIR)).unwrap();
+        std::fs::write(dir.path().join("out.json"), "[]").unwrap();
+        std::fs::write(ws.join("cassettes/in.json"), "[{}]").unwrap();
+        std::os::unix::fs::symlink(dir.path().join("out.json"), ws.join("cassettes/out.json"))
+            .unwrap();
+        std::fs::create_dir(ws.join("cassettes/dir.json")).unwrap();
+        let cursor = ReplayCursor::in_workspace(&ws, "in").unwrap();
+        let endpoint = cursor.next_endpoint().unwrap();
+        assert_eq!(endpoint.settings["interaction"], serde_json::json!({}));
+        assert_eq!(endpoint.settings["cassette"], "cassettes/in.json");
+        assert!(endpoint.grant.folders().is_empty());
+        for bad in ["out", "dir", "missing", "../out"] {
+            assert!(ReplayCursor::in_workspace(&ws, bad).is_err(), "{bad}");
+        }
     }
 }

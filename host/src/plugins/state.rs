@@ -55,10 +55,7 @@ impl CallState {
             plugin,
             wasi,
             table: ResourceTable::new(),
-            memory: MemoryLimit {
-                limit: memory_bytes,
-                exceeded: None,
-            },
+            memory: MemoryLimit::new(memory_bytes),
             db,
             db_conn: None,
             deadline: Instant::now() + crate::capabilities::Limits::default().timeout,
@@ -115,9 +112,18 @@ impl CallState {
                     .saturating_duration_since(Instant::now())
                     .as_millis() as u64,
             );
+            // SQLITE_OPEN_NOFOLLOW refuses a link anywhere on the path: the folder is named
+            // canonically (the host checked it holds no link), the file itself must not be one.
+            let path = match (grant.path.parent(), grant.path.file_name()) {
+                (Some(dir), Some(name)) => dir
+                    .canonicalize()
+                    .map(|d| d.join(name))
+                    .unwrap_or_else(|_| grant.path.clone()),
+                _ => grant.path.clone(),
+            };
             // What the database may grow by comes out of the call's write budget.
             let growth = self.fs_budget.write_bytes_left();
-            let conn = sql::open_with_growth(&grant.path, access, left, growth)
+            let conn = sql::open_with_growth(&path, access, left, growth)
                 .map_err(|e| workflow_db::DbError::Sql(format!("opening the workflow db: {e}")))?;
             self.db_conn = Some(conn);
         }
@@ -150,46 +156,76 @@ impl WasiHttpView for CallState {
     }
 }
 
-/// Memory limit of one instance. Exceeding it traps the call with
+/// Memory budget of one instance: all its linear memories and tables together (a
+/// table element counts as a pointer). Exceeding it traps the call with
 /// [`MemoryLimitExceeded`], which the host reports as such rather than as a crash.
 pub(crate) struct MemoryLimit {
     limit: usize,
+    /// Bytes granted so far to the store's memories and tables.
+    used: usize,
     pub(crate) exceeded: Option<usize>,
+}
+
+impl MemoryLimit {
+    pub(crate) fn new(limit: usize) -> Self {
+        MemoryLimit {
+            limit,
+            used: 0,
+            exceeded: None,
+        }
+    }
+
+    /// Grants growing one memory or table from `current` to `desired` bytes if the
+    /// instance's total stays within the limit.
+    fn grow(&mut self, current: usize, desired: usize) -> wasmtime::Result<bool> {
+        let total = self.used.saturating_add(desired.saturating_sub(current));
+        if total > self.limit {
+            self.exceeded = Some(total);
+            return Err(MemoryLimitExceeded {
+                limit: self.limit,
+                desired: total,
+            }
+            .into());
+        }
+        self.used = total;
+        Ok(true)
+    }
 }
 
 /// The trap raised when a guest asks for more memory than its limit.
 #[derive(Debug, thiserror::Error)]
-#[error("memory limit of {limit} bytes exceeded (asked for {desired} bytes)")]
+#[error(
+    "memory limit of {limit} bytes exceeded (its memories and tables together asked for {desired} bytes)"
+)]
 pub(crate) struct MemoryLimitExceeded {
     pub(crate) limit: usize,
     pub(crate) desired: usize,
 }
 
+/// Elements one table may hold, whatever the memory budget.
+const MAX_TABLE_ELEMENTS: usize = 100_000;
+
 impl ResourceLimiter for MemoryLimit {
     fn memory_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        if desired > self.limit {
-            self.exceeded = Some(desired);
-            return Err(MemoryLimitExceeded {
-                limit: self.limit,
-                desired,
-            }
-            .into());
-        }
-        Ok(true)
+        self.grow(current, desired)
     }
 
     fn table_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        Ok(desired <= 100_000)
+        if desired > MAX_TABLE_ELEMENTS {
+            return Ok(false);
+        }
+        let pointer = std::mem::size_of::<usize>();
+        self.grow(current * pointer, desired * pointer)
     }
 }
 
@@ -334,4 +370,31 @@ pub(crate) fn truncate(text: &str, max: usize) -> &str {
         end -= 1;
     }
     &text[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_budget_covers_every_memory_and_table_of_an_instance() {
+        let mut limit = MemoryLimit::new(100 << 20);
+        // Eleven memories of 9 MiB each fit; a twelfth does not.
+        for _ in 0..11 {
+            assert!(limit.memory_growing(0, 9 << 20, None).unwrap());
+        }
+        let err = limit.memory_growing(0, 9 << 20, None).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "memory limit of 104857600 bytes exceeded (its memories and tables together asked for 113246208 bytes)"
+        );
+        assert_eq!(limit.exceeded, Some(108 << 20));
+        // Growing counts only the difference, and tables count too.
+        let mut limit = MemoryLimit::new(10 << 20);
+        assert!(limit.memory_growing(0, 4 << 20, None).unwrap());
+        assert!(limit.memory_growing(4 << 20, 8 << 20, None).unwrap());
+        assert!(limit.table_growing(0, 1000, None).unwrap());
+        assert!(limit.table_growing(1000, 300_000, None).is_ok_and(|ok| !ok));
+        assert!(limit.memory_growing(0, 2 << 20, None).is_err());
+    }
 }

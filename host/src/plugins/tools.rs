@@ -1,5 +1,6 @@
 //! Tool descriptions, tool names and the errors of a tool call.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -19,26 +20,71 @@ pub struct ToolSpec {
     pub destructive: bool,
     /// Repeating a call has the effect of one call.
     pub idempotent: bool,
-    pub(crate) validator: jsonschema::Validator,
+    pub(crate) validator: Arc<jsonschema::Validator>,
 }
 
 impl ToolSpec {
     /// Checks `args` against the schema; every violation is listed, each with its JSON pointer.
     pub fn check_arguments(&self, args: &serde_json::Value) -> Result<(), String> {
-        let problems: Vec<String> = self
-            .validator
-            .iter_errors(args)
-            .map(|err| {
-                let at = err.instance_path().to_string();
-                let at = if at.is_empty() { "/".to_string() } else { at };
-                format!("at {at}: {err}")
+        check_arguments(&self.validator, args)
+    }
+
+    /// [`ToolSpec::check_arguments`] on a blocking thread, given up after `deadline`:
+    /// the schema's bounds keep the check small, and this keeps a check that is
+    /// slow all the same (deeply nested arguments under a recursive schema) inside the
+    /// call's deadline. A check past it is abandoned on its thread.
+    pub async fn check_arguments_within(
+        &self,
+        args: &serde_json::Value,
+        deadline: Duration,
+    ) -> Result<(), String> {
+        let validator = self.validator.clone();
+        let args = args.clone();
+        // A thread of its own rather than the runtime's blocking pool: a runtime waits
+        // for its blocking tasks when it shuts down, and an abandoned check must not
+        // hold up the process.
+        let (send, receive) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
+            .name("trellis-argument-check".into())
+            .spawn(move || {
+                let _ = send.send(check_arguments(&validator, &args));
             })
-            .collect();
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            Err(problems.join("; "))
+            .map_err(|e| format!("starting the argument check: {e}"))?;
+        match tokio::time::timeout(deadline, receive).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err("the argument check failed".into()),
+            Err(_) => Err(format!(
+                "checking them against the tool's schema did not finish within the call's deadline of {deadline:?}"
+            )),
         }
+    }
+}
+
+/// Violations listed in an error at most; the rest are counted.
+const MAX_LISTED_PROBLEMS: usize = 20;
+
+fn check_arguments(
+    validator: &jsonschema::Validator,
+    args: &serde_json::Value,
+) -> Result<(), String> {
+    let mut problems = Vec::new();
+    let mut more = 0;
+    for err in validator.iter_errors(args) {
+        if problems.len() == MAX_LISTED_PROBLEMS {
+            more += 1;
+            continue;
+        }
+        let at = err.instance_path().to_string();
+        let at = if at.is_empty() { "/".to_string() } else { at };
+        problems.push(format!("at {at}: {err}"));
+    }
+    if more > 0 {
+        problems.push(format!("and {more} more"));
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.join("; "))
     }
 }
 

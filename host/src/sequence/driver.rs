@@ -206,7 +206,7 @@ impl<'w> Run<'w> {
             .map(|m| serde_json::to_value(m).unwrap_or(Value::Null))
             .collect();
         self.session
-            .write(&self.session_dir)
+            .write(&self.ws.fs, &self.session_dir)
             .with_context(|| format!("writing session.json in {}", self.session_dir.display()))
     }
 }
@@ -332,19 +332,25 @@ impl<'a> StepRunner<'a> {
             .unwrap_or_else(|| "iteration-0".to_string());
         let folders = AgentFolders::for_step(&run_folder, step);
         let output_dir = ws.step_output_dir(step_id);
-        std::fs::create_dir_all(&output_dir)
+        // Through the workspace handle: a link on the way to any of these folders (the run
+        // folder, the step's output or logs) is refused, and a link at `agents/` is removed
+        // as a link, never followed.
+        ws.fs
+            .create_dir_all(&output_dir)
             .with_context(|| format!("creating {}", output_dir.display()))?;
         // The routes' conversations and call folders belong to the step's conversation,
         // which starts afresh: those of an earlier run of the step go with it.
         let agents = output_dir.join(crate::sequence::routes::AGENTS_DIR);
-        if std::fs::symlink_metadata(&agents).is_ok() {
-            std::fs::remove_dir_all(&agents)
-                .or_else(|_| std::fs::remove_file(&agents))
-                .with_context(|| format!("clearing {} of an earlier run", agents.display()))?;
-        }
+        ws.fs
+            .remove_all(&agents)
+            .with_context(|| format!("clearing {} of an earlier run", agents.display()))?;
         let logs = logs_dir(&ws.run_dir(), step_id);
-        let _ = std::fs::remove_dir_all(logs.join(crate::sequence::routes::AGENTS_DIR));
-        std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
+        ws.fs
+            .remove_all(logs.join(crate::sequence::routes::AGENTS_DIR))
+            .with_context(|| format!("clearing {} of an earlier run", logs.display()))?;
+        ws.fs
+            .create_dir_all(&logs)
+            .with_context(|| format!("creating {}", logs.display()))?;
         let (policy, tools) = self.tools_of(step, &configs);
         let mut run = Run {
             ws,
@@ -406,7 +412,7 @@ impl<'a> StepRunner<'a> {
             concerns: run.concerns.clone(),
             completed_at: now_rfc3339(),
         }
-        .write(&run.output_dir)
+        .write(&ws.fs, &run.output_dir)
         .context("writing execution-final-summary.json")?;
         Ok(StepOutcome {
             status,
@@ -497,7 +503,7 @@ impl<'a> StepRunner<'a> {
                 access: crate::Access::ReadWrite,
                 role: "the step's script, writable for this repair".to_string(),
             });
-            let source = std::fs::read_to_string(run.ws.root.join(&script)).ok();
+            let source = run.ws.fs.read_to_string(&script).ok();
             let message = scripted::repair_message(
                 &step_id,
                 &script,
@@ -658,7 +664,7 @@ impl<'a> StepRunner<'a> {
         let step: &Step = &route.sub_agent_step;
         let home =
             AgentHome::new(&ws.root, &parent.owner_rel, route_id).map_err(|e| format!("{e:#}"))?;
-        let call_id = home.next_call().map_err(|e| format!("{e:#}"))?;
+        let call_id = home.next_call(&ws.fs).map_err(|e| format!("{e:#}"))?;
         let output_rel = home.call_rel(&call_id);
         let label = format!("{}/{route_id}", parent.label);
         let folders = AgentFolders {
@@ -678,8 +684,10 @@ impl<'a> StepRunner<'a> {
             .logs
             .join(crate::sequence::routes::AGENTS_DIR)
             .join(route_id);
-        std::fs::create_dir_all(&logs).map_err(|e| format!("creating {}: {e}", logs.display()))?;
-        let (session, history) = match Session::read(&home.dir) {
+        ws.fs
+            .create_dir_all(&logs)
+            .map_err(|e| format!("creating {}: {e}", logs.display()))?;
+        let (session, history) = match Session::read(&ws.fs, &home.dir) {
             Ok(Some(s)) => {
                 let history = s
                     .conversation_history
@@ -761,7 +769,7 @@ impl<'a> StepRunner<'a> {
             status,
             answer: run.final_text,
             error,
-            files: files_written(&ws.root, &run.output_dir),
+            files: files_written(&ws.fs, &ws.root, &run.output_dir),
             output_folder: output_rel,
         }
         .to_value())
@@ -887,7 +895,12 @@ impl<'a> StepRunner<'a> {
                 max_iterations,
                 ..
             } => {
-                let db = run.ws.root.join("db").join("db.sqlite");
+                // SQLite opens by path: no link on the way (it refuses one at the file).
+                let db = run
+                    .ws
+                    .fs
+                    .check_file_path("db/db.sqlite")
+                    .map_err(|e| failed(anyhow::anyhow!("foreach item {:?}: {e}", item.id)))?;
                 let rows = foreach::query_rows(&db, &item.id, source_sql, *max_iterations)
                     .map_err(failed)?;
                 if let Some(note) = rows.cap_message(&item.id) {
@@ -1156,7 +1169,7 @@ impl<'a> StepRunner<'a> {
             now_rfc3339(),
             started.elapsed().as_millis() as u64,
         );
-        if let Err(e) = write_turn_logs(&run.logs, &summary, &conv) {
+        if let Err(e) = write_turn_logs(&run.ws.fs, &run.logs, &summary, &conv) {
             tracing::warn!("{}: turn {item_id}: writing the turn logs: {e}", run.label);
         }
         let _ = run.save_session();
@@ -1302,7 +1315,15 @@ fn write_gate_report(
     report: &Report,
 ) -> std::io::Result<()> {
     if run.depth == 0 {
-        return write_report(&run.ws.run_dir(), &run.step.id, item_id, attempt, report).map(|_| ());
+        return write_report(
+            &run.ws.fs,
+            &run.ws.run_dir(),
+            &run.step.id,
+            item_id,
+            attempt,
+            report,
+        )
+        .map(|_| ());
     }
     let label = format!("{}{item_id}", run.entry_prefix).replace('/', "-");
     let record = serde_json::json!({
@@ -1311,12 +1332,14 @@ fn write_gate_report(
         "attempt": attempt,
         "report": report,
     });
-    crate::store::write_json_atomic(
-        &run.logs
+    run.ws.fs.write_json_atomic(
+        run.logs
             .join(format!("pre_validation_{label}_attempt_{attempt}.json")),
         &record,
     )?;
-    crate::store::write_json_atomic(&run.logs.join("pre_validation.json"), &record)
+    run.ws
+        .fs
+        .write_json_atomic(run.logs.join("pre_validation.json"), &record)
 }
 
 /// Writes a large tool result to `<output>/tool-results/<tool-call-id>.json` and returns the
@@ -1326,7 +1349,7 @@ fn offload(run: &Run<'_>, record: &ToolCallRecord, content: String) -> String {
     let name = format!("{}.json", file_safe(&record.tool_call_id));
     let path = run.output_dir.join(TOOL_RESULTS_DIR).join(&name);
     let value = record.result.clone().unwrap_or(Value::Null);
-    match crate::store::write_json_atomic(&path, &value) {
+    match run.ws.fs.write_json_atomic(&path, &value) {
         Ok(()) => offload_reference(
             &format!("{}/{TOOL_RESULTS_DIR}/{name}", run.folders.output),
             content.len(),
@@ -1497,7 +1520,7 @@ pub fn sub_agent_system_prompt(
         configs: &configs,
     };
     let output = format!("{owner}/{}/{call_id}", crate::sequence::routes::CALLS_DIR);
-    let existed = ws.root.join(&output).exists();
+    let existed = ws.fs.exists(&output);
     let folders = AgentFolders {
         output: output.clone(),
         shared,
@@ -1505,7 +1528,7 @@ pub fn sub_agent_system_prompt(
     };
     let grant = grant_for_access_in(&ctx, TurnAccess::for_step(&configs), &folders);
     if !existed {
-        let _ = std::fs::remove_dir(ws.root.join(&output));
+        let _ = ws.fs.remove_dir(&output);
     }
     Ok(system_prompt(step, &grant?))
 }

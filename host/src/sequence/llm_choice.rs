@@ -10,11 +10,13 @@
 //! ([`LlmSetup::own_step_llm`]); otherwise it talks to its parent's.
 //!
 //! How a model is reached: `replay` answers from `<workspace>/cassettes/<model_id>.json`
-//! (one shared position per cassette across the steps of a run); any other provider gets
-//! the `base_url` of its workflow.json `providers` entry (else `$OPENAI_BASE_URL`, else the
-//! public API) and the key from the variable named by `api_key_env` (else
-//! `$OPENAI_API_KEY`). The `options` of a model (`temperature`, `max_tokens`, anything else
-//! merged into the request body) go with it.
+//! (the model id one plain name, the file inside the workspace; one shared position per
+//! cassette across the steps of a run); any other provider gets the `base_url` of its
+//! workflow.json `providers` entry (else `$OPENAI_BASE_URL`, else the public API) and the
+//! key from the variable named by `api_key_env` (else `$OPENAI_API_KEY`), provided the
+//! operator approved that origin for that variable ([`KeyApprovals`]). The `options` of a
+//! model (`temperature`, `max_tokens`, anything else merged into the request body) go with
+//! it.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -23,14 +25,16 @@ use std::sync::{Arc, Mutex};
 use anyhow::{Context, Result, bail};
 use serde_json::{Map, Value};
 
-use crate::llm::{DEFAULT_KEY_ENV, Endpoint, Options, Recorder, ReplayCursor, Secret, Target};
+use crate::llm::record::check_replay_model_id;
+use crate::llm::{
+    DEFAULT_KEY_ENV, Endpoint, KeyApprovals, Options, Recorder, ReplayCursor, Secret, Target,
+};
 use crate::workflow::step_config::{ExecutionTier, LlmRef};
 use crate::workflow::{Step, StepKind, Workspace};
 
 /// The provider answering from cassettes.
 pub const REPLAY_PROVIDER: &str = "replay";
-/// Where `replay` cassettes live in a workspace: `cassettes/<model_id>.json`.
-pub const CASSETTES_DIR: &str = "cassettes";
+pub use crate::llm::record::CASSETTES_DIR;
 
 /// Where the models of a step came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,6 +80,14 @@ pub struct StepModels {
 /// Parses `provider:model` (the `--llm` form).
 pub fn parse_llm_spec(spec: &str) -> Result<LlmRef> {
     match spec.split_once(':') {
+        Some((provider, model)) if provider == REPLAY_PROVIDER => {
+            check_replay_model_id(model).map_err(|e| anyhow::anyhow!("--llm {spec:?}: {e}"))?;
+            Ok(LlmRef {
+                provider: provider.to_string(),
+                model_id: model.to_string(),
+                options: None,
+            })
+        }
         Some((provider, model)) if !provider.is_empty() && !model.is_empty() => Ok(LlmRef {
             provider: provider.to_string(),
             model_id: model.to_string(),
@@ -205,22 +217,38 @@ pub struct StepLlm {
 }
 
 /// How the steps of one run reach their models: the `--llm` override, the cassette
-/// positions shared across steps, and the recorder of `--record`. Clones share the cassette
-/// positions (a sub-agent's resolver holds one).
-#[derive(Debug, Default, Clone)]
+/// positions shared across steps, the recorder of `--record` and the operator's key
+/// approvals. Clones share the cassette positions (a sub-agent's resolver holds one).
+#[derive(Debug, Clone)]
 pub struct LlmSetup {
     override_llm: Option<LlmRef>,
     recorder: Option<Arc<Recorder>>,
     cursors: Arc<Mutex<BTreeMap<PathBuf, ReplayCursor>>>,
+    approvals: Arc<KeyApprovals>,
+}
+
+impl Default for LlmSetup {
+    fn default() -> Self {
+        LlmSetup::new(None)
+    }
 }
 
 impl LlmSetup {
-    /// Models from the workspace's settings, or `override_llm` for every step.
+    /// Models from the workspace's settings, or `override_llm` for every step; keys go
+    /// where [`KeyApprovals::defaults`] allow.
     pub fn new(override_llm: Option<LlmRef>) -> Self {
         LlmSetup {
             override_llm,
-            ..LlmSetup::default()
+            recorder: None,
+            cursors: Arc::default(),
+            approvals: Arc::new(KeyApprovals::defaults()),
         }
+    }
+
+    /// Keys go only where `approvals` allow.
+    pub fn with_approvals(mut self, approvals: KeyApprovals) -> Self {
+        self.approvals = Arc::new(approvals);
+        self
     }
 
     /// Records every answered call into `recorder`.
@@ -269,23 +297,21 @@ impl LlmSetup {
                         models.source
                     );
                 }
-                let cassette = cassette_path(&ws.root, &model.model_id);
-                anyhow::ensure!(
-                    cassette.is_file(),
-                    "step {step_id:?}: model replay:{} ({}): no cassette {}",
-                    model.model_id,
-                    models.source,
-                    cassette.display()
-                );
-                replay = Some(self.cursor(&cassette));
+                let cursor = self.cursor(&ws.root, &model.model_id).with_context(|| {
+                    format!(
+                        "step {step_id:?}: model replay:{} ({})",
+                        model.model_id, models.source
+                    )
+                })?;
                 targets.push(Target {
                     provider: model.provider.clone(),
                     model: model.model_id.clone(),
-                    endpoint: Endpoint::replay(&cassette, 0)?,
+                    endpoint: cursor.endpoint_at(0)?,
                     secret: Secret::none(),
                 });
+                replay = Some(cursor);
             } else {
-                targets.push(remote_target(ws, model));
+                targets.push(remote_target(ws, model, &self.approvals)?);
             }
         }
         Ok(Some(StepLlm {
@@ -310,12 +336,15 @@ impl LlmSetup {
         self.step_llm(ws, step_id)
     }
 
-    fn cursor(&self, cassette: &Path) -> ReplayCursor {
+    fn cursor(&self, root: &Path, model_id: &str) -> Result<ReplayCursor> {
         let mut cursors = self.cursors.lock().unwrap_or_else(|e| e.into_inner());
-        cursors
-            .entry(cassette.to_path_buf())
-            .or_insert_with(|| ReplayCursor::new(cassette))
-            .clone()
+        let key = cassette_path(root, model_id);
+        if let Some(cursor) = cursors.get(&key) {
+            return Ok(cursor.clone());
+        }
+        let cursor = ReplayCursor::in_workspace(root, model_id)?;
+        cursors.insert(key, cursor.clone());
+        Ok(cursor)
     }
 }
 
@@ -324,21 +353,37 @@ pub fn cassette_path(root: &Path, model_id: &str) -> PathBuf {
     root.join(CASSETTES_DIR).join(format!("{model_id}.json"))
 }
 
-fn remote_target(ws: &Workspace, model: &LlmRef) -> Target {
+/// The endpoint and key of a provider other than `replay`, refused (naming the setting and
+/// how to approve it) when the key would go to an origin the operator did not approve.
+fn remote_target(ws: &Workspace, model: &LlmRef, approvals: &KeyApprovals) -> Result<Target> {
     let settings = ws.manifest.providers.get(&model.provider);
-    let endpoint = match settings.and_then(|s| s.base_url.clone()) {
-        Some(url) => Endpoint::new(url),
+    let base_url = settings.and_then(|s| s.base_url.clone());
+    let endpoint = match &base_url {
+        Some(url) => Endpoint::new(url.clone()),
         None => Endpoint::openai_from_env(),
     };
-    let key_env = settings
-        .and_then(|s| s.api_key_env.as_deref())
-        .unwrap_or(DEFAULT_KEY_ENV);
-    Target {
+    let named_key = settings.and_then(|s| s.api_key_env.as_deref());
+    let key_env = named_key.unwrap_or(DEFAULT_KEY_ENV);
+    let secret = Secret::from_env(key_env);
+    if let Err(problem) = approvals.check(key_env, secret.is_set(), &endpoint.base_url) {
+        let setting = match (named_key, &base_url) {
+            (Some(_), _) => "api_key_env",
+            (None, Some(_)) => "base_url",
+            (None, None) => {
+                bail!("model {}:{}: {problem}", model.provider, model.model_id)
+            }
+        };
+        bail!(
+            "workflow.json: providers.{}.{setting}: {problem}",
+            model.provider
+        );
+    }
+    Ok(Target {
         provider: model.provider.clone(),
         model: model.model_id.clone(),
         endpoint,
-        secret: Secret::from_env(key_env),
-    }
+        secret,
+    })
 }
 
 /// Checks, before anything runs, that every one of `steps` that needs a model has one and
@@ -350,10 +395,17 @@ pub fn check_models<'w>(
     steps: impl IntoIterator<Item = &'w Step>,
     llm: &LlmSetup,
 ) -> Result<()> {
-    let mut problems = Vec::new();
+    let mut problems: Vec<String> = Vec::new();
     for step in steps {
         check_route_models(ws, step, llm, &mut problems);
         if !needs_model(ws, step) {
+            // A scripted step calls a model only to repair its script: the model it would
+            // use must resolve (its key approved for its origin) before anything runs too.
+            if matches!(step.kind, StepKind::Regular)
+                && let Err(e) = llm.step_llm(ws, &step.id)
+            {
+                problems.push(format!("{e:#}"));
+            }
             continue;
         }
         match llm.step_llm(ws, &step.id) {
@@ -368,6 +420,9 @@ pub fn check_models<'w>(
             Err(e) => problems.push(format!("{e:#}")),
         }
     }
+    // Steps sharing a provider share its problem: say it once.
+    let mut seen = std::collections::BTreeSet::new();
+    problems.retain(|p| seen.insert(p.clone()));
     match problems.len() {
         0 => Ok(()),
         1 => bail!("{}", problems[0]),

@@ -21,6 +21,7 @@ use serde_json::{Value, json};
 use crate::llm::ToolDefinition;
 use crate::sequence::filters::CALL_SUB_AGENT;
 use crate::sequence::session::Status;
+use crate::store::{Kind, WorkspaceFs};
 use crate::workflow::plan::{PredefinedRoute, Step};
 
 /// How deep sub-agents may nest: a step's agent is at depth 0, its sub-agents at 1, theirs
@@ -141,17 +142,18 @@ impl AgentHome {
 
     /// Reserves the next call folder, `calls/call-NNNN` (one more than the highest there),
     /// creating it. Returns the call id.
-    pub fn next_call(&self) -> Result<String> {
+    /// Everything goes through `fs`: a link planted on the way is refused, not followed.
+    pub fn next_call(&self, fs: &WorkspaceFs) -> Result<String> {
         let calls = self.dir.join(CALLS_DIR);
-        std::fs::create_dir_all(&calls).with_context(|| format!("creating {}", calls.display()))?;
+        fs.create_dir_all(&calls)
+            .with_context(|| format!("creating {}", calls.display()))?;
         let mut highest = 0u32;
-        for entry in
-            std::fs::read_dir(&calls).with_context(|| format!("reading {}", calls.display()))?
+        for (name, _) in fs
+            .list(&calls)
+            .with_context(|| format!("reading {}", calls.display()))?
         {
-            let name = entry?.file_name();
             if let Some(n) = name
-                .to_str()
-                .and_then(|n| n.strip_prefix("call-"))
+                .strip_prefix("call-")
                 .and_then(|n| n.parse::<u32>().ok())
             {
                 highest = highest.max(n);
@@ -160,7 +162,7 @@ impl AgentHome {
         let mut n = highest + 1;
         loop {
             let id = call_id(n);
-            match std::fs::create_dir(calls.join(&id)) {
+            match fs.create_dir(calls.join(&id)) {
                 Ok(()) => return Ok(id),
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => n += 1,
                 Err(e) => {
@@ -183,19 +185,16 @@ pub fn call_id(n: u32) -> String {
 
 /// The files under `dir` (recursively, symbolic links not followed), as paths relative to
 /// `root` with `/` separators, sorted; `tool-results/` at the top of `dir` is left out.
-pub fn files_written(root: &Path, dir: &Path) -> Vec<String> {
-    fn walk(root: &Path, dir: &Path, top: bool, out: &mut Vec<String>) {
-        let Ok(entries) = std::fs::read_dir(dir) else {
+pub fn files_written(fs: &WorkspaceFs, root: &Path, dir: &Path) -> Vec<String> {
+    fn walk(fs: &WorkspaceFs, root: &Path, dir: &Path, top: bool, out: &mut Vec<String>) {
+        let Ok(entries) = fs.list(dir) else {
             return;
         };
-        for entry in entries.flatten() {
-            let Ok(kind) = entry.file_type() else {
-                continue;
-            };
-            let path = entry.path();
-            if kind.is_dir() {
-                if !(top && entry.file_name() == TOOL_RESULTS_DIR) {
-                    walk(root, &path, false, out);
+        for (name, kind) in entries {
+            let path = dir.join(&name);
+            if kind == Kind::Dir {
+                if !(top && name == TOOL_RESULTS_DIR) {
+                    walk(fs, root, &path, false, out);
                 }
             } else if let Ok(rel) = path.strip_prefix(root) {
                 out.push(
@@ -208,7 +207,7 @@ pub fn files_written(root: &Path, dir: &Path) -> Vec<String> {
         }
     }
     let mut out = Vec::new();
-    walk(root, dir, true, &mut out);
+    walk(fs, root, dir, true, &mut out);
     out.sort();
     out
 }
@@ -301,11 +300,12 @@ mod tests {
     fn call_folders_are_numbered_and_fresh() {
         let dir = tempfile::tempdir().unwrap();
         let home = AgentHome::new(dir.path(), "runs/iteration-0/execution/s", "refunds").unwrap();
+        let fs = WorkspaceFs::open(dir.path()).unwrap();
         assert_eq!(home.rel, "runs/iteration-0/execution/s/agents/refunds");
-        assert_eq!(home.next_call().unwrap(), "call-0001");
-        assert_eq!(home.next_call().unwrap(), "call-0002");
+        assert_eq!(home.next_call(&fs).unwrap(), "call-0001");
+        assert_eq!(home.next_call(&fs).unwrap(), "call-0002");
         std::fs::create_dir_all(home.dir.join("calls/call-0009")).unwrap();
-        assert_eq!(home.next_call().unwrap(), "call-0010");
+        assert_eq!(home.next_call(&fs).unwrap(), "call-0010");
         assert_eq!(
             home.call_rel("call-0010"),
             "runs/iteration-0/execution/s/agents/refunds/calls/call-0010"
@@ -325,7 +325,7 @@ mod tests {
         std::fs::write(call.join("sub/a.txt"), "a").unwrap();
         std::fs::write(call.join("tool-results/c1.json"), "{}").unwrap();
         assert_eq!(
-            files_written(dir.path(), &call),
+            files_written(&WorkspaceFs::open(dir.path()).unwrap(), dir.path(), &call),
             ["out/call-0001/b.json", "out/call-0001/sub/a.txt"]
         );
     }

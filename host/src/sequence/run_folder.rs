@@ -5,11 +5,13 @@
 //! fresh `iteration-0` with `execution/Downloads/`. With groups the run unit is
 //! `iteration-0/<group>` (the folder is the sanitized display name, else the group id); a
 //! partial group run reuses `iteration-0` without rotating it. Everything is done through a
-//! handle on the workspace, so a symbolic link cannot make it create or move anything outside.
+//! handle on the workspace ([`WorkspaceFs`]): a symbolic link on the way is refused, never followed.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
+
+use crate::store::WorkspaceFs;
 
 /// The active run folder, relative to `runs/`.
 pub const ACTIVE_RUN: &str = "iteration-0";
@@ -108,38 +110,28 @@ pub fn open_group_run(root: &Path, group_folder: &str) -> Result<RunFolder> {
 /// Moves `runs/iteration-0` to the next free `runs/iteration-N` (one past the highest
 /// existing N). Returns the new name, or `None` when there was no `iteration-0`.
 pub fn rotate_active_run(root: &Path) -> Result<Option<String>> {
-    let ws = crate::store::open_dir(root)
-        .with_context(|| format!("opening the workspace {}", root.display()))?;
-    if !ws.exists("runs") {
-        return Ok(None);
-    }
-    let runs = ws
-        .open_dir("runs")
-        .with_context(|| format!("opening {}/runs", root.display()))?;
-    if runs.symlink_metadata(ACTIVE_RUN).is_err() {
+    let ws = WorkspaceFs::open(root)?;
+    if ws.kind("runs")?.is_none() || ws.kind(format!("runs/{ACTIVE_RUN}"))?.is_none() {
         return Ok(None);
     }
     let mut highest = 0u64;
-    for entry in runs.entries().context("listing runs/")? {
-        let name = entry.context("listing runs/")?.file_name();
+    for (name, _) in ws.list("runs").context("listing runs/")? {
         if let Some(n) = name
-            .to_str()
-            .and_then(|n| n.strip_prefix("iteration-"))
+            .strip_prefix("iteration-")
             .and_then(|n| n.parse::<u64>().ok())
         {
             highest = highest.max(n);
         }
     }
     let target = format!("iteration-{}", highest + 1);
-    runs.rename(ACTIVE_RUN, &runs, &target)
+    ws.rename(format!("runs/{ACTIVE_RUN}"), format!("runs/{target}"))
         .with_context(|| format!("moving runs/{ACTIVE_RUN} to runs/{target}"))?;
     Ok(Some(target))
 }
 
 /// Creates `runs/<run_folder>/execution/Downloads/` inside the workspace.
 fn prepare(root: &Path, run_folder: &str) -> Result<RunFolder> {
-    let ws = crate::store::open_dir(root)
-        .with_context(|| format!("opening the workspace {}", root.display()))?;
+    let ws = WorkspaceFs::open(root)?;
     let rel = format!("runs/{run_folder}/execution/Downloads");
     ws.create_dir_all(&rel)
         .with_context(|| format!("creating {rel}/ in {}", root.display()))?;

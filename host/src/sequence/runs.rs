@@ -13,6 +13,7 @@ use super::session::{
     logs_dir, turn_log_paths,
 };
 use super::workflow_run::status_name;
+use crate::store::{Kind, WorkspaceFs};
 
 /// One run folder and the steps found in its `execution/`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,12 +95,16 @@ pub fn first_line(summary: Option<&str>) -> &str {
 /// then other folders by name; each followed by its group folders (sub-folders with an
 /// `execution/`). Empty when there is no `runs/`.
 pub fn list_runs(root: &Path) -> Result<Vec<RunListing>> {
+    if !root.is_dir() {
+        return Ok(Vec::new());
+    }
+    let fs = &WorkspaceFs::open(root)?;
     let runs = root.join("runs");
-    if !runs.is_dir() {
+    if fs.kind(&runs)?.is_none() {
         return Ok(Vec::new());
     }
     let mut tops: Vec<(u64, String)> = Vec::new();
-    for name in dir_names(&runs)? {
+    for name in dir_names(fs, &runs)? {
         let key = name
             .strip_prefix("iteration-")
             .and_then(|n| n.parse::<u64>().ok())
@@ -111,30 +116,30 @@ pub fn list_runs(root: &Path) -> Result<Vec<RunListing>> {
     let mut out = Vec::new();
     for (_, top) in tops {
         let dir = runs.join(&top);
-        if dir.join("execution").is_dir() {
-            out.push(listing(&dir, top.clone())?);
+        if fs.is_dir(dir.join("execution")) {
+            out.push(listing(fs, &dir, top.clone())?);
         }
-        for group in dir_names(&dir)? {
+        for group in dir_names(fs, &dir)? {
             if group == "execution" || group == "logs" {
                 continue;
             }
             let gdir = dir.join(&group);
-            if gdir.join("execution").is_dir() {
-                out.push(listing(&gdir, format!("{top}/{group}"))?);
+            if fs.is_dir(gdir.join("execution")) {
+                out.push(listing(fs, &gdir, format!("{top}/{group}"))?);
             }
         }
     }
     Ok(out)
 }
 
-fn listing(run_dir: &Path, run_folder: String) -> Result<RunListing> {
+fn listing(fs: &WorkspaceFs, run_dir: &Path, run_folder: String) -> Result<RunListing> {
     let exec = run_dir.join("execution");
     let mut steps = Vec::new();
-    for step in dir_names(&exec)? {
+    for step in dir_names(fs, &exec)? {
         if step == "Downloads" {
             continue;
         }
-        let (status, completed_at, _) = step_state(&exec.join(&step))?;
+        let (status, completed_at, _) = step_state(fs, &exec.join(&step))?;
         steps.push(StepState {
             step_id: step,
             status,
@@ -145,17 +150,17 @@ fn listing(run_dir: &Path, run_folder: String) -> Result<RunListing> {
 }
 
 /// (status, completed_at, concerns) of `execution/<step>/`.
-fn step_state(step_dir: &Path) -> Result<(String, Option<String>, Vec<String>)> {
+fn step_state(fs: &WorkspaceFs, step_dir: &Path) -> Result<(String, Option<String>, Vec<String>)> {
     let summary_path = step_dir.join(FINAL_SUMMARY_FILE);
-    if summary_path.is_file() {
-        let summary: FinalSummary = read_json(&summary_path)?;
+    if fs.kind(&summary_path)?.is_some() {
+        let summary: FinalSummary = read_json(fs, &summary_path)?;
         return Ok((
             status_name(summary.status).to_string(),
             Some(summary.completed_at),
             summary.concerns,
         ));
     }
-    let session = Session::read(step_dir)
+    let session = Session::read(fs, step_dir)
         .with_context(|| format!("reading {}", step_dir.join("session.json").display()))?;
     let status = match session {
         Some(s) => status_name(s.status).to_string(),
@@ -167,24 +172,29 @@ fn step_state(step_dir: &Path) -> Result<(String, Option<String>, Vec<String>)> 
 /// One step of one run: its status, concerns, session entries and turns. `run` is relative
 /// to `runs/` (e.g. `iteration-0`, `iteration-2/Team_A`).
 pub fn show_step(root: &Path, run: &str, step: &str) -> Result<StepReport> {
+    crate::workflow::check_run_selection(run).map_err(|e| anyhow::anyhow!("--run: {e}"))?;
+    crate::store::check_relative(step).map_err(|e| anyhow::anyhow!("step {step:?}: {e}"))?;
+    let fs = &WorkspaceFs::open(root)?;
     let run_dir = root.join("runs").join(run);
-    if !run_dir.is_dir() {
+    if !fs.is_dir(&run_dir) {
+        fs.kind(&run_dir)?;
         bail!("no run folder {}", run_dir.display());
     }
     let step_dir = run_dir.join("execution").join(step);
-    if !step_dir.is_dir() {
+    if !fs.is_dir(&step_dir) {
+        fs.kind(&step_dir)?;
         bail!(
             "no step {step:?} in this run: {} does not exist",
             step_dir.display()
         );
     }
-    let (status, completed_at, concerns) = step_state(&step_dir)?;
-    let entries = Session::read(&step_dir)
+    let (status, completed_at, concerns) = step_state(fs, &step_dir)?;
+    let entries = Session::read(fs, &step_dir)
         .with_context(|| format!("reading {}", step_dir.join("session.json").display()))?
         .map(|s| s.entries)
         .unwrap_or_default();
     let logs = logs_dir(&run_dir, step);
-    let turns = turn_logs(&logs)?;
+    let turns = turn_logs(fs, &logs)?;
     let script_logs = [
         crate::script::RESULT_LOG,
         crate::script::STDOUT_LOG,
@@ -192,7 +202,7 @@ pub fn show_step(root: &Path, run: &str, step: &str) -> Result<StepReport> {
     ]
     .iter()
     .map(|name| logs.join(name))
-    .filter(|path| path.is_file())
+    .filter(|path| fs.is_file(path))
     .collect();
     Ok(StepReport {
         run_folder: run.to_string(),
@@ -207,13 +217,15 @@ pub fn show_step(root: &Path, run: &str, step: &str) -> Result<StepReport> {
 }
 
 /// The turns logged in `logs/<step>/`, by attempt and iteration.
-fn turn_logs(logs: &Path) -> Result<Vec<TurnLog>> {
-    if !logs.is_dir() {
+fn turn_logs(fs: &WorkspaceFs, logs: &Path) -> Result<Vec<TurnLog>> {
+    if fs.kind(logs)?.is_none() {
         return Ok(Vec::new());
     }
     let mut keys = Vec::new();
-    for entry in std::fs::read_dir(logs).with_context(|| format!("reading {}", logs.display()))? {
-        let name = entry?.file_name().to_string_lossy().into_owned();
+    for (name, _) in fs
+        .list(logs)
+        .with_context(|| format!("reading {}", logs.display()))?
+    {
         if let Some(key) = parse_turn_log_name(&name) {
             keys.push(key);
         }
@@ -222,9 +234,9 @@ fn turn_logs(logs: &Path) -> Result<Vec<TurnLog>> {
     let mut turns = Vec::new();
     for (attempt, iteration) in keys {
         let (summary_path, conversation_path) = turn_log_paths(logs, attempt, iteration);
-        let s: TurnSummary = read_json(&summary_path)?;
-        let tool_names = if conversation_path.is_file() {
-            let c: TurnConversation = read_json(&conversation_path)?;
+        let s: TurnSummary = read_json(fs, &summary_path)?;
+        let tool_names = if fs.kind(&conversation_path)?.is_some() {
+            let c: TurnConversation = read_json(fs, &conversation_path)?;
             c.tool_calls.into_iter().map(|t| t.tool_name).collect()
         } else {
             Vec::new()
@@ -257,22 +269,23 @@ fn parse_turn_log_name(name: &str) -> Option<(u32, u32)> {
     Some((a.parse().ok()?, i.parse().ok()?))
 }
 
-fn dir_names(dir: &Path) -> Result<Vec<String>> {
-    let mut names = Vec::new();
-    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
-        let entry = entry?;
-        if entry.file_type()?.is_dir() {
-            names.push(entry.file_name().to_string_lossy().into_owned());
-        }
-    }
-    names.sort();
-    Ok(names)
+/// The folders in `dir` (links are not folders: they are skipped, never followed).
+fn dir_names(fs: &WorkspaceFs, dir: &Path) -> Result<Vec<String>> {
+    Ok(fs
+        .list(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .into_iter()
+        .filter(|(_, kind)| *kind == Kind::Dir)
+        .map(|(name, _)| name)
+        .collect())
 }
 
 /// Reads a log as JSON, after this process's queued writes are on disk.
-fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
+fn read_json<T: serde::de::DeserializeOwned>(fs: &WorkspaceFs, path: &Path) -> Result<T> {
     crate::store::write_behind::flush()?;
-    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let bytes = fs
+        .read(path)
+        .with_context(|| format!("reading {}", path.display()))?;
     serde_json::from_slice(&bytes).with_context(|| format!("parsing {}", path.display()))
 }
 
@@ -324,13 +337,14 @@ mod tests {
         let step = runs.join("iteration-0/execution/a");
         std::fs::create_dir_all(&step).unwrap();
         summary("a", "iteration-0", Status::Completed)
-            .write(&step)
+            .write(&crate::store::WorkspaceFs::open(dir.path()).unwrap(), &step)
             .unwrap();
         let step = runs.join("iteration-0/execution/b");
         std::fs::create_dir_all(&step).unwrap();
         let mut s = Session::new("b", "iteration-0");
         s.status = Status::Failed;
-        s.write(&step).unwrap();
+        s.write(&crate::store::WorkspaceFs::open(dir.path()).unwrap(), &step)
+            .unwrap();
         std::fs::create_dir_all(runs.join("iteration-0/execution/c")).unwrap();
 
         let list = list_runs(dir.path()).unwrap();
@@ -365,12 +379,14 @@ mod tests {
         let step = run_dir.join("execution/s");
         std::fs::create_dir_all(&step).unwrap();
         summary("s", "iteration-0", Status::Completed)
-            .write(&step)
+            .write(&crate::store::WorkspaceFs::open(dir.path()).unwrap(), &step)
             .unwrap();
         let mut session = Session::new("s", "iteration-0");
         let i = session.start_entry("m", "m", "user_message");
         session.end_entry(i, Status::Completed, Some("line one\nline two".into()));
-        session.write(&step).unwrap();
+        session
+            .write(&crate::store::WorkspaceFs::open(dir.path()).unwrap(), &step)
+            .unwrap();
         let logs = logs_dir(&run_dir, "s");
         for iteration in [2, 1] {
             let now = now_rfc3339();
@@ -414,7 +430,13 @@ mod tests {
                 now,
                 7,
             );
-            write_turn_logs(&logs, &s, &conversation).unwrap();
+            write_turn_logs(
+                &crate::store::WorkspaceFs::open(dir.path()).unwrap(),
+                &logs,
+                &s,
+                &conversation,
+            )
+            .unwrap();
         }
 
         let report = show_step(dir.path(), "iteration-0", "s").unwrap();

@@ -4,7 +4,7 @@
 //! `...-conversation.json` (messages, LLM calls, tool calls).
 //!
 //! The field names are the spec's, so the files read the same in the original tools. Every
-//! file is replaced atomically: the final summary at once ([`crate::store::write_json_atomic`]),
+//! file is replaced atomically: the final summary at once ([`WorkspaceFs::write_json_atomic`]),
 //! `session.json` and the turn logs on the writer thread of [`crate::store::write_behind`],
 //! which the agent loop flushes at the end of each step; timestamps are RFC 3339 in UTC with
 //! milliseconds (`2026-01-02T03:04:05.678Z`).
@@ -16,7 +16,7 @@ use std::time::SystemTime;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::store::{write_behind, write_json_atomic};
+use crate::store::{WorkspaceFs, write_behind};
 
 /// The file name of a session record.
 pub const SESSION_FILE: &str = "session.json";
@@ -112,9 +112,9 @@ impl Session {
 
     /// Reads `dir/session.json`; `None` when there is none (a route called for the first time).
     /// Writes still queued are flushed first, so this reads what was last written.
-    pub fn read(dir: &Path) -> io::Result<Option<Self>> {
+    pub fn read(fs: &WorkspaceFs, dir: &Path) -> io::Result<Option<Self>> {
         write_behind::flush()?;
-        match std::fs::read(dir.join(SESSION_FILE)) {
+        match fs.read(dir.join(SESSION_FILE)) {
             Ok(bytes) => serde_json::from_slice(&bytes)
                 .map(Some)
                 .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e)),
@@ -125,9 +125,9 @@ impl Session {
 
     /// Stamps `updated_at` and writes `dir/session.json` atomically, off the caller's path
     /// ([`write_behind`]: [`write_behind::flush`] waits for it).
-    pub fn write(&mut self, dir: &Path) -> io::Result<()> {
+    pub fn write(&mut self, fs: &WorkspaceFs, dir: &Path) -> io::Result<()> {
         self.updated_at = now_rfc3339();
-        write_behind::write_json(&dir.join(SESSION_FILE), self)
+        write_behind::write_json(fs, &dir.join(SESSION_FILE), self)
     }
 
     /// Starts an entry (status running) and returns its index.
@@ -189,8 +189,8 @@ pub struct FinalSummary {
 
 impl FinalSummary {
     /// Writes `dir/execution-final-summary.json` atomically.
-    pub fn write(&self, dir: &Path) -> io::Result<()> {
-        write_json_atomic(&dir.join(FINAL_SUMMARY_FILE), self)
+    pub fn write(&self, fs: &WorkspaceFs, dir: &Path) -> io::Result<()> {
+        fs.write_json_atomic(dir.join(FINAL_SUMMARY_FILE), self)
     }
 }
 
@@ -376,13 +376,14 @@ pub fn turn_log_paths(logs_dir: &Path, attempt: u32, iteration: u32) -> (PathBuf
 /// Writes both log files of a turn atomically, off the caller's path ([`write_behind`]:
 /// [`write_behind::flush`] waits for them); returns their paths.
 pub fn write_turn_logs(
+    fs: &WorkspaceFs,
     logs_dir: &Path,
     summary: &TurnSummary,
     conversation: &TurnConversation,
 ) -> io::Result<(PathBuf, PathBuf)> {
     let (s, c) = turn_log_paths(logs_dir, summary.attempt, summary.iteration);
-    write_behind::write_json(&c, conversation)?;
-    write_behind::write_json(&s, summary)?;
+    write_behind::write_json(fs, &c, conversation)?;
+    write_behind::write_json(fs, &s, summary)?;
     Ok((s, c))
 }
 
@@ -422,7 +423,11 @@ mod tests {
         s.execution_turn_count = 1;
         s.end_entry(i, Status::Completed, Some("done".into()));
         s.status = Status::Completed;
-        s.write(dir.path()).unwrap();
+        s.write(
+            &crate::store::WorkspaceFs::open(dir.path()).unwrap(),
+            dir.path(),
+        )
+        .unwrap();
         write_behind::flush().unwrap();
 
         let raw: Value =
@@ -460,8 +465,23 @@ mod tests {
         );
         assert_eq!(raw["status"], "completed");
         assert_eq!(raw["entries"][0]["status"], "completed");
-        assert_eq!(Session::read(dir.path()).unwrap().unwrap(), s);
-        assert_eq!(Session::read(&dir.path().join("none")).unwrap(), None);
+        assert_eq!(
+            Session::read(
+                &crate::store::WorkspaceFs::open(dir.path()).unwrap(),
+                dir.path()
+            )
+            .unwrap()
+            .unwrap(),
+            s
+        );
+        assert_eq!(
+            Session::read(
+                &crate::store::WorkspaceFs::open(dir.path()).unwrap(),
+                &dir.path().join("none")
+            )
+            .unwrap(),
+            None
+        );
     }
 
     #[test]
@@ -476,7 +496,10 @@ mod tests {
             concerns: vec!["slow".into()],
             completed_at: now_rfc3339(),
         }
-        .write(dir.path())
+        .write(
+            &crate::store::WorkspaceFs::open(dir.path()).unwrap(),
+            dir.path(),
+        )
         .unwrap();
         let raw: Value =
             serde_json::from_slice(&std::fs::read(dir.path().join(FINAL_SUMMARY_FILE)).unwrap())
@@ -551,7 +574,13 @@ mod tests {
             (30, 32, 12, 1)
         );
         let logs = logs_dir(dir.path(), "triage");
-        let (s, c) = write_turn_logs(&logs, &summary, &conversation).unwrap();
+        let (s, c) = write_turn_logs(
+            &crate::store::WorkspaceFs::open(dir.path()).unwrap(),
+            &logs,
+            &summary,
+            &conversation,
+        )
+        .unwrap();
         write_behind::flush().unwrap();
         assert!(s.ends_with("logs/triage/execution-attempt-1-iteration-2.json"));
         assert!(c.ends_with("logs/triage/execution-attempt-1-iteration-2-conversation.json"));

@@ -28,6 +28,7 @@ use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
 use crate::Limits;
+use crate::capabilities::sql::{self, SqlAccess};
 use crate::llm::RetryPolicy;
 use crate::plugins::PluginRegistry;
 use crate::script::{ScriptOptions, ScriptRunner};
@@ -36,6 +37,8 @@ use crate::sequence::events::Observer;
 use crate::sequence::llm_choice::{self, LlmSetup, check_models};
 use crate::sequence::run_folder::{ACTIVE_RUN, group_folder_name, open_group_run, start_full_run};
 use crate::sequence::session::{FINAL_SUMMARY_SCHEMA_VERSION, FinalSummary, Status, now_rfc3339};
+use crate::store::workspace_fs::link_error;
+use crate::store::{Kind, WorkspaceFs};
 use crate::workflow::manifest::Group;
 use crate::workflow::plan::{HumanInput, Routing};
 use crate::workflow::step_config::PrerequisiteRule;
@@ -396,43 +399,56 @@ pub fn check_step_models(ws: &Workspace, opts: &RunOptions, llm: &LlmSetup) -> R
     check_models(ws, reachable(ws, opts.step.as_deref()), llm)
 }
 
+/// How long `db/seed.sql` may run.
+const SEED_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// Creates `db/db.sqlite` from `db/seed.sql` when the database is missing and the seed
 /// exists: a workspace may ship SQL instead of a binary database. Returns whether it did.
-pub fn seed_database(root: &Path) -> Result<bool> {
-    let db = root.join(DB_FILE);
-    let seed = root.join(SEED_SQL);
-    if db.exists() || !seed.is_file() {
+
+pub fn seed_database(fs: &WorkspaceFs) -> Result<bool> {
+    // A link or a FIFO at either path is refused, not followed (see `store::workspace_fs`).
+    match fs.kind(DB_FILE)? {
+        None => {}
+        Some(Kind::File) => return Ok(false),
+        Some(Kind::Link) => bail!("{}", link_error(Path::new(DB_FILE))),
+        Some(_) => bail!("{DB_FILE} is not a regular file"),
+    }
+    if fs.kind(SEED_SQL)?.is_none() {
         return Ok(false);
     }
-    let sql =
-        std::fs::read_to_string(&seed).with_context(|| format!("reading {}", seed.display()))?;
-    let tmp = root.join("db/.db.sqlite.seeding");
-    let _ = std::fs::remove_file(&tmp);
-    // The seed comes with the workspace, which someone else may have written: it runs with
-    // the fences of a plan's SQL (no ATTACH, VACUUM INTO, extensions or pragmas; a deadline).
-    let seeded = crate::capabilities::sql::open(
-        &tmp,
-        crate::capabilities::sql::SqlAccess::ReadWrite,
-        crate::capabilities::sql::PLAN_SQL_TIMEOUT,
-    )
-    .with_context(|| format!("creating {}", tmp.display()))
-    .and_then(|db| {
-        db.conn()
-            .execute_batch(&sql)
-            .map_err(|e| anyhow::anyhow!("{}", db.describe(&e)))
-            .with_context(|| format!("running {}", seed.display()))
-    });
+    let sql = fs
+        .read_to_string(SEED_SQL)
+        .with_context(|| format!("reading {SEED_SQL}"))?;
+    let tmp = "db/.db.sqlite.seeding";
+    fs.remove_file(tmp)
+        .with_context(|| format!("clearing {tmp}"))?;
+    let tmp_host = fs
+        .ensure_regular_file(tmp)
+        .with_context(|| format!("creating {tmp}"))?;
+    // The seed is the workspace's SQL: fenced like a plan's (no ATTACH, a deadline).
+    let db = sql::open(&tmp_host, SqlAccess::ReadWrite, SEED_TIMEOUT)
+        .with_context(|| format!("creating {tmp}"))?;
+    let seeded = sql::refuse_unseen(&sql)
+        .map_err(anyhow::Error::msg)
+        .and_then(|()| {
+            db.conn()
+                .execute_batch(&sql)
+                .map_err(|e| anyhow::anyhow!(db.describe(&e)))
+        });
+    drop(db);
     if let Err(err) = seeded {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(err);
+        let _ = fs.remove_file(tmp);
+        return Err(err.context(format!("running {SEED_SQL}")));
     }
-    std::fs::rename(&tmp, &db).with_context(|| format!("creating {}", db.display()))?;
+    fs.rename(tmp, DB_FILE)
+        .with_context(|| format!("creating {DB_FILE}"))?;
     Ok(true)
 }
 
-fn read_selection(path: &Path) -> Result<String> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+fn read_selection(fs: &WorkspaceFs, path: &Path) -> Result<String> {
+    let text = fs
+        .read_to_string(path)
+        .with_context(|| format!("reading {}", path.display()))?;
     let value: Value =
         serde_json::from_str(&text).with_context(|| format!("{}: not JSON", path.display()))?;
     value
@@ -440,6 +456,11 @@ fn read_selection(path: &Path) -> Result<String> {
         .and_then(Value::as_str)
         .map(str::to_string)
         .with_context(|| format!("{}: no string \"select_route\"", path.display()))
+}
+
+/// Something other than a folder is at `path` (or cannot be looked at): reading it says what.
+fn present(fs: &WorkspaceFs, path: &Path) -> bool {
+    !matches!(fs.kind(path), Ok(None | Some(Kind::Dir)))
 }
 
 /// Picks the route of a routing step (spec section 2): `route_selection.json` in its own
@@ -452,17 +473,23 @@ pub fn select_route(
     previous: Option<&str>,
 ) -> Result<(String, String, String)> {
     let own = ws.step_output_dir(&step.id).join(ROUTE_SELECTION_FILE);
-    let (route_id, how) = if own.is_file() {
-        (read_selection(&own)?, ROUTE_SELECTION_FILE.to_string())
+    let (route_id, how) = if present(&ws.fs, &own) {
+        (
+            read_selection(&ws.fs, &own)?,
+            ROUTE_SELECTION_FILE.to_string(),
+        )
     } else if let Some(source) = routing.route_source_file.as_deref().and_then(|file| {
         let exec = ws.run_dir().join("execution");
         previous
             .map(|p| exec.join(p).join(file))
             .into_iter()
             .chain([exec.join(file)])
-            .find(|p| p.is_file())
+            .find(|p| present(&ws.fs, p))
     }) {
-        (read_selection(&source)?, source.display().to_string())
+        (
+            read_selection(&ws.fs, &source)?,
+            source.display().to_string(),
+        )
     } else if let Some(default) = &routing.default_route_id {
         (default.clone(), "default_route_id".to_string())
     } else {
@@ -489,8 +516,8 @@ pub fn select_route(
     Ok((route_id, route.next_step_id.clone(), how))
 }
 
-fn write_json(path: &Path, value: &Value) -> Result<()> {
-    crate::store::write_json_atomic(path, value)
+fn write_json(fs: &WorkspaceFs, path: &Path, value: &Value) -> Result<()> {
+    fs.write_json_atomic(path, value)
         .with_context(|| format!("writing {}", path.display()))
 }
 
@@ -539,27 +566,22 @@ fn open_workspace(root: &Path, run: Option<&str>) -> Result<Workspace> {
         .map_err(|d| anyhow::anyhow!("{}: the workspace has errors:\n{d}", root.display()))
 }
 
-/// Runs the workflow at `root`: checks the groups, the inputs and the models of every
-/// reachable step, seeds the database, rotates the run folder (a full run: no `opts.step`,
-/// no `opts.group`), then runs each unit's steps, calling `progress` with one line per step
-/// and unit. A unit stops at its first failed step (an `Ok` run that did not succeed);
-/// errors are for a broken setup.
-pub async fn run_workflow(
+/// The preflight of a run: every check that can be made before anything in the workspace
+/// changes (run-folder rotation, database creation). The step, group and inputs asked for,
+/// the models of every reachable step with their keys' approvals, and the workspace files
+/// the run will open first. Returns the groups and the units (group, run folder) to run.
+fn preflight<'w>(
     env: &RunEnv<'_>,
     root: &Path,
+    ws: &'w Workspace,
     opts: &RunOptions,
-    progress: &mut dyn FnMut(&str),
-) -> Result<WorkflowRun> {
-    if !root.is_dir() {
-        bail!("{}: no such workspace folder", root.display());
-    }
-    let ws = open_workspace(root, None)?;
+) -> Result<(Vec<&'w Group>, Vec<(Option<&'w Group>, String)>)> {
     if let Some(step) = &opts.step {
         ws.plan
             .step(step)
             .with_context(|| format!("no step {step:?} in the plan"))?;
     }
-    let groups = select_groups(&ws, opts.group.as_deref())?;
+    let groups = select_groups(ws, opts.group.as_deref())?;
     if opts.step.is_some() && opts.group.is_none() && !groups.is_empty() {
         bail!(
             "workflow.json declares groups: --step runs in one group's run folder, give --group \
@@ -587,7 +609,7 @@ pub async fn run_workflow(
         units.push((None, ACTIVE_RUN.to_string()));
     }
     let full = opts.step.is_none() && opts.group.is_none();
-    check_inputs(&ws, opts)?;
+    check_inputs(ws, opts)?;
     for (_, folder) in &units {
         // A full run starts from fresh run folders: the default step config applies.
         let unit_ws = if full {
@@ -597,7 +619,36 @@ pub async fn run_workflow(
         };
         check_step_models(&unit_ws, opts, &env.llm)?;
     }
-    if seed_database(root)? {
+    // The database, or the seed it is made from, must be a regular file reached without a
+    // link: refused here rather than half-way through setting the run up.
+    for path in [DB_FILE, SEED_SQL] {
+        match ws.fs.kind(path)? {
+            None | Some(Kind::File) => {}
+            Some(Kind::Link) => bail!("{}", link_error(Path::new(path))),
+            Some(_) => bail!("{path} is not a regular file"),
+        }
+    }
+    Ok((groups, units))
+}
+
+/// Runs the workflow at `root`: the [`preflight`] (nothing in the workspace changes when it
+/// fails), then seeds the database, rotates the run folder (a full run: no `opts.step`,
+/// no `opts.group`), then runs each unit's steps, calling `progress` with one line per step
+/// and unit. A unit stops at its first failed step (an `Ok` run that did not succeed);
+/// errors are for a broken setup.
+pub async fn run_workflow(
+    env: &RunEnv<'_>,
+    root: &Path,
+    opts: &RunOptions,
+    progress: &mut dyn FnMut(&str),
+) -> Result<WorkflowRun> {
+    if !root.is_dir() {
+        bail!("{}: no such workspace folder", root.display());
+    }
+    let ws = open_workspace(root, None)?;
+    let (groups, units) = preflight(env, root, &ws, opts)?;
+    let full = opts.step.is_none() && opts.group.is_none();
+    if seed_database(&ws.fs)? {
         progress(&format!("created {DB_FILE} from {SEED_SQL}"));
     }
     let archived = if full {
@@ -612,7 +663,9 @@ pub async fn run_workflow(
                 Some(g) => {
                     open_group_run(root, &group_folder_name(g.name.as_deref(), &g.id)?)?;
                 }
-                None => std::fs::create_dir_all(root.join("runs").join(folder).join("execution"))
+                None => ws
+                    .fs
+                    .create_dir_all(Path::new("runs").join(folder).join("execution"))
                     .with_context(|| format!("creating runs/{folder}/execution"))?,
             }
         }
@@ -724,6 +777,7 @@ async fn run_unit(
                     .get(key)
                     .with_context(|| format!("step {id:?}: no --input {key}=VALUE"))?;
                 write_json(
+                    &ws.fs,
                     &output_dir.join(HUMAN_INPUT_FILE),
                     &json!({"variable_name": key, "question": h.question, "answer": answer}),
                 )?;
@@ -849,7 +903,7 @@ fn check_prerequisite(
         concerns,
         completed_at: now_rfc3339(),
     }
-    .write(&report.output_dir)
+    .write(&ws.fs, &report.output_dir)
     .with_context(|| format!("step {:?}: writing the final summary", report.step_id))?;
     Ok(None)
 }
@@ -1001,23 +1055,18 @@ mod tests {
     #[test]
     fn a_missing_database_is_created_from_seed_sql() {
         let dir = tempfile::tempdir().unwrap();
-        assert!(
-            !seed_database(dir.path()).unwrap(),
-            "no seed: nothing to do"
-        );
+        let fs = WorkspaceFs::open(dir.path()).unwrap();
+        assert!(!seed_database(&fs).unwrap(), "no seed: nothing to do");
         std::fs::create_dir_all(dir.path().join("db")).unwrap();
         std::fs::write(
             dir.path().join(SEED_SQL),
             "CREATE TABLE t (x INTEGER); INSERT INTO t VALUES (7);",
         )
         .unwrap();
-        assert!(seed_database(dir.path()).unwrap());
+        assert!(seed_database(&fs).unwrap());
         let conn = rusqlite::Connection::open(dir.path().join(DB_FILE)).unwrap();
         let x: i64 = conn.query_row("SELECT x FROM t", [], |r| r.get(0)).unwrap();
         assert_eq!(x, 7);
-        assert!(
-            !seed_database(dir.path()).unwrap(),
-            "an existing db is kept"
-        );
+        assert!(!seed_database(&fs).unwrap(), "an existing db is kept");
     }
 }

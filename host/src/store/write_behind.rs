@@ -16,13 +16,13 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 use serde::Serialize;
 
-use super::write_bytes_atomic;
+use super::WorkspaceFs;
 
 #[derive(Default)]
 struct State {
     /// Files waiting, oldest first; their newest bytes are in `latest`.
     queue: VecDeque<PathBuf>,
-    latest: HashMap<PathBuf, Vec<u8>>,
+    latest: HashMap<PathBuf, (WorkspaceFs, Vec<u8>)>,
     /// A write is being done by the writer thread.
     busy: bool,
     /// The first failure since the last flush.
@@ -62,12 +62,12 @@ fn write_loop(shared: &Shared) {
                 .unwrap_or_else(|e| e.into_inner());
             continue;
         };
-        let Some(bytes) = state.latest.remove(&path) else {
+        let Some((fs, bytes)) = state.latest.remove(&path) else {
             continue;
         };
         state.busy = true;
         drop(state);
-        let result = write_bytes_atomic(&path, &bytes);
+        let result = fs.write_atomic(&path, &bytes);
         state = shared.state.lock().unwrap_or_else(|e| e.into_inner());
         state.busy = false;
         if let Err(e) = result
@@ -89,13 +89,18 @@ fn take_error(state: &mut State) -> io::Result<()> {
     }
 }
 
-/// Queues an atomic replace of `path` with `bytes`. Returns an earlier write's failure, if
+/// Queues an atomic replace of `path` (inside the workspace of `fs`, written through it) with
+/// `bytes`. Returns an earlier write's failure, if
 /// one happened since the last [`flush`] (so a full disk shows up at the next write, not only
 /// at the end of the step).
-pub fn write_bytes(path: &Path, bytes: Vec<u8>) -> io::Result<()> {
+pub fn write_bytes(fs: &WorkspaceFs, path: &Path, bytes: Vec<u8>) -> io::Result<()> {
     let shared = shared();
     let mut state = shared.state.lock().unwrap_or_else(|e| e.into_inner());
-    if state.latest.insert(path.to_path_buf(), bytes).is_none() {
+    if state
+        .latest
+        .insert(path.to_path_buf(), (fs.clone(), bytes))
+        .is_none()
+    {
         state.queue.push_back(path.to_path_buf());
     }
     shared.changed.notify_all();
@@ -103,12 +108,14 @@ pub fn write_bytes(path: &Path, bytes: Vec<u8>) -> io::Result<()> {
 }
 
 /// [`write_bytes`] of `value` as 2-space indented JSON with a final newline, the format of
-/// [`super::write_json_atomic`]. The value is serialized now, so later changes to it do not
-/// reach the file.
-pub fn write_json<T: Serialize + ?Sized>(path: &Path, value: &T) -> io::Result<()> {
-    let mut bytes = serde_json::to_vec_pretty(value).map_err(io::Error::other)?;
-    bytes.push(b'\n');
-    write_bytes(path, bytes)
+/// [`WorkspaceFs::write_json_atomic`]. The value is serialized now, so later changes to it do
+/// not reach the file.
+pub fn write_json<T: Serialize + ?Sized>(
+    fs: &WorkspaceFs,
+    path: &Path,
+    value: &T,
+) -> io::Result<()> {
+    write_bytes(fs, path, super::json_bytes(value)?)
 }
 
 /// Waits until every write submitted so far is on disk; returns the first failure since the
@@ -134,9 +141,10 @@ mod tests {
     #[test]
     fn writes_land_coalesced_after_a_flush_and_failures_are_reported() {
         let dir = tempfile::tempdir().unwrap();
+        let fs = WorkspaceFs::open(dir.path()).unwrap();
         let path = dir.path().join("logs/session.json");
         for n in 0..50 {
-            write_json(&path, &serde_json::json!({"n": n})).unwrap();
+            write_json(&fs, &path, &serde_json::json!({"n": n})).unwrap();
         }
         flush().unwrap();
         assert_eq!(
@@ -152,7 +160,7 @@ mod tests {
         // A folder where the file's parent should be: the write fails, the flush says so.
         std::fs::write(dir.path().join("blocked"), "a file").unwrap();
         let bad = dir.path().join("blocked/session.json");
-        let _ = write_json(&bad, &serde_json::json!({}));
+        let _ = write_json(&fs, &bad, &serde_json::json!({}));
         let err = flush().unwrap_err().to_string();
         assert!(err.contains("blocked/session.json"), "{err}");
         flush().expect("the error is reported once");

@@ -25,7 +25,12 @@ const MAX_ROWS_READ: u64 = 100_000;
 /// Opens the workflow database read-only. `workspace` must already be known to hold
 /// `db/db.sqlite` as a regular file (not a symlink out of the workspace).
 pub(crate) fn open_read_only(workspace: &Path) -> Result<GuardedDb, GateError> {
-    let path = workspace.join(DB_FILE);
+    // SQLITE_OPEN_NOFOLLOW refuses a link anywhere on the path, the workspace's own
+    // ancestors included: name the file under the canonical folder.
+    let path = workspace
+        .canonicalize()
+        .unwrap_or_else(|_| workspace.to_path_buf())
+        .join(DB_FILE);
     sql::open(&path, SqlAccess::ReadOnly, sql::PLAN_SQL_TIMEOUT)
         .map_err(|e| GateError::Db(format!("{DB_FILE} cannot be opened: {e}")))
 }

@@ -78,6 +78,7 @@ fn file_safe(s: &str) -> String {
 /// `run_dir` is the run folder (`runs/iteration-0` or `runs/iteration-0/<group>`); `label`
 /// names the gate (the item id, or `final`). Returns the two paths.
 pub fn write_report(
+    fs: &crate::store::WorkspaceFs,
     run_dir: &Path,
     step_id: &str,
     label: &str,
@@ -102,8 +103,8 @@ pub fn write_report(
         "pre_validation_{}_attempt_{attempt}.json",
         file_safe(label)
     ));
-    crate::store::write_json_atomic(&per_attempt, &record)?;
-    crate::store::write_json_atomic(&latest, &record)?;
+    fs.write_json_atomic(&per_attempt, &record)?;
+    fs.write_json_atomic(&latest, &record)?;
     Ok((latest, per_attempt))
 }
 
@@ -128,13 +129,31 @@ mod tests {
             }],
             warnings: vec![],
         };
-        let (latest, attempt) = write_report(dir.path(), "s", "gate/1", 2, &report).unwrap();
+        let (latest, attempt) = write_report(
+            &crate::store::WorkspaceFs::open(dir.path()).unwrap(),
+            dir.path(),
+            "s",
+            "gate/1",
+            2,
+            &report,
+        )
+        .unwrap();
         assert!(latest.ends_with("logs/s/pre_validation.json"));
         assert!(attempt.ends_with("logs/s/pre_validation_gate_1_attempt_2.json"));
         let v: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&latest).unwrap()).unwrap();
         assert_eq!(v["checks"][0]["kind"], "must_exist");
         assert_eq!(v["attempt"], 2);
-        assert!(write_report(dir.path(), "../x", "l", 1, &report).is_err());
+        assert!(
+            write_report(
+                &crate::store::WorkspaceFs::open(dir.path()).unwrap(),
+                dir.path(),
+                "../x",
+                "l",
+                1,
+                &report
+            )
+            .is_err()
+        );
     }
 }

@@ -456,7 +456,8 @@ fn a_gate_report_is_written_to_the_logs() {
         .gate(json!({"files": [{"file_name": "a.json", "must_exist": true}]}))
         .unwrap();
     let run = ws.root().join("runs/iteration-0");
-    write_report(&run, "s", "check-output", 1, &report).unwrap();
+    let fs = crate::store::WorkspaceFs::open(ws.root()).unwrap();
+    write_report(&fs, &run, "s", "check-output", 1, &report).unwrap();
     let latest: Value = serde_json::from_str(
         &std::fs::read_to_string(run.join("logs/s/pre_validation.json")).unwrap(),
     )

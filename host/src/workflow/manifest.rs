@@ -42,7 +42,7 @@ use serde_json::Value;
 use super::diagnostics::{
     Ctx, Diagnostics, JsonPath, Obj, Parsed, did_you_mean, finish, kind_of, parse_json, quote,
 };
-use super::step_config::LlmRef;
+use super::step_config::{LlmRef, check_replay_id};
 
 /// Where the manifest lives in a workspace.
 pub const WORKFLOW_FILE: &str = "workflow.json";
@@ -180,8 +180,8 @@ impl WorkflowManifest {
     }
 
     /// Writes the manifest atomically, 2-space indent.
-    pub fn write(&self, path: &Path) -> io::Result<()> {
-        crate::store::write_json_atomic(path, self)
+    pub fn write(&self, fs: &crate::store::WorkspaceFs, path: &Path) -> io::Result<()> {
+        fs.write_json_atomic(path, self)
     }
 }
 
@@ -384,6 +384,7 @@ fn parse_ref(ctx: &mut Ctx, v: &Value, path: JsonPath) -> Option<LlmRef> {
     let mut obj = Obj::new(ctx, v, path, "a model choice")?;
     let provider = obj.req_str(ctx, "provider", "the LLM provider id");
     let model_id = obj.req_str(ctx, "model_id", "the provider's model id");
+    check_replay_id(ctx, &obj, provider.as_deref(), model_id.as_deref());
     let options = obj.object(ctx, "options");
     obj.finish(ctx);
     Some(LlmRef {

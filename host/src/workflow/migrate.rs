@@ -18,6 +18,7 @@ use super::diagnostics::{Diagnostic, Diagnostics, Severity, parse_json};
 use super::manifest::{ContractVersion, WORKFLOW_FILE};
 use super::plan::{CODE_ITEM_MIGRATION, PLAN_FILE, has_code_items, parse_plan_value};
 use super::step_config::{STEP_CONFIG_FILE, parse_step_config_value};
+use crate::store::{Kind, WorkspaceFs};
 
 /// The code every blocked migration reports.
 pub const BLOCKED_CODE: &str = "MESSAGE_SEQUENCE_CODE_MIGRATION_BLOCKED";
@@ -101,9 +102,9 @@ fn invalid(file: &str, message: String) -> MigrationError {
     }]))
 }
 
-fn read_json(root: &Path, rel: &str) -> Result<Option<Value>, MigrationError> {
-    let path = root.join(rel);
-    match std::fs::read_to_string(&path) {
+fn read_json(fs: &WorkspaceFs, rel: &str) -> Result<Option<Value>, MigrationError> {
+    let path = fs.host_path(Path::new(rel));
+    match fs.read_to_string(rel) {
         Ok(text) => {
             let mut d = Diagnostics::new();
             match parse_json(&text, rel, &mut d) {
@@ -180,7 +181,7 @@ fn nested_code(step: &Value, trail: &str, reasons: &mut Vec<String>) {
 
 /// Plans the units of one top-level step holding code items; records blockers.
 fn plan_sequence<'a>(
-    root: &Path,
+    fs: &WorkspaceFs,
     step: &'a Value,
     existing_ids: &HashSet<String>,
     new_ids: &mut HashSet<String>,
@@ -223,10 +224,21 @@ fn plan_sequence<'a>(
                     Some(p) => {
                         if let Err(why) = crate::store::check_relative(p) {
                             reasons.push(format!("{at}: script_path {why}"));
-                        } else if !root.join(p).is_file() {
-                            reasons.push(format!(
-                                "{at}: script_path \"{p}\" does not exist in the workspace"
-                            ));
+                        } else {
+                            match fs.kind(p) {
+                                Ok(Some(Kind::File)) => {}
+                                Ok(None) => reasons.push(format!(
+                                    "{at}: script_path \"{p}\" does not exist in the workspace"
+                                )),
+                                Ok(Some(Kind::Link)) => reasons.push(format!(
+                                    "{at}: script_path {}",
+                                    crate::store::workspace_fs::link_error(Path::new(p))
+                                )),
+                                Ok(Some(_)) => reasons.push(format!(
+                                    "{at}: script_path \"{p}\" is not a regular file"
+                                )),
+                                Err(e) => reasons.push(format!("{at}: script_path: {e}")),
+                            }
                         }
                     }
                 }
@@ -290,10 +302,8 @@ fn plan_sequence<'a>(
                         ));
                     }
                     if let Some(p) = s(item, "script_path") {
-                        let target = root.join("code").join(id).join("main.py");
-                        if target.exists()
-                            && std::fs::read(&target).ok() != std::fs::read(root.join(p)).ok()
-                        {
+                        let target = Path::new("code").join(id).join("main.py");
+                        if fs.exists(&target) && fs.read(&target).ok() != fs.read(p).ok() {
                             reasons.push(format!(
                                 "{at}: code/{id}/main.py already exists with other content: rename the item or remove that file"
                             ));
@@ -476,14 +486,16 @@ fn rewrite_refs(
 pub fn migrate_message_sequence_code_items(
     root: &Path,
 ) -> Result<MigrationSummary, MigrationError> {
-    let Some(plan) = read_json(root, PLAN_FILE)? else {
+    let fs = WorkspaceFs::open(root).map_err(io_err(root))?;
+    let fs = &fs;
+    let Some(plan) = read_json(fs, PLAN_FILE)? else {
         return Err(invalid(
             PLAN_FILE,
             "missing: a workspace needs planning/plan.json".into(),
         ));
     };
-    let config = read_json(root, STEP_CONFIG_FILE)?;
-    let manifest = read_json(root, WORKFLOW_FILE)?.unwrap_or_else(|| json!({}));
+    let config = read_json(fs, STEP_CONFIG_FILE)?;
+    let manifest = read_json(fs, WORKFLOW_FILE)?.unwrap_or_else(|| json!({}));
     if !manifest.is_object() {
         return Err(invalid(WORKFLOW_FILE, "expected an object".into()));
     }
@@ -539,7 +551,7 @@ pub fn migrate_message_sequence_code_items(
             .chain(arr(st, "messages"))
             .any(is_code);
         if has_code {
-            let units = plan_sequence(root, st, &existing_ids, &mut new_ids, &mut reasons);
+            let units = plan_sequence(fs, st, &existing_ids, &mut new_ids, &mut reasons);
             plans.push((idx, units));
         }
     }
@@ -689,26 +701,26 @@ pub fn migrate_message_sequence_code_items(
         for u in units {
             let src = root.join(s(u.item, "script_path").unwrap_or_default());
             let rel = PathBuf::from("code").join(&u.id).join("main.py");
-            let bytes = std::fs::read(&src).map_err(io_err(&src))?;
+            let bytes = fs.read(&src).map_err(io_err(&src))?;
             let dst = root.join(&rel);
-            crate::store::write_bytes_atomic(&dst, &bytes).map_err(io_err(&dst))?;
+            fs.write_atomic(&dst, &bytes).map_err(io_err(&dst))?;
             summary.scripts.push(rel);
         }
     }
     if config_changes {
         let p = root.join(STEP_CONFIG_FILE);
-        crate::store::write_json_atomic(&p, &new_config).map_err(io_err(&p))?;
+        fs.write_json_atomic(&p, &new_config).map_err(io_err(&p))?;
     }
     if !plans.is_empty() {
         let p = root.join(PLAN_FILE);
-        crate::store::write_json_atomic(&p, &new_plan).map_err(io_err(&p))?;
+        fs.write_json_atomic(&p, &new_plan).map_err(io_err(&p))?;
     }
     let mut manifest = manifest;
     let p = root.join(WORKFLOW_FILE);
     for v in [ContractVersion::V1_0_10, ContractVersion::V1_0_11] {
         if version.is_none_or(|cur| cur < v) {
             manifest["contract_version"] = json!(v.to_string());
-            crate::store::write_json_atomic(&p, &manifest).map_err(io_err(&p))?;
+            fs.write_json_atomic(&p, &manifest).map_err(io_err(&p))?;
         }
     }
     Ok(summary)

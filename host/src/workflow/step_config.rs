@@ -25,10 +25,14 @@ pub const STEP_CONFIG_FILE: &str = "planning/step_config.json";
 /// `runs/<run_folder>/planning/step_config.json` when a run folder is selected and that file
 /// exists, else the default `planning/step_config.json`. Returns the path relative to the
 /// workspace.
-pub fn step_config_location(workspace: &Path, run_folder: Option<&str>) -> PathBuf {
+pub fn step_config_location(
+    workspace: &crate::store::WorkspaceFs,
+    run_folder: Option<&str>,
+) -> PathBuf {
     if let Some(run) = run_folder {
         let rel = Path::new("runs").join(run).join(STEP_CONFIG_FILE);
-        if crate::store::check_relative(run).is_ok() && workspace.join(&rel).is_file() {
+        // A link or a FIFO there is not skipped: reading it reports it.
+        if crate::store::check_relative(run).is_ok() && workspace.exists(&rel) {
             return rel;
         }
     }
@@ -67,8 +71,8 @@ impl StepConfigFile {
     }
 
     /// Writes the file in object format, 2-space indent, atomically.
-    pub fn write(&self, path: &Path) -> io::Result<()> {
-        crate::store::write_json_atomic(path, self)
+    pub fn write(&self, fs: &crate::store::WorkspaceFs, path: &Path) -> io::Result<()> {
+        fs.write_json_atomic(path, self)
     }
 
     /// Warnings for entries whose id matches no step of `plan` ("orphan config").
@@ -525,10 +529,26 @@ fn opt_enum<T: Copy>(
     enum_value(ctx, &obj.path().key(key), &s, allowed)
 }
 
+/// A `replay` model id names a cassette file of the workspace: one plain name.
+pub(super) fn check_replay_id(
+    ctx: &mut Ctx,
+    obj: &Obj,
+    provider: Option<&str>,
+    model_id: Option<&str>,
+) {
+    if provider == Some("replay")
+        && let Some(id) = model_id
+        && let Err(problem) = crate::llm::record::check_replay_model_id(id)
+    {
+        ctx.error(&obj.path().key("model_id"), problem);
+    }
+}
+
 fn parse_llm_ref(ctx: &mut Ctx, value: &Value, path: JsonPath) -> Option<LlmRef> {
     let mut obj = Obj::new(ctx, value, path, "a model choice")?;
     let provider = obj.req_str(ctx, "provider", "the LLM provider id");
     let model_id = obj.req_str(ctx, "model_id", "the provider's model id");
+    check_replay_id(ctx, &obj, provider.as_deref(), model_id.as_deref());
     let options = obj.object(ctx, "options");
     obj.finish(ctx);
     Some(LlmRef {
@@ -549,6 +569,7 @@ fn parse_execution_llm(ctx: &mut Ctx, value: &Value, path: JsonPath) -> Option<E
             obj.req_str(ctx, "model_id", "the provider's model id"),
         )
     };
+    check_replay_id(ctx, &obj, provider.as_deref(), model_id.as_deref());
     let options = obj.object(ctx, "options");
     let fallbacks = obj
         .list(ctx, "fallbacks", parse_llm_ref)
@@ -747,7 +768,8 @@ mod tests {
         );
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(STEP_CONFIG_FILE);
-        file.write(&path).unwrap();
+        let fs = crate::store::WorkspaceFs::open(dir.path()).unwrap();
+        file.write(&fs, &path).unwrap();
         assert_eq!(
             std::fs::read_to_string(&path).unwrap(),
             "{\n  \"steps\": [\n    {\n      \"id\": \"a\",\n      \"agent_configs\": {\n        \"lock_code\": true\n      }\n    }\n  ]\n}\n"
@@ -757,23 +779,24 @@ mod tests {
     #[test]
     fn run_specific_config_wins_when_present() {
         let dir = tempfile::tempdir().unwrap();
+        let fs = crate::store::WorkspaceFs::open(dir.path()).unwrap();
         assert_eq!(
-            step_config_location(dir.path(), Some("iteration-0")),
+            step_config_location(&fs, Some("iteration-0")),
             PathBuf::from(STEP_CONFIG_FILE)
         );
         let run = dir.path().join("runs/iteration-0/planning");
         std::fs::create_dir_all(&run).unwrap();
         std::fs::write(run.join("step_config.json"), "{\"steps\":[]}").unwrap();
         assert_eq!(
-            step_config_location(dir.path(), Some("iteration-0")),
+            step_config_location(&fs, Some("iteration-0")),
             PathBuf::from("runs/iteration-0/planning/step_config.json")
         );
         assert_eq!(
-            step_config_location(dir.path(), None),
+            step_config_location(&fs, None),
             PathBuf::from(STEP_CONFIG_FILE)
         );
         assert_eq!(
-            step_config_location(dir.path(), Some("../x")),
+            step_config_location(&fs, Some("../x")),
             PathBuf::from(STEP_CONFIG_FILE)
         );
     }

@@ -366,6 +366,21 @@ const CORPUS: &[(&str, &str, &[&str])] = &[
         ],
     ),
     (
+        "C",
+        r#"{"steps": [{"id": "a", "agent_configs": {"execution_llm": {"provider": "replay", "model_id": "../x", "fallbacks": [{"provider": "replay", "model_id": "/etc/passwd"}]}}}]}"#,
+        &[
+            r#"planning/step_config.json: steps[0].agent_configs.execution_llm.model_id (step "a"): replay model id "../x" is not one plain name (letters, digits, '.', '_', '-'): it names the cassette cassettes/<model_id>.json of the workspace"#,
+            r#"planning/step_config.json: steps[0].agent_configs.execution_llm.fallbacks[0].model_id (step "a"): replay model id "/etc/passwd" is not one plain name (letters, digits, '.', '_', '-'): it names the cassette cassettes/<model_id>.json of the workspace"#,
+        ],
+    ),
+    (
+        "W",
+        r#"{"tiers": {"low": {"provider": "replay", "model_id": ".."}}}"#,
+        &[
+            r#"workflow.json: tiers.low.model_id: replay model id ".." is not one plain name (letters, digits, '.', '_', '-'): it names the cassette cassettes/<model_id>.json of the workspace"#,
+        ],
+    ),
+    (
         "W",
         r#"{"llm": {"provider": "openai"}, "contract": "1.0.11"}"#,
         &[

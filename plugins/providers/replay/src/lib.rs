@@ -2,16 +2,18 @@
 //!
 //! A cassette is a JSON file of interactions, each a request the provider
 //! expects and the response to give (see `plugins/README.md`). Every call runs
-//! in a fresh instance, so the host says which interaction is due:
-//! `endpoint.settings` is `{"cassette": "/cassette/<file>", "index": N}`, with
-//! the cassette's folder granted read-only at `/cassette`. A request that does
-//! not match the recorded one is an `invalid-request` error naming the first
-//! difference, expected against got.
+//! in a fresh instance with no folder and no network: the host reads the
+//! cassette inside the workspace and passes the interaction due in
+//! `endpoint.settings`, `{"cassette": <name>, "index": N, "count": <interactions>,
+//! "interaction": {...}}` (no `interaction` when the cassette has no call N). A
+//! request that does not match the recorded one is an `invalid-request` error
+//! naming the first difference, expected against got.
 
 use serde_json::{Value, json};
 use trellis_plugin_sdk::export_llm_provider;
 use trellis_plugin_sdk::llm::{
-    Endpoint, LlmError, LlmProvider, Message, Request, Response, StopReason, ToolCall, Usage,
+    Endpoint, LlmError, LlmProvider, Message, Options, Request, Response, StopReason, ToolCall,
+    ToolDefinition, Usage,
 };
 
 /// How much of a differing text an error message shows.
@@ -26,29 +28,14 @@ impl LlmProvider for Replay {
         let path = settings
             .get("cassette")
             .and_then(Value::as_str)
-            .ok_or_else(|| {
-                LlmError::InvalidRequest("replay settings need `cassette`, a file path".into())
-            })?;
+            .unwrap_or("(unnamed)");
         let index = settings.get("index").and_then(Value::as_u64).unwrap_or(0) as usize;
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| LlmError::InvalidRequest(format!("cassette {path}: cannot read: {e}")))?;
-        let cassette: Value = serde_json::from_str(&text)
-            .map_err(|e| LlmError::InvalidRequest(format!("cassette {path}: not JSON: {e}")))?;
-        let interactions = cassette
-            .get("interactions")
-            .or(Some(&cassette))
-            .and_then(Value::as_array)
-            .ok_or_else(|| {
-                LlmError::InvalidRequest(format!(
-                    "cassette {path}: expected {{\"interactions\": [...]}} or a list of interactions"
-                ))
-            })?;
-        let Some(interaction) = interactions.get(index) else {
+        let count = settings.get("count").and_then(Value::as_u64).unwrap_or(0);
+        let Some(interaction) = settings.get("interaction") else {
             return Err(LlmError::InvalidRequest(format!(
-                "cassette {path}: call {} was not recorded (the cassette has {} interaction(s)); \
-                 the request was: {}",
+                "cassette {path}: call {} was not recorded (the cassette has {count} \
+                 interaction(s)); the request was: {}",
                 index + 1,
-                interactions.len(),
                 shorten(&last_message(&request)),
             )));
         };
@@ -114,17 +101,122 @@ fn first_difference(expected: &Value, got: &Request) -> Option<String> {
             &format!("{} message {}", extra.role.as_str(), quote(&extra.content)),
         );
     }
-    if let Some(tools) = expected.get("tools").and_then(Value::as_array) {
-        let want: Vec<&str> = tools
-            .iter()
-            .filter_map(|t| t.as_str().or_else(|| t.get("name").and_then(Value::as_str)))
-            .collect();
-        let have: Vec<&str> = got.tools.iter().map(|t| t.name.as_str()).collect();
-        if want != have {
-            return differ("tools", &format!("{want:?}"), &format!("{have:?}"));
+    if let Some(d) = tools_difference(expected.get("tools"), &got.tools) {
+        return Some(d);
+    }
+    options_difference(expected.get("options"), &got.options)
+}
+
+/// The tools offered, compared only when the recording lists them: names in order, then
+/// for every recorded definition (not a bare name) its description and argument schema.
+fn tools_difference(recorded: Option<&Value>, got: &[ToolDefinition]) -> Option<String> {
+    let tools = recorded.and_then(Value::as_array)?;
+    let want: Vec<&str> = tools
+        .iter()
+        .map(|t| {
+            t.as_str()
+                .or_else(|| t.get("name").and_then(Value::as_str))
+                .unwrap_or("")
+        })
+        .collect();
+    let have: Vec<&str> = got.iter().map(|t| t.name.as_str()).collect();
+    if want != have {
+        return Some(format!(
+            "tools: expected {}, got {}",
+            shorten(&format!("{want:?}")),
+            shorten(&format!("{have:?}"))
+        ));
+    }
+    for (i, (recorded, tool)) in tools.iter().zip(got).enumerate() {
+        if recorded.is_string() {
+            continue;
+        }
+        if let Some(description) = recorded.get("description").and_then(Value::as_str)
+            && description != tool.description
+        {
+            return Some(format!(
+                "tools[{i}].description: {}",
+                text_difference(description, &tool.description)
+            ));
+        }
+        if let Some(schema) = recorded.get("parameters") {
+            let have = json_text(&tool.parameters);
+            if let Some(d) = value_difference(&format!("tools[{i}].parameters"), schema, &have) {
+                return Some(d);
+            }
         }
     }
     None
+}
+
+/// The request options: absent in the recording means none. Temperatures compare as the
+/// `f32` they travel as.
+fn options_difference(recorded: Option<&Value>, got: &Options) -> Option<String> {
+    let none = Value::Null;
+    let recorded = recorded.unwrap_or(&none);
+    let shown = |v: Option<String>| v.unwrap_or_else(|| "none".into());
+    let temperature = recorded
+        .get("temperature")
+        .and_then(Value::as_f64)
+        .map(|t| t as f32);
+    if temperature != got.temperature {
+        return Some(format!(
+            "options.temperature: expected {}, got {}",
+            shown(temperature.map(|t| t.to_string())),
+            shown(got.temperature.map(|t| t.to_string()))
+        ));
+    }
+    let max_tokens = recorded.get("max_tokens").and_then(Value::as_u64);
+    if max_tokens != got.max_tokens.map(u64::from) {
+        return Some(format!(
+            "options.max_tokens: expected {}, got {}",
+            shown(max_tokens.map(|t| t.to_string())),
+            shown(got.max_tokens.map(|t| t.to_string()))
+        ));
+    }
+    let empty = |v: Value| match v {
+        Value::Object(m) if m.is_empty() => Value::Null,
+        other => other,
+    };
+    let want = empty(recorded.get("extra").cloned().unwrap_or(Value::Null));
+    let have = empty(got.extra.as_deref().map(json_text).unwrap_or(Value::Null));
+    value_difference("options.extra", &want, &have)
+}
+
+/// JSON text as its value; text that does not parse stays a string.
+fn json_text(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_string()))
+}
+
+/// The first place where JSON `got` differs from `want`, as `<path>: expected <x>, got
+/// <y>`, with object keys in order and array items by index.
+fn value_difference(path: &str, want: &Value, got: &Value) -> Option<String> {
+    let show = |v: &Value| shorten(&v.to_string());
+    match (want, got) {
+        (Value::Object(w), Value::Object(g)) => {
+            let keys: std::collections::BTreeSet<&String> = w.keys().chain(g.keys()).collect();
+            keys.into_iter().find_map(|k| {
+                let at = format!("{path}.{k}");
+                match (w.get(k), g.get(k)) {
+                    (Some(a), Some(b)) => value_difference(&at, a, b),
+                    (Some(a), None) => Some(format!("{at}: expected {}, got nothing", show(a))),
+                    (None, Some(b)) => Some(format!("{at}: expected nothing, got {}", show(b))),
+                    (None, None) => None,
+                }
+            })
+        }
+        (Value::Array(w), Value::Array(g)) => w
+            .iter()
+            .zip(g)
+            .enumerate()
+            .find_map(|(i, (a, b))| value_difference(&format!("{path}[{i}]"), a, b))
+            .or_else(|| {
+                (w.len() != g.len())
+                    .then(|| format!("{path}: expected {} item(s), got {}", w.len(), g.len()))
+            }),
+        (a, b) if a == b => None,
+        (a, b) => Some(format!("{path}: expected {}, got {}", show(a), show(b))),
+    }
 }
 
 fn message_difference(recorded: &Value, actual: &Message) -> Option<String> {
@@ -304,4 +396,119 @@ fn parse_response(recorded: &Value) -> Result<Response, String> {
             .and_then(Value::as_str)
             .map(str::to_string),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use trellis_plugin_sdk::llm::Role;
+
+    fn request(temperature: Option<f32>, schema: &str) -> Request {
+        Request {
+            model: "demo".into(),
+            messages: vec![Message {
+                role: Role::User,
+                content: "hi".into(),
+                tool_calls: Vec::new(),
+                tool_call_id: None,
+            }],
+            tools: vec![ToolDefinition {
+                name: "workspace:read_file".into(),
+                description: "Reads a file.".into(),
+                parameters: schema.into(),
+            }],
+            options: Options {
+                temperature,
+                max_tokens: Some(100),
+                extra: Some(r#"{"top_p":0.5}"#.into()),
+            },
+        }
+    }
+
+    const SCHEMA: &str = r#"{"type":"object","properties":{"path":{"type":"string"}}}"#;
+
+    fn recorded() -> Value {
+        json!({
+            "model": "demo",
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"name": "workspace:read_file", "description": "Reads a file.",
+                       "parameters": serde_json::from_str::<Value>(SCHEMA).unwrap()}],
+            "options": {"temperature": 0.7, "max_tokens": 100, "extra": {"top_p": 0.5}}
+        })
+    }
+
+    #[test]
+    fn the_same_request_has_no_difference() {
+        assert_eq!(
+            first_difference(&recorded(), &request(Some(0.7), SCHEMA)),
+            None
+        );
+    }
+
+    #[test]
+    fn options_are_compared() {
+        let d = first_difference(&recorded(), &request(Some(0.2), SCHEMA)).unwrap();
+        assert_eq!(d, "options.temperature: expected 0.7, got 0.2");
+        let d = first_difference(&recorded(), &request(None, SCHEMA)).unwrap();
+        assert_eq!(d, "options.temperature: expected 0.7, got none");
+        let mut other = request(Some(0.7), SCHEMA);
+        other.options.extra = Some(r#"{"top_p":0.9}"#.into());
+        let d = first_difference(&recorded(), &other).unwrap();
+        assert_eq!(d, "options.extra.top_p: expected 0.5, got 0.9");
+        other.options.max_tokens = None;
+        let d = first_difference(&recorded(), &other).unwrap();
+        assert_eq!(d, "options.max_tokens: expected 100, got none");
+        // No options recorded: a request with some differs.
+        let mut bare = recorded();
+        bare.as_object_mut().unwrap().remove("options");
+        let d = first_difference(&bare, &request(Some(0.7), SCHEMA)).unwrap();
+        assert!(d.starts_with("options.temperature: expected none"), "{d}");
+    }
+
+    #[test]
+    fn tool_schemas_and_descriptions_are_compared() {
+        let changed = r#"{"type":"object","properties":{"path":{"type":"integer"}}}"#;
+        let d = first_difference(&recorded(), &request(Some(0.7), changed)).unwrap();
+        assert_eq!(
+            d,
+            r#"tools[0].parameters.properties.path.type: expected "string", got "integer""#
+        );
+        let extra = r#"{"type":"object","properties":{"path":{"type":"string"},"n":{}}}"#;
+        let d = first_difference(&recorded(), &request(Some(0.7), extra)).unwrap();
+        assert_eq!(
+            d,
+            "tools[0].parameters.properties.n: expected nothing, got {}"
+        );
+        let mut described = request(Some(0.7), SCHEMA);
+        described.tools[0].description = "Reads any file.".into();
+        let d = first_difference(&recorded(), &described).unwrap();
+        assert!(
+            d.starts_with("tools[0].description: first difference"),
+            "{d}"
+        );
+        let mut renamed = request(Some(0.7), SCHEMA);
+        renamed.tools[0].name = "workspace:write_file".into();
+        let d = first_difference(&recorded(), &renamed).unwrap();
+        assert!(d.starts_with("tools: expected"), "{d}");
+    }
+
+    #[test]
+    fn a_tool_recorded_by_name_compares_its_name_only() {
+        let mut names = recorded();
+        names["tools"] = json!(["workspace:read_file"]);
+        let changed = r#"{"type":"object"}"#;
+        assert_eq!(first_difference(&names, &request(Some(0.7), changed)), None);
+    }
+
+    #[test]
+    fn value_differences_name_the_path() {
+        let d = value_difference("x", &json!({"a": [1, 2]}), &json!({"a": [1, 3]}));
+        assert_eq!(d.unwrap(), "x.a[1]: expected 2, got 3");
+        let d = value_difference("x", &json!([1]), &json!([1, 2]));
+        assert_eq!(d.unwrap(), "x: expected 1 item(s), got 2");
+        assert_eq!(
+            value_difference("x", &json!({"a": 1}), &json!({"a": 1})),
+            None
+        );
+    }
 }

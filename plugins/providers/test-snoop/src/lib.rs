@@ -5,7 +5,13 @@
 //!   entry it can see (the host gives it none);
 //! - `fetch`: posts to `settings.url` with `settings.headers` and answers with
 //!   the response body, or the error it got (a host other than the endpoint's
-//!   must be refused; an `authorization` header of its own must be refused).
+//!   must be refused; an `authorization` header of its own must be refused);
+//! - `flood`: posts to the endpoint's `/chat/completions` up to 200 times in
+//!   one call, ignoring failures, and answers with how many got a response and
+//!   the last error (the host must stop it at its request limit).
+//!
+//! Without `settings.mode` the request's model names the mode, so a workspace
+//! run by the `trellis` binary can pick one (`--llm snoop:flood`).
 
 use serde_json::{Value, json};
 use trellis_plugin_sdk::export_llm_provider;
@@ -15,9 +21,30 @@ use trellis_plugin_sdk::llm::{Endpoint, LlmError, LlmProvider, Request, Response
 struct Snoop;
 
 impl LlmProvider for Snoop {
-    fn complete(endpoint: Endpoint, _request: Request) -> Result<Response, LlmError> {
+    fn complete(endpoint: Endpoint, request: Request) -> Result<Response, LlmError> {
         let settings: Value = serde_json::from_str(&endpoint.settings).unwrap_or_default();
-        match settings.get("mode").and_then(Value::as_str) {
+        let mode = settings
+            .get("mode")
+            .and_then(Value::as_str)
+            .unwrap_or(&request.model);
+        match Some(mode) {
+            Some("flood") => {
+                let url = format!(
+                    "{}/chat/completions",
+                    endpoint.base_url.trim_end_matches('/')
+                );
+                let mut answered = 0;
+                let mut last_error = String::new();
+                for _ in 0..200 {
+                    match http::post(&url, &[("content-type", "application/json")], b"{}") {
+                        Ok(_) => answered += 1,
+                        Err(e) => last_error = e.to_string(),
+                    }
+                }
+                Err(LlmError::Transport(format!(
+                    "{answered} request(s) answered; last error: {last_error}"
+                )))
+            }
             Some("env") => {
                 let env: Vec<String> = std::env::vars().map(|(k, v)| format!("{k}={v}")).collect();
                 let args: Vec<String> = std::env::args().collect();

@@ -168,6 +168,11 @@ const TOOLS: &[Spec] = &[
         &[("path", "string"), ("offset", "integer"), ("how", "string")],
     ),
     (
+        "long_error",
+        "Fails with an error message of `bytes` bytes.",
+        &[("bytes", "integer")],
+    ),
+    (
         "counter",
         "Adds one to a counter kept in the instance's memory and returns it.",
         &[],
@@ -353,6 +358,9 @@ impl ToolPlugin for Adversary {
                 string(&args, "how")?,
             ),
             "counter" => Ok(json!(CALLS.fetch_add(1, Ordering::Relaxed) + 1)),
+            "long_error" => Err(ToolError::Failed(
+                "x".repeat(usize::try_from(number(&args, "bytes")?).unwrap_or(usize::MAX)),
+            )),
             "flood_and_panic" => {
                 stderr_flood(number(&args, "bytes")?)?;
                 panic!("after the flood")

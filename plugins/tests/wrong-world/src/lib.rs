@@ -3,8 +3,9 @@
 //! - loaded where a tool plugin is expected, it shows that the error names the
 //!   wrong world instead of failing somewhere deeper;
 //! - loaded as the validator it is, its rule option `behave` makes it misbehave
-//!   (`spin`, `panic`, `flood`, `fail`, `escape`) so the host can show that a bad
-//!   validator ends in a gate error naming the plugin, never a crash.
+//!   (`spin`, `panic`, `flood`, `fail`, `fail_long`, `escape`, `huge_report`) so
+//!   the host can show that a bad validator ends in a gate error naming the
+//!   plugin, never a crash, or talks too much (`verbose`) and is cut.
 
 use std::hint::black_box;
 
@@ -39,7 +40,30 @@ impl ValidatorPlugin for TestValidator {
                     .collect();
                 Ok(Report::from_checks(checks))
             }
+            "verbose" => {
+                // Long texts and many warnings, under the output limit in total.
+                let long = "v".repeat(100 * 1024);
+                let check = Check::new(&request.file, "verbose", false)
+                    .expected(long.clone())
+                    .actual(long.clone())
+                    .message(long);
+                let mut report = Report::from_checks(vec![check]);
+                for i in 0..1000 {
+                    report = report.warn(format!("warning {i}"));
+                }
+                Ok(report)
+            }
+            "huge_report" => {
+                // 8 MiB of warnings: over the host's output limit.
+                let chunk = "w".repeat(1024 * 1024);
+                let mut report = Report::from_checks(Vec::new());
+                for _ in 0..8 {
+                    report = report.warn(chunk.clone());
+                }
+                Ok(report)
+            }
             "fail" => Err("option `columns` must be a list of strings".into()),
+            "fail_long" => Err(format!("option `columns`: {}", "e".repeat(1 << 20))),
             "escape" => match std::fs::read_to_string("/etc/passwd") {
                 Ok(text) => Ok(Report::from_checks(vec![
                     Check::new("/etc/passwd", "escape", true).actual(text),

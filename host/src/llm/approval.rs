@@ -1,0 +1,256 @@
+//! Which origins may receive the key held in which environment variable.
+//!
+//! Keys belong to the operator, so their destinations do too: a workspace names a
+//! variable (`api_key_env`) and a `base_url`, and the run goes ahead only when the
+//! operator approved that origin for that variable. Approvals come from the defaults
+//! (`OPENAI_API_KEY` to the public OpenAI API and to `$OPENAI_BASE_URL`'s origin when
+//! set), the user config file (`$XDG_CONFIG_HOME/trellis/config.toml`, else
+//! `~/.config/trellis/config.toml`) and `--allow-key VAR=ORIGIN`; never from the
+//! workspace. Plain `http://` to a host other than this machine needs the same
+//! approval, with or without a key, since anything on the path can read or answer it.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use serde::Deserialize;
+
+use super::http::Origin;
+use super::{BASE_URL_ENV, DEFAULT_BASE_URL, DEFAULT_KEY_ENV};
+
+/// The operator's approvals: variable name to the origins its key may go to.
+#[derive(Debug, Clone, Default)]
+pub struct KeyApprovals {
+    approved: BTreeMap<String, Vec<Origin>>,
+    config_file: Option<PathBuf>,
+}
+
+/// The user config file, `config.toml`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    #[serde(default)]
+    allow_key: Vec<AllowKey>,
+}
+
+/// One `[[allow_key]]` table.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AllowKey {
+    var: String,
+    origin: String,
+}
+
+impl KeyApprovals {
+    /// No approvals at all.
+    pub fn none() -> Self {
+        KeyApprovals::default()
+    }
+
+    /// The defaults: `OPENAI_API_KEY` to the public OpenAI API, and to the origin of
+    /// `$OPENAI_BASE_URL` when the operator sets it.
+    pub fn defaults() -> Self {
+        let mut approvals = KeyApprovals::none();
+        if let Ok(origin) = Origin::parse(DEFAULT_BASE_URL) {
+            approvals.push(DEFAULT_KEY_ENV, origin);
+        }
+        if let Ok(url) = std::env::var(BASE_URL_ENV)
+            && let Ok(origin) = Origin::parse(&url)
+        {
+            approvals.push(DEFAULT_KEY_ENV, origin);
+        }
+        approvals
+    }
+
+    fn push(&mut self, var: &str, origin: Origin) {
+        let origins = self.approved.entry(var.to_string()).or_default();
+        if !origins.contains(&origin) {
+            origins.push(origin);
+        }
+    }
+
+    /// Approves `origin` (`scheme://host[:port]`, no path) for the key in `var`.
+    pub fn allow(&mut self, var: &str, origin: &str) -> Result<()> {
+        let var = var.trim();
+        if var.is_empty() || !var.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            bail!("`{var}` is not an environment variable name (letters, digits and _)");
+        }
+        let origin = origin.trim();
+        let parsed = Origin::parse(origin).map_err(anyhow::Error::msg)?;
+        let rest = origin.split_once("://").map_or("", |(_, r)| r);
+        if rest.trim_end_matches('/').contains(['/', '?', '#']) {
+            bail!("`{origin}` is not an origin: give scheme://host[:port] without a path");
+        }
+        self.push(var, parsed);
+        Ok(())
+    }
+
+    /// Adds an approval given as `VAR=ORIGIN` (the `--allow-key` form).
+    pub fn allow_spec(&mut self, spec: &str) -> Result<()> {
+        let (var, origin) = spec
+            .split_once('=')
+            .with_context(|| format!("--allow-key {spec:?}: expected VAR=ORIGIN"))?;
+        self.allow(var, origin)
+            .with_context(|| format!("--allow-key {spec:?}"))
+    }
+
+    /// Where the user config file is looked for: `$XDG_CONFIG_HOME/trellis/config.toml`,
+    /// else `~/.config/trellis/config.toml`.
+    pub fn user_config_path() -> Option<PathBuf> {
+        let base = std::env::var_os("XDG_CONFIG_HOME")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| {
+                std::env::var_os("HOME")
+                    .filter(|v| !v.is_empty())
+                    .map(|h| PathBuf::from(h).join(".config"))
+            })?;
+        Some(base.join("trellis").join("config.toml"))
+    }
+
+    /// Adds the approvals of the config file at `path`; a missing file adds none. The
+    /// file is remembered for messages either way.
+    pub fn load_config(&mut self, path: &Path) -> Result<()> {
+        self.config_file = Some(path.to_path_buf());
+        let text = match std::fs::read_to_string(path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e).with_context(|| format!("{}: cannot read", path.display())),
+        };
+        let config: ConfigFile =
+            toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        for (i, entry) in config.allow_key.iter().enumerate() {
+            self.allow(&entry.var, &entry.origin)
+                .with_context(|| format!("{}: allow_key[{i}]", path.display()))?;
+        }
+        Ok(())
+    }
+
+    /// Whether the key in `var` may go to `origin`.
+    pub(crate) fn is_approved(&self, var: &str, origin: &Origin) -> bool {
+        self.approved
+            .get(var)
+            .is_some_and(|origins| origins.contains(origin))
+    }
+
+    /// Whether a provider call may reach `base_url` with the key in `var` (`key_set`:
+    /// whether that variable holds a key). The error says what is not approved and how to
+    /// approve it.
+    pub fn check(&self, var: &str, key_set: bool, base_url: &str) -> Result<(), String> {
+        let origin = Origin::parse(base_url)?;
+        let plain = origin.is_plain_http() && !origin.is_loopback();
+        if (!key_set && !plain) || self.is_approved(var, &origin) {
+            return Ok(());
+        }
+        let what = if plain {
+            format!(
+                "plain http to {origin} (readable on the way) is not approved for the key in {var}"
+            )
+        } else {
+            format!("the key in {var} is not approved for {origin}")
+        };
+        Err(format!(
+            "{what}; approve it with --allow-key {var}={origin} or in {}",
+            self.config_file_shown()
+        ))
+    }
+
+    fn config_file_shown(&self) -> String {
+        let path = self
+            .config_file
+            .clone()
+            .or_else(KeyApprovals::user_config_path);
+        match path {
+            Some(path) => {
+                let home = std::env::var_os("HOME").map(PathBuf::from);
+                match home.as_deref().and_then(|h| path.strip_prefix(h).ok()) {
+                    Some(rest) => format!("~/{}", rest.display()),
+                    None => path.display().to_string(),
+                }
+            }
+            None => "~/.config/trellis/config.toml".to_string(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_goes_only_where_the_operator_approved_it() {
+        let mut approvals = KeyApprovals::none();
+        approvals
+            .allow_spec("MY_KEY=https://llm.internal:8443")
+            .unwrap();
+        assert!(
+            approvals
+                .check("MY_KEY", true, "https://llm.internal:8443/v1")
+                .is_ok()
+        );
+        let err = approvals
+            .check("MY_KEY", true, "https://evil.example/v1")
+            .unwrap_err();
+        assert!(
+            err.contains("the key in MY_KEY is not approved for https://evil.example:443"),
+            "{err}"
+        );
+        assert!(
+            err.contains("--allow-key MY_KEY=https://evil.example:443"),
+            "{err}"
+        );
+        // No key: nothing secret goes out, but plain http off this machine still needs a yes.
+        assert!(
+            approvals
+                .check("UNSET", false, "https://anywhere.example")
+                .is_ok()
+        );
+        assert!(
+            approvals
+                .check("UNSET", false, "http://127.0.0.1:9/v1")
+                .is_ok()
+        );
+        let err = approvals
+            .check("UNSET", false, "http://llm.lan:8080/v1")
+            .unwrap_err();
+        assert!(err.contains("plain http to http://llm.lan:8080"), "{err}");
+        assert!(
+            approvals
+                .check("MY_KEY", true, "http://localhost:1")
+                .is_err()
+        );
+        assert!(approvals.allow_spec("MY_KEY").is_err());
+        assert!(approvals.allow_spec("MY_KEY=https://h/v1").is_err());
+        assert!(approvals.allow_spec("BAD VAR=https://h").is_err());
+        assert!(approvals.allow_spec("K=https://u@h").is_err());
+    }
+
+    #[test]
+    fn the_config_file_adds_approvals_and_rejects_unknown_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.toml");
+        std::fs::write(
+            &path,
+            "[[allow_key]]\nvar = \"MY_KEY\"\norigin = \"https://llm.internal:8443\"\n",
+        )
+        .unwrap();
+        let mut approvals = KeyApprovals::none();
+        approvals.load_config(&path).unwrap();
+        assert!(
+            approvals
+                .check("MY_KEY", true, "https://llm.internal:8443")
+                .is_ok()
+        );
+        std::fs::write(
+            &path,
+            "[[allow_key]]\nvar = \"K\"\norigins = \"https://h\"\n",
+        )
+        .unwrap();
+        let err = KeyApprovals::none().load_config(&path).unwrap_err();
+        let err = format!("{err:#}");
+        assert!(err.contains("config.toml"), "{err}");
+        assert!(err.contains("origins"), "{err}");
+        let missing = dir.path().join("none.toml");
+        KeyApprovals::none().load_config(&missing).unwrap();
+    }
+}

@@ -1,0 +1,555 @@
+//! The one way the host touches files under a workspace.
+//!
+//! [`WorkspaceFs`] holds a cap-std handle on the workspace folder, opened once, and does every
+//! read, write, listing, removal and rename of the host under it through that handle. Paths
+//! are given either relative to the workspace or as host paths inside it (the run folders and
+//! logs folders the driver carries); anything else is refused.
+//!
+//! Invariants, whoever planted what in the workspace (its author, or a guest with a
+//! read-write grant):
+//! - **No links.** Every component of a path the host uses is checked with `lstat` through the
+//!   handle; a symbolic link anywhere on it is refused ("… is a symbolic link; Trellis does not
+//!   read or write through links"), whether it points out of the workspace or not. A link
+//!   swapped in between the check and the use still cannot lead out: the handle resolves
+//!   every path beneath the workspace (cap-std), so a race at worst reaches another file of
+//!   the same workspace.
+//! - **Regular files only.** A read refuses a FIFO, socket or device before opening it, opens
+//!   with `O_NONBLOCK` and checks the type of what it opened, so nothing can make the host
+//!   block on a read; reads are capped ([`READ_CAP`]).
+//! - **Atomic writes.** A write goes to a temp file beside its target, is flushed to disk and
+//!   renamed over it, so a crash never leaves a truncated file and a link or FIFO at the
+//!   target is never written through.
+//! - **Removals** never follow a link: removing a link removes the link.
+
+use std::io::{self, Read, Write};
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use cap_std::fs::{Dir, OpenOptions, OpenOptionsExt};
+use serde::Serialize;
+
+/// The largest file the host reads from a workspace (plans, configs, sessions, logs, seeds).
+pub const READ_CAP: u64 = 64 << 20;
+
+/// What is at a path, without following links.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Kind {
+    File,
+    Dir,
+    Link,
+    /// A FIFO, socket or device.
+    Special,
+}
+
+impl Kind {
+    fn of(ft: cap_std::fs::FileType) -> Kind {
+        if ft.is_symlink() {
+            Kind::Link
+        } else if ft.is_dir() {
+            Kind::Dir
+        } else if ft.is_file() {
+            Kind::File
+        } else {
+            Kind::Special
+        }
+    }
+}
+
+/// A workspace folder opened once; see the module header.
+#[derive(Debug, Clone)]
+pub struct WorkspaceFs {
+    root: PathBuf,
+    canonical: PathBuf,
+    dir: Arc<Dir>,
+}
+
+fn refused(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, msg)
+}
+
+fn shown(rel: &Path) -> String {
+    let s = rel.to_string_lossy().replace('\\', "/");
+    if s.is_empty() { ".".into() } else { s }
+}
+
+/// The error of a path that goes through a symbolic link.
+pub fn link_error(rel: &Path) -> io::Error {
+    refused(format!(
+        "{} is a symbolic link; Trellis does not read or write through links",
+        shown(rel)
+    ))
+}
+
+/// The error of a path that is a FIFO, socket or device.
+pub fn special_error(rel: &Path) -> io::Error {
+    refused(format!(
+        "{} is not a regular file (a FIFO, socket or device); Trellis reads and writes only \
+         regular files",
+        shown(rel)
+    ))
+}
+
+impl WorkspaceFs {
+    /// Opens the workspace folder `root` (which may itself be reached through links).
+    pub fn open(root: &Path) -> io::Result<Self> {
+        let dir = Dir::open_ambient_dir(root, cap_std::ambient_authority()).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("opening the workspace {}: {e}", root.display()),
+            )
+        })?;
+        let canonical = root.canonicalize().unwrap_or_else(|_| root.to_path_buf());
+        Ok(WorkspaceFs {
+            root: root.to_path_buf(),
+            canonical,
+            dir: Arc::new(dir),
+        })
+    }
+
+    /// The workspace folder, as it was given to [`WorkspaceFs::open`].
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The workspace-relative form of `path`: a relative path as it is (no `..`, not empty
+    /// of meaning), a host path with the workspace's prefix removed. Anything else is refused.
+    pub fn relative(&self, path: &Path) -> io::Result<PathBuf> {
+        let rel = if path.is_absolute() || path.starts_with(&self.root) {
+            path.strip_prefix(&self.root)
+                .or_else(|_| path.strip_prefix(&self.canonical))
+                .map_err(|_| {
+                    refused(format!(
+                        "{} is outside the workspace {}",
+                        path.display(),
+                        self.root.display()
+                    ))
+                })?
+        } else {
+            path
+        };
+        let mut out = PathBuf::new();
+        for c in rel.components() {
+            match c {
+                Component::Normal(p) => out.push(p),
+                Component::CurDir => {}
+                Component::ParentDir | Component::RootDir | Component::Prefix(_) => {
+                    return Err(refused(format!(
+                        "{} leaves the workspace {}",
+                        path.display(),
+                        self.root.display()
+                    )));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The host path of a workspace-relative path (for messages and for handing to a
+    /// sandbox grant after [`WorkspaceFs::check_dir`]).
+    pub fn host_path(&self, rel: &Path) -> PathBuf {
+        self.root.join(rel)
+    }
+
+    /// The host path of `rel` under the canonical workspace folder: free of links when `rel`
+    /// was checked, which SQLite's `SQLITE_OPEN_NOFOLLOW` requires of the whole path.
+    fn canonical_path(&self, rel: &Path) -> PathBuf {
+        self.canonical.join(rel)
+    }
+
+    /// What is at `path` without following any link, `None` when nothing is. A link on the
+    /// way to it (not at it) is an error.
+    pub fn kind(&self, path: impl AsRef<Path>) -> io::Result<Option<Kind>> {
+        let rel = self.relative(path.as_ref())?;
+        self.kind_rel(&rel)
+    }
+
+    fn kind_rel(&self, rel: &Path) -> io::Result<Option<Kind>> {
+        let mut prefix = PathBuf::new();
+        let mut comps = rel.components().peekable();
+        if comps.peek().is_none() {
+            return Ok(Some(Kind::Dir));
+        }
+        while let Some(c) = comps.next() {
+            prefix.push(c);
+            let kind = match self.dir.symlink_metadata(&prefix) {
+                Ok(m) => Kind::of(m.file_type()),
+                Err(e) if is_absent(&e) => return Ok(None),
+                Err(e) => return Err(e),
+            };
+            if comps.peek().is_none() {
+                return Ok(Some(kind));
+            }
+            match kind {
+                Kind::Dir => {}
+                Kind::Link => return Err(link_error(&prefix)),
+                // A file where a folder should be: nothing is below it.
+                _ => return Ok(None),
+            }
+        }
+        Ok(None)
+    }
+
+    /// Refuses `rel` when it or a folder on its way is a link, or when it is a FIFO, socket
+    /// or device. `Ok(None)` when it does not exist.
+    fn check(&self, rel: &Path) -> io::Result<Option<Kind>> {
+        match self.kind_rel(rel)? {
+            Some(Kind::Link) => Err(link_error(rel)),
+            Some(Kind::Special) => Err(special_error(rel)),
+            other => Ok(other),
+        }
+    }
+
+    /// A regular file at `path`, reached without links.
+    pub fn is_file(&self, path: impl AsRef<Path>) -> bool {
+        matches!(self.kind(path), Ok(Some(Kind::File)))
+    }
+
+    /// A folder at `path`, reached without links.
+    pub fn is_dir(&self, path: impl AsRef<Path>) -> bool {
+        matches!(self.kind(path), Ok(Some(Kind::Dir)))
+    }
+
+    /// Something (of any kind, a link included) at `path`.
+    pub fn exists(&self, path: impl AsRef<Path>) -> bool {
+        matches!(self.kind(path), Ok(Some(_)))
+    }
+
+    /// Checks that `path` is a folder reached without links and returns its host path, for a
+    /// grant.
+    pub fn check_dir(&self, path: impl AsRef<Path>) -> io::Result<PathBuf> {
+        let rel = self.relative(path.as_ref())?;
+        match self.check(&rel)? {
+            Some(Kind::Dir) => Ok(self.host_path(&rel)),
+            Some(_) => Err(refused(format!("{} is not a folder", shown(&rel)))),
+            None => Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("{} does not exist", shown(&rel)),
+            )),
+        }
+    }
+
+    /// Reads the regular file at `path`, at most [`READ_CAP`] bytes.
+    pub fn read(&self, path: impl AsRef<Path>) -> io::Result<Vec<u8>> {
+        self.read_capped(path, READ_CAP)
+    }
+
+    /// [`WorkspaceFs::read`] as UTF-8.
+    pub fn read_to_string(&self, path: impl AsRef<Path>) -> io::Result<String> {
+        String::from_utf8(self.read(path)?)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+    }
+
+    /// Reads the regular file at `path`; a file larger than `cap` is an error.
+    pub fn read_capped(&self, path: impl AsRef<Path>, cap: u64) -> io::Result<Vec<u8>> {
+        let rel = self.relative(path.as_ref())?;
+        match self.check(&rel)? {
+            Some(Kind::File) => {}
+            Some(Kind::Dir) => return Err(refused(format!("{} is a folder", shown(&rel)))),
+            Some(_) => unreachable!("check refuses links and special files"),
+            None => {
+                return Err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("{} does not exist", shown(&rel)),
+                ));
+            }
+        }
+        let file = self
+            .dir
+            .open_with(
+                &rel,
+                OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW),
+            )
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::ELOOP) => link_error(&rel),
+                _ => e,
+            })?;
+        let meta = file.metadata()?;
+        if !meta.is_file() {
+            return Err(special_error(&rel));
+        }
+        if meta.len() > cap {
+            return Err(refused(format!(
+                "{} is {} bytes, more than the {cap} Trellis reads",
+                shown(&rel),
+                meta.len()
+            )));
+        }
+        let mut bytes = Vec::with_capacity(meta.len() as usize);
+        file.take(cap + 1).read_to_end(&mut bytes)?;
+        if bytes.len() as u64 > cap {
+            return Err(refused(format!(
+                "{} is more than the {cap} bytes Trellis reads",
+                shown(&rel)
+            )));
+        }
+        Ok(bytes)
+    }
+
+    /// `Ok(None)` when `path` does not exist, else [`WorkspaceFs::read_to_string`].
+    pub fn read_optional(&self, path: impl AsRef<Path>) -> io::Result<Option<String>> {
+        match self.read_to_string(path) {
+            Ok(s) => Ok(Some(s)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Creates the folder `path` and its parents; refuses a link or a file on the way.
+    pub fn create_dir_all(&self, path: impl AsRef<Path>) -> io::Result<()> {
+        let rel = self.relative(path.as_ref())?;
+        match self.check(&rel)? {
+            Some(Kind::Dir) => Ok(()),
+            Some(_) => Err(refused(format!(
+                "{} is a file where a folder is needed",
+                shown(&rel)
+            ))),
+            None if rel.as_os_str().is_empty() => Ok(()),
+            None => self.dir.create_dir_all(&rel),
+        }
+    }
+
+    /// Creates the folder `path`, whose parent must exist; `AlreadyExists` when it does.
+    pub fn create_dir(&self, path: impl AsRef<Path>) -> io::Result<()> {
+        let rel = self.relative(path.as_ref())?;
+        if let Some(parent) = rel.parent() {
+            self.check(parent)?;
+        }
+        self.dir.create_dir(&rel)
+    }
+
+    /// Removes `path`: a folder with everything in it, a file, or a link (the link itself,
+    /// never what it points to). Nothing there is not an error.
+    pub fn remove_all(&self, path: impl AsRef<Path>) -> io::Result<()> {
+        let rel = self.relative(path.as_ref())?;
+        if rel.as_os_str().is_empty() {
+            return Err(refused(
+                "the workspace folder itself cannot be removed".into(),
+            ));
+        }
+        match self.kind_rel(&rel)? {
+            None => Ok(()),
+            Some(Kind::Dir) => self.dir.remove_dir_all(&rel),
+            Some(_) => self.dir.remove_file(&rel),
+        }
+    }
+
+    /// Removes the empty folder `path`.
+    pub fn remove_dir(&self, path: impl AsRef<Path>) -> io::Result<()> {
+        let rel = self.relative(path.as_ref())?;
+        match self.kind_rel(&rel)? {
+            Some(Kind::Dir) => self.dir.remove_dir(&rel),
+            Some(_) => Err(refused(format!("{} is not a folder", shown(&rel)))),
+            None => Ok(()),
+        }
+    }
+
+    /// Removes the file (or link) `path`; nothing there is not an error.
+    pub fn remove_file(&self, path: impl AsRef<Path>) -> io::Result<()> {
+        let rel = self.relative(path.as_ref())?;
+        match self.kind_rel(&rel)? {
+            None => Ok(()),
+            Some(Kind::Dir) => Err(refused(format!("{} is a folder", shown(&rel)))),
+            Some(_) => self.dir.remove_file(&rel),
+        }
+    }
+
+    /// Moves `from` to `to`; neither may be (or go through) a link.
+    pub fn rename(&self, from: impl AsRef<Path>, to: impl AsRef<Path>) -> io::Result<()> {
+        let from = self.relative(from.as_ref())?;
+        let to = self.relative(to.as_ref())?;
+        self.check(&from)?;
+        self.check(&to)?;
+        self.dir.rename(&from, &self.dir, &to)
+    }
+
+    /// The entries of the folder `path`: name and kind (links are reported as links).
+    pub fn list(&self, path: impl AsRef<Path>) -> io::Result<Vec<(String, Kind)>> {
+        let rel = self.relative(path.as_ref())?;
+        match self.check(&rel)? {
+            Some(Kind::Dir) => {}
+            Some(_) => return Err(refused(format!("{} is not a folder", shown(&rel)))),
+            None => {
+                return Err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("{} does not exist", shown(&rel)),
+                ));
+            }
+        }
+        let entries = if rel.as_os_str().is_empty() {
+            self.dir.entries()?
+        } else {
+            self.dir.read_dir(&rel)?
+        };
+        let mut out = Vec::new();
+        for entry in entries {
+            let entry = entry?;
+            let Some(name) = entry.file_name().to_str().map(str::to_string) else {
+                continue;
+            };
+            out.push((name, Kind::of(entry.file_type()?)));
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// Replaces `path` with `bytes` atomically: a temp file beside it, flushed to disk, then
+    /// renamed over it. Parent folders are created; a link on the way or at `path` is refused.
+    pub fn write_atomic(&self, path: impl AsRef<Path>, bytes: &[u8]) -> io::Result<()> {
+        let rel = self.relative(path.as_ref())?;
+        let Some(name) = rel.file_name() else {
+            return Err(refused(format!(
+                "{} names no file",
+                path.as_ref().display()
+            )));
+        };
+        let parent = rel.parent().unwrap_or(Path::new(""));
+        if let Some(Kind::Dir) = self.check(&rel)? {
+            return Err(refused(format!("{} is a folder", shown(&rel))));
+        }
+        self.create_dir_all(parent)?;
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let tmp = parent.join(format!(
+            ".trellis-{}-{}.tmp",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        let result = (|| {
+            let mut file = self.dir.open_with(
+                &tmp,
+                OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .custom_flags(libc::O_NOFOLLOW),
+            )?;
+            file.write_all(bytes)?;
+            file.sync_all()?;
+            self.dir.rename(&tmp, &self.dir, parent.join(name))
+        })();
+        if result.is_err() {
+            let _ = self.dir.remove_file(&tmp);
+        }
+        result
+    }
+
+    /// [`WorkspaceFs::write_atomic`] of `value` as 2-space indented JSON with a final newline.
+    pub fn write_json_atomic<T: Serialize + ?Sized>(
+        &self,
+        path: impl AsRef<Path>,
+        value: &T,
+    ) -> io::Result<()> {
+        self.write_atomic(path, &json_bytes(value)?)
+    }
+
+    /// Creates an empty regular file at `path` when nothing is there (for an SQLite database
+    /// that a sandbox or SQLite will open by path), refusing links and special files; returns
+    /// its host path, under the canonical workspace folder.
+    pub fn ensure_regular_file(&self, path: impl AsRef<Path>) -> io::Result<PathBuf> {
+        let rel = self.relative(path.as_ref())?;
+        match self.check(&rel)? {
+            Some(Kind::File) => {}
+            Some(_) => return Err(refused(format!("{} is not a regular file", shown(&rel)))),
+            None => {
+                if let Some(parent) = rel.parent() {
+                    self.create_dir_all(parent)?;
+                }
+                match self.dir.open_with(
+                    &rel,
+                    OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .custom_flags(libc::O_NOFOLLOW),
+                ) {
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                        return self.ensure_regular_file(&rel);
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(self.canonical_path(&rel))
+    }
+
+    /// Checks that `path` is a regular file (or nothing) reached without links; returns its
+    /// host path under the canonical workspace folder, for code that opens by path (SQLite).
+    pub fn check_file_path(&self, path: impl AsRef<Path>) -> io::Result<PathBuf> {
+        let rel = self.relative(path.as_ref())?;
+        match self.check(&rel)? {
+            Some(Kind::Dir) => Err(refused(format!("{} is a folder", shown(&rel)))),
+            _ => Ok(self.canonical_path(&rel)),
+        }
+    }
+}
+
+/// 2-space indented JSON with a final newline: the format of every JSON file Trellis writes.
+pub fn json_bytes<T: Serialize + ?Sized>(value: &T) -> io::Result<Vec<u8>> {
+    let mut bytes = serde_json::to_vec_pretty(value).map_err(io::Error::other)?;
+    bytes.push(b'\n');
+    Ok(bytes)
+}
+
+fn is_absent(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ENOTDIR)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    fn setup() -> (tempfile::TempDir, tempfile::TempDir, WorkspaceFs) {
+        let ws = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let fs = WorkspaceFs::open(ws.path()).unwrap();
+        (ws, outside, fs)
+    }
+
+    #[test]
+    fn writes_are_atomic_and_leave_no_temp_files() {
+        let (ws, _o, fs) = setup();
+        fs.write_json_atomic("a/b.json", &serde_json::json!({"x": 1}))
+            .unwrap();
+        fs.write_json_atomic(ws.path().join("a/b.json"), &serde_json::json!([]))
+            .unwrap();
+        assert_eq!(fs.read_to_string("a/b.json").unwrap(), "[]\n");
+        let names: Vec<_> = fs.list("a").unwrap();
+        assert_eq!(names, [("b.json".to_string(), Kind::File)]);
+    }
+
+    #[test]
+    fn links_are_refused_wherever_they_are() {
+        let (ws, outside, fs) = setup();
+        symlink(outside.path(), ws.path().join("out")).unwrap();
+        symlink("a", ws.path().join("inside")).unwrap();
+        std::fs::create_dir(ws.path().join("a")).unwrap();
+        std::fs::write(outside.path().join("secret"), "s").unwrap();
+        for p in ["out/secret", "inside/x", "out"] {
+            let err = fs.read(p).unwrap_err().to_string();
+            assert!(err.contains("is a symbolic link"), "{p}: {err}");
+        }
+        assert!(fs.write_atomic("out/new", b"x").is_err());
+        assert!(fs.write_atomic("out", b"x").is_err());
+        assert!(fs.create_dir_all("out/a/b").is_err());
+        assert!(fs.rename("a", "out/a").is_err());
+        fs.remove_all("out").unwrap();
+        assert!(outside.path().join("secret").is_file());
+        assert!(fs.relative(Path::new("../x")).is_err());
+        assert!(fs.relative(Path::new("/etc/passwd")).is_err());
+        assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn fifos_are_refused_without_blocking() {
+        let (ws, _o, fs) = setup();
+        let fifo = ws.path().join("plan.json");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        let err = fs.read("plan.json").unwrap_err().to_string();
+        assert!(err.contains("not a regular file"), "{err}");
+        assert!(fs.ensure_regular_file("plan.json").is_err());
+    }
+}
