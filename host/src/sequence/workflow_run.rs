@@ -404,7 +404,6 @@ const SEED_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// Creates `db/db.sqlite` from `db/seed.sql` when the database is missing and the seed
 /// exists: a workspace may ship SQL instead of a binary database. Returns whether it did.
-
 pub fn seed_database(fs: &WorkspaceFs) -> Result<bool> {
     // A link or a FIFO at either path is refused, not followed (see `store::workspace_fs`).
     match fs.kind(DB_FILE)? {
@@ -566,6 +565,9 @@ fn open_workspace(root: &Path, run: Option<&str>) -> Result<Workspace> {
         .map_err(|d| anyhow::anyhow!("{}: the workspace has errors:\n{d}", root.display()))
 }
 
+/// One run unit: its group (none without groups) and its run folder under `runs/`.
+type Unit<'w> = (Option<&'w Group>, String);
+
 /// The preflight of a run: every check that can be made before anything in the workspace
 /// changes (run-folder rotation, database creation). The step, group and inputs asked for,
 /// the models of every reachable step with their keys' approvals, and the workspace files
@@ -575,7 +577,7 @@ fn preflight<'w>(
     root: &Path,
     ws: &'w Workspace,
     opts: &RunOptions,
-) -> Result<(Vec<&'w Group>, Vec<(Option<&'w Group>, String)>)> {
+) -> Result<(Vec<&'w Group>, Vec<Unit<'w>>)> {
     if let Some(step) = &opts.step {
         ws.plan
             .step(step)
@@ -593,7 +595,7 @@ fn preflight<'w>(
                 .join(", ")
         );
     }
-    let mut units: Vec<(Option<&Group>, String)> = Vec::new();
+    let mut units: Vec<Unit<'w>> = Vec::new();
     for g in &groups {
         let folder = group_run_folder(g)?;
         if let Some((other, _)) = units.iter().find(|(_, f)| *f == folder) {
