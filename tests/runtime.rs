@@ -49,7 +49,10 @@ fn options() -> StartOptions {
 }
 
 /// A server whose every answer takes `delay`; request `n` (from 0) gets `answer(n)`.
-fn slow_server(delay: Duration, answer: impl Fn(usize) -> Value + Send + Sync + 'static) -> FakeServer {
+fn slow_server(
+    delay: Duration,
+    answer: impl Fn(usize) -> Value + Send + Sync + 'static,
+) -> FakeServer {
     let count = AtomicUsize::new(0);
     FakeServer::start(Box::new(move |_| {
         let n = count.fetch_add(1, Ordering::SeqCst);
@@ -110,10 +113,16 @@ async fn a_message_joins_the_running_agents_next_llm_call() {
     // next request, after the answer it followed.
     let seen = server.seen();
     assert_eq!(seen.len(), 2, "{seen:?}");
-    let steered = ("user".to_string(), "Also look at the refund tickets.".to_string());
+    let steered = (
+        "user".to_string(),
+        "Also look at the refund tickets.".to_string(),
+    );
     assert!(!messages_of(&seen[0]).contains(&steered));
     let second = messages_of(&seen[1]);
-    assert_eq!(second[second.len() - 2], ("assistant".into(), "first answer".into()));
+    assert_eq!(
+        second[second.len() - 2],
+        ("assistant".into(), "first answer".into())
+    );
     assert_eq!(second[second.len() - 1], steered);
 
     // After the end, nothing is accepted.

@@ -44,11 +44,11 @@ use crate::sequence::routes::{
     delegation_note, files_written,
 };
 use crate::sequence::scripted;
-use crate::sequence::steering::{Phase, Steering};
 use crate::sequence::session::{
     FinalSummary, LlmCallRecord, RequestedToolCall, Session, Status, ToolCallRecord,
     TurnConversation, TurnSummary, logs_dir, now_rfc3339, write_turn_logs,
 };
+use crate::sequence::steering::{Phase, Steering};
 use crate::sequence::{foreach, template};
 use crate::validation::{Report, ValidationSchema, run_gate, write_report};
 use crate::workflow::plan::{Item, ItemBody, Step, StepKind};
@@ -1161,8 +1161,7 @@ impl<'a> StepRunner<'a> {
                     });
                     break;
                 }
-                run.history
-                    .extend(pending.into_iter().map(Message::user));
+                run.history.extend(pending.into_iter().map(Message::user));
                 continue;
             }
             if round == self.max_tool_rounds {

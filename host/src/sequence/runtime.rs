@@ -247,10 +247,17 @@ impl Runtime {
 
     /// Starts step `step` of the workspace in the background, in the current run folder. When
     /// that step of that workspace is already running, returns the running execution's id.
-    pub fn start_step(&self, workspace: &Path, step: &str, mut options: StartOptions) -> ExecutionId {
+    pub fn start_step(
+        &self,
+        workspace: &Path,
+        step: &str,
+        mut options: StartOptions,
+    ) -> ExecutionId {
         let kind = ExecutionKind::Step(step.to_string());
         if let Some(running) = self.list().into_iter().find(|e| {
-            e.status == ExecutionStatus::Running && e.kind == kind && same_folder(&e.workspace, workspace)
+            e.status == ExecutionStatus::Running
+                && e.kind == kind
+                && same_folder(&e.workspace, workspace)
         }) {
             return running.id;
         }
@@ -287,7 +294,10 @@ impl Runtime {
                 move || run_in_thread(registry, execution, workspace, options)
             });
         if let Err(e) = spawned {
-            finish(&execution, Err(format!("starting the execution's thread: {e}")));
+            finish(
+                &execution,
+                Err(format!("starting the execution's thread: {e}")),
+            );
         }
         id
     }
@@ -367,12 +377,8 @@ impl Runtime {
         let mut events = self.events(id)?;
         while events.next().await.is_some() {}
         let execution = self.get(id)?;
-        let outcome = execution
-            .outcome
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        outcome
+        let outcome = execution.outcome.lock().unwrap_or_else(|e| e.into_inner());
+        outcome.clone()
     }
 
     fn get(&self, id: &ExecutionId) -> Option<Arc<Execution>> {

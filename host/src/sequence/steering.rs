@@ -115,9 +115,7 @@ impl Steering {
                 DeliveryStatus::QueuedForInjection
             }
             Phase::Finished => DeliveryStatus::NotRunning,
-            Phase::Preparing | Phase::Script | Phase::Gate => {
-                DeliveryStatus::NoActiveAgent
-            }
+            Phase::Preparing | Phase::Script | Phase::Gate => DeliveryStatus::NoActiveAgent,
         };
         Delivery {
             status,
@@ -169,7 +167,10 @@ mod tests {
         assert_eq!(queued.status, DeliveryStatus::QueuedForInjection);
         assert_eq!(queued.phase, Phase::LlmCall);
         // A final answer with a message pending keeps the turn going.
-        assert_eq!(steering.finish_turn(Phase::Preparing), ["look at b.csv too"]);
+        assert_eq!(
+            steering.finish_turn(Phase::Preparing),
+            ["look at b.csv too"]
+        );
         assert_eq!(steering.phase(), Phase::LlmCall);
         assert!(steering.finish_turn(Phase::Gate).is_empty());
         assert_eq!(steering.phase(), Phase::Gate);

@@ -36,8 +36,8 @@ use crate::sequence::driver::{AgentModels, ModelResolver, StepOutcome, StepRunne
 use crate::sequence::events::Observer;
 use crate::sequence::llm_choice::{self, LlmSetup, check_models};
 use crate::sequence::run_folder::{ACTIVE_RUN, group_folder_name, open_group_run, start_full_run};
-use crate::sequence::steering::Steering;
 use crate::sequence::session::{FINAL_SUMMARY_SCHEMA_VERSION, FinalSummary, Status, now_rfc3339};
+use crate::sequence::steering::Steering;
 use crate::store::workspace_fs::link_error;
 use crate::store::{Kind, WorkspaceFs};
 use crate::workflow::manifest::Group;
