@@ -21,6 +21,8 @@
 //! The read-only open flag and the statement read-only check of the callers stay as a second
 //! layer.
 
+mod linear;
+
 use std::path::Path;
 use std::sync::{Arc, Mutex, Once};
 use std::time::{Duration, Instant};
@@ -34,6 +36,9 @@ pub const PLAN_SQL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Largest string or blob a statement may build, in bytes.
 const MAX_VALUE_BYTES: i32 = 16 << 20;
+/// Longest `LIKE` or `GLOB` pattern: matching costs up to the pattern's length per character
+/// of the value, inside one step the deadline cannot interrupt.
+const MAX_LIKE_PATTERN_BYTES: i32 = 100;
 /// Largest SQL text, in bytes.
 const MAX_SQL_BYTES: i32 = 1 << 20;
 /// Ceiling on the memory SQLite may hold across the whole process.
@@ -146,6 +151,12 @@ pub fn open_with_growth(
     conn.set_limit(Limit::SQLITE_LIMIT_ATTACHED, 0)?;
     conn.set_limit(Limit::SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)?;
     conn.set_limit(Limit::SQLITE_LIMIT_SQL_LENGTH, MAX_SQL_BYTES)?;
+    conn.set_limit(
+        Limit::SQLITE_LIMIT_LIKE_PATTERN_LENGTH,
+        MAX_LIKE_PATTERN_BYTES,
+    )?;
+    // One call of a built-in is one step for the progress handler: none may be quadratic.
+    linear::register(&conn)?;
     conn.execute_batch("PRAGMA temp_store = MEMORY; PRAGMA trusted_schema = OFF;")?;
     // SQLite's hardening for untrusted SQL: no writes to the shadow tables of full-text or
     // r-tree indexes (crafted index blobs), to the schema or to `sqlite_dbpage`.
@@ -345,27 +356,46 @@ mod tests {
     }
 
     /// One call of a built-in function is one step of SQLite's virtual machine: the progress
-    /// handler never runs inside it. Several built-ins are quadratic in their arguments, so
-    /// a single call on values far below the length limit runs for minutes (at 16 MiB, hours).
+    /// handler never runs inside it. SQLite's `instr`, `replace` and `trim` are quadratic in
+    /// their arguments (these calls took seconds each unfenced; at 16 MiB, hours), and `LIKE`
+    /// backtracks over its pattern. On a fenced connection the three are linear (so each
+    /// call below answers at once, with SQLite's answer), and a long `LIKE` pattern is
+    /// refused. A regression here shows as a test that does not end.
     #[test]
-    fn a_quadratic_builtin_is_stopped_at_the_deadline() {
+    fn no_single_builtin_call_outlives_the_deadline() {
         let dir = tempfile::tempdir().unwrap();
         let path = db(dir.path());
-        for sql in [
-            // ~6 s unfenced: a naive search of a 64 KiB needle in 4 MiB.
-            "SELECT instr(printf('%.*c', 4194304, 'a'), printf('%.*c', 65536, 'a') || 'b')",
-            // ~5 s: each of 512 Ki characters compared with 8 Ki trim characters.
-            "SELECT length(trim(printf('%.*c', 524288, 'a'), printf('%.*c', 8192, 'b') || 'a'))",
-            // ~5 s: LIKE backtracking.
-            "SELECT printf('%.*c', 1048576, 'a') LIKE '%' || printf('%.*c', 4096, 'a') || 'b'",
+        let db = open(&path, SqlAccess::ReadOnly, Duration::from_secs(30)).unwrap();
+        for (sql, expected) in [
+            (
+                "SELECT instr(printf('%.*c', 16777000, 'a'), printf('%.*c', 1048576, 'a') || 'b')",
+                0,
+            ),
+            (
+                "SELECT length(trim(printf('%.*c', 16777000, 'a'), printf('%.*c', 1048576, 'b') || 'a'))",
+                0,
+            ),
+            (
+                "SELECT length(replace(printf('%.*c', 16777000, 'a'), printf('%.*c', 1048576, 'a') || 'b', 'x'))",
+                16777000,
+            ),
         ] {
-            let db = open(&path, SqlAccess::ReadOnly, Duration::from_millis(200)).unwrap();
-            let result = db.conn().query_row(sql, [], |r| r.get::<_, i64>(0));
-            match result {
-                Err(err) => assert_eq!(db.describe(&err), format!("{DEADLINE_MESSAGE} (200ms)")),
-                Ok(v) => panic!("{sql}: ran to the end ({v}) past a 200 ms deadline"),
-            }
+            db.restart_deadline();
+            let got: i64 = db
+                .conn()
+                .query_row(sql, [], |r| r.get(0))
+                .unwrap_or_else(|e| panic!("{sql}: {}", db.describe(&e)));
+            assert_eq!(got, expected, "{sql}");
         }
+        let err = db
+            .conn()
+            .query_row(
+                "SELECT printf('%.*c', 1048576, 'a') LIKE '%' || printf('%.*c', 4096, 'a') || 'b'",
+                [],
+                |r| r.get::<_, i64>(0),
+            )
+            .unwrap_err();
+        assert_eq!(err.to_string(), "LIKE or GLOB pattern too complex");
     }
 
     /// The shadow tables of FTS3/FTS5 hold the index as blobs that SQLite parses on every
