@@ -160,12 +160,18 @@ impl Grant {
             // wasmtime-wasi opens preopens by path. Naming the folder through the descriptor
             // just checked, rather than by its path again, leaves no moment in which another
             // folder (or a link) could be put in its place.
-            let by_descriptor = PathBuf::from(format!("/proc/self/fd/{}", opened.as_raw_fd()));
-            let path = if by_descriptor.exists() {
-                by_descriptor
-            } else {
-                folder.host.clone()
-            };
+            // Without a descriptor path there is no such guarantee: refuse rather than reopen
+            // the folder by name.
+            let fd = opened.as_raw_fd();
+            let path = [format!("/proc/self/fd/{fd}"), format!("/dev/fd/{fd}")]
+                .into_iter()
+                .map(PathBuf::from)
+                .find(|p| p.exists())
+                .with_context(granting)
+                .context(
+                    "neither /proc/self/fd nor /dev/fd is available: Trellis opens granted \
+                     folders through them (mount /proc)",
+                )?;
             builder
                 .preopened_dir(&path, &folder.guest, perms)
                 .map_err(anyhow::Error::from)
