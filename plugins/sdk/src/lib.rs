@@ -39,6 +39,7 @@ pub mod log;
 pub mod tool;
 pub mod validator;
 
+pub use schemars;
 pub use serde;
 pub use serde_json;
 
