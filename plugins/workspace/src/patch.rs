@@ -9,9 +9,10 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::io;
 
+use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use trellis_plugin_sdk::tool::{ToolError, from_args};
+use trellis_plugin_sdk::tool::ToolError;
 
 use crate::files::{Staged, create_parent_dirs, stage, temp_path};
 use crate::paths::WsPath;
@@ -367,14 +368,15 @@ fn mismatch(lines: &[&str], old: &[&str], at: usize) -> String {
     "its lines were not found after the previous hunk".to_owned()
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct PatchArgs {
+pub struct PatchArgs {
+    /// The unified diff.
+    #[schemars(length(min = 1))]
     patch: String,
 }
 
-pub fn apply_patch(args: Value) -> Result<Value, ToolError> {
-    let args: PatchArgs = from_args(args)?;
+pub fn apply_patch(args: PatchArgs) -> Result<Value, ToolError> {
     let files = parse(&args.patch).map_err(ToolError::InvalidArguments)?;
 
     // The state each touched file will have once the patch is applied; `None`

@@ -3,9 +3,10 @@
 use std::fs;
 
 use regex::{Regex, RegexBuilder};
+use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use trellis_plugin_sdk::tool::{ToolError, from_args};
+use trellis_plugin_sdk::tool::ToolError;
 
 use crate::files::{Kind, MAX_TEXT_BYTES, root_hint, sorted_entries};
 use crate::paths::WsPath;
@@ -16,15 +17,24 @@ const MAX_LINE_CHARS: usize = 400;
 
 pub const MAX_RESULTS_LIMIT: usize = 1000;
 
-#[derive(Deserialize)]
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct SearchArgs {
+pub struct SearchArgs {
+    /// Regular expression matched against each line, e.g. `fn \w+_test`.
+    #[schemars(length(min = 1))]
     pattern: String,
+    /// Workspace-relative folder or file to search. Default: the workspace root, which is usually not granted; pass one of your folders.
     #[serde(default = "default_path")]
     path: String,
+    /// Only search files whose name matches, e.g. `*.md`. `*` matches any characters, `?` one character.
+    #[serde(default)]
+    #[schemars(with = "String", pattern("^[^/]*$"))]
     glob: Option<String>,
+    /// Stop after this many matching lines and set `truncated`. Default 100.
     #[serde(default = "default_max_results")]
+    #[schemars(range(min = 1, max = MAX_RESULTS_LIMIT))]
     max_results: usize,
+    /// Ignore letter case. Default false.
     #[serde(default)]
     case_insensitive: bool,
 }
@@ -47,8 +57,7 @@ struct Search {
     truncated: bool,
 }
 
-pub fn search(args: Value) -> Result<Value, ToolError> {
-    let args: SearchArgs = from_args(args)?;
+pub fn search(args: SearchArgs) -> Result<Value, ToolError> {
     let regex = RegexBuilder::new(&args.pattern)
         .case_insensitive(args.case_insensitive)
         .build()
