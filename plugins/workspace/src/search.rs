@@ -2,6 +2,7 @@
 
 use std::fs;
 
+use globset::{Glob, GlobMatcher};
 use regex::{Regex, RegexBuilder};
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -49,7 +50,7 @@ fn default_max_results() -> usize {
 
 struct Search {
     regex: Regex,
-    glob: Option<String>,
+    glob: Option<GlobMatcher>,
     max_results: usize,
     matches: Vec<Value>,
     files_scanned: u64,
@@ -70,12 +71,18 @@ pub fn search(args: SearchArgs) -> Result<Value, ToolError> {
                 .to_owned(),
         ));
     }
+    let glob = args
+        .glob
+        .as_deref()
+        .map(compile_glob)
+        .transpose()
+        .map_err(ToolError::InvalidArguments)?;
     let root = WsPath::parse(&args.path);
     let meta = fs::metadata(root.guest())
         .map_err(|e| root_hint(&root, ToolError::from_io(root.display(), &e)))?;
     let mut search = Search {
         regex,
-        glob: args.glob,
+        glob,
         max_results: args.max_results.clamp(1, MAX_RESULTS_LIMIT),
         matches: Vec::new(),
         files_scanned: 0,
@@ -114,8 +121,8 @@ impl Search {
                 Kind::File
                     if self
                         .glob
-                        .as_deref()
-                        .is_none_or(|g| glob_match(g, entry.path.file_name())) =>
+                        .as_ref()
+                        .is_none_or(|g| g.is_match(entry.path.file_name())) =>
                 {
                     self.scan(&entry.path, entry.size)
                 }
@@ -159,36 +166,18 @@ fn clip(line: &str) -> String {
     }
 }
 
-/// Matches a file name against a glob where `*` is any run of characters and `?`
-/// is one character; everything else is literal.
-pub fn glob_match(glob: &str, name: &str) -> bool {
-    let glob: Vec<char> = glob.chars().collect();
-    let name: Vec<char> = name.chars().collect();
-    let (mut g, mut n) = (0, 0);
-    // Where the last `*` was and how much of the name it has swallowed, so a failed
-    // match can backtrack by letting that star take one more character.
-    let mut star: Option<(usize, usize)> = None;
-    while n < name.len() {
-        match glob.get(g) {
-            Some('*') => {
-                star = Some((g, n));
-                g += 1;
-            }
-            Some(&c) if c == '?' || c == name[n] => {
-                g += 1;
-                n += 1;
-            }
-            _ => match star {
-                Some((star_g, star_n)) => {
-                    g = star_g + 1;
-                    n = star_n + 1;
-                    star = Some((star_g, star_n + 1));
-                }
-                None => return false,
-            },
-        }
-    }
-    glob[g..].iter().all(|&c| c == '*')
+/// Compiles a file-name glob with `globset`: `*` is any run of characters, `?` one
+/// character, and globset's `[abc]`, `{a,b}` and backslash escapes work too.
+pub fn compile_glob(glob: &str) -> Result<GlobMatcher, String> {
+    Glob::new(glob)
+        .map(|glob| glob.compile_matcher())
+        .map_err(|e| format!("`glob` is not a valid glob: {e}"))
+}
+
+/// Whether the file name `name` matches `glob`.
+#[cfg(test)]
+fn glob_match(glob: &str, name: &str) -> bool {
+    compile_glob(glob).unwrap().is_match(name)
 }
 
 #[cfg(test)]
