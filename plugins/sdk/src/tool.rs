@@ -243,7 +243,9 @@ fn tidy(schema: &mut Value) {
             }
             // Values of these keywords are data, not schemas.
             map.iter_mut()
-                .filter(|(key, _)| !matches!(key.as_str(), "enum" | "const" | "examples" | "default"))
+                .filter(|(key, _)| {
+                    !matches!(key.as_str(), "enum" | "const" | "examples" | "default")
+                })
                 .for_each(|(_, value)| tidy(value));
         }
         Value::Array(items) => items.iter_mut().for_each(tidy),
@@ -593,7 +595,9 @@ mod tests {
 
         fn run(args: GreetArgs) -> Result<Value, ToolError> {
             let greeting = args.greeting.unwrap_or_else(|| "hello".to_owned());
-            Ok(json!(format!("{greeting} {}", args.name).repeat(args.times as usize)))
+            Ok(json!(
+                format!("{greeting} {}", args.name).repeat(args.times as usize)
+            ))
         }
     }
 

@@ -110,7 +110,8 @@ struct DeleteFile;
 
 impl TypedTool for DeleteFile {
     const NAME: &'static str = "delete_file";
-    const DESCRIPTION: &'static str = "Delete a file (or a symbolic link). Folders are not deleted.";
+    const DESCRIPTION: &'static str =
+        "Delete a file (or a symbolic link). Folders are not deleted.";
     const HINTS: Hints = Hints::NONE.destructive().idempotent();
     type Args = files::DeleteArgs;
 
@@ -123,7 +124,8 @@ struct MoveFile;
 
 impl TypedTool for MoveFile {
     const NAME: &'static str = "move_file";
-    const DESCRIPTION: &'static str = "Move or rename a file, creating missing parent folders of the destination.";
+    const DESCRIPTION: &'static str =
+        "Move or rename a file, creating missing parent folders of the destination.";
     const HINTS: Hints = Hints::NONE.destructive();
     type Args = files::MoveArgs;
 

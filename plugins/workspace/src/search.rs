@@ -201,6 +201,14 @@ mod tests {
     }
 
     #[test]
+    fn glob_classes_work_and_invalid_globs_are_refused() {
+        assert!(glob_match("plan-[12].json", "plan-2.json"));
+        assert!(!glob_match("plan-[12].json", "plan-3.json"));
+        assert!(glob_match("*.{md,txt}", "a.txt"));
+        assert!(compile_glob("[").unwrap_err().contains("not a valid glob"));
+    }
+
+    #[test]
     fn long_lines_are_clipped_on_a_char_boundary() {
         let line = "é".repeat(MAX_LINE_CHARS + 5);
         let clipped = clip(&line);
