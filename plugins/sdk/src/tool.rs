@@ -588,24 +588,23 @@ mod tests {
     struct Greet;
 
     impl TypedTool for Greet {
-        const NAME: &'static str = "greet";
-        const DESCRIPTION: &'static str = "Greets someone.";
+        const NAME: &str = "greet";
+        const DESCRIPTION: &str = "Greets someone.";
         const HINTS: Hints = Hints::READ_ONLY;
         type Args = GreetArgs;
 
         fn run(args: GreetArgs) -> Result<Value, ToolError> {
             let greeting = args.greeting.unwrap_or_else(|| "hello".to_owned());
-            Ok(json!(
-                format!("{greeting} {}", args.name).repeat(args.times as usize)
-            ))
+            let greeted = format!("{greeting} {}", args.name).repeat(args.times as usize);
+            Ok(json!({ "greeted": greeted, "pairs": args.nested.len() }))
         }
     }
 
     struct Forget;
 
     impl TypedTool for Forget {
-        const NAME: &'static str = "forget";
-        const DESCRIPTION: &'static str = "Forgets something.";
+        const NAME: &str = "forget";
+        const DESCRIPTION: &str = "Forgets something.";
         const HINTS: Hints = Hints::NONE.destructive().idempotent();
         type Args = Pair;
 
@@ -656,7 +655,7 @@ mod tests {
         assert!(tools[1].hints.destructive && tools[1].hints.idempotent);
         assert!(!tools[1].hints.read_only);
         let out = Adapter::<Typed>::call_tool("greet".into(), r#"{"name":"Ann"}"#.into());
-        assert_eq!(out.unwrap(), r#""hello Ann""#);
+        assert_eq!(out.unwrap(), r#"{"greeted":"hello Ann","pairs":0}"#);
         let out = Adapter::<Typed>::call_tool("forget".into(), r#"{"key":"k"}"#.into());
         assert_eq!(out.unwrap(), r#"{"forgot":"k"}"#);
     }

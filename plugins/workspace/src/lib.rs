@@ -30,8 +30,8 @@ type Workspace = Tools<(
 struct ReadFile;
 
 impl TypedTool for ReadFile {
-    const NAME: &'static str = "read_file";
-    const DESCRIPTION: &'static str = "Read a UTF-8 text file. Returns its content (with line endings), the total number of \
+    const NAME: &str = "read_file";
+    const DESCRIPTION: &str = "Read a UTF-8 text file. Returns its content (with line endings), the total number of \
          lines and whether lines were left out. Files over 1 MiB are only read in windows: \
          pass offset_line and max_lines.";
     const HINTS: Hints = Hints::READ_ONLY;
@@ -45,8 +45,8 @@ impl TypedTool for ReadFile {
 struct WriteFile;
 
 impl TypedTool for WriteFile {
-    const NAME: &'static str = "write_file";
-    const DESCRIPTION: &'static str = "Create a file or replace its whole content. The write is atomic: readers see the old \
+    const NAME: &str = "write_file";
+    const DESCRIPTION: &str = "Create a file or replace its whole content. The write is atomic: readers see the old \
          or the new file, never a mix. To change part of an existing file prefer apply_patch.";
     const HINTS: Hints = Hints::NONE.destructive().idempotent();
     type Args = files::WriteArgs;
@@ -59,8 +59,8 @@ impl TypedTool for WriteFile {
 struct ListDir;
 
 impl TypedTool for ListDir {
-    const NAME: &'static str = "list_dir";
-    const DESCRIPTION: &'static str = "List a folder. Each entry has its workspace-relative path, its type (file, dir or \
+    const NAME: &str = "list_dir";
+    const DESCRIPTION: &str = "List a folder. Each entry has its workspace-relative path, its type (file, dir or \
          symlink) and its size in bytes (0 for folders and links). Entries are sorted by path, \
          a folder's contents right after it; symbolic links are not followed.";
     const HINTS: Hints = Hints::READ_ONLY;
@@ -74,8 +74,8 @@ impl TypedTool for ListDir {
 struct Search;
 
 impl TypedTool for Search {
-    const NAME: &'static str = "search";
-    const DESCRIPTION: &'static str = "Search the text files under a folder for lines matching a regular expression (Rust \
+    const NAME: &str = "search";
+    const DESCRIPTION: &str = "Search the text files under a folder for lines matching a regular expression (Rust \
          regex syntax, no look-around). Returns each matching line with its path and 1-based \
          line number. Files over 1 MiB and files that are not UTF-8 text are skipped and \
          counted in `files_skipped`; symbolic links are not followed.";
@@ -90,8 +90,8 @@ impl TypedTool for Search {
 struct ApplyPatch;
 
 impl TypedTool for ApplyPatch {
-    const NAME: &'static str = "apply_patch";
-    const DESCRIPTION: &'static str = "Apply a unified diff to one or more files, as produced by `git diff` or `diff -u`: for \
+    const NAME: &str = "apply_patch";
+    const DESCRIPTION: &str = "Apply a unified diff to one or more files, as produced by `git diff` or `diff -u`: for \
          each file a `--- a/path` and a `+++ b/path` line, then hunks `@@ -start,count \
          +start,count @@` whose lines start with a space (context), `-` (removed) or `+` \
          (added). Create a file with `--- /dev/null`, delete one with `+++ /dev/null`. The \
@@ -109,9 +109,8 @@ impl TypedTool for ApplyPatch {
 struct DeleteFile;
 
 impl TypedTool for DeleteFile {
-    const NAME: &'static str = "delete_file";
-    const DESCRIPTION: &'static str =
-        "Delete a file (or a symbolic link). Folders are not deleted.";
+    const NAME: &str = "delete_file";
+    const DESCRIPTION: &str = "Delete a file (or a symbolic link). Folders are not deleted.";
     const HINTS: Hints = Hints::NONE.destructive().idempotent();
     type Args = files::DeleteArgs;
 
@@ -123,8 +122,8 @@ impl TypedTool for DeleteFile {
 struct MoveFile;
 
 impl TypedTool for MoveFile {
-    const NAME: &'static str = "move_file";
-    const DESCRIPTION: &'static str =
+    const NAME: &str = "move_file";
+    const DESCRIPTION: &str =
         "Move or rename a file, creating missing parent folders of the destination.";
     const HINTS: Hints = Hints::NONE.destructive();
     type Args = files::MoveArgs;
