@@ -318,3 +318,83 @@ fn a_seed_sql_cannot_attach_and_leaves_no_database_behind() {
         .collect();
     assert_eq!(db_folder, ["seed.sql"], "no database, no temp file left");
 }
+
+#[test]
+fn a_tool_plugin_cannot_make_sqlite_call_through_a_pointer_it_chose() {
+    // `fts3_tokenizer(?, ?)` with bound arguments stores a guest-chosen address as a
+    // tokenizer module; `USING fts3(tokenize=...)` then calls through it. Unfenced, the host
+    // process dies of SIGSEGV (or worse: runs what the pointer leads to).
+    let world = World::scripted();
+    plugin_folder(world.dir.path(), "adversary", "adversary", "tool");
+    let plugins = world.dir.path().join("adversary");
+    let root = world.root_str();
+    let args = json!({"steps": [
+        {"sql": "SELECT hex(fts3_tokenizer(?, ?)) AS p",
+         "params": ["evil", "A\u{0}\u{0}\u{0}\u{0}\u{0}\u{0}\u{0}"]},
+        {"sql": "CREATE VIRTUAL TABLE v USING fts3(tokenize=evil)", "write": true},
+    ]})
+    .to_string();
+    let out = trellis(&[
+        "tool",
+        "call",
+        "adversary:db_steps",
+        "--root",
+        root.as_str(),
+        "--db",
+        "db/db.sqlite",
+        "--db-write",
+        "--args",
+        args.as_str(),
+        "--plugins",
+        plugins.to_str().unwrap(),
+    ]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{:?}: {stderr}", out.status);
+    assert!(
+        stderr.contains("error: adversary:db_steps: failed: sql: not authorized"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_foreach_source_sql_does_not_read_a_database_behind_a_linked_db_folder() {
+    // A workspace whose `db` folder is a link to another project's `db` folder: the turn
+    // grant refuses it, and so must the foreach query, or that project's rows reach the model.
+    // (Tried by the red team; not a hole: it holds.)
+    let server = FakeServer::start(Box::new(|_| (200, completion("done", &[]))));
+    let world = World::new(
+        json!({"id": "each", "type": "message_sequence", "title": "Each", "description": "d",
+               "items": [{"id": "rows", "type": "foreach",
+                          "source_sql": "SELECT secret FROM other_project",
+                          "message": "Row {{.secret}}"}]}),
+        json!([]),
+    );
+    let other = world.dir.path().join("outside/db");
+    create_db(
+        &world.dir.path().join("outside"),
+        "CREATE TABLE other_project (secret TEXT); INSERT INTO other_project VALUES ('s3cr3t');",
+    );
+    std::fs::remove_dir_all(world.root().join("db")).unwrap();
+    std::os::unix::fs::symlink(&other, world.root().join("db")).unwrap();
+    write_file(
+        &world.root(),
+        "workflow.json",
+        json!({"llm": {"provider": "openai", "model_id": "m"}, "providers": server.providers()})
+            .to_string(),
+    );
+    let before = tree_digest(&world.dir.path().join("outside"));
+    let out = trellis(&["run", &world.root_str()]);
+    let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(
+        !serde_json::to_string(&server.seen())
+            .unwrap()
+            .contains("s3cr3t"),
+        "a row of the database outside the workspace reached the model: {all}"
+    );
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    assert!(
+        all.contains("db is a symbolic link; Trellis does not read or write through links"),
+        "{all}"
+    );
+    assert_eq!(tree_digest(&world.dir.path().join("outside")), before);
+}

@@ -878,6 +878,201 @@ async fn a_folder_swapped_for_a_link_after_the_grant_is_not_opened() {
     still_serving(&registry).await;
 }
 
+// ---- Red-team findings (branch `redteam`) ----
+
+/// A budget of 16 open descriptors, the rest as by default.
+fn sixteen_open() -> Limits {
+    fs_limits(FsLimits {
+        open_descriptors: 16,
+        ..FsLimits::DEFAULT
+    })
+}
+
+#[tokio::test]
+async fn dropping_a_preopen_does_not_give_back_the_open_budget() {
+    // `get-directories` hands out fresh handles of the preopens; dropping them used to be
+    // counted as closing a descriptor, so a guest could hold any number of files open.
+    let registry = registry_with_adversary().await;
+    let world = World::new();
+    let before = open_host_descriptors();
+    let result = registry
+        .call_tool(
+            "adversary:churn_preopens",
+            &json!({"path": "/granted/inside.txt", "count": 200}),
+            &world.grant(),
+            &sixteen_open(),
+        )
+        .await;
+    assert_fs_limit(result, FsLimitExceeded::OpenDescriptors(16));
+    assert!(open_host_descriptors() < before + 64);
+    still_serving(&registry).await;
+}
+
+#[tokio::test]
+async fn a_stream_kept_after_its_descriptor_counts_against_the_open_budget() {
+    // A read stream holds the host's file open after the guest dropped the descriptor it
+    // came from; dropping the descriptor must not free its place in the budget.
+    let registry = registry_with_adversary().await;
+    let world = World::new();
+    let result = registry
+        .call_tool(
+            "adversary:streams_outlive",
+            &json!({"dir": "/granted", "name": "inside.txt", "count": 200}),
+            &world.grant(),
+            &sixteen_open(),
+        )
+        .await;
+    assert_fs_limit(result, FsLimitExceeded::OpenDescriptors(16));
+    still_serving(&registry).await;
+}
+
+#[tokio::test]
+async fn a_write_far_past_the_end_is_charged_for_the_gap() {
+    // One byte written at offset 1 TiB makes a file of 1 TiB: the host, an archive or a
+    // backup that reads it reads a terabyte. `set-size` is charged for growth; a write past
+    // the end must be too.
+    let registry = registry_with_adversary().await;
+    let world = World::new();
+    let before = world.outside_grant();
+    let limits = fs_limits(FsLimits {
+        write_bytes: 4 << 20,
+        ..FsLimits::DEFAULT
+    });
+    for how in ["seek", "write"] {
+        let path = format!("/granted/sparse-{how}");
+        let result = registry
+            .call_tool(
+                "adversary:sparse_write",
+                &json!({"path": path, "offset": 1u64 << 40, "how": how}),
+                &world.grant(),
+                &limits,
+            )
+            .await;
+        assert_fs_limit(result, FsLimitExceeded::WriteBytes(4 << 20));
+        let len = std::fs::metadata(world.path(&format!("ws{path}")))
+            .map(|m| m.len())
+            .unwrap_or(0);
+        assert!(len <= 4 << 20, "{how}: a file of {len} bytes was made");
+    }
+    // Within the budget the same write works and the gap is what it costs.
+    let small = registry
+        .call_tool(
+            "adversary:sparse_write",
+            &json!({"path": "/granted/small", "offset": 1000, "how": "write"}),
+            &world.grant(),
+            &limits,
+        )
+        .await
+        .unwrap();
+    assert_eq!(small, json!({"len": 1001}));
+    assert_eq!(world.outside_grant(), before);
+    still_serving(&registry).await;
+}
+
+#[tokio::test]
+async fn the_workflow_db_cannot_grow_past_the_write_budget() {
+    // Bytes a guest writes through `workflow-db` reach the disk as surely as bytes written
+    // to a folder: one statement could add gigabytes to db/db.sqlite within its deadline.
+    let registry = registry_with_adversary().await;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("db.sqlite");
+    drop(rusqlite_setup(&db));
+    let size = || std::fs::metadata(&db).unwrap().len();
+    let start = size();
+    let limits = fs_limits(FsLimits {
+        write_bytes: 4 << 20,
+        ..FsLimits::DEFAULT
+    });
+    let result = registry
+        .call_tool(
+            "adversary:db_execute",
+            &json!({"sql": "INSERT INTO t SELECT randomblob(1000000) FROM \
+                (WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM c WHERE n < 64) \
+                 SELECT n FROM c)"}),
+            &Grant::none().with_db(&db, true),
+            &limits,
+        )
+        .await;
+    let grown = size() - start;
+    assert_fs_limit(result, FsLimitExceeded::WriteBytes(4 << 20));
+    assert!(grown <= 5 << 20, "the db grew by {grown} bytes");
+    still_serving(&registry).await;
+}
+
+#[tokio::test]
+async fn fts3_tokenizer_pointers_are_neither_read_nor_set() {
+    // `fts3_tokenizer(name)` returns the address of a tokenizer module (a host pointer: the
+    // layout of the process) and `fts3_tokenizer(name, ptr)` stores any pointer as a module,
+    // which a later `USING fts3(tokenize=name)` calls through. SQLite allows both when the
+    // arguments are bound parameters, which `workflow-db` lets a guest pass.
+    let registry = registry_with_adversary().await;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("db.sqlite");
+    drop(rusqlite_setup(&db));
+    let before = tree_digest(dir.path());
+    for steps in [
+        json!([{"sql": "SELECT hex(fts3_tokenizer(?)) AS p", "params": ["simple"]}]),
+        json!([{"sql": "SELECT hex(fts3_tokenizer(?, ?)) AS p",
+                "params": ["evil", "A\u{0}\u{0}\u{0}\u{0}\u{0}\u{0}\u{0}"]}]),
+    ] {
+        let result = call(
+            &registry,
+            "db_steps",
+            json!({ "steps": steps }),
+            &Grant::none().with_db(&db, false),
+        )
+        .await;
+        let err = assert_refused(result, "fts3_tokenizer");
+        assert!(
+            err.to_string()
+                .starts_with("adversary:db_steps: failed: sql: not authorized"),
+            "{steps}: {err}"
+        );
+    }
+    assert_eq!(tree_digest(dir.path()), before);
+    still_serving(&registry).await;
+}
+
+#[tokio::test]
+async fn a_fifo_is_refused_by_every_spelling_of_its_path() {
+    // Tried by the red team; holds: the pre-open check resolves the path as the open does.
+    let registry = registry_with_adversary().await;
+    let world = World::new();
+    let fifo = world.path("ws/granted/pipe");
+    let c_path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o644) }, 0);
+    std::os::unix::fs::symlink("pipe", world.path("ws/granted/pipelink")).unwrap();
+    std::os::unix::fs::symlink("../pipe", world.path("ws/granted/sub/up")).unwrap();
+    let limits = Limits {
+        timeout: Duration::from_secs(5),
+        ..limits()
+    };
+    for path in [
+        "/granted/./pipe",
+        "/granted/sub/../pipe",
+        "/granted//pipe",
+        "/granted/pipelink",
+        "/granted/sub/up",
+        "/granted/pipe/",
+        "/granted/pipe/.",
+    ] {
+        let result = registry
+            .call_tool(
+                "adversary:read",
+                &json!({ "path": path }),
+                &world.grant(),
+                &limits,
+            )
+            .await;
+        match result {
+            Err(ToolCallError::Tool { .. }) => {}
+            other => panic!("{path}: expected a refusal, got {other:?}"),
+        }
+    }
+    still_serving(&registry).await;
+}
+
 #[tokio::test]
 async fn a_huge_error_message_is_cut_before_it_reaches_anyone() {
     let registry = registry_with_adversary().await;

@@ -10,9 +10,12 @@
 //! - [`run_folder`]: rotation of `runs/iteration-0` and group run folders.
 //! - [`runs`]: reading what runs left behind (`trellis runs list` / `show`).
 //! - [`events`]: what a running step reports as it goes (live progress).
+//! - [`steering`]: messages sent to a running step's agent from outside.
 //! - [`routes`]: `call_sub_agent` and where a step's sub-agents keep their things.
 //! - [`llm_choice`]: the models of each step (`--llm`, `execution_llm`, tiers, default).
 //! - [`workflow_run`]: a whole workflow, step after step (section 2).
+//! - [`runtime`]: the facade front ends use: executions started, watched, steered and
+//!   stopped in the background.
 //!
 //! The grant of each turn (section 6) lives with the other grants, in
 //! [`crate::capabilities::turn`].
@@ -25,7 +28,9 @@ pub mod llm_choice;
 pub mod routes;
 pub mod run_folder;
 pub mod runs;
+pub mod runtime;
 pub mod scripted;
 pub mod session;
+pub mod steering;
 pub mod template;
 pub mod workflow_run;

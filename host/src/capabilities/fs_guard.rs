@@ -134,6 +134,18 @@ impl FsBudget {
         }
     }
 
+    /// Bytes the call may still write.
+    pub(crate) fn write_bytes_left(&self) -> u64 {
+        self.limits
+            .write_bytes
+            .saturating_sub(self.written.load(Ordering::Relaxed))
+    }
+
+    /// A write outside the filesystem (the workflow database) ran into the write budget.
+    pub(crate) fn note_write_limit(&self) {
+        let _ = self.over(FsLimitExceeded::WriteBytes(self.limits.write_bytes));
+    }
+
     /// Whether one more file may be opened: the handles still alive are under the limit.
     fn check_open(&self) -> Result<(), ErrorCode> {
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
@@ -212,6 +224,18 @@ impl GuardedFs<'_> {
             budget: self.budget.clone(),
         });
         Ok(self.fs.table.push(counted)?)
+    }
+
+    /// Growth of the file `fd` that writing at `offset` makes before the first byte lands
+    /// (a write past the end leaves a gap the file's length covers all the same).
+    fn gap_before(&mut self, fd: &Resource<Descriptor>, offset: u64) -> u64 {
+        match self.fs.table.get(fd) {
+            Ok(Descriptor::File(f)) if !f.perms.write_not_permitted() => {
+                let len = f.file.metadata().map(|m| m.len()).unwrap_or(0);
+                offset.saturating_sub(len)
+            }
+            _ => 0,
+        }
     }
 }
 
@@ -302,7 +326,9 @@ impl HostDescriptor for GuardedFs<'_> {
         offset: types::Filesize,
     ) -> FsResult<types::Filesize> {
         if self.writable(&fd) {
-            self.budget.charge_bytes(buf.len() as u64)?;
+            let gap = self.gap_before(&fd, offset);
+            self.budget
+                .charge_bytes((buf.len() as u64).saturating_add(gap))?;
         }
         HostDescriptor::write(&mut self.fs, fd, buf, offset).await
     }
@@ -460,6 +486,8 @@ impl HostDescriptor for GuardedFs<'_> {
         fd: Resource<Descriptor>,
         offset: types::Filesize,
     ) -> FsResult<Resource<DynOutputStream>> {
+        let gap = self.gap_before(&fd, offset);
+        self.budget.charge_bytes(gap).map_err(FsError::from)?;
         let stream = HostDescriptor::write_via_stream(&mut self.fs, fd, offset)?;
         self.counted(stream)
     }

@@ -4,14 +4,19 @@
 //! `trellis_db`) or a plan (foreach `source_sql`, the gate's db rules) comes from [`open`], so
 //! every one carries the same fences:
 //!
-//! - an authorizer that denies `ATTACH`, `DETACH`, `load_extension` and every pragma outside a
-//!   short read-only list (a pragma could move temp files or change the journal), with
+//! - an authorizer that denies `ATTACH`, `DETACH`, `load_extension`, `fts3_tokenizer` (which
+//!   hands out and takes raw pointers) and every pragma outside a short read-only list (a
+//!   pragma could move temp files or change the journal), with
 //!   `SQLITE_LIMIT_ATTACHED = 0` behind it so that no statement, `VACUUM INTO` included, can
 //!   open a second file; `VACUUM` is refused before it is prepared;
 //! - a progress handler that interrupts a statement once the deadline has passed, so a runaway
 //!   query ends with its call instead of holding the thread;
+//! - SQLite's defensive mode (no writes to the shadow tables of full-text and r-tree indexes,
+//!   whose blobs SQLite parses, nor to the schema);
 //! - bounded value and statement sizes, an in-memory temp store, and a process-wide heap ceiling
-//!   for SQLite as a whole.
+//!   for SQLite as a whole;
+//! - a ceiling on how far a read-write connection may grow the file (`max_page_count`): bytes
+//!   a guest puts in the database reach the disk as surely as bytes it writes to a folder.
 //!
 //! The read-only open flag and the statement read-only check of the callers stay as a second
 //! layer.
@@ -104,9 +109,25 @@ pub fn describe(err: &rusqlite::Error, timeout: Duration) -> String {
     }
 }
 
+/// How much a read-write connection of [`open`] may grow the database: the default write budget
+/// of a call.
+pub const DEFAULT_MAX_GROWTH_BYTES: u64 = crate::capabilities::FsLimits::DEFAULT.write_bytes;
+
 /// Opens the database at `path` with the fences of this module; statements must finish within
-/// `timeout` of now (see [`GuardedDb::restart_deadline`]).
+/// `timeout` of now (see [`GuardedDb::restart_deadline`]). A read-write connection may grow the
+/// file by [`DEFAULT_MAX_GROWTH_BYTES`].
 pub fn open(path: &Path, access: SqlAccess, timeout: Duration) -> rusqlite::Result<GuardedDb> {
+    open_with_growth(path, access, timeout, DEFAULT_MAX_GROWTH_BYTES)
+}
+
+/// [`open`], with a read-write connection allowed to grow the file by `max_growth` bytes (give
+/// or take a page); past it a statement fails with `SQLITE_FULL`.
+pub fn open_with_growth(
+    path: &Path,
+    access: SqlAccess,
+    timeout: Duration,
+    max_growth: u64,
+) -> rusqlite::Result<GuardedDb> {
     static HEAP_CEILING: Once = Once::new();
     HEAP_CEILING.call_once(|| {
         // SAFETY: a plain setter of a process-wide SQLite setting; any thread may call it.
@@ -126,8 +147,18 @@ pub fn open(path: &Path, access: SqlAccess, timeout: Duration) -> rusqlite::Resu
     conn.set_limit(Limit::SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)?;
     conn.set_limit(Limit::SQLITE_LIMIT_SQL_LENGTH, MAX_SQL_BYTES)?;
     conn.execute_batch("PRAGMA temp_store = MEMORY; PRAGMA trusted_schema = OFF;")?;
+    // SQLite's hardening for untrusted SQL: no writes to the shadow tables of full-text or
+    // r-tree indexes (crafted index blobs), to the schema or to `sqlite_dbpage`.
+    conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_DEFENSIVE, true)?;
     if access == SqlAccess::ReadOnly {
         conn.execute_batch("PRAGMA query_only = ON;")?;
+    } else {
+        // Set before the authorizer, which refuses this pragma to the guest.
+        let pages: i64 = conn.query_row("PRAGMA page_count", [], |r| r.get(0))?;
+        let page_size: i64 = conn.query_row("PRAGMA page_size", [], |r| r.get(0))?;
+        let growth = i64::try_from(max_growth / page_size.max(1) as u64).unwrap_or(i64::MAX);
+        let most = pages.saturating_add(growth).max(1);
+        conn.query_row(&format!("PRAGMA max_page_count = {most}"), [], |_| Ok(()))?;
     }
     conn.authorizer(Some(authorize))?;
     let deadline = Arc::new(Mutex::new(Instant::now() + timeout));
@@ -185,8 +216,11 @@ fn authorize(ctx: AuthContext<'_>) -> Authorization {
                 Authorization::Deny
             }
         }
+        // `fts3_tokenizer` reads and, with bound arguments, sets a tokenizer module's address:
+        // a host pointer out, and a guest-chosen pointer SQLite later calls through.
         AuthAction::Function { function_name }
-            if function_name.eq_ignore_ascii_case("load_extension") =>
+            if function_name.eq_ignore_ascii_case("load_extension")
+                || function_name.eq_ignore_ascii_case("fts3_tokenizer") =>
         {
             Authorization::Deny
         }
@@ -308,6 +342,52 @@ mod tests {
             })
             .unwrap_err();
         assert!(err.to_string().contains("too big"), "{err}");
+    }
+
+    /// One call of a built-in function is one step of SQLite's virtual machine: the progress
+    /// handler never runs inside it. Several built-ins are quadratic in their arguments, so
+    /// a single call on values far below the length limit runs for minutes (at 16 MiB, hours).
+    #[test]
+    fn a_quadratic_builtin_is_stopped_at_the_deadline() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = db(dir.path());
+        for sql in [
+            // ~6 s unfenced: a naive search of a 64 KiB needle in 4 MiB.
+            "SELECT instr(printf('%.*c', 4194304, 'a'), printf('%.*c', 65536, 'a') || 'b')",
+            // ~5 s: each of 512 Ki characters compared with 8 Ki trim characters.
+            "SELECT length(trim(printf('%.*c', 524288, 'a'), printf('%.*c', 8192, 'b') || 'a'))",
+            // ~5 s: LIKE backtracking.
+            "SELECT printf('%.*c', 1048576, 'a') LIKE '%' || printf('%.*c', 4096, 'a') || 'b'",
+        ] {
+            let db = open(&path, SqlAccess::ReadOnly, Duration::from_millis(200)).unwrap();
+            let result = db.conn().query_row(sql, [], |r| r.get::<_, i64>(0));
+            match result {
+                Err(err) => assert_eq!(db.describe(&err), format!("{DEADLINE_MESSAGE} (200ms)")),
+                Ok(v) => panic!("{sql}: ran to the end ({v}) past a 200 ms deadline"),
+            }
+        }
+    }
+
+    /// The shadow tables of FTS3/FTS5 hold the index as blobs that SQLite parses on every
+    /// match; writing crafted ones by hand is the classic path from SQL to memory corruption
+    /// (CVE-2018-20346). Defensive mode makes them read-only to SQL.
+    #[test]
+    fn shadow_tables_of_full_text_indexes_cannot_be_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = open(
+            &db(dir.path()),
+            SqlAccess::ReadWrite,
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        db.conn()
+            .execute_batch("CREATE VIRTUAL TABLE f USING fts3(x); INSERT INTO f VALUES ('a b');")
+            .unwrap();
+        let err = db
+            .conn()
+            .execute("INSERT INTO f_segdir VALUES (0, 1, 0, 0, '0 0', x'00')", [])
+            .unwrap_err();
+        assert_eq!(err.to_string(), "table f_segdir may not be modified");
     }
 
     #[test]

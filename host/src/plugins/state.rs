@@ -121,7 +121,9 @@ impl CallState {
                     .unwrap_or_else(|_| grant.path.clone()),
                 _ => grant.path.clone(),
             };
-            let conn = sql::open(&path, access, left)
+            // What the database may grow by comes out of the call's write budget.
+            let growth = self.fs_budget.write_bytes_left();
+            let conn = sql::open_with_growth(&path, access, left, growth)
                 .map_err(|e| workflow_db::DbError::Sql(format!("opening the workflow db: {e}")))?;
             self.db_conn = Some(conn);
         }
@@ -312,12 +314,13 @@ impl CallState {
             for (i, name) in names.iter().enumerate() {
                 let value = crate::store::sql_to_json(row.get_ref(i).map_err(failed)?);
                 bytes += name.len() + value.to_string().len();
+                // Checked per value: one row of many 16 MiB columns is a gigabyte.
+                if bytes > DB_MAX_BYTES {
+                    return Err(DbError::TooLarge(format!(
+                        "result over {DB_MAX_BYTES} bytes"
+                    )));
+                }
                 object.insert(name.clone(), value);
-            }
-            if bytes > DB_MAX_BYTES {
-                return Err(DbError::TooLarge(format!(
-                    "result over {DB_MAX_BYTES} bytes"
-                )));
             }
             out.push(serde_json::Value::Object(object));
         }
@@ -332,9 +335,18 @@ impl CallState {
         let db = self.connection(sql)?;
         let changed = db
             .conn()
-            .execute(sql, rusqlite::params_from_iter(params.iter().map(to_sql)))
-            .map_err(|e| workflow_db::DbError::Sql(db.describe(&e)))?;
-        Ok(changed as u64)
+            .execute(sql, rusqlite::params_from_iter(params.iter().map(to_sql)));
+        match changed {
+            Ok(changed) => Ok(changed as u64),
+            Err(e) => {
+                let message = db.describe(&e);
+                if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull) {
+                    // `max_page_count` of the connection: the call's write budget.
+                    self.fs_budget.note_write_limit();
+                }
+                Err(workflow_db::DbError::Sql(message))
+            }
+        }
     }
 }
 

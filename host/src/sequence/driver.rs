@@ -44,6 +44,7 @@ use crate::sequence::routes::{
     delegation_note, files_written,
 };
 use crate::sequence::scripted;
+use crate::sequence::steering::{Phase, Steering};
 use crate::sequence::session::{
     FinalSummary, LlmCallRecord, RequestedToolCall, Session, Status, ToolCallRecord,
     TurnConversation, TurnSummary, logs_dir, now_rfc3339, write_turn_logs,
@@ -130,6 +131,7 @@ pub struct StepRunner<'a> {
     observer: Observer,
     recorder: Option<Arc<Recorder>>,
     scripts: Option<(Arc<ScriptRunner>, ScriptOptions)>,
+    steering: Option<Arc<Steering>>,
 }
 
 /// Why a turn ended without a final reply.
@@ -229,6 +231,35 @@ impl<'a> StepRunner<'a> {
             observer: Observer::default(),
             recorder: None,
             scripts: None,
+            steering: None,
+        }
+    }
+
+    /// Takes messages sent to the step's agent from outside (see [`Steering`]): they join
+    /// its conversation before its next LLM call.
+    pub fn with_steering(mut self, steering: Arc<Steering>) -> Self {
+        self.steering = Some(steering);
+        self
+    }
+
+    /// Records what the step's own agent does next (sub-agents leave it alone: a message is
+    /// for the agent the operator started).
+    fn steer_phase(&self, run: &Run<'_>, phase: Phase) {
+        if run.depth == 0
+            && let Some(steering) = &self.steering
+        {
+            steering.set_phase(phase);
+        }
+    }
+
+    /// Appends the messages sent to the step's agent since its last LLM call.
+    fn take_steering(&self, run: &mut Run<'_>) {
+        if run.depth == 0
+            && let Some(steering) = &self.steering
+        {
+            for text in steering.take() {
+                run.history.push(Message::user(text));
+            }
         }
     }
 
@@ -445,6 +476,7 @@ impl<'a> StepRunner<'a> {
             }
             let item_id = scripted::script_item_id(attempt);
             let entry = self.begin_item(run, &item_id, scripted::SCRIPT_ITEM_TYPE);
+            self.steer_phase(run, Phase::Script);
             let result = match scripts.run(run.ws, &step_id, options).await {
                 Ok(outcome) => self.check_script(run, attempt, skip_gate, outcome),
                 Err(e) => Err(TurnEnd::Failed(format!("{e:#}"))),
@@ -936,6 +968,7 @@ impl<'a> StepRunner<'a> {
         attempt: u32,
         schema: &ValidationSchema,
     ) -> Result<Report, TurnEnd> {
+        self.steer_phase(run, Phase::Gate);
         let validators = PluginValidators::new(self.registry, self.limits);
         let report = run_gate(&run.ws.root, &run.output_dir, schema, &validators)
             .map_err(|e| TurnEnd::Failed(format!("gate {item_id}: {e}")))?;
@@ -1058,6 +1091,7 @@ impl<'a> StepRunner<'a> {
                 result = Err(TurnEnd::Stopped);
                 break;
             }
+            self.steer_phase(run, Phase::LlmCall);
             let request = Request {
                 model: run
                     .models
@@ -1116,14 +1150,25 @@ impl<'a> StepRunner<'a> {
             conv.llm_calls.push(record);
             run.history.push(Message::assistant(&response));
             if response.tool_calls.is_empty() {
-                result = Ok(TurnOk {
-                    text: response.text.clone(),
-                });
-                break;
+                // A message that arrived while the model answered keeps the turn going.
+                let pending = match &self.steering {
+                    Some(steering) if run.depth == 0 => steering.finish_turn(Phase::Preparing),
+                    _ => Vec::new(),
+                };
+                if pending.is_empty() || round == self.max_tool_rounds {
+                    result = Ok(TurnOk {
+                        text: response.text.clone(),
+                    });
+                    break;
+                }
+                run.history
+                    .extend(pending.into_iter().map(Message::user));
+                continue;
             }
             if round == self.max_tool_rounds {
                 break;
             }
+            self.steer_phase(run, Phase::ToolCalls);
             let records = self
                 .tool_calls(run, &response.tool_calls, grant, parallel)
                 .await;
@@ -1154,7 +1199,9 @@ impl<'a> StepRunner<'a> {
                     .push(Message::tool_result(r.tool_call_id.clone(), content));
                 conv.tool_calls.push(r);
             }
+            self.take_steering(run);
         }
+        self.steer_phase(run, Phase::Preparing);
         conv.messages = run.history[first_message..]
             .iter()
             .map(|m| serde_json::to_value(m).unwrap_or(Value::Null))

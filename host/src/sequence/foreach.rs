@@ -5,7 +5,8 @@
 //! [`sql::PLAN_SQL_TIMEOUT`]), and the statement is asked `readonly()` before it runs, so a
 //! query that would write is refused with a message rather than attempted. `max_iterations`
 //! caps the rows; how many were dropped is returned so the caller logs it: capping is never
-//! silent. Without a cap, more than [`MAX_ROWS`] rows is an error.
+//! silent. Without a cap, more than [`MAX_ROWS`] rows is an error, and so are kept rows of more
+//! than [`MAX_BYTES`] in all (they stay in memory until their turns have run).
 
 use std::path::Path;
 
@@ -16,6 +17,8 @@ use crate::capabilities::sql::{self, SqlAccess};
 
 /// Rows a foreach item may run without `max_iterations`: each is an agent turn.
 pub const MAX_ROWS: usize = 100_000;
+/// Bytes (as JSON text) the kept rows of a foreach item may hold in all.
+pub const MAX_BYTES: usize = 64 << 20;
 
 /// The rows of one foreach item.
 #[derive(Debug, Clone, PartialEq)]
@@ -98,6 +101,7 @@ fn query_rows_within(
         .map_err(|e| failed("running source_sql", e))?;
     let mut out = Vec::new();
     let mut total = 0usize;
+    let mut bytes = 0usize;
     while let Some(row) = rows
         .next()
         .map_err(|e| failed(&format!("reading row {}", total + 1), e))?
@@ -117,8 +121,18 @@ fn query_rows_within(
         for (i, name) in names.iter().enumerate() {
             let value = row.get_ref(i).with_context(ctx)?;
             // With duplicate column names the first one wins, as the caller reads `{{.name}}`.
-            obj.entry(name.clone())
-                .or_insert_with(|| crate::store::sql_to_json(value));
+            if obj.contains_key(name) {
+                continue;
+            }
+            let value = crate::store::sql_to_json(value);
+            bytes += name.len() + value.to_string().len();
+            if bytes > MAX_BYTES {
+                bail!(
+                    "{}: source_sql returned more than {MAX_BYTES} bytes; select fewer or smaller columns, or set max_iterations",
+                    ctx()
+                );
+            }
+            obj.insert(name.clone(), value);
         }
         out.push(obj);
     }
@@ -198,6 +212,26 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names, ["db.sqlite"]);
+    }
+
+    /// Rows are kept in memory until their turns have run: 100,000 rows of strings up to the
+    /// 16 MiB value limit would be terabytes. What a query may hand over is bounded in bytes.
+    #[test]
+    fn rows_are_bounded_in_bytes_not_only_in_number() {
+        let (_d, path) = db();
+        let big = "WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM c WHERE n < 100) \
+                   SELECT n, printf('%.*c', 1000000, 'x') AS big FROM c";
+        let err = query_rows(&path, "it", big, None).unwrap_err();
+        assert_eq!(
+            format!("{err:#}"),
+            format!(
+                "foreach item \"it\": source_sql returned more than {MAX_BYTES} bytes; \
+                 select fewer or smaller columns, or set max_iterations"
+            )
+        );
+        // Rows past max_iterations are only counted, so they cost nothing.
+        let capped = query_rows(&path, "it", big, Some(3)).unwrap();
+        assert_eq!((capped.rows.len(), capped.total), (3, 100));
     }
 
     #[test]

@@ -36,6 +36,7 @@ use crate::sequence::driver::{AgentModels, ModelResolver, StepOutcome, StepRunne
 use crate::sequence::events::Observer;
 use crate::sequence::llm_choice::{self, LlmSetup, check_models};
 use crate::sequence::run_folder::{ACTIVE_RUN, group_folder_name, open_group_run, start_full_run};
+use crate::sequence::steering::Steering;
 use crate::sequence::session::{FINAL_SUMMARY_SCHEMA_VERSION, FinalSummary, Status, now_rfc3339};
 use crate::store::workspace_fs::link_error;
 use crate::store::{Kind, WorkspaceFs};
@@ -86,6 +87,8 @@ pub struct RunEnv<'a> {
     pub observer: Observer,
     /// The models of the steps.
     pub llm: LlmSetup,
+    /// Messages sent to the running step's agent from outside, if anyone may send them.
+    pub steering: Option<Arc<Steering>>,
     /// Runs the scripts of scripted steps; made on the first one.
     scripts: OnceLock<Arc<ScriptRunner>>,
 }
@@ -100,6 +103,7 @@ impl<'a> RunEnv<'a> {
             cancel: Arc::new(AtomicBool::new(false)),
             observer: Observer::default(),
             llm,
+            steering: None,
             scripts: OnceLock::new(),
         }
     }
@@ -133,6 +137,9 @@ impl<'a> RunEnv<'a> {
         .with_retry(self.retry)
         .with_cancel(self.cancel.clone())
         .with_observer(self.observer.clone());
+        if let Some(steering) = &self.steering {
+            runner = runner.with_steering(steering.clone());
+        }
         if let Some(recorder) = self.llm.recorder() {
             runner = runner.with_recorder(recorder.clone());
         }
@@ -404,7 +411,6 @@ const SEED_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// Creates `db/db.sqlite` from `db/seed.sql` when the database is missing and the seed
 /// exists: a workspace may ship SQL instead of a binary database. Returns whether it did.
-
 pub fn seed_database(fs: &WorkspaceFs) -> Result<bool> {
     // A link or a FIFO at either path is refused, not followed (see `store::workspace_fs`).
     match fs.kind(DB_FILE)? {
@@ -566,6 +572,9 @@ fn open_workspace(root: &Path, run: Option<&str>) -> Result<Workspace> {
         .map_err(|d| anyhow::anyhow!("{}: the workspace has errors:\n{d}", root.display()))
 }
 
+/// One run unit: its group (none without groups) and its run folder under `runs/`.
+type Unit<'w> = (Option<&'w Group>, String);
+
 /// The preflight of a run: every check that can be made before anything in the workspace
 /// changes (run-folder rotation, database creation). The step, group and inputs asked for,
 /// the models of every reachable step with their keys' approvals, and the workspace files
@@ -575,7 +584,7 @@ fn preflight<'w>(
     root: &Path,
     ws: &'w Workspace,
     opts: &RunOptions,
-) -> Result<(Vec<&'w Group>, Vec<(Option<&'w Group>, String)>)> {
+) -> Result<(Vec<&'w Group>, Vec<Unit<'w>>)> {
     if let Some(step) = &opts.step {
         ws.plan
             .step(step)
@@ -593,7 +602,7 @@ fn preflight<'w>(
                 .join(", ")
         );
     }
-    let mut units: Vec<(Option<&Group>, String)> = Vec::new();
+    let mut units: Vec<Unit<'w>> = Vec::new();
     for g in &groups {
         let folder = group_run_folder(g)?;
         if let Some((other, _)) = units.iter().find(|(_, f)| *f == folder) {

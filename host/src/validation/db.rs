@@ -1,8 +1,9 @@
 //! Db rules: read-only SQL on the workflow database.
 //!
-//! The database is opened through [`sql::open`] (read-only, no `ATTACH`, each rule bounded by
-//! [`sql::PLAN_SQL_TIMEOUT`]), and every statement is asked `readonly()` before it runs, so a
-//! rule that would write is refused with a message rather than attempted.
+//! The database is opened through [`sql::open`] (read-only, no `ATTACH`, the db rules of one
+//! gate bounded together by [`sql::PLAN_SQL_TIMEOUT`]), and every statement is asked
+//! `readonly()` before it runs, so a rule that would write is refused with a message rather
+//! than attempted.
 
 use std::path::Path;
 
@@ -39,7 +40,9 @@ pub(crate) fn run_rule(db: &GuardedDb, rule: &DbRule, sink: &mut Sink) -> Result
     let label = rule.label().to_string();
     sql::refuse_unseen(&rule.sql)
         .map_err(|e| GateError::Schema(vec![format!("db rule {label:?}: {e}")]))?;
-    db.restart_deadline();
+    // No fresh deadline per rule: the rules of one gate share the connection's
+    // [`sql::PLAN_SQL_TIMEOUT`], so a schema of many slow rules cannot hold the gate for
+    // many times that.
     let mut stmt = match db.conn().prepare(&rule.sql) {
         Ok(s) => s,
         Err(e) => {
@@ -174,4 +177,64 @@ pub(crate) fn run_rule(db: &GuardedDb, rule: &DbRule, sink: &mut Sink) -> Result
         ),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn rule(name: &str, sql: &str) -> DbRule {
+        DbRule {
+            name: Some(name.into()),
+            sql: sql.into(),
+            min_rows: Some(1),
+            max_rows: None,
+            checks: Vec::new(),
+        }
+    }
+
+    /// Each rule used to get a fresh 30 s: a schema of n runaway rules held `trellis check`
+    /// (and a step's gate) for n × 30 s, with no bound on n. The rules of one gate share the
+    /// deadline of its connection.
+    #[test]
+    fn the_db_rules_of_a_gate_share_one_deadline() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db.sqlite");
+        rusqlite::Connection::open(&path)
+            .unwrap()
+            .execute_batch("CREATE TABLE t (x); INSERT INTO t VALUES (1);")
+            .unwrap();
+        let db = sql::open(&path, SqlAccess::ReadOnly, Duration::from_millis(300)).unwrap();
+        let (mut checks, mut warnings) = (Vec::new(), Vec::new());
+        let mut sink = Sink {
+            file: DB_FILE,
+            checks: &mut checks,
+            warnings: &mut warnings,
+        };
+        let endless = "WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM c) \
+                       SELECT count(*) FROM c";
+        let first = run_rule(&db, &rule("first", endless), &mut sink).unwrap_err();
+        assert_eq!(
+            first.to_string(),
+            GateError::Db(format!(
+                "db rule \"first\": {} (300ms)",
+                sql::DEADLINE_MESSAGE
+            ))
+            .to_string()
+        );
+        // The budget is spent: the next rule, a quick one, does not get a fresh one.
+        let quick = "WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM c \
+                     WHERE n < 100000) SELECT count(*) FROM c";
+        let second = run_rule(&db, &rule("second", quick), &mut sink).unwrap_err();
+        assert_eq!(
+            second.to_string(),
+            GateError::Db(format!(
+                "db rule \"second\": {} (300ms)",
+                sql::DEADLINE_MESSAGE
+            ))
+            .to_string()
+        );
+        assert!(sink.checks.is_empty(), "{:?}", sink.checks);
+    }
 }

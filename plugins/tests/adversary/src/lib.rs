@@ -148,6 +148,26 @@ const TOOLS: &[Spec] = &[
         &[("bytes", "integer")],
     ),
     (
+        "db_steps",
+        "Runs `steps` in order on one workflow-db connection, each {sql, params (strings), write}; stops at the first failure.",
+        &[("steps", "array")],
+    ),
+    (
+        "churn_preopens",
+        "Opens the file `path` `count` times, keeping every handle, and between two opens takes the preopened folders again and drops them; says how many it opened.",
+        &[("path", "string"), ("count", "integer")],
+    ),
+    (
+        "streams_outlive",
+        "Opens `name` in the preopened folder `dir` `count` times, keeping a read stream of each and dropping the descriptor; says how many it kept.",
+        &[("dir", "string"), ("name", "string"), ("count", "integer")],
+    ),
+    (
+        "sparse_write",
+        "Writes one byte at `offset` of the file `path` (created), through `how`: `seek` (std) or `write` (descriptor write at an offset); returns the file's length.",
+        &[("path", "string"), ("offset", "integer"), ("how", "string")],
+    ),
+    (
         "long_error",
         "Fails with an error message of `bytes` bytes.",
         &[("bytes", "integer")],
@@ -316,6 +336,27 @@ impl ToolPlugin for Adversary {
                 }
                 Ok(json!({ "written": bytes }))
             }
+            "db_steps" => db_steps(&args["steps"]),
+            "churn_preopens" => {
+                let path = string(&args, "path")?;
+                let mut handles = Vec::new();
+                repeat(number(&args, "count")?, |_| {
+                    // Dropping a preopen must not give back a descriptor that is still held.
+                    drop(wasip2::filesystem::preopens::get_directories());
+                    handles.push(std::fs::File::open(path)?);
+                    Ok(())
+                })
+            }
+            "streams_outlive" => streams_outlive(
+                string(&args, "dir")?,
+                string(&args, "name")?,
+                number(&args, "count")?,
+            ),
+            "sparse_write" => sparse_write(
+                string(&args, "path")?,
+                number(&args, "offset")?,
+                string(&args, "how")?,
+            ),
             "counter" => Ok(json!(CALLS.fetch_add(1, Ordering::Relaxed) + 1)),
             "long_error" => Err(ToolError::Failed(
                 "x".repeat(usize::try_from(number(&args, "bytes")?).unwrap_or(usize::MAX)),
@@ -394,6 +435,90 @@ fn fill(path: &str, bytes: u64) -> Result<Value, ToolError> {
         left -= n as u64;
     }
     Ok(json!({ "written": bytes }))
+}
+
+fn db_steps(steps: &Value) -> Result<Value, ToolError> {
+    let mut results = Vec::new();
+    for step in steps.as_array().into_iter().flatten() {
+        let sql = string(step, "sql")?;
+        let params: Vec<db::SqlValue> = step["params"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|p| db::SqlValue::from(p.as_str().unwrap_or_default()))
+            .collect();
+        let result = if step["write"].as_bool().unwrap_or(false) {
+            db::execute(sql, &params).map(|changed| json!({ "changed": changed }))
+        } else {
+            db::query(sql, &params).map(Value::Array)
+        };
+        results.push(result.map_err(db_failure)?);
+    }
+    Ok(Value::Array(results))
+}
+
+/// Keeps the read stream of a file after dropping its descriptor: the stream holds the host's
+/// file open all the same.
+fn streams_outlive(dir: &str, name: &str, count: u64) -> Result<Value, ToolError> {
+    use wasip2::filesystem::types::{DescriptorFlags, OpenFlags, PathFlags};
+    let (folder, _) = wasip2::filesystem::preopens::get_directories()
+        .into_iter()
+        .find(|(_, guest)| guest == dir)
+        .ok_or_else(|| ToolError::Failed(format!("no preopen {dir}")))?;
+    let mut streams = Vec::new();
+    for i in 0..count {
+        let file = match folder.open_at(
+            PathFlags::empty(),
+            name,
+            OpenFlags::empty(),
+            DescriptorFlags::READ,
+        ) {
+            Ok(file) => file,
+            Err(e) => return Ok(json!({ "done": i, "error": format!("{e:?}") })),
+        };
+        match file.read_via_stream(0) {
+            Ok(stream) => streams.push(stream),
+            Err(e) => return Ok(json!({ "done": i, "error": format!("{e:?}") })),
+        }
+        drop(file);
+    }
+    Ok(json!({ "done": count }))
+}
+
+fn sparse_write(path: &str, offset: u64, how: &str) -> Result<Value, ToolError> {
+    use std::io::{Seek, SeekFrom};
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(failed)?;
+    match how {
+        "seek" => {
+            file.seek(SeekFrom::Start(offset)).map_err(failed)?;
+            file.write_all(b"x").map_err(failed)?;
+        }
+        _ => {
+            drop(file);
+            let (dir, name) = path.rsplit_once('/').unwrap_or(("", path));
+            let (folder, _) = wasip2::filesystem::preopens::get_directories()
+                .into_iter()
+                .find(|(_, guest)| guest == dir)
+                .ok_or_else(|| ToolError::Failed(format!("no preopen {dir}")))?;
+            let file = folder
+                .open_at(
+                    wasip2::filesystem::types::PathFlags::empty(),
+                    name,
+                    wasip2::filesystem::types::OpenFlags::empty(),
+                    wasip2::filesystem::types::DescriptorFlags::WRITE,
+                )
+                .map_err(|e| ToolError::Failed(format!("{e:?}")))?;
+            file.write(b"x", offset)
+                .map_err(|e| ToolError::Failed(format!("{e:?}")))?;
+        }
+    }
+    let len = std::fs::metadata(path).map_err(failed)?.len();
+    Ok(json!({ "len": len }))
 }
 
 fn spin() -> ! {
