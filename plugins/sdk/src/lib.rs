@@ -2,27 +2,33 @@
 //!
 //! A Trellis plugin is a WebAssembly component built for `wasm32-wasip2`. This crate
 //! hides the component-model plumbing behind one trait per world and an export
-//! macro, so a tool plugin is about a dozen lines:
+//! macro, so a tool plugin is about a dozen lines (its crate also depends on
+//! `serde` and `schemars`):
 //!
 //! ```rust,ignore
-//! use trellis_plugin_sdk::{tool::{ToolPlugin, Tool, ToolError}, export_tool_plugin, serde_json::{json, Value}};
+//! use trellis_plugin_sdk::{serde_json::{Value, json}, tool::{ToolError, TypedTool}};
 //!
-//! struct Echo;
+//! #[derive(serde::Deserialize, schemars::JsonSchema)]
+//! struct Echo {
+//!     /// The text to return.
+//!     text: String,
+//! }
 //!
-//! impl ToolPlugin for Echo {
-//!     fn tools() -> Vec<Tool> {
-//!         vec![Tool::new("echo", "Returns its input.", json!({"type":"object","properties":{"text":{"type":"string"}},"required":["text"]})).read_only()]
-//!     }
-//!     fn call(_name: &str, args: Value) -> Result<Value, ToolError> {
-//!         Ok(json!({"text": args["text"]}))
+//! impl TypedTool for Echo {
+//!     const NAME: &str = "echo";
+//!     const DESCRIPTION: &str = "Returns its input.";
+//!     type Args = Self;
+//!     fn run(args: Self) -> Result<Value, ToolError> {
+//!         Ok(json!({ "text": args.text }))
 //!     }
 //! }
 //!
-//! export_tool_plugin!(Echo);
+//! trellis_plugin_sdk::export_tools!(Echo);
 //! ```
 //!
-//! - [`tool`]: [`ToolPlugin`](tool::ToolPlugin) and [`export_tool_plugin!`] for the
-//!   `tool-plugin` world.
+//! - [`tool`]: [`TypedTool`](tool::TypedTool) and [`export_tools!`] (the arguments'
+//!   schema derived from their type), or the untyped [`ToolPlugin`](tool::ToolPlugin)
+//!   and [`export_tool_plugin!`], for the `tool-plugin` world.
 //! - [`validator`]: [`ValidatorPlugin`](validator::ValidatorPlugin) and
 //!   [`export_validator_plugin!`] for the `validator-plugin` world.
 //! - [`llm`]: [`LlmProvider`](llm::LlmProvider), [`export_llm_provider!`] and a
@@ -39,6 +45,7 @@ pub mod log;
 pub mod tool;
 pub mod validator;
 
+pub use schemars;
 pub use serde;
 pub use serde_json;
 

@@ -1,15 +1,22 @@
 //! The `tool-plugin` world: tools an agent can call.
 //!
-//! Implement [`ToolPlugin`] on a unit struct and pass it to
-//! [`export_tool_plugin!`](crate::export_tool_plugin). The SDK parses the JSON
-//! arguments, answers `unknown-tool` for names that [`ToolPlugin::tools`] does not
-//! list, and serializes the result.
+//! Declare each tool as a type implementing [`TypedTool`], with its arguments as a
+//! struct deriving `Deserialize` and [`JsonSchema`]: the argument schema is derived
+//! from that struct, so the arguments are declared once. Export the tools with
+//! [`export_tools!`](crate::export_tools).
+//!
+//! The untyped API remains: implement [`ToolPlugin`] on a unit struct and pass it to
+//! [`export_tool_plugin!`](crate::export_tool_plugin). Either way the SDK parses the
+//! JSON arguments, answers `unknown-tool` for names that are not listed, and
+//! serializes the result.
 
 use std::fmt;
 use std::io;
 use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 
+use schemars::JsonSchema;
+use schemars::generate::SchemaSettings;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
@@ -74,9 +81,233 @@ impl Tool {
         self
     }
 
+    /// Replaces the tool's hints.
+    pub fn with_hints(mut self, hints: Hints) -> Self {
+        self.hints = ToolHints {
+            read_only: hints.read_only,
+            destructive: hints.destructive,
+            idempotent: hints.idempotent,
+        };
+        self
+    }
+
     /// The tool's name within the plugin.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The JSON Schema of the tool's arguments.
+    pub fn input_schema(&self) -> &Value {
+        &self.input_schema
+    }
+}
+
+/// What a tool does besides returning its result, told to the host and the model.
+/// Build one in a `const` with the `const fn`s: `Hints::NONE.destructive().idempotent()`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Hints {
+    /// Changes nothing outside its result.
+    pub read_only: bool,
+    /// Can delete or overwrite data.
+    pub destructive: bool,
+    /// Two calls with the same arguments have the effect of one.
+    pub idempotent: bool,
+}
+
+impl Hints {
+    /// No hint set: the tool may change things and is not idempotent.
+    pub const NONE: Hints = Hints {
+        read_only: false,
+        destructive: false,
+        idempotent: false,
+    };
+    /// Changes nothing outside its result (which also makes it idempotent).
+    pub const READ_ONLY: Hints = Hints {
+        read_only: true,
+        destructive: false,
+        idempotent: true,
+    };
+
+    /// These hints, and able to delete or overwrite data.
+    pub const fn destructive(mut self) -> Hints {
+        self.destructive = true;
+        self
+    }
+
+    /// These hints, and idempotent.
+    pub const fn idempotent(mut self) -> Hints {
+        self.idempotent = true;
+        self
+    }
+}
+
+/// A tool declared as a type: its name, description and hints as constants, and its
+/// arguments as a type whose JSON Schema is derived (with [`schemars`]) rather than
+/// written by hand.
+///
+/// ```rust,ignore
+/// /// Arguments of `echo`.
+/// #[derive(Deserialize, JsonSchema)]
+/// #[serde(deny_unknown_fields)]
+/// struct EchoArgs {
+///     /// The text to return.
+///     text: String,
+/// }
+///
+/// struct Echo;
+///
+/// impl TypedTool for Echo {
+///     const NAME: &str = "echo";
+///     const DESCRIPTION: &str = "Returns its input.";
+///     const HINTS: Hints = Hints::READ_ONLY;
+///     type Args = EchoArgs;
+///     fn run(args: EchoArgs) -> Result<Value, ToolError> {
+///         Ok(json!({ "text": args.text }))
+///     }
+/// }
+///
+/// export_tools!(Echo);
+/// ```
+///
+/// Field doc comments (or `#[schemars(description = ...)]`) become the properties'
+/// `description`s, `#[serde(deny_unknown_fields)]` becomes `"additionalProperties":
+/// false`, a field with a serde default or of type `Option` is not required, and
+/// `#[schemars(range(min = 1))]`, `length(...)` and `pattern(...)` add the matching
+/// JSON Schema keywords. See [`args_schema`] for what the SDK adjusts.
+pub trait TypedTool {
+    /// The tool's name within the plugin, `snake_case`; the host offers it to the
+    /// model as `plugin-id:NAME`.
+    const NAME: &'static str;
+    /// What the tool does, written for the model.
+    const DESCRIPTION: &'static str;
+    /// The tool's behaviour hints; none by default.
+    const HINTS: Hints = Hints::NONE;
+    /// The arguments object.
+    type Args: DeserializeOwned + JsonSchema;
+
+    /// Runs the tool with arguments the host has validated against the schema of
+    /// [`Args`](Self::Args) and the SDK has deserialized.
+    fn run(args: Self::Args) -> Result<Value, ToolError>;
+
+    /// The tool as listed to the host.
+    fn tool() -> Tool {
+        Tool::new(Self::NAME, Self::DESCRIPTION, args_schema::<Self::Args>())
+            .with_hints(Self::HINTS)
+    }
+
+    /// Deserializes `args` (a mismatch is [`ToolError::InvalidArguments`]) and runs
+    /// the tool.
+    fn call_json(args: Value) -> Result<Value, ToolError> {
+        Self::run(from_args(args)?)
+    }
+}
+
+/// The JSON Schema (draft 2020-12) of a tool's arguments type `T`, as [`TypedTool`]
+/// lists it. Subschemas are inlined, so the schema has no `$defs` and no `$ref`
+/// unless `T` is recursive (and then they are local). The root's `title` and
+/// `description` (the Rust type's name and doc comment) are left out, since the tool
+/// has its own description; so is schemars' `format` for integer widths (`uint`,
+/// `int32`, ...), which is not a JSON Schema format, and a `"default": null`, which
+/// schemars writes for a defaulted `Option` field given a non-null schema with
+/// `#[schemars(with = "String")]` (the way to keep `null` out of the schema).
+pub fn args_schema<T: JsonSchema>() -> Value {
+    let mut settings = SchemaSettings::draft2020_12();
+    settings.inline_subschemas = true;
+    let mut schema = settings
+        .into_generator()
+        .into_root_schema_for::<T>()
+        .to_value();
+    if let Some(root) = schema.as_object_mut() {
+        root.remove("title");
+        root.remove("description");
+    }
+    tidy(&mut schema);
+    schema
+}
+
+fn tidy(schema: &mut Value) {
+    match schema {
+        Value::Object(map) => {
+            let integer = map.get("type").and_then(Value::as_str) == Some("integer");
+            let width = map.get("format").and_then(Value::as_str).is_some_and(|f| {
+                f.strip_prefix('u')
+                    .unwrap_or(f)
+                    .strip_prefix("int")
+                    .is_some_and(|bits| bits.chars().all(|c| c.is_ascii_digit()))
+            });
+            if integer && width {
+                map.remove("format");
+            }
+            if map.get("default").is_some_and(Value::is_null) {
+                map.remove("default");
+            }
+            // Values of these keywords are data, not schemas.
+            map.iter_mut()
+                .filter(|(key, _)| {
+                    !matches!(key.as_str(), "enum" | "const" | "examples" | "default")
+                })
+                .for_each(|(_, value)| tidy(value));
+        }
+        Value::Array(items) => items.iter_mut().for_each(tidy),
+        _ => {}
+    }
+}
+
+/// A set of [`TypedTool`]s, as a tuple of up to 12 of them: `(ReadFile, WriteFile)`.
+pub trait Toolbox {
+    /// Every tool in the set, in order.
+    fn tools() -> Vec<Tool>;
+    /// Runs the tool named `name`; `unknown-tool` if none is.
+    fn call(name: &str, args: Value) -> Result<Value, ToolError>;
+}
+
+macro_rules! toolbox_for_tuples {
+    ($($tool:ident)+) => {
+        impl<$($tool: TypedTool),+> Toolbox for ($($tool,)+) {
+            fn tools() -> Vec<Tool> {
+                vec![$($tool::tool()),+]
+            }
+
+            fn call(name: &str, args: Value) -> Result<Value, ToolError> {
+                $(if name == $tool::NAME {
+                    return $tool::call_json(args);
+                })+
+                Err(ToolError::UnknownTool(name.to_owned()))
+            }
+        }
+    };
+}
+
+toolbox_for_tuples!(A);
+toolbox_for_tuples!(A B);
+toolbox_for_tuples!(A B C);
+toolbox_for_tuples!(A B C D);
+toolbox_for_tuples!(A B C D E);
+toolbox_for_tuples!(A B C D E F);
+toolbox_for_tuples!(A B C D E F G);
+toolbox_for_tuples!(A B C D E F G H);
+toolbox_for_tuples!(A B C D E F G H I);
+toolbox_for_tuples!(A B C D E F G H I J);
+toolbox_for_tuples!(A B C D E F G H I J K);
+toolbox_for_tuples!(A B C D E F G H I J K L);
+
+/// The [`ToolPlugin`] made of the typed tools `T`, a [`Toolbox`] tuple; what
+/// [`export_tools!`](crate::export_tools) exports.
+pub struct Tools<T>(PhantomData<T>);
+
+impl<T> fmt::Debug for Tools<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Tools")
+    }
+}
+
+impl<T: Toolbox> ToolPlugin for Tools<T> {
+    fn tools() -> Vec<Tool> {
+        T::tools()
+    }
+
+    fn call(name: &str, args: Value) -> Result<Value, ToolError> {
+        T::call(name, args)
     }
 }
 
@@ -272,8 +503,18 @@ macro_rules! export_tool_plugin {
     };
 }
 
+/// Exports [`TypedTool`]s as the plugin's `tool` interface: `export_tools!(ReadFile,
+/// WriteFile)`. Use it once, at the top level of a `cdylib` crate.
+#[macro_export]
+macro_rules! export_tools {
+    ($($tool:ty),+ $(,)?) => {
+        $crate::export_tool_plugin!($crate::tool::Tools<($($tool,)+)>);
+    };
+}
+
 #[cfg(test)]
 mod tests {
+    use serde::Deserialize;
     use serde_json::json;
 
     use super::*;
@@ -315,6 +556,125 @@ mod tests {
             tools[0].hints.read_only && tools[0].hints.idempotent && !tools[0].hints.destructive
         );
         assert_eq!(tools[0].input_schema, r#"{"type":"object"}"#);
+    }
+
+    /// Arguments of `greet`; this doc comment is not in the schema.
+    #[derive(Deserialize, JsonSchema)]
+    #[serde(deny_unknown_fields)]
+    struct GreetArgs {
+        /// Who to greet.
+        name: String,
+        /// How many times. Default 1.
+        #[serde(default = "one")]
+        #[schemars(range(min = 1, max = 10))]
+        times: u32,
+        /// Greeting to use.
+        #[serde(default)]
+        #[schemars(with = "String")]
+        greeting: Option<String>,
+        #[serde(default)]
+        nested: Vec<Pair>,
+    }
+
+    #[derive(Deserialize, JsonSchema)]
+    struct Pair {
+        key: String,
+    }
+
+    fn one() -> u32 {
+        1
+    }
+
+    struct Greet;
+
+    impl TypedTool for Greet {
+        const NAME: &str = "greet";
+        const DESCRIPTION: &str = "Greets someone.";
+        const HINTS: Hints = Hints::READ_ONLY;
+        type Args = GreetArgs;
+
+        fn run(args: GreetArgs) -> Result<Value, ToolError> {
+            let greeting = args.greeting.unwrap_or_else(|| "hello".to_owned());
+            let greeted = format!("{greeting} {}", args.name).repeat(args.times as usize);
+            Ok(json!({ "greeted": greeted, "pairs": args.nested.len() }))
+        }
+    }
+
+    struct Forget;
+
+    impl TypedTool for Forget {
+        const NAME: &str = "forget";
+        const DESCRIPTION: &str = "Forgets something.";
+        const HINTS: Hints = Hints::NONE.destructive().idempotent();
+        type Args = Pair;
+
+        fn run(args: Pair) -> Result<Value, ToolError> {
+            Ok(json!({ "forgot": args.key }))
+        }
+    }
+
+    type Typed = Tools<(Greet, Forget)>;
+
+    #[test]
+    fn typed_tools_derive_their_schema_from_the_arguments_type() {
+        let schema = Greet::tool().input_schema().clone();
+        assert_eq!(
+            schema,
+            json!({
+                "$schema": "https://json-schema.org/draft/2020-12/schema",
+                "type": "object",
+                "properties": {
+                    "name": { "type": "string", "description": "Who to greet." },
+                    "times": {
+                        "type": "integer", "minimum": 1, "maximum": 10, "default": 1,
+                        "description": "How many times. Default 1."
+                    },
+                    "greeting": { "type": "string", "description": "Greeting to use." },
+                    "nested": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "properties": { "key": { "type": "string" } },
+                            "required": ["key"]
+                        }
+                    }
+                },
+                "required": ["name"],
+                "additionalProperties": false
+            })
+        );
+        assert!(!schema.to_string().contains("$ref"));
+    }
+
+    #[test]
+    fn typed_tools_list_hints_and_dispatch_by_name() {
+        let tools = Adapter::<Typed>::list_tools();
+        let names: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["greet", "forget"]);
+        assert!(tools[0].hints.read_only && tools[0].hints.idempotent);
+        assert!(tools[1].hints.destructive && tools[1].hints.idempotent);
+        assert!(!tools[1].hints.read_only);
+        let out = Adapter::<Typed>::call_tool("greet".into(), r#"{"name":"Ann"}"#.into());
+        assert_eq!(out.unwrap(), r#"{"greeted":"hello Ann","pairs":0}"#);
+        let out = Adapter::<Typed>::call_tool("forget".into(), r#"{"key":"k"}"#.into());
+        assert_eq!(out.unwrap(), r#"{"forgot":"k"}"#);
+    }
+
+    #[test]
+    fn typed_tools_report_bad_arguments_and_unknown_names() {
+        let err = Adapter::<Typed>::call_tool("greet".into(), "{}".into()).unwrap_err();
+        assert!(
+            matches!(&err, ToolError::InvalidArguments(m) if m.contains("missing field `name`")),
+            "{err:?}"
+        );
+        let err = Adapter::<Typed>::call_tool("greet".into(), r#"{"name":"a","x":1}"#.into())
+            .unwrap_err();
+        assert!(
+            matches!(&err, ToolError::InvalidArguments(m) if m.contains("unknown field `x`")),
+            "{err:?}"
+        );
+        let err = <Typed as ToolPlugin>::call("nope", json!({})).unwrap_err();
+        assert!(matches!(err, ToolError::UnknownTool(name) if name == "nope"));
     }
 
     #[test]

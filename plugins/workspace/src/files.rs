@@ -6,9 +6,10 @@ use std::hash::{BuildHasher, RandomState};
 use std::io::{self, BufRead, BufReader, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use trellis_plugin_sdk::tool::{ToolError, from_args};
+use trellis_plugin_sdk::tool::ToolError;
 
 use crate::paths::WsPath;
 
@@ -19,16 +20,26 @@ fn yes() -> bool {
     true
 }
 
-#[derive(Deserialize)]
+/// Told to the model for every argument that names a file.
+pub const PATH_HELP: &str = "Workspace-relative path, e.g. `knowledgebase/notes/ideas.md`. \
+                             Only folders granted to you in this step exist.";
+
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct ReadArgs {
+pub struct ReadArgs {
+    #[schemars(description = PATH_HELP)]
     path: String,
+    /// First line to return, counting from 1. Default 1.
+    #[serde(default)]
+    #[schemars(with = "u64", range(min = 1))]
     offset_line: Option<u64>,
+    /// Most lines to return. Default: to the end of the file.
+    #[serde(default)]
+    #[schemars(with = "u64", range(min = 1))]
     max_lines: Option<u64>,
 }
 
-pub fn read_file(args: Value) -> Result<Value, ToolError> {
-    let args: ReadArgs = from_args(args)?;
+pub fn read_file(args: ReadArgs) -> Result<Value, ToolError> {
     let path = WsPath::parse(&args.path);
     let meta = fs::metadata(path.guest()).map_err(|e| ToolError::from_io(path.display(), &e))?;
     if meta.is_dir() {
@@ -113,17 +124,19 @@ fn read_window(
     Ok((content, number, truncated))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct WriteArgs {
+pub struct WriteArgs {
+    #[schemars(description = PATH_HELP)]
     path: String,
+    /// The complete new content of the file.
     content: String,
+    /// Create missing parent folders. Default true.
     #[serde(default = "yes")]
     create_dirs: bool,
 }
 
-pub fn write_file(args: Value) -> Result<Value, ToolError> {
-    let args: WriteArgs = from_args(args)?;
+pub fn write_file(args: WriteArgs) -> Result<Value, ToolError> {
     let path = WsPath::parse(&args.path);
     refuse_root(&path)?;
     if fs::metadata(path.guest()).is_ok_and(|m| m.is_dir()) {
@@ -138,13 +151,17 @@ pub fn write_file(args: Value) -> Result<Value, ToolError> {
     Ok(json!({ "path": path.display(), "bytes_written": args.content.len() }))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct ListArgs {
+pub struct ListArgs {
+    /// Workspace-relative folder, e.g. `knowledgebase/notes`.
     path: String,
+    /// Also list everything below subfolders. Default false.
     #[serde(default)]
     recursive: bool,
+    /// Stop after this many entries and set `truncated`. Default 500.
     #[serde(default = "default_max_entries")]
+    #[schemars(range(min = 1, max = 10000))]
     max_entries: usize,
 }
 
@@ -152,8 +169,7 @@ fn default_max_entries() -> usize {
     500
 }
 
-pub fn list_dir(args: Value) -> Result<Value, ToolError> {
-    let args: ListArgs = from_args(args)?;
+pub fn list_dir(args: ListArgs) -> Result<Value, ToolError> {
     let path = WsPath::parse(&args.path);
     let meta = fs::metadata(path.guest())
         .map_err(|e| root_hint(&path, ToolError::from_io(path.display(), &e)))?;
@@ -240,14 +256,14 @@ pub fn sorted_entries(dir: &WsPath) -> Result<Vec<Entry>, ToolError> {
     Ok(entries)
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct DeleteArgs {
+pub struct DeleteArgs {
+    #[schemars(description = PATH_HELP)]
     path: String,
 }
 
-pub fn delete_file(args: Value) -> Result<Value, ToolError> {
-    let args: DeleteArgs = from_args(args)?;
+pub fn delete_file(args: DeleteArgs) -> Result<Value, ToolError> {
     let path = WsPath::parse(&args.path);
     refuse_root(&path)?;
     let meta =
@@ -261,17 +277,19 @@ pub fn delete_file(args: Value) -> Result<Value, ToolError> {
     Ok(json!({ "path": path.display(), "deleted": true }))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct MoveArgs {
+pub struct MoveArgs {
+    /// Workspace-relative path of the file to move.
     from: String,
+    /// Workspace-relative destination path, including the file name.
     to: String,
+    /// Replace the destination if it exists. Default false.
     #[serde(default)]
     overwrite: bool,
 }
 
-pub fn move_file(args: Value) -> Result<Value, ToolError> {
-    let args: MoveArgs = from_args(args)?;
+pub fn move_file(args: MoveArgs) -> Result<Value, ToolError> {
     let from = WsPath::parse(&args.from);
     let to = WsPath::parse(&args.to);
     refuse_root(&from)?;

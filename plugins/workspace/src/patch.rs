@@ -4,14 +4,24 @@
 //! [`apply_patch`] touches the filesystem. Every hunk of every file is checked
 //! against the current contents before anything is written, then all new
 //! contents are staged as temporary files and renamed into place.
+//!
+//! Hand-written rather than `diffy` (0.4.2), on behaviour: tried on this module's
+//! test cases, diffy parses one file per patch (a two-file patch is "Hunk header
+//! does not match hunk"), refuses a hunk on a CRLF file patched with LF lines,
+//! and reports a context mismatch or a wrong hunk count only as "error applying
+//! hunk #1" / "Hunk header does not match hunk", where the agent needs the line
+//! that differs and the counts to fix its patch. Keeping those would leave diffy
+//! only the hunk search of [`apply`], which also differs (here the position
+//! closest to the stated line wins, never before the previous hunk).
 
 use std::collections::BTreeMap;
 use std::fs;
 use std::io;
 
+use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use trellis_plugin_sdk::tool::{ToolError, from_args};
+use trellis_plugin_sdk::tool::ToolError;
 
 use crate::files::{Staged, create_parent_dirs, stage, temp_path};
 use crate::paths::WsPath;
@@ -367,14 +377,15 @@ fn mismatch(lines: &[&str], old: &[&str], at: usize) -> String {
     "its lines were not found after the previous hunk".to_owned()
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct PatchArgs {
+pub struct PatchArgs {
+    /// The unified diff.
+    #[schemars(length(min = 1))]
     patch: String,
 }
 
-pub fn apply_patch(args: Value) -> Result<Value, ToolError> {
-    let args: PatchArgs = from_args(args)?;
+pub fn apply_patch(args: PatchArgs) -> Result<Value, ToolError> {
     let files = parse(&args.patch).map_err(ToolError::InvalidArguments)?;
 
     // The state each touched file will have once the patch is applied; `None`

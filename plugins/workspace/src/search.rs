@@ -2,10 +2,12 @@
 
 use std::fs;
 
+use globset::{Glob, GlobMatcher};
 use regex::{Regex, RegexBuilder};
+use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use trellis_plugin_sdk::tool::{ToolError, from_args};
+use trellis_plugin_sdk::tool::ToolError;
 
 use crate::files::{Kind, MAX_TEXT_BYTES, root_hint, sorted_entries};
 use crate::paths::WsPath;
@@ -16,15 +18,24 @@ const MAX_LINE_CHARS: usize = 400;
 
 pub const MAX_RESULTS_LIMIT: usize = 1000;
 
-#[derive(Deserialize)]
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct SearchArgs {
+pub struct SearchArgs {
+    /// Regular expression matched against each line, e.g. `fn \w+_test`.
+    #[schemars(length(min = 1))]
     pattern: String,
+    /// Workspace-relative folder or file to search. Default: the workspace root, which is usually not granted; pass one of your folders.
     #[serde(default = "default_path")]
     path: String,
+    /// Only search files whose name matches, e.g. `*.md`. `*` matches any characters, `?` one character.
+    #[serde(default)]
+    #[schemars(with = "String", pattern("^[^/]*$"))]
     glob: Option<String>,
+    /// Stop after this many matching lines and set `truncated`. Default 100.
     #[serde(default = "default_max_results")]
+    #[schemars(range(min = 1, max = MAX_RESULTS_LIMIT))]
     max_results: usize,
+    /// Ignore letter case. Default false.
     #[serde(default)]
     case_insensitive: bool,
 }
@@ -39,7 +50,7 @@ fn default_max_results() -> usize {
 
 struct Search {
     regex: Regex,
-    glob: Option<String>,
+    glob: Option<GlobMatcher>,
     max_results: usize,
     matches: Vec<Value>,
     files_scanned: u64,
@@ -47,8 +58,7 @@ struct Search {
     truncated: bool,
 }
 
-pub fn search(args: Value) -> Result<Value, ToolError> {
-    let args: SearchArgs = from_args(args)?;
+pub fn search(args: SearchArgs) -> Result<Value, ToolError> {
     let regex = RegexBuilder::new(&args.pattern)
         .case_insensitive(args.case_insensitive)
         .build()
@@ -61,12 +71,18 @@ pub fn search(args: Value) -> Result<Value, ToolError> {
                 .to_owned(),
         ));
     }
+    let glob = args
+        .glob
+        .as_deref()
+        .map(compile_glob)
+        .transpose()
+        .map_err(ToolError::InvalidArguments)?;
     let root = WsPath::parse(&args.path);
     let meta = fs::metadata(root.guest())
         .map_err(|e| root_hint(&root, ToolError::from_io(root.display(), &e)))?;
     let mut search = Search {
         regex,
-        glob: args.glob,
+        glob,
         max_results: args.max_results.clamp(1, MAX_RESULTS_LIMIT),
         matches: Vec::new(),
         files_scanned: 0,
@@ -105,8 +121,8 @@ impl Search {
                 Kind::File
                     if self
                         .glob
-                        .as_deref()
-                        .is_none_or(|g| glob_match(g, entry.path.file_name())) =>
+                        .as_ref()
+                        .is_none_or(|g| g.is_match(entry.path.file_name())) =>
                 {
                     self.scan(&entry.path, entry.size)
                 }
@@ -150,36 +166,18 @@ fn clip(line: &str) -> String {
     }
 }
 
-/// Matches a file name against a glob where `*` is any run of characters and `?`
-/// is one character; everything else is literal.
-pub fn glob_match(glob: &str, name: &str) -> bool {
-    let glob: Vec<char> = glob.chars().collect();
-    let name: Vec<char> = name.chars().collect();
-    let (mut g, mut n) = (0, 0);
-    // Where the last `*` was and how much of the name it has swallowed, so a failed
-    // match can backtrack by letting that star take one more character.
-    let mut star: Option<(usize, usize)> = None;
-    while n < name.len() {
-        match glob.get(g) {
-            Some('*') => {
-                star = Some((g, n));
-                g += 1;
-            }
-            Some(&c) if c == '?' || c == name[n] => {
-                g += 1;
-                n += 1;
-            }
-            _ => match star {
-                Some((star_g, star_n)) => {
-                    g = star_g + 1;
-                    n = star_n + 1;
-                    star = Some((star_g, star_n + 1));
-                }
-                None => return false,
-            },
-        }
-    }
-    glob[g..].iter().all(|&c| c == '*')
+/// Compiles a file-name glob with `globset`: `*` is any run of characters, `?` one
+/// character, and globset's `[abc]`, `{a,b}` and backslash escapes work too.
+pub fn compile_glob(glob: &str) -> Result<GlobMatcher, String> {
+    Glob::new(glob)
+        .map(|glob| glob.compile_matcher())
+        .map_err(|e| format!("`glob` is not a valid glob: {e}"))
+}
+
+/// Whether the file name `name` matches `glob`.
+#[cfg(test)]
+fn glob_match(glob: &str, name: &str) -> bool {
+    compile_glob(glob).unwrap().is_match(name)
 }
 
 #[cfg(test)]
@@ -200,6 +198,14 @@ mod tests {
         assert!(!glob_match("README", "readme"));
         assert!(glob_match("**", ""));
         assert!(glob_match("é*", "étude.txt"));
+    }
+
+    #[test]
+    fn glob_classes_work_and_invalid_globs_are_refused() {
+        assert!(glob_match("plan-[12].json", "plan-2.json"));
+        assert!(!glob_match("plan-[12].json", "plan-3.json"));
+        assert!(glob_match("*.{md,txt}", "a.txt"));
+        assert!(compile_glob("[").unwrap_err().contains("not a valid glob"));
     }
 
     #[test]
