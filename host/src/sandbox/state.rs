@@ -8,12 +8,12 @@ use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
-use super::bindings::tool::trellis::plugin::{host, types, workflow_db};
 use crate::capabilities::DbGrant;
 use crate::capabilities::fs_guard::{FsBudget, GuardedFsView};
 use crate::capabilities::sql::{self, GuardedDb, SqlAccess};
 use crate::capabilities::{FsLimitExceeded, FsLimits};
 use crate::llm::http::HttpPolicy;
+use crate::plugins::bindings::tool::trellis::plugin::{host, types, workflow_db};
 
 /// Log lines longer than this are cut: a plugin cannot flood the host's log.
 const LOG_LINE_BYTES: usize = 4 << 10;
