@@ -29,7 +29,9 @@ use crate::engine::Engine;
 use crate::llm::{self, LlmCallError, LlmError};
 use crate::sandbox::state::CallState;
 use crate::sandbox::{self, CallFailure, CallFuture};
-use crate::validation::{CheckResult, CustomOutcome, CustomValidator};
+use crate::validation::{
+    CheckResult, CustomOutcome, CustomValidator, ValidateFuture, ValidatorError,
+};
 pub use manifest::{Manifest, PluginKind};
 pub use tools::{ToolCallError, ToolErrorKind, ToolListing, ToolSpec, normalize_tool_name};
 
@@ -481,6 +483,28 @@ fn call_error(failure: CallFailure, tool: String) -> ToolCallError {
     }
 }
 
+/// A failed call as the error of validator `validator`.
+fn validator_error(failure: CallFailure, validator: String) -> ValidatorError {
+    match failure {
+        CallFailure::Timeout(after) => ValidatorError::Timeout { validator, after },
+        CallFailure::Memory { limit } => ValidatorError::MemoryLimit { validator, limit },
+        CallFailure::StackOverflow => ValidatorError::StackOverflow { validator },
+        CallFailure::FsLimit(exceeded) => ValidatorError::FsLimit {
+            validator,
+            exceeded,
+        },
+        CallFailure::Exit {
+            message, stderr, ..
+        }
+        | CallFailure::Trap { message, stderr } => ValidatorError::Crashed {
+            validator,
+            message,
+            stderr,
+        },
+        CallFailure::Host(error) => ValidatorError::Host { validator, error },
+    }
+}
+
 impl PluginRegistry {
     /// Runs validator plugin `id` on `file` (a host path) with `rule`, the whole file
     /// rule of the schema. The plugin sees the file's folder read-only, at `/input`.
@@ -492,18 +516,18 @@ impl PluginRegistry {
         file: &Path,
         rule: &serde_json::Value,
         limits: &Limits,
-    ) -> Result<CustomOutcome, String> {
+    ) -> Result<CustomOutcome, ValidatorError> {
         let plugin = self
             .plugins
             .get(id)
             .filter(|p| p.manifest.kind == PluginKind::Validator)
-            .ok_or_else(|| format!("no validator plugin `{id}`"))?;
+            .ok_or_else(|| ValidatorError::Unknown(id.to_string()))?;
         let (Some(folder), Some(name)) = (file.parent(), file.file_name()) else {
-            return Err(format!("{} is not a file", file.display()));
+            return Err(ValidatorError::NotAFile(file.to_path_buf()));
         };
         let grant = Grant::none()
             .read(folder, "/input")
-            .map_err(|e| format!("{e:#}"))?;
+            .map_err(ValidatorError::Grant)?;
         let request = bindings::validator::exports::trellis::plugin::validator::ValidateRequest {
             validation_type: validation_type.to_string(),
             file: format!("/input/{}", name.to_string_lossy()),
@@ -521,17 +545,23 @@ impl PluginRegistry {
             })
         })
         .await;
-        let label = format!("validator `{id}`");
+        let validator = id.to_string();
         let report = match outcome {
             Ok(Ok(report)) if report.checks.len() > MAX_VALIDATOR_CHECKS => {
-                return Err(format!(
-                    "{label}: returned {} checks, over the limit of {MAX_VALIDATOR_CHECKS}",
-                    report.checks.len()
-                ));
+                return Err(ValidatorError::TooManyChecks {
+                    validator,
+                    count: report.checks.len(),
+                    limit: MAX_VALIDATOR_CHECKS,
+                });
             }
             Ok(Ok(report)) => report,
-            Ok(Err(message)) => return Err(format!("{label}: {}", cap_text(message))),
-            Err(failure) => return Err(call_error(failure, label).to_string()),
+            Ok(Err(message)) => {
+                return Err(ValidatorError::Rule {
+                    validator,
+                    message: cap_text(message),
+                });
+            }
+            Err(failure) => return Err(validator_error(failure, validator)),
         };
         let size: usize = report
             .checks
@@ -547,10 +577,11 @@ impl PluginRegistry {
             .chain(report.warnings.iter().map(String::len))
             .sum();
         if size > limits.output_bytes {
-            return Err(format!(
-                "{label}: report of {size} bytes is over the {}-byte output limit",
-                limits.output_bytes
-            ));
+            return Err(ValidatorError::ReportTooLarge {
+                validator,
+                size,
+                limit: limits.output_bytes,
+            });
         }
         Ok(capped_outcome(report))
     }
@@ -740,32 +771,19 @@ impl CustomValidator for PluginValidators<'_> {
             .is_some_and(|p| p.manifest.kind == PluginKind::Validator)
     }
 
-    fn validate(
-        &self,
-        validation_type: &str,
-        file: &Path,
-        rule: &serde_json::Value,
-    ) -> Result<CustomOutcome, String> {
-        // The gate is synchronous and may itself run inside an async task: drive the
-        // plugin call on a thread of its own with a small runtime, which works from both.
-        std::thread::scope(|scope| {
-            scope
-                .spawn(|| {
-                    let runtime = tokio::runtime::Builder::new_current_thread()
-                        .enable_time()
-                        .build()
-                        .map_err(|e| format!("starting a runtime for the validator: {e}"))?;
-                    runtime.block_on(self.registry.validate_file(
-                        validation_type,
-                        validation_type,
-                        file,
-                        rule,
-                        &self.limits,
-                    ))
-                })
-                .join()
-                .unwrap_or_else(|_| Err("the validator thread panicked".into()))
-        })
+    fn validate<'a>(
+        &'a self,
+        validation_type: &'a str,
+        file: &'a Path,
+        rule: &'a serde_json::Value,
+    ) -> ValidateFuture<'a> {
+        Box::pin(self.registry.validate_file(
+            validation_type,
+            validation_type,
+            file,
+            rule,
+            &self.limits,
+        ))
     }
 }
 
