@@ -20,15 +20,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::component::{Component, Linker};
 
 use crate::bundled;
-use crate::capabilities::fs_guard::add_wasi_to_linker;
 use crate::capabilities::{FsLimits, Grant, Limits};
 use crate::engine::Engine;
 use crate::llm::{self, LlmCallError, LlmError};
 use crate::sandbox::state::CallState;
-use crate::sandbox::{self, CallFailure, CallFuture};
+use crate::sandbox::{self, CallFailure, CallFuture, slices};
 use crate::validation::{
     CheckResult, CustomOutcome, CustomValidator, ValidateFuture, ValidatorError,
 };
@@ -186,31 +185,11 @@ impl PluginRegistry {
 
     /// A registry with nothing loaded.
     pub fn empty(engine: &Engine) -> Result<Self> {
-        let mut tool_linker = Linker::new(engine.wasmtime());
-        add_wasi_to_linker(&mut tool_linker)?;
-        bindings::tool::ToolPlugin::add_to_linker::<CallState, HasSelf<CallState>>(
-            &mut tool_linker,
-            |s| s,
-        )?;
-        let mut validator_linker = Linker::new(engine.wasmtime());
-        add_wasi_to_linker(&mut validator_linker)?;
-        bindings::validator::ValidatorPlugin::add_to_linker::<CallState, HasSelf<CallState>>(
-            &mut validator_linker,
-            |s| s,
-        )?;
-        // An LLM provider gets WASI, `wasi:http` (gated per call by the host's
-        // policy) and the host interface; not the workflow db.
-        let mut llm_linker = Linker::new(engine.wasmtime());
-        add_wasi_to_linker(&mut llm_linker)?;
-        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut llm_linker)?;
-        bindings::tool::trellis::plugin::host::add_to_linker::<CallState, HasSelf<CallState>>(
-            &mut llm_linker,
-            |s| s,
-        )?;
-        bindings::tool::trellis::plugin::types::add_to_linker::<CallState, HasSelf<CallState>>(
-            &mut llm_linker,
-            |s| s,
-        )?;
+        let tool_linker = slices::linker(engine, slices::TOOL)?;
+        let validator_linker = slices::linker(engine, slices::VALIDATOR)?;
+        // An LLM provider gets WASI, `wasi:http` (gated per call by the host's policy) and
+        // the host interface; not the workflow db.
+        let llm_linker = slices::linker(engine, slices::PROVIDER)?;
         Ok(PluginRegistry {
             engine: engine.clone(),
             tool_linker,

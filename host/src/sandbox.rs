@@ -8,9 +8,12 @@
 //! - [`call`]: the one call path (store builder, deadline, failure sorting).
 //! - [`output`]: the head-and-tail stdout/stderr sink.
 //! - [`state`]: the store data of one call and its memory limiter.
+//! - [`slices`]: the capabilities fs, db, http and log, each linked once; a world's linker
+//!   is the list of its slices.
 
 pub(crate) mod call;
 pub(crate) mod output;
+pub(crate) mod slices;
 pub(crate) mod state;
 
 pub(crate) use call::{Call, CallFailure, CallFuture, run};

@@ -34,17 +34,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use serde_json::json;
-use wasmtime::component::{Component, HasSelf, InstancePre, Linker};
+use wasmtime::component::{Component, InstancePre, Linker};
 use wasmtime_wasi::FsPerms;
 use wasmtime_wasi::p2::bindings::CommandPre;
 
-use crate::capabilities::fs_guard::add_wasi_to_linker;
 use crate::capabilities::turn::{DB_FILE, TurnAccess, TurnContext, grant_for_access};
 use crate::capabilities::{FsLimitExceeded, FsLimits, Limits};
 use crate::engine::Engine;
-use crate::plugins::bindings::tool::trellis::plugin as wit;
 use crate::sandbox::state::CallState;
-use crate::sandbox::{self, CallFailure};
+use crate::sandbox::{self, CallFailure, slices};
 use crate::sequence::session::rfc3339;
 use crate::store::{self, Capped};
 use crate::workflow::Workspace;
@@ -365,15 +363,7 @@ impl ScriptRunner {
     /// A runner on `engine`: scripts get WASI (filesystem limited to their grant, no
     /// sockets), the `workflow-db` interface and the host's `log`.
     pub fn new(engine: &Engine) -> Result<Self> {
-        let mut linker = Linker::new(engine.wasmtime());
-        add_wasi_to_linker(&mut linker).context("linking WASI for scripts")?;
-        wit::workflow_db::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s)
-            .map_err(anyhow::Error::from)
-            .context("linking workflow-db for scripts")?;
-        wit::host::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s)
-            .map_err(anyhow::Error::from)?;
-        wit::types::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s)
-            .map_err(anyhow::Error::from)?;
+        let linker = slices::linker(engine, slices::SCRIPT).context("linking a script's slices")?;
         Ok(ScriptRunner {
             engine: engine.clone(),
             linker,

@@ -1,6 +1,6 @@
 //! The one sandboxed-call path: [`run`] builds the store of one call (the grant's WASI
 //! context, the memory limiter, the epoch deadline, the filesystem budget, the stdout and
-//! stderr sinks), runs the call under an outer grace timeout, and sorts every failure into
+//! stderr sinks, each slice's state from the grant), runs the call under an outer grace timeout, and sorts every failure into
 //! one [`CallFailure`]. Tools, validators, LLM providers and step scripts all go through it;
 //! each then words a failure for its own callers.
 
@@ -9,12 +9,13 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use wasmtime::component::InstancePre;
+use wasmtime::component::{InstancePre, ResourceTable};
 use wasmtime::{Store, Trap};
 use wasmtime_wasi::WasiCtxBuilder;
 
 use super::output::OutputSink;
-use super::state::{CallState, MemoryLimitExceeded};
+use super::slices::{db::DbState, fs::FsState, http::HttpState, log::LogState};
+use super::state::{CallState, MemoryLimit, MemoryLimitExceeded};
 use crate::capabilities::{FsLimitExceeded, Grant, Limits};
 use crate::engine::Engine;
 use crate::llm::http::HttpPolicy;
@@ -100,28 +101,18 @@ where
         stdout: stdout.clone(),
         stderr: stderr.clone(),
     };
-    let built = call
-        .grant
-        .wasi_builder(stdout.clone(), stderr.clone())
-        .and_then(|mut builder| {
-            wasi(&mut builder)?;
-            Ok(builder.build())
-        });
-    let wasi = match built {
-        Ok(wasi) => wasi,
+    let fs = match FsState::new(call.grant, limits, stdout.clone(), stderr.clone(), wasi) {
+        Ok(fs) => fs,
         Err(err) => return finished(Err(CallFailure::Host(err))),
     };
-    let mut state = CallState::new(
-        Arc::from(call.label),
-        wasi,
-        limits.memory_bytes,
-        call.grant.db().cloned(),
-    );
-    if let Some(policy) = call.http {
-        state.allow_http(policy);
-    }
-    state.set_deadline(limits.timeout);
-    state.set_fs_limits(limits.fs);
+    let state = CallState {
+        table: ResourceTable::new(),
+        memory: MemoryLimit::new(limits.memory_bytes),
+        fs,
+        db: DbState::new(call.grant.db().cloned(), limits.timeout),
+        http: HttpState::new(call.http),
+        log: LogState::new(Arc::from(call.label)),
+    };
     let mut store = Store::new(engine.wasmtime(), state);
     store.limiter(|s| &mut s.memory);
     store.set_epoch_deadline(Engine::ticks_for(limits.timeout));
@@ -130,9 +121,9 @@ where
     let outcome = tokio::time::timeout(limits.timeout + GRACE, f(pre, &mut store)).await;
     // Going over a limit is what ended the call, whatever the guest did after the error it
     // got.
-    let result = if let Some(exceeded) = store.data().fs_limit_exceeded() {
+    let result = if let Some(exceeded) = store.data().fs.exceeded() {
         Err(CallFailure::FsLimit(exceeded))
-    } else if store.data().db_deadline_hit() {
+    } else if store.data().db.deadline_hit() {
         Err(CallFailure::Timeout(limits.timeout))
     } else {
         match outcome {
@@ -178,7 +169,7 @@ fn classify(
         Some(trap) => format!("wasm trap: {trap}"),
         None => format!("{err:#}"),
     };
-    tracing::debug!(guest = %state.plugin, "call trapped: {err:?}");
+    tracing::debug!(guest = %state.log.label, "call trapped: {err:?}");
     CallFailure::Trap {
         message,
         stderr: stderr.text(),
