@@ -16,11 +16,10 @@ use anyhow::{Context, Result, bail};
 use wasmtime_wasi::cli::StdoutStream;
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 
-pub mod fs_guard;
-pub mod sql;
 pub mod turn;
 
-pub use fs_guard::{FsLimitExceeded, FsLimits};
+pub use crate::sandbox::slices::db::sql;
+pub use crate::sandbox::slices::fs::guard::{FsLimitExceeded, FsLimits};
 
 /// Whether a granted folder can be changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,18 +1,20 @@
 //! The db slice: `trellis:plugin/workflow-db`, the workflow database behind the SQL fences
-//! of [`crate::capabilities::sql`].
+//! of [`sql`].
 //!
 //! Per call it holds the database grant (none: every statement is refused), the connection
 //! opened on first use (read-only unless the grant is writable), and the call's deadline,
 //! at which a running statement is interrupted.
+
+pub mod sql;
 
 use std::time::{Duration, Instant};
 
 use wasmtime::component::{HasSelf, Linker};
 
 use crate::capabilities::DbGrant;
-use crate::capabilities::sql::{self, GuardedDb, SqlAccess};
 use crate::plugins::bindings::tool::trellis::plugin::workflow_db;
 use crate::sandbox::state::CallState;
+use sql::{GuardedDb, SqlAccess};
 
 /// Rows a `workflow-db` query may return.
 const DB_MAX_ROWS: usize = 10_000;
@@ -151,7 +153,7 @@ impl DbState {
             }
             let mut object = serde_json::Map::new();
             for (i, name) in names.iter().enumerate() {
-                let value = crate::store::sql_to_json(row.get_ref(i).map_err(failed)?);
+                let value = sql::sql_to_json(row.get_ref(i).map_err(failed)?);
                 bytes += name.len() + value.to_string().len();
                 object.insert(name.clone(), value);
             }

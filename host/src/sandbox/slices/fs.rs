@@ -1,9 +1,11 @@
 //! The fs slice: WASI 0.2 (filesystem, clocks, random, io, cli, sockets that refuse every
 //! address), with `wasi:filesystem/types` replaced by the fenced one of
-//! [`crate::capabilities::fs_guard`].
+//! [`guard`].
 //!
 //! Per call it builds the WASI context from the grant (its folders as preopens, the
 //! stdout/stderr sinks, nothing else) and the call's filesystem budget.
+
+pub(crate) mod guard;
 
 use std::sync::Arc;
 
@@ -11,13 +13,13 @@ use wasmtime::component::Linker;
 use wasmtime_wasi::cli::StdoutStream;
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
-use crate::capabilities::fs_guard::{self, FsBudget, GuardedFsView};
 use crate::capabilities::{FsLimitExceeded, Grant, Limits};
 use crate::sandbox::state::CallState;
+use guard::{FsBudget, GuardedFsView};
 
 /// Links WASI with the fenced filesystem, once.
 pub(crate) fn add_to_linker(linker: &mut Linker<CallState>) -> anyhow::Result<()> {
-    fs_guard::add_wasi_to_linker(linker)
+    guard::add_wasi_to_linker(linker)
 }
 
 /// The WASI context and filesystem budget of one call.
