@@ -404,7 +404,6 @@ const SEED_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// Creates `db/db.sqlite` from `db/seed.sql` when the database is missing and the seed
 /// exists: a workspace may ship SQL instead of a binary database. Returns whether it did.
-
 pub fn seed_database(fs: &WorkspaceFs) -> Result<bool> {
     // A link or a FIFO at either path is refused, not followed (see `store::workspace_fs`).
     match fs.kind(DB_FILE)? {
@@ -570,6 +569,7 @@ fn open_workspace(root: &Path, run: Option<&str>) -> Result<Workspace> {
 /// changes (run-folder rotation, database creation). The step, group and inputs asked for,
 /// the models of every reachable step with their keys' approvals, and the workspace files
 /// the run will open first. Returns the groups and the units (group, run folder) to run.
+#[allow(clippy::type_complexity)]
 fn preflight<'w>(
     env: &RunEnv<'_>,
     root: &Path,
