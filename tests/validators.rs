@@ -218,3 +218,17 @@ async fn the_bundled_csv_validator_checks_a_real_file() {
         .to_string();
     assert!(err.contains("min_rows"), "{err}");
 }
+
+/// The gate awaits a validator on the caller's runtime, whatever its flavor: no thread and
+/// no runtime of its own per call. A validator that never ends is still stopped.
+#[tokio::test(flavor = "current_thread")]
+async fn validators_run_on_a_current_thread_runtime() {
+    let registry = registry().await;
+    let step = Step::new();
+    assert!(step.gate(&registry, "pass").await.unwrap().passed);
+    let message = validator_error(step.gate(&registry, "spin").await);
+    assert!(
+        message.contains("validator `unruly`: timed out after 2s and was stopped"),
+        "{message}"
+    );
+}
