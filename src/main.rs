@@ -414,7 +414,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             plugins,
         } => {
             let registry = registry(&engine, &plugins).await?;
-            check(&registry, &workspace, &step, run.as_deref())
+            check(&registry, &workspace, &step, run.as_deref()).await
         }
         Command::Validate { .. }
         | Command::Schema { .. }
@@ -929,7 +929,7 @@ fn plural(n: usize) -> &'static str {
     if n == 1 { "" } else { "s" }
 }
 
-fn check(
+async fn check(
     registry: &PluginRegistry,
     root: &std::path::Path,
     step_id: &str,
@@ -955,7 +955,7 @@ fn check(
         .unwrap_or_default();
     let output_dir = ws.step_output_dir(step_id);
     let validators = PluginValidators::new(registry, Limits::default());
-    let report = match validation::run_gate(&ws.root, &output_dir, &schema, &validators) {
+    let report = match validation::run_gate(&ws.root, &output_dir, &schema, &validators).await {
         Ok(report) => report,
         Err(err) => {
             eprintln!("error: step `{step_id}`: the gate cannot run: {err}");

@@ -396,7 +396,8 @@ async fn flooding_stderr_is_capped_not_fatal() {
     )
     .await;
     assert_eq!(result.unwrap(), json!({"written": 8 << 20}));
-    // What the host keeps of it is the first 16 KiB (the limit) and a count of the rest.
+    // What the host keeps of it is 16 KiB (the limit): the head, a count of the rest, and
+    // the tail, which ends with the panic message written after the flood.
     let err = call(
         &registry,
         "flood_and_panic",
@@ -408,16 +409,18 @@ async fn flooding_stderr_is_capped_not_fatal() {
     let ToolCallError::Crashed { stderr, .. } = &err else {
         panic!("expected a crash, got {err:?}");
     };
-    let kept = 16 << 10;
-    assert_eq!(stderr[..kept], "e".repeat(kept));
-    let note = &stderr[kept..];
-    let dropped: usize = note
-        .strip_prefix("\n[")
-        .and_then(|rest| rest.split_once(" more bytes dropped]"))
-        .map(|(n, _)| n.parse().unwrap())
+    let (head, tail) = (12 << 10, 4 << 10);
+    assert_eq!(stderr[..head], "e".repeat(head));
+    let note = &stderr[head..];
+    let (dropped, kept_tail) = note
+        .strip_prefix("\n[... ")
+        .and_then(|rest| rest.split_once(" bytes dropped: output is capped at 16384 bytes ...]\n"))
+        .map(|(n, rest)| (n.parse::<usize>().unwrap(), rest))
         .unwrap_or_else(|| panic!("no count of dropped bytes in {note:?}"));
-    // The rest of the flood, and the panic message after it.
-    assert!(dropped > (8 << 20) - kept, "{note}");
+    // The rest of the flood went, the panic message after it stayed.
+    assert_eq!(kept_tail.len(), tail, "{kept_tail}");
+    assert!(dropped > (8 << 20) - head - tail, "{note}");
+    assert!(kept_tail.contains("after the flood"), "{kept_tail}");
     still_serving(&registry).await;
 }
 

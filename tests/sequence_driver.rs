@@ -212,6 +212,7 @@ async fn repair_turn_case(registry: &PluginRegistry, schema: &Value, gate: Value
         &parsed,
         &validators,
     )
+    .await
     .unwrap();
     assert!(!report.passed);
     let repair = trellis_host::sequence::driver::repair_message("gate", &report);

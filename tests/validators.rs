@@ -43,7 +43,7 @@ impl Step {
         Step { root }
     }
 
-    fn gate(
+    async fn gate(
         &self,
         registry: &PluginRegistry,
         behave: &str,
@@ -56,6 +56,7 @@ impl Step {
             &schema,
             &validators,
         )
+        .await
     }
 }
 
@@ -70,7 +71,7 @@ fn validator_error(result: Result<trellis_host::validation::Report, GateError>) 
 async fn a_validator_reports_checks_into_the_gate() {
     let registry = registry().await;
     let step = Step::new();
-    let report = step.gate(&registry, "pass").unwrap();
+    let report = step.gate(&registry, "pass").await.unwrap();
     assert!(report.passed, "{report:?}");
     assert_eq!(report.checks.len(), 1);
     let check = &report.checks[0];
@@ -107,7 +108,7 @@ async fn misbehaving_validators_are_gate_errors_naming_the_plugin() {
         ),
     ];
     for (behave, expected) in cases {
-        let message = validator_error(step.gate(&registry, behave));
+        let message = validator_error(step.gate(&registry, behave).await);
         assert!(
             message.contains("validator `unruly`: "),
             "{behave}: {message}"
@@ -118,7 +119,7 @@ async fn misbehaving_validators_are_gate_errors_naming_the_plugin() {
         );
     }
     // Still serving.
-    assert!(step.gate(&registry, "pass").unwrap().passed);
+    assert!(step.gate(&registry, "pass").await.unwrap().passed);
 }
 
 /// Long texts and many warnings (under the output limit) are cut, and the cuts marked:
@@ -127,7 +128,7 @@ async fn misbehaving_validators_are_gate_errors_naming_the_plugin() {
 async fn a_verbose_validator_is_cut_to_size() {
     let registry = registry().await;
     let step = Step::new();
-    let report = step.gate(&registry, "verbose").unwrap();
+    let report = step.gate(&registry, "verbose").await.unwrap();
     let check = &report.checks[0];
     for text in [&check.expected, &check.actual, &check.message] {
         assert!(text.len() < 4096 + 100, "{}", text.len());
@@ -157,6 +158,7 @@ async fn an_unknown_validation_type_fails_the_gate_clearly() {
         &schema,
         &validators,
     )
+    .await
     .unwrap_err();
     assert!(
         err.to_string()
@@ -181,7 +183,9 @@ async fn the_bundled_csv_validator_checks_a_real_file() {
         "column_patterns": {"priority": "^P[1-4]$"}, "unique_columns": ["id"]
     }]});
     let validators = PluginValidators::new(&registry, limits());
-    let report = run_gate_value(step.root.path(), &out, &schema, &validators).unwrap();
+    let report = run_gate_value(step.root.path(), &out, &schema, &validators)
+        .await
+        .unwrap();
     assert!(!report.passed);
     let failed: Vec<(&str, &str)> = report
         .failures()
@@ -200,6 +204,7 @@ async fn the_bundled_csv_validator_checks_a_real_file() {
     std::fs::write(out.join("tickets.csv"), "id,priority\nT-1,P1\nT-2,P2\n").unwrap();
     assert!(
         run_gate_value(step.root.path(), &out, &schema, &validators)
+            .await
             .unwrap()
             .passed
     );
@@ -208,7 +213,22 @@ async fn the_bundled_csv_validator_checks_a_real_file() {
     let bad =
         json!({"files": [{"file_name": "tickets.csv", "validation_type": "csv", "min_row": 1}]});
     let err = run_gate_value(step.root.path(), &out, &bad, &validators)
+        .await
         .unwrap_err()
         .to_string();
     assert!(err.contains("min_rows"), "{err}");
+}
+
+/// The gate awaits a validator on the caller's runtime, whatever its flavor: no thread and
+/// no runtime of its own per call. A validator that never ends is still stopped.
+#[tokio::test(flavor = "current_thread")]
+async fn validators_run_on_a_current_thread_runtime() {
+    let registry = registry().await;
+    let step = Step::new();
+    assert!(step.gate(&registry, "pass").await.unwrap().passed);
+    let message = validator_error(step.gate(&registry, "spin").await);
+    assert!(
+        message.contains("validator `unruly`: timed out after 2s and was stopped"),
+        "{message}"
+    );
 }

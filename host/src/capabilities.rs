@@ -7,23 +7,19 @@
 //! time and output of one call.
 
 use std::path::{Component as PathComponent, Path, PathBuf};
-use std::pin::Pin;
-use std::sync::{Arc, Mutex};
-use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 
 use anyhow::{Context, Result, bail};
-use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
-use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder};
+use wasmtime_wasi::cli::StdoutStream;
+use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 
-pub mod fs_guard;
-pub mod sql;
 pub mod turn;
 
-pub use fs_guard::{FsLimitExceeded, FsLimits};
+pub use crate::sandbox::slices::db::sql;
+pub use crate::sandbox::slices::fs::guard::{FsLimitExceeded, FsLimits};
 
 /// Whether a granted folder can be changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,14 +114,9 @@ impl Grant {
         self.db.as_ref()
     }
 
-    /// Builds the WASI context for one call: the granted folders as preopens,
-    /// the given stdout/stderr sinks, and nothing else.
-    pub(crate) fn wasi_ctx(&self, stdout: CappedOutput, stderr: CappedOutput) -> Result<WasiCtx> {
-        Ok(self.wasi_builder(stdout, stderr)?.build())
-    }
-
-    /// The WASI context builder of [`Grant::wasi_ctx`], for callers that add to it
-    /// (a step script gets an environment, arguments and a working directory).
+    /// The WASI context builder of one call: the granted folders as preopens, the given
+    /// stdout/stderr sinks, and nothing else. Callers may add to it (a step script gets an
+    /// environment, arguments and a working directory).
     pub(crate) fn wasi_builder(
         &self,
         stdout: impl StdoutStream + 'static,
@@ -299,81 +290,6 @@ impl Default for Limits {
     }
 }
 
-/// A stdout/stderr sink that keeps the first `capacity` bytes and silently
-/// drops the rest, so a guest printing without end neither grows host memory
-/// nor sees a write error it might turn into a panic.
-#[derive(Debug, Clone)]
-pub(crate) struct CappedOutput {
-    inner: Arc<Mutex<CappedBuffer>>,
-}
-
-#[derive(Debug, Default)]
-struct CappedBuffer {
-    kept: Vec<u8>,
-    dropped: u64,
-    capacity: usize,
-}
-
-impl CappedOutput {
-    pub(crate) fn new(capacity: usize) -> Self {
-        CappedOutput {
-            inner: Arc::new(Mutex::new(CappedBuffer {
-                capacity,
-                ..CappedBuffer::default()
-            })),
-        }
-    }
-
-    /// The kept bytes as text, with a note of how much was dropped.
-    pub(crate) fn text(&self) -> String {
-        let buffer = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let mut text = String::from_utf8_lossy(&buffer.kept).into_owned();
-        if buffer.dropped > 0 {
-            text.push_str(&format!("\n[{} more bytes dropped]", buffer.dropped));
-        }
-        text
-    }
-
-    fn push(&self, bytes: &[u8]) {
-        let mut buffer = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let room = buffer.capacity.saturating_sub(buffer.kept.len());
-        let kept = room.min(bytes.len());
-        buffer.kept.extend_from_slice(&bytes[..kept]);
-        buffer.dropped += (bytes.len() - kept) as u64;
-    }
-}
-
-impl IsTerminal for CappedOutput {
-    fn is_terminal(&self) -> bool {
-        false
-    }
-}
-
-impl StdoutStream for CappedOutput {
-    fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
-        Box::new(self.clone())
-    }
-}
-
-impl tokio::io::AsyncWrite for CappedOutput {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        _cx: &mut TaskContext<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        self.push(buf);
-        Poll::Ready(Ok(buf.len()))
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, _cx: &mut TaskContext<'_>) -> Poll<std::io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut TaskContext<'_>) -> Poll<std::io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -407,13 +323,5 @@ mod tests {
         for bad in ["../", "/etc", "inside/../../x", "escape", "missing"] {
             assert!(resolve_in_root(root.path(), bad).is_err(), "{bad} accepted");
         }
-    }
-
-    #[test]
-    fn capped_output_keeps_the_head_and_counts_the_rest() {
-        let out = CappedOutput::new(4);
-        out.push(b"abcdef");
-        out.push(b"gh");
-        assert_eq!(out.text(), "abcd\n[4 more bytes dropped]");
     }
 }

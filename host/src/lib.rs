@@ -12,6 +12,8 @@
 //!   fallbacks and cassettes.
 //! - [`sequence`]: building blocks of the message-sequence driver: tool filters, foreach
 //!   rows and templates, session and log files, run folders.
+//! - `sandbox`: the one sandboxed-call path (store, limits, failures, output sink) that
+//!   tools, validators, providers and scripts share; no workflow types inside.
 //! - [`bundled`]: plugins compiled into the binary.
 //! - [`script`]: step scripts (`code/<step-id>/main.py` or `main.wasm`) in a sandbox with the
 //!   step's grant.
@@ -24,6 +26,7 @@ pub mod capabilities;
 pub mod engine;
 pub mod llm;
 pub mod plugins;
+pub(crate) mod sandbox;
 pub mod script;
 pub mod sequence;
 pub mod store;

@@ -13,7 +13,6 @@ pub mod schema;
 pub mod tools;
 
 pub(crate) mod bindings;
-pub(crate) mod state;
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -21,17 +20,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use wasmtime::component::{Component, HasSelf, Linker};
-use wasmtime::{Store, Trap};
+use wasmtime::component::{Component, Linker};
 
 use crate::bundled;
-use crate::capabilities::fs_guard::add_wasi_to_linker;
-use crate::capabilities::{CappedOutput, FsLimitExceeded, FsLimits, Grant, Limits};
+use crate::capabilities::{FsLimits, Grant, Limits};
 use crate::engine::Engine;
 use crate::llm::{self, LlmCallError, LlmError};
-use crate::validation::{CheckResult, CustomOutcome, CustomValidator};
+use crate::sandbox::state::CallState;
+use crate::sandbox::{self, CallFailure, CallFuture, slices};
+use crate::validation::{
+    CheckResult, CustomOutcome, CustomValidator, ValidateFuture, ValidatorError,
+};
 pub use manifest::{Manifest, PluginKind};
-use state::{CallState, MemoryLimitExceeded};
 pub use tools::{ToolCallError, ToolErrorKind, ToolListing, ToolSpec, normalize_tool_name};
 
 /// Where a plugin came from.
@@ -185,31 +185,11 @@ impl PluginRegistry {
 
     /// A registry with nothing loaded.
     pub fn empty(engine: &Engine) -> Result<Self> {
-        let mut tool_linker = Linker::new(engine.wasmtime());
-        add_wasi_to_linker(&mut tool_linker)?;
-        bindings::tool::ToolPlugin::add_to_linker::<CallState, HasSelf<CallState>>(
-            &mut tool_linker,
-            |s| s,
-        )?;
-        let mut validator_linker = Linker::new(engine.wasmtime());
-        add_wasi_to_linker(&mut validator_linker)?;
-        bindings::validator::ValidatorPlugin::add_to_linker::<CallState, HasSelf<CallState>>(
-            &mut validator_linker,
-            |s| s,
-        )?;
-        // An LLM provider gets WASI, `wasi:http` (gated per call by the host's
-        // policy) and the host interface; not the workflow db.
-        let mut llm_linker = Linker::new(engine.wasmtime());
-        add_wasi_to_linker(&mut llm_linker)?;
-        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut llm_linker)?;
-        bindings::tool::trellis::plugin::host::add_to_linker::<CallState, HasSelf<CallState>>(
-            &mut llm_linker,
-            |s| s,
-        )?;
-        bindings::tool::trellis::plugin::types::add_to_linker::<CallState, HasSelf<CallState>>(
-            &mut llm_linker,
-            |s| s,
-        )?;
+        let tool_linker = slices::linker(engine, slices::TOOL)?;
+        let validator_linker = slices::linker(engine, slices::VALIDATOR)?;
+        // An LLM provider gets WASI, `wasi:http` (gated per call by the host's policy) and
+        // the host interface; not the workflow db.
+        let llm_linker = slices::linker(engine, slices::PROVIDER)?;
         Ok(PluginRegistry {
             engine: engine.clone(),
             tool_linker,
@@ -434,7 +414,7 @@ impl PluginRegistry {
                     message: cap_text(message),
                 });
             }
-            Err(failure) => return Err(failure.into_error(tool, limits)),
+            Err(failure) => return Err(call_error(failure, tool)),
         };
         if text.len() > limits.output_bytes {
             return Err(ToolCallError::OutputTooLarge {
@@ -463,33 +443,44 @@ fn tool_error(
     }
 }
 
-/// Why a call into a guest did not return normally.
-enum CallFailure {
-    Timeout(Duration),
-    Memory,
-    StackOverflow,
-    FsLimit(FsLimitExceeded),
-    Trap { message: String, stderr: String },
-    Host(anyhow::Error),
+/// A failed call as the error of tool `tool` (or of list-tools, a validator, a provider).
+fn call_error(failure: CallFailure, tool: String) -> ToolCallError {
+    match failure {
+        CallFailure::Timeout(after) => ToolCallError::Timeout { tool, after },
+        CallFailure::Memory { limit } => ToolCallError::MemoryLimit { tool, limit },
+        CallFailure::StackOverflow => ToolCallError::StackOverflow { tool },
+        CallFailure::FsLimit(exceeded) => ToolCallError::FsLimit { tool, exceeded },
+        CallFailure::Exit {
+            message, stderr, ..
+        }
+        | CallFailure::Trap { message, stderr } => ToolCallError::Crashed {
+            tool,
+            message,
+            stderr,
+        },
+        CallFailure::Host(error) => ToolCallError::Host { tool, error },
+    }
 }
 
-impl CallFailure {
-    fn into_error(self, tool: String, limits: &Limits) -> ToolCallError {
-        match self {
-            CallFailure::Timeout(after) => ToolCallError::Timeout { tool, after },
-            CallFailure::Memory => ToolCallError::MemoryLimit {
-                tool,
-                limit: limits.memory_bytes,
-            },
-            CallFailure::StackOverflow => ToolCallError::StackOverflow { tool },
-            CallFailure::FsLimit(exceeded) => ToolCallError::FsLimit { tool, exceeded },
-            CallFailure::Trap { message, stderr } => ToolCallError::Crashed {
-                tool,
-                message,
-                stderr,
-            },
-            CallFailure::Host(error) => ToolCallError::Host { tool, error },
+/// A failed call as the error of validator `validator`.
+fn validator_error(failure: CallFailure, validator: String) -> ValidatorError {
+    match failure {
+        CallFailure::Timeout(after) => ValidatorError::Timeout { validator, after },
+        CallFailure::Memory { limit } => ValidatorError::MemoryLimit { validator, limit },
+        CallFailure::StackOverflow => ValidatorError::StackOverflow { validator },
+        CallFailure::FsLimit(exceeded) => ValidatorError::FsLimit {
+            validator,
+            exceeded,
+        },
+        CallFailure::Exit {
+            message, stderr, ..
         }
+        | CallFailure::Trap { message, stderr } => ValidatorError::Crashed {
+            validator,
+            message,
+            stderr,
+        },
+        CallFailure::Host(error) => ValidatorError::Host { validator, error },
     }
 }
 
@@ -504,18 +495,18 @@ impl PluginRegistry {
         file: &Path,
         rule: &serde_json::Value,
         limits: &Limits,
-    ) -> Result<CustomOutcome, String> {
+    ) -> Result<CustomOutcome, ValidatorError> {
         let plugin = self
             .plugins
             .get(id)
             .filter(|p| p.manifest.kind == PluginKind::Validator)
-            .ok_or_else(|| format!("no validator plugin `{id}`"))?;
+            .ok_or_else(|| ValidatorError::Unknown(id.to_string()))?;
         let (Some(folder), Some(name)) = (file.parent(), file.file_name()) else {
-            return Err(format!("{} is not a file", file.display()));
+            return Err(ValidatorError::NotAFile(file.to_path_buf()));
         };
         let grant = Grant::none()
             .read(folder, "/input")
-            .map_err(|e| format!("{e:#}"))?;
+            .map_err(ValidatorError::Grant)?;
         let request = bindings::validator::exports::trellis::plugin::validator::ValidateRequest {
             validation_type: validation_type.to_string(),
             file: format!("/input/{}", name.to_string_lossy()),
@@ -533,17 +524,23 @@ impl PluginRegistry {
             })
         })
         .await;
-        let label = format!("validator `{id}`");
+        let validator = id.to_string();
         let report = match outcome {
             Ok(Ok(report)) if report.checks.len() > MAX_VALIDATOR_CHECKS => {
-                return Err(format!(
-                    "{label}: returned {} checks, over the limit of {MAX_VALIDATOR_CHECKS}",
-                    report.checks.len()
-                ));
+                return Err(ValidatorError::TooManyChecks {
+                    validator,
+                    count: report.checks.len(),
+                    limit: MAX_VALIDATOR_CHECKS,
+                });
             }
             Ok(Ok(report)) => report,
-            Ok(Err(message)) => return Err(format!("{label}: {}", cap_text(message))),
-            Err(failure) => return Err(failure.into_error(label, limits).to_string()),
+            Ok(Err(message)) => {
+                return Err(ValidatorError::Rule {
+                    validator,
+                    message: cap_text(message),
+                });
+            }
+            Err(failure) => return Err(validator_error(failure, validator)),
         };
         let size: usize = report
             .checks
@@ -559,10 +556,11 @@ impl PluginRegistry {
             .chain(report.warnings.iter().map(String::len))
             .sum();
         if size > limits.output_bytes {
-            return Err(format!(
-                "{label}: report of {size} bytes is over the {}-byte output limit",
-                limits.output_bytes
-            ));
+            return Err(ValidatorError::ReportTooLarge {
+                validator,
+                size,
+                limit: limits.output_bytes,
+            });
         }
         Ok(capped_outcome(report))
     }
@@ -576,7 +574,7 @@ fn cap_text(text: String) -> String {
     }
     format!(
         "{}… [cut: {} bytes, limit {MAX_VALIDATOR_FIELD_BYTES}]",
-        state::truncate(&text, MAX_VALIDATOR_FIELD_BYTES),
+        crate::sandbox::state::truncate(&text, MAX_VALIDATOR_FIELD_BYTES),
         text.len()
     )
 }
@@ -723,11 +721,8 @@ impl PluginRegistry {
             Err(CallFailure::Timeout(_)) => Err(provider_error(LlmError::Timeout)),
             Err(failure) => Err(LlmCallError::Crashed {
                 provider: provider.to_string(),
-                message: secret.redact(
-                    &failure
-                        .into_error(format!("llm `{provider}`"), &call_limits)
-                        .to_string(),
-                ),
+                message: secret
+                    .redact(&call_error(failure, format!("llm `{provider}`")).to_string()),
             }),
         }
     }
@@ -755,41 +750,23 @@ impl CustomValidator for PluginValidators<'_> {
             .is_some_and(|p| p.manifest.kind == PluginKind::Validator)
     }
 
-    fn validate(
-        &self,
-        validation_type: &str,
-        file: &Path,
-        rule: &serde_json::Value,
-    ) -> Result<CustomOutcome, String> {
-        // The gate is synchronous and may itself run inside an async task: drive the
-        // plugin call on a thread of its own with a small runtime, which works from both.
-        std::thread::scope(|scope| {
-            scope
-                .spawn(|| {
-                    let runtime = tokio::runtime::Builder::new_current_thread()
-                        .enable_time()
-                        .build()
-                        .map_err(|e| format!("starting a runtime for the validator: {e}"))?;
-                    runtime.block_on(self.registry.validate_file(
-                        validation_type,
-                        validation_type,
-                        file,
-                        rule,
-                        &self.limits,
-                    ))
-                })
-                .join()
-                .unwrap_or_else(|_| Err("the validator thread panicked".into()))
-        })
+    fn validate<'a>(
+        &'a self,
+        validation_type: &'a str,
+        file: &'a Path,
+        rule: &'a serde_json::Value,
+    ) -> ValidateFuture<'a> {
+        Box::pin(self.registry.validate_file(
+            validation_type,
+            validation_type,
+            file,
+            rule,
+            &self.limits,
+        ))
     }
 }
 
-type CallFuture<'a, T> =
-    std::pin::Pin<Box<dyn std::future::Future<Output = wasmtime::Result<T>> + Send + 'a>>;
-
-/// Runs one call in a fresh store: builds the grant's WASI context, sets the
-/// memory limit and the epoch deadline, lets `f` instantiate and call, and
-/// sorts any failure into timeout, memory, stack or crash.
+/// Runs one call of `plugin` through the sandbox's one call path.
 async fn run_call<T, F>(
     engine: &Engine,
     plugin: &Plugin,
@@ -800,7 +777,7 @@ async fn run_call<T, F>(
 where
     F: for<'a> FnOnce(
         &'a wasmtime::component::InstancePre<CallState>,
-        &'a mut Store<CallState>,
+        &'a mut wasmtime::Store<CallState>,
     ) -> CallFuture<'a, T>,
 {
     run_call_with_http(engine, plugin, grant, limits, None, f).await
@@ -818,81 +795,18 @@ async fn run_call_with_http<T, F>(
 where
     F: for<'a> FnOnce(
         &'a wasmtime::component::InstancePre<CallState>,
-        &'a mut Store<CallState>,
+        &'a mut wasmtime::Store<CallState>,
     ) -> CallFuture<'a, T>,
 {
-    let stdout = CappedOutput::new(limits.stdio_bytes);
-    let stderr = CappedOutput::new(limits.stdio_bytes);
-    let wasi = grant
-        .wasi_ctx(stdout, stderr.clone())
-        .map_err(CallFailure::Host)?;
-    let mut state = CallState::new(
-        Arc::from(plugin.manifest.id.as_str()),
-        wasi,
-        limits.memory_bytes,
-        grant.db().cloned(),
-    );
-    if let Some(policy) = http {
-        state.allow_http(policy);
-    }
-    state.set_deadline(limits.timeout);
-    state.set_fs_limits(limits.fs);
-    let mut store = Store::new(engine.wasmtime(), state);
-    store.limiter(|s| &mut s.memory);
-    store.set_epoch_deadline(Engine::ticks_for(limits.timeout));
-    store.epoch_deadline_trap();
-
-    let call = f(&plugin.pre, &mut store);
-    // The epoch deadline stops guest code; this outer timeout also covers time
-    // spent in async host calls, which epochs do not interrupt.
-    let grace = limits.timeout + Duration::from_millis(250);
-    let result = match tokio::time::timeout(grace, call).await {
-        Ok(result) => result,
-        Err(_) => return Err(CallFailure::Timeout(limits.timeout)),
+    let call = sandbox::Call {
+        label: &plugin.manifest.id,
+        grant,
+        limits,
+        http,
     };
-    // A call that went over a limit fails as such, even if the guest carried on after the
-    // error it got.
-    if let Some(exceeded) = store.data().fs_limit_exceeded() {
-        return Err(CallFailure::FsLimit(exceeded));
-    }
-    if store.data().db_deadline_hit() {
-        return Err(CallFailure::Timeout(limits.timeout));
-    }
-    result.map_err(|err| classify(err, limits, store.data(), &stderr))
-}
-
-fn classify(
-    err: wasmtime::Error,
-    limits: &Limits,
-    state: &CallState,
-    stderr: &CappedOutput,
-) -> CallFailure {
-    // The limiter's error is usually the one that surfaces, but a guest may turn
-    // a failed allocation into a trap of its own: the flag catches both.
-    if err.downcast_ref::<MemoryLimitExceeded>().is_some() || state.memory.exceeded.is_some() {
-        return CallFailure::Memory;
-    }
-    let trap = err.downcast_ref::<Trap>().copied();
-    let message = match trap {
-        Some(Trap::Interrupt) => return CallFailure::Timeout(limits.timeout),
-        Some(Trap::StackOverflow) => return CallFailure::StackOverflow,
-        // The wasm backtrace is for plugin authors (trace logs); the user gets the trap.
-        Some(Trap::MemoryOutOfBounds) => {
-            "wasm trap: out of bounds memory access (a stack overflow in \
-             the plugin, such as recursion too deep, ends this way too)"
-                .to_string()
-        }
-        Some(Trap::UnreachableCodeReached) => {
-            "wasm trap: unreachable code reached (a panic in the plugin ends this way)".to_string()
-        }
-        Some(trap) => format!("wasm trap: {trap}"),
-        None => format!("{err:#}"),
-    };
-    tracing::debug!(plugin = %state.plugin, "plugin trapped: {err:?}");
-    CallFailure::Trap {
-        message,
-        stderr: stderr.text(),
-    }
+    sandbox::run(engine, &plugin.pre, call, |_| Ok(()), f)
+        .await
+        .result
 }
 
 async fn list_tools(plugin: &Plugin, engine: &Engine) -> Result<Vec<ToolSpec>> {
@@ -911,9 +825,7 @@ async fn list_tools(plugin: &Plugin, engine: &Engine) -> Result<Vec<ToolSpec>> {
         },
     )
     .await
-    .map_err(|failure| {
-        anyhow::anyhow!("{}", failure.into_error("list-tools".into(), &LOAD_LIMITS))
-    })?;
+    .map_err(|failure| anyhow::anyhow!("{}", call_error(failure, "list-tools".into())))?;
 
     if listed.len() > MAX_TOOLS {
         bail!(

@@ -26,31 +26,26 @@
 //! the step's logs folder: `runs/<run>/logs/<step-id>/script-stdout.txt`,
 //! `script-stderr.txt` and `script-result.json`, each written atomically.
 
-mod output;
 mod traceback;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use serde_json::json;
-use wasmtime::component::{Component, HasSelf, InstancePre, Linker};
-use wasmtime::{Store, Trap};
+use wasmtime::component::{Component, InstancePre, Linker};
 use wasmtime_wasi::FsPerms;
 use wasmtime_wasi::p2::bindings::CommandPre;
 
-use crate::capabilities::fs_guard::add_wasi_to_linker;
 use crate::capabilities::turn::{DB_FILE, TurnAccess, TurnContext, grant_for_access};
 use crate::capabilities::{FsLimitExceeded, FsLimits, Limits};
 use crate::engine::Engine;
-use crate::plugins::bindings::tool::trellis::plugin as wit;
-use crate::plugins::state::{CallState, MemoryLimitExceeded};
+use crate::sandbox::state::CallState;
+use crate::sandbox::{self, CallFailure, slices};
 use crate::sequence::session::rfc3339;
 use crate::store::{self, Capped};
 use crate::workflow::Workspace;
-use output::ScriptOutput;
 
 mod components {
     include!(concat!(env!("OUT_DIR"), "/python_runner.rs"));
@@ -368,15 +363,7 @@ impl ScriptRunner {
     /// A runner on `engine`: scripts get WASI (filesystem limited to their grant, no
     /// sockets), the `workflow-db` interface and the host's `log`.
     pub fn new(engine: &Engine) -> Result<Self> {
-        let mut linker = Linker::new(engine.wasmtime());
-        add_wasi_to_linker(&mut linker).context("linking WASI for scripts")?;
-        wit::workflow_db::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s)
-            .map_err(anyhow::Error::from)
-            .context("linking workflow-db for scripts")?;
-        wit::host::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s)
-            .map_err(anyhow::Error::from)?;
-        wit::types::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s)
-            .map_err(anyhow::Error::from)?;
+        let linker = slices::linker(engine, slices::SCRIPT).context("linking a script's slices")?;
         Ok(ScriptRunner {
             engine: engine.clone(),
             linker,
@@ -559,71 +546,49 @@ impl ScriptRunner {
     ) -> Result<ScriptOutcome> {
         let started = std::time::SystemTime::now();
         let clock = Instant::now();
-        let stdout = ScriptOutput::new(limits.stdio_bytes);
-        let stderr = ScriptOutput::new(limits.stdio_bytes);
-        let mut builder = prepared
-            .grant
-            .wasi_builder(stdout.clone(), stderr.clone())?;
-        builder
-            .envs(&prepared.env)
-            .arg(prepared.kind.file_name())
-            .initial_cwd(&prepared.cwd);
-        if prepared.kind == ScriptKind::Wasm {
-            // wasi-libc (Rust's std, C) resolves a relative path against the preopens, not
-            // against `initial-cwd`: the WASI convention for a working directory is a
-            // preopen named `.`. It is the same read-only code folder. (The Python runner
-            // changes directory itself.)
-            builder
-                .preopened_dir(&prepared.code_host, ".", FsPerms::ReadOnly)
-                .map_err(anyhow::Error::from)
-                .with_context(|| format!("granting {}", prepared.cwd))?;
-        }
-        let mut state = CallState::new(
-            Arc::from(format!("script:{step_id}").as_str()),
-            builder.build(),
-            limits.memory_bytes,
-            prepared.grant.db().cloned(),
-        );
-        state.set_deadline(limits.timeout);
-        state.set_fs_limits(limits.fs);
-        let mut store = Store::new(self.engine.wasmtime(), state);
-        store.limiter(|s| &mut s.memory);
-        store.set_epoch_deadline(Engine::ticks_for(limits.timeout));
-        store.epoch_deadline_trap();
-
-        let call = async {
-            let command = CommandPre::new(prepared.pre.clone())?
-                .instantiate_async(&mut store)
-                .await?;
-            command.wasi_cli_run().call_run(&mut store).await
+        let label = format!("script:{step_id}");
+        let call = sandbox::Call {
+            label: &label,
+            grant: &prepared.grant,
+            limits,
+            http: None,
         };
-        // The epoch deadline stops guest code; this outer timeout also covers time spent in
-        // host calls, which epochs do not interrupt.
-        let grace = limits.timeout + Duration::from_millis(250);
-        let result = tokio::time::timeout(grace, call).await;
+        let wasi = |builder: &mut wasmtime_wasi::WasiCtxBuilder| -> Result<()> {
+            builder
+                .envs(&prepared.env)
+                .arg(prepared.kind.file_name())
+                .initial_cwd(&prepared.cwd);
+            if prepared.kind == ScriptKind::Wasm {
+                // wasi-libc (Rust's std, C) resolves a relative path against the preopens,
+                // not against `initial-cwd`: the WASI convention for a working directory is
+                // a preopen named `.`. It is the same read-only code folder. (The Python
+                // runner changes directory itself.)
+                builder
+                    .preopened_dir(&prepared.code_host, ".", FsPerms::ReadOnly)
+                    .map_err(anyhow::Error::from)
+                    .with_context(|| format!("granting {}", prepared.cwd))?;
+            }
+            Ok(())
+        };
+        let finished = sandbox::run(&self.engine, &prepared.pre, call, wasi, |pre, store| {
+            Box::pin(async move {
+                let command = CommandPre::new(pre.clone())?
+                    .instantiate_async(&mut *store)
+                    .await?;
+                command.wasi_cli_run().call_run(store).await
+            })
+        })
+        .await;
         let duration = clock.elapsed();
-
-        let (exit_code, failure) = match result {
-            Err(_) => (
-                None,
-                Some(ScriptFailure::Timeout {
-                    after: limits.timeout,
-                }),
-            ),
-            Ok(Ok(Ok(()))) => (Some(0), None),
-            Ok(Ok(Err(()))) => (Some(1), Some(ScriptFailure::Exit { code: 1 })),
-            Ok(Err(err)) => classify(err, limits, store.data()),
+        let (stdout, stderr) = (finished.stdout, finished.stderr);
+        let (exit_code, failure) = match finished.result {
+            Ok(Ok(())) => (Some(0), None),
+            Ok(Err(())) => (Some(1), Some(ScriptFailure::Exit { code: 1 })),
+            Err(CallFailure::Host(err)) => return Err(err),
+            Err(failure) => script_failure(failure),
         };
         let stdout_text = stdout.text();
         let stderr_text = stderr.text();
-        // Going over a limit is what ended the script, whatever it did after the error it got.
-        let failure = match store.data().fs_limit_exceeded() {
-            Some(exceeded) => Some(ScriptFailure::FsLimit { exceeded }),
-            None if store.data().db_deadline_hit() => Some(ScriptFailure::Timeout {
-                after: limits.timeout,
-            }),
-            None => failure,
-        };
         let failure = match failure {
             // A Python script that raised exits with status 1 and a traceback on stderr.
             Some(ScriptFailure::Exit { code: 1 }) if prepared.kind == ScriptKind::Python => {
@@ -718,44 +683,19 @@ pub fn find_script(fs: &store::WorkspaceFs, step_id: &str) -> Result<ScriptFile>
     })
 }
 
-/// Sorts a failed run into exit, timeout, memory limit or crash.
-fn classify(
-    err: wasmtime::Error,
-    limits: &Limits,
-    state: &CallState,
-) -> (Option<i32>, Option<ScriptFailure>) {
-    if let Some(exit) = err.downcast_ref::<wasmtime_wasi::I32Exit>() {
-        return match exit.0 {
-            0 => (Some(0), None),
-            code => (Some(code), Some(ScriptFailure::Exit { code })),
-        };
+/// A failed call as the exit code and failure of a script.
+fn script_failure(failure: CallFailure) -> (Option<i32>, Option<ScriptFailure>) {
+    let crashed = |message: String| (None, Some(ScriptFailure::Crashed { message }));
+    match failure {
+        CallFailure::Exit { code: 0, .. } => (Some(0), None),
+        CallFailure::Exit { code, .. } => (Some(code), Some(ScriptFailure::Exit { code })),
+        CallFailure::Timeout(after) => (None, Some(ScriptFailure::Timeout { after })),
+        CallFailure::Memory { limit } => (None, Some(ScriptFailure::MemoryLimit { limit })),
+        CallFailure::FsLimit(exceeded) => (None, Some(ScriptFailure::FsLimit { exceeded })),
+        CallFailure::StackOverflow => crashed("wasm trap: stack overflow".to_string()),
+        CallFailure::Trap { message, .. } => crashed(message),
+        CallFailure::Host(err) => crashed(format!("{err:#}")),
     }
-    if err.downcast_ref::<MemoryLimitExceeded>().is_some() || state.memory.exceeded.is_some() {
-        return (
-            None,
-            Some(ScriptFailure::MemoryLimit {
-                limit: limits.memory_bytes,
-            }),
-        );
-    }
-    let message = match err.downcast_ref::<Trap>() {
-        Some(Trap::Interrupt) => {
-            return (
-                None,
-                Some(ScriptFailure::Timeout {
-                    after: limits.timeout,
-                }),
-            );
-        }
-        Some(Trap::StackOverflow) => "wasm trap: stack overflow".to_string(),
-        Some(Trap::UnreachableCodeReached) => {
-            "wasm trap: unreachable code reached (a panic ends this way)".to_string()
-        }
-        Some(trap) => format!("wasm trap: {trap}"),
-        None => format!("{err:#}"),
-    };
-    tracing::debug!(plugin = %state.plugin, "script trapped: {err:?}");
-    (None, Some(ScriptFailure::Crashed { message }))
 }
 
 /// `VAR_<NAME>`: the name upper-cased, every character other than a letter, digit or `_`

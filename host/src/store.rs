@@ -119,22 +119,7 @@ pub fn read_capped(dir: &Dir, rel: &str, cap: u64) -> io::Result<Capped> {
     Ok(Capped::Bytes(bytes))
 }
 
-/// One SQLite value as JSON, the same way everywhere rows leave the database
-/// (foreach rows, db rules of the gate, the `workflow-db` interface): a blob is
-/// described, not dumped, and a non-finite real becomes `null`.
-pub fn sql_to_json(value: rusqlite::types::ValueRef<'_>) -> serde_json::Value {
-    use rusqlite::types::ValueRef;
-    use serde_json::Value;
-    match value {
-        ValueRef::Null => Value::Null,
-        ValueRef::Integer(i) => Value::from(i),
-        ValueRef::Real(f) => serde_json::Number::from_f64(f)
-            .map(Value::Number)
-            .unwrap_or(Value::Null),
-        ValueRef::Text(t) => Value::String(String::from_utf8_lossy(t).into_owned()),
-        ValueRef::Blob(b) => Value::String(format!("<blob of {} bytes>", b.len())),
-    }
-}
+pub use crate::capabilities::sql::sql_to_json;
 
 #[cfg(test)]
 mod tests {

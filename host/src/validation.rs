@@ -14,8 +14,10 @@ pub mod json_checks;
 pub mod report;
 pub mod schema;
 
+use std::future::Future;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 
 use serde_json::Value;
 
@@ -43,14 +45,14 @@ pub enum GateError {
         file: String,
     },
     /// A custom validator could not apply its rule (its own error, or a plugin failure).
-    #[error("validator for {validation_type:?} failed on {file:?}: {message}")]
+    #[error("validator for {validation_type:?} failed on {file:?}: {error}")]
     Validator {
         /// The type of the rule.
         validation_type: String,
         /// The file rule's `file_name`.
         file: String,
-        /// What the validator said.
-        message: String,
+        /// Why.
+        error: ValidatorError,
     },
     /// The workflow database cannot be opened or read.
     #[error("{0}")]
@@ -74,21 +76,120 @@ pub struct CustomOutcome {
     pub warnings: Vec<String>,
 }
 
+/// Why a custom validator could not apply its rule. Each names the validator; the
+/// failures of a sandboxed call are worded as for a tool ([`crate::ToolCallError`]).
+#[derive(Debug, thiserror::Error)]
+pub enum ValidatorError {
+    /// No validator plugin has this id.
+    #[error("no validator plugin `{0}`")]
+    Unknown(String),
+    /// The path handed to the validator is not a file.
+    #[error("{} is not a file", .0.display())]
+    NotAFile(PathBuf),
+    /// The file's folder could not be granted to the validator.
+    #[error("{0:#}")]
+    Grant(anyhow::Error),
+    /// The validator's own error: it could not apply the rule (a bad option, say).
+    #[error("validator `{validator}`: {message}")]
+    Rule {
+        /// The validator.
+        validator: String,
+        /// What it said, cut to 4 KiB.
+        message: String,
+    },
+    /// The validator returned more checks than a report may hold.
+    #[error("validator `{validator}`: returned {count} checks, over the limit of {limit}")]
+    TooManyChecks {
+        /// The validator.
+        validator: String,
+        /// Checks returned.
+        count: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// The validator's report is over the call's output limit.
+    #[error(
+        "validator `{validator}`: report of {size} bytes is over the {limit}-byte output limit"
+    )]
+    ReportTooLarge {
+        /// The validator.
+        validator: String,
+        /// Size of the report's text.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// The call ran past its deadline.
+    #[error("validator `{validator}`: timed out after {after:?} and was stopped")]
+    Timeout {
+        /// The validator.
+        validator: String,
+        /// The deadline.
+        after: std::time::Duration,
+    },
+    /// The instance went over its memory limit.
+    #[error("validator `{validator}`: stopped: memory limit of {limit} bytes exceeded")]
+    MemoryLimit {
+        /// The validator.
+        validator: String,
+        /// The limit, in bytes.
+        limit: usize,
+    },
+    /// The guest overflowed its stack.
+    #[error(
+        "validator `{validator}`: stopped: the plugin exhausted its stack (recursion too deep)"
+    )]
+    StackOverflow {
+        /// The validator.
+        validator: String,
+    },
+    /// The call went over a filesystem limit.
+    #[error("validator `{validator}`: stopped: the plugin {exceeded}")]
+    FsLimit {
+        /// The validator.
+        validator: String,
+        /// Which limit.
+        exceeded: crate::capabilities::FsLimitExceeded,
+    },
+    /// The guest trapped or exited.
+    #[error("validator `{validator}`: the plugin crashed: {message}{}", crate::plugins::tools::stderr_suffix(.stderr))]
+    Crashed {
+        /// The validator.
+        validator: String,
+        /// What happened.
+        message: String,
+        /// What it wrote on stderr (head and tail).
+        stderr: String,
+    },
+    /// The host could not set the call up.
+    #[error("validator `{validator}`: {error:#}")]
+    Host {
+        /// The validator.
+        validator: String,
+        /// What went wrong.
+        error: anyhow::Error,
+    },
+}
+
+/// The future of one [`CustomValidator::validate`] call.
+pub type ValidateFuture<'a> =
+    Pin<Box<dyn Future<Output = Result<CustomOutcome, ValidatorError>> + Send + 'a>>;
+
 /// Validators for `validation_type` values other than `json`. The host implements this with
 /// validator plugins (WIT `validator` interface); tests implement it directly.
-pub trait CustomValidator {
+pub trait CustomValidator: Sync {
     /// Whether some validator handles `validation_type`.
     fn supports(&self, validation_type: &str) -> bool;
 
     /// Validates `file` (a host path to an existing file inside the workspace) against `rule`,
     /// the whole file rule as JSON (so the validator reads its own options). `Err` means the
-    /// rule could not be applied at all; it fails the gate with that message.
-    fn validate(
-        &self,
-        validation_type: &str,
-        file: &Path,
-        rule: &Value,
-    ) -> Result<CustomOutcome, String>;
+    /// rule could not be applied at all; it fails the gate with that error.
+    fn validate<'a>(
+        &'a self,
+        validation_type: &'a str,
+        file: &'a Path,
+        rule: &'a Value,
+    ) -> ValidateFuture<'a>;
 }
 
 /// No custom validators: any `validation_type` other than `json` fails the gate.
@@ -100,13 +201,15 @@ impl CustomValidator for NoCustomValidators {
         false
     }
 
-    fn validate(
-        &self,
-        validation_type: &str,
-        _: &Path,
-        _: &Value,
-    ) -> Result<CustomOutcome, String> {
-        Err(format!("no validator for {validation_type:?}"))
+    fn validate<'a>(
+        &'a self,
+        validation_type: &'a str,
+        _: &'a Path,
+        _: &'a Value,
+    ) -> ValidateFuture<'a> {
+        Box::pin(std::future::ready(Err(ValidatorError::Unknown(
+            validation_type.to_string(),
+        ))))
     }
 }
 
@@ -170,7 +273,7 @@ fn check_schema(schema: &ValidationSchema) -> Result<(), GateError> {
 
 /// Parses a schema given as JSON and runs it: what a caller holding raw JSON (a plugin, a test)
 /// uses. A schema with errors is a [`GateError::Schema`] listing every diagnostic.
-pub fn run_gate_value(
+pub async fn run_gate_value(
     workspace_root: &Path,
     output_dir: &Path,
     schema: &Value,
@@ -184,7 +287,7 @@ pub fn run_gate_value(
     };
     match parsed {
         Some(s) if !diags.has_errors() => {
-            let mut report = run_gate(workspace_root, output_dir, &s, custom)?;
+            let mut report = run_gate(workspace_root, output_dir, &s, custom).await?;
             // Warnings found while parsing (an invalid regex) belong in the report too; the
             // gate adds its own for the same pattern, so keep each message once.
             for w in diags.warnings() {
@@ -205,7 +308,7 @@ pub fn run_gate_value(
 /// `output_dir` the step output folder (`runs/<run>/execution/<step-id>/`); bare file names
 /// resolve in `output_dir`, `db/...` and `knowledgebase/...` in `workspace_root`, and nothing
 /// resolves outside them. A schema with no rule is skipped and passes.
-pub fn run_gate(
+pub async fn run_gate(
     workspace_root: &Path,
     output_dir: &Path,
     schema: &ValidationSchema,
@@ -324,12 +427,14 @@ pub fn run_gate(
                 });
             }
             let rule_json = serde_json::to_value(rule).unwrap_or(Value::Null);
+            let file = host_base.join(name);
             let outcome = custom
-                .validate(t, &host_base.join(name), &rule_json)
-                .map_err(|message| GateError::Validator {
+                .validate(t, &file, &rule_json)
+                .await
+                .map_err(|error| GateError::Validator {
                     validation_type: t.to_string(),
                     file: name.to_string(),
-                    message,
+                    error,
                 })?;
             // A validator names the file by whatever path it was shown; the report
             // names it as the schema does.

@@ -266,7 +266,7 @@ pub enum ToolCallError {
     },
 }
 
-fn stderr_suffix(stderr: &str) -> String {
+pub(crate) fn stderr_suffix(stderr: &str) -> String {
     let stderr = stderr.trim();
     if stderr.is_empty() {
         String::new()

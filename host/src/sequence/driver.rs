@@ -478,7 +478,7 @@ impl<'a> StepRunner<'a> {
             let entry = self.begin_item(run, &item_id, scripted::SCRIPT_ITEM_TYPE);
             self.steer_phase(run, Phase::Script);
             let result = match scripts.run(run.ws, &step_id, options).await {
-                Ok(outcome) => self.check_script(run, attempt, skip_gate, outcome),
+                Ok(outcome) => self.check_script(run, attempt, skip_gate, outcome).await,
                 Err(e) => Err(TurnEnd::Failed(format!("{e:#}"))),
             };
             let (status, summary) = match &result {
@@ -560,7 +560,7 @@ impl<'a> StepRunner<'a> {
     /// outputs pass the gate (or the gate is disabled), `Err((outcome, problem))` when the
     /// script or the gate failed. A gate that cannot run at all fails the step.
     #[allow(clippy::type_complexity)]
-    fn check_script(
+    async fn check_script(
         &self,
         run: &mut Run<'_>,
         attempt: u32,
@@ -573,7 +573,7 @@ impl<'a> StepRunner<'a> {
         let Some(schema) = run.step.validation_schema.as_ref().filter(|_| !skip_gate) else {
             return Ok(Ok(scripted::success_summary(&outcome)));
         };
-        let report = self.check_gate(run, FINAL_GATE_ID, attempt, schema)?;
+        let report = self.check_gate(run, FINAL_GATE_ID, attempt, schema).await?;
         if report.passed {
             return Ok(Ok(format!(
                 "{}; the outputs pass the validation gate",
@@ -961,7 +961,7 @@ impl<'a> StepRunner<'a> {
 
     /// Runs gate `item_id` once on the output folder: writes its report (attempt `attempt`)
     /// and reports the result as an event. A gate that cannot run at all fails the step.
-    fn check_gate(
+    async fn check_gate(
         &self,
         run: &Run<'_>,
         item_id: &str,
@@ -971,6 +971,7 @@ impl<'a> StepRunner<'a> {
         self.steer_phase(run, Phase::Gate);
         let validators = PluginValidators::new(self.registry, self.limits);
         let report = run_gate(&run.ws.root, &run.output_dir, schema, &validators)
+            .await
             .map_err(|e| TurnEnd::Failed(format!("gate {item_id}: {e}")))?;
         if let Err(e) = write_gate_report(run, item_id, attempt, &report) {
             tracing::warn!("{}: gate {item_id}: writing the report: {e}", run.label);
@@ -995,7 +996,7 @@ impl<'a> StepRunner<'a> {
     ) -> Result<(), TurnEnd> {
         let mut attempt = 1;
         loop {
-            let report = self.check_gate(run, item_id, attempt, schema)?;
+            let report = self.check_gate(run, item_id, attempt, schema).await?;
             if report.passed {
                 return Ok(());
             }

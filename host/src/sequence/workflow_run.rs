@@ -579,6 +579,7 @@ type Unit<'w> = (Option<&'w Group>, String);
 /// changes (run-folder rotation, database creation). The step, group and inputs asked for,
 /// the models of every reachable step with their keys' approvals, and the workspace files
 /// the run will open first. Returns the groups and the units (group, run folder) to run.
+#[allow(clippy::type_complexity)]
 fn preflight<'w>(
     env: &RunEnv<'_>,
     root: &Path,

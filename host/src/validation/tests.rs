@@ -33,8 +33,18 @@ impl Ws {
         c.execute_batch(sql).unwrap();
     }
     fn gate(&self, schema: Value) -> Result<Report, GateError> {
-        run_gate_value(self.root(), &self.out(), &schema, &NoCustomValidators)
+        gate_value(self.root(), &self.out(), &schema, &NoCustomValidators)
     }
+}
+
+/// [`run_gate_value`] driven to completion here: these validators never wait.
+fn gate_value(
+    root: &Path,
+    out: &Path,
+    schema: &Value,
+    custom: &dyn CustomValidator,
+) -> Result<Report, GateError> {
+    futures::executor::block_on(run_gate_value(root, out, schema, custom))
 }
 
 fn failed(report: &Report) -> Vec<(String, String, String)> {
@@ -385,11 +395,21 @@ impl CustomValidator for Csv {
     fn supports(&self, t: &str) -> bool {
         t == "csv" || t == "broken"
     }
-    fn validate(&self, t: &str, file: &Path, rule: &Value) -> Result<CustomOutcome, String> {
+    fn validate<'a>(&'a self, t: &'a str, file: &'a Path, rule: &'a Value) -> ValidateFuture<'a> {
+        Box::pin(async move { Csv::check(t, file, rule) })
+    }
+}
+
+impl Csv {
+    fn check(t: &str, file: &Path, rule: &Value) -> Result<CustomOutcome, ValidatorError> {
+        let failed = |message: String| ValidatorError::Rule {
+            validator: t.to_string(),
+            message,
+        };
         if t == "broken" {
-            return Err("the plugin trapped".into());
+            return Err(failed("the plugin trapped".into()));
         }
-        let text = std::fs::read_to_string(file).map_err(|e| e.to_string())?;
+        let text = std::fs::read_to_string(file).map_err(|e| failed(e.to_string()))?;
         let header = text.lines().next().unwrap_or_default();
         let want = rule["columns"]
             .as_array()
@@ -418,28 +438,28 @@ fn custom_validation_types_are_dispatched() {
     let ws = Ws::new();
     ws.output("a.csv", "id,name\n1,x\n");
     let schema = json!({"files": [{"file_name": "a.csv", "must_exist": true, "validation_type": "csv", "columns": ["id", "name"]}]});
-    let report = run_gate_value(ws.root(), &ws.out(), &schema, &Csv).unwrap();
+    let report = gate_value(ws.root(), &ws.out(), &schema, &Csv).unwrap();
     assert!(report.passed);
     assert_eq!(report.checks[1].kind, "header");
     assert_eq!(report.warnings, ["csv: note"]);
 
-    let err = run_gate_value(ws.root(), &ws.out(), &schema, &NoCustomValidators).unwrap_err();
+    let err = gate_value(ws.root(), &ws.out(), &schema, &NoCustomValidators).unwrap_err();
     assert_eq!(
         err.to_string(),
         "no validator handles validation_type \"csv\" (file \"a.csv\"): install the validator plugin that provides it, or use \"json\""
     );
     let broken = json!({"files": [{"file_name": "a.csv", "validation_type": "broken"}]});
-    let err = run_gate_value(ws.root(), &ws.out(), &broken, &Csv).unwrap_err();
+    let err = gate_value(ws.root(), &ws.out(), &broken, &Csv).unwrap_err();
     assert_eq!(
         err.to_string(),
-        "validator for \"broken\" failed on \"a.csv\": the plugin trapped"
+        "validator for \"broken\" failed on \"a.csv\": validator `broken`: the plugin trapped"
     );
 }
 
 #[test]
 fn a_missing_output_folder_means_missing_files() {
     let ws = Ws::new();
-    let report = run_gate_value(
+    let report = gate_value(
         ws.root(),
         &ws.root().join("runs/iteration-0/execution/never"),
         &json!({"files": [{"file_name": "a.json", "must_exist": true}]}),
@@ -575,7 +595,7 @@ mod never_panics {
         )
         .unwrap();
         drop(c);
-        let r = run_gate_value(root, &out, schema, &NoCustomValidators);
+        let r = super::gate_value(root, &out, schema, &NoCustomValidators);
         // Whatever the schema, the database is never changed.
         let c = rusqlite::Connection::open(root.join("db/db.sqlite")).unwrap();
         let n: i64 = c

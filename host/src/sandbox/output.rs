@@ -1,7 +1,9 @@
-//! The stdout/stderr sink of a script: keeps the head and the tail of what it writes.
+//! The one stdout/stderr sink of a sandboxed call (tool, validator, provider, script): keeps
+//! the head and the tail of what the guest writes.
 //!
-//! A script that prints without end must neither grow host memory nor see a write error;
-//! and when it fails after printing a lot, the traceback it ends with is at the very end.
+//! A guest that prints without end must neither grow host memory nor see a write error it
+//! might turn into a panic; and when it fails after printing a lot, the panic message or
+//! traceback it ends with is at the very end.
 //! So the sink keeps the first bytes up to its capacity, then the last few kilobytes, and
 //! counts what falls in between.
 
@@ -15,9 +17,9 @@ use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 /// Bytes of the tail kept, at most (a quarter of the capacity when that is smaller).
 const TAIL_BYTES: usize = 16 << 10;
 
-/// A capped stdout or stderr of one script run; clones write to the same buffer.
+/// A capped stdout or stderr of one call; clones write to the same buffer.
 #[derive(Debug, Clone)]
-pub(crate) struct ScriptOutput {
+pub(crate) struct OutputSink {
     inner: Arc<Mutex<Buffer>>,
 }
 
@@ -31,11 +33,11 @@ struct Buffer {
     total: u64,
 }
 
-impl ScriptOutput {
+impl OutputSink {
     /// A sink keeping at most `capacity` bytes in all.
     pub(crate) fn new(capacity: usize) -> Self {
         let tail_capacity = TAIL_BYTES.min(capacity / 4);
-        ScriptOutput {
+        OutputSink {
             inner: Arc::new(Mutex::new(Buffer {
                 head_capacity: capacity - tail_capacity,
                 tail_capacity,
@@ -85,19 +87,19 @@ impl ScriptOutput {
     }
 }
 
-impl IsTerminal for ScriptOutput {
+impl IsTerminal for OutputSink {
     fn is_terminal(&self) -> bool {
         false
     }
 }
 
-impl StdoutStream for ScriptOutput {
+impl StdoutStream for OutputSink {
     fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
         Box::new(self.clone())
     }
 }
 
-impl tokio::io::AsyncWrite for ScriptOutput {
+impl tokio::io::AsyncWrite for OutputSink {
     fn poll_write(
         self: Pin<&mut Self>,
         _cx: &mut Context<'_>,
@@ -122,7 +124,7 @@ mod tests {
 
     #[test]
     fn keeps_everything_under_the_cap() {
-        let out = ScriptOutput::new(64);
+        let out = OutputSink::new(64);
         out.push(b"hello ");
         out.push(b"world");
         assert_eq!(out.text(), "hello world");
@@ -132,7 +134,7 @@ mod tests {
     #[test]
     fn keeps_the_head_and_the_tail_of_a_flood() {
         // capacity 40: head 30, tail 10.
-        let out = ScriptOutput::new(40);
+        let out = OutputSink::new(40);
         out.push(&[b'a'; 25]);
         out.push(&[b'b'; 100]);
         out.push(b"0123456789");
@@ -146,7 +148,7 @@ mod tests {
         assert_eq!(out.total(), 135);
 
         // Small writes into a full tail push the oldest bytes out one by one.
-        let out = ScriptOutput::new(8);
+        let out = OutputSink::new(8);
         for b in b"abcdefghij" {
             out.push(&[*b]);
         }
