@@ -13,7 +13,7 @@ use trellis_host::llm::Recorder;
 use trellis_host::sequence::events::Observer;
 use trellis_host::sequence::llm_choice::{LlmSetup, REPLAY_PROVIDER, parse_llm_spec};
 use trellis_host::sequence::session::Status;
-use trellis_host::sequence::workflow_run::{self, RunEnv, RunOptions, status_name};
+use trellis_host::sequence::workflow_run::{self, RunEnv, RunOptions};
 
 use super::{PluginDirs, plural, registry};
 use crate::progress::{Mode, Progress};
@@ -146,7 +146,7 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
                 "  {} [{}]: {} -> {}",
                 step.step_id,
                 step.step_type,
-                status_name(step.status),
+                step.status,
                 step.output_dir.display()
             );
             let mut files: Vec<_> = std::fs::read_dir(&step.output_dir)

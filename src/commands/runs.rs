@@ -7,8 +7,6 @@ use anyhow::Result;
 use clap::Subcommand;
 use trellis_host::sequence::run_folder::ACTIVE_RUN;
 use trellis_host::sequence::runs;
-use trellis_host::sequence::workflow_run::status_name;
-use trellis_host::sequence::workflow_run::status_name;
 
 /// Subcommands of `trellis runs`.
 #[derive(Subcommand, Debug)]
