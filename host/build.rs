@@ -6,7 +6,7 @@
 //! and an optimized guest keeps calls fast in every host profile.
 //!
 //! It also builds the Python script runner (`plugins/runners/python`, world
-//! `script-runner` of `wit/script.wit`) with componentize-py, which it
+//! `script-runner` of `wit/trellis-plugin@0.1.0/script.wit`) with componentize-py, which it
 //! installs at a pinned version into a virtual environment of its own
 //! (`<target>/python-tools/venv`); see [`python_runner`].
 
@@ -27,7 +27,9 @@ const TEST_ONLY: &[&str] = &[
 ];
 /// The componentize-py release the Python script runner is built with.
 const COMPONENTIZE_PY_VERSION: &str = "0.25.1";
-/// The world the Python script runner implements (`wit/script.wit`).
+/// The WIT package the Python script runner is built against (with its WASI WIT in `deps/`).
+const WIT_PACKAGE: &str = "wit/trellis-plugin@0.1.0";
+/// The world the Python script runner implements (`wit/trellis-plugin@0.1.0/script.wit`).
 const SCRIPT_WORLD: &str = "script-runner";
 /// The runner's Python module that implements the world.
 const RUNNER_APP: &str = "trellis_runner";
@@ -193,7 +195,7 @@ fn build_plugins(plugins: &Path, target_dir: &Path) {
 /// WIT, the componentize-py version) matches the one beside the component.
 fn python_runner(root: &Path, target_dir: &Path) -> PathBuf {
     let app = root.join("plugins/runners/python");
-    let wit = root.join("wit");
+    let wit = root.join(WIT_PACKAGE);
     let out_dir = target_dir.join("python-runner");
     let component = out_dir.join("script_runner.wasm");
     let stamp_file = out_dir.join("script_runner.stamp");

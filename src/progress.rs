@@ -11,7 +11,6 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use trellis_host::sequence::events::RunEvent;
-use trellis_host::sequence::workflow_run::status_name;
 
 /// How progress is shown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -367,10 +366,7 @@ fn describe(state: &mut State, event: &RunEvent) -> Option<String> {
         } => {
             state.agents.remove(&format!("{step_id}/{route_id}"));
             let (indent, label) = agent_of(step_id);
-            format!(
-                "{indent}    {label}sub-agent {route_id} {call_id}: {}",
-                status_name(*status)
-            )
+            format!("{indent}    {label}sub-agent {route_id} {call_id}: {status}")
         }
         RunEvent::ItemEnded {
             step_id,
@@ -381,7 +377,7 @@ fn describe(state: &mut State, event: &RunEvent) -> Option<String> {
                 agent.item = None;
             }
             let (indent, label) = agent_of(step_id);
-            format!("{indent}  {label}item {item_id}: {}", status_name(*status))
+            format!("{indent}  {label}item {item_id}: {status}")
         }
         #[allow(unreachable_patterns, reason = "RunEvent grows with the runtime")]
         _ => return None,

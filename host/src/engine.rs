@@ -20,6 +20,8 @@ use sha2::{Digest, Sha256};
 use wasmtime::component::Component;
 use wasmtime::{Config, InstanceAllocationStrategy, PoolingAllocationConfig};
 
+use crate::store::write_behind;
+
 /// How often the epoch advances; a deadline is rounded up to a whole number of ticks.
 pub const EPOCH_TICK: Duration = Duration::from_millis(5);
 
@@ -73,6 +75,9 @@ struct EngineInner {
     cache: Option<ComponentCache>,
     ticker: Option<JoinHandle<()>>,
     stop: Arc<AtomicBool>,
+    /// The writer of the logs written behind the agent loop: what is queued is on disk once
+    /// the last engine of the process is dropped.
+    _writer: Arc<write_behind::Writer>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -93,7 +98,8 @@ impl Drop for EngineInner {
 }
 
 impl Engine {
-    /// Builds the engine and starts its epoch ticker.
+    /// Builds the engine and starts its epoch ticker, and the writer of
+    /// [`write_behind`](crate::store::write_behind) if no other engine holds it.
     pub fn new(cache: CacheSetting) -> Result<Self> {
         let wasmtime = wasmtime::Engine::new(&config())
             .map_err(anyhow::Error::from)
@@ -127,6 +133,7 @@ impl Engine {
                 cache,
                 ticker: Some(ticker),
                 stop,
+                _writer: write_behind::Writer::start().context("starting the writer thread")?,
             }),
         })
     }

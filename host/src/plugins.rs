@@ -8,6 +8,7 @@
 //! it for its tools. Every call then gets a fresh `Store` with the grant of
 //! that call, so nothing carries over from one call to the next.
 
+pub mod api;
 pub mod manifest;
 pub mod schema;
 pub mod tools;
@@ -878,27 +879,19 @@ async fn list_tools(plugin: &Plugin, engine: &Engine) -> Result<Vec<ToolSpec>> {
     Ok(tools)
 }
 
-/// Checks that `component` exports the interface of `kind`, with a message
-/// saying what it exports instead.
+/// Checks that `component` exports the interface of `kind` at a supported plugin API
+/// version ([`api::check_world`]), with a message saying what it exports instead.
 fn check_world(component: &Component, engine: &Engine, kind: PluginKind) -> Result<()> {
     let ty = component.component_type();
     let exports: Vec<String> = ty
         .exports(engine.wasmtime())
         .map(|(name, _)| name.to_string())
         .collect();
-    if exports.iter().any(|e| e == kind.export()) {
-        return Ok(());
-    }
-    let found = if exports.is_empty() {
-        "nothing".to_string()
-    } else {
-        exports.join(", ")
-    };
-    bail!(
-        "wrong world: the manifest says kind `{kind}`, so the component must implement world `{}` (export `{}`), but it exports {found}",
-        kind.world(),
-        kind.export()
-    )
+    let imports: Vec<String> = ty
+        .imports(engine.wasmtime())
+        .map(|(name, _)| name.to_string())
+        .collect();
+    api::check_world(&exports, &imports, kind)
 }
 
 fn find_manifests(dir: &Path) -> Result<Vec<PathBuf>> {

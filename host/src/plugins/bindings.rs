@@ -1,4 +1,4 @@
-//! Host-side bindings generated from `wit/` (the single source of truth).
+//! Host-side bindings generated from `wit/trellis-plugin@0.1.0/` (the single source of truth).
 //!
 //! Each world gets its own module; the shared `host` and `types` interfaces are
 //! generated once, in the tool world, and reused by the others.
@@ -6,7 +6,7 @@
 /// World `tool-plugin`.
 pub mod tool {
     wasmtime::component::bindgen!({
-        path: "../wit",
+        path: "../wit/trellis-plugin@0.1.0",
         world: "tool-plugin",
         exports: { default: async },
     });
@@ -15,7 +15,7 @@ pub mod tool {
 /// World `validator-plugin`.
 pub mod validator {
     wasmtime::component::bindgen!({
-        path: "../wit",
+        path: "../wit/trellis-plugin@0.1.0",
         world: "validator-plugin",
         exports: { default: async },
         with: {
@@ -29,7 +29,7 @@ pub mod validator {
 /// bindings, so the linker can take their implementations as they are.
 pub mod llm {
     wasmtime::component::bindgen!({
-        path: "../wit",
+        path: "../wit/trellis-plugin@0.1.0",
         world: "llm-provider",
         exports: { default: async },
         with: {

@@ -21,13 +21,19 @@ pub enum PluginKind {
 }
 
 impl PluginKind {
-    /// The interface a component of this kind must export.
-    pub fn export(self) -> &'static str {
+    /// The interface of the plugin API a component of this kind must export: `tool`.
+    pub fn interface(self) -> &'static str {
         match self {
-            PluginKind::Tool => "trellis:plugin/tool@0.1.0",
-            PluginKind::Validator => "trellis:plugin/validator@0.1.0",
-            PluginKind::LlmProvider => "trellis:plugin/llm@0.1.0",
+            PluginKind::Tool => "tool",
+            PluginKind::Validator => "validator",
+            PluginKind::LlmProvider => "llm",
         }
+    }
+
+    /// The full name of that interface at the host's plugin API version
+    /// ([`super::api::PLUGIN_API_VERSION`]): `trellis:plugin/tool@0.1.0`.
+    pub fn export(self) -> String {
+        super::api::interface_name(self.interface())
     }
 
     /// The WIT world name.

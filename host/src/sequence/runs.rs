@@ -9,10 +9,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 
 use super::session::{
-    FINAL_SUMMARY_FILE, FinalSummary, Session, SessionEntry, TurnConversation, TurnSummary,
+    FINAL_SUMMARY_FILE, FinalSummary, Session, SessionEntry, Status, TurnConversation, TurnSummary,
     logs_dir, turn_log_paths,
 };
-use super::workflow_run::status_name;
 use crate::store::{Kind, WorkspaceFs};
 
 /// One run folder and the steps found in its `execution/`.
@@ -47,7 +46,7 @@ pub struct TurnLog {
     /// `provider:model` of the last LLM call.
     pub model: String,
     /// How the turn ended.
-    pub status: String,
+    pub status: Status,
     /// LLM calls made.
     pub llm_calls: u64,
     /// Tool calls made.
@@ -155,7 +154,7 @@ fn step_state(fs: &WorkspaceFs, step_dir: &Path) -> Result<(String, Option<Strin
     if fs.kind(&summary_path)?.is_some() {
         let summary: FinalSummary = read_json(fs, &summary_path)?;
         return Ok((
-            status_name(summary.status).to_string(),
+            summary.status.to_string(),
             Some(summary.completed_at),
             summary.concerns,
         ));
@@ -163,7 +162,7 @@ fn step_state(fs: &WorkspaceFs, step_dir: &Path) -> Result<(String, Option<Strin
     let session = Session::read(fs, step_dir)
         .with_context(|| format!("reading {}", step_dir.join("session.json").display()))?;
     let status = match session {
-        Some(s) => status_name(s.status).to_string(),
+        Some(s) => s.status.to_string(),
         None => "no summary".to_string(),
     };
     Ok((status, None, Vec::new()))
@@ -246,7 +245,7 @@ fn turn_logs(fs: &WorkspaceFs, logs: &Path) -> Result<Vec<TurnLog>> {
             iteration,
             path: summary_path,
             model: format!("{}:{}", s.provider, s.model_id),
-            status: status_name(s.status).to_string(),
+            status: s.status,
             llm_calls: s.llm_call_count,
             tool_calls: s.tool_call_count,
             tool_errors: s.tool_error_count,

@@ -51,6 +51,25 @@ pub enum Status {
     Skipped,
 }
 
+impl Status {
+    /// The word used in the files (`completed`) and in listings.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Running => "running",
+            Status::Completed => "completed",
+            Status::Failed => "failed",
+            Status::Stopped => "stopped",
+            Status::Skipped => "skipped",
+        }
+    }
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// One item (or turn) of a session.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SessionEntry {

@@ -820,11 +820,7 @@ async fn run_unit(
             went_back = true;
             next = Some(back);
         }
-        progress(&format!(
-            "step {id}: {} ({})",
-            status_name(report.status),
-            report.detail
-        ));
+        progress(&format!("step {id}: {} ({})", report.status, report.detail));
         let done = report.status != Status::Completed && !went_back;
         unit.steps.push(report);
         if done || env.cancelled() {
@@ -919,16 +915,6 @@ fn check_prerequisite(
 }
 
 /// The snake_case name of a status.
-pub fn status_name(status: Status) -> &'static str {
-    match status {
-        Status::Running => "running",
-        Status::Completed => "completed",
-        Status::Failed => "failed",
-        Status::Stopped => "stopped",
-        Status::Skipped => "skipped",
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,11 +8,18 @@
 //! [`flush`] waits until everything submitted so far is on disk and returns the first error
 //! since the last flush; the agent loop flushes before it reads a file back and at the end
 //! of every step.
+//!
+//! The writer thread is owned: a [`Writer`], which the [`Engine`](crate::Engine) holds for
+//! as long as it lives (every engine of the process shares the one writer). When the last
+//! holder drops it, it flushes what is queued and stops its thread, so a front end never has
+//! to remember a flush before it exits. With no writer alive, writes are done on the
+//! caller's thread, at once: nothing is ever left queued without an owner.
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::thread::JoinHandle;
 
 use serde::Serialize;
 
@@ -27,6 +34,8 @@ struct State {
     busy: bool,
     /// The first failure since the last flush.
     error: Option<(PathBuf, io::Error)>,
+    /// The owner is gone: the thread ends once the queue is empty.
+    stop: bool,
 }
 
 struct Shared {
@@ -34,28 +43,109 @@ struct Shared {
     changed: Condvar,
 }
 
-static SHARED: OnceLock<Arc<Shared>> = OnceLock::new();
+/// The writer of the process while one is alive. Its lock is also held while the last
+/// [`Writer`] drains, so a write submitted meanwhile waits and cannot overtake queued bytes.
+static CURRENT: Mutex<Weak<Writer>> = Mutex::new(Weak::new());
 
-/// The queue and its writer thread, started on the first write.
-fn shared() -> &'static Arc<Shared> {
-    SHARED.get_or_init(|| {
+/// The owner of the writer thread and its queue; dropping the last handle flushes what is
+/// queued (a failure is logged) and stops the thread.
+pub struct Writer {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Writer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Writer").finish_non_exhaustive()
+    }
+}
+
+impl Writer {
+    /// The writer of this process, started when none is alive; every handle shares it.
+    pub fn start() -> io::Result<Arc<Writer>> {
+        let mut current = CURRENT.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(writer) = current.upgrade() {
+            return Ok(writer);
+        }
+        let writer = Arc::new(Writer::spawn()?);
+        *current = Arc::downgrade(&writer);
+        Ok(writer)
+    }
+
+    /// A new writer thread with an empty queue.
+    fn spawn() -> io::Result<Writer> {
         let shared = Arc::new(Shared {
             state: Mutex::new(State::default()),
             changed: Condvar::new(),
         });
         let worker = shared.clone();
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("trellis-writer".into())
-            .spawn(move || write_loop(&worker))
-            .expect("starting the writer thread");
-        shared
-    })
+            .spawn(move || write_loop(&worker))?;
+        Ok(Writer {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// Waits until every write submitted so far is on disk; returns the first failure since
+    /// the last flush.
+    pub fn flush(&self) -> io::Result<()> {
+        let shared = &self.shared;
+        let mut state = shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        while state.busy || !state.queue.is_empty() {
+            state = shared
+                .changed
+                .wait(state)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+        take_error(&mut state)
+    }
+
+    fn submit(&self, fs: &WorkspaceFs, path: &Path, bytes: Vec<u8>) -> io::Result<()> {
+        let shared = &self.shared;
+        let mut state = shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        if state
+            .latest
+            .insert(path.to_path_buf(), (fs.clone(), bytes))
+            .is_none()
+        {
+            state.queue.push_back(path.to_path_buf());
+        }
+        shared.changed.notify_all();
+        take_error(&mut state)
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        let _current = CURRENT.lock().unwrap_or_else(|e| e.into_inner());
+        if let Err(e) = self.flush() {
+            tracing::error!("{e}");
+        }
+        {
+            let mut state = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+            state.stop = true;
+            self.shared.changed.notify_all();
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The live writer, if any.
+fn current() -> Option<Arc<Writer>> {
+    CURRENT.lock().unwrap_or_else(|e| e.into_inner()).upgrade()
 }
 
 fn write_loop(shared: &Shared) {
     let mut state = shared.state.lock().unwrap_or_else(|e| e.into_inner());
     loop {
         let Some(path) = state.queue.pop_front() else {
+            if state.stop {
+                return;
+            }
             state = shared
                 .changed
                 .wait(state)
@@ -90,21 +180,16 @@ fn take_error(state: &mut State) -> io::Result<()> {
 }
 
 /// Queues an atomic replace of `path` (inside the workspace of `fs`, written through it) with
-/// `bytes`. Returns an earlier write's failure, if
-/// one happened since the last [`flush`] (so a full disk shows up at the next write, not only
-/// at the end of the step).
+/// `bytes` on the live [`Writer`]. Returns an earlier write's failure, if one happened since
+/// the last [`flush`] (so a full disk shows up at the next write, not only at the end of the
+/// step). With no writer alive, writes at once and returns its own failure.
 pub fn write_bytes(fs: &WorkspaceFs, path: &Path, bytes: Vec<u8>) -> io::Result<()> {
-    let shared = shared();
-    let mut state = shared.state.lock().unwrap_or_else(|e| e.into_inner());
-    if state
-        .latest
-        .insert(path.to_path_buf(), (fs.clone(), bytes))
-        .is_none()
-    {
-        state.queue.push_back(path.to_path_buf());
+    match current() {
+        Some(writer) => writer.submit(fs, path, bytes),
+        None => fs
+            .write_atomic(path, &bytes)
+            .map_err(|e| io::Error::new(e.kind(), format!("writing {}: {e}", path.display()))),
     }
-    shared.changed.notify_all();
-    take_error(&mut state)
 }
 
 /// [`write_bytes`] of `value` as 2-space indented JSON with a final newline, the format of
@@ -118,20 +203,13 @@ pub fn write_json<T: Serialize + ?Sized>(
     write_bytes(fs, path, super::json_bytes(value)?)
 }
 
-/// Waits until every write submitted so far is on disk; returns the first failure since the
-/// last flush.
+/// Waits until every write submitted so far to the live [`Writer`] is on disk; returns the
+/// first failure since the last flush. Without a writer there is nothing queued.
 pub fn flush() -> io::Result<()> {
-    let Some(shared) = SHARED.get() else {
-        return Ok(()); // nothing was ever written behind
-    };
-    let mut state = shared.state.lock().unwrap_or_else(|e| e.into_inner());
-    while state.busy || !state.queue.is_empty() {
-        state = shared
-            .changed
-            .wait(state)
-            .unwrap_or_else(|e| e.into_inner());
+    match current() {
+        Some(writer) => writer.flush(),
+        None => Ok(()),
     }
-    take_error(&mut state)
 }
 
 #[cfg(test)]
@@ -140,6 +218,7 @@ mod tests {
 
     #[test]
     fn writes_land_coalesced_after_a_flush_and_failures_are_reported() {
+        let _writer = Writer::start().unwrap();
         let dir = tempfile::tempdir().unwrap();
         let fs = WorkspaceFs::open(dir.path()).unwrap();
         let path = dir.path().join("logs/session.json");
@@ -164,5 +243,23 @@ mod tests {
         let err = flush().unwrap_err().to_string();
         assert!(err.contains("blocked/session.json"), "{err}");
         flush().expect("the error is reported once");
+    }
+
+    #[test]
+    fn dropping_a_writer_puts_what_it_queued_on_disk_and_stops_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = WorkspaceFs::open(dir.path()).unwrap();
+        let path = dir.path().join("logs/turn.json");
+        // A writer of its own, not the process's: no other test can hold it.
+        let writer = Writer::spawn().unwrap();
+        for n in 0..50 {
+            writer
+                .submit(&fs, &path, format!("{n}\n").into_bytes())
+                .unwrap();
+        }
+        let shared = writer.shared.clone();
+        drop(writer);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "49\n");
+        assert_eq!(Arc::strong_count(&shared), 1, "the writer thread has ended");
     }
 }

@@ -58,7 +58,7 @@ pub use serde_json;
 )]
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../../wit",
+        path: "../../wit/trellis-plugin@0.1.0",
         world: "tool-plugin",
         pub_export_macro: true,
         default_bindings_module: "trellis_plugin_sdk::bindings",
@@ -69,7 +69,7 @@ pub mod bindings {
     /// so `log` has one `LogLevel` for both.
     pub mod validator_world {
         wit_bindgen::generate!({
-            path: "../../wit",
+            path: "../../wit/trellis-plugin@0.1.0",
             world: "validator-plugin",
             pub_export_macro: true,
             default_bindings_module: "trellis_plugin_sdk::bindings::validator_world",
@@ -84,7 +84,7 @@ pub mod bindings {
     /// The LLM provider world: the shared host interface plus `wasi:http`.
     pub mod llm_world {
         wit_bindgen::generate!({
-            path: "../../wit",
+            path: "../../wit/trellis-plugin@0.1.0",
             world: "llm-provider",
             pub_export_macro: true,
             default_bindings_module: "trellis_plugin_sdk::bindings::llm_world",

@@ -9,7 +9,8 @@ use anyhow::{Context, Result};
 use clap::Args;
 use trellis_host::Engine;
 use trellis_host::script::{ScriptOptions, ScriptRunner};
-use trellis_host::workflow::Workspace;
+
+use super::open_workspace;
 
 /// Arguments of `trellis script`.
 #[derive(Args, Debug)]
@@ -61,11 +62,7 @@ pub async fn run(engine: &Engine, args: ScriptArgs) -> Result<ExitCode> {
             .variables
             .insert(name.to_string(), value.to_string());
     }
-    let ws = Workspace::open_run(
-        &args.workspace,
-        Some(args.run.as_deref().unwrap_or("iteration-0")),
-    )
-    .map_err(|d| anyhow::anyhow!("{d}"))?;
+    let ws = open_workspace(&args.workspace, args.run.as_deref())?;
     let runner = ScriptRunner::new(engine)?;
     let outcome = runner.run(&ws, &args.step, &options).await?;
 

@@ -1,0 +1,48 @@
+//! The subcommands of `trellis`, one module each (its arguments and its `run`), and what
+//! they share: loading the plugin registry, opening a workspace.
+
+pub mod check;
+pub mod migrate;
+pub mod plugins;
+pub mod run;
+pub mod runs;
+pub mod schema;
+pub mod script;
+pub mod tool;
+pub mod validate;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Result;
+use clap::Args;
+use trellis_host::sequence::run_folder::ACTIVE_RUN;
+use trellis_host::workflow::Workspace;
+use trellis_host::{Engine, PluginRegistry};
+
+/// The `--plugins` option of the commands that load plugins.
+#[derive(Args, Debug)]
+pub struct PluginDirs {
+    /// Also load third-party plugins from DIR: `DIR/plugin.json` or `DIR/*/plugin.json` (repeatable).
+    #[arg(long = "plugins", value_name = "DIR")]
+    pub dirs: Vec<PathBuf>,
+}
+
+/// The bundled plugins and those of every `--plugins` folder; the first that fails to load
+/// is an error.
+async fn registry(engine: &Engine, dirs: &PluginDirs) -> Result<PluginRegistry> {
+    let mut registry = PluginRegistry::with_bundled(engine).await?;
+    for dir in &dirs.dirs {
+        registry.load_dir(dir).await?;
+    }
+    Ok(registry)
+}
+
+/// Opens the workspace at `root` for the run folder `run` [default: iteration-0]; its
+/// diagnostics are the error.
+fn open_workspace(root: &Path, run: Option<&str>) -> Result<Workspace> {
+    Workspace::open_run(root, Some(run.unwrap_or(ACTIVE_RUN))).map_err(|d| anyhow::anyhow!("{d}"))
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}

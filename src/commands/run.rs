@@ -1,0 +1,200 @@
+//! `trellis run`: runs a workflow, its steps in plan order.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use trellis_host::Engine;
+use trellis_host::llm::Recorder;
+use trellis_host::sequence::events::Observer;
+use trellis_host::sequence::llm_choice::{LlmSetup, REPLAY_PROVIDER, parse_llm_spec};
+use trellis_host::sequence::session::Status;
+use trellis_host::sequence::workflow_run::{self, RunEnv, RunOptions};
+
+use super::{PluginDirs, plural, registry};
+use crate::progress::{Mode, Progress};
+
+/// Arguments of `trellis run`.
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// The workspace folder.
+    workspace: PathBuf,
+    /// Run only this step, in the existing run folder (with groups, give --group too).
+    #[arg(long, value_name = "ID")]
+    step: Option<String>,
+    /// Run only this group of workflow.json (its id or display name), in
+    /// `runs/iteration-0/<group>`, without rotating `iteration-0`.
+    #[arg(long, value_name = "GROUP")]
+    group: Option<String>,
+    /// The model of every step, `provider:model` (e.g. `openai:gpt-4o`, `replay:demo`);
+    /// overrides execution_llm (fallbacks included), tiers and workflow.json's llm.
+    #[arg(long, value_name = "PROVIDER:MODEL")]
+    llm: Option<String>,
+    /// Write every answered LLM call to the cassette FILE (replaced). Put it at
+    /// `<workspace>/cassettes/NAME.json` and replay the run with `--llm replay:NAME`.
+    #[arg(long, value_name = "FILE")]
+    record: Option<PathBuf>,
+    /// Let the key in environment variable VAR go to ORIGIN (`scheme://host[:port]`)
+    /// when the workspace asks for it (repeatable). Also in
+    /// $XDG_CONFIG_HOME/trellis/config.toml (else ~/.config/trellis/config.toml).
+    #[arg(long = "allow-key", value_name = "VAR=ORIGIN")]
+    allow_keys: Vec<String>,
+    /// The answer of a human_input step, by its variable_name (repeatable).
+    #[arg(long = "input", value_name = "NAME=VALUE")]
+    inputs: Vec<String>,
+    /// Print only the final summary.
+    #[arg(long, short)]
+    quiet: bool,
+    #[command(flatten)]
+    plugins: PluginDirs,
+}
+
+/// Runs the workflow with live progress (or plain lines), then prints the outputs of every
+/// step and the totals. Exit status 1 when a step fails.
+pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
+    let registry = registry(engine, &args.plugins).await?;
+    let registry = &registry;
+    let root = args.workspace.as_path();
+    let mut opts = RunOptions {
+        step: args.step,
+        group: args.group,
+        ..RunOptions::default()
+    };
+    for input in &args.inputs {
+        let (name, value) = input
+            .split_once('=')
+            .with_context(|| format!("--input {input:?}: expected NAME=VALUE"))?;
+        opts.inputs.insert(name.to_string(), value.to_string());
+    }
+    let override_llm = args.llm.as_deref().map(parse_llm_spec).transpose()?;
+    let mut approvals = trellis_host::llm::KeyApprovals::defaults();
+    if let Some(config) = trellis_host::llm::KeyApprovals::user_config_path() {
+        approvals.load_config(&config)?;
+    }
+    for spec in &args.allow_keys {
+        approvals.allow_spec(spec)?;
+    }
+    let mut llm = LlmSetup::new(override_llm.clone()).with_approvals(approvals);
+    if let Some(file) = &args.record {
+        anyhow::ensure!(
+            override_llm
+                .as_ref()
+                .is_none_or(|l| l.provider != REPLAY_PROVIDER),
+            "--record records the answers of a live provider; `replay` answers from a cassette already"
+        );
+        let model = file
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .filter(|s| !s.is_empty())
+            .with_context(|| format!("--record {}: expected a file name", file.display()))?;
+        let recorder = Recorder::create(file)?.recording_model(model);
+        llm = llm.with_recorder(Arc::new(recorder));
+    }
+    let progress = Arc::new(Progress::new(Mode::detect(args.quiet)));
+    let mut env = RunEnv::new(registry, llm);
+    env.observer = {
+        let progress = progress.clone();
+        Observer::new(move |event| progress.event(event))
+    };
+    // Ctrl-C asks the runner to stop at the next boundary (before an item, between
+    // foreach rows or tool rounds); the session records `stopped`. A second
+    // Ctrl-C is the usual hard stop.
+    let watcher = {
+        let cancel = env.cancel.clone();
+        let progress = progress.clone();
+        tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                progress.finish();
+                eprintln!("stopping at the next boundary (Ctrl-C again to abort)");
+                cancel.store(true, Ordering::Relaxed);
+                let _ = tokio::signal::ctrl_c().await;
+                std::process::exit(130);
+            }
+        })
+    };
+    let ticker = (progress.mode() == Mode::Live).then(|| {
+        let progress = progress.clone();
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_millis(250));
+            loop {
+                every.tick().await;
+                progress.tick();
+            }
+        })
+    });
+    let run = workflow_run::run_workflow(&env, root, &opts, &mut |line| progress.line(line)).await;
+    watcher.abort();
+    if let Some(t) = ticker {
+        t.abort();
+    }
+    progress.finish();
+    let run = run?;
+    for unit in &run.units {
+        match &unit.group {
+            Some(g) => println!(
+                "outputs of group {g}: {}",
+                unit.run_dir.join("execution").display()
+            ),
+            None => println!("outputs: {}", unit.run_dir.join("execution").display()),
+        }
+        for step in &unit.steps {
+            println!(
+                "  {} [{}]: {} -> {}",
+                step.step_id,
+                step.step_type,
+                step.status,
+                step.output_dir.display()
+            );
+            let mut files: Vec<_> = std::fs::read_dir(&step.output_dir)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter(|e| e.path().is_file())
+                .map(|e| e.path())
+                .collect();
+            files.sort();
+            for file in files {
+                println!("    {}", file.display());
+            }
+            if let Some(outcome) = &step.outcome {
+                for concern in &outcome.concerns {
+                    println!("    CONCERNS: {concern}");
+                }
+            }
+            if step.status != Status::Completed {
+                println!("    {}", step.detail.lines().next().unwrap_or_default());
+            }
+        }
+    }
+    let t = progress.totals();
+    println!(
+        "{}: {} turn{}, {} LLM call{}, {} tool call{} ({} failed), tokens {} in / {} out",
+        if run.succeeded() { "done" } else { "failed" },
+        t.turns,
+        plural(t.turns as usize),
+        t.llm_calls,
+        plural(t.llm_calls as usize),
+        t.tool_calls,
+        plural(t.tool_calls as usize),
+        t.tool_errors,
+        t.prompt_tokens,
+        t.completion_tokens
+    );
+    if let Some(recorder) = env.llm.recorder() {
+        println!(
+            "recorded {} LLM call{} to {}",
+            recorder.len(),
+            plural(recorder.len()),
+            recorder.path().display()
+        );
+    }
+    Ok(if run.succeeded() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}

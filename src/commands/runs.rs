@@ -1,0 +1,137 @@
+//! `trellis runs`: lists past runs and inspects their steps.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::Subcommand;
+use trellis_host::sequence::run_folder::ACTIVE_RUN;
+use trellis_host::sequence::runs;
+
+/// Subcommands of `trellis runs`.
+#[derive(Subcommand, Debug)]
+pub enum RunsCommand {
+    /// One line per run folder under `runs/`, with each step's status.
+    ///
+    /// `iteration-0` first, then `iteration-N` newest first; group folders follow
+    /// their iteration. A step's status is its `execution-final-summary.json`'s, else
+    /// its `session.json`'s, else `no summary`.
+    List {
+        /// The workspace folder.
+        workspace: PathBuf,
+    },
+    /// Show one step of a run: status, concerns, session entries and turn logs.
+    ///
+    /// Read from `runs/<run>/execution/<step>/` and `runs/<run>/logs/<step>/`.
+    /// Exit status 1 when the run folder or the step does not exist.
+    Show {
+        /// The workspace folder.
+        workspace: PathBuf,
+        /// The step id.
+        step: String,
+        /// Run folder under `runs/` [default: iteration-0].
+        #[arg(long, value_name = "FOLDER")]
+        run: Option<String>,
+    },
+}
+
+/// Runs a `trellis runs` subcommand; it reads files only, no plugin runs.
+pub fn run(command: &RunsCommand) -> Result<ExitCode> {
+    match command {
+        RunsCommand::List { workspace } => list_runs(workspace)?,
+        RunsCommand::Show {
+            workspace,
+            step,
+            run,
+        } => show_run_step(workspace, step, run.as_deref())?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `trellis runs list`: one line per run folder, then its steps.
+fn list_runs(root: &Path) -> Result<()> {
+    let runs = runs::list_runs(root)?;
+    if runs.is_empty() {
+        println!("no runs in {}", root.join("runs").display());
+    }
+    for run in runs {
+        if run.steps.is_empty() {
+            println!("{}: no steps", run.run_folder);
+            continue;
+        }
+        let steps: Vec<String> = run
+            .steps
+            .iter()
+            .map(|s| match &s.completed_at {
+                Some(at) => format!("{} {} {at}", s.step_id, s.status),
+                None => format!("{} {}", s.step_id, s.status),
+            })
+            .collect();
+        println!("{}: {}", run.run_folder, steps.join(", "));
+    }
+    Ok(())
+}
+
+/// `trellis runs show`: one step of one run.
+fn show_run_step(root: &Path, step: &str, run: Option<&str>) -> Result<()> {
+    let report = runs::show_step(root, run.unwrap_or(ACTIVE_RUN), step)?;
+    println!("step: {} (run {})", report.step_id, report.run_folder);
+    match &report.completed_at {
+        Some(at) => println!("status: {} at {at}", report.status),
+        None => println!("status: {}", report.status),
+    }
+    if report.concerns.is_empty() {
+        println!("concerns: none");
+    } else {
+        println!("concerns:");
+        for concern in &report.concerns {
+            println!("  - {concern}");
+        }
+    }
+    println!("turns: {}", report.turns.len());
+    println!("entries:");
+    if report.entries.is_empty() {
+        println!("  (no session.json)");
+    }
+    for e in &report.entries {
+        let summary = runs::first_line(e.summary.as_deref());
+        let summary = if summary.is_empty() {
+            String::new()
+        } else {
+            format!(": {summary}")
+        };
+        println!("  {} [{}] {}{summary}", e.item_id, e.item_type, e.status);
+    }
+    if !report.script_logs.is_empty() {
+        println!("script logs:");
+    }
+    for path in &report.script_logs {
+        println!("  {}", path.display());
+    }
+    if !report.turns.is_empty() {
+        println!("turn logs:");
+    }
+    for t in &report.turns {
+        println!(
+            "  attempt {} iteration {}: {} {}, LLM calls {}, tool calls {}{}, tokens {} prompt / {} completion, {} ms",
+            t.attempt,
+            t.iteration,
+            t.model,
+            t.status,
+            t.llm_calls,
+            t.tool_calls,
+            if t.tool_names.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", t.tool_names.join(", "))
+            },
+            t.prompt_tokens,
+            t.completion_tokens,
+            t.duration_ms
+        );
+        if t.tool_errors > 0 {
+            println!("    {} tool calls failed", t.tool_errors);
+        }
+    }
+    Ok(())
+}
