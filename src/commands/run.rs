@@ -3,17 +3,16 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
 use trellis_host::Engine;
 use trellis_host::llm::Recorder;
-use trellis_host::sequence::events::Observer;
 use trellis_host::sequence::llm_choice::{LlmSetup, REPLAY_PROVIDER, parse_llm_spec};
+use trellis_host::sequence::runtime::{ExecutionEvent, Runtime, StartOptions};
 use trellis_host::sequence::session::Status;
-use trellis_host::sequence::workflow_run::{self, RunEnv, RunOptions};
+use trellis_host::sequence::workflow_run::RunOptions;
 
 use super::{PluginDirs, plural, registry};
 use crate::progress::{Mode, Progress};
@@ -53,11 +52,11 @@ pub struct RunArgs {
     plugins: PluginDirs,
 }
 
-/// Runs the workflow with live progress (or plain lines), then prints the outputs of every
-/// step and the totals. Exit status 1 when a step fails.
+/// Runs the workflow as an execution of the runtime, showing its events as live progress
+/// (or plain lines), then prints the outputs of every step and the totals. Exit status 1
+/// when a step fails.
 pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
-    let registry = registry(engine, &args.plugins).await?;
-    let registry = &registry;
+    let runtime = Runtime::new(Arc::new(registry(engine, &args.plugins).await?));
     let root = args.workspace.as_path();
     let mut opts = RunOptions {
         step: args.step,
@@ -94,23 +93,20 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
         let recorder = Recorder::create(file)?.recording_model(model);
         llm = llm.with_recorder(Arc::new(recorder));
     }
+    let recorder = llm.recorder().cloned();
     let progress = Arc::new(Progress::new(Mode::detect(args.quiet)));
-    let mut env = RunEnv::new(registry, llm);
-    env.observer = {
-        let progress = progress.clone();
-        Observer::new(move |event| progress.event(event))
-    };
-    // Ctrl-C asks the runner to stop at the next boundary (before an item, between
+    let id = runtime.start_workflow(root, StartOptions::new(opts, llm));
+    // Ctrl-C asks the execution to stop at the next boundary (before an item, between
     // foreach rows or tool rounds); the session records `stopped`. A second
     // Ctrl-C is the usual hard stop.
     let watcher = {
-        let cancel = env.cancel.clone();
+        let (runtime, id) = (runtime.clone(), id.clone());
         let progress = progress.clone();
         tokio::spawn(async move {
             if tokio::signal::ctrl_c().await.is_ok() {
                 progress.finish();
                 eprintln!("stopping at the next boundary (Ctrl-C again to abort)");
-                cancel.store(true, Ordering::Relaxed);
+                runtime.stop(&id);
                 let _ = tokio::signal::ctrl_c().await;
                 std::process::exit(130);
             }
@@ -126,7 +122,19 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
             }
         })
     });
-    let run = workflow_run::run_workflow(&env, root, &opts, &mut |line| progress.line(line)).await;
+    let mut events = runtime.events(&id).context("the execution just started")?;
+    while let Some(event) = events.next().await {
+        match event {
+            ExecutionEvent::Run(event) => progress.event(&event),
+            ExecutionEvent::Progress(line) => progress.line(&line),
+            ExecutionEvent::Delivery { .. } | ExecutionEvent::End { .. } => {}
+        }
+    }
+    let run = runtime
+        .wait(&id)
+        .await
+        .context("the execution just started")?
+        .map_err(anyhow::Error::msg);
     watcher.abort();
     if let Some(t) = ticker {
         t.abort();
@@ -184,7 +192,7 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
         t.prompt_tokens,
         t.completion_tokens
     );
-    if let Some(recorder) = env.llm.recorder() {
+    if let Some(recorder) = recorder {
         println!(
             "recorded {} LLM call{} to {}",
             recorder.len(),
