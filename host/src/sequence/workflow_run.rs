@@ -383,7 +383,7 @@ fn open_workspace(root: &Path, run: Option<&str>) -> Result<Workspace> {
 /// One run unit: its group (none without groups) and its run folder under `runs/`.
 type Unit<'w> = (Option<&'w Group>, String);
 
-/// Runs the workflow at `root`: the [`preflight`] (nothing in the workspace changes when it
+/// Runs the workflow at `root`: the [`preflight()`] (nothing in the workspace changes when it
 /// fails), then seeds the database, rotates the run folder (a full run: no `opts.step`,
 /// no `opts.group`), then runs each unit's steps, calling `progress` with one line per step
 /// and unit. A unit stops at its first failed step (an `Ok` run that did not succeed);

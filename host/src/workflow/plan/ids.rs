@@ -1,5 +1,5 @@
-//! Validation of ids across the plan: every step id a step refers to exists, and ids
-//! are unique.
+//! Validation of step ids across the whole plan: step ids are unique, and every step id a
+//! step refers to (next steps, routes, option routes) exists.
 
 use super::*;
 
