@@ -26,20 +26,24 @@
 //! the step's logs folder: `runs/<run>/logs/<step-id>/script-stdout.txt`,
 //! `script-stderr.txt` and `script-result.json`, each written atomically.
 
+mod outcome;
 mod traceback;
+
+#[cfg(test)]
+use outcome::tail;
+pub use outcome::{ScriptFailure, ScriptLocation, ScriptOutcome};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
-use serde_json::json;
 use wasmtime::component::{Component, InstancePre, Linker};
 use wasmtime_wasi::FsPerms;
 use wasmtime_wasi::p2::bindings::CommandPre;
 
 use crate::capabilities::turn::{DB_FILE, TurnAccess, TurnContext, grant_for_access};
-use crate::capabilities::{FsLimitExceeded, FsLimits, Limits};
+use crate::capabilities::{FsLimits, Limits};
 use crate::engine::Engine;
 use crate::sandbox::state::CallState;
 use crate::sandbox::{self, CallFailure, slices};
@@ -142,191 +146,6 @@ impl Default for ScriptOptions {
             write_logs: true,
         }
     }
-}
-
-/// Where an uncaught Python exception was raised: the innermost frame in the script's
-/// folder (so an error inside the standard library points at the script's line that
-/// called it), else the innermost frame.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ScriptLocation {
-    /// Workspace-relative file, e.g. `code/fetch/main.py`; a standard-library file keeps
-    /// the path the runner gave it.
-    pub file: String,
-    /// 1-based line number.
-    pub line: u32,
-}
-
-/// Why a script did not succeed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ScriptFailure {
-    /// The Python script raised an exception it did not handle (a syntax error included).
-    Exception {
-        /// The exception as Python prints it last, e.g. `KeyError: 'id'`.
-        exception: String,
-        /// Where it was raised.
-        location: ScriptLocation,
-        /// The whole traceback.
-        traceback: String,
-    },
-    /// The script exited with a non-zero status (`sys.exit(3)`, `std::process::exit(3)`).
-    Exit {
-        /// The status.
-        code: i32,
-    },
-    /// The script did not finish before its deadline and was stopped.
-    Timeout {
-        /// The deadline.
-        after: Duration,
-    },
-    /// The script asked for more memory than its limit.
-    MemoryLimit {
-        /// The limit, in bytes.
-        limit: usize,
-    },
-    /// The script went over a filesystem limit of its call (bytes written, files created,
-    /// files open at once).
-    FsLimit {
-        /// Which limit.
-        exceeded: FsLimitExceeded,
-    },
-    /// The script's instance trapped (a Rust panic, a stack overflow, a bad component).
-    Crashed {
-        /// What happened.
-        message: String,
-    },
-}
-
-impl ScriptFailure {
-    /// One sentence naming the script (`code/<step-id>/main.py`), for errors and logs.
-    pub fn describe(&self, script: &str) -> String {
-        match self {
-            ScriptFailure::Exception {
-                exception,
-                location,
-                ..
-            } => {
-                let first = exception.lines().next().unwrap_or_default();
-                format!(
-                    "{script} raised {first} ({}, line {})",
-                    location.file, location.line
-                )
-            }
-            ScriptFailure::Exit { code } => format!("{script} exited with status {code}"),
-            ScriptFailure::Timeout { after } => format!(
-                "{script} did not finish within {} and was stopped (timeout)",
-                humantime::format_duration(*after)
-            ),
-            ScriptFailure::MemoryLimit { limit } => format!(
-                "{script} was stopped: it exceeded its memory limit of {} MiB",
-                limit >> 20
-            ),
-            ScriptFailure::FsLimit { exceeded } => format!("{script} was stopped: it {exceeded}"),
-            ScriptFailure::Crashed { message } => format!("{script} crashed: {message}"),
-        }
-    }
-
-    fn status(&self) -> &'static str {
-        match self {
-            ScriptFailure::Exception { .. } => "exception",
-            ScriptFailure::Exit { .. } => "exit",
-            ScriptFailure::Timeout { .. } => "timeout",
-            ScriptFailure::MemoryLimit { .. } => "memory_limit",
-            ScriptFailure::FsLimit { .. } => "fs_limit",
-            ScriptFailure::Crashed { .. } => "crashed",
-        }
-    }
-}
-
-/// What one script run did.
-#[derive(Debug, Clone)]
-pub struct ScriptOutcome {
-    /// The step.
-    pub step_id: String,
-    /// Python or WebAssembly.
-    pub kind: ScriptKind,
-    /// The script, workspace-relative: `code/<step-id>/main.py`.
-    pub script: String,
-    /// The exit status, when the script exited (0 on success); `None` when it was stopped.
-    pub exit_code: Option<i32>,
-    /// Why it did not succeed; `None` when it did.
-    pub failure: Option<ScriptFailure>,
-    /// What it printed on stdout, capped (head and tail, with a note of what was dropped).
-    pub stdout: String,
-    /// What it printed on stderr, capped likewise.
-    pub stderr: String,
-    /// Wall-clock time of the run, instantiation included.
-    pub duration: Duration,
-    /// When it started, RFC 3339.
-    pub started_at: String,
-    /// The folder the logs were written to (`runs/<run>/logs/<step-id>`), when they were.
-    pub log_dir: Option<PathBuf>,
-}
-
-impl ScriptOutcome {
-    /// Whether the script exited with status 0.
-    pub fn succeeded(&self) -> bool {
-        self.failure.is_none()
-    }
-
-    /// The error to show a user or hand to an agent repairing the script: the sentence of
-    /// [`ScriptFailure::describe`], then the traceback or the end of stderr.
-    pub fn error_message(&self) -> Option<String> {
-        let failure = self.failure.as_ref()?;
-        let mut message = failure.describe(&self.script);
-        let detail = match failure {
-            ScriptFailure::Exception { traceback, .. } => traceback.as_str(),
-            ScriptFailure::Exit { .. } | ScriptFailure::Crashed { .. } => self.stderr.trim(),
-            ScriptFailure::Timeout { .. }
-            | ScriptFailure::MemoryLimit { .. }
-            | ScriptFailure::FsLimit { .. } => "",
-        };
-        if !detail.is_empty() {
-            message.push_str("\n\n");
-            message.push_str(tail(detail, 4 << 10));
-        }
-        Some(message)
-    }
-
-    fn record(&self, completed_at: &str) -> serde_json::Value {
-        let (exception, location) = match &self.failure {
-            Some(ScriptFailure::Exception {
-                exception,
-                location,
-                ..
-            }) => (
-                Some(exception.as_str()),
-                Some(json!({"file": location.file, "line": location.line})),
-            ),
-            _ => (None, None),
-        };
-        json!({
-            "step_id": self.step_id,
-            "script": self.script,
-            "kind": self.kind.label(),
-            "status": self.failure.as_ref().map_or("succeeded", ScriptFailure::status),
-            "exit_code": self.exit_code,
-            "error": self.failure.as_ref().map(|f| f.describe(&self.script)),
-            "exception": exception,
-            "location": location,
-            "stdout_file": STDOUT_LOG,
-            "stderr_file": STDERR_LOG,
-            "started_at": self.started_at,
-            "completed_at": completed_at,
-            "duration_ms": self.duration.as_millis() as u64,
-        })
-    }
-}
-
-/// The last `max` bytes of `text`, on a character boundary.
-fn tail(text: &str, max: usize) -> &str {
-    if text.len() <= max {
-        return text;
-    }
-    let mut start = text.len() - max;
-    while !text.is_char_boundary(start) {
-        start += 1;
-    }
-    &text[start..]
 }
 
 /// Runs step scripts. Build one per process and share it: the linker is made once, and the

@@ -45,6 +45,14 @@ use crate::workflow::plan::{HumanInput, Routing};
 use crate::workflow::step_config::PrerequisiteRule;
 use crate::workflow::{Step, StepKind, Workspace};
 
+mod preflight;
+mod routing;
+
+use preflight::preflight;
+pub use preflight::{check_inputs, check_step_models, needs_llm};
+use routing::check_prerequisite;
+pub use routing::{input_key, matching_rule, prerequisite_missing, select_route};
+
 /// The file a routing step reads from its own output folder.
 pub const ROUTE_SELECTION_FILE: &str = "route_selection.json";
 /// The file a human_input step writes its answer to, in its output folder.
@@ -306,59 +314,6 @@ pub fn apply_variables(ws: &mut Workspace, group: Option<&Group>) {
     }
 }
 
-/// The key a human_input step's answer is given under: its `variable_name`, else its id.
-pub fn input_key<'s>(step: &'s Step, h: &'s HumanInput) -> &'s str {
-    h.variable_name.as_deref().unwrap_or(&step.id)
-}
-
-/// The steps a run would visit from `start` if every branch were taken (routes, yes/no and
-/// option routes, `next_step_id`, array order, prerequisite rules). From a single `start`
-/// step only its prerequisites are followed, and everything after them.
-fn reachable<'w>(ws: &'w Workspace, start: Option<&str>) -> Vec<&'w Step> {
-    let steps = &ws.plan.steps;
-    let mut seen = BTreeSet::new();
-    let mut out = Vec::new();
-    let mut todo: Vec<String> = match start {
-        Some(s) => vec![s.to_string()],
-        None => steps.first().map(|s| s.id.clone()).into_iter().collect(),
-    };
-    while let Some(id) = todo.pop() {
-        if id == "end" || !seen.insert(id.clone()) {
-            continue;
-        }
-        let Some(step) = ws.plan.step(&id) else {
-            continue;
-        };
-        out.push(step);
-        let configs = ws.agent_configs(&id);
-        if configs.enable_prerequisite_detection == Some(true) {
-            todo.extend(
-                configs
-                    .prerequisite_rules
-                    .iter()
-                    .flatten()
-                    .map(|r| r.depends_on_step.clone()),
-            );
-        }
-        if start == Some(id.as_str()) {
-            continue;
-        }
-        let mut next: Vec<String> = Vec::new();
-        match &step.kind {
-            StepKind::Routing(r) => next.extend(r.routes.iter().map(|r| r.next_step_id.clone())),
-            StepKind::HumanInput(h) => {
-                next.extend(h.if_yes_next_step_id.clone());
-                next.extend(h.if_no_next_step_id.clone());
-                next.extend(h.option_routes.iter().flat_map(|m| m.values().cloned()));
-            }
-            _ => {}
-        }
-        next.extend(default_next(ws, step));
-        todo.extend(next);
-    }
-    out
-}
-
 /// `next_step_id`, else the next step in array order; `None` at the end.
 fn default_next(ws: &Workspace, step: &Step) -> Option<String> {
     if let Some(n) = &step.next_step_id {
@@ -367,43 +322,6 @@ fn default_next(ws: &Workspace, step: &Step) -> Option<String> {
     let steps = &ws.plan.steps;
     let pos = steps.iter().position(|s| s.id == step.id)?;
     steps.get(pos + 1).map(|s| s.id.clone())
-}
-
-/// Checks up front that every reachable `human_input` step has its answer.
-pub fn check_inputs(ws: &Workspace, opts: &RunOptions) -> Result<()> {
-    let mut missing = Vec::new();
-    for step in reachable(ws, opts.step.as_deref()) {
-        if let StepKind::HumanInput(h) = &step.kind {
-            let key = input_key(step, h);
-            if !opts.inputs.contains_key(key) {
-                missing.push(format!(
-                    "step {:?} needs --input {key}=VALUE{}",
-                    step.id,
-                    h.question
-                        .as_deref()
-                        .map(|q| format!(" ({q})"))
-                        .unwrap_or_default()
-                ));
-            }
-        }
-    }
-    if !missing.is_empty() {
-        bail!("missing human input: {}", missing.join("; "));
-    }
-    Ok(())
-}
-
-/// Whether any reachable step needs a model (see [`llm_choice::needs_model`]).
-pub fn needs_llm(ws: &Workspace, step: Option<&str>) -> bool {
-    reachable(ws, step)
-        .iter()
-        .any(|s| llm_choice::needs_model(ws, s))
-}
-
-/// Checks up front that every reachable step that needs a model has one that can be
-/// reached (see [`check_models`]).
-pub fn check_step_models(ws: &Workspace, opts: &RunOptions, llm: &LlmSetup) -> Result<()> {
-    check_models(ws, reachable(ws, opts.step.as_deref()), llm)
 }
 
 /// How long `db/seed.sql` may run.
@@ -451,119 +369,9 @@ pub fn seed_database(fs: &WorkspaceFs) -> Result<bool> {
     Ok(true)
 }
 
-fn read_selection(fs: &WorkspaceFs, path: &Path) -> Result<String> {
-    let text = fs
-        .read_to_string(path)
-        .with_context(|| format!("reading {}", path.display()))?;
-    let value: Value =
-        serde_json::from_str(&text).with_context(|| format!("{}: not JSON", path.display()))?;
-    value
-        .get("select_route")
-        .and_then(Value::as_str)
-        .map(str::to_string)
-        .with_context(|| format!("{}: no string \"select_route\"", path.display()))
-}
-
-/// Something other than a folder is at `path` (or cannot be looked at): reading it says what.
-fn present(fs: &WorkspaceFs, path: &Path) -> bool {
-    !matches!(fs.kind(path), Ok(None | Some(Kind::Dir)))
-}
-
-/// Picks the route of a routing step (spec section 2): `route_selection.json` in its own
-/// output folder, else `route_source_file` (relative to the previous step's output folder,
-/// else to `execution/`), else `default_route_id`. Returns `(route_id, next_step_id, how)`.
-pub fn select_route(
-    ws: &Workspace,
-    step: &Step,
-    routing: &Routing,
-    previous: Option<&str>,
-) -> Result<(String, String, String)> {
-    let own = ws.step_output_dir(&step.id).join(ROUTE_SELECTION_FILE);
-    let (route_id, how) = if present(&ws.fs, &own) {
-        (
-            read_selection(&ws.fs, &own)?,
-            ROUTE_SELECTION_FILE.to_string(),
-        )
-    } else if let Some(source) = routing.route_source_file.as_deref().and_then(|file| {
-        let exec = ws.run_dir().join("execution");
-        previous
-            .map(|p| exec.join(p).join(file))
-            .into_iter()
-            .chain([exec.join(file)])
-            .find(|p| present(&ws.fs, p))
-    }) {
-        (
-            read_selection(&ws.fs, &source)?,
-            source.display().to_string(),
-        )
-    } else if let Some(default) = &routing.default_route_id {
-        (default.clone(), "default_route_id".to_string())
-    } else {
-        bail!(
-            "routing step {:?}: no {ROUTE_SELECTION_FILE}, no route_source_file found and no default_route_id",
-            step.id
-        );
-    };
-    let route = routing
-        .routes
-        .iter()
-        .find(|r| r.route_id == route_id)
-        .with_context(|| {
-            format!(
-                "routing step {:?}: route {route_id:?} (from {how}) matches none of {:?}",
-                step.id,
-                routing
-                    .routes
-                    .iter()
-                    .map(|r| r.route_id.as_str())
-                    .collect::<Vec<_>>()
-            )
-        })?;
-    Ok((route_id, route.next_step_id.clone(), how))
-}
-
 fn write_json(fs: &WorkspaceFs, path: &Path, value: &Value) -> Result<()> {
     fs.write_json_atomic(path, value)
         .with_context(|| format!("writing {}", path.display()))
-}
-
-/// The text after `PREREQUISITE MISSING:` on the first such line of a reply.
-pub fn prerequisite_missing(text: &str) -> Option<String> {
-    text.lines().find_map(|line| {
-        line.trim()
-            .strip_prefix(PREREQUISITE_MISSING)
-            .map(|rest| rest.trim().to_string())
-    })
-}
-
-fn normalized(text: &str) -> String {
-    text.split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ")
-        .trim_end_matches(['.', '!'])
-        .to_lowercase()
-}
-
-/// The rule a `PREREQUISITE MISSING:` text names: the text is the rule's `depends_on_step`
-/// (alone, or followed by `:`, ` -` or a space and a reason), or its `description`
-/// (compared without case and repeated spaces).
-pub fn matching_rule<'r>(
-    rules: &'r [PrerequisiteRule],
-    missing: &str,
-) -> Option<&'r PrerequisiteRule> {
-    let text = missing.trim();
-    rules.iter().find(|r| {
-        let id = r.depends_on_step.as_str();
-        let by_id = text == id
-            || text
-                .strip_prefix(id)
-                .is_some_and(|rest| rest.starts_with([':', ' ', ',', '.', ';']));
-        let by_description = r
-            .description
-            .as_deref()
-            .is_some_and(|d| !d.trim().is_empty() && normalized(d) == normalized(text));
-        by_id || by_description
-    })
 }
 
 /// The workspace at `root` with run folder `run`, or every problem its files have.
@@ -575,73 +383,7 @@ fn open_workspace(root: &Path, run: Option<&str>) -> Result<Workspace> {
 /// One run unit: its group (none without groups) and its run folder under `runs/`.
 type Unit<'w> = (Option<&'w Group>, String);
 
-/// The preflight of a run: every check that can be made before anything in the workspace
-/// changes (run-folder rotation, database creation). The step, group and inputs asked for,
-/// the models of every reachable step with their keys' approvals, and the workspace files
-/// the run will open first. Returns the groups and the units (group, run folder) to run.
-#[allow(clippy::type_complexity)]
-fn preflight<'w>(
-    env: &RunEnv<'_>,
-    root: &Path,
-    ws: &'w Workspace,
-    opts: &RunOptions,
-) -> Result<(Vec<&'w Group>, Vec<Unit<'w>>)> {
-    if let Some(step) = &opts.step {
-        ws.plan
-            .step(step)
-            .with_context(|| format!("no step {step:?} in the plan"))?;
-    }
-    let groups = select_groups(ws, opts.group.as_deref())?;
-    if opts.step.is_some() && opts.group.is_none() && !groups.is_empty() {
-        bail!(
-            "workflow.json declares groups: --step runs in one group's run folder, give --group \
-             (groups: {})",
-            groups
-                .iter()
-                .map(|g| g.id.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-    }
-    let mut units: Vec<Unit<'w>> = Vec::new();
-    for g in &groups {
-        let folder = group_run_folder(g)?;
-        if let Some((other, _)) = units.iter().find(|(_, f)| *f == folder) {
-            bail!(
-                "workflow.json: groups {:?} and {:?} both use the run folder runs/{folder}",
-                other.map(|o| o.id.as_str()).unwrap_or_default(),
-                g.id
-            );
-        }
-        units.push((Some(*g), folder));
-    }
-    if units.is_empty() {
-        units.push((None, ACTIVE_RUN.to_string()));
-    }
-    let full = opts.step.is_none() && opts.group.is_none();
-    check_inputs(ws, opts)?;
-    for (_, folder) in &units {
-        // A full run starts from fresh run folders: the default step config applies.
-        let unit_ws = if full {
-            ws.clone()
-        } else {
-            open_workspace(root, Some(folder))?
-        };
-        check_step_models(&unit_ws, opts, &env.llm)?;
-    }
-    // The database, or the seed it is made from, must be a regular file reached without a
-    // link: refused here rather than half-way through setting the run up.
-    for path in [DB_FILE, SEED_SQL] {
-        match ws.fs.kind(path)? {
-            None | Some(Kind::File) => {}
-            Some(Kind::Link) => bail!("{}", link_error(Path::new(path))),
-            Some(_) => bail!("{path} is not a regular file"),
-        }
-    }
-    Ok((groups, units))
-}
-
-/// Runs the workflow at `root`: the [`preflight`] (nothing in the workspace changes when it
+/// Runs the workflow at `root`: the [`preflight()`] (nothing in the workspace changes when it
 /// fails), then seeds the database, rotates the run folder (a full run: no `opts.step`,
 /// no `opts.group`), then runs each unit's steps, calling `progress` with one line per step
 /// and unit. A unit stops at its first failed step (an `Ok` run that did not succeed);
@@ -833,85 +575,6 @@ async fn run_unit(
         current = next;
     }
     Ok(unit)
-}
-
-/// Prerequisite detection after an agent step: `Some(step)` to go back to, or `None` to go
-/// on. A reported prerequisite that matches no rule, or one reported once more after
-/// [`MAX_PREREQUISITE_RETURNS`] returns, fails the step (its final summary says why).
-fn check_prerequisite(
-    ws: &Workspace,
-    report: &mut StepReport,
-    returns: &mut BTreeMap<String, u32>,
-) -> Result<Option<String>> {
-    let configs = ws.agent_configs(&report.step_id);
-    if configs.enable_prerequisite_detection != Some(true) || report.status == Status::Stopped {
-        return Ok(None);
-    }
-    let Some(missing) = report
-        .outcome
-        .as_ref()
-        .and_then(|o| o.final_text.as_deref())
-        .and_then(prerequisite_missing)
-    else {
-        return Ok(None);
-    };
-    let rules = configs.prerequisite_rules.as_deref().unwrap_or_default();
-    let failure = match matching_rule(rules, &missing) {
-        Some(rule) => {
-            let count = returns.entry(report.step_id.clone()).or_insert(0);
-            if *count < MAX_PREREQUISITE_RETURNS {
-                *count += 1;
-                report.detail = format!(
-                    "prerequisite missing: {missing} -> back to {} (return {count} of {MAX_PREREQUISITE_RETURNS})",
-                    rule.depends_on_step
-                );
-                return Ok(Some(rule.depends_on_step.clone()));
-            }
-            format!(
-                "prerequisite still missing after going back to {} {MAX_PREREQUISITE_RETURNS} times: {missing}",
-                rule.depends_on_step
-            )
-        }
-        None => format!(
-            "the agent reported {PREREQUISITE_MISSING} {missing}, which matches none of the step's \
-             prerequisite_rules (depends_on_step: {})",
-            if rules.is_empty() {
-                "none".to_string()
-            } else {
-                rules
-                    .iter()
-                    .map(|r| r.depends_on_step.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            }
-        ),
-    };
-    report.status = Status::Failed;
-    report.detail = failure.clone();
-    let concerns = report
-        .outcome
-        .as_ref()
-        .map(|o| o.concerns.clone())
-        .unwrap_or_default();
-    if let Some(outcome) = report.outcome.as_mut() {
-        outcome.status = Status::Failed;
-        outcome.error = Some(failure.clone());
-    }
-    FinalSummary {
-        schema_version: FINAL_SUMMARY_SCHEMA_VERSION,
-        step_id: report.step_id.clone(),
-        run_folder: ws
-            .run_folder
-            .clone()
-            .unwrap_or_else(|| ACTIVE_RUN.to_string()),
-        status: Status::Failed,
-        execution_result: Some(failure),
-        concerns,
-        completed_at: now_rfc3339(),
-    }
-    .write(&ws.fs, &report.output_dir)
-    .with_context(|| format!("step {:?}: writing the final summary", report.step_id))?;
-    Ok(None)
 }
 
 /// The snake_case name of a status.

@@ -1,0 +1,118 @@
+//! Calling an LLM provider plugin for a completion, with HTTP limited to the endpoint's
+//! origin and the secret added by the host.
+
+use super::*;
+
+/// Time a provider call gets beyond its HTTP timeout, so that a slow server
+/// ends as the provider's own `timeout` error rather than an interrupted call.
+pub(super) const LLM_CALL_GRACE: Duration = Duration::from_secs(2);
+
+impl PluginRegistry {
+    /// Asks LLM provider `provider` for a completion of `request` at `endpoint`.
+    ///
+    /// The call runs in a fresh instance that sees only `endpoint.grant`'s
+    /// folders and may send HTTP requests only to `endpoint.base_url`'s origin;
+    /// the host adds `Authorization: Bearer <secret>` to them, so the plugin
+    /// never holds the key. `limits.timeout` bounds each HTTP exchange; the
+    /// call as a whole gets a little more. No retries here: see
+    /// [`llm::complete_with_retries`].
+    #[tracing::instrument(skip_all, fields(provider = %provider, model = %request.model))]
+    pub async fn complete(
+        &self,
+        provider: &str,
+        endpoint: &llm::Endpoint,
+        secret: &llm::Secret,
+        request: &llm::Request,
+        limits: &Limits,
+    ) -> Result<llm::Response, LlmCallError> {
+        let plugin = self
+            .plugins
+            .get(provider)
+            .filter(|p| p.manifest.kind == PluginKind::LlmProvider)
+            .ok_or_else(|| LlmCallError::UnknownProvider {
+                provider: provider.to_string(),
+                loaded: self.ids_of(PluginKind::LlmProvider),
+            })?;
+        let policy =
+            llm::http::HttpPolicy::for_endpoint(&endpoint.base_url, secret, limits.timeout)
+                .map_err(|message| LlmCallError::BadEndpoint {
+                    provider: provider.to_string(),
+                    message,
+                })?;
+        let refused = policy.refused();
+        let limited = policy.limited();
+        let allowed = policy.allowed().map(|o| o.to_string());
+        let call_limits = Limits {
+            timeout: limits.timeout + LLM_CALL_GRACE,
+            ..*limits
+        };
+        let wit_endpoint = llm::wit::endpoint(endpoint);
+        let wit_request = llm::wit::request(request);
+        let outcome = run_call_with_http(
+            &self.engine,
+            plugin,
+            &endpoint.grant,
+            &call_limits,
+            Some(policy),
+            |pre, store| {
+                Box::pin(async move {
+                    let bindings = bindings::llm::LlmProviderPre::new(pre.clone())?
+                        .instantiate_async(&mut *store)
+                        .await?;
+                    bindings
+                        .trellis_plugin_llm()
+                        .call_complete(store, &wit_endpoint, &wit_request)
+                        .await
+                })
+            },
+        )
+        .await;
+        let provider_error = |error| LlmCallError::Provider {
+            provider: provider.to_string(),
+            error,
+        };
+        match outcome {
+            Ok(Ok(response)) => {
+                // A server may echo the credentials it got: nothing returned keeps them.
+                let response = llm::wit::response(response).redacted(secret);
+                let size = response.text.len()
+                    + response
+                        .tool_calls
+                        .iter()
+                        .map(|c| c.arguments.len() + c.name.len())
+                        .sum::<usize>();
+                if size > limits.output_bytes {
+                    return Err(provider_error(LlmError::MalformedResponse(format!(
+                        "the answer is {size} bytes, over the limit of {}",
+                        limits.output_bytes
+                    ))));
+                }
+                Ok(response)
+            }
+            Ok(Err(error)) => {
+                let mut error = llm::wit::error(error);
+                let refused = refused.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                if !refused.is_empty() {
+                    // The plugin may word a refusal as it likes; the host says what happened.
+                    let only =
+                        allowed.map_or("no host at all".to_string(), |a| format!("only {a}"));
+                    error = LlmError::Transport(format!(
+                        "the host refused the request to {}: this provider may reach {only}",
+                        refused.join(", ")
+                    ));
+                } else if let Some(limit) =
+                    limited.lock().unwrap_or_else(|e| e.into_inner()).clone()
+                {
+                    error = LlmError::Transport(format!("the host stopped the call: {limit}"));
+                }
+                Err(provider_error(error.redacted(secret)))
+            }
+            Err(CallFailure::Timeout(_)) => Err(provider_error(LlmError::Timeout)),
+            Err(failure) => Err(LlmCallError::Crashed {
+                provider: provider.to_string(),
+                message: secret
+                    .redact(&call_error(failure, format!("llm `{provider}`")).to_string()),
+            }),
+        }
+    }
+}

@@ -1,0 +1,92 @@
+//! Validation of step ids across the whole plan: step ids are unique, and every step id a
+//! step refers to (next steps, routes, option routes) exists.
+
+use super::*;
+
+/// Checks what can only be seen with the whole plan: unique step ids and step references.
+pub(super) fn check_references(ctx: &mut Ctx, value: &Value, plan: &Plan) {
+    let mut ids: Vec<&str> = Vec::new();
+    let lists = [("steps", &plan.steps), ("orphan_steps", &plan.orphan_steps)];
+    for (list, steps) in lists {
+        for s in steps.iter() {
+            if ids.contains(&s.id.as_str()) {
+                let i = index_of(value, list, &s.id).unwrap_or(0);
+                let outer = ctx.set_step(Some(s.id.clone()));
+                ctx.error(
+                    &JsonPath::root().key(list).index(i).key("id"),
+                    format!("duplicate step id {}", quote(&s.id)),
+                );
+                ctx.set_step(outer);
+            }
+            ids.push(&s.id);
+        }
+    }
+    let raw_ids: Vec<&str> = ["steps", "orphan_steps"]
+        .iter()
+        .filter_map(|list| value.get(*list).and_then(Value::as_array))
+        .flatten()
+        .filter_map(|step| step.get("id").and_then(Value::as_str))
+        .collect();
+    for (list, steps) in lists {
+        for (i, s) in steps.iter().enumerate() {
+            let path = JsonPath::root().key(list).index(i);
+            let outer = ctx.set_step(Some(s.id.clone()));
+            let mut refs: Vec<(JsonPath, &str)> = Vec::new();
+            if let Some(n) = &s.next_step_id {
+                refs.push((path.key("next_step_id"), n));
+            }
+            match &s.kind {
+                StepKind::Routing(r) => {
+                    for (j, route) in r.routes.iter().enumerate() {
+                        refs.push((
+                            path.key("routes").index(j).key("next_step_id"),
+                            &route.next_step_id,
+                        ));
+                    }
+                }
+                StepKind::HumanInput(h) => {
+                    if let Some(n) = &h.if_yes_next_step_id {
+                        refs.push((path.key("if_yes_next_step_id"), n));
+                    }
+                    if let Some(n) = &h.if_no_next_step_id {
+                        refs.push((path.key("if_no_next_step_id"), n));
+                    }
+                    for (k, n) in h.option_routes.iter().flatten() {
+                        refs.push((path.key("option_routes").key(k), n));
+                    }
+                }
+                _ => {}
+            }
+            for (p, target) in refs {
+                // A step that failed to parse still exists: its own errors are reported,
+                // references to it are not errors on top of them.
+                if target != END
+                    && !target.is_empty()
+                    && !ids.contains(&target)
+                    && !raw_ids.contains(&target)
+                {
+                    let hint = did_you_mean(target, ids.iter().copied())
+                        .map(|c| format!(" (did you mean \"{c}\"?)"))
+                        .unwrap_or_default();
+                    ctx.error(
+                        &p,
+                        format!(
+                            "names no step of the plan: {}{hint}; use a step id or \"end\"",
+                            quote(target)
+                        ),
+                    );
+                }
+            }
+            ctx.set_step(outer);
+        }
+    }
+}
+
+/// The index of the last step with `id` in `value[list]` (the duplicate is the later one).
+pub(super) fn index_of(value: &Value, list: &str, id: &str) -> Option<usize> {
+    value
+        .get(list)?
+        .as_array()?
+        .iter()
+        .rposition(|s| s.get("id").and_then(Value::as_str) == Some(id))
+}
