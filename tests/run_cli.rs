@@ -1172,3 +1172,94 @@ fn a_scripted_steps_repair_model_is_checked_in_the_preflight_too() {
     assert_untouched(&ws);
     assert_eq!(server.seen().len(), 0);
 }
+
+#[test]
+fn a_config_file_others_can_write_approves_no_key() {
+    // Whoever can write ~/.config/trellis/config.toml decides which servers get the keys: a
+    // file writable by group or others is refused (before, its approvals were used), and
+    // nothing runs or is sent.
+    use std::os::unix::fs::PermissionsExt;
+    let server = FakeServer::start(Box::new(|_| (200, completion("done", &[]))));
+    let origin = server.base_url().trim_end_matches("/v1").to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    preflight_workspace(
+        &ws,
+        json!({"llm": {"provider": "openai", "model_id": "m"},
+               "providers": {"openai": {"base_url": server.base_url(),
+                                        "api_key_env": "AWS_SECRET_ACCESS_KEY"}}}),
+    );
+    let config = dir.path().join("config");
+    support::workspace::write_file(
+        &config,
+        "trellis/config.toml",
+        format!("[[allow_key]]\nvar = \"AWS_SECRET_ACCESS_KEY\"\norigin = \"{origin}\"\n"),
+    );
+    let file = config.join("trellis/config.toml");
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let before = support::tree_digest(&ws);
+    let vars = [
+        ("XDG_CONFIG_HOME", config.to_str().unwrap()),
+        ("AWS_SECRET_ACCESS_KEY", KEY),
+    ];
+    let out = run_with(&ws, &[], &vars);
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success(), "{}", text(&out.stdout));
+    let expected = format!(
+        "{}: refusing the key approvals: the file is writable by group or others (mode 666); \
+         make it yours alone (chmod go-w)",
+        file.display()
+    );
+    assert!(stderr.contains(&expected), "{stderr}");
+    assert_eq!(server.seen().len(), 0, "a request went out");
+    assert_eq!(support::tree_digest(&ws), before);
+    // Owner-only again, the same file approves.
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = run_with(&ws, &[], &vars);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(server.seen().len(), 1);
+}
+
+#[test]
+fn a_cassette_is_read_like_every_workspace_file() {
+    // cassettes/<id>.json went through its own cap-std read: no size cap (a sparse file of
+    // any size was read whole into memory) and links inside the workspace followed.
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    preflight_workspace(
+        &ws,
+        json!({"llm": {"provider": "replay", "model_id": "demo"}}),
+    );
+    std::fs::create_dir_all(ws.join("cassettes")).unwrap();
+    let huge = std::fs::File::create(ws.join("cassettes/demo.json")).unwrap();
+    huge.set_len((64 << 20) + 1).unwrap();
+    drop(huge);
+    let before = support::tree_digest(&ws);
+    let out = trellis(&["run", ws.to_str().unwrap()]);
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success(), "{}", text(&out.stdout));
+    assert!(
+        stderr.contains(&format!(
+            "cassettes/demo.json is {} bytes, more than the {} Trellis reads",
+            (64 << 20) + 1,
+            64 << 20
+        )),
+        "{stderr}"
+    );
+    assert_eq!(support::tree_digest(&ws), before);
+    assert_untouched(&ws);
+    // A link that stays inside the workspace is refused as well.
+    std::fs::remove_file(ws.join("cassettes/demo.json")).unwrap();
+    std::fs::write(ws.join("cassettes/real.json"), "[]").unwrap();
+    std::os::unix::fs::symlink("real.json", ws.join("cassettes/demo.json")).unwrap();
+    let out = trellis(&["run", ws.to_str().unwrap()]);
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success(), "{}", text(&out.stdout));
+    assert!(
+        stderr.contains(
+            "cassettes/demo.json is a symbolic link; Trellis does not read or write through links"
+        ),
+        "{stderr}"
+    );
+    assert_untouched(&ws);
+}

@@ -428,6 +428,12 @@ impl ComponentCache {
         }
         let (file, meta) = open_no_follow(&path)
             .with_context(|| format!("component cache: reading {}", path.display()))?;
+        if !meta.is_file() {
+            anyhow::bail!(
+                "component cache: refusing key file {}: it is not a regular file",
+                path.display()
+            );
+        }
         if let Some(refusal) = not_owner_only(&meta, "key file", &path) {
             anyhow::bail!("{refusal}");
         }
@@ -465,12 +471,28 @@ impl ComponentCache {
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(err) => return Err(EntryError::Unusable(err.into())),
         };
+        if !meta.is_file() {
+            return Err(EntryError::Refused(format!(
+                "component cache: refusing entry {}: it is not a regular file",
+                path.display()
+            )));
+        }
         if let Some(refusal) = not_owner_only(&meta, "entry", path) {
             return Err(EntryError::Refused(refusal));
         }
+        if meta.len() > self.max_bytes {
+            return Err(EntryError::Unusable(anyhow::anyhow!(
+                "cache file is {} bytes, over the cache's {} bytes",
+                meta.len(),
+                self.max_bytes
+            )));
+        }
         let mut data = Vec::with_capacity(meta.len() as usize);
-        std::io::Read::read_to_end(&mut file, &mut data)
-            .map_err(|e| EntryError::Unusable(e.into()))?;
+        std::io::Read::read_to_end(
+            &mut std::io::Read::take(&mut file, self.max_bytes + 1),
+            &mut data,
+        )
+        .map_err(|e| EntryError::Unusable(e.into()))?;
         let Some((mac, payload)) = data.split_at_checked(32) else {
             return Err(EntryError::Unusable(anyhow::anyhow!(
                 "cache file is truncated"
@@ -538,12 +560,13 @@ enum EntryError {
     Unusable(anyhow::Error),
 }
 
-/// Opens `path` without following a symlink, with its metadata.
+/// Opens `path` without following a symlink and without blocking (a FIFO opens at once; its
+/// type is for the caller to refuse), with its metadata.
 fn open_no_follow(path: &Path) -> std::io::Result<(fs::File, fs::Metadata)> {
     use std::os::unix::fs::OpenOptionsExt;
     let file = fs::OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(path)?;
     let meta = file.metadata()?;
     Ok((file, meta))
@@ -596,7 +619,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 
     use super::*;
 
@@ -934,5 +957,54 @@ mod tests {
         out.push(u8::try_from(name.len()).unwrap());
         out.extend_from_slice(name.as_bytes());
         out
+    }
+
+    fn mkfifo(path: &Path) {
+        let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    }
+
+    /// Runs `f` on a thread; `None` when it is still blocked after 10 s.
+    fn within_10s<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(Duration::from_secs(10)).ok()
+    }
+
+    #[test]
+    fn a_fifo_entry_or_key_never_blocks_the_cache() {
+        // An owner-only FIFO passes the owner and mode checks; opening it to read blocked
+        // until a writer came, so a FIFO at an entry or the key hung every `trellis` start.
+        let dir = tempfile::tempdir().unwrap();
+        let engine = cached_engine(dir.path());
+        let bytes = wat_component();
+        cache(&engine).open().unwrap();
+        let path = cache(&engine).path_for(&bytes);
+        mkfifo(&path);
+        let (e, b) = (engine.clone(), bytes.clone());
+        let refused = within_10s(move || {
+            matches!(cache(&e).lookup(e.wasmtime(), &b, "test"), Lookup::Refused)
+        })
+        .expect("a FIFO cache entry blocked the lookup");
+        assert!(refused, "a FIFO entry was not refused");
+        assert!(fs::symlink_metadata(&path).unwrap().file_type().is_fifo());
+
+        let dir = tempfile::tempdir().unwrap();
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o700)).unwrap();
+        mkfifo(&dir.path().join(KEY_FILE));
+        let engine = cached_engine(dir.path());
+        let e = engine.clone();
+        let refusal = within_10s(move || format!("{:#}", cache(&e).open().unwrap_err()))
+            .expect("a FIFO key file blocked the cache");
+        assert_eq!(
+            refusal,
+            format!(
+                "component cache: refusing key file {}: it is not a regular file",
+                dir.path().join(KEY_FILE).display()
+            )
+        );
     }
 }

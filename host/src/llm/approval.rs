@@ -5,9 +5,10 @@
 //! operator approved that origin for that variable. Approvals come from the defaults
 //! (`OPENAI_API_KEY` to the public OpenAI API and to `$OPENAI_BASE_URL`'s origin when
 //! set), the user config file (`$XDG_CONFIG_HOME/trellis/config.toml`, else
-//! `~/.config/trellis/config.toml`) and `--allow-key VAR=ORIGIN`; never from the
-//! workspace. Plain `http://` to a host other than this machine needs the same
-//! approval, with or without a key, since anything on the path can read or answer it.
+//! `~/.config/trellis/config.toml`, used only when this user alone can write it) and
+//! `--allow-key VAR=ORIGIN`; never from the workspace. Plain `http://` to a host other
+//! than this machine needs the same approval, with or without a key, since anything on
+//! the path can read or answer it.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -112,9 +113,12 @@ impl KeyApprovals {
     /// file is remembered for messages either way.
     pub fn load_config(&mut self, path: &Path) -> Result<()> {
         self.config_file = Some(path.to_path_buf());
-        let text = match std::fs::read_to_string(path) {
+        let text = match read_owner_only(path) {
             Ok(text) => text,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied && e.get_ref().is_some() => {
+                bail!("{}: refusing the key approvals: {e}", path.display())
+            }
             Err(e) => return Err(e).with_context(|| format!("{}: cannot read", path.display())),
         };
         let config: ConfigFile =
@@ -171,6 +175,45 @@ impl KeyApprovals {
             None => "~/.config/trellis/config.toml".to_string(),
         }
     }
+}
+
+/// The largest config file read.
+const CONFIG_CAP: u64 = 1 << 20;
+
+/// Reads the config at `path` when only this user could have written it: a regular file
+/// (a FIFO is refused without blocking) owned by this user and writable by nobody else.
+/// Whoever can write it decides which servers receive the keys. A refusal is a
+/// `PermissionDenied` error carrying its reason.
+fn read_owner_only(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let denied = |why: String| std::io::Error::new(std::io::ErrorKind::PermissionDenied, why);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(denied("it is not a regular file".into()));
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    let mode = meta.mode() & 0o777;
+    if meta.uid() != me {
+        return Err(denied(format!(
+            "the file is owned by uid {}, not by this user (uid {me}); make it yours alone",
+            meta.uid()
+        )));
+    }
+    if mode & 0o022 != 0 {
+        return Err(denied(format!(
+            "the file is writable by group or others (mode {mode:o}); make it yours alone \
+             (chmod go-w)"
+        )));
+    }
+    let mut text = String::new();
+    file.take(CONFIG_CAP).read_to_string(&mut text)?;
+    Ok(text)
 }
 
 #[cfg(test)]
@@ -252,5 +295,50 @@ mod tests {
         assert!(err.contains("origins"), "{err}");
         let missing = dir.path().join("none.toml");
         KeyApprovals::none().load_config(&missing).unwrap();
+    }
+
+    #[test]
+    fn a_config_others_can_write_or_a_fifo_approves_nothing() {
+        // Whoever can write config.toml decides where keys go: a file writable by group or
+        // others (or not owned by this user) is refused, like the compile cache's files; a
+        // FIFO at the path is refused without blocking.
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.toml");
+        std::fs::write(
+            &path,
+            "[[allow_key]]\nvar = \"MY_KEY\"\norigin = \"https://evil.example\"\n",
+        )
+        .unwrap();
+        for mode in [0o666, 0o620, 0o602] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            let mut approvals = KeyApprovals::none();
+            let err = format!("{:#}", approvals.load_config(&path).unwrap_err());
+            assert_eq!(
+                err,
+                format!(
+                    "{}: refusing the key approvals: the file is writable by group or others \
+                     (mode {mode:o}); make it yours alone (chmod go-w)",
+                    path.display()
+                )
+            );
+            assert!(
+                approvals
+                    .check("MY_KEY", true, "https://evil.example")
+                    .is_err()
+            );
+        }
+        let fifo = dir.path().join("fifo.toml");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let err = format!("{:#}", KeyApprovals::none().load_config(&fifo).unwrap_err());
+        assert_eq!(
+            err,
+            format!(
+                "{}: refusing the key approvals: it is not a regular file",
+                fifo.display()
+            )
+        );
     }
 }

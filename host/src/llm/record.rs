@@ -202,31 +202,24 @@ impl ReplayCursor {
     }
 
     /// A cursor at the first interaction of `cassettes/<model_id>.json` in the workspace
-    /// at `root`, read now. `model_id` must be one plain name, and the file is opened
-    /// through the workspace folder (cap-std): a `cassettes` folder or file that is a
-    /// symlink leaving the workspace, or anything but a regular file, is refused.
+    /// at `root`, read now. `model_id` must be one plain name, and the file is read through
+    /// [`crate::store::WorkspaceFs`]: a link anywhere on the way, anything but a regular
+    /// file, or a file over its read cap is refused.
     pub fn in_workspace(root: &Path, model_id: &str) -> Result<Self> {
         check_replay_model_id(model_id).map_err(anyhow::Error::msg)?;
         let name = format!("{CASSETTES_DIR}/{model_id}.json");
         let shown = root.join(&name);
-        let open = || -> std::io::Result<Vec<u8>> {
-            use std::io::Read;
-            let ws = cap_std::fs::Dir::open_ambient_dir(root, cap_std::ambient_authority())?;
-            let folder = ws.open_dir(CASSETTES_DIR)?;
-            let file_name = format!("{model_id}.json");
-            if !folder.metadata(&file_name)?.is_file() {
-                return Err(std::io::Error::other("not a regular file"));
-            }
-            let mut bytes = Vec::new();
-            folder.open(&file_name)?.read_to_end(&mut bytes)?;
-            Ok(bytes)
-        };
-        let bytes = open().with_context(|| {
-            format!(
-                "no cassette {} (it must be a regular file inside the workspace)",
-                shown.display()
-            )
-        })?;
+        // Through the workspace's file handling, like every other workspace file: no link
+        // anywhere on the path (not even one that stays inside), regular files only (opened
+        // without blocking), at most READ_CAP bytes (a huge sparse file is not read).
+        let bytes = crate::store::WorkspaceFs::open(root)
+            .and_then(|fs| fs.read(&name))
+            .with_context(|| {
+                format!(
+                    "no cassette {} (it must be a regular file inside the workspace)",
+                    shown.display()
+                )
+            })?;
         let interactions = interactions(&name, &bytes)?;
         Ok(ReplayCursor {
             cassette: shown,
@@ -400,5 +393,44 @@ mod tests {
         for bad in ["out", "dir", "missing", "../out"] {
             assert!(ReplayCursor::in_workspace(&ws, bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_workspace_cassette_is_read_like_every_workspace_file() {
+        // Links (even inside the workspace), FIFOs and files over READ_CAP are refused, as
+        // WorkspaceFs refuses them everywhere else; before, a sparse file was read whole.
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path();
+        std::fs::create_dir_all(ws.join(CASSETTES_DIR)).unwrap();
+        std::fs::write(ws.join("cassettes/in.json"), "[{}]").unwrap();
+        std::os::unix::fs::symlink("in.json", ws.join("cassettes/inner.json")).unwrap();
+        let huge = std::fs::File::create(ws.join("cassettes/huge.json")).unwrap();
+        huge.set_len(crate::store::workspace_fs::READ_CAP + 1)
+            .unwrap();
+        let fifo =
+            std::ffi::CString::new(ws.join("cassettes/fifo.json").to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+        let refusal = |id: &str| format!("{:#}", ReplayCursor::in_workspace(ws, id).unwrap_err());
+        let err = refusal("inner");
+        assert!(
+            err.contains("cassettes/inner.json is a symbolic link; Trellis does not read or write through links"),
+            "{err}"
+        );
+        let err = refusal("huge");
+        assert!(
+            err.contains(&format!(
+                "cassettes/huge.json is {} bytes, more than the {} Trellis reads",
+                crate::store::workspace_fs::READ_CAP + 1,
+                crate::store::workspace_fs::READ_CAP
+            )),
+            "{err}"
+        );
+        let err = refusal("fifo");
+        assert!(
+            err.contains("cassettes/fifo.json is not a regular file"),
+            "{err}"
+        );
+        assert!(ReplayCursor::in_workspace(ws, "in").is_ok());
     }
 }
