@@ -29,10 +29,9 @@ impl ToolSpec {
         check_arguments(&self.validator, args)
     }
 
-    /// [`ToolSpec::check_arguments`] on a blocking thread, given up after `deadline`:
-    /// the schema's bounds keep the check small, and this keeps a check that is
-    /// slow all the same (deeply nested arguments under a recursive schema) inside the
-    /// call's deadline. A check past it is abandoned on its thread.
+    /// [`ToolSpec::check_arguments`] on a checker thread, given up after `deadline`: the
+    /// schema's bounds keep the check small, and this keeps a check that is slow all the
+    /// same (deeply nested arguments under a recursive schema) inside the call's deadline.
     pub async fn check_arguments_within(
         &self,
         args: &serde_json::Value,
@@ -40,22 +39,74 @@ impl ToolSpec {
     ) -> Result<(), String> {
         let validator = self.validator.clone();
         let args = args.clone();
-        // A thread of its own rather than the runtime's blocking pool: a runtime waits
-        // for its blocking tasks when it shuts down, and an abandoned check must not
-        // hold up the process.
         let (send, receive) = tokio::sync::oneshot::channel();
-        std::thread::Builder::new()
-            .name("trellis-argument-check".into())
-            .spawn(move || {
-                let _ = send.send(check_arguments(&validator, &args));
-            })
-            .map_err(|e| format!("starting the argument check: {e}"))?;
+        let worker = checkers::take().map_err(|e| format!("starting the argument check: {e}"))?;
+        worker.run(Box::new(move || {
+            let _ = send.send(check_arguments(&validator, &args));
+        }));
         match tokio::time::timeout(deadline, receive).await {
-            Ok(Ok(result)) => result,
+            Ok(Ok(result)) => {
+                checkers::give_back(worker);
+                result
+            }
             Ok(Err(_)) => Err("the argument check failed".into()),
+            // The worker stays busy with the abandoned check and is not given back.
             Err(_) => Err(format!(
                 "checking them against the tool's schema did not finish within the call's deadline of {deadline:?}"
             )),
+        }
+    }
+}
+
+/// Threads that check arguments, kept between calls (starting a thread per call cost more
+/// than the check). A worker whose check ran past its deadline is dropped: it finishes that
+/// check on its own and ends, so an abandoned check never holds up another call or the
+/// process (a runtime's blocking pool would make the runtime wait for it at shutdown).
+mod checkers {
+    use std::sync::Mutex;
+    use std::sync::mpsc::{Sender, channel};
+
+    type Job = Box<dyn FnOnce() + Send>;
+
+    /// Idle workers kept at most.
+    const KEPT: usize = 4;
+
+    static IDLE: Mutex<Vec<Worker>> = Mutex::new(Vec::new());
+
+    /// One checker thread; dropping it lets the thread end after its current job.
+    pub(super) struct Worker {
+        jobs: Sender<Job>,
+    }
+
+    impl Worker {
+        pub(super) fn run(&self, job: Job) {
+            // A worker whose thread ended (it cannot, but) simply never answers: the caller's
+            // deadline covers that.
+            let _ = self.jobs.send(job);
+        }
+    }
+
+    /// An idle worker, or a new one.
+    pub(super) fn take() -> std::io::Result<Worker> {
+        if let Some(worker) = IDLE.lock().unwrap_or_else(|e| e.into_inner()).pop() {
+            return Ok(worker);
+        }
+        let (jobs, receive) = channel::<Job>();
+        std::thread::Builder::new()
+            .name("trellis-argument-check".into())
+            .spawn(move || {
+                while let Ok(job) = receive.recv() {
+                    job();
+                }
+            })?;
+        Ok(Worker { jobs })
+    }
+
+    /// Keeps `worker` for the next check (up to [`KEPT`]).
+    pub(super) fn give_back(worker: Worker) {
+        let mut idle = IDLE.lock().unwrap_or_else(|e| e.into_inner());
+        if idle.len() < KEPT {
+            idle.push(worker);
         }
     }
 }
