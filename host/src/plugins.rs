@@ -494,6 +494,8 @@ async fn list_tools(plugin: &Plugin, engine: &Engine) -> Result<Vec<ToolSpec>> {
             read_only: info.hints.read_only,
             destructive: info.hints.destructive,
             idempotent: info.hints.idempotent,
+            inline_check: !info.input_schema.contains("\"$ref\"")
+                && !info.input_schema.contains("\"$dynamicRef\""),
             validator: Arc::new(validator),
         });
     }

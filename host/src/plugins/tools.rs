@@ -21,6 +21,32 @@ pub struct ToolSpec {
     /// Repeating a call has the effect of one call.
     pub idempotent: bool,
     pub(crate) validator: Arc<jsonschema::Validator>,
+    /// The schema has no `$ref`: a finite tree within the load-time bounds, so checking
+    /// small arguments against it is quick enough to do on the caller's thread.
+    pub(crate) inline_check: bool,
+}
+
+/// Arguments of at most this many JSON values are checked on the caller's thread against a
+/// schema without `$ref` (the schema's own bounds then cap the work well under a
+/// millisecond per value).
+const INLINE_CHECK_VALUES: usize = 1_000;
+
+/// Whether `value` holds at most `max` JSON values (itself included).
+fn at_most_values(value: &serde_json::Value, max: usize) -> bool {
+    let mut left = max;
+    let mut stack = vec![value];
+    while let Some(v) = stack.pop() {
+        if left == 0 {
+            return false;
+        }
+        left -= 1;
+        match v {
+            serde_json::Value::Array(items) => stack.extend(items),
+            serde_json::Value::Object(fields) => stack.extend(fields.values()),
+            _ => {}
+        }
+    }
+    true
 }
 
 impl ToolSpec {
@@ -37,6 +63,11 @@ impl ToolSpec {
         args: &serde_json::Value,
         deadline: Duration,
     ) -> Result<(), String> {
+        // Handing the check to another thread costs more than the check itself in the common
+        // case: a small argument object against a schema without references.
+        if self.inline_check && at_most_values(args, INLINE_CHECK_VALUES) {
+            return check_arguments(&self.validator, args);
+        }
         let validator = self.validator.clone();
         let args = args.clone();
         let (send, receive) = tokio::sync::oneshot::channel();
@@ -356,6 +387,15 @@ impl ToolCallError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn small_arguments_are_told_from_large_ones() {
+        let small = serde_json::json!({"path": "a", "items": [1, 2, 3]});
+        assert!(at_most_values(&small, 6));
+        assert!(!at_most_values(&small, 5));
+        let large = serde_json::json!({"rows": vec![0; 2000]});
+        assert!(!at_most_values(&large, INLINE_CHECK_VALUES));
+    }
 
     #[test]
     fn names_normalize_as_the_spec_says() {
