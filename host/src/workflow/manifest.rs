@@ -42,7 +42,7 @@ use serde_json::Value;
 use super::diagnostics::{
     Ctx, Diagnostics, JsonPath, Obj, Parsed, did_you_mean, finish, kind_of, parse_json, quote,
 };
-use super::step_config::{LlmRef, check_replay_id};
+use super::step_config::{LlmRef, parse_llm_ref};
 
 /// Where the manifest lives in a workspace.
 pub const WORKFLOW_FILE: &str = "workflow.json";
@@ -320,7 +320,7 @@ fn manifest_from_value(ctx: &mut Ctx, value: &Value) -> Option<WorkflowManifest>
     }
     let llm = obj
         .raw("llm")
-        .and_then(|v| parse_ref(ctx, v, JsonPath::root().key("llm")));
+        .and_then(|v| parse_llm_ref(ctx, v, JsonPath::root().key("llm")));
     let mut tiers = BTreeMap::new();
     if let Some(m) = obj.object(ctx, "tiers") {
         for (k, v) in &m {
@@ -337,7 +337,7 @@ fn manifest_from_value(ctx: &mut Ctx, value: &Value) -> Option<WorkflowManifest>
                     ),
                 );
             }
-            if let Some(r) = parse_ref(ctx, v, p) {
+            if let Some(r) = parse_llm_ref(ctx, v, p) {
                 tiers.insert(k.clone(), r);
             }
         }
@@ -377,20 +377,6 @@ fn manifest_from_value(ctx: &mut Ctx, value: &Value) -> Option<WorkflowManifest>
         llm,
         tiers,
         providers,
-    })
-}
-
-fn parse_ref(ctx: &mut Ctx, v: &Value, path: JsonPath) -> Option<LlmRef> {
-    let mut obj = Obj::new(ctx, v, path, "a model choice")?;
-    let provider = obj.req_str(ctx, "provider", "the LLM provider id");
-    let model_id = obj.req_str(ctx, "model_id", "the provider's model id");
-    check_replay_id(ctx, &obj, provider.as_deref(), model_id.as_deref());
-    let options = obj.object(ctx, "options");
-    obj.finish(ctx);
-    Some(LlmRef {
-        provider: provider?,
-        model_id: model_id?,
-        options,
     })
 }
 

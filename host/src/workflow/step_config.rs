@@ -17,8 +17,8 @@ use super::plan::{Plan, Step};
 use crate::validation::schema::{ValidationSchema, parse_schema};
 
 mod parse;
-pub(super) use parse::check_replay_id;
 use parse::file_from_value;
+pub(super) use parse::parse_llm_ref;
 
 /// The default step config, relative to the workspace.
 pub const STEP_CONFIG_FILE: &str = "planning/step_config.json";

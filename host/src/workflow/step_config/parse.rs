@@ -119,12 +119,7 @@ pub(super) fn opt_enum<T: Copy>(
 }
 
 /// A `replay` model id names a cassette file of the workspace: one plain name.
-pub(in crate::workflow) fn check_replay_id(
-    ctx: &mut Ctx,
-    obj: &Obj,
-    provider: Option<&str>,
-    model_id: Option<&str>,
-) {
+fn check_replay_id(ctx: &mut Ctx, obj: &Obj, provider: Option<&str>, model_id: Option<&str>) {
     if provider == Some("replay")
         && let Some(id) = model_id
         && let Err(problem) = crate::llm::record::check_replay_model_id(id)
@@ -133,7 +128,11 @@ pub(in crate::workflow) fn check_replay_id(
     }
 }
 
-pub(super) fn parse_llm_ref(ctx: &mut Ctx, value: &Value, path: JsonPath) -> Option<LlmRef> {
+pub(in crate::workflow) fn parse_llm_ref(
+    ctx: &mut Ctx,
+    value: &Value,
+    path: JsonPath,
+) -> Option<LlmRef> {
     let mut obj = Obj::new(ctx, value, path, "a model choice")?;
     let provider = obj.req_str(ctx, "provider", "the LLM provider id");
     let model_id = obj.req_str(ctx, "model_id", "the provider's model id");
