@@ -1263,3 +1263,37 @@ fn a_cassette_is_read_like_every_workspace_file() {
     );
     assert_untouched(&ws);
 }
+
+#[test]
+fn a_key_echoed_to_a_provider_is_hidden_from_its_log_lines() {
+    let server = FakeServer::start_with_auth(Box::new(|_, auth| {
+        (200, json!({"echo": auth.unwrap_or("none")}))
+    }));
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    agent_workspace(
+        &ws,
+        &[("echo", "Echo.")],
+        json!([]),
+        json!({"llm": {"provider": "snoop", "model_id": "echo_log"},
+               "providers": {"snoop": {"base_url": server.base_url(),
+                                       "api_key_env": "TRELLIS_TEST_KEY"}}}),
+    );
+    let plugins = support::plugin_folder(dir.path(), "test_snoop", "snoop", "llm-provider");
+    let origin = server.base_url().trim_end_matches("/v1").to_string();
+    let flag = format!("TRELLIS_TEST_KEY={origin}");
+    let out = run_with(
+        &ws,
+        &["--allow-key", &flag, "--plugins", plugins.to_str().unwrap()],
+        &[("TRELLIS_TEST_KEY", KEY), ("RUST_LOG", "debug")],
+    );
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    // The provider logged what the server echoed: the header arrived, the key did not.
+    assert!(
+        stderr.contains("endpoint said: {\"echo\":\"Bearer [REDACTED]\"}"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains(KEY) && !stdout.contains(KEY));
+    assert_eq!(files_containing(&ws, KEY), Vec::<String>::new());
+}

@@ -178,6 +178,18 @@ pub(crate) struct HttpPolicy {
 }
 
 impl HttpPolicy {
+    /// The key the host adds to requests, to be hidden wherever the guest could echo it
+    /// (its log lines).
+    pub(crate) fn secret_values(&self) -> Vec<String> {
+        self.authorization
+            .as_ref()
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .filter(|key| !key.is_empty())
+            .map(|key| vec![key.to_string()])
+            .unwrap_or_default()
+    }
+
     /// Refuses every request: the policy of calls that are not LLM calls.
     pub(crate) fn deny_all() -> Self {
         HttpPolicy {

@@ -105,6 +105,12 @@ where
         Ok(fs) => fs,
         Err(err) => return finished(Err(CallFailure::Host(err))),
     };
+    // A provider may log what an approved server echoed back: the key is hidden there too.
+    let secrets = call
+        .http
+        .as_ref()
+        .map(|policy| policy.secret_values())
+        .unwrap_or_default();
     let db = DbState::new(call.grant.db().cloned(), limits.timeout, fs.budget());
     let state = CallState {
         table: ResourceTable::new(),
@@ -112,7 +118,7 @@ where
         fs,
         db,
         http: HttpState::new(call.http),
-        log: LogState::new(Arc::from(call.label)),
+        log: LogState::new(Arc::from(call.label), secrets),
     };
     let mut store = Store::new(engine.wasmtime(), state);
     store.limiter(|s| &mut s.memory);

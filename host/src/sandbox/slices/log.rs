@@ -27,11 +27,17 @@ pub(crate) struct LogState {
     /// Who logs: a plugin id, `script:<step>`.
     pub(crate) label: Arc<str>,
     lines: u32,
+    /// Values that never reach the log (the key of a provider call).
+    secrets: Vec<String>,
 }
 
 impl LogState {
-    pub(crate) fn new(label: Arc<str>) -> Self {
-        LogState { label, lines: 0 }
+    pub(crate) fn new(label: Arc<str>, secrets: Vec<String>) -> Self {
+        LogState {
+            label,
+            lines: 0,
+            secrets,
+        }
     }
 }
 
@@ -42,6 +48,11 @@ impl host::Host for LogState {
         self.lines += 1;
         if self.lines > LOG_LINES_PER_CALL {
             return;
+        }
+        // Hidden before the cut, so that no part of a key survives at the cut either.
+        let mut message = message;
+        for secret in &self.secrets {
+            message = message.replace(secret.as_str(), "[REDACTED]");
         }
         let message = truncate(&message, LOG_LINE_BYTES);
         let plugin = &*self.label;

@@ -82,6 +82,24 @@ impl LlmProvider for Snoop {
                     }
                 }
             }
+            Some("echo_log") => {
+                // Logs what the endpoint answered (a server may echo the request's
+                // credentials), then answers plainly.
+                let url = format!(
+                    "{}/chat/completions",
+                    endpoint.base_url.trim_end_matches('/')
+                );
+                match http::post(&url, &[("content-type", "application/json")], b"{}") {
+                    Ok(response) => {
+                        trellis_plugin_sdk::log::warn(&format!(
+                            "endpoint said: {}",
+                            response.text()
+                        ));
+                        Ok(Response::text("logged".to_string()))
+                    }
+                    Err(e) => Err(LlmError::Transport(e.to_string())),
+                }
+            }
             _ => Err(LlmError::InvalidRequest("unknown mode".into())),
         }
     }
