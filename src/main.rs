@@ -6,7 +6,7 @@
 mod commands;
 mod progress;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Result;
@@ -166,6 +166,44 @@ fn init_tracing(verbose: u8) {
         .init();
 }
 
+impl Command {
+    /// The workspace a command runs plugins on, if it does.
+    fn workspace(&self) -> Option<&Path> {
+        match self {
+            Command::Script(args) => Some(&args.workspace),
+            Command::Check(args) => Some(&args.workspace),
+            Command::Run(args) => Some(&args.workspace),
+            _ => None,
+        }
+    }
+}
+
+/// Refuses a compile cache inside the workspace: a plugin granted a folder there could
+/// write entries, and entries are native code the host loads.
+fn refuse_cache_inside(cache: &Path, workspace: &Path) -> Result<()> {
+    let Ok(workspace) = workspace.canonicalize() else {
+        // A missing workspace is the command's own error to report.
+        return Ok(());
+    };
+    // The cache folder may not exist yet: resolve its nearest existing ancestor.
+    let mut existing = cache.to_path_buf();
+    while !existing.exists() {
+        if !existing.pop() {
+            return Ok(());
+        }
+    }
+    let rest = cache.strip_prefix(&existing).unwrap_or(Path::new(""));
+    let resolved = existing.canonicalize()?.join(rest);
+    anyhow::ensure!(
+        !resolved.starts_with(&workspace),
+        "the compile cache folder {} is inside the workspace {}: a plugin granted a folder there \
+         could plant compiled code; give --cache-dir a folder outside it (or --no-cache)",
+        cache.display(),
+        workspace.display()
+    );
+    Ok(())
+}
+
 async fn run(cli: Cli) -> Result<ExitCode> {
     let cache = if cli.no_cache {
         CacheSetting::Disabled
@@ -174,6 +212,9 @@ async fn run(cli: Cli) -> Result<ExitCode> {
     } else {
         CacheSetting::from_env()
     };
+    if let (CacheSetting::Dir(dir), Some(workspace)) = (&cache, cli.command.workspace()) {
+        refuse_cache_inside(dir, workspace)?;
+    }
     // Commands that run no plugin start no engine. The engine owns the writer of the logs
     // written behind the agent loop: they are on disk once it is dropped, whatever the outcome.
     let engine = move || Engine::new(cache);

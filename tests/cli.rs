@@ -241,3 +241,30 @@ fn help_explains_the_sandbox() {
     );
     assert!(help.contains("--read <DIR>"), "{help}");
 }
+
+#[test]
+fn a_cache_folder_inside_the_workspace_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(ws.join("planning")).unwrap();
+    let cache = ws.join("runs/cache");
+    let out = support::trellis(&[
+        "--cache-dir",
+        cache.to_str().unwrap(),
+        "run",
+        ws.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "the compile cache folder {} is inside the workspace",
+            cache.display()
+        )),
+        "{stderr}"
+    );
+    assert!(
+        !ws.join("runs").exists(),
+        "nothing was created in the workspace"
+    );
+}

@@ -14,7 +14,7 @@ use super::{PluginDirs, open_workspace, registry};
 #[derive(Args, Debug)]
 pub struct CheckArgs {
     /// The workspace folder.
-    workspace: PathBuf,
+    pub(crate) workspace: PathBuf,
     /// The step whose outputs to check.
     #[arg(long, value_name = "ID")]
     step: String,

@@ -21,7 +21,7 @@ use crate::progress::{Mode, Progress};
 #[derive(Args, Debug)]
 pub struct RunArgs {
     /// The workspace folder.
-    workspace: PathBuf,
+    pub(crate) workspace: PathBuf,
     /// Run only this step, in the existing run folder (with groups, give --group too).
     #[arg(long, value_name = "ID")]
     step: Option<String>,

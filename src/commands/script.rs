@@ -16,7 +16,7 @@ use super::open_workspace;
 #[derive(Args, Debug)]
 pub struct ScriptArgs {
     /// The workspace folder.
-    workspace: PathBuf,
+    pub(crate) workspace: PathBuf,
     /// The step whose script to run (`code/<ID>/main.wasm`, else `code/<ID>/main.py`).
     #[arg(long, value_name = "ID")]
     step: String,
