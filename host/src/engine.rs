@@ -575,16 +575,9 @@ fn open_no_follow(path: &Path) -> std::io::Result<(fs::File, fs::Metadata)> {
 /// Why `meta` is not "owned by this user and writable by nobody else", if it is not.
 fn not_owner_only(meta: &fs::Metadata, what: &str, path: &Path) -> Option<String> {
     use std::os::unix::fs::MetadataExt;
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let me = unsafe { libc::geteuid() };
     let mode = meta.mode() & 0o777;
-    let problem = if meta.uid() != me {
-        format!(
-            "it is owned by uid {}, not by this user (uid {me})",
-            meta.uid()
-        )
-    } else if mode & 0o022 != 0 {
-        format!("it is writable by group or others (mode {mode:o})")
+    let problem = if let Err(problem) = crate::store::check_owner_only(meta) {
+        format!("it is {problem}")
     } else if what != "folder" && mode & 0o077 != 0 {
         format!("it is readable by group or others (mode {mode:o})")
     } else {

@@ -121,6 +121,47 @@ pub fn read_capped(dir: &Dir, rel: &str, cap: u64) -> io::Result<Capped> {
 
 pub use crate::capabilities::sql::sql_to_json;
 
+/// Why a file or folder is not this user's alone: the rule for what decides where code or
+/// keys go (the compile cache, the user config file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NotOwnerOnly {
+    /// Another user owns it.
+    Foreign { uid: u32, me: u32 },
+    /// Group or others may write it.
+    Writable { mode: u32 },
+}
+
+impl std::fmt::Display for NotOwnerOnly {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotOwnerOnly::Foreign { uid, me } => {
+                write!(f, "owned by uid {uid}, not by this user (uid {me})")
+            }
+            NotOwnerOnly::Writable { mode } => {
+                write!(f, "writable by group or others (mode {mode:o})")
+            }
+        }
+    }
+}
+
+/// Whether `meta` is owned by this process's user and writable by nobody else.
+pub(crate) fn check_owner_only(meta: &std::fs::Metadata) -> Result<(), NotOwnerOnly> {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if meta.uid() != me {
+        return Err(NotOwnerOnly::Foreign {
+            uid: meta.uid(),
+            me,
+        });
+    }
+    let mode = meta.mode() & 0o777;
+    if mode & 0o022 != 0 {
+        return Err(NotOwnerOnly::Writable { mode });
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

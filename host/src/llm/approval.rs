@@ -185,8 +185,9 @@ const CONFIG_CAP: u64 = 1 << 20;
 /// Whoever can write it decides which servers receive the keys. A refusal is a
 /// `PermissionDenied` error carrying its reason.
 fn read_owner_only(path: &Path) -> std::io::Result<String> {
+    use crate::store::NotOwnerOnly;
     use std::io::Read;
-    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    use std::os::unix::fs::OpenOptionsExt;
     let denied = |why: String| std::io::Error::new(std::io::ErrorKind::PermissionDenied, why);
     let file = std::fs::OpenOptions::new()
         .read(true)
@@ -196,20 +197,18 @@ fn read_owner_only(path: &Path) -> std::io::Result<String> {
     if !meta.is_file() {
         return Err(denied("it is not a regular file".into()));
     }
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let me = unsafe { libc::geteuid() };
-    let mode = meta.mode() & 0o777;
-    if meta.uid() != me {
-        return Err(denied(format!(
-            "the file is owned by uid {}, not by this user (uid {me}); make it yours alone",
-            meta.uid()
-        )));
-    }
-    if mode & 0o022 != 0 {
-        return Err(denied(format!(
-            "the file is writable by group or others (mode {mode:o}); make it yours alone \
-             (chmod go-w)"
-        )));
+    match crate::store::check_owner_only(&meta) {
+        Ok(()) => {}
+        Err(problem @ NotOwnerOnly::Foreign { .. }) => {
+            return Err(denied(format!(
+                "the file is {problem}; make it yours alone"
+            )));
+        }
+        Err(problem @ NotOwnerOnly::Writable { .. }) => {
+            return Err(denied(format!(
+                "the file is {problem}; make it yours alone (chmod go-w)"
+            )));
+        }
     }
     let mut text = String::new();
     file.take(CONFIG_CAP).read_to_string(&mut text)?;
