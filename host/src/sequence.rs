@@ -3,6 +3,8 @@
 //! The agent loop composes these; each is pure and tested on its own:
 //!
 //! - [`filters`]: which tools a step's turns are offered (section 10).
+//! - [`db_tools`]: `query_workflow_db` and `mutate_workflow_db`, the database tools of every
+//!   agent turn.
 //! - [`template`]: Go `text/template` rendering of foreach messages.
 //! - [`foreach`]: the read-only row query of a foreach item, with its cap.
 //! - [`scripted`]: texts and names of scripted steps (the loop is in [`driver`]).
@@ -20,6 +22,7 @@
 //! The grant of each turn (section 6) lives with the other grants, in
 //! [`crate::capabilities::turn`].
 
+pub mod db_tools;
 pub mod driver;
 pub mod events;
 pub mod filters;

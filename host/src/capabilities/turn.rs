@@ -18,6 +18,8 @@ use crate::workflow::step_config::{AgentConfigs, KnowledgebaseAccess, LearningsA
 
 /// The workflow database, relative to the workspace.
 pub const DB_FILE: &str = "db/db.sqlite";
+/// The folder of files that belong with the database, writable whenever the database is.
+pub const DB_ASSETS: &str = "db/assets";
 
 /// Folders no turn ever sees, whatever its dependencies say.
 const NEVER_GRANTED: &[&str] = &["planning", "code", "builder"];
@@ -97,10 +99,19 @@ impl TurnAccess {
         Self::for_step(configs).narrowed(item.body.write_access(), item.kind)
     }
 
-    /// The step's access narrowed by an item's `write_access` and `kind`.
+    /// The step's access narrowed by an item's `write_access` and `kind`. A non-empty
+    /// `write_access` narrows the turn to exactly the stores it sets `true` (a key left out
+    /// is `false`); an empty or absent one leaves the step's access as it is.
     pub fn narrowed(self, write_access: Option<&WriteAccess>, kind: Option<ItemKind>) -> Self {
-        let allows = |flag: Option<bool>| flag != Some(false);
         let wa = write_access.copied().unwrap_or_default();
+        let exact = wa != WriteAccess::default();
+        let allows = |flag: Option<bool>| {
+            if exact {
+                flag == Some(true)
+            } else {
+                flag != Some(false)
+            }
+        };
         let (kb_kind, learn_kind, db_kind) = match kind {
             None | Some(ItemKind::Execution) => (true, true, true),
             Some(ItemKind::Learning) => (false, true, false),
@@ -229,10 +240,12 @@ impl TurnGrant {
         }
         match self.db_writable {
             Some(true) => text.push_str(&format!(
-                "- database {DB_FILE}: query and modify through the db tools\n"
+                "- database {DB_FILE}: query and modify through the db tools \
+                 (query_workflow_db, mutate_workflow_db)\n"
             )),
             Some(false) => text.push_str(&format!(
-                "- database {DB_FILE}: query only; statements that modify it are refused\n"
+                "- database {DB_FILE}: query only, through query_workflow_db; statements \
+                 that modify it are refused\n"
             )),
             None => {}
         }
@@ -444,6 +457,14 @@ fn build(ctx: &TurnContext<'_>, access: TurnAccess, folders: &AgentFolders) -> R
             Access::ReadOnly,
             "database files (query through the db tools)",
         )?;
+        if access.db_write {
+            b.create(DB_ASSETS)?;
+            b.add(
+                DB_ASSETS,
+                Access::ReadWrite,
+                "files that belong with the database (images, exports) you may add to",
+            )?;
+        }
         let db_host = resolve_in_root(ctx.root, "db")?.join("db.sqlite");
         // SQLite opens by path and follows links: the database must be a regular file, or
         // nothing yet (SQLite then creates a regular file, refusing a link planted since:
@@ -711,10 +732,14 @@ mod tests {
         // (configs, write_access, kind, kb write, learnings write, db write)
         let cases = [
             (&all, None, None, true, true, true),
-            (&all, wa(f, None, None), None, true, true, false),
-            (&all, wa(None, f, None), None, false, true, true),
-            (&all, wa(None, None, f), None, true, false, true),
+            // A non-empty write_access grants exactly the stores it sets true.
+            (&all, wa(f, None, None), None, false, false, false),
+            (&all, wa(None, f, None), None, false, false, false),
+            (&all, wa(t, None, None), None, false, false, true),
+            (&all, wa(None, t, None), None, true, false, false),
+            (&all, wa(f, t, t), None, true, true, false),
             (&all, wa(f, f, f), None, false, false, false),
+            (&all, wa(None, None, None), None, true, true, true),
             (&all, None, Some(ItemKind::Execution), true, true, true),
             (&all, None, Some(ItemKind::Learning), false, true, false),
             (
@@ -834,7 +859,7 @@ mod tests {
             step: &s,
             configs: &c,
         };
-        let it = item(wa(Some(false), None, None), None);
+        let it = item(wa(Some(false), Some(true), Some(true)), None);
         let g = turn_grant(&ctx, TurnPurpose::Item(&it)).unwrap();
         use Access::*;
         assert_eq!(

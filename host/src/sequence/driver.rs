@@ -360,7 +360,7 @@ impl<'a> StepRunner<'a> {
         ws.fs
             .create_dir_all(&logs)
             .with_context(|| format!("creating {}", logs.display()))?;
-        let (policy, tools) = self.tools_of(step, &configs);
+        let (policy, tools) = self.tools_of(ws, step, &configs);
         let mut run = Run {
             ws,
             step,

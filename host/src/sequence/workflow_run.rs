@@ -398,6 +398,9 @@ pub async fn run_workflow(
         bail!("{}: no such workspace folder", root.display());
     }
     let ws = open_workspace(root, None)?;
+    for warning in ws.warnings.warnings() {
+        progress(&format!("warning: {warning}"));
+    }
     let (groups, units) = preflight(env, root, &ws, opts)?;
     let full = opts.step.is_none() && opts.group.is_none();
     if seed_database(&ws.fs)? {

@@ -343,6 +343,7 @@ pub struct AgentConfigs {
 
 /// Keys accepted and kept verbatim, with no runtime effect.
 pub const BOOKKEEPING_KEYS: &[&str] = &[
+    "db_access",
     "declared_execution_mode_reason",
     "description_reviewed",
     "review_notes",

@@ -29,6 +29,15 @@ pub(crate) fn add_to_linker(linker: &mut Linker<CallState>) -> anyhow::Result<()
     Ok(())
 }
 
+/// How many rows a query may return.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum RowCap {
+    /// More rows than this fail the query.
+    Refuse(usize),
+    /// Rows past this many (and past the host's limit) are left out.
+    Truncate(usize),
+}
+
 /// The workflow database of one call.
 pub(crate) struct DbState {
     grant: Option<DbGrant>,
@@ -139,6 +148,18 @@ impl DbState {
         sql: &str,
         params: &[workflow_db::SqlValue],
     ) -> Result<String, workflow_db::DbError> {
+        let (rows, _) = self.rows(sql, params, RowCap::Refuse(DB_MAX_ROWS))?;
+        Ok(serde_json::Value::Array(rows).to_string())
+    }
+
+    /// Rows of a read-only statement as JSON objects, capped as `cap` says; also whether
+    /// rows were left out. The byte cap of a query holds either way.
+    pub(crate) fn rows(
+        &mut self,
+        sql: &str,
+        params: &[workflow_db::SqlValue],
+        cap: RowCap,
+    ) -> Result<(Vec<serde_json::Value>, bool), workflow_db::DbError> {
         use workflow_db::DbError;
         let db = self.connection(sql)?;
         let failed = |e: rusqlite::Error| DbError::Sql(db.describe(&e));
@@ -155,8 +176,14 @@ impl DbState {
         let mut out = Vec::new();
         let mut bytes = 0;
         while let Some(row) = rows.next().map_err(failed)? {
-            if out.len() == DB_MAX_ROWS {
-                return Err(DbError::TooLarge(format!("more than {DB_MAX_ROWS} rows")));
+            match cap {
+                RowCap::Refuse(most) if out.len() == most => {
+                    return Err(DbError::TooLarge(format!("more than {most} rows")));
+                }
+                RowCap::Truncate(most) if out.len() == most.min(DB_MAX_ROWS) => {
+                    return Ok((out, true));
+                }
+                _ => {}
             }
             let mut object = serde_json::Map::new();
             for (i, name) in names.iter().enumerate() {
@@ -172,7 +199,70 @@ impl DbState {
             }
             out.push(serde_json::Value::Object(object));
         }
-        Ok(serde_json::Value::Array(out).to_string())
+        Ok((out, false))
+    }
+
+    /// Runs `statements` in one transaction: all of them or, at the first error, none
+    /// (rolled back). Returns the rows each changed. Refused on a read-only grant, and a
+    /// statement that ends or opens a transaction itself is refused before anything runs.
+    pub(crate) fn execute_all(
+        &mut self,
+        statements: &[(String, Vec<workflow_db::SqlValue>)],
+    ) -> Result<Vec<u64>, (usize, workflow_db::DbError)> {
+        use workflow_db::DbError;
+        if self.grant.as_ref().is_some_and(|db| !db.writable) {
+            return Err((
+                0,
+                DbError::ReadOnly("this turn has read-only access to the workflow db".into()),
+            ));
+        }
+        for (i, (sql, _)) in statements.iter().enumerate() {
+            if sql::controls_transaction(sql) {
+                return Err((
+                    i,
+                    DbError::Sql(
+                        "statements run in one transaction the host opens and ends:                          BEGIN, COMMIT, END, ROLLBACK, SAVEPOINT and RELEASE are not allowed"
+                            .into(),
+                    ),
+                ));
+            }
+        }
+        let first = statements.first().map_or("", |(sql, _)| sql.as_str());
+        self.connection(first).map_err(|e| (0, e))?;
+        let begin = self
+            .conn
+            .as_ref()
+            .map(|db| db.conn().execute_batch("BEGIN IMMEDIATE"));
+        if let Some(Err(e)) = begin {
+            let message = self.conn.as_ref().map(|db| db.describe(&e));
+            return Err((0, DbError::Sql(message.unwrap_or_default())));
+        }
+        let mut changed = Vec::with_capacity(statements.len());
+        for (i, (sql, params)) in statements.iter().enumerate() {
+            let result = sql::refuse_unseen(sql)
+                .map_err(DbError::Sql)
+                .and_then(|()| self.run_execute(sql, params));
+            self.note_deadline(&result);
+            match result {
+                Ok(n) => changed.push(n),
+                Err(e) => {
+                    if let Some(db) = &self.conn {
+                        let _ = db.conn().execute_batch("ROLLBACK");
+                    }
+                    return Err((i, e));
+                }
+            }
+        }
+        let commit = self
+            .conn
+            .as_ref()
+            .map(|db| (db.conn().execute_batch("COMMIT"), db));
+        if let Some((Err(e), db)) = commit {
+            let message = db.describe(&e);
+            let _ = db.conn().execute_batch("ROLLBACK");
+            return Err((statements.len().saturating_sub(1), DbError::Sql(message)));
+        }
+        Ok(changed)
     }
 
     fn run_execute(

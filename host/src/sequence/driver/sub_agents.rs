@@ -104,7 +104,7 @@ impl StepRunner<'_> {
             sub_agent: true,
         };
         let configs = ws.agent_configs(route_id);
-        let (policy, tools) = self.tools_of(step, &configs);
+        let (policy, tools) = self.tools_of(ws, step, &configs);
         let logs = parent
             .logs
             .join(crate::sequence::routes::AGENTS_DIR)

@@ -19,7 +19,8 @@ use crate::sequence::session::{
     now_rfc3339, write_turn_logs,
 };
 use crate::sequence::steering::Phase;
-use crate::workflow::AgentConfigs;
+use crate::sequence::db_tools;
+use crate::workflow::{AgentConfigs, Workspace};
 use crate::workflow::plan::Step;
 
 impl StepRunner<'_> {
@@ -45,15 +46,20 @@ impl StepRunner<'_> {
     }
 
     /// The tool policy of a step and the tools offered: plugin tools passing the filters,
+    /// the database tools when the workspace has a `db/` folder (no filter removes them),
     /// then `call_sub_agent` when the step has routes.
     pub(super) fn tools_of(
         &self,
+        ws: &Workspace,
         step: &Step,
         configs: &AgentConfigs,
     ) -> (ToolPolicy, Vec<ToolDefinition>) {
         let routes = step.predefined_routes();
         let policy = ToolPolicy::from_configs(configs, !routes.is_empty());
         let mut tools = self.offered_tools(&policy);
+        if ws.fs.is_dir("db") {
+            tools.extend(db_tools::definitions());
+        }
         if policy.host.allows(DELEGATION_CATEGORY, CALL_SUB_AGENT) {
             tools.push(call_sub_agent_tool(routes));
         }
@@ -358,6 +364,9 @@ impl StepRunner<'_> {
         let args = parse_arguments(&call.arguments);
         let outcome: Result<Value, String> = match &args {
             Err(e) => Err(e.clone()),
+            Ok(a) if let Some(tool) = db_tools::db_tool(&call.name) => {
+                db_tools::call(tool, a.clone(), grant.grant.db().cloned(), &self.limits).await
+            }
             Ok(_) if !policy.plugins.allows_full_name(&call.name) => Err(format!(
                 "tool {:?} is not available in this step",
                 call.name

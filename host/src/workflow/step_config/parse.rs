@@ -321,6 +321,13 @@ pub(super) fn parse_agent_configs(
             "retired: ignored (one runtime turn limit applies) and dropped when the file is saved",
         );
     }
+    if obj.has("db_access") {
+        ctx.warning(
+            &obj.path().key("db_access"),
+            "ignored, as the original ignores it: every turn may query and modify the \
+             database unless an item's write_access narrows it",
+        );
+    }
     obj.accept(&["execution_max_turns"]);
     for key in BOOKKEEPING_KEYS {
         if let Some(v) = obj.raw(key) {
