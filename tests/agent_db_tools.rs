@@ -436,3 +436,156 @@ async fn a_runaway_query_is_stopped_at_the_deadline() {
     assert!(err.contains("no database"), "{err}");
     assert_eq!(std::fs::read_dir(empty.path()).unwrap().count(), 0);
 }
+
+// ---------------------------------------------------------------- tool rounds
+
+/// A server asking for `workspace:list_dir` whenever tools are offered, and answering
+/// "final answer" when they are not.
+fn looping_server() -> FakeServer {
+    FakeServer::start(Box::new(|body| {
+        let offered = body["tools"].as_array().is_some_and(|t| !t.is_empty());
+        if offered {
+            (
+                200,
+                completion("", &[("workspace__list_dir", json!({"path": "db"}))]),
+            )
+        } else {
+            (200, completion("final answer", &[]))
+        }
+    }))
+}
+
+/// What the last request of `server` says: whether it offered tools, and its last message.
+fn last_request(server: &FakeServer) -> (bool, String) {
+    let seen = server.seen();
+    let last = seen.last().unwrap();
+    let offered = last["tools"].as_array().is_some_and(|t| !t.is_empty());
+    let messages = last["messages"].as_array().unwrap();
+    let message = messages.last().unwrap()["content"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    (offered, message)
+}
+
+/// A turn that keeps calling tools is told, after the operator's limit of rounds, that it is
+/// out of them, and answers in one last call without tools; the step goes on and completes.
+/// The limit comes from `--max-tool-rounds`, else from the user config file.
+#[test]
+fn a_turn_out_of_tool_rounds_answers_in_a_last_call_without_tools() {
+    let server = looping_server();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ws");
+    workspace(
+        &root,
+        &server,
+        json!([{"id": "go", "type": "user_message", "message": "Look around."}]),
+        json!({}),
+    );
+    let out = trellis(&["run", root.to_str().unwrap(), "--max-tool-rounds", "3"]);
+    assert!(out.status.success(), "{}\n{}", text(&out.stdout), text(&out.stderr));
+    assert_eq!(server.seen().len(), 4, "3 tool rounds, then the last call");
+    let (offered, message) = last_request(&server);
+    assert!(!offered);
+    assert!(message.starts_with("You are out of tool rounds"), "{message}");
+    let summary: Value = serde_json::from_slice(
+        &std::fs::read(root.join("runs/iteration-0/execution/work/execution-final-summary.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(summary["status"], "completed");
+    assert_eq!(summary["execution_result"], "final answer");
+
+    // The user config file sets it too.
+    let config = dir.path().join("config");
+    support::workspace::write_file(&config, "trellis/config.toml", "max_tool_rounds = 2\n");
+    let mut command = support::trellis_command(&["run", root.to_str().unwrap()]);
+    command.env("XDG_CONFIG_HOME", &config);
+    let out = command.output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(server.seen().len(), 4 + 3);
+
+    // A value out of range names the file and the key.
+    support::workspace::write_file(&config, "trellis/config.toml", "max_tool_rounds = 0\n");
+    let mut command = support::trellis_command(&["run", root.to_str().unwrap()]);
+    command.env("XDG_CONFIG_HOME", &config);
+    let out = command.output().unwrap();
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("config.toml: max_tool_rounds: expected 1 to"),
+        "{stderr}"
+    );
+}
+
+// ---------------------------------------------------------------- tool filters
+
+/// The tool names the first request of `server` offered.
+fn offered(server: &FakeServer) -> Vec<String> {
+    let seen = server.seen();
+    seen.last().unwrap()["tools"]
+        .as_array()
+        .map(|t| {
+            t.iter()
+                .map(|t| t["function"]["name"].as_str().unwrap().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `selected_servers` selects external servers: naming only those (loaded or not) keeps the
+/// built-in file tools; `workspace:<tool>` entries of `selected_tools` or
+/// `enabled_custom_tools` narrow them; the database tools are never removed.
+#[test]
+fn tool_filters_keep_built_in_and_database_tools_as_the_original_reads_them() {
+    let all_workspace = [
+        "workspace__read_file",
+        "workspace__write_file",
+        "workspace__list_dir",
+        "workspace__search",
+        "workspace__apply_patch",
+        "workspace__delete_file",
+        "workspace__move_file",
+    ];
+    let cases: Vec<(Value, Vec<&str>)> = vec![
+        (json!({"selected_servers": ["aws"]}), all_workspace.to_vec()),
+        (
+            json!({"selected_servers": ["aws"], "selected_tools": ["workspace:read_file"]}),
+            vec!["workspace__read_file"],
+        ),
+        (
+            json!({"enabled_custom_tools": ["workspace:list_dir", "workflow_db:query_workflow_db"]}),
+            vec!["workspace__list_dir"],
+        ),
+        (
+            json!({"enabled_custom_tools": ["human_tools:*"]}),
+            all_workspace.to_vec(),
+        ),
+    ];
+    for (configs, workspace_tools) in cases {
+        let server = FakeServer::start(Box::new(|_| (200, completion("done", &[]))));
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        workspace(
+            root,
+            &server,
+            json!([{"id": "go", "type": "user_message", "message": "Go."}]),
+            configs.clone(),
+        );
+        let out = run(root);
+        let stderr = text(&out.stderr);
+        assert!(out.status.success(), "{configs}: {stderr}");
+        let mut want: Vec<String> = workspace_tools.iter().map(|s| s.to_string()).collect();
+        want.extend(["query_workflow_db".to_string(), "mutate_workflow_db".to_string()]);
+        let mut got = offered(&server);
+        got.sort();
+        want.sort();
+        assert_eq!(got, want, "{configs}");
+        if configs.get("selected_servers").is_some() {
+            assert!(
+                stderr.contains("selected_servers names \"aws\", which is not loaded"),
+                "{stderr}"
+            );
+        }
+    }
+}

@@ -50,8 +50,9 @@ use crate::sequence::{foreach, template};
 use crate::workflow::plan::{Item, ItemBody, Step, StepKind};
 use crate::workflow::{AgentConfigs, Workspace};
 
-/// Default cap on tool rounds (LLM calls answered with tool calls) per turn.
-pub const DEFAULT_MAX_TOOL_ROUNDS: usize = 20;
+/// Default cap on tool rounds (LLM calls answered with tool calls) per turn, as the
+/// original allows; past it the turn gets one last call without tools to answer.
+pub const DEFAULT_MAX_TOOL_ROUNDS: usize = 500;
 /// Repair turns a failing gate gets before the step fails.
 pub const MAX_REPAIR_TURNS: u32 = 3;
 /// The item id of the automatic final gate.
@@ -65,7 +66,7 @@ pub const GATE_SKIPPED_SUMMARY: &str = "validation disabled by disable_validatio
 pub const REFLECTION_ITEM_TYPE: &str = "reflection";
 
 pub use prompts::{
-    TOOL_POLICY_NOTE, offload_reference, reflection_message, repair_message, step_system_prompt,
+    TOOL_POLICY_NOTE, offload_reference, out_of_tool_rounds, reflection_message, repair_message, step_system_prompt,
     sub_agent_system_prompt, system_prompt,
 };
 pub use reflection::reflection_item_id;
@@ -287,7 +288,8 @@ impl<'a> StepRunner<'a> {
         self
     }
 
-    /// Sets the cap on tool rounds per turn.
+    /// Sets the cap on tool rounds per turn: once reached, the turn is told so and gets one
+    /// last LLM call without tools, whose reply ends it.
     pub fn with_max_tool_rounds(mut self, rounds: usize) -> Self {
         self.max_tool_rounds = rounds.max(1);
         self

@@ -97,6 +97,8 @@ pub struct RunEnv<'a> {
     pub llm: LlmSetup,
     /// Messages sent to the running step's agent from outside, if anyone may send them.
     pub steering: Option<Arc<Steering>>,
+    /// Tool rounds a turn may take before it must answer.
+    pub max_tool_rounds: usize,
     /// Runs the scripts of scripted steps; made on the first one.
     scripts: OnceLock<Arc<ScriptRunner>>,
 }
@@ -112,6 +114,7 @@ impl<'a> RunEnv<'a> {
             observer: Observer::default(),
             llm,
             steering: None,
+            max_tool_rounds: crate::sequence::driver::DEFAULT_MAX_TOOL_ROUNDS,
             scripts: OnceLock::new(),
         }
     }
@@ -143,6 +146,7 @@ impl<'a> RunEnv<'a> {
         }
         .with_model_resolver(self.sub_agent_models())
         .with_retry(self.retry)
+        .with_max_tool_rounds(self.max_tool_rounds)
         .with_cancel(self.cancel.clone())
         .with_observer(self.observer.clone());
         if let Some(steering) = &self.steering {

@@ -18,6 +18,15 @@ workspace-relative. A tool error comes back as a result starting with `error:`: 
 adjust. When the task cannot be done, reply with a line `STATUS: FAILED <reason>`. Report \
 doubts on lines starting with `CONCERNS:`.";
 
+/// The user message of the last call of a turn that used its `rounds` tool rounds.
+pub fn out_of_tool_rounds(rounds: usize) -> String {
+    format!(
+        "You are out of tool rounds: this turn has used all {rounds} of them, and tools are no \
+         longer available. Answer now with what you have done and found; say what is left \
+         undone."
+    )
+}
+
 /// The reference that replaces an offloaded tool result of `bytes` bytes written to `rel`
 /// (workspace-relative).
 pub fn offload_reference(rel: &str, bytes: usize) -> String {
