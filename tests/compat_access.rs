@@ -156,3 +156,61 @@ fn a_db_only_item_writes_the_database_and_nothing_else() {
         .unwrap();
     assert_eq!(n, 1);
 }
+
+// ---------------------------------------------------------------- missing context entries
+
+/// A `context_dependencies` or `additional_read_paths` entry that does not exist (a step run
+/// on its own before the step that writes it) is context: the run warns, grants what exists
+/// and goes on; the agent is told what is missing.
+#[test]
+fn a_missing_context_entry_is_a_warning_not_a_failed_step() {
+    let server = FakeServer::start(Box::new(|_| (200, completion("done", &[]))));
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    workspace(
+        root,
+        &server,
+        json!([
+            {"id": "first", "type": "regular", "title": "First", "description": "Write a.json."},
+            {"id": "second", "type": "regular", "title": "Second", "description": "Read a.json.",
+             "context_dependencies": ["runs/iteration-0/execution/first/a.json",
+                                      "knowledgebase/facts.md"]}
+        ]),
+        json!([{"id": "second", "agent_configs": {"additional_read_paths": ["reference/guide"]}}]),
+        json!({}),
+    );
+    write_files(root, &[("knowledgebase/facts.md", "facts")]);
+    let out = trellis(&["run", root.to_str().unwrap(), "--step", "second"]);
+    let all = format!("{}\n{}", text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{all}");
+    for entry in [
+        "context_dependencies entry \"runs/iteration-0/execution/first/a.json\" does not exist",
+        "additional_read_paths entry \"reference/guide\" does not exist",
+    ] {
+        assert!(all.contains(entry), "missing {entry:?} in {all}");
+    }
+    let system = server.seen()[0]["messages"][0]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        system.contains(
+            "- runs/iteration-0/execution/first/a.json (declared in context_dependencies) does not exist"
+        ),
+        "{system}"
+    );
+    assert!(system.contains("- knowledgebase/ (read-only)"), "{system}");
+    // A dependency naming what no turn may see is still refused.
+    write_files(
+        root,
+        &[(
+            "planning/plan.json",
+            json!({"objective": "compat", "steps": [
+                {"id": "second", "type": "regular", "title": "Second", "description": "x",
+                 "context_dependencies": ["planning/plan.json"]}]})
+            .to_string(),
+        )],
+    );
+    let out = trellis(&["run", root.to_str().unwrap(), "--step", "second"]);
+    assert!(!out.status.success());
+}

@@ -224,6 +224,9 @@ pub struct TurnGrant {
     pub folders: Vec<GrantedFolder>,
     /// The database, when the workspace has a `db/` folder: whether it accepts mutations.
     pub db_writable: Option<bool>,
+    /// `context_dependencies` / `additional_read_paths` entries left out because they do
+    /// not exist (yet): `(field, path)`.
+    pub missing: Vec<(&'static str, String)>,
 }
 
 impl TurnGrant {
@@ -248,6 +251,13 @@ impl TurnGrant {
                  that modify it are refused\n"
             )),
             None => {}
+        }
+        for (field, path) in &self.missing {
+            let _ = writeln!(
+                text,
+                "- {path} (declared in {field}) does not exist in this run, so it is not \
+                 available"
+            );
         }
         text.push_str("Nothing else exists for your tools.\n");
         text
@@ -369,13 +379,23 @@ fn build(ctx: &TurnContext<'_>, access: TurnAccess, folders: &AgentFolders) -> R
     let configs = ctx.configs;
     let deps = ctx.step.context_dependencies.iter().flatten();
     let extra = configs.additional_read_paths.iter().flatten();
+    let mut missing = Vec::new();
     for (field, path) in deps
         .map(|p| ("context_dependencies", p))
         .chain(extra.map(|p| ("additional_read_paths", p)))
     {
-        let rel = dependency_folder(&b, &access, path).with_context(|| {
-            format!("step {step_id:?}: {field} entry {path:?} cannot be granted")
-        })?;
+        // Context, as the original reads it: an entry that does not exist (the output of a
+        // routing branch that did not run, a step run before its upstream steps) is left
+        // out, and said so; one that names what no turn may see is still refused.
+        let rel = match dependency_folder(&b, &access, path) {
+            Err(e) if e.is::<Missing>() => {
+                missing.push((field, path.clone()));
+                continue;
+            }
+            other => other.with_context(|| {
+                format!("step {step_id:?}: {field} entry {path:?} cannot be granted")
+            })?,
+        };
         b.add(&rel, Access::ReadOnly, &format!("declared in {field}"))
             .with_context(|| format!("step {step_id:?}: {field} entry {path:?}"))?;
     }
@@ -489,8 +509,21 @@ fn build(ctx: &TurnContext<'_>, access: TurnAccess, folders: &AgentFolders) -> R
         output_dir: resolve_in_root(ctx.root, &output)?,
         folders: b.folders,
         db_writable,
+        missing,
     })
 }
+
+/// A dependency that does not exist in the workspace.
+#[derive(Debug)]
+struct Missing;
+
+impl std::fmt::Display for Missing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("it does not exist in the workspace")
+    }
+}
+
+impl std::error::Error for Missing {}
 
 /// Checks that `rel` is a folder strictly inside `execution` (`runs/<run>/execution`) and
 /// returns it normalized.
@@ -517,7 +550,7 @@ fn dependency_folder(b: &Builder<'_>, access: &TurnAccess, path: &str) -> Result
                 crate::store::workspace_fs::link_error(Path::new(&rel))
             )
         }
-        Ok(None) => bail!("it does not exist in the workspace"),
+        Ok(None) => Err(Missing.into()),
         Ok(Some(_)) => match rel.rsplit_once('/') {
             Some((parent, _)) => {
                 check_dependency_path(parent, access)?;
@@ -527,7 +560,8 @@ fn dependency_folder(b: &Builder<'_>, access: &TurnAccess, path: &str) -> Result
                 "a file at the workspace root cannot be granted (its folder is the whole workspace)"
             ),
         },
-        Err(e) => bail!("it does not exist in the workspace ({e})"),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Missing.into()),
+        Err(e) => bail!("it cannot be read ({e})"),
     }
 }
 
@@ -1045,7 +1079,6 @@ mod tests {
             ("runs/iteration-0/planning", "execution/"),
             ("escape", ""),
             ("alias", "symbolic link"),
-            ("missing/folder", "does not exist"),
         ] {
             let s = step(&[bad]);
             let ctx = TurnContext { step: &s, ..ctx };
@@ -1055,6 +1088,35 @@ mod tests {
             assert!(text.contains(&format!("{bad:?}")), "{bad}: {text}");
             assert!(text.contains(why), "{bad}: {text}");
         }
+
+        // A missing entry is left out and named, the others are granted.
+        let s = step(&[
+            "missing/folder",
+            "runs/iteration-0/execution/other/out.json",
+            "runs/iteration-0/execution/step-0/out.json",
+        ]);
+        let ctx2 = TurnContext { step: &s, ..ctx };
+        let g = turn_grant(&ctx2, TurnPurpose::Item(&item(None, None))).unwrap();
+        assert_eq!(
+            g.missing,
+            [
+                ("context_dependencies", "missing/folder".to_string()),
+                (
+                    "context_dependencies",
+                    "runs/iteration-0/execution/other/out.json".to_string()
+                )
+            ]
+        );
+        assert!(folders(&g).contains(&(
+            "runs/iteration-0/execution/step-0".to_string(),
+            Access::ReadOnly
+        )));
+        assert!(
+            g.describe()
+                .contains("- missing/folder (declared in context_dependencies) does not exist"),
+            "{}",
+            g.describe()
+        );
 
         let none = configs(|c| {
             c.knowledgebase_access = Some(KnowledgebaseAccess::None);

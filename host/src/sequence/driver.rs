@@ -388,6 +388,11 @@ impl<'a> StepRunner<'a> {
         };
         let step_grant =
             grant_for_access_in(&run.ctx(), TurnAccess::for_step(&run.configs), &run.folders)?;
+        for (field, path) in &step_grant.missing {
+            tracing::warn!(
+                "step {step_id:?}: {field} entry {path:?} does not exist: the step runs without it"
+            );
+        }
         run.history
             .push(Message::system(system_prompt(step, &step_grant)));
         run.save_session()?;
