@@ -60,7 +60,7 @@ fn workspace(root: &Path, server: &FakeServer, steps: Value, configs: Value, man
             ("workflow.json", manifest.to_string()),
         ],
     );
-    create_db(root, "CREATE TABLE t(x);");
+    create_db(root, "CREATE TABLE IF NOT EXISTS t(x);");
 }
 
 /// The tool results of request `n` of `server`, as (tool call id, content).
@@ -213,4 +213,214 @@ fn a_missing_context_entry_is_a_warning_not_a_failed_step() {
     );
     let out = trellis(&["run", root.to_str().unwrap(), "--step", "second"]);
     assert!(!out.status.success());
+}
+
+// ---------------------------------------------------------------- fields real workspaces carry
+
+/// `workflow.json`'s `capabilities`, `execution_defaults` and `run_retention_count`, a
+/// `db_access`, a `published_llm_id` among the fallbacks and index-keyed `option_routes` load
+/// (validate passes) and the workflow runs.
+#[test]
+fn the_originals_keys_load_and_the_workflow_runs() {
+    let server = FakeServer::start(Box::new(|_| (200, completion("done", &[]))));
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    workspace(
+        root,
+        &server,
+        json!([
+            {"id": "ask", "type": "human_input", "title": "Ask", "description": "Ask.",
+             "question": "Which?", "response_type": "multiple_choice", "options": ["a", "b"],
+             "option_routes": {"0": "work", "1": "end"}, "variable_name": "CHOICE"},
+            {"id": "work", "type": "regular", "title": "Work", "description": "Work."}
+        ]),
+        json!([{"id": "work", "agent_configs": {
+            "db_access": "read-write",
+            "execution_llm": {"provider": "openai", "model_id": "m",
+                "fallbacks": [{"provider": "openai", "model_id": "n", "published_llm_id": "p-1"}]}}}]),
+        json!({"capabilities": {"web_search": true}, "execution_defaults": {"timeout": 60},
+               "run_retention_count": 3}),
+    );
+    let out = trellis(&["validate", root.to_str().unwrap()]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    assert!(stdout.contains("0 errors"), "{stdout}");
+    let out = trellis(&["run", root.to_str().unwrap(), "--input", "CHOICE=a"]);
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+}
+
+/// Context offloading is on unless a step turns it off: a large tool result goes to a file
+/// and the conversation gets a reference; `false` keeps it in the conversation.
+#[test]
+fn large_tool_results_are_offloaded_unless_the_step_turns_it_off() {
+    for (configs, offloaded) in [
+        (json!({}), true),
+        (json!({"enable_context_offloading": false}), false),
+    ] {
+        let server = scripted(vec![
+            calls(vec![call(
+                "big",
+                "workspace__read_file",
+                json!({"path": "knowledgebase/big.md"}),
+            )]),
+            completion("done", &[]),
+        ]);
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        workspace(
+            root,
+            &server,
+            json!([{"id": "work", "type": "regular", "title": "Work", "description": "Read."}]),
+            json!([{"id": "work", "agent_configs": configs}]),
+            json!({}),
+        );
+        write_files(root, &[("knowledgebase/big.md", "x".repeat(40_000))]);
+        let out = trellis(&["run", root.to_str().unwrap()]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let result = result_of(&tool_results(&server, 1), "big");
+        let file = root.join("runs/iteration-0/execution/work/tool-results/big.json");
+        assert_eq!(file.is_file(), offloaded, "{configs}");
+        assert_eq!(
+            result.starts_with("The result of this tool call ("),
+            offloaded,
+            "{configs}: {}",
+            &result[..80.min(result.len())]
+        );
+        assert_eq!(result.len() > 40_000, !offloaded);
+    }
+}
+
+// ---------------------------------------------------------------- run retention
+
+fn archived(root: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(root.join("runs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "iteration-0")
+        .collect();
+    names.sort();
+    names
+}
+
+/// A full run keeps `run_retention_count` archived runs and deletes older ones; an invalid
+/// value is a warning and 5 are kept.
+#[test]
+fn a_full_run_keeps_run_retention_count_archived_runs() {
+    let server = FakeServer::start(Box::new(|_| (200, completion("done", &[]))));
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let steps = json!([{"id": "work", "type": "regular", "title": "Work", "description": "W."}]);
+    workspace(root, &server, steps.clone(), json!([]), json!({"run_retention_count": 2}));
+    for n in 0..=4 {
+        write_files(root, &[(&format!("runs/iteration-{n}/marker") as &str, "x")]);
+    }
+    write_files(root, &[("runs/notes.txt", "not a run")]);
+    let out = trellis(&["run", root.to_str().unwrap()]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    assert_eq!(archived(root), ["iteration-4", "iteration-5", "notes.txt"]);
+    assert!(
+        stdout.contains("deleted 3 archived runs past the 2 kept"),
+        "{stdout}"
+    );
+
+    workspace(root, &server, steps, json!([]), json!({"run_retention_count": "many"}));
+    for n in 6..=10 {
+        write_files(root, &[(&format!("runs/iteration-{n}/marker") as &str, "x")]);
+    }
+    let out = trellis(&["run", root.to_str().unwrap()]);
+    let all = format!("{}\n{}", text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{all}");
+    assert!(
+        all.contains("warning: workflow.json: run_retention_count: expected a whole number from 1 to 50"),
+        "{all}"
+    );
+    assert_eq!(
+        archived(root),
+        [
+            "iteration-11",
+            "iteration-7",
+            "iteration-8",
+            "iteration-9",
+            "iteration-10",
+            "notes.txt"
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect::<Vec<_>>()
+    );
+}
+
+// ---------------------------------------------------------------- unsafe ids
+
+/// Step, item and route ids name folders: one that is not a plain path component is
+/// refused by `validate` and by `run` before anything in the workspace changes. A literal
+/// `api_key` in workflow.json names the environment variable to use instead.
+#[test]
+fn unsafe_ids_and_literal_keys_are_refused_before_anything_runs() {
+    let server = FakeServer::start(Box::new(|_| (200, completion("done", &[]))));
+    let sub = |id: &str| {
+        json!({"id": id, "type": "message_sequence", "title": "S", "description": "d",
+               "items": [{"id": "i", "type": "user_message", "message": "m"}]})
+    };
+    let cases: Vec<(Value, &str)> = vec![
+        (
+            json!([{"id": "../escape", "type": "regular", "title": "T", "description": "d"}]),
+            "steps[0].id",
+        ),
+        (
+            json!([{"id": "s", "type": "message_sequence", "title": "T", "description": "d",
+                    "items": [{"id": "a/b", "type": "user_message", "message": "m"}]}]),
+            "steps[0].items[0].id",
+        ),
+        (
+            json!([{"id": "s", "type": "message_sequence", "title": "T", "description": "d",
+                    "items": [{"id": "i", "type": "user_message", "message": "m"}],
+                    "predefined_routes": [{"route_id": "..", "sub_agent_step": sub("..")}]}]),
+            "steps[0].predefined_routes[0].route_id",
+        ),
+    ];
+    for (steps, at) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        workspace(root, &server, steps, json!([]), json!({}));
+        let out = trellis(&["validate", root.to_str().unwrap()]);
+        let stdout = format!("{}{}", text(&out.stdout), text(&out.stderr));
+        assert!(!out.status.success(), "{stdout}");
+        assert!(
+            stdout.contains(&format!("planning/plan.json: {at}")) && stdout.contains("not a plain name"),
+            "{at}: {stdout}"
+        );
+        let before = support::tree_digest(root);
+        let out = trellis(&["run", root.to_str().unwrap()]);
+        assert!(!out.status.success());
+        assert!(text(&out.stderr).contains("not a plain name"), "{}", text(&out.stderr));
+        assert_eq!(support::tree_digest(root), before, "{at}: the run changed the workspace");
+    }
+    assert_eq!(server.connections(), 0);
+
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    workspace(
+        root,
+        &server,
+        json!([{"id": "s", "type": "regular", "title": "T", "description": "d"}]),
+        json!([]),
+        json!({"providers": {"openai": {"base_url": server.base_url(), "api_key": "sk-x"}}}),
+    );
+    let out = trellis(&["validate", root.to_str().unwrap()]);
+    let stdout = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(!out.status.success());
+    assert!(
+        stdout.contains("providers.openai.api_key")
+            && stdout.contains("put the key in the environment variable OPENAI_API_KEY"),
+        "{stdout}"
+    );
 }

@@ -432,6 +432,16 @@ pub async fn run_workflow(
     };
     if let Some(a) = &archived {
         progress(&format!("previous run moved to runs/{a}"));
+        let keep = ws.manifest.run_retention();
+        let deleted = crate::sequence::run_folder::prune_archived_runs(root, keep)?;
+        if !deleted.is_empty() {
+            progress(&format!(
+                "deleted {} archived run{} past the {keep} kept (run_retention_count): runs/{}",
+                deleted.len(),
+                if deleted.len() == 1 { "" } else { "s" },
+                deleted.join(", runs/")
+            ));
+        }
     }
     let mut run = WorkflowRun {
         archived,

@@ -155,6 +155,30 @@ pub struct WorkflowManifest {
     /// Provider connection settings.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub providers: BTreeMap<String, ProviderSettings>,
+    /// `run_retention_count` as written: how many archived runs a full run keeps (see
+    /// [`WorkflowManifest::run_retention`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub run_retention_count: Option<Value>,
+    /// Keys the original writes that mean nothing here (`capabilities`,
+    /// `execution_defaults`), kept verbatim.
+    #[serde(flatten)]
+    pub kept: BTreeMap<String, Value>,
+}
+
+/// Archived runs kept when `run_retention_count` is absent or invalid.
+pub const DEFAULT_RUN_RETENTION: usize = 5;
+/// The most archived runs `run_retention_count` may keep.
+pub const MAX_RUN_RETENTION: usize = 50;
+/// Keys of `workflow.json` accepted and kept verbatim, with no effect here.
+pub const KEPT_KEYS: &[&str] = &["capabilities", "execution_defaults"];
+
+/// The retention a `run_retention_count` value means: 1 to [`MAX_RUN_RETENTION`], else
+/// `None` (invalid).
+fn retention_of(value: &Value) -> Option<usize> {
+    value
+        .as_u64()
+        .and_then(|n| usize::try_from(n).ok())
+        .filter(|n| (1..=MAX_RUN_RETENTION).contains(n))
 }
 
 impl WorkflowManifest {
@@ -179,10 +203,36 @@ impl WorkflowManifest {
         out
     }
 
+    /// How many archived runs (`runs/iteration-N`, N >= 1) a full run keeps:
+    /// `run_retention_count` when it is 1 to [`MAX_RUN_RETENTION`], else
+    /// [`DEFAULT_RUN_RETENTION`].
+    pub fn run_retention(&self) -> usize {
+        self.run_retention_count
+            .as_ref()
+            .and_then(retention_of)
+            .unwrap_or(DEFAULT_RUN_RETENTION)
+    }
+
     /// Writes the manifest atomically, 2-space indent.
     pub fn write(&self, fs: &crate::store::WorkspaceFs, path: &Path) -> io::Result<()> {
         fs.write_json_atomic(path, self)
     }
+}
+
+/// The environment variable suggested for the key of provider `provider`
+/// (`OPENAI_API_KEY` for `openai`).
+fn suggested_key_env(provider: &str) -> String {
+    let name: String = provider
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_uppercase()
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("{name}_API_KEY")
 }
 
 /// Reads `workflow.json` from its text.
@@ -360,13 +410,47 @@ fn manifest_from_value(ctx: &mut Ctx, value: &Value) -> Option<WorkflowManifest>
             };
             if p.has("api_key") {
                 p.accept(&["api_key"]);
+                let var = settings
+                    .api_key_env
+                    .clone()
+                    .unwrap_or_else(|| suggested_key_env(k));
                 ctx.error(
                     &p.path().key("api_key"),
-                    "keys are never stored in workflow.json: put the key in an environment variable and name it in \"api_key_env\"",
+                    format!(
+                        "keys are never stored in workflow.json: remove it, put the key in the \
+                         environment variable {var} and name it here: \"api_key_env\": \"{var}\""
+                    ),
                 );
             }
             p.finish(ctx);
             providers.insert(k.clone(), settings);
+        }
+    }
+    if obj.has("api_key") {
+        obj.accept(&["api_key"]);
+        ctx.error(
+            &JsonPath::root().key("api_key"),
+            "keys are never stored in workflow.json: remove it, put the key in the environment \
+             variable OPENAI_API_KEY (or another, named in \"providers\": {\"openai\": \
+             {\"api_key_env\": \"NAME\"}})",
+        );
+    }
+    let run_retention_count = obj.raw("run_retention_count").cloned();
+    if let Some(v) = &run_retention_count
+        && retention_of(v).is_none()
+    {
+        ctx.warning(
+            &JsonPath::root().key("run_retention_count"),
+            format!(
+                "expected a whole number from 1 to {MAX_RUN_RETENTION}, found {v}: \
+                 {DEFAULT_RUN_RETENTION} archived runs are kept"
+            ),
+        );
+    }
+    let mut kept = BTreeMap::new();
+    for key in KEPT_KEYS {
+        if let Some(v) = obj.raw(key) {
+            kept.insert((*key).to_string(), v.clone());
         }
     }
     obj.finish(ctx);
@@ -377,6 +461,8 @@ fn manifest_from_value(ctx: &mut Ctx, value: &Value) -> Option<WorkflowManifest>
         llm,
         tiers,
         providers,
+        run_retention_count,
+        kept,
     })
 }
 

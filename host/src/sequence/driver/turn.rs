@@ -283,7 +283,7 @@ impl StepRunner<'_> {
                     },
                     (None, None) => String::new(),
                 };
-                let content = if run.configs.enable_context_offloading == Some(true)
+                let content = if run.configs.enable_context_offloading != Some(false)
                     && r.error.is_none()
                     && content.len() > OFFLOAD_THRESHOLD
                 {

@@ -98,6 +98,14 @@ pub(super) fn parse_routes(ctx: &mut Ctx, obj: &mut Obj) -> Vec<PredefinedRoute>
         .list(ctx, "predefined_routes", |ctx, v, p| {
             let mut r = Obj::new(ctx, v, p, "a route")?;
             let route_id = r.req_str(ctx, "route_id", "the route id, equal to sub_agent_step.id");
+            if let Some(id) = &route_id {
+                crate::workflow::diagnostics::check_plain_id(
+                    ctx,
+                    &r.path().key("route_id"),
+                    "route id",
+                    id,
+                );
+            }
             let route_name = r.str(ctx, "route_name");
             let condition = r.str(ctx, "condition");
             let sub = if r.has("sub_agent_step") {
@@ -160,6 +168,14 @@ pub(super) fn parse_routing(ctx: &mut Ctx, obj: &mut Obj) -> Option<Routing> {
         obj.list(ctx, "routes", |ctx, v, p| {
             let mut r = Obj::new(ctx, v, p, "a route")?;
             let route_id = r.req_str(ctx, "route_id", "the value of select_route that picks it");
+            if let Some(id) = &route_id {
+                crate::workflow::diagnostics::check_plain_id(
+                    ctx,
+                    &r.path().key("route_id"),
+                    "route id",
+                    id,
+                );
+            }
             let route_name = r.str(ctx, "route_name");
             let condition = r.str(ctx, "condition");
             let next = r.req_str(ctx, "next_step_id", "the step the route goes to");
@@ -237,8 +253,13 @@ pub(super) fn parse_human_input(ctx: &mut Ctx, obj: &mut Obj) -> Option<HumanInp
                         format!("expected a step id (a string), found {}", kind_of(other)),
                     ),
                 }
+                // The original keys option routes by option text or by index ("0", "1", ...).
+                let by_index = k
+                    .parse::<usize>()
+                    .is_ok_and(|i| options.as_ref().is_some_and(|o| i < o.len()));
                 if let Some(opts) = &options
                     && !opts.contains(k)
+                    && !by_index
                 {
                     ctx.error(
                         &obj.path().key("option_routes").key(k),

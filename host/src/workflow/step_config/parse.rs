@@ -138,11 +138,13 @@ pub(in crate::workflow) fn parse_llm_ref(
     let model_id = obj.req_str(ctx, "model_id", "the provider's model id");
     check_replay_id(ctx, &obj, provider.as_deref(), model_id.as_deref());
     let options = obj.object(ctx, "options");
+    let published_llm_id = obj.str(ctx, "published_llm_id");
     obj.finish(ctx);
     Some(LlmRef {
         provider: provider?,
         model_id: model_id?,
         options,
+        published_llm_id,
     })
 }
 
