@@ -424,3 +424,62 @@ fn unsafe_ids_and_literal_keys_are_refused_before_anything_runs() {
         "{stdout}"
     );
 }
+
+// ---------------------------------------------------------------- variables and groups
+
+/// `variables/variables.json` is read beside `workflow.json`: its variables and enabled
+/// groups take part in the run, `{{VAR}}` is substituted in context entries and human_input
+/// texts, and a human_input answer with a `variable_name` becomes a variable.
+#[test]
+fn variables_json_variables_groups_and_answers_reach_the_run() {
+    let server = FakeServer::start(Box::new(|_| (200, completion("done", &[]))));
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    workspace(
+        root,
+        &server,
+        json!([
+            {"id": "ask", "type": "human_input", "title": "Ask", "description": "Ask.",
+             "question": "Which topic for {{REGION}}?", "response_type": "text",
+             "variable_name": "TOPIC"},
+            {"id": "work", "type": "regular", "title": "Work", "description": "Work.",
+             "context_dependencies": ["reference/{{ REGION }}/{{TOPIC}}.md"],
+             "context_output": "report-{{TOPIC}}.json"}
+        ]),
+        json!([]),
+        json!({}),
+    );
+    write_files(
+        root,
+        &[
+            (
+                "variables/variables.json",
+                json!({
+                    "variables": [{"name": "REGION", "value": "eu", "description": "where"}],
+                    "groups": [
+                        {"name": "north", "values": {"REGION": "no"}, "enabled": true},
+                        {"name": "off", "values": {"REGION": "xx"}, "enabled": false}
+                    ]
+                })
+                .to_string(),
+            ),
+            ("reference/no/sales.md", "sales in the north".to_string()),
+        ],
+    );
+    let out = trellis(&["run", root.to_str().unwrap(), "--input", "TOPIC=sales"]);
+    let all = format!("{}\n{}", text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{all}");
+    assert!(root.join("runs/iteration-0/north").is_dir(), "{all}");
+    assert!(!root.join("runs/iteration-0/off").exists(), "{all}");
+    let answer: Value = serde_json::from_slice(
+        &std::fs::read(root.join("runs/iteration-0/north/execution/ask/human_input.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(answer["question"], "Which topic for no?");
+    let seen = server.seen();
+    assert_eq!(seen.len(), 1, "one group runs");
+    let system = seen[0]["messages"][0]["content"].as_str().unwrap();
+    assert!(system.contains("- REGION = no"), "{system}");
+    assert!(system.contains("- TOPIC = sales"), "{system}");
+    assert!(system.contains("- reference/no/ (read-only)"), "{system}");
+}

@@ -147,10 +147,19 @@ fn load(root: &Path, run_folder: Option<&str>) -> (Option<Workspace>, Diagnostic
         return (None, diags);
     }
 
-    let manifest = match read(&fs, Path::new(WORKFLOW_FILE), &mut diags) {
+    let mut manifest = match read(&fs, Path::new(WORKFLOW_FILE), &mut diags) {
         None => Some(WorkflowManifest::default()),
         Some(text) => keep(manifest::parse_manifest(&text, WORKFLOW_FILE), &mut diags),
     };
+    if let Some(m) = &mut manifest
+        && let Some(text) = read(&fs, Path::new(manifest::VARIABLES_FILE), &mut diags)
+    {
+        diags.extend(manifest::merge_variables_file(
+            &text,
+            manifest::VARIABLES_FILE,
+            m,
+        ));
+    }
 
     let plan = match read(&fs, Path::new(PLAN_FILE), &mut diags) {
         None => {

@@ -299,10 +299,14 @@ pub fn variables_block(
     Some(text)
 }
 
-/// Appends the [`variables_block`] of the unit to the description of every step of `ws`.
-pub fn apply_variables(ws: &mut Workspace, group: Option<&Group>) {
-    let variables = unit_variables(ws, group);
-    let Some(block) = variables_block(&variables, group) else {
+/// Appends the [`variables_block`] of the unit (its `variables`) to the description of
+/// every step of `ws`.
+pub fn apply_variables(
+    ws: &mut Workspace,
+    group: Option<&Group>,
+    variables: &BTreeMap<String, String>,
+) {
+    let Some(block) = variables_block(variables, group) else {
         return;
     };
     for step in ws
@@ -315,6 +319,99 @@ pub fn apply_variables(ws: &mut Workspace, group: Option<&Group>) {
             Some(d) if !d.is_empty() => format!("{d}\n\n{block}"),
             _ => block.clone(),
         });
+    }
+}
+
+/// The variables of a run unit with the answers of its `human_input` steps: an answer given
+/// for a step with a `variable_name` becomes the variable of that name.
+pub fn unit_variables_with_answers(
+    ws: &Workspace,
+    group: Option<&Group>,
+    inputs: &BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    let mut variables = unit_variables(ws, group);
+    for step in ws.plan.all_steps() {
+        if let StepKind::HumanInput(h) = &step.kind
+            && let Some(name) = h.variable_name.as_deref()
+            && let Some(answer) = inputs.get(name)
+        {
+            variables.insert(name.to_string(), answer.clone());
+        }
+    }
+    variables
+}
+
+/// Replaces `{{NAME}}` (spaces inside the braces allowed) by the value of variable `NAME`
+/// in `text`; unknown names are left as written.
+pub fn substitute(text: &str, variables: &BTreeMap<String, String>) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find("{{") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        match after.find("}}") {
+            Some(end) => match variables.get(after[..end].trim()) {
+                Some(value) => {
+                    out.push_str(value);
+                    rest = &after[end + 2..];
+                }
+                None => {
+                    out.push_str("{{");
+                    rest = after;
+                }
+            },
+            None => {
+                out.push_str(&rest[start..]);
+                rest = "";
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Substitutes the variables ([`substitute`]) in every step's `context_output` and
+/// `context_dependencies` (sub-agent steps of routes included) and in the question and
+/// options of `human_input` steps.
+pub fn substitute_variables(ws: &mut Workspace, variables: &BTreeMap<String, String>) {
+    fn step_texts(step: &mut Step, variables: &BTreeMap<String, String>) {
+        let sub = |t: &mut String| *t = substitute(t, variables);
+        step.context_dependencies.iter_mut().flatten().for_each(sub);
+        match &mut step.context_output {
+            Some(crate::workflow::plan::ContextOutput::One(o)) => sub(o),
+            Some(crate::workflow::plan::ContextOutput::Many(list)) => {
+                list.iter_mut().for_each(sub)
+            }
+            None => {}
+        }
+        match &mut step.kind {
+            StepKind::HumanInput(h) => {
+                h.question.iter_mut().for_each(sub);
+                h.options.iter_mut().flatten().for_each(sub);
+            }
+            StepKind::MessageSequence(m) => {
+                for r in &mut m.predefined_routes {
+                    step_texts(&mut r.sub_agent_step, variables);
+                }
+            }
+            StepKind::TodoTask(t) => {
+                for r in &mut t.predefined_routes {
+                    step_texts(&mut r.sub_agent_step, variables);
+                }
+            }
+            _ => {}
+        }
+    }
+    if variables.is_empty() {
+        return;
+    }
+    for step in ws
+        .plan
+        .steps
+        .iter_mut()
+        .chain(ws.plan.orphan_steps.iter_mut())
+    {
+        step_texts(step, variables);
     }
 }
 
@@ -470,7 +567,9 @@ async fn run_unit(
     progress: &mut dyn FnMut(&str),
 ) -> Result<UnitRun> {
     let mut ws = open_workspace(root, Some(folder))?;
-    apply_variables(&mut ws, group);
+    let variables = unit_variables_with_answers(&ws, group, &opts.inputs);
+    substitute_variables(&mut ws, &variables);
+    apply_variables(&mut ws, group, &variables);
     let mut unit = UnitRun {
         group: group.map(|g| g.id.clone()),
         run_folder: folder.to_string(),
@@ -712,7 +811,7 @@ mod tests {
             dir.path(),
             json!([{"id": "s", "type": "regular", "title": "S", "description": "Do it."}]),
         );
-        apply_variables(&mut ws, None);
+        apply_variables(&mut ws, None, &unit_variables(&ws, None));
         assert_eq!(ws.plan.steps[0].description.as_deref(), Some("Do it."));
         std::fs::write(
             dir.path().join("workflow.json"),
@@ -721,7 +820,8 @@ mod tests {
         .unwrap();
         let mut ws = Workspace::open(dir.path()).unwrap();
         let group = ws.manifest.groups[0].clone();
-        apply_variables(&mut ws, Some(&group));
+        let variables = unit_variables(&ws, Some(&group));
+        apply_variables(&mut ws, Some(&group), &variables);
         assert_eq!(
             ws.plan.steps[0].description.as_deref(),
             Some("Do it.\n\nWorkflow variables (group g):\n- A = 1\n- B = 3")

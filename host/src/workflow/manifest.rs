@@ -466,6 +466,124 @@ fn manifest_from_value(ctx: &mut Ctx, value: &Value) -> Option<WorkflowManifest>
     })
 }
 
+/// Where the original keeps variables and groups, beside `workflow.json`'s.
+pub const VARIABLES_FILE: &str = "variables/variables.json";
+
+/// Reads `variables/variables.json` (`{variables: [{name, value, description}], groups:
+/// [{name, values, enabled}]}`) into `manifest`: its variables join the declared ones
+/// (`workflow.json` wins on a name both declare), its enabled groups join the groups (id and
+/// folder from the name; `values` an object of name -> value, or a list of `{name, value}`);
+/// a group with `enabled: false` is left out.
+pub fn merge_variables_file(
+    text: &str,
+    file: &str,
+    manifest: &mut WorkflowManifest,
+) -> Diagnostics {
+    let mut diags = Diagnostics::new();
+    if let Some(value) = parse_json(text, file, &mut diags) {
+        let mut ctx = Ctx::new(file, &mut diags);
+        merge_variables_value(&mut ctx, &value, manifest);
+    }
+    diags
+}
+
+fn merge_variables_value(ctx: &mut Ctx, value: &Value, manifest: &mut WorkflowManifest) {
+    let Some(mut obj) = Obj::new(ctx, value, JsonPath::root(), "variables and groups") else {
+        return;
+    };
+    let vars = obj.list(ctx, "variables", |ctx, v, p| {
+        let mut o = Obj::new(ctx, v, p, "a variable")?;
+        let name = o.req_str(ctx, "name", "the variable name");
+        let value = match o.raw("value") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(other @ (Value::Number(_) | Value::Bool(_))) => Some(other.to_string()),
+            Some(other) => {
+                ctx.error(
+                    &o.path().key("value"),
+                    format!("expected a string, found {}", kind_of(other)),
+                );
+                None
+            }
+        };
+        let description = o.str(ctx, "description");
+        if let Some(n) = &name
+            && !valid_variable_name(n)
+        {
+            ctx.error(
+                &o.path().key("name"),
+                format!("invalid variable name {}: use letters, digits and _", quote(n)),
+            );
+        }
+        o.finish(ctx);
+        Some((name?, Variable::Declared { value, description }))
+    });
+    let groups = obj.list(ctx, "groups", |ctx, v, p| {
+        let mut o = Obj::new(ctx, v, p, "a group")?;
+        let name = o.req_str(ctx, "name", "the group name");
+        let enabled = o.bool(ctx, "enabled").unwrap_or(true);
+        let mut values = BTreeMap::new();
+        match o.raw("values") {
+            None | Some(Value::Null) => {}
+            Some(Value::Object(m)) => {
+                for (k, v) in m {
+                    match v {
+                        Value::String(s) => {
+                            values.insert(k.clone(), s.clone());
+                        }
+                        Value::Number(_) | Value::Bool(_) => {
+                            values.insert(k.clone(), v.to_string());
+                        }
+                        other => ctx.error(
+                            &o.path().key("values").key(k),
+                            format!("expected a string, found {}", kind_of(other)),
+                        ),
+                    }
+                }
+            }
+            Some(Value::Array(list)) => {
+                for (i, entry) in list.iter().enumerate() {
+                    let n = entry.get("name").and_then(Value::as_str);
+                    let v = entry.get("value").and_then(|v| match v {
+                        Value::String(s) => Some(s.clone()),
+                        Value::Number(_) | Value::Bool(_) => Some(v.to_string()),
+                        _ => None,
+                    });
+                    match (n, v) {
+                        (Some(n), Some(v)) => {
+                            values.insert(n.to_string(), v);
+                        }
+                        _ => ctx.error(
+                            &o.path().key("values").index(i),
+                            "expected {\"name\": \"...\", \"value\": \"...\"}",
+                        ),
+                    }
+                }
+            }
+            Some(other) => ctx.error(
+                &o.path().key("values"),
+                format!("expected an object of name -> value, found {}", kind_of(other)),
+            ),
+        }
+        o.finish(ctx);
+        Some((name?, enabled, values))
+    });
+    obj.finish(ctx);
+    for (name, var) in vars.into_iter().flatten() {
+        manifest.variables.entry(name).or_insert(var);
+    }
+    for (name, enabled, values) in groups.into_iter().flatten() {
+        if !enabled || manifest.groups.iter().any(|g| g.id == name) {
+            continue;
+        }
+        manifest.groups.push(Group {
+            id: name,
+            name: None,
+            variables: values,
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
