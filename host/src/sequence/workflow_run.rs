@@ -805,13 +805,23 @@ mod tests {
     }
 
     #[test]
+    fn variables_are_substituted_where_named_and_unknown_ones_stay() {
+        let vars: BTreeMap<String, String> =
+            [("A".to_string(), "1".to_string()), ("B".to_string(), "x/y".to_string())].into();
+        assert_eq!(substitute("{{A}}-{{ B }}-{{C}}-{{A", &vars), "1-x/y-{{C}}-{{A");
+        assert_eq!(substitute("no braces", &vars), "no braces");
+        assert_eq!(substitute("{{{{A}}}}", &vars), "{{1}}");
+    }
+
+    #[test]
     fn variables_are_appended_to_every_charter() {
         let dir = tempfile::tempdir().unwrap();
         let mut ws = workspace(
             dir.path(),
             json!([{"id": "s", "type": "regular", "title": "S", "description": "Do it."}]),
         );
-        apply_variables(&mut ws, None, &unit_variables(&ws, None));
+        let variables = unit_variables(&ws, None);
+        apply_variables(&mut ws, None, &variables);
         assert_eq!(ws.plan.steps[0].description.as_deref(), Some("Do it."));
         std::fs::write(
             dir.path().join("workflow.json"),
