@@ -589,3 +589,72 @@ fn tool_filters_keep_built_in_and_database_tools_as_the_original_reads_them() {
         }
     }
 }
+
+// ---------------------------------------------------------------- the north star
+
+/// Every turn is told the plan's objective and its step's expected outputs, and reads (never
+/// writes) `soul/soul.md`.
+#[test]
+fn every_turn_reads_the_soul_and_knows_its_objective_and_outputs() {
+    let server = scripted(vec![
+        calls(vec![
+            call(
+                "read",
+                "workspace__read_file",
+                json!({"path": "soul/soul.md"}),
+            ),
+            call(
+                "write",
+                "workspace__write_file",
+                json!({"path": "soul/soul.md", "content": "new goals"}),
+            ),
+        ]),
+        completion("done", &[]),
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    workspace(
+        root,
+        &server,
+        json!([{"id": "go", "type": "user_message", "message": "Go."}]),
+        json!({}),
+    );
+    write_files(
+        root,
+        &[
+            (
+                "planning/plan.json",
+                json!({"objective": "Keep the ledger right.",
+                       "success_criteria": "Every row reconciled.",
+                       "steps": [{"id": "work", "type": "message_sequence", "title": "Work",
+                                  "description": "Reconcile.",
+                                  "context_output": ["report.json", "proof.json"],
+                                  "items": [{"id": "go", "type": "user_message", "message": "Go."}]}]})
+                .to_string(),
+            ),
+            ("soul/soul.md", "Objective: a right ledger. Never delete rows.".to_string()),
+        ],
+    );
+    let out = run(root);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let system = server.seen()[0]["messages"][0]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for line in [
+        "Workflow objective: Keep the ledger right.",
+        "Success criteria: Every row reconciled.",
+        "Read soul/soul.md before you start",
+        "Expected outputs of this step, in its output folder: report.json, proof.json",
+        "- soul/ (read-only)",
+    ] {
+        assert!(system.contains(line), "missing {line:?} in {system}");
+    }
+    let results = tool_results(&server);
+    assert!(result_of(&results, "read").contains("Never delete rows"), "{results:?}");
+    assert!(result_of(&results, "write").starts_with("error"), "{results:?}");
+    assert_eq!(
+        std::fs::read_to_string(root.join("soul/soul.md")).unwrap(),
+        "Objective: a right ledger. Never delete rows."
+    );
+}

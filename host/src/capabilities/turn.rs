@@ -18,6 +18,9 @@ use crate::workflow::step_config::{AgentConfigs, KnowledgebaseAccess, LearningsA
 
 /// The workflow database, relative to the workspace.
 pub const DB_FILE: &str = "db/db.sqlite";
+/// The workflow's charter (`soul/soul.md`: objective, success criteria, constraints), read-only
+/// to every turn.
+pub const SOUL_DIR: &str = "soul";
 /// The folder of files that belong with the database, writable whenever the database is.
 pub const DB_ASSETS: &str = "db/assets";
 
@@ -434,6 +437,14 @@ fn build(ctx: &TurnContext<'_>, access: TurnAccess, folders: &AgentFolders) -> R
     b.add(&output, rw(access.output_write), output_role)?;
     if let Some(shared) = &shared {
         b.add(shared, rw(access.output_write), shared_role)?;
+    }
+
+    if b.exists(SOUL_DIR) {
+        b.add(
+            SOUL_DIR,
+            Access::ReadOnly,
+            "the workflow's objective, success criteria and constraints (soul.md)",
+        )?;
     }
 
     if access.knowledgebase_read {

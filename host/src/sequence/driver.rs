@@ -394,7 +394,7 @@ impl<'a> StepRunner<'a> {
             );
         }
         run.history
-            .push(Message::system(system_prompt(step, &step_grant)));
+            .push(Message::system(system_prompt(&ws.plan, step, &step_grant)));
         run.save_session()?;
 
         let scripted = matches!(step.kind, StepKind::Regular) && run.configs.is_scripted();

@@ -8,7 +8,8 @@ use crate::capabilities::turn::{
 };
 use crate::sequence::routes::{AgentHome, delegation_note};
 use crate::validation::Report;
-use crate::workflow::plan::Step;
+use crate::capabilities::turn::SOUL_DIR;
+use crate::workflow::plan::{Plan, Step};
 use crate::workflow::step_config::LearningDetailLevel;
 use crate::workflow::{AgentConfigs, Workspace};
 
@@ -73,12 +74,19 @@ pub fn reflection_message(step_id: &str, configs: &AgentConfigs, due: Reflection
     text
 }
 
-/// The system prompt of a step: its description, the grant and the tool policy note.
-pub fn system_prompt(step: &Step, grant: &TurnGrant) -> String {
+/// The system prompt of a step: its description, the workflow's north star (the plan's
+/// objective and success criteria, `soul/soul.md` when the turn can read it, the step's
+/// expected output files), the grant and the tool policy note.
+pub fn system_prompt(plan: &Plan, step: &Step, grant: &TurnGrant) -> String {
     let mut text = String::new();
     if let Some(d) = step.description.as_deref().filter(|d| !d.trim().is_empty()) {
         text.push_str(d.trim());
         text.push_str("\n\n");
+    }
+    let north_star = north_star(plan, step, grant);
+    if !north_star.is_empty() {
+        text.push_str(&north_star);
+        text.push('\n');
     }
     text.push_str(&grant.describe());
     text.push('\n');
@@ -87,6 +95,33 @@ pub fn system_prompt(step: &Step, grant: &TurnGrant) -> String {
     if !note.is_empty() {
         text.push_str("\n\n");
         text.push_str(note.trim_end());
+    }
+    text
+}
+
+/// What every turn is reminded of: the plan's objective and success criteria, to read
+/// `soul/soul.md` (when granted), and the files the step must leave in its output folder.
+fn north_star(plan: &Plan, step: &Step, grant: &TurnGrant) -> String {
+    let mut text = String::new();
+    let non_empty = |s: Option<&str>| s.map(str::trim).filter(|s| !s.is_empty()).map(String::from);
+    if let Some(objective) = non_empty(plan.objective.as_deref()) {
+        text.push_str(&format!("Workflow objective: {objective}\n"));
+    }
+    if let Some(criteria) = non_empty(plan.success_criteria.as_deref()) {
+        text.push_str(&format!("Success criteria: {criteria}\n"));
+    }
+    if grant.folders.iter().any(|f| f.path == SOUL_DIR) {
+        text.push_str(
+            "Read soul/soul.md before you start: the workflow's objective, success criteria \
+             and constraints. Keep to them.\n",
+        );
+    }
+    let outputs = step.outputs();
+    if !outputs.is_empty() {
+        text.push_str(&format!(
+            "Expected outputs of this step, in its output folder: {}\n",
+            outputs.join(", ")
+        ));
     }
     text
 }
@@ -107,7 +142,7 @@ pub fn step_system_prompt(ws: &Workspace, step_id: &str) -> Result<String> {
     };
     let folders = AgentFolders::for_step(run_folder, step);
     let grant = grant_for_access_in(&ctx, TurnAccess::for_step(&configs), &folders)?;
-    Ok(system_prompt(step, &grant))
+    Ok(system_prompt(&ws.plan, step, &grant))
 }
 
 /// The system prompt of call `call_id` of the sub-agent reached from step `step_id` through
@@ -160,7 +195,7 @@ pub fn sub_agent_system_prompt(
     if !existed {
         let _ = ws.fs.remove_dir(&output);
     }
-    Ok(system_prompt(step, &grant?))
+    Ok(system_prompt(&ws.plan, step, &grant?))
 }
 
 /// The message of a repair turn: every failing check with file, path, expected and actual.

@@ -158,7 +158,7 @@ impl StepRunner<'_> {
                 TurnEnd::Failed(r) => r,
                 TurnEnd::Stopped => "stop requested".to_string(),
             })?;
-        let system = Message::system(system_prompt(step, &grant));
+        let system = Message::system(system_prompt(&ws.plan, step, &grant));
         match run.history.first_mut() {
             Some(first) if first.role == crate::llm::Role::System => *first = system,
             _ => run.history.insert(0, system),
