@@ -658,3 +658,83 @@ fn every_turn_reads_the_soul_and_knows_its_objective_and_outputs() {
         "Objective: a right ledger. Never delete rows."
     );
 }
+
+// ---------------------------------------------------------------- skills and learnings
+
+/// `enabled_skills` attaches the named skill folders read-only (`skills/<name>/`, else
+/// `learnings/<name>/`; a missing one is named, not fatal), and the reflection turn is asked
+/// to keep `learnings/_global/` as a skill: topic files indexed by `SKILL.md`.
+#[test]
+fn skills_are_attached_read_only_and_learnings_are_kept_as_a_skill() {
+    let server = scripted(vec![
+        calls(vec![call(
+            "w",
+            "workspace__write_file",
+            json!({"path": "skills/sql-style/SKILL.md", "content": "changed"}),
+        )]),
+        completion("done", &[]),
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    workspace(
+        root,
+        &server,
+        json!([{"id": "go", "type": "user_message", "message": "Go."}]),
+        json!({"enabled_skills": ["sql-style", "reporting", "nope"],
+               "learning_objective": "what made the queries slow"}),
+    );
+    write_files(
+        root,
+        &[
+            ("skills/sql-style/SKILL.md", "Use CTEs."),
+            ("learnings/reporting/SKILL.md", "Tables first."),
+        ],
+    );
+    let out = run(root);
+    let all = format!("{}\n{}", text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{all}");
+    assert!(all.contains("enabled_skills entry \"nope\" does not exist"), "{all}");
+    let seen = server.seen();
+    let system = seen[0]["messages"][0]["content"].as_str().unwrap();
+    for line in [
+        "- skills/sql-style/ (read-only): the skill \"sql-style\": read its SKILL.md",
+        "- learnings/reporting/ (read-only): the skill \"reporting\"",
+        "- nope (declared in enabled_skills) does not exist",
+    ] {
+        assert!(system.contains(line), "missing {line:?} in {system}");
+    }
+    let w = result_of(
+        &seen[1]["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["role"] == "tool")
+            .map(|m| {
+                (
+                    m["tool_call_id"].as_str().unwrap().to_string(),
+                    m["content"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect::<Vec<_>>(),
+        "w",
+    );
+    assert!(w.starts_with("error"), "{w}");
+    assert_eq!(
+        std::fs::read_to_string(root.join("skills/sql-style/SKILL.md")).unwrap(),
+        "Use CTEs."
+    );
+    // The reflection turn: its message asks for topic files and the SKILL.md index.
+    let reflection = seen.last().unwrap()["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(reflection.starts_with("Reflection:"), "{reflection}");
+    assert!(
+        reflection.contains("learnings/_global/SKILL.md as its index"),
+        "{reflection}"
+    );
+}

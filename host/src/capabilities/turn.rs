@@ -403,6 +403,41 @@ fn build(ctx: &TurnContext<'_>, access: TurnAccess, folders: &AgentFolders) -> R
             .with_context(|| format!("step {step_id:?}: {field} entry {path:?}"))?;
     }
 
+    // Skills: a name is the folder `skills/<name>/`, else `learnings/<name>/` (a path with
+    // a `/` is taken as written); read-only, like a dependency.
+    for name in configs.enabled_skills.iter().flatten() {
+        let name = name.trim();
+        if name.is_empty() {
+            continue;
+        }
+        let candidates: Vec<String> = if name.contains('/') {
+            vec![name.to_string()]
+        } else {
+            vec![format!("skills/{name}"), format!("learnings/{name}")]
+        };
+        let mut found = false;
+        for candidate in &candidates {
+            match dependency_folder(&b, &access, candidate) {
+                Err(e) if e.is::<Missing>() => continue,
+                other => {
+                    let rel = other.with_context(|| {
+                        format!("step {step_id:?}: enabled_skills entry {name:?} cannot be granted")
+                    })?;
+                    b.add(
+                        &rel,
+                        Access::ReadOnly,
+                        &format!("the skill {name:?}: read its SKILL.md before you start"),
+                    )?;
+                    found = true;
+                    break;
+                }
+            }
+        }
+        if !found {
+            missing.push(("enabled_skills", name.to_string()));
+        }
+    }
+
     for rel in [&output, &downloads].into_iter().chain(shared.as_ref()) {
         b.create(rel)?;
     }

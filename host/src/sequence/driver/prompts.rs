@@ -55,8 +55,12 @@ pub fn reflection_message(step_id: &str, configs: &AgentConfigs, due: Reflection
             LearningDetailLevel::None => "State each lesson in one line, without detail.",
         };
         text.push_str(&format!(
-            "- Record what this run taught you in learnings/_global/{step_id}.md (add to it if \
-             it exists). Learning objective: {objective} {detail}\n"
+            "- Record what this run taught you in learnings/_global/, kept as a skill: one \
+             markdown file per topic (learnings/_global/<topic>.md; add to the file of a topic \
+             that exists rather than starting another), and learnings/_global/SKILL.md as its \
+             index, one line per topic file with its name and what it covers (create it if \
+             missing, keep it current). Step {step_id} is where this came from. Learning \
+             objective: {objective} {detail}\n"
         ));
     }
     if due.knowledgebase {
