@@ -36,10 +36,13 @@ const OUT: &str = "runs/iteration-0/execution/s1";
 const SHARED: &str = "runs/iteration-0/execution/s1/shared";
 /// The refunds specialist's task.
 const TASK: &str = "Write decision.json in your output folder, then answer in one line.";
-/// The tools the parent is offered: its two selected plugin tools, then the delegation tool.
+/// The tools the parent is offered: its two selected plugin tools, the database tools (the
+/// workspace has a `db/` folder), then the delegation tool.
 const PARENT_TOOLS: &[&str] = &[
     "workspace:read_file",
     "workspace:write_file",
+    "query_workflow_db",
+    "mutate_workflow_db",
     "call_sub_agent",
 ];
 
