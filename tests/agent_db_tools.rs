@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use serde_json::{Value, json};
 use support::fake_llm::{FakeServer, completion};
 use support::workspace::{create_db, write_files};
-use support::{trellis, tree_digest};
+use support::{tree_digest, trellis};
 
 /// A server answering the n-th request with `replies[n]` (the last one after that).
 fn scripted(replies: Vec<Value>) -> FakeServer {
@@ -47,7 +47,10 @@ fn workspace(root: &Path, server: &FakeServer, items: Value, configs: Value) {
             ("knowledgebase/notes/keep.md", "kept".to_string()),
         ],
     );
-    create_db(root, "CREATE TABLE t(x); INSERT INTO t VALUES (1), (2), (3);");
+    create_db(
+        root,
+        "CREATE TABLE t(x); INSERT INTO t VALUES (1), (2), (3);",
+    );
 }
 
 fn run(root: &Path) -> std::process::Output {
@@ -142,7 +145,12 @@ fn an_agent_describes_queries_and_modifies_the_database_and_writes_its_assets() 
         json!({}),
     );
     let out = run(root);
-    assert!(out.status.success(), "{}\n{}", text(&out.stdout), text(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
 
     let first = &server.seen()[0];
     let names: Vec<&str> = first["tools"]
@@ -178,7 +186,10 @@ fn an_agent_describes_queries_and_modifies_the_database_and_writes_its_assets() 
         queried,
         json!({"row_count": 2, "truncated": true, "rows": [{"x": 1}, {"x": 20}]})
     );
-    assert!(!result_of(&results, "c4").starts_with("error"), "{results:?}");
+    assert!(
+        !result_of(&results, "c4").starts_with("error"),
+        "{results:?}"
+    );
 
     assert_eq!(rows(root, "SELECT x FROM t ORDER BY x"), [1, 20, 30]);
     assert_eq!(rows(root, "SELECT id FROM findings"), [1, 2]);
@@ -352,7 +363,11 @@ fn a_turn_narrowed_away_from_the_database_cannot_modify_it() {
                 "workspace__write_file",
                 json!({"path": "db/assets/x.txt", "content": "x"}),
             ),
-            call("q1", "query_workflow_db", json!({"sql": "SELECT count(*) AS n FROM t"})),
+            call(
+                "q1",
+                "query_workflow_db",
+                json!({"sql": "SELECT count(*) AS n FROM t"}),
+            ),
         ]),
         completion("done", &[]),
         calls(vec![call(
@@ -395,8 +410,14 @@ fn a_turn_narrowed_away_from_the_database_cannot_modify_it() {
         m1.starts_with("error:") && m1.contains("read-only access to the workflow db"),
         "{m1}"
     );
-    assert!(result_of(&first_turn, "w1").starts_with("error"), "{first_turn:?}");
-    assert!(result_of(&first_turn, "q1").contains("\"n\":3"), "{first_turn:?}");
+    assert!(
+        result_of(&first_turn, "w1").starts_with("error"),
+        "{first_turn:?}"
+    );
+    assert!(
+        result_of(&first_turn, "q1").contains("\"n\":3"),
+        "{first_turn:?}"
+    );
     assert!(!root.join("db/assets/x.txt").exists());
     let m2 = result_of(&tool_results(&server), "m2");
     assert!(m2.contains("\"rows_changed\":[1]"), "{m2}");
@@ -483,11 +504,19 @@ fn a_turn_out_of_tool_rounds_answers_in_a_last_call_without_tools() {
         json!({}),
     );
     let out = trellis(&["run", root.to_str().unwrap(), "--max-tool-rounds", "3"]);
-    assert!(out.status.success(), "{}\n{}", text(&out.stdout), text(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
     assert_eq!(server.seen().len(), 4, "3 tool rounds, then the last call");
     let (offered, message) = last_request(&server);
     assert!(!offered);
-    assert!(message.starts_with("You are out of tool rounds"), "{message}");
+    assert!(
+        message.starts_with("You are out of tool rounds"),
+        "{message}"
+    );
     let summary: Value = serde_json::from_slice(
         &std::fs::read(root.join("runs/iteration-0/execution/work/execution-final-summary.json"))
             .unwrap(),
@@ -576,7 +605,10 @@ fn tool_filters_keep_built_in_and_database_tools_as_the_original_reads_them() {
         let stderr = text(&out.stderr);
         assert!(out.status.success(), "{configs}: {stderr}");
         let mut want: Vec<String> = workspace_tools.iter().map(|s| s.to_string()).collect();
-        want.extend(["query_workflow_db".to_string(), "mutate_workflow_db".to_string()]);
+        want.extend([
+            "query_workflow_db".to_string(),
+            "mutate_workflow_db".to_string(),
+        ]);
         let mut got = offered(&server);
         got.sort();
         want.sort();
@@ -651,8 +683,14 @@ fn every_turn_reads_the_soul_and_knows_its_objective_and_outputs() {
         assert!(system.contains(line), "missing {line:?} in {system}");
     }
     let results = tool_results(&server);
-    assert!(result_of(&results, "read").contains("Never delete rows"), "{results:?}");
-    assert!(result_of(&results, "write").starts_with("error"), "{results:?}");
+    assert!(
+        result_of(&results, "read").contains("Never delete rows"),
+        "{results:?}"
+    );
+    assert!(
+        result_of(&results, "write").starts_with("error"),
+        "{results:?}"
+    );
     assert_eq!(
         std::fs::read_to_string(root.join("soul/soul.md")).unwrap(),
         "Objective: a right ledger. Never delete rows."
@@ -693,7 +731,10 @@ fn skills_are_attached_read_only_and_learnings_are_kept_as_a_skill() {
     let out = run(root);
     let all = format!("{}\n{}", text(&out.stdout), text(&out.stderr));
     assert!(out.status.success(), "{all}");
-    assert!(all.contains("enabled_skills entry \"nope\" does not exist"), "{all}");
+    assert!(
+        all.contains("enabled_skills entry \"nope\" does not exist"),
+        "{all}"
+    );
     let seen = server.seen();
     let system = seen[0]["messages"][0]["content"].as_str().unwrap();
     for line in [

@@ -40,7 +40,13 @@ fn text(bytes: &[u8]) -> String {
 
 /// Writes a workspace: `steps` of the plan, their step configs, workflow.json reaching
 /// `server` (plus `manifest_extra`), and a database with `t(x)`.
-fn workspace(root: &Path, server: &FakeServer, steps: Value, configs: Value, manifest_extra: Value) {
+fn workspace(
+    root: &Path,
+    server: &FakeServer,
+    steps: Value,
+    configs: Value,
+    manifest_extra: Value,
+) {
     let mut manifest = json!({"llm": {"provider": "openai", "model_id": "m"},
                               "providers": server.providers()});
     for (k, v) in manifest_extra.as_object().into_iter().flatten() {
@@ -143,12 +149,21 @@ fn a_db_only_item_writes_the_database_and_nothing_else() {
     );
     let results = tool_results(&server, 1);
     for id in ["kb", "learn"] {
-        assert!(result_of(&results, id).starts_with("error"), "{id}: {results:?}");
+        assert!(
+            result_of(&results, id).starts_with("error"),
+            "{id}: {results:?}"
+        );
     }
     assert!(!root.join("knowledgebase/notes/x.md").exists());
     assert!(!root.join("learnings/_global/x.md").exists());
-    assert!(!result_of(&results, "db").starts_with("error"), "{results:?}");
-    assert!(!result_of(&results, "asset").starts_with("error"), "{results:?}");
+    assert!(
+        !result_of(&results, "db").starts_with("error"),
+        "{results:?}"
+    );
+    assert!(
+        !result_of(&results, "asset").starts_with("error"),
+        "{results:?}"
+    );
     assert!(root.join("db/assets/a.txt").is_file());
     let conn = rusqlite::Connection::open(root.join("db/db.sqlite")).unwrap();
     let n: i64 = conn
@@ -315,9 +330,18 @@ fn a_full_run_keeps_run_retention_count_archived_runs() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let steps = json!([{"id": "work", "type": "regular", "title": "Work", "description": "W."}]);
-    workspace(root, &server, steps.clone(), json!([]), json!({"run_retention_count": 2}));
+    workspace(
+        root,
+        &server,
+        steps.clone(),
+        json!([]),
+        json!({"run_retention_count": 2}),
+    );
     for n in 0..=4 {
-        write_files(root, &[(&format!("runs/iteration-{n}/marker") as &str, "x")]);
+        write_files(
+            root,
+            &[(&format!("runs/iteration-{n}/marker") as &str, "x")],
+        );
     }
     write_files(root, &[("runs/notes.txt", "not a run")]);
     let out = trellis(&["run", root.to_str().unwrap()]);
@@ -329,15 +353,26 @@ fn a_full_run_keeps_run_retention_count_archived_runs() {
         "{stdout}"
     );
 
-    workspace(root, &server, steps, json!([]), json!({"run_retention_count": "many"}));
+    workspace(
+        root,
+        &server,
+        steps,
+        json!([]),
+        json!({"run_retention_count": "many"}),
+    );
     for n in 6..=10 {
-        write_files(root, &[(&format!("runs/iteration-{n}/marker") as &str, "x")]);
+        write_files(
+            root,
+            &[(&format!("runs/iteration-{n}/marker") as &str, "x")],
+        );
     }
     let out = trellis(&["run", root.to_str().unwrap()]);
     let all = format!("{}\n{}", text(&out.stdout), text(&out.stderr));
     assert!(out.status.success(), "{all}");
     assert!(
-        all.contains("warning: workflow.json: run_retention_count: expected a whole number from 1 to 50"),
+        all.contains(
+            "warning: workflow.json: run_retention_count: expected a whole number from 1 to 50"
+        ),
         "{all}"
     );
     assert_eq!(
@@ -395,14 +430,23 @@ fn unsafe_ids_and_literal_keys_are_refused_before_anything_runs() {
         let stdout = format!("{}{}", text(&out.stdout), text(&out.stderr));
         assert!(!out.status.success(), "{stdout}");
         assert!(
-            stdout.contains(&format!("planning/plan.json: {at}")) && stdout.contains("not a plain name"),
+            stdout.contains(&format!("planning/plan.json: {at}"))
+                && stdout.contains("not a plain name"),
             "{at}: {stdout}"
         );
         let before = support::tree_digest(root);
         let out = trellis(&["run", root.to_str().unwrap()]);
         assert!(!out.status.success());
-        assert!(text(&out.stderr).contains("not a plain name"), "{}", text(&out.stderr));
-        assert_eq!(support::tree_digest(root), before, "{at}: the run changed the workspace");
+        assert!(
+            text(&out.stderr).contains("not a plain name"),
+            "{}",
+            text(&out.stderr)
+        );
+        assert_eq!(
+            support::tree_digest(root),
+            before,
+            "{at}: the run changed the workspace"
+        );
     }
     assert_eq!(server.connections(), 0);
 

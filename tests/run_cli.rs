@@ -109,7 +109,10 @@ fn example_runs_offline_and_a_second_run_rotates() {
         2,
         "{shown}"
     );
-    assert!(shown.contains("tool calls 2 (workspace:write_file"), "{shown}");
+    assert!(
+        shown.contains("tool calls 2 (workspace:write_file"),
+        "{shown}"
+    );
     let missing = trellis(&["runs", "show", root, "no-such-step"]);
     assert_eq!(missing.status.code(), Some(1));
     let err = text(&missing.stderr);

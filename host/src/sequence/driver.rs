@@ -66,8 +66,8 @@ pub const GATE_SKIPPED_SUMMARY: &str = "validation disabled by disable_validatio
 pub const REFLECTION_ITEM_TYPE: &str = "reflection";
 
 pub use prompts::{
-    TOOL_POLICY_NOTE, offload_reference, out_of_tool_rounds, reflection_message, repair_message, step_system_prompt,
-    sub_agent_system_prompt, system_prompt,
+    TOOL_POLICY_NOTE, offload_reference, out_of_tool_rounds, reflection_message, repair_message,
+    step_system_prompt, sub_agent_system_prompt, system_prompt,
 };
 pub use reflection::reflection_item_id;
 pub use turn::scan_reply;

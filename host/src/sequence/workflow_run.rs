@@ -379,9 +379,7 @@ pub fn substitute_variables(ws: &mut Workspace, variables: &BTreeMap<String, Str
         step.context_dependencies.iter_mut().flatten().for_each(sub);
         match &mut step.context_output {
             Some(crate::workflow::plan::ContextOutput::One(o)) => sub(o),
-            Some(crate::workflow::plan::ContextOutput::Many(list)) => {
-                list.iter_mut().for_each(sub)
-            }
+            Some(crate::workflow::plan::ContextOutput::Many(list)) => list.iter_mut().for_each(sub),
             None => {}
         }
         match &mut step.kind {
@@ -806,9 +804,15 @@ mod tests {
 
     #[test]
     fn variables_are_substituted_where_named_and_unknown_ones_stay() {
-        let vars: BTreeMap<String, String> =
-            [("A".to_string(), "1".to_string()), ("B".to_string(), "x/y".to_string())].into();
-        assert_eq!(substitute("{{A}}-{{ B }}-{{C}}-{{A", &vars), "1-x/y-{{C}}-{{A");
+        let vars: BTreeMap<String, String> = [
+            ("A".to_string(), "1".to_string()),
+            ("B".to_string(), "x/y".to_string()),
+        ]
+        .into();
+        assert_eq!(
+            substitute("{{A}}-{{ B }}-{{C}}-{{A", &vars),
+            "1-x/y-{{C}}-{{A"
+        );
         assert_eq!(substitute("no braces", &vars), "no braces");
         assert_eq!(substitute("{{{{A}}}}", &vars), "{{1}}");
     }

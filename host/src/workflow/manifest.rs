@@ -512,7 +512,10 @@ fn merge_variables_value(ctx: &mut Ctx, value: &Value, manifest: &mut WorkflowMa
         {
             ctx.error(
                 &o.path().key("name"),
-                format!("invalid variable name {}: use letters, digits and _", quote(n)),
+                format!(
+                    "invalid variable name {}: use letters, digits and _",
+                    quote(n)
+                ),
             );
         }
         o.finish(ctx);
@@ -562,7 +565,10 @@ fn merge_variables_value(ctx: &mut Ctx, value: &Value, manifest: &mut WorkflowMa
             }
             Some(other) => ctx.error(
                 &o.path().key("values"),
-                format!("expected an object of name -> value, found {}", kind_of(other)),
+                format!(
+                    "expected an object of name -> value, found {}",
+                    kind_of(other)
+                ),
             ),
         }
         o.finish(ctx);

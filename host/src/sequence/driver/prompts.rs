@@ -3,12 +3,12 @@
 
 use anyhow::{Context, Result, anyhow};
 
+use crate::capabilities::turn::SOUL_DIR;
 use crate::capabilities::turn::{
     AgentFolders, ReflectionDue, TurnAccess, TurnContext, TurnGrant, grant_for_access_in,
 };
 use crate::sequence::routes::{AgentHome, delegation_note};
 use crate::validation::Report;
-use crate::capabilities::turn::SOUL_DIR;
 use crate::workflow::plan::{Plan, Step};
 use crate::workflow::step_config::LearningDetailLevel;
 use crate::workflow::{AgentConfigs, Workspace};

@@ -11,6 +11,7 @@ use crate::capabilities::turn::TurnGrant;
 use crate::llm::{
     Message, Options, Request, Target, ToolCall, ToolDefinition, complete_with_options,
 };
+use crate::sequence::db_tools;
 use crate::sequence::events::RunEvent;
 use crate::sequence::filters::{CALL_SUB_AGENT, DELEGATION_CATEGORY, ToolPolicy};
 use crate::sequence::routes::{TOOL_RESULTS_DIR, call_sub_agent_tool};
@@ -19,9 +20,8 @@ use crate::sequence::session::{
     now_rfc3339, write_turn_logs,
 };
 use crate::sequence::steering::Phase;
-use crate::sequence::db_tools;
-use crate::workflow::{AgentConfigs, Workspace};
 use crate::workflow::plan::Step;
+use crate::workflow::{AgentConfigs, Workspace};
 
 impl StepRunner<'_> {
     /// Records what the step's own agent does next (sub-agents leave it alone: a message is
