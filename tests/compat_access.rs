@@ -527,3 +527,53 @@ fn variables_json_variables_groups_and_answers_reach_the_run() {
     assert!(system.contains("- TOPIC = sales"), "{system}");
     assert!(system.contains("- reference/no/ (read-only)"), "{system}");
 }
+
+/// A script may modify the database and write `db/assets/` by default, as every agent turn
+/// may; nothing else outside its output folder changes.
+#[test]
+fn a_script_modifies_the_database_and_writes_db_assets() {
+    let server = FakeServer::start(Box::new(|_| (200, completion("done", &[]))));
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    workspace(
+        root,
+        &server,
+        json!([{"id": "load", "type": "regular", "title": "Load", "description": "Load rows."}]),
+        json!([{"id": "load", "agent_configs": {"declared_execution_mode": "scripted",
+                                                 "lock_code": true}}]),
+        json!({}),
+    );
+    write_files(
+        root,
+        &[(
+            "code/load/main.py",
+            "import trellis_db\n\
+             trellis_db.execute('INSERT INTO t VALUES (?)', [42])\n\
+             open('/db/assets/chart.txt', 'w').write('chart')\n\
+             print('loaded')\n",
+        )],
+    );
+    let mut before = support::tree_digest(root);
+    let out = trellis(&["run", root.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(root.join("db/assets/chart.txt")).unwrap(),
+        "chart"
+    );
+    let conn = rusqlite::Connection::open(root.join("db/db.sqlite")).unwrap();
+    let n: i64 = conn
+        .query_row("SELECT count(*) FROM t WHERE x = 42", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, 1);
+    let mut after = support::tree_digest(root);
+    for digest in [&mut before, &mut after] {
+        digest.retain(|k, _| !k.starts_with("runs") && !k.starts_with("db/"));
+    }
+    assert_eq!(after, before);
+    assert_eq!(server.connections(), 0, "no LLM call");
+}
