@@ -42,7 +42,9 @@ use wasmtime::component::{Component, InstancePre, Linker};
 use wasmtime_wasi::FsPerms;
 use wasmtime_wasi::p2::bindings::CommandPre;
 
-use crate::capabilities::turn::{DB_FILE, TurnAccess, TurnContext, grant_for_access};
+use crate::capabilities::turn::{
+    AgentFolders, DB_FILE, TurnAccess, TurnContext, grant_for_access, grant_for_access_in,
+};
 use crate::capabilities::{FsLimits, Limits};
 use crate::engine::Engine;
 use crate::sandbox::state::CallState;
@@ -122,6 +124,9 @@ pub struct ScriptOptions {
     pub variables: BTreeMap<String, String>,
     /// Write stdout, stderr and the result record into the step's logs folder.
     pub write_logs: bool,
+    /// The folders the script writes to instead of the step's own output folder: a route's
+    /// call folder when a regular sub-agent step is scripted (its `STEP_OUTPUT_DIR`).
+    pub folders: Option<AgentFolders>,
 }
 
 impl ScriptOptions {
@@ -144,6 +149,7 @@ impl Default for ScriptOptions {
             group: None,
             variables: BTreeMap::new(),
             write_logs: true,
+            folders: None,
         }
     }
 }
@@ -271,7 +277,7 @@ impl ScriptRunner {
     ) -> Result<Prepared> {
         let step = ws
             .plan
-            .step(step_id)
+            .find_step(step_id)
             .ok_or_else(|| anyhow!("planning/plan.json has no step {step_id:?}"))?;
         let run_folder = ws.run_folder.as_deref().unwrap_or("iteration-0");
         let configs = ws.agent_configs(step_id);
@@ -285,7 +291,10 @@ impl ScriptRunner {
             configs: &configs,
         };
         // Checks the step id and the run folder (single components, inside the workspace).
-        let turn = grant_for_access(&ctx, access)?;
+        let turn = match &options.folders {
+            Some(folders) => grant_for_access_in(&ctx, access, folders)?,
+            None => grant_for_access(&ctx, access)?,
+        };
 
         let ScriptFile {
             kind,
@@ -317,11 +326,12 @@ impl ScriptRunner {
         let cwd = format!("/{code_rel}");
         let grant = turn.grant.clone().read(code_host.clone(), &cwd)?;
         let execution = format!("/runs/{}/execution", run_folder.trim_matches('/'));
+        let output = match &options.folders {
+            Some(folders) => format!("/{}", folders.output.trim_matches('/')),
+            None => format!("{execution}/{step_id}"),
+        };
         let mut env = vec![
-            (
-                "STEP_OUTPUT_DIR".to_string(),
-                format!("{execution}/{step_id}"),
-            ),
+            ("STEP_OUTPUT_DIR".to_string(), output),
             ("STEP_EXECUTION_DIR".to_string(), execution),
         ];
         if grant.db().is_some() {

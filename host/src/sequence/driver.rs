@@ -61,6 +61,8 @@ pub const FINAL_GATE_ID: &str = "__automatic_final_validation__";
 pub const OFFLOAD_THRESHOLD: usize = 16 * 1024;
 /// The summary of a gate entry skipped because of `disable_validation`.
 pub const GATE_SKIPPED_SUMMARY: &str = "validation disabled by disable_validation";
+/// The concern of an agentic step that completed without running a single agent turn.
+pub const NO_TURN_CONCERN: &str = "the step ran no agent turn";
 /// The session item type of the reflection turn.
 pub const REFLECTION_ITEM_TYPE: &str = "reflection";
 
@@ -175,6 +177,9 @@ struct Run<'w> {
     concerns: Vec<String>,
     final_text: Option<String>,
     turns: u64,
+    /// Whether a `STATUS: FAILED` line in the next reply ends the step (not in a foreach
+    /// row or a gate's repair turn).
+    status_marker_ends: bool,
 }
 
 impl<'w> Run<'w> {
@@ -383,6 +388,7 @@ impl<'a> StepRunner<'a> {
             concerns: Vec::new(),
             final_text: None,
             turns: 0,
+            status_marker_ends: true,
         };
         let step_grant =
             grant_for_access_in(&run.ctx(), TurnAccess::for_step(&run.configs), &run.folders)?;
@@ -401,6 +407,15 @@ impl<'a> StepRunner<'a> {
             && let Some(due) = reflection_due(&run.configs)
         {
             result = self.reflection(&mut run, due).await;
+        }
+        // An agentic step that ran no turn (a foreach over no rows, say) is never a plain
+        // success: it completes with a concern saying so.
+        if result.is_ok() && !scripted && run.turns == 0 {
+            let note = format!(
+                "{NO_TURN_CONCERN} (step {step_id:?}: no user message was sent to the agent)"
+            );
+            tracing::warn!("{note}");
+            run.concerns.push(note);
         }
         let (status, error) = match result {
             Ok(()) => (Status::Completed, None),
@@ -554,7 +569,10 @@ impl<'a> StepRunner<'a> {
                         return Err(TurnEnd::Stopped);
                     }
                     let text = tpl.render(i + 1, row).map_err(failed)?;
-                    self.turn(run, &item.id, i as u32 + 1, text, &grant).await?;
+                    run.status_marker_ends = false;
+                    let turn = self.turn(run, &item.id, i as u32 + 1, text, &grant).await;
+                    run.status_marker_ends = true;
+                    turn?;
                 }
             }
             ItemBody::Prevalidation { .. } => {

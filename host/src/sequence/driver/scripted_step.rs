@@ -4,7 +4,7 @@
 use super::prompts::failing_checks;
 use super::{FINAL_GATE_ID, Run, StepRunner, TurnEnd, entry_outcome, failed};
 use crate::capabilities::turn::{GrantedFolder, TurnAccess};
-use crate::script::{ScriptKind, ScriptOutcome};
+use crate::script::{ScriptKind, ScriptOptions, ScriptOutcome};
 use crate::sequence::scripted;
 use crate::sequence::session::Status;
 use crate::sequence::steering::Phase;
@@ -32,6 +32,17 @@ impl StepRunner<'_> {
             let item_id = scripted::script_item_id(attempt);
             let entry = self.begin_item(run, &item_id, scripted::SCRIPT_ITEM_TYPE);
             self.steer_phase(run, Phase::Script);
+            // A sub-agent's script writes to its call folder.
+            let call_options;
+            let options = if run.depth > 0 {
+                call_options = ScriptOptions {
+                    folders: Some(run.folders.clone()),
+                    ..options.clone()
+                };
+                &call_options
+            } else {
+                options
+            };
             let result = match scripts.run(run.ws, &step_id, options).await {
                 Ok(outcome) => self.check_script(run, attempt, skip_gate, outcome).await,
                 Err(e) => Err(TurnEnd::Failed(format!("{e:#}"))),
