@@ -473,6 +473,31 @@ fn a_single_step_run_empties_its_output_folder_first() {
 }
 
 #[test]
+fn a_group_run_in_the_folder_it_keeps_empties_its_steps_first() {
+    let server = FakeServer::start(Box::new(|_| (200, completion("done", &[]))));
+    let dir = tempfile::tempdir().unwrap();
+    let plan = json!({"objective": "x", "steps": [{"id": "s", "type": "regular", "title": "s",
+        "description": "Write out.json.",
+        "validation_schema": {"files": [{"file_name": "out.json", "must_exist": true}]}}]});
+    workspace(dir.path(), plan, json!([]), Some(&server));
+    write_file(
+        dir.path(),
+        "workflow.json",
+        json!({"llm": {"provider": "openai", "model_id": "m"}, "providers": server.providers(),
+               "groups": [{"id": "eu"}]})
+        .to_string(),
+    );
+    write_file(dir.path(), "runs/iteration-0/eu/execution/s/out.json", "{}");
+    let all = failed(&run(dir.path(), &["--group", "eu"]));
+    assert!(all.contains("step s: failed"), "{all}");
+    assert!(
+        !dir.path()
+            .join("runs/iteration-0/eu/execution/s/out.json")
+            .exists()
+    );
+}
+
+#[test]
 fn a_resume_empties_that_step_and_every_later_one_and_keeps_earlier_ones() {
     let server = FakeServer::start(Box::new(|_| (200, completion("done", &[]))));
     let dir = tempfile::tempdir().unwrap();

@@ -1,7 +1,7 @@
 //! Running a whole workflow (spec sections 1 and 2): the steps of the plan in order,
 //! honouring `next_step_id` and `"end"`, in one run folder per run unit.
 //!
-//! `regular` and `message_sequence` steps run through [`StepRunner::run_step`], each with a
+//! `regular`, `message_sequence` and `todo_task` steps run through [`StepRunner::run_step`], each with a
 //! runner of its own models ([`RunEnv::step_runner`], see [`llm_choice`]); `routing` steps
 //! are deterministic switches; `human_input` steps take their answers from a map given up
 //! front (a missing answer, or a step needing a model it does not have, is an error before
@@ -13,6 +13,14 @@
 //! reuse `iteration-0` without rotating. The workflow variables (declared values, then the
 //! group's) are part of every step's charter: a `Workflow variables` block appended to the
 //! step description, which is the system prompt's first part.
+//!
+//! Re-runs and loops, as the original: `--step` empties the step's output folder first,
+//! `--from` (and a `--group` run in the folder it keeps) that step's and every later
+//! step's, before routes given with `--route` are pre-seeded. Going back to a step that
+//! already ran is a jump, capped per (source, target) pair ([`MAX_JUMPS`],
+//! [`MAX_HUMAN_JUMPS`] from a human_input step; a routing step's same route at most
+//! [`MAX_SAME_ROUTE`] times), and each jump first moves the target's and every later step's
+//! outputs to `execution/archived/run-<n>/`.
 //!
 //! Prerequisites (spec section 3): with `enable_prerequisite_detection`, a final reply with a
 //! line `PREREQUISITE MISSING: <step-id or rule description>` that matches one of the step's
@@ -480,13 +488,13 @@ async fn run_unit(
         (Some(s), _) | (None, Some(s)) => Some(s.clone()),
         (None, None) => ws.plan.steps.first().map(|s| s.id.clone()),
     };
-    // A single-step run empties that step's output folder, a resume that step's and every
-    // later one's: a gate must never pass on a file an earlier run left. Pre-selected
-    // routes go in after.
+    // A single-step run empties that step's output folder, a resume (and a group's run in
+    // the folder it keeps) that step's and every later one's: a gate must never pass on a
+    // file an earlier run left. Pre-selected routes go in after.
     if let Some(first) = &current {
         let emptied: Vec<String> = if opts.step.is_some() {
             vec![first.clone()]
-        } else if opts.from.is_some() {
+        } else if opts.from.is_some() || opts.group.is_some() {
             steps_from(&ws, first)
         } else {
             Vec::new()
