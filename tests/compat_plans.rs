@@ -884,3 +884,37 @@ fn a_second_call_to_a_route_continues_its_conversation_with_the_new_instructions
         "the second answer reached the caller"
     );
 }
+
+// ------------------------------------------------------------------------- attack tests
+
+/// A plan naming a file or step outside the run folder cannot make the run write, empty or
+/// archive anything there: the answer file, the emptying and the archive all go through the
+/// workspace handle, which refuses `..`; nothing in the workspace but the run folder changes.
+#[test]
+fn a_plan_cannot_aim_the_answer_file_or_the_emptying_outside_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = json!({"objective": "x", "steps": [
+        {"id": "ask", "type": "human_input", "title": "Ask", "question": "?",
+         "variable_name": "v", "response_type": "text",
+         "context_output": "../../../../planning/plan.json", "next_step_id": "end"}]});
+    workspace(dir.path(), plan, json!([]), None);
+    write_file(dir.path(), "knowledgebase/notes/keep.md", "keep");
+    let before = support::tree_digest(&dir.path().join("planning"));
+    let all = failed(&run(dir.path(), &["--input", "v=x"]));
+    assert!(all.contains("leaves the workspace"), "{all}");
+    assert_eq!(support::tree_digest(&dir.path().join("planning")), before);
+
+    // A step id that climbs out of execution/ is refused before anything is emptied.
+    let plan = json!({"objective": "x", "steps": [
+        {"id": "../../../knowledgebase", "type": "human_input", "title": "Ask", "question": "?",
+         "variable_name": "v", "response_type": "text", "next_step_id": "end"}]});
+    workspace(dir.path(), plan, json!([]), None);
+    let kb = support::tree_digest(&dir.path().join("knowledgebase"));
+    let out = run(
+        dir.path(),
+        &["--step", "../../../knowledgebase", "--input", "v=x"],
+    );
+    assert!(!out.status.success());
+    assert_eq!(support::tree_digest(&dir.path().join("knowledgebase")), kb);
+    assert!(dir.path().join("knowledgebase/notes/keep.md").is_file());
+}

@@ -81,7 +81,7 @@ pub(super) fn resolve_orphan_refs(ctx: &mut Ctx, value: &Value, plan: &mut Plan)
             if let Some(name) = route.orphan_step_ref.clone() {
                 match orphans.iter().find(|o| o.id == name) {
                     Some(o) if matches!(o.kind, StepKind::MessageSequence(_) | StepKind::Regular) => {
-                        route.sub_agent_step = Box::new(o.clone());
+                        *route.sub_agent_step = o.clone();
                     }
                     Some(o) => ctx.error(
                         &rpath.key("orphan_step_ref"),
