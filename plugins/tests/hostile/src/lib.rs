@@ -1,6 +1,6 @@
 //! A tool plugin that attacks the host while it loads: what it lists from
 //! `list-tools` is built to make loading slow or huge. Host tests
-//! (`tests/plugin_loading.rs`) assert that each attack ends quickly in an error
+//! (`tests/all/plugin_loading.rs`) assert that each attack ends quickly in an error
 //! naming the plugin, and that the other plugins keep working.
 //!
 //! One component, several attacks: the attack is chosen by [`MODE`], whose bytes the
