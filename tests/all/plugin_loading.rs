@@ -1,6 +1,6 @@
 //! Loading third-party plugins: good folders load, and every kind of bad one
 //! gets an error naming the file and what is wrong. Hostile plugins (`hostile`
-//! built from `plugins/tests/hostile`, some given extra memories or padding here)
+//! built from `tests/programs/guests/hostile`, some given extra memories or padding here)
 //! attack each loading limit and end quickly in an error naming the plugin and the
 //! limit, while the other plugins of the folder load and work.
 
@@ -131,7 +131,7 @@ async fn an_empty_folder_says_what_it_expected() {
 
 /// The `hostile` test component with its mode marker set to `mode` (see its source).
 fn hostile_component(mode: &str) -> Vec<u8> {
-    let mut bytes = std::fs::read(trellis_sandbox::bundled::test_component("hostile")).unwrap();
+    let mut bytes = std::fs::read(trellis_test_programs::path("hostile")).unwrap();
     let marker = b"HOSTILE_MODE=ok                 ";
     let found: Vec<usize> = bytes
         .windows(marker.len())

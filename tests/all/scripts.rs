@@ -702,7 +702,7 @@ async fn without_a_database_the_module_says_so() {
 
 fn install_probe(world: &World) {
     std::fs::copy(
-        trellis_sandbox::bundled::test_component("script_probe"),
+        trellis_test_programs::path("script_probe"),
         world.root().join("code/fetch/main.wasm"),
     )
     .unwrap();
@@ -799,7 +799,7 @@ async fn a_step_without_a_script_or_with_a_bad_one_is_an_error() {
         "{err:#}"
     );
     std::fs::copy(
-        trellis_sandbox::bundled::test_component("adversary"),
+        trellis_test_programs::path("adversary"),
         world.root().join("code/fetch/main.wasm"),
     )
     .unwrap();

@@ -32,7 +32,7 @@ pub fn plugin_folder(parent: &Path, component: &str, id: &str, kind: &str) -> Pa
     let folder = parent.join(id);
     std::fs::create_dir_all(&folder).unwrap();
     std::fs::copy(
-        trellis_sandbox::bundled::test_component(component),
+        trellis_test_programs::path(component),
         folder.join(format!("{component}.wasm")),
     )
     .unwrap();

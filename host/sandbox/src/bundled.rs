@@ -1,7 +1,5 @@
 //! Plugins compiled into the `trellis` binary, built from `plugins/` by the build script.
 
-use std::path::PathBuf;
-
 use crate::plugins::PluginKind;
 
 mod components {
@@ -48,9 +46,3 @@ pub const PLUGINS: &[BundledPlugin] = &[
         component: components::REPLAY,
     },
 ];
-
-/// Path of a component that exists only for tests (`adversary`, `wrong_world`, `test_snoop`).
-#[doc(hidden)]
-pub fn test_component(name: &str) -> PathBuf {
-    PathBuf::from(components::TEST_COMPONENTS_DIR).join(format!("{name}.wasm"))
-}
