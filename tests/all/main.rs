@@ -14,6 +14,7 @@ mod routes;
 mod run_cli;
 mod runtime;
 mod sandbox;
+mod scenarios;
 mod scripted_steps;
 mod scripts;
 mod sequence_driver;
