@@ -455,6 +455,25 @@ fn the_step_configs_validation_schema_is_the_gate_of_a_run() {
     assert!(server.seen().len() > 1);
 }
 
+#[test]
+fn a_prevalidation_item_may_use_the_gate_the_step_config_holds() {
+    let server = FakeServer::start(Box::new(|_| (200, completion("done", &[]))));
+    let dir = tempfile::tempdir().unwrap();
+    let plan = json!({"objective": "x", "steps": [
+        {"id": "s", "type": "message_sequence", "title": "s", "description": "Write out.json.",
+         "items": [{"id": "work", "type": "user_message", "message": "Work."},
+                   {"id": "gate", "type": "prevalidation"}]}]});
+    let configs = json!([{"id": "s", "validation_schema": {"files": [
+        {"file_name": "out.json", "must_exist": true}]}}]);
+    workspace(dir.path(), plan, configs, Some(&server));
+    ok(&trellis(&["validate", dir.path().to_str().unwrap()]));
+    let all = failed(&run(dir.path(), &[]));
+    assert!(
+        all.contains("step s: failed (gate gate still fails after 3 repair turns"),
+        "{all}"
+    );
+}
+
 // ------------------------------------------------------------------ re-runs and stale outputs
 
 #[test]

@@ -4,7 +4,7 @@
 //! returns has no unknown keys (they are errors) and serializes back to the keys it was read
 //! from, so a plan written by Trellis reads the same in the original tools.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use serde::Serialize;
 use serde_json::Value;
@@ -306,9 +306,16 @@ const TYPE_KEYS: &[(&str, &[&str])] = &[
 
 /// Reads a plan from its text. `file` names it in diagnostics (normally `planning/plan.json`).
 pub fn parse_plan(text: &str, file: &str) -> Parsed<Plan> {
+    parse_plan_gated(text, file, Default::default())
+}
+
+/// [`parse_plan`] knowing which steps have a `validation_schema` in the step config: their
+/// `prevalidation` items may go without a schema of their own, as that one replaces the
+/// plan's in a run.
+pub fn parse_plan_gated(text: &str, file: &str, gated: BTreeSet<String>) -> Parsed<Plan> {
     let mut diags = Diagnostics::new();
     let plan = parse_json(text, file, &mut diags).and_then(|v| {
-        let mut ctx = Ctx::new(file, &mut diags);
+        let mut ctx = Ctx::new(file, &mut diags).with_gated(gated);
         plan_from_value(&mut ctx, &v)
     });
     finish(plan, diags)
@@ -465,7 +472,8 @@ fn parse_step_body(
 
     let kind = match type_name? {
         "message_sequence" => {
-            let items = parse_items(ctx, obj, validation_schema.is_some(), nesting);
+            let gated = id.as_deref().is_some_and(|i| ctx.gated(i));
+            let items = parse_items(ctx, obj, validation_schema.is_some() || gated, nesting);
             let predefined_routes = parse_routes(ctx, obj);
             StepKind::MessageSequence(MessageSequence {
                 items: items?,
@@ -477,7 +485,8 @@ fn parse_step_body(
         "human_input" => StepKind::HumanInput(parse_human_input(ctx, obj)?),
         _ => {
             let predefined_routes = parse_routes(ctx, obj);
-            let has_schema = validation_schema.is_some();
+            let has_schema =
+                validation_schema.is_some() || id.as_deref().is_some_and(|i| ctx.gated(i));
             let messages = obj
                 .list(ctx, "messages", |ctx, v, p| match v {
                     Value::String(s) => Some(TodoMessage::Text(s.clone())),
