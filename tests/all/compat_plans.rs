@@ -833,6 +833,39 @@ fn status_failed_matches_any_case_and_spacing_but_not_in_a_foreach_row() {
     assert_eq!(summary["concerns"], json!(["row one"]));
 }
 
+#[test]
+fn status_failed_in_a_gate_repair_turn_does_not_end_the_step() {
+    let server = FakeServer::start(Box::new(|body| {
+        let users = users_of(body);
+        let repairs = users
+            .iter()
+            .filter(|u| u.starts_with("The validation gate"))
+            .count();
+        let last_is_tool = body["messages"]
+            .as_array()
+            .and_then(|m| m.last())
+            .is_some_and(|m| m["role"] == "tool");
+        match (repairs, last_is_tool) {
+            (0, _) => (200, completion("done, I think", &[])),
+            (1, _) => (200, completion("STATUS: FAILED cannot write it", &[])),
+            (_, false) => {
+                let args = json!({"path": "runs/iteration-0/execution/s/out.json",
+                                  "content": "{}"});
+                (200, completion("", &[("workspace__write_file", args)]))
+            }
+            (_, true) => (200, completion("written", &[])),
+        }
+    }));
+    let dir = tempfile::tempdir().unwrap();
+    let plan = json!({"objective": "x", "steps": [{"id": "s", "type": "regular", "title": "s",
+        "description": "Write out.json.",
+        "validation_schema": {"files": [{"file_name": "out.json", "must_exist": true}]}}]});
+    workspace(dir.path(), plan, json!([]), Some(&server));
+    let stdout = ok(&run(dir.path(), &[]));
+    assert!(stdout.contains("step s: completed"), "{stdout}");
+    assert!(dir.path().join(EXEC).join("s/out.json").is_file());
+}
+
 // ------------------------------------------------------------- sub-agent follow-up calls
 
 #[test]
