@@ -657,6 +657,12 @@ fn a_loop_between_agent_steps_stops_after_five_jumps_and_archives_each_pass() {
     }
     assert!(!archived.join("run-6").exists());
     assert!(dir.path().join(EXEC).join("draft/session.json").is_file());
+    // The archive is not a step of the run.
+    let listed = ok(&trellis(&["runs", "list", dir.path().to_str().unwrap()]));
+    assert!(
+        listed.contains("draft") && !listed.contains("archived"),
+        "{listed}"
+    );
 }
 
 #[test]

@@ -1,5 +1,7 @@
 //! The agent loop of one step (spec sections 4, 8 and 10): runs the items of a
-//! `message_sequence` (or the single turn of a `regular`) step of a loaded [`Workspace`].
+//! `message_sequence` (or the single turn of a `regular` step, or of a `todo_task`
+//! orchestrator) of a loaded [`Workspace`]. An agent step that ran no turn completes with a
+//! concern saying so, never as a plain success.
 //!
 //! Here: [`StepRunner`] and its builder, `run_step` (set-up, the items in order, the
 //! automatic final gate, the final summary), the per-agent `Run` state, item entries in
@@ -13,8 +15,11 @@
 //!   `<output>/tool-results/<call-id>.json`);
 //! - `gate`: validation gates and their repair turns;
 //! - `sub_agents`: `call_sub_agent`, a route's sub-agent run as a child agent with its own
-//!   conversation per route and a fresh call folder per call ([`crate::routes`]);
-//!   it talks to the models its [`ModelResolver`] names for it, else to its parent's;
+//!   conversation per route and a fresh call folder per call ([`crate::routes`]): a
+//!   `message_sequence` or `regular` step (inline or an orphan step), a scripted regular
+//!   step running its script in the call folder; a later call continues the conversation
+//!   with the new instructions alone. It talks to the models its [`ModelResolver`] names
+//!   for it, else to its parent's;
 //! - `scripted_step`: the script / gate / repair loop of a scripted step;
 //! - `reflection`: the closing `<step-id>-reflection` turn, writing only the stores due;
 //! - `prompts`: every text the runner sends to the model.
