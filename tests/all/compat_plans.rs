@@ -657,6 +657,14 @@ fn a_loop_between_agent_steps_stops_after_five_jumps_and_archives_each_pass() {
     }
     assert!(!archived.join("run-6").exists());
     assert!(dir.path().join(EXEC).join("draft/session.json").is_file());
+    // A resume in the same run folder loops again: earlier archives are kept and its own
+    // take the next numbers (its first jump, draft -> review, moves review alone).
+    failed(&run(dir.path(), &["--from", "review"]));
+    assert!(archived.join("run-5/draft/session.json").is_file());
+    assert!(archived.join("run-6/review/session.json").is_file());
+    assert!(!archived.join("run-6/draft").exists());
+    assert!(archived.join("run-11/draft/session.json").is_file());
+    assert!(!archived.join("run-12").exists());
     // The archive is not a step of the run.
     let listed = ok(&trellis(&["runs", "list", dir.path().to_str().unwrap()]));
     assert!(

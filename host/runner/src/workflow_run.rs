@@ -1,8 +1,8 @@
 //! Running a whole workflow (spec sections 1 and 2): the steps of the plan in order,
 //! honouring `next_step_id` and `"end"`, in one run folder per run unit.
 //!
-//! `regular`, `message_sequence` and `todo_task` steps run through [`StepRunner::run_step`], each with a
-//! runner of its own models ([`RunEnv::step_runner`], see [`llm_choice`]); `routing` steps
+//! `regular`, `message_sequence` and `todo_task` steps run through
+//! [`StepRunner::run_step`], each with a runner of its own models ([`RunEnv::step_runner`], see [`llm_choice`]); `routing` steps
 //! are deterministic switches; `human_input` steps take their answers from a map given up
 //! front (a missing answer, or a step needing a model it does not have, is an error before
 //! anything runs).
@@ -558,7 +558,13 @@ async fn run_unit(
                     }
                 );
             }
+            // The next free number: a resume keeps the archives of the runs before it.
             archives += 1;
+            while present(&ws.fs, &archive_dir(&ws, archives))
+                || ws.fs.is_dir(archive_dir(&ws, archives))
+            {
+                archives += 1;
+            }
             let moved = archive_from(&ws, &id, archives)?;
             // The archived steps start afresh: running them again in order is no jump.
             let fresh = steps_from(&ws, &id);
@@ -703,11 +709,7 @@ fn steps_from(ws: &Workspace, first: &str) -> Vec<String> {
 /// Moves the output folders of `target` and every later step (plan order) that exist to
 /// `execution/archived/run-<n>/`. Returns how many were moved.
 fn archive_from(ws: &Workspace, target: &str, n: u32) -> Result<usize> {
-    let archive = ws
-        .run_dir()
-        .join("execution")
-        .join(ARCHIVED_DIR)
-        .join(format!("run-{n}"));
+    let archive = archive_dir(ws, n);
     let mut moved = 0;
     for id in steps_from(ws, target) {
         let dir = ws.step_output_dir(&id);
@@ -723,6 +725,14 @@ fn archive_from(ws: &Workspace, target: &str, n: u32) -> Result<usize> {
         moved += 1;
     }
     Ok(moved)
+}
+
+/// `execution/archived/run-<n>/` of the run folder.
+fn archive_dir(ws: &Workspace, n: u32) -> PathBuf {
+    ws.run_dir()
+        .join("execution")
+        .join(ARCHIVED_DIR)
+        .join(format!("run-{n}"))
 }
 
 /// `2nd`, `3rd`, `4th`...
