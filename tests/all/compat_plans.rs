@@ -146,7 +146,10 @@ fn a_mixed_plan_with_regular_sub_agents_runs_end_to_end() {
          "description": "Write the closing note.",
          "items": [{"id": "note", "type": "user_message", "message": "Write it."}]}
     ], "orphan_steps": [regular("audit-records", "You audit records.")]});
-    workspace(dir.path(), plan, json!([]), Some(&server));
+    // The orphan step keeps its own id: its step config entry names its model.
+    let configs = json!([{"id": "audit-records", "agent_configs": {"execution_llm":
+        {"provider": "openai", "model_id": "auditor-model"}}}]);
+    workspace(dir.path(), plan, configs, Some(&server));
     let stdout = ok(&run(dir.path(), &[]));
     for line in [
         "step gather: completed",
@@ -180,6 +183,14 @@ fn a_mixed_plan_with_regular_sub_agents_runs_end_to_end() {
         .filter(|b| system_of(b).starts_with("You analyse numbers."))
         .collect();
     assert_eq!(analyst.len(), 1);
+    assert_eq!(analyst[0]["model"], "m");
+    let auditor: Vec<Value> = server
+        .seen()
+        .into_iter()
+        .filter(|b| system_of(b).starts_with("You audit records."))
+        .collect();
+    assert_eq!(auditor.len(), 1);
+    assert_eq!(auditor[0]["model"], "auditor-model");
     let first = &users_of(&analyst[0])[0];
     assert!(
         first.contains("Check the totals.") && first.contains("You analyse numbers."),
