@@ -15,9 +15,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use clap::Args;
-use trellis_host::sequence::run_folder::ACTIVE_RUN;
-use trellis_host::workflow::Workspace;
-use trellis_host::{Engine, PluginRegistry};
+use trellis_runner::run_folder::ACTIVE_RUN;
+use trellis_sandbox::{Engine, PluginRegistry};
+use trellis_workflow::Workspace;
 
 /// The `--plugins` option of the commands that load plugins.
 #[derive(Args, Debug)]

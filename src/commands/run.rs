@@ -7,12 +7,12 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use trellis_host::Engine;
-use trellis_host::llm::Recorder;
-use trellis_host::sequence::llm_choice::{LlmSetup, REPLAY_PROVIDER, parse_llm_spec};
-use trellis_host::sequence::runtime::{ExecutionEvent, Runtime, StartOptions};
-use trellis_host::sequence::session::Status;
-use trellis_host::sequence::workflow_run::RunOptions;
+use trellis_runner::llm_choice::{LlmSetup, REPLAY_PROVIDER, parse_llm_spec};
+use trellis_runner::runtime::{ExecutionEvent, Runtime, StartOptions};
+use trellis_runner::session::Status;
+use trellis_runner::workflow_run::RunOptions;
+use trellis_sandbox::Engine;
+use trellis_sandbox::llm::Recorder;
 
 use super::{PluginDirs, plural, registry};
 use crate::progress::{Mode, Progress};
@@ -25,6 +25,14 @@ pub struct RunArgs {
     /// Run only this step, in the existing run folder (with groups, give --group too).
     #[arg(long, value_name = "ID")]
     step: Option<String>,
+    /// Resume from this step in the existing run folder: it and every later step start
+    /// with empty output folders, then the run goes on as usual.
+    #[arg(long, value_name = "ID", conflicts_with = "step")]
+    from: Option<String>,
+    /// Pre-select the route of a routing step (repeatable): written to its
+    /// `route_selection.json` once its output folder is emptied.
+    #[arg(long = "route", value_name = "STEP=ROUTE")]
+    routes: Vec<String>,
     /// Run only this group of workflow.json (its id or display name), in
     /// `runs/iteration-0/<group>`, without rotating `iteration-0`.
     #[arg(long, value_name = "GROUP")]
@@ -64,9 +72,17 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
     let root = args.workspace.as_path();
     let mut opts = RunOptions {
         step: args.step,
+        from: args.from,
         group: args.group,
         ..RunOptions::default()
     };
+    for route in &args.routes {
+        let (step, id) = route
+            .split_once('=')
+            .with_context(|| format!("--route {route:?}: expected STEP=ROUTE"))?;
+        opts.route_selections
+            .insert(step.to_string(), id.to_string());
+    }
     for input in &args.inputs {
         let (name, value) = input
             .split_once('=')
@@ -74,8 +90,8 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
         opts.inputs.insert(name.to_string(), value.to_string());
     }
     let override_llm = args.llm.as_deref().map(parse_llm_spec).transpose()?;
-    let mut approvals = trellis_host::llm::KeyApprovals::defaults();
-    if let Some(config) = trellis_host::llm::KeyApprovals::user_config_path() {
+    let mut approvals = trellis_sandbox::llm::KeyApprovals::defaults();
+    if let Some(config) = trellis_sandbox::llm::KeyApprovals::user_config_path() {
         approvals.load_config(&config)?;
     }
     for spec in &args.allow_keys {

@@ -1,0 +1,193 @@
+//! The preflight of a run: the steps a run can reach, and every check made on them before
+//! anything in the workspace changes (inputs, models, groups, the files opened first).
+
+use super::*;
+
+/// The steps a run would visit from `start` if every branch were taken (routes, yes/no and
+/// option routes, `next_step_id`, array order, prerequisite rules). From a single `start`
+/// step only its prerequisites are followed, and everything after them.
+pub(super) fn reachable<'w>(ws: &'w Workspace, start: Option<&str>) -> Vec<&'w Step> {
+    reachable_walk(ws, start, None)
+}
+
+/// The steps of the run `opts` asks for: [`reachable`] from its single step, from the step
+/// it resumes from (every branch on from there), or from the first step.
+pub(super) fn reachable_in<'w>(ws: &'w Workspace, opts: &RunOptions) -> Vec<&'w Step> {
+    match (&opts.step, &opts.from) {
+        (Some(s), _) => reachable(ws, Some(s)),
+        (None, Some(from)) => reachable_walk(ws, None, Some(from)),
+        (None, None) => reachable(ws, None),
+    }
+}
+
+fn reachable_walk<'w>(ws: &'w Workspace, start: Option<&str>, from: Option<&str>) -> Vec<&'w Step> {
+    let steps = &ws.plan.steps;
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::new();
+    let mut todo: Vec<String> = match (start, from) {
+        (Some(s), _) | (None, Some(s)) => vec![s.to_string()],
+        (None, None) => steps.first().map(|s| s.id.clone()).into_iter().collect(),
+    };
+    while let Some(id) = todo.pop() {
+        if id == "end" || !seen.insert(id.clone()) {
+            continue;
+        }
+        let Some(step) = ws.plan.step(&id) else {
+            continue;
+        };
+        out.push(step);
+        let configs = ws.agent_configs(&id);
+        if configs.enable_prerequisite_detection == Some(true) {
+            todo.extend(
+                configs
+                    .prerequisite_rules
+                    .iter()
+                    .flatten()
+                    .map(|r| r.depends_on_step.clone()),
+            );
+        }
+        if start == Some(id.as_str()) {
+            continue;
+        }
+        let mut next: Vec<String> = Vec::new();
+        match &step.kind {
+            StepKind::Routing(r) => next.extend(r.routes.iter().map(|r| r.next_step_id.clone())),
+            StepKind::HumanInput(h) => {
+                next.extend(h.if_yes_next_step_id.clone());
+                next.extend(h.if_no_next_step_id.clone());
+                next.extend(h.option_routes.iter().flat_map(|m| m.values().cloned()));
+            }
+            _ => {}
+        }
+        next.extend(default_next(ws, step));
+        todo.extend(next);
+    }
+    out
+}
+
+/// Checks up front that every reachable `human_input` step has its answer.
+pub fn check_inputs(ws: &Workspace, opts: &RunOptions) -> Result<()> {
+    let mut missing = Vec::new();
+    for step in reachable_in(ws, opts) {
+        if let StepKind::HumanInput(h) = &step.kind {
+            let key = input_key(step, h);
+            if !opts.inputs.contains_key(key) {
+                missing.push(format!(
+                    "step {:?} needs --input {key}=VALUE{}",
+                    step.id,
+                    h.question
+                        .as_deref()
+                        .map(|q| format!(" ({q})"))
+                        .unwrap_or_default()
+                ));
+            }
+        }
+    }
+    if !missing.is_empty() {
+        bail!("missing human input: {}", missing.join("; "));
+    }
+    Ok(())
+}
+
+/// Whether any reachable step needs a model (see [`llm_choice::needs_model`]).
+pub fn needs_llm(ws: &Workspace, step: Option<&str>) -> bool {
+    reachable(ws, step)
+        .iter()
+        .any(|s| llm_choice::needs_model(ws, s))
+}
+
+/// Checks up front that every reachable step that needs a model has one that can be
+/// reached (see [`check_models`]).
+pub fn check_step_models(ws: &Workspace, opts: &RunOptions, llm: &LlmSetup) -> Result<()> {
+    check_models(ws, reachable_in(ws, opts), llm)
+}
+
+/// The preflight of a run: every check that can be made before anything in the workspace
+/// changes (run-folder rotation, database creation). The step, group and inputs asked for,
+/// the models of every reachable step with their keys' approvals, and the workspace files
+/// the run will open first. Returns the groups and the units (group, run folder) to run.
+#[allow(clippy::type_complexity)]
+pub(super) fn preflight<'w>(
+    env: &RunEnv<'_>,
+    root: &Path,
+    ws: &'w Workspace,
+    opts: &RunOptions,
+) -> Result<(Vec<&'w Group>, Vec<Unit<'w>>)> {
+    if let Some(step) = &opts.step {
+        ws.plan
+            .step(step)
+            .with_context(|| format!("no step {step:?} in the plan"))?;
+    }
+    if let Some(step) = &opts.from {
+        ensure!(
+            opts.step.is_none(),
+            "--from and --step cannot be given together"
+        );
+        ws.plan
+            .step(step)
+            .with_context(|| format!("--from: no step {step:?} in the plan"))?;
+    }
+    for (step, route) in &opts.route_selections {
+        let Some(StepKind::Routing(r)) = ws.plan.step(step).map(|s| &s.kind) else {
+            bail!("--route {step}={route}: {step:?} is not a routing step of the plan");
+        };
+        if !r.routes.iter().any(|x| &x.route_id == route) {
+            bail!(
+                "--route {step}={route}: routing step {step:?} has no route {route:?} (routes: {})",
+                r.routes
+                    .iter()
+                    .map(|x| x.route_id.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+    }
+    let groups = select_groups(ws, opts.group.as_deref())?;
+    if (opts.step.is_some() || opts.from.is_some()) && opts.group.is_none() && !groups.is_empty() {
+        bail!(
+            "workflow.json declares groups: --step runs in one group's run folder, give --group \
+             (groups: {})",
+            groups
+                .iter()
+                .map(|g| g.id.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    let mut units: Vec<Unit<'w>> = Vec::new();
+    for g in &groups {
+        let folder = group_run_folder(g)?;
+        if let Some((other, _)) = units.iter().find(|(_, f)| *f == folder) {
+            bail!(
+                "workflow.json: groups {:?} and {:?} both use the run folder runs/{folder}",
+                other.map(|o| o.id.as_str()).unwrap_or_default(),
+                g.id
+            );
+        }
+        units.push((Some(*g), folder));
+    }
+    if units.is_empty() {
+        units.push((None, ACTIVE_RUN.to_string()));
+    }
+    let full = opts.step.is_none() && opts.from.is_none() && opts.group.is_none();
+    check_inputs(ws, opts)?;
+    for (_, folder) in &units {
+        // A full run starts from fresh run folders: the default step config applies.
+        let unit_ws = if full {
+            ws.clone()
+        } else {
+            open_workspace(root, Some(folder))?
+        };
+        check_step_models(&unit_ws, opts, &env.llm)?;
+    }
+    // The database, or the seed it is made from, must be a regular file reached without a
+    // link: refused here rather than half-way through setting the run up.
+    for path in [DB_FILE, SEED_SQL] {
+        match ws.fs.kind(path)? {
+            None | Some(Kind::File) => {}
+            Some(Kind::Link) => bail!("{}", link_error(Path::new(path))),
+            Some(_) => bail!("{path} is not a regular file"),
+        }
+    }
+    Ok((groups, units))
+}

@@ -1,0 +1,386 @@
+//! The db slice: `trellis:plugin/workflow-db`, the workflow database behind the SQL fences
+//! of [`sql`].
+//!
+//! Per call it holds the database grant (none: every statement is refused), the connection
+//! opened on first use (read-only unless the grant is writable), and the call's deadline,
+//! at which a running statement is interrupted.
+
+pub mod sql;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use wasmtime::component::{HasSelf, Linker};
+
+use crate::capabilities::DbGrant;
+use crate::plugins::bindings::tool::trellis::plugin::workflow_db;
+use crate::slices::fs::guard::FsBudget;
+use crate::state::CallState;
+use sql::{GuardedDb, SqlAccess};
+
+/// Rows a `workflow-db` query may return.
+const DB_MAX_ROWS: usize = 10_000;
+/// Bytes of JSON a `workflow-db` query may return.
+const DB_MAX_BYTES: usize = 8 << 20;
+
+/// Links `workflow-db`, once.
+pub(crate) fn add_to_linker(linker: &mut Linker<CallState>) -> anyhow::Result<()> {
+    workflow_db::add_to_linker::<CallState, HasSelf<DbState>>(linker, |s| &mut s.db)?;
+    Ok(())
+}
+
+/// How many rows a query may return.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum RowCap {
+    /// More rows than this fail the query.
+    Refuse(usize),
+    /// Rows past this many (and past the host's limit) are left out.
+    Truncate(usize),
+}
+
+/// The workflow database of one call.
+pub(crate) struct DbState {
+    grant: Option<DbGrant>,
+    conn: Option<GuardedDb>,
+    /// When the call must end: database statements are stopped here too.
+    deadline: Instant,
+    /// A statement was stopped because the call's deadline passed.
+    deadline_hit: bool,
+    /// The call's write budget: what the database may grow by comes out of it.
+    budget: Arc<FsBudget>,
+}
+
+impl DbState {
+    /// The database of `grant`, if any, for a call ending in `timeout`.
+    pub(crate) fn new(grant: Option<DbGrant>, timeout: Duration, budget: Arc<FsBudget>) -> Self {
+        DbState {
+            grant,
+            conn: None,
+            deadline: Instant::now() + timeout,
+            deadline_hit: false,
+            budget,
+        }
+    }
+
+    /// Whether a statement ran into the call's deadline: the call timed out, even if the
+    /// guest carried on after the error it got.
+    pub(crate) fn deadline_hit(&self) -> bool {
+        self.deadline_hit
+    }
+
+    fn connection(&mut self, sql: &str) -> Result<&GuardedDb, workflow_db::DbError> {
+        let Some(grant) = &self.grant else {
+            return Err(workflow_db::DbError::NotGranted);
+        };
+        sql::refuse_unseen(sql).map_err(workflow_db::DbError::Sql)?;
+        if self.conn.is_none() {
+            // A read-only grant opens the file read-only: even a statement that
+            // slipped past the read-only check below could not write.
+            let access = if grant.writable {
+                SqlAccess::ReadWrite
+            } else {
+                SqlAccess::ReadOnly
+            };
+            // Whole milliseconds: the time shows in messages.
+            let left = Duration::from_millis(
+                self.deadline
+                    .saturating_duration_since(Instant::now())
+                    .as_millis() as u64,
+            );
+            // SQLITE_OPEN_NOFOLLOW refuses a link anywhere on the path: the folder is named
+            // canonically (the host checked it holds no link), the file itself must not be one.
+            let path = match (grant.path.parent(), grant.path.file_name()) {
+                (Some(dir), Some(name)) => dir
+                    .canonicalize()
+                    .map(|d| d.join(name))
+                    .unwrap_or_else(|_| grant.path.clone()),
+                _ => grant.path.clone(),
+            };
+            // What the database may grow by comes out of the call's write budget.
+            let growth = self.budget.write_bytes_left();
+            let conn = sql::open_with_growth(&path, access, left, growth)
+                .map_err(|e| workflow_db::DbError::Sql(format!("opening the workflow db: {e}")))?;
+            self.conn = Some(conn);
+        }
+        Ok(self.conn.as_ref().expect("connection opened above"))
+    }
+}
+
+impl workflow_db::Host for DbState {
+    fn query(
+        &mut self,
+        sql: String,
+        params: Vec<workflow_db::SqlValue>,
+    ) -> Result<String, workflow_db::DbError> {
+        let result = self.run_query(&sql, &params);
+        self.note_deadline(&result);
+        result
+    }
+
+    fn execute(
+        &mut self,
+        sql: String,
+        params: Vec<workflow_db::SqlValue>,
+    ) -> Result<u64, workflow_db::DbError> {
+        use workflow_db::DbError;
+        if self.grant.as_ref().is_some_and(|db| !db.writable) {
+            return Err(DbError::ReadOnly(
+                "this turn has read-only access to the workflow db".into(),
+            ));
+        }
+        let result = self.run_execute(&sql, &params);
+        self.note_deadline(&result);
+        result
+    }
+}
+
+impl DbState {
+    fn note_deadline<T>(&mut self, result: &Result<T, workflow_db::DbError>) {
+        if let Err(workflow_db::DbError::Sql(message)) = result
+            && message.starts_with(sql::DEADLINE_MESSAGE)
+        {
+            self.deadline_hit = true;
+        }
+    }
+
+    fn run_query(
+        &mut self,
+        sql: &str,
+        params: &[workflow_db::SqlValue],
+    ) -> Result<String, workflow_db::DbError> {
+        let (rows, _) = self.rows(sql, params, RowCap::Refuse(DB_MAX_ROWS))?;
+        Ok(serde_json::Value::Array(rows).to_string())
+    }
+
+    /// Rows of a read-only statement as JSON objects, capped as `cap` says; also whether
+    /// rows were left out. The byte cap of a query holds either way.
+    pub(crate) fn rows(
+        &mut self,
+        sql: &str,
+        params: &[workflow_db::SqlValue],
+        cap: RowCap,
+    ) -> Result<(Vec<serde_json::Value>, bool), workflow_db::DbError> {
+        use workflow_db::DbError;
+        let db = self.connection(sql)?;
+        let failed = |e: rusqlite::Error| DbError::Sql(db.describe(&e));
+        let mut stmt = db.conn().prepare(sql).map_err(failed)?;
+        if !stmt.readonly() {
+            return Err(DbError::ReadOnly(
+                "query runs read-only statements only; use execute to modify the database".into(),
+            ));
+        }
+        let names: Vec<String> = stmt.column_names().map(|s| s.to_string()).collect();
+        let mut rows = stmt
+            .query(rusqlite::params_from_iter(params.iter().map(to_sql)))
+            .map_err(failed)?;
+        let mut out = Vec::new();
+        let mut bytes = 0;
+        while let Some(row) = rows.next().map_err(failed)? {
+            match cap {
+                RowCap::Refuse(most) if out.len() == most => {
+                    return Err(DbError::TooLarge(format!("more than {most} rows")));
+                }
+                RowCap::Truncate(most) if out.len() == most.min(DB_MAX_ROWS) => {
+                    return Ok((out, true));
+                }
+                _ => {}
+            }
+            let mut object = serde_json::Map::new();
+            for (i, name) in names.iter().enumerate() {
+                let value = sql::sql_to_json(row.get_ref(i).map_err(failed)?);
+                bytes += name.len() + value.to_string().len();
+                // Checked per value: one row of many 16 MiB columns is a gigabyte.
+                if bytes > DB_MAX_BYTES {
+                    return Err(DbError::TooLarge(format!(
+                        "result over {DB_MAX_BYTES} bytes"
+                    )));
+                }
+                object.insert(name.clone(), value);
+            }
+            out.push(serde_json::Value::Object(object));
+        }
+        Ok((out, false))
+    }
+
+    /// Runs `statements` in one transaction: all of them or, at the first error, none
+    /// (rolled back). Returns the rows each changed. Refused on a read-only grant, and a
+    /// statement that ends or opens a transaction itself is refused before anything runs.
+    pub(crate) fn execute_all(
+        &mut self,
+        statements: &[(String, Vec<workflow_db::SqlValue>)],
+    ) -> Result<Vec<u64>, (usize, workflow_db::DbError)> {
+        use workflow_db::DbError;
+        if self.grant.as_ref().is_some_and(|db| !db.writable) {
+            return Err((
+                0,
+                DbError::ReadOnly("this turn has read-only access to the workflow db".into()),
+            ));
+        }
+        for (i, (sql, _)) in statements.iter().enumerate() {
+            if sql::controls_transaction(sql) {
+                return Err((
+                    i,
+                    DbError::Sql(
+                        "statements run in one transaction the host opens and ends:                          BEGIN, COMMIT, END, ROLLBACK, SAVEPOINT and RELEASE are not allowed"
+                            .into(),
+                    ),
+                ));
+            }
+        }
+        let first = statements.first().map_or("", |(sql, _)| sql.as_str());
+        self.connection(first).map_err(|e| (0, e))?;
+        let begin = self
+            .conn
+            .as_ref()
+            .map(|db| db.conn().execute_batch("BEGIN IMMEDIATE"));
+        if let Some(Err(e)) = begin {
+            let message = self.conn.as_ref().map(|db| db.describe(&e));
+            return Err((0, DbError::Sql(message.unwrap_or_default())));
+        }
+        let mut changed = Vec::with_capacity(statements.len());
+        for (i, (sql, params)) in statements.iter().enumerate() {
+            let result = sql::refuse_unseen(sql)
+                .map_err(DbError::Sql)
+                .and_then(|()| self.run_execute(sql, params));
+            self.note_deadline(&result);
+            match result {
+                Ok(n) => changed.push(n),
+                Err(e) => {
+                    if let Some(db) = &self.conn {
+                        let _ = db.conn().execute_batch("ROLLBACK");
+                    }
+                    return Err((i, e));
+                }
+            }
+        }
+        let commit = self
+            .conn
+            .as_ref()
+            .map(|db| (db.conn().execute_batch("COMMIT"), db));
+        if let Some((Err(e), db)) = commit {
+            let message = db.describe(&e);
+            let _ = db.conn().execute_batch("ROLLBACK");
+            return Err((statements.len().saturating_sub(1), DbError::Sql(message)));
+        }
+        Ok(changed)
+    }
+
+    fn run_execute(
+        &mut self,
+        sql: &str,
+        params: &[workflow_db::SqlValue],
+    ) -> Result<u64, workflow_db::DbError> {
+        let db = self.connection(sql)?;
+        let changed = db
+            .conn()
+            .execute(sql, rusqlite::params_from_iter(params.iter().map(to_sql)));
+        match changed {
+            Ok(changed) => Ok(changed as u64),
+            Err(e) => {
+                let message = db.describe(&e);
+                if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull) {
+                    // `max_page_count` of the connection: the call's write budget.
+                    self.budget.note_write_limit();
+                }
+                Err(workflow_db::DbError::Sql(message))
+            }
+        }
+    }
+}
+
+/// A parameter of a statement run by [`HostDb`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum SqlParam {
+    /// `NULL`.
+    Null,
+    /// An integer.
+    Integer(i64),
+    /// A real number.
+    Real(f64),
+    /// Text.
+    Text(String),
+}
+
+impl From<&SqlParam> for workflow_db::SqlValue {
+    fn from(p: &SqlParam) -> Self {
+        match p {
+            SqlParam::Null => workflow_db::SqlValue::Null,
+            SqlParam::Integer(n) => workflow_db::SqlValue::Integer(*n),
+            SqlParam::Real(f) => workflow_db::SqlValue::Real(*f),
+            SqlParam::Text(t) => workflow_db::SqlValue::Text(t.clone()),
+        }
+    }
+}
+
+/// The workflow database as the host's own tools reach it (the agents'
+/// `query_workflow_db` and `mutate_workflow_db`): the connection, fences, row and byte caps,
+/// deadline and growth ceiling of a guest's `workflow-db` calls, for one tool call. It runs
+/// on the calling thread: call it from a blocking task.
+pub struct HostDb(DbState);
+
+impl std::fmt::Debug for HostDb {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HostDb")
+    }
+}
+
+impl HostDb {
+    /// The database of `grant`, for one call within `limits` (its deadline, and its write
+    /// budget for what the database may grow by).
+    pub fn new(grant: DbGrant, limits: &crate::Limits) -> Self {
+        HostDb(DbState::new(
+            Some(grant),
+            limits.timeout,
+            FsBudget::new(limits.fs),
+        ))
+    }
+
+    /// The rows of one read-only statement as JSON objects, at most `max_rows` (and the
+    /// host's limit); also whether rows were left out.
+    pub fn rows(
+        &mut self,
+        sql: &str,
+        params: &[SqlParam],
+        max_rows: usize,
+    ) -> Result<(Vec<serde_json::Value>, bool), String> {
+        let params: Vec<workflow_db::SqlValue> = params.iter().map(Into::into).collect();
+        self.0
+            .rows(sql, &params, RowCap::Truncate(max_rows))
+            .map_err(describe_error)
+    }
+
+    /// Runs `statements` in one transaction (see [`DbState::execute_all`]): the rows each
+    /// changed, or the index of the statement that failed and why (nothing was changed).
+    pub fn execute_all(
+        &mut self,
+        statements: &[(String, Vec<SqlParam>)],
+    ) -> Result<Vec<u64>, (usize, String)> {
+        let statements: Vec<(String, Vec<workflow_db::SqlValue>)> = statements
+            .iter()
+            .map(|(sql, params)| (sql.clone(), params.iter().map(Into::into).collect()))
+            .collect();
+        self.0
+            .execute_all(&statements)
+            .map_err(|(i, e)| (i, describe_error(e)))
+    }
+}
+
+fn describe_error(e: workflow_db::DbError) -> String {
+    use workflow_db::DbError;
+    match e {
+        DbError::NotGranted => "this turn has no access to the workflow db".to_string(),
+        DbError::ReadOnly(m) => format!("read-only: {m}"),
+        DbError::Sql(m) => m,
+        DbError::TooLarge(m) => format!("result too large: {m}"),
+    }
+}
+
+fn to_sql(value: &workflow_db::SqlValue) -> rusqlite::types::Value {
+    use rusqlite::types::Value;
+    match value {
+        workflow_db::SqlValue::Null => Value::Null,
+        workflow_db::SqlValue::Integer(n) => Value::Integer(*n),
+        workflow_db::SqlValue::Real(f) => Value::Real(*f),
+        workflow_db::SqlValue::Text(t) => Value::Text(t.clone()),
+    }
+}

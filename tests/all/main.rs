@@ -1,0 +1,27 @@
+//! The integration tests: one binary (linking wasmtime once), a module per area. Each
+//! drives the real thing: guest components built from source, real SQLite files, the
+//! `trellis` binary, and HTTP servers the tests start on 127.0.0.1.
+
+mod support;
+
+mod agent_db_tools;
+mod cli;
+mod compat_access;
+mod compat_plans;
+mod db_fences;
+mod docs_examples;
+mod host_files;
+mod llm_providers;
+mod plugin_loading;
+mod routes;
+mod run_cli;
+mod runtime;
+mod sandbox;
+mod scenarios;
+mod scripted_steps;
+mod scripts;
+mod sequence_driver;
+mod turn_grants;
+mod validators;
+mod workflow_cli;
+mod workspace_tools;
