@@ -467,6 +467,24 @@ fn unsafe_ids_and_literal_keys_are_refused_before_anything_runs() {
             && stdout.contains("put the key in the environment variable OPENAI_API_KEY"),
         "{stdout}"
     );
+
+    // A skill named by a path out of the workspace is refused at load too.
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    workspace(
+        root,
+        &server,
+        json!([{"id": "s", "type": "regular", "title": "T", "description": "d"}]),
+        json!([{"id": "s", "agent_configs": {"enabled_skills": ["../../etc"]}}]),
+        json!({}),
+    );
+    let out = trellis(&["validate", root.to_str().unwrap()]);
+    let stdout = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(!out.status.success());
+    assert!(
+        stdout.contains("steps[0].agent_configs.enabled_skills[0]"),
+        "{stdout}"
+    );
 }
 
 // ---------------------------------------------------------------- variables and groups

@@ -308,6 +308,11 @@ pub(super) fn parse_agent_configs(
         &c.enabled_custom_tools,
         "category",
     );
+    for (i, p) in c.enabled_skills.iter().flatten().enumerate() {
+        if let Err(why) = trellis_sandbox::store::check_relative(p) {
+            ctx.error(&obj.path().key("enabled_skills").index(i), why);
+        }
+    }
     for (i, p) in c.additional_read_paths.iter().flatten().enumerate() {
         if let Err(why) = trellis_sandbox::store::check_relative(p) {
             ctx.error(&obj.path().key("additional_read_paths").index(i), why);
