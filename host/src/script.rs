@@ -15,10 +15,21 @@
 //! - **Environment**: `STEP_OUTPUT_DIR`, `STEP_EXECUTION_DIR`, `DB_PATH` (when the workspace
 //!   has a `db/` folder) and `VAR_<NAME>` for each workflow variable, as guest paths and
 //!   values; nothing from the host's environment.
-//! - **Arguments**: the script's file name (`main.py` or `main.wasm`).
+//!   Each `SECRET_<NAME>` of the operator's environment is there too, holding a placeholder
+//!   the host replaces by the secret in request headers for the origins the operator
+//!   approved for it (`--allow-key SECRET_<NAME>=ORIGIN`): the script never holds it.
+//! - **Arguments**: the script's file name (`main.py` or `main.wasm`), then the step's
+//!   `context_dependencies` in plan order, as the guest paths the script opens them at
+//!   (`/knowledge/x.md`), workflow variables substituted.
 //! - **Database**: through the `workflow-db` interface (Python: the `trellis_db` module),
 //!   read-only unless the step may modify the database.
-//! - **No network**: socket interfaces exist, but every address and name lookup is refused.
+//! - **Network**: `wasi:http` (Python: the `trellis_http` module) to the hosts of the step's
+//!   `agent_configs.allowed_hosts` only, through the same gate as LLM providers
+//!   ([`crate::llm::ScriptNet`]); no host listed, no network. Sockets exist as interfaces,
+//!   but every address and name lookup is refused.
+//! - **Where the script is**: `code/<step-id>/`; a step whose script is still where the
+//!   original keeps them, `learnings/<step-id>/main.py`, runs it there (read-only, its
+//!   working directory) with a warning naming the move.
 //!
 //! Limits: a memory limit per instance, a wall-clock deadline (epoch interruption, so a
 //! loop that never calls the host is stopped too), and a cap on the stdout and stderr kept
@@ -35,6 +46,7 @@ pub use outcome::{ScriptFailure, ScriptLocation, ScriptOutcome};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -45,6 +57,8 @@ use wasmtime_wasi::p2::bindings::CommandPre;
 use crate::capabilities::turn::{DB_FILE, TurnAccess, TurnContext, grant_for_access};
 use crate::capabilities::{FsLimits, Limits};
 use crate::engine::Engine;
+use crate::llm::http::HttpPolicy;
+use crate::llm::{HostRule, KeyApprovals, ScriptNet, Secret, secret_placeholder};
 use crate::sandbox::state::CallState;
 use crate::sandbox::{self, CallFailure, slices};
 use crate::sequence::session::rfc3339;
@@ -106,7 +120,7 @@ impl ScriptKind {
 }
 
 /// How to run a step's script.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct ScriptOptions {
     /// Memory, deadline and output caps. `stdio_bytes` caps stdout and stderr each;
     /// `output_bytes` is not used (a script returns no result).
@@ -122,6 +136,9 @@ pub struct ScriptOptions {
     pub variables: BTreeMap<String, String>,
     /// Write stdout, stderr and the result record into the step's logs folder.
     pub write_logs: bool,
+    /// The operator's approvals: which origins receive which `SECRET_<NAME>`, which hosts
+    /// may be loopback or private. None by default.
+    pub approvals: Arc<KeyApprovals>,
 }
 
 impl ScriptOptions {
@@ -144,6 +161,7 @@ impl Default for ScriptOptions {
             group: None,
             variables: BTreeMap::new(),
             write_logs: true,
+            approvals: Arc::new(KeyApprovals::none()),
         }
     }
 }
@@ -176,6 +194,12 @@ struct Prepared {
     /// [`ScriptRunner::execute`]).
     code_host: PathBuf,
     log_dir: PathBuf,
+    /// The arguments after the script's name: the step's dependencies.
+    args: Vec<String>,
+    /// What the script may reach over HTTP; nothing when `None`.
+    net: Option<ScriptNet>,
+    /// Said about where the script was found.
+    warning: Option<String>,
 }
 
 impl ScriptRunner {
@@ -291,8 +315,12 @@ impl ScriptRunner {
             kind,
             path: script,
             code_dir: code_host,
+            dir: code_rel,
+            warning,
         } = find_script(&ws.fs, step_id)?;
-        let code_rel = format!("code/{step_id}");
+        if let Some(warning) = &warning {
+            tracing::warn!("{warning}");
+        }
         let code_dir =
             store::open_dir(&code_host).with_context(|| format!("opening {code_rel}/"))?;
         let pre = match kind {
@@ -329,11 +357,46 @@ impl ScriptRunner {
         }
         let mut variables = ws.manifest.resolved_variables(options.group.as_deref());
         variables.extend(options.variables.clone());
+        let args: Vec<String> = step
+            .context_dependencies
+            .iter()
+            .flatten()
+            .map(|dep| {
+                let dep = substitute(dep, &variables);
+                format!("/{}", dep.trim_start_matches("./").trim_start_matches('/'))
+            })
+            .collect();
         env.extend(
             variables
                 .into_iter()
                 .map(|(name, value)| (variable_env_name(&name), value)),
         );
+        // The operator's secrets, as placeholders: the host puts the value in their place
+        // in request headers, for approved origins only.
+        let secrets: Vec<(String, Secret)> = std::env::vars()
+            .filter(|(name, value)| name.starts_with(SECRET_PREFIX) && !value.is_empty())
+            .map(|(name, value)| (name, Secret::new(value)))
+            .collect();
+        env.extend(
+            secrets
+                .iter()
+                .map(|(name, _)| (name.clone(), secret_placeholder(name))),
+        );
+        let hosts = configs
+            .allowed_hosts
+            .iter()
+            .flatten()
+            .map(|h| {
+                HostRule::parse(h).map_err(|e| {
+                    anyhow!("planning/step_config.json: step {step_id:?}: allowed_hosts: {e}")
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let net = (!hosts.is_empty()).then(|| ScriptNet {
+            hosts,
+            approvals: options.approvals.clone(),
+            secrets,
+        });
         let log_dir = ws
             .root
             .join("runs")
@@ -354,6 +417,9 @@ impl ScriptRunner {
             cwd,
             code_host,
             log_dir,
+            args,
+            net,
+            warning,
         })
     }
 
@@ -370,12 +436,16 @@ impl ScriptRunner {
             label: &label,
             grant: &prepared.grant,
             limits,
-            http: None,
+            http: prepared
+                .net
+                .clone()
+                .map(|net| HttpPolicy::for_script(net, limits.timeout)),
         };
         let wasi = |builder: &mut wasmtime_wasi::WasiCtxBuilder| -> Result<()> {
             builder
                 .envs(&prepared.env)
                 .arg(prepared.kind.file_name())
+                .args(&prepared.args)
                 .initial_cwd(&prepared.cwd);
             if prepared.kind == ScriptKind::Wasm {
                 // wasi-libc (Rust's std, C) resolves a relative path against the preopens,
@@ -444,8 +514,28 @@ impl ScriptRunner {
             duration,
             started_at: rfc3339(started),
             log_dir: None,
+            warning: prepared.warning.clone(),
         })
     }
+}
+
+/// The prefix of the operator's environment variables a script sees as placeholders.
+pub const SECRET_PREFIX: &str = "SECRET_";
+
+/// `text` with each workflow variable's `{{name}}`, `${name}` and `{name}` replaced by its
+/// value.
+fn substitute(text: &str, variables: &BTreeMap<String, String>) -> String {
+    let mut out = text.to_string();
+    for (name, value) in variables {
+        for pattern in [
+            format!("{{{{{name}}}}}"),
+            format!("${{{name}}}"),
+            format!("{{{name}}}"),
+        ] {
+            out = out.replace(&pattern, value);
+        }
+    }
+    out
 }
 
 /// The script of a step, as [`find_script`] found it.
@@ -453,22 +543,60 @@ impl ScriptRunner {
 pub struct ScriptFile {
     /// Python or WebAssembly.
     pub kind: ScriptKind,
-    /// Workspace-relative: `code/<step-id>/main.py` or `code/<step-id>/main.wasm`.
+    /// Workspace-relative: `code/<step-id>/main.py` or `code/<step-id>/main.wasm` (or
+    /// `learnings/<step-id>/main.py`).
     pub path: String,
-    /// The folder `code/<step-id>/` on the host (canonical, inside the workspace).
+    /// The folder of the script on the host (canonical, inside the workspace).
     pub code_dir: PathBuf,
+    /// That folder, workspace-relative: `code/<step-id>` or `learnings/<step-id>`.
+    pub dir: String,
+    /// Said when the script is not where Trellis keeps scripts (`learnings/<step-id>/`).
+    pub warning: Option<String>,
+}
+
+/// Where the original keeps the scripts of scripted steps: `learnings/<step-id>/main.py`.
+pub const LEARNINGS_SCRIPT_DIR: &str = "learnings";
+
+/// Whether step `step_id` has a script [`find_script`] would run.
+pub fn has_script(fs: &store::WorkspaceFs, step_id: &str) -> bool {
+    find_script(fs, step_id).is_ok()
 }
 
 /// The script [`ScriptRunner::run`] would run for step `step_id` of the workspace at `root`:
-/// `code/<step-id>/main.wasm` if it is a file, else `code/<step-id>/main.py`. An error names
+/// `code/<step-id>/main.wasm` if it is a file, else `code/<step-id>/main.py`, else (where
+/// the original keeps them, with a warning) `learnings/<step-id>/main.py`. An error names
 /// what is missing. The folder is resolved inside the workspace: a `code/<step-id>` that is
 /// a symbolic link leading out of it is refused, and so is a script file that does.
 pub fn find_script(fs: &store::WorkspaceFs, step_id: &str) -> Result<ScriptFile> {
-    let root = fs.root();
-    let code_rel = format!("code/{step_id}");
     if step_id.is_empty() || step_id.contains(['/', '\\']) || step_id == "." || step_id == ".." {
         bail!("step id {step_id:?} cannot name a folder under code/");
     }
+    let code_rel = format!("code/{step_id}");
+    match find_in(fs, &code_rel, true) {
+        Ok(found) => Ok(found),
+        Err(err) => {
+            let learnings_rel = format!("{LEARNINGS_SCRIPT_DIR}/{step_id}");
+            if fs.kind(format!("{code_rel}/{PYTHON_SCRIPT}"))?.is_none()
+                && fs.kind(format!("{code_rel}/{WASM_SCRIPT}"))?.is_none()
+                && fs.kind(format!("{learnings_rel}/{PYTHON_SCRIPT}"))?.is_some()
+            {
+                let mut found = find_in(fs, &learnings_rel, false)?;
+                found.warning = Some(format!(
+                    "{code_rel}/{PYTHON_SCRIPT} is absent: running {learnings_rel}/{PYTHON_SCRIPT} \
+                     (where the original keeps scripted steps) in place; move it to \
+                     {code_rel}/{PYTHON_SCRIPT}"
+                ));
+                return Ok(found);
+            }
+            Err(err)
+        }
+    }
+}
+
+/// The script in the folder `dir_rel` (`main.wasm` too when `wasm`).
+fn find_in(fs: &store::WorkspaceFs, dir_rel: &str, wasm: bool) -> Result<ScriptFile> {
+    let root = fs.root();
+    let code_rel = dir_rel.to_string();
     let code_dir = crate::capabilities::resolve_in_root(root, &code_rel).map_err(|_| {
         anyhow!(
             "{code_rel}/ does not exist: a scripted step runs {code_rel}/{WASM_SCRIPT} or {code_rel}/{PYTHON_SCRIPT}"
@@ -486,7 +614,7 @@ pub fn find_script(fs: &store::WorkspaceFs, step_id: &str) -> Result<ScriptFile>
             _ => Ok(false),
         }
     };
-    let kind = if is_file(WASM_SCRIPT)? {
+    let kind = if wasm && is_file(WASM_SCRIPT)? {
         ScriptKind::Wasm
     } else if is_file(PYTHON_SCRIPT)? {
         ScriptKind::Python
@@ -499,6 +627,8 @@ pub fn find_script(fs: &store::WorkspaceFs, step_id: &str) -> Result<ScriptFile>
         kind,
         path: format!("{code_rel}/{}", kind.file_name()),
         code_dir,
+        dir: code_rel,
+        warning: None,
     })
 }
 
