@@ -702,6 +702,14 @@ mod tests {
     }
 
     #[test]
+    fn dependencies_get_workflow_variables_substituted() {
+        let vars = BTreeMap::from([("region".to_string(), "emea".to_string())]);
+        assert_eq!(substitute("knowledge/{region}.md", &vars), "knowledge/emea.md");
+        assert_eq!(substitute("k/{{region}}/${region}", &vars), "k/emea/emea");
+        assert_eq!(substitute("k/{other}.md", &vars), "k/{other}.md");
+    }
+
+    #[test]
     fn variable_names_become_env_names() {
         assert_eq!(variable_env_name("region"), "VAR_REGION");
         assert_eq!(variable_env_name("max-items.v2"), "VAR_MAX_ITEMS_V2");
