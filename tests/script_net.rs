@@ -41,6 +41,12 @@ struct ApiServer {
 
 impl ApiServer {
     fn start(redirect_to: Option<String>) -> ApiServer {
+        ApiServer::serving(redirect_to, Vec::new())
+    }
+
+    /// Like [`ApiServer::start`], also answering each `(path, body)` of `files`.
+    fn serving(redirect_to: Option<String>, files: Vec<(String, String)>) -> ApiServer {
+        let files = Arc::new(files);
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let seen = Arc::new(Mutex::new(Vec::new()));
@@ -49,6 +55,7 @@ impl ApiServer {
             for stream in listener.incoming().flatten() {
                 let log = log.clone();
                 let redirect_to = redirect_to.clone();
+                let files = files.clone();
                 std::thread::spawn(move || {
                     let mut reader = BufReader::new(stream.try_clone().unwrap());
                     let mut line = String::new();
@@ -87,7 +94,9 @@ impl ApiServer {
                             body.len()
                         )
                     };
+                    let file = files.iter().find(|(p, _)| *p == path);
                     let out = match path.as_str() {
+                        _ if file.is_some() => reply("200 OK", "", &file.unwrap().1),
                         "/items.json" => reply(
                             "200 OK",
                             "",
@@ -392,6 +401,26 @@ fn an_oversized_response_body_is_refused() {
     assert!(items(root).is_empty());
 }
 
+#[test]
+fn an_oversized_request_body_is_refused_before_it_is_sent() {
+    let server = ApiServer::start(None);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let script = "import os, trellis_http\n\
+                  trellis_http.post(os.environ['VAR_URL'], data=b'x' * (33 << 20))\n";
+    workspace(root, script, json!({"allowed_hosts": ["127.0.0.1"]}), &server.url("/echo"));
+    let before = prepared(root);
+    let out = run(root, &["--allow-host", "127.0.0.1"], &[]);
+    assert!(!out.status.success(), "{}", text(&out.stdout));
+    let stderr = script_stderr(root);
+    assert!(
+        stderr.contains("the script sent a request body of 34603008 bytes, over the limit of 33554432 bytes"),
+        "{stderr}"
+    );
+    assert_eq!(state(root), before);
+    assert!(server.seen().is_empty());
+}
+
 /// Sends the secret's placeholder in `Authorization` and writes what the server echoed.
 const SECRET_SCRIPT: &str = r#"import json, os, trellis_http
 token = os.environ["SECRET_API_TOKEN"]
@@ -527,6 +556,14 @@ fn a_script_under_learnings_runs_there_with_its_dependencies_as_arguments() {
     // Run in place, never moved.
     assert!(root.join("learnings/fetch/main.py").is_file());
     assert!(!root.join("code").exists());
+    let checked = trellis_command(&["validate", root.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let said = text(&checked.stdout) + &text(&checked.stderr);
+    assert!(
+        said.contains("the script is at learnings/fetch/main.py") && said.contains("move it to code/fetch/main.py"),
+        "{said}"
+    );
 }
 
 #[test]
@@ -652,4 +689,97 @@ fn lock_code_with_a_failing_script_runs_the_step_agentically() {
     let session = read_json(&root.join(OUT).join("session.json")).to_string();
     assert!(session.contains("Running step \\\"fetch\\\" agentically instead"), "{session}");
     assert!(session.contains("RuntimeError: the API changed"), "{session}");
+}
+
+#[test]
+fn the_api_fetcher_example_stores_the_releases_its_local_api_serves() {
+    // The example's API is its committed api/releases.json, served here as the README
+    // serves it with `python3 -m http.server`; the run stays on this machine.
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/api-fetcher");
+    let releases = std::fs::read_to_string(example.join("api/releases.json")).unwrap();
+    let server = ApiServer::serving(None, vec![("/releases.json".into(), releases)]);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    support::workspace::copy_workspace(&example, root, &["runs", "db.sqlite"]);
+    let mut manifest = read_json(&root.join("workflow.json"));
+    manifest["variables"]["api_url"]["value"] = json!(server.url("/releases.json"));
+    write_file(root, "workflow.json", manifest.to_string());
+
+    let out = trellis_command(&[
+        "run",
+        root.to_str().unwrap(),
+        "--step",
+        "fetch-releases",
+        "--allow-host",
+        "127.0.0.1",
+    ])
+    .output()
+    .unwrap();
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    assert!(stdout.contains("0 LLM calls"), "{stdout}");
+    let db = rusqlite::Connection::open(root.join("db/db.sqlite")).unwrap();
+    let rows: Vec<(String, i64)> = db
+        .prepare("SELECT version, breaking FROM releases ORDER BY released_on DESC")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("2.3.0".to_string(), 0),
+            ("2.2.1".to_string(), 0),
+            ("2.2.0".to_string(), 1),
+            ("2.1.0".to_string(), 0)
+        ]
+    );
+    let fetched = read_json(&root.join("runs/iteration-0/execution/fetch-releases/fetched.json"));
+    assert_eq!(fetched["count"], 4);
+    assert_eq!(fetched["source"], json!(server.url("/releases.json")));
+    assert_eq!(server.seen().len(), 1);
+}
+
+#[test]
+fn a_main_wasm_reaches_allowed_hosts_through_wasi_http_and_nothing_else() {
+    let server = ApiServer::start(None);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    workspace(root, "", json!({"allowed_hosts": ["127.0.0.1"]}), "");
+    std::fs::remove_file(root.join("code/fetch/main.py")).unwrap();
+    std::fs::copy(
+        trellis_host::bundled::test_component("script_probe"),
+        root.join("code/fetch/main.wasm"),
+    )
+    .unwrap();
+    let probe = |url: &str, args: &[&str]| {
+        let mut manifest = read_json(&root.join("workflow.json"));
+        manifest["variables"] = json!({"http_get": url});
+        write_file(root, "workflow.json", manifest.to_string());
+        // The probe writes no fetched.json: the gate fails, and that is not what is tested.
+        let _ = run(root, args, &[]);
+        read_json(&root.join(OUT).join("probe.json"))["http_get"].clone()
+    };
+    let allowed = probe(&server.url("/items.json"), &["--allow-host", "127.0.0.1"]);
+    assert_eq!(allowed["status"], 200, "{allowed}");
+    assert!(allowed["body"].as_str().unwrap().contains("alpha"), "{allowed}");
+    assert_eq!(server.seen().len(), 1);
+
+    // Loopback without the operator's approval, and a host the step does not list.
+    let refused = probe(&server.url("/items.json"), &[]);
+    assert!(
+        refused["err"].as_str().unwrap().contains("--allow-host 127.0.0.1"),
+        "{refused}"
+    );
+    let elsewhere = format!("http://localhost:{}/items.json", server.port());
+    let refused = probe(&elsewhere, &["--allow-host", "127.0.0.1", "--allow-host", "localhost"]);
+    assert!(
+        refused["err"]
+            .as_str()
+            .unwrap()
+            .contains("host localhost is not in this step's agent_configs.allowed_hosts"),
+        "{refused}"
+    );
+    assert_eq!(server.seen().len(), 1, "the refused requests were never sent");
 }

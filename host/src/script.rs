@@ -2,7 +2,7 @@
 //! run in a fresh sandboxed instance with the grant of the step.
 //!
 //! A Python script runs inside the Python script runner, CPython packaged as a component of
-//! world `script-runner` (`wit/trellis-plugin@0.1.0/script.wit`) by componentize-py and pre-initialized with the
+//! world `script-runner` (`wit/trellis-plugin@0.2.0/script.wit`) by componentize-py and pre-initialized with the
 //! standard library modules scripts commonly use. A `main.wasm` is any `wasi:cli` command
 //! component, for scripts written in other languages; it runs the same way. When a step has
 //! both, `main.wasm` wins.
