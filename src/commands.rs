@@ -49,7 +49,10 @@ fn plural(n: usize) -> &'static str {
 
 /// The operator's approvals: the defaults, the user config file, then `--allow-key
 /// VAR=ORIGIN` and `--allow-host HOST`.
-fn approvals(allow_keys: &[String], allow_hosts: &[String]) -> Result<trellis_host::llm::KeyApprovals> {
+fn approvals(
+    allow_keys: &[String],
+    allow_hosts: &[String],
+) -> Result<trellis_host::llm::KeyApprovals> {
     let mut approvals = trellis_host::llm::KeyApprovals::defaults();
     if let Some(config) = trellis_host::llm::KeyApprovals::user_config_path() {
         approvals.load_config(&config)?;

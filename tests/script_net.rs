@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use serde_json::{Value, json};
 use support::fake_llm::{FakeServer, completion};
 use support::workspace::{read_json, write_file};
-use support::{trellis_command, tree_digest};
+use support::{tree_digest, trellis_command};
 
 const STEP: &str = "fetch";
 const OUT: &str = "runs/iteration-0/execution/fetch";
@@ -208,7 +208,9 @@ fn run(root: &Path, args: &[&str], env: &[(&str, &str)]) -> std::process::Output
 /// The rows of `items`.
 fn items(root: &Path) -> Vec<(i64, String)> {
     let db = rusqlite::Connection::open(root.join("db/db.sqlite")).unwrap();
-    let mut stmt = db.prepare("SELECT id, name FROM items ORDER BY id").unwrap();
+    let mut stmt = db
+        .prepare("SELECT id, name FROM items ORDER BY id")
+        .unwrap();
     stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
         .unwrap()
         .map(Result::unwrap)
@@ -250,13 +252,25 @@ fn prepared(root: &Path) -> BTreeMap<String, String> {
 
 /// Asserts a refused run: the step failed with `reason` in the script's error, the server
 /// got nothing, and nothing changed but the logs.
-fn assert_refused(root: &Path, before: &BTreeMap<String, String>, out: &std::process::Output, reason: &str) {
+fn assert_refused(
+    root: &Path,
+    before: &BTreeMap<String, String>,
+    out: &std::process::Output,
+    reason: &str,
+) {
     let stdout = text(&out.stdout);
     assert!(!out.status.success(), "{stdout}");
     let stderr = script_stderr(root);
-    assert!(stderr.contains("RequestRefused") || stderr.contains("HttpError"), "{stderr}");
+    assert!(
+        stderr.contains("RequestRefused") || stderr.contains("HttpError"),
+        "{stderr}"
+    );
     assert!(stderr.contains(reason), "{stderr}");
-    assert_eq!(&state(root), before, "a refused request changed the workspace");
+    assert_eq!(
+        &state(root),
+        before,
+        "a refused request changed the workspace"
+    );
     assert!(items(root).is_empty());
 }
 
@@ -265,7 +279,12 @@ fn a_scripted_fetcher_pulls_json_from_an_allowed_host_into_db_rows() {
     let server = ApiServer::start(None);
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
-    workspace(root, FETCHER, json!({"allowed_hosts": ["127.0.0.1"]}), &server.url("/items.json"));
+    workspace(
+        root,
+        FETCHER,
+        json!({"allowed_hosts": ["127.0.0.1"]}),
+        &server.url("/items.json"),
+    );
     let out = run(root, &["--allow-host", "127.0.0.1"], &[]);
     assert!(
         out.status.success(),
@@ -275,7 +294,10 @@ fn a_scripted_fetcher_pulls_json_from_an_allowed_host_into_db_rows() {
         script_stderr(root)
     );
     assert_eq!(items(root), [(1, "alpha".into()), (2, "beta".into())]);
-    assert_eq!(read_json(&root.join(OUT).join("fetched.json")), json!({"count": 2}));
+    assert_eq!(
+        read_json(&root.join(OUT).join("fetched.json")),
+        json!({"count": 2})
+    );
     assert_eq!(
         server.seen(),
         [Seen {
@@ -324,7 +346,12 @@ fn loopback_needs_the_operators_allow_host() {
     let server = ApiServer::start(None);
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
-    workspace(root, FETCHER, json!({"allowed_hosts": ["127.0.0.1"]}), &server.url("/items.json"));
+    workspace(
+        root,
+        FETCHER,
+        json!({"allowed_hosts": ["127.0.0.1"]}),
+        &server.url("/items.json"),
+    );
     let before = prepared(root);
     let out = run(root, &[], &[]);
     assert_refused(root, &before, &out, "--allow-host 127.0.0.1");
@@ -337,11 +364,15 @@ fn a_name_resolving_to_a_private_address_needs_the_operators_allow_host() {
     // on most networks. A workspace listing it reaches local services by name, not number.
     let mut name = vec![0u8; 256];
     // SAFETY: a writable buffer of the length given.
-    assert_eq!(unsafe { libc::gethostname(name.as_mut_ptr().cast(), name.len()) }, 0);
+    assert_eq!(
+        unsafe { libc::gethostname(name.as_mut_ptr().cast(), name.len()) },
+        0
+    );
     let name = text(&name).trim_end_matches('\0').to_string();
-    let resolved: Vec<std::net::IpAddr> = std::net::ToSocketAddrs::to_socket_addrs(&(name.as_str(), 80))
-        .map(|a| a.map(|a| a.ip()).collect())
-        .unwrap_or_default();
+    let resolved: Vec<std::net::IpAddr> =
+        std::net::ToSocketAddrs::to_socket_addrs(&(name.as_str(), 80))
+            .map(|a| a.map(|a| a.ip()).collect())
+            .unwrap_or_default();
     let private = |ip: &std::net::IpAddr| match ip {
         std::net::IpAddr::V4(v4) => v4.is_loopback() || v4.is_private() || v4.is_link_local(),
         std::net::IpAddr::V6(v6) => v6.is_loopback(),
@@ -354,11 +385,21 @@ fn a_name_resolving_to_a_private_address_needs_the_operators_allow_host() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let url = format!("http://{name}:{}/items.json", server.port());
-    workspace(root, FETCHER, json!({"allowed_hosts": [name.clone()]}), &url);
+    workspace(
+        root,
+        FETCHER,
+        json!({"allowed_hosts": [name.clone()]}),
+        &url,
+    );
     let before = prepared(root);
     // Loopback approved by number does not approve a name resolving to it.
     let out = run(root, &["--allow-host", "127.0.0.1"], &[]);
-    assert_refused(root, &before, &out, &format!("--allow-host {}", name.to_ascii_lowercase()));
+    assert_refused(
+        root,
+        &before,
+        &out,
+        &format!("--allow-host {}", name.to_ascii_lowercase()),
+    );
     assert!(server.seen().is_empty());
 }
 
@@ -372,9 +413,18 @@ fn a_redirect_to_another_host_is_not_followed() {
     )));
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
-    workspace(root, FETCHER, json!({"allowed_hosts": ["127.0.0.1"]}), &server.url("/redirect"));
+    workspace(
+        root,
+        FETCHER,
+        json!({"allowed_hosts": ["127.0.0.1"]}),
+        &server.url("/redirect"),
+    );
     let before = prepared(root);
-    let out = run(root, &["--allow-host", "127.0.0.1", "--allow-host", "localhost"], &[]);
+    let out = run(
+        root,
+        &["--allow-host", "127.0.0.1", "--allow-host", "localhost"],
+        &[],
+    );
     assert_refused(
         root,
         &before,
@@ -390,7 +440,12 @@ fn an_oversized_response_body_is_refused() {
     let server = ApiServer::start(None);
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
-    workspace(root, FETCHER, json!({"allowed_hosts": ["127.0.0.1"]}), &server.url("/big"));
+    workspace(
+        root,
+        FETCHER,
+        json!({"allowed_hosts": ["127.0.0.1"]}),
+        &server.url("/big"),
+    );
     let before = prepared(root);
     let out = run(root, &["--allow-host", "127.0.0.1"], &[]);
     let stdout = text(&out.stdout);
@@ -408,13 +463,20 @@ fn an_oversized_request_body_is_refused_before_it_is_sent() {
     let root = dir.path();
     let script = "import os, trellis_http\n\
                   trellis_http.post(os.environ['VAR_URL'], data=b'x' * (33 << 20))\n";
-    workspace(root, script, json!({"allowed_hosts": ["127.0.0.1"]}), &server.url("/echo"));
+    workspace(
+        root,
+        script,
+        json!({"allowed_hosts": ["127.0.0.1"]}),
+        &server.url("/echo"),
+    );
     let before = prepared(root);
     let out = run(root, &["--allow-host", "127.0.0.1"], &[]);
     assert!(!out.status.success(), "{}", text(&out.stdout));
     let stderr = script_stderr(root);
     assert!(
-        stderr.contains("the script sent a request body of 34603008 bytes, over the limit of 33554432 bytes"),
+        stderr.contains(
+            "the script sent a request body of 34603008 bytes, over the limit of 33554432 bytes"
+        ),
         "{stderr}"
     );
     assert_eq!(state(root), before);
@@ -426,6 +488,7 @@ const SECRET_SCRIPT: &str = r#"import json, os, trellis_http
 token = os.environ["SECRET_API_TOKEN"]
 print("token seen by the script:", token)
 reply = trellis_http.get_json(os.environ["VAR_URL"], headers={"Authorization": f"Bearer {token}"})
+print("the server echoed:", reply["authorization"])
 with open(os.path.join(os.environ["STEP_OUTPUT_DIR"], "fetched.json"), "w") as f:
     json.dump({"count": 1, "echo_is_secret": reply["authorization"] == "Bearer s3cret-value"}, f)
 "#;
@@ -435,7 +498,12 @@ fn a_secret_goes_only_to_the_origin_the_operator_approved_for_it() {
     let server = ApiServer::start(None);
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
-    workspace(root, SECRET_SCRIPT, json!({"allowed_hosts": ["127.0.0.1"]}), &server.url("/echo"));
+    workspace(
+        root,
+        SECRET_SCRIPT,
+        json!({"allowed_hosts": ["127.0.0.1"]}),
+        &server.url("/echo"),
+    );
     let env = [("SECRET_API_TOKEN", "s3cret-value")];
 
     // Not approved for this origin: refused before anything is sent.
@@ -459,7 +527,12 @@ fn a_secret_goes_only_to_the_origin_the_operator_approved_for_it() {
         &["--allow-host", "127.0.0.1", "--allow-key", &origin],
         &env,
     );
-    assert!(out.status.success(), "{}\n{}", text(&out.stdout), script_stderr(root));
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        text(&out.stdout),
+        script_stderr(root)
+    );
     assert_eq!(
         server.seen(),
         [Seen {
@@ -468,9 +541,15 @@ fn a_secret_goes_only_to_the_origin_the_operator_approved_for_it() {
         }]
     );
     let stdout =
-        std::fs::read_to_string(root.join("runs/iteration-0/logs/fetch/script-stdout.txt")).unwrap();
+        std::fs::read_to_string(root.join("runs/iteration-0/logs/fetch/script-stdout.txt"))
+            .unwrap();
     assert!(
         stdout.contains("token seen by the script: trellis-secret:SECRET_API_TOKEN"),
+        "{stdout}"
+    );
+    // What the approved server echoed back is hidden in the script's logs too.
+    assert!(
+        stdout.contains("the server echoed: Bearer [REDACTED]"),
         "{stdout}"
     );
     assert!(!stdout.contains("s3cret-value"), "{stdout}");
@@ -503,7 +582,12 @@ fn sqlite3_connect_db_path_reads_and_writes_through_the_host() {
     let root = dir.path();
     workspace(root, SQLITE_SCRIPT, json!({}), "");
     let out = run(root, &[], &[]);
-    assert!(out.status.success(), "{}\n{}", text(&out.stdout), script_stderr(root));
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        text(&out.stdout),
+        script_stderr(root)
+    );
     assert_eq!(
         read_json(&root.join(OUT).join("fetched.json")),
         json!({"count": 3, "names": ["alpha", "beta", "gamma"], "row": ["beta", 2],
@@ -538,7 +622,13 @@ fn a_script_under_learnings_runs_there_with_its_dependencies_as_arguments() {
     write_file(root, "planning/plan.json", plan.to_string());
 
     let out = run(root, &[], &[]);
-    assert!(out.status.success(), "{}\n{}\n{}", text(&out.stdout), text(&out.stderr), script_stderr(root));
+    assert!(
+        out.status.success(),
+        "{}\n{}\n{}",
+        text(&out.stdout),
+        text(&out.stderr),
+        script_stderr(root)
+    );
     assert_eq!(
         read_json(&root.join(OUT).join("fetched.json")),
         json!({"count": 1, "argv": ["main.py", "/knowledge/emea.md", "/knowledge/all.md"],
@@ -561,7 +651,8 @@ fn a_script_under_learnings_runs_there_with_its_dependencies_as_arguments() {
         .unwrap();
     let said = text(&checked.stdout) + &text(&checked.stderr);
     assert!(
-        said.contains("the script is at learnings/fetch/main.py") && said.contains("move it to code/fetch/main.py"),
+        said.contains("the script is at learnings/fetch/main.py")
+            && said.contains("move it to code/fetch/main.py"),
         "{said}"
     );
 }
@@ -576,7 +667,12 @@ fn a_non_zero_exit_whose_outputs_pass_the_gate_counts_as_success() {
     let root = dir.path();
     workspace(root, script, json!({}), "");
     let out = run(root, &[], &[]);
-    assert!(out.status.success(), "{}\n{}", text(&out.stdout), script_stderr(root));
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        text(&out.stdout),
+        script_stderr(root)
+    );
     let summary = read_json(&root.join(OUT).join("execution-final-summary.json"));
     assert_eq!(summary["status"], "completed");
     let result = summary["execution_result"].as_str().unwrap();
@@ -643,12 +739,20 @@ fn a_scripted_step_with_no_script_gets_a_turn_that_writes_it() {
     write_file(root, "workflow.json", manifest.to_string());
 
     let out = run(root, &[], &[]);
-    assert!(out.status.success(), "{}\n{}", text(&out.stdout), text(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
     assert_eq!(
         std::fs::read_to_string(root.join("code/fetch/main.py")).unwrap(),
         COUNT_SCRIPT
     );
-    assert_eq!(read_json(&root.join(OUT).join("fetched.json")), json!({"count": 5}));
+    assert_eq!(
+        read_json(&root.join(OUT).join("fetched.json")),
+        json!({"count": 5})
+    );
     assert_eq!(
         entries(root),
         [
@@ -669,26 +773,45 @@ fn lock_code_with_a_failing_script_runs_the_step_agentically() {
     let broken = "raise RuntimeError('the API changed')\n";
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
-    workspace(root, broken, json!({"selected_tools": ["workspace:write_file"]}), "");
+    workspace(
+        root,
+        broken,
+        json!({"selected_tools": ["workspace:write_file"]}),
+        "",
+    );
     let mut manifest = read_json(&root.join("workflow.json"));
     manifest["llm"] = json!({"provider": "openai", "model_id": "agent"});
     manifest["providers"] = agent.providers();
     write_file(root, "workflow.json", manifest.to_string());
 
     let out = run(root, &[], &[]);
-    assert!(out.status.success(), "{}\n{}", text(&out.stdout), text(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
     // The script is not rewritten; the agent did the step.
     assert_eq!(
         std::fs::read_to_string(root.join("code/fetch/main.py")).unwrap(),
         broken
     );
-    assert_eq!(read_json(&root.join(OUT).join("fetched.json")), json!({"count": 7}));
+    assert_eq!(
+        read_json(&root.join(OUT).join("fetched.json")),
+        json!({"count": 7})
+    );
     let ids: Vec<String> = entries(root).into_iter().map(|(id, _)| id).collect();
     assert_eq!(ids[..2], ["script-1", "script-agentic-fallback"]);
     assert!(ids.contains(&"execute-and-verify".to_string()), "{ids:?}");
     let session = read_json(&root.join(OUT).join("session.json")).to_string();
-    assert!(session.contains("Running step \\\"fetch\\\" agentically instead"), "{session}");
-    assert!(session.contains("RuntimeError: the API changed"), "{session}");
+    assert!(
+        session.contains("Running step \\\"fetch\\\" agentically instead"),
+        "{session}"
+    );
+    assert!(
+        session.contains("RuntimeError: the API changed"),
+        "{session}"
+    );
 }
 
 #[test]
@@ -763,17 +886,26 @@ fn a_main_wasm_reaches_allowed_hosts_through_wasi_http_and_nothing_else() {
     };
     let allowed = probe(&server.url("/items.json"), &["--allow-host", "127.0.0.1"]);
     assert_eq!(allowed["status"], 200, "{allowed}");
-    assert!(allowed["body"].as_str().unwrap().contains("alpha"), "{allowed}");
+    assert!(
+        allowed["body"].as_str().unwrap().contains("alpha"),
+        "{allowed}"
+    );
     assert_eq!(server.seen().len(), 1);
 
     // Loopback without the operator's approval, and a host the step does not list.
     let refused = probe(&server.url("/items.json"), &[]);
     assert!(
-        refused["err"].as_str().unwrap().contains("--allow-host 127.0.0.1"),
+        refused["err"]
+            .as_str()
+            .unwrap()
+            .contains("--allow-host 127.0.0.1"),
         "{refused}"
     );
     let elsewhere = format!("http://localhost:{}/items.json", server.port());
-    let refused = probe(&elsewhere, &["--allow-host", "127.0.0.1", "--allow-host", "localhost"]);
+    let refused = probe(
+        &elsewhere,
+        &["--allow-host", "127.0.0.1", "--allow-host", "localhost"],
+    );
     assert!(
         refused["err"]
             .as_str()
@@ -781,5 +913,35 @@ fn a_main_wasm_reaches_allowed_hosts_through_wasi_http_and_nothing_else() {
             .contains("host localhost is not in this step's agent_configs.allowed_hosts"),
         "{refused}"
     );
-    assert_eq!(server.seen().len(), 1, "the refused requests were never sent");
+    assert_eq!(
+        server.seen().len(),
+        1,
+        "the refused requests were never sent"
+    );
+}
+
+#[test]
+fn an_allowed_hosts_entry_that_is_not_a_host_is_an_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    workspace(
+        root,
+        FETCHER,
+        json!({"allowed_hosts": ["api.example.com", "https://api.example.com/v1", "h:99999"]}),
+        "",
+    );
+    let out = trellis_command(&["validate", root.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let said = text(&out.stdout) + &text(&out.stderr);
+    for (i, entry) in [(1, "https://api.example.com/v1"), (2, "h:99999")] {
+        assert!(
+            said.contains(&format!(
+                "planning/step_config.json: steps[0].agent_configs.allowed_hosts[{i}] (step \"fetch\"): expected a host name or IP address, optionally with :port (such as \"api.example.com\"), found \"{entry}\""
+            )),
+            "{said}"
+        );
+    }
+    assert!(!said.contains("allowed_hosts[0]"), "{said}");
 }

@@ -476,8 +476,19 @@ impl ScriptRunner {
             Err(CallFailure::Host(err)) => return Err(err),
             Err(failure) => script_failure(failure),
         };
-        let stdout_text = stdout.text();
-        let stderr_text = stderr.text();
+        // What an approved server echoed back never reaches the logs.
+        let secrets = prepared
+            .net
+            .as_ref()
+            .map(ScriptNet::secret_values)
+            .unwrap_or_default();
+        let hide = |text: String| {
+            secrets.iter().fold(text, |text, secret| {
+                text.replace(secret.as_str(), "[REDACTED]")
+            })
+        };
+        let stdout_text = hide(stdout.text());
+        let stderr_text = hide(stderr.text());
         let failure = match failure {
             // A Python script that raised exits with status 1 and a traceback on stderr.
             Some(ScriptFailure::Exit { code: 1 }) if prepared.kind == ScriptKind::Python => {
@@ -578,7 +589,9 @@ pub fn find_script(fs: &store::WorkspaceFs, step_id: &str) -> Result<ScriptFile>
             let learnings_rel = format!("{LEARNINGS_SCRIPT_DIR}/{step_id}");
             if fs.kind(format!("{code_rel}/{PYTHON_SCRIPT}"))?.is_none()
                 && fs.kind(format!("{code_rel}/{WASM_SCRIPT}"))?.is_none()
-                && fs.kind(format!("{learnings_rel}/{PYTHON_SCRIPT}"))?.is_some()
+                && fs
+                    .kind(format!("{learnings_rel}/{PYTHON_SCRIPT}"))?
+                    .is_some()
             {
                 let mut found = find_in(fs, &learnings_rel, false)?;
                 found.warning = Some(format!(
@@ -704,7 +717,10 @@ mod tests {
     #[test]
     fn dependencies_get_workflow_variables_substituted() {
         let vars = BTreeMap::from([("region".to_string(), "emea".to_string())]);
-        assert_eq!(substitute("knowledge/{region}.md", &vars), "knowledge/emea.md");
+        assert_eq!(
+            substitute("knowledge/{region}.md", &vars),
+            "knowledge/emea.md"
+        );
         assert_eq!(substitute("k/{{region}}/${region}", &vars), "k/emea/emea");
         assert_eq!(substitute("k/{other}.md", &vars), "k/{other}.md");
     }

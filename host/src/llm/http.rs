@@ -199,9 +199,18 @@ impl HostRule {
         }
         let uri: Uri = format!("http://{entry}").parse().map_err(|_| bad())?;
         let authority = uri.authority().ok_or_else(bad)?;
+        let port = match authority.as_str().strip_prefix(authority.host()) {
+            Some("") => None,
+            Some(rest) => Some(
+                rest.strip_prefix(':')
+                    .and_then(|p| p.parse::<u16>().ok())
+                    .ok_or_else(bad)?,
+            ),
+            None => return Err(bad()),
+        };
         Ok(HostRule {
             host: normal_host(authority.host()),
-            port: authority.port_u16(),
+            port,
         })
     }
 
@@ -274,6 +283,19 @@ pub struct ScriptNet {
     pub secrets: Vec<(String, Secret)>,
 }
 
+impl ScriptNet {
+    /// The secrets' values, to be hidden wherever the script could echo what an approved
+    /// server sent back (its stdout, stderr and log lines).
+    pub fn secret_values(&self) -> Vec<String> {
+        self.secrets
+            .iter()
+            .filter_map(|(_, secret)| secret.value())
+            .filter(|v| !v.is_empty())
+            .map(str::to_string)
+            .collect()
+    }
+}
+
 /// Outgoing requests of one step script, at once, in all and per body.
 pub(crate) const SCRIPT_REQUEST_LIMITS: RequestLimits = RequestLimits {
     live: 4,
@@ -301,13 +323,18 @@ impl HttpPolicy {
     /// The key the host adds to requests, to be hidden wherever the guest could echo it
     /// (its log lines).
     pub(crate) fn secret_values(&self) -> Vec<String> {
-        self.authorization
+        let mut values: Vec<String> = self
+            .authorization
             .as_ref()
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .filter(|key| !key.is_empty())
             .map(|key| vec![key.to_string()])
-            .unwrap_or_default()
+            .unwrap_or_default();
+        if let Some(net) = &self.script {
+            values.extend(net.secret_values());
+        }
+        values
     }
 
     /// Refuses every request: the policy of calls that are not LLM calls.
@@ -428,8 +455,9 @@ impl HttpPolicy {
                 }
                 text = text.replace(&placeholder, secret.value().unwrap_or_default());
             }
-            let mut replaced = HeaderValue::from_str(&text)
-                .map_err(|_| format!("refused {target}: a secret holds characters a header cannot"))?;
+            let mut replaced = HeaderValue::from_str(&text).map_err(|_| {
+                format!("refused {target}: a secret holds characters a header cannot")
+            })?;
             replaced.set_sensitive(true);
             *value = replaced;
         }
@@ -449,7 +477,6 @@ impl HttpPolicy {
     }
 
     fn over_limit(&self, message: String) -> SendFuture {
-        let message = message.replacen("the provider", self.who(), 1);
         tracing::warn!("{message}");
         let mut limited = self.limited.lock().unwrap_or_else(|e| e.into_inner());
         if limited.is_none() {
@@ -571,15 +598,17 @@ impl WasiHttpHooks for HttpPolicy {
         let limits = self.limits;
         if self.counts.total.load(Ordering::SeqCst) >= limits.total {
             return self.over_limit(format!(
-                "the provider opened more than {} requests in one call attempt (the limit of \
+                "{} opened more than {} requests in one call attempt (the limit of \
                  requests per attempt)",
+                self.who(),
                 limits.total
             ));
         }
         if self.counts.live.load(Ordering::SeqCst) >= limits.live {
             return self.over_limit(format!(
-                "the provider had more than {} requests open at once (the limit of live \
+                "{} had more than {} requests open at once (the limit of live \
                  requests per attempt)",
+                self.who(),
                 limits.live
             ));
         }
@@ -590,7 +619,8 @@ impl WasiHttpHooks for HttpPolicy {
             .and_then(|v| v.parse::<u64>().ok());
         if declared.is_some_and(|n| n > limits.body_bytes) {
             return self.over_limit(format!(
-                "the provider sent a request body of {} bytes, over the limit of {} bytes",
+                "{} sent a request body of {} bytes, over the limit of {} bytes",
+                self.who(),
                 declared.unwrap_or_default(),
                 limits.body_bytes
             ));
@@ -600,6 +630,7 @@ impl WasiHttpHooks for HttpPolicy {
         let live: SharedGuard = Arc::new(Mutex::new(Some(LiveGuard(self.counts.clone()))));
         let body_limit = limits.body_bytes;
         let limited = self.limited.clone();
+        let who = self.who();
         let request = request.map(|body| {
             http_body_util::Limited::new(body, usize::try_from(body_limit).unwrap_or(usize::MAX))
                 .map_err(move |e| match e.downcast::<HttpError>() {
@@ -608,7 +639,7 @@ impl WasiHttpHooks for HttpPolicy {
                         let mut first = limited.lock().unwrap_or_else(|e| e.into_inner());
                         first.get_or_insert_with(|| {
                             format!(
-                                "the provider sent a request body over the limit of {body_limit} bytes"
+                                "{who} sent a request body over the limit of {body_limit} bytes"
                             )
                         });
                         HttpError::HttpRequestBodySize(Some(body_limit))
@@ -820,6 +851,39 @@ mod tests {
         assert!(
             matches!(big, Err(HttpError::InternalError(Some(m))) if m.contains("over the limit of 33554432 bytes"))
         );
+    }
+
+    #[test]
+    fn host_rules_and_public_addresses() {
+        let rule = HostRule::parse("API.example.com").unwrap();
+        assert!(rule.matches(&Origin::parse("https://api.example.com:8443/x").unwrap()));
+        assert!(rule.matches(&Origin::parse("http://api.example.com./x").unwrap()));
+        assert!(!rule.matches(&Origin::parse("https://api.example.com.evil.net").unwrap()));
+        let port = HostRule::parse("127.0.0.1:8080").unwrap();
+        assert!(port.matches(&Origin::parse("http://127.0.0.1:8080").unwrap()));
+        assert!(!port.matches(&Origin::parse("http://127.0.0.1:8081").unwrap()));
+        assert!(HostRule::parse("[::1]:80").is_ok());
+        for bad in ["https://h", "h/path", "u@h", "", "h:99999"] {
+            assert!(HostRule::parse(bad).is_err(), "{bad}");
+        }
+        for private in [
+            "127.0.0.1",
+            "10.1.2.3",
+            "172.16.0.1",
+            "192.168.1.1",
+            "169.254.169.254",
+            "0.0.0.0",
+            "100.64.0.1",
+            "::1",
+            "fd00::1",
+            "fe80::1",
+            "::ffff:10.0.0.1",
+        ] {
+            assert!(!is_public(private.parse().unwrap()), "{private}");
+        }
+        for public in ["93.184.216.34", "2606:2800:220:1::1"] {
+            assert!(is_public(public.parse().unwrap()), "{public}");
+        }
     }
 
     #[test]

@@ -190,9 +190,7 @@ impl DbState {
         let (names, rows) = self.query_rows(sql, params)?;
         let objects: Vec<serde_json::Value> = rows
             .into_iter()
-            .map(|row| {
-                serde_json::Value::Object(names.iter().cloned().zip(row).collect())
-            })
+            .map(|row| serde_json::Value::Object(names.iter().cloned().zip(row).collect()))
             .collect();
         Ok(serde_json::Value::Array(objects).to_string())
     }

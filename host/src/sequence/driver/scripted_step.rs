@@ -156,7 +156,11 @@ impl StepRunner<'_> {
         });
         let message = scripted::write_message(
             &step_id,
-            run.step.description.as_deref().or(run.step.title.as_deref()).unwrap_or_default(),
+            run.step
+                .description
+                .as_deref()
+                .or(run.step.title.as_deref())
+                .unwrap_or_default(),
             &run.step.outputs(),
             run.step.context_dependencies.as_deref().unwrap_or_default(),
         );
