@@ -2,11 +2,11 @@
 //! the grant; a world's linker is the list of its slices ([`linker`]). Adding a capability
 //! touches one file here.
 //!
-//! | world     | slices              |
-//! |-----------|---------------------|
-//! | tool      | fs, db, log         |
-//! | validator | fs, log             |
-//! | provider  | fs, http, log       |
+//! | world     | slices                    |
+//! |-----------|---------------------------|
+//! | tool      | fs, db, log               |
+//! | validator | fs, log                   |
+//! | provider  | fs, http, log             |
 //! | script    | fs (+ cli), db, http, log |
 //!
 //! Every world gets WASI through the fs slice, since a guest's standard library imports it;
