@@ -20,9 +20,10 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group};
 use serde_json::json;
-use trellis_host::script::{ScriptOptions, ScriptRunner};
-use trellis_host::workflow::Workspace;
-use trellis_host::{CacheSetting, Engine};
+use trellis_runner::step_script::{self, ScriptOptions};
+use trellis_sandbox::script::ScriptRunner;
+use trellis_sandbox::{CacheSetting, Engine};
+use trellis_workflow::Workspace;
 
 const STEP: &str = "bench";
 
@@ -106,7 +107,9 @@ fn script(c: &mut Criterion) {
         ..ScriptOptions::default()
     };
     let sandboxed = |options: &ScriptOptions| {
-        let outcome = runtime.block_on(runner.run(&ws, STEP, options)).unwrap();
+        let outcome = runtime
+            .block_on(step_script::run(&runner, &ws, STEP, options))
+            .unwrap();
         assert!(outcome.succeeded(), "{:?}", outcome.error_message());
     };
     let python = python();

@@ -17,17 +17,17 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group};
 use serde_json::{Value, json};
-use trellis_host::capabilities::turn::{TurnContext, TurnGrant, TurnPurpose, turn_grant};
-use trellis_host::llm::{
+use trellis_runner::driver::{StepRunner, step_system_prompt};
+use trellis_runner::grants::{TurnContext, TurnGrant, TurnPurpose, turn_grant};
+use trellis_runner::run_folder::start_full_run;
+use trellis_runner::session::Status;
+use trellis_sandbox::llm::{
     Cassette, Endpoint, Interaction, Message, RecordedRequest, ReplayCursor, Request, Response,
     Secret, StopReason, Target, ToolCall, ToolDefinition, Usage,
 };
-use trellis_host::sequence::driver::{StepRunner, step_system_prompt};
-use trellis_host::sequence::run_folder::start_full_run;
-use trellis_host::sequence::session::Status;
-use trellis_host::workflow::Workspace;
-use trellis_host::workflow::plan::ItemBody;
-use trellis_host::{CacheSetting, Engine, Limits, PluginRegistry};
+use trellis_sandbox::{CacheSetting, Engine, Limits, PluginRegistry};
+use trellis_workflow::Workspace;
+use trellis_workflow::plan::ItemBody;
 
 const STEP: &str = "bench";
 const MODEL: &str = "bench";

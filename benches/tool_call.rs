@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group};
 use serde_json::json;
-use trellis_host::{CacheSetting, Engine, Grant, Limits, PluginRegistry};
+use trellis_sandbox::{CacheSetting, Engine, Grant, Limits, PluginRegistry};
 use wasmtime::component::{Component, InstancePre, Linker, Val};
 use wasmtime::{Config, InstanceAllocationStrategy, PoolingAllocationConfig, Store};
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
@@ -161,7 +161,7 @@ fn tool_call(c: &mut Criterion) {
         grant: Grant::none().read(&notes, "/notes").unwrap(),
         limits: Limits::default(),
     };
-    let bare = Bare::new(trellis_host::bundled::PLUGINS[0].component, &notes);
+    let bare = Bare::new(trellis_sandbox::bundled::PLUGINS[0].component, &notes);
 
     // Same answer from both paths, or the comparison means nothing.
     let from_trellis = runtime.block_on(trellis.call());

@@ -15,9 +15,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use clap::Args;
-use trellis_host::sequence::run_folder::ACTIVE_RUN;
-use trellis_host::workflow::Workspace;
-use trellis_host::{Engine, PluginRegistry};
+use trellis_runner::run_folder::ACTIVE_RUN;
+use trellis_sandbox::{Engine, PluginRegistry};
+use trellis_workflow::Workspace;
 
 /// The `--plugins` option of the commands that load plugins.
 #[derive(Args, Debug)]
@@ -52,9 +52,9 @@ fn plural(n: usize) -> &'static str {
 fn approvals(
     allow_keys: &[String],
     allow_hosts: &[String],
-) -> Result<trellis_host::llm::KeyApprovals> {
-    let mut approvals = trellis_host::llm::KeyApprovals::defaults();
-    if let Some(config) = trellis_host::llm::KeyApprovals::user_config_path() {
+) -> Result<trellis_sandbox::llm::KeyApprovals> {
+    let mut approvals = trellis_sandbox::llm::KeyApprovals::defaults();
+    if let Some(config) = trellis_sandbox::llm::KeyApprovals::user_config_path() {
         approvals.load_config(&config)?;
     }
     for spec in allow_keys {

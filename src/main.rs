@@ -1,6 +1,7 @@
 //! `trellis`: the command-line front end of the Trellis runtime.
 //!
-//! Parses arguments and calls into `trellis-host`; all behaviour lives there. Each
+//! Parses arguments and calls into `trellis-runner` (through its Runtime facade),
+//! `trellis-workflow` and `trellis-sandbox`; all behaviour lives there. Each
 //! subcommand is a module of [`commands`]: its arguments and its `run`.
 
 mod commands;
@@ -11,7 +12,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use trellis_host::{CacheSetting, Engine};
+use trellis_sandbox::{CacheSetting, Engine};
 
 use commands::{check, migrate, plugins, run, runs, schema, script, tool, validate};
 

@@ -10,7 +10,7 @@ use std::io::{IsTerminal, Write};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use trellis_host::sequence::events::RunEvent;
+use trellis_runner::events::RunEvent;
 
 /// How progress is shown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

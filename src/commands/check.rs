@@ -5,8 +5,9 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use trellis_host::plugins::PluginValidators;
-use trellis_host::{Engine, Limits, validation};
+use trellis_sandbox::{Engine, Limits};
+use trellis_workflow::validation;
+use trellis_workflow::validation::PluginValidators;
 
 use super::{PluginDirs, open_workspace, registry};
 

@@ -5,7 +5,6 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::Args;
-use trellis_host::workflow;
 
 /// Arguments of `trellis migrate`.
 #[derive(Args, Debug)]
@@ -16,7 +15,7 @@ pub struct MigrateArgs {
 
 /// Migrates and prints what changed; exit status 1 (with the reason) when it is refused.
 pub fn run(args: &MigrateArgs) -> Result<ExitCode> {
-    match workflow::migrate::migrate_message_sequence_code_items(&args.workspace) {
+    match trellis_workflow::migrate::migrate_message_sequence_code_items(&args.workspace) {
         Ok(summary) => {
             if summary.converted.is_empty() {
                 println!("nothing to migrate: no message sequence has code items");

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::Subcommand;
-use trellis_host::{Engine, PluginRegistry};
+use trellis_sandbox::{Engine, PluginRegistry};
 
 use super::{PluginDirs, registry};
 

@@ -7,12 +7,12 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use trellis_host::Engine;
-use trellis_host::llm::Recorder;
-use trellis_host::sequence::llm_choice::{LlmSetup, REPLAY_PROVIDER, parse_llm_spec};
-use trellis_host::sequence::runtime::{ExecutionEvent, Runtime, StartOptions};
-use trellis_host::sequence::session::Status;
-use trellis_host::sequence::workflow_run::RunOptions;
+use trellis_runner::llm_choice::{LlmSetup, REPLAY_PROVIDER, parse_llm_spec};
+use trellis_runner::runtime::{ExecutionEvent, Runtime, StartOptions};
+use trellis_runner::session::Status;
+use trellis_runner::workflow_run::RunOptions;
+use trellis_sandbox::Engine;
+use trellis_sandbox::llm::Recorder;
 
 use super::{PluginDirs, plural, registry};
 use crate::progress::{Mode, Progress};

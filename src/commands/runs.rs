@@ -5,8 +5,8 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::Subcommand;
-use trellis_host::sequence::run_folder::ACTIVE_RUN;
-use trellis_host::sequence::runs;
+use trellis_runner::run_folder::ACTIVE_RUN;
+use trellis_runner::runs;
 
 /// Subcommands of `trellis runs`.
 #[derive(Subcommand, Debug)]

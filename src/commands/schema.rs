@@ -4,7 +4,6 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use trellis_host::workflow;
 
 /// Arguments of `trellis schema`.
 #[derive(Args, Debug)]
@@ -39,7 +38,8 @@ impl SchemaKind {
 
 /// Prints the schema, pretty.
 pub fn run(args: &SchemaArgs) -> Result<ExitCode> {
-    let schema = workflow::json_schema::schema_for(args.which.name()).context("unknown schema")?;
+    let schema =
+        trellis_workflow::json_schema::schema_for(args.which.name()).context("unknown schema")?;
     println!("{}", serde_json::to_string_pretty(&schema)?);
     Ok(ExitCode::SUCCESS)
 }

@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use trellis_host::Engine;
-use trellis_host::script::{ScriptOptions, ScriptRunner};
+use trellis_runner::step_script::{self, ScriptOptions};
+use trellis_sandbox::Engine;
+use trellis_sandbox::script::ScriptRunner;
 
 use super::open_workspace;
 
@@ -73,7 +74,7 @@ pub async fn run(engine: &Engine, args: ScriptArgs) -> Result<ExitCode> {
     }
     let ws = open_workspace(&args.workspace, args.run.as_deref())?;
     let runner = ScriptRunner::new(engine)?;
-    let outcome = runner.run(&ws, &args.step, &options).await?;
+    let outcome = step_script::run(&runner, &ws, &args.step, &options).await?;
 
     std::io::stdout().write_all(outcome.stdout.as_bytes())?;
     std::io::stdout().flush()?;

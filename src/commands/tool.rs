@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Subcommand;
-use trellis_host::capabilities::resolve_in_root;
-use trellis_host::{Access, Engine, Grant, Limits};
+use trellis_sandbox::capabilities::resolve_in_root;
+use trellis_sandbox::{Access, Engine, Grant, Limits};
 
 use super::{PluginDirs, registry};
 

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
-use trellis_host::workflow::Workspace;
+use trellis_workflow::Workspace;
 
 use super::plural;
 

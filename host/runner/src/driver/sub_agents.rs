@@ -1,0 +1,199 @@
+//! `call_sub_agent`: one call of a route's sub-agent, run as a child agent in a fresh call
+//! folder with its route's conversation (see [`crate::routes`]).
+
+use std::time::Instant;
+
+use serde_json::Value;
+
+use super::prompts::system_prompt;
+use super::turn::{parse_arguments, tool_record};
+use super::{Resolver, Run, StepRunner, TurnEnd};
+use crate::events::RunEvent;
+use crate::grants::{AgentFolders, TurnAccess};
+use crate::routes::{AgentHome, CallResult, call_preamble, files_written};
+use crate::session::{Session, Status, ToolCallRecord, now_rfc3339};
+use trellis_sandbox::llm::{Message, ToolCall};
+use trellis_workflow::plan::Step;
+
+impl StepRunner<'_> {
+    /// One `call_sub_agent` call of the agent of `parent`: checks the route and the depth,
+    /// runs the route's sub-agent in a fresh call folder and returns what it did. Never
+    /// fails: errors (an unknown route, too deep) land in the record as tool errors, and a
+    /// sub-agent that fails is a result saying so.
+    pub(super) fn sub_agent_call<'s>(
+        &'s self,
+        parent: &'s Run<'_>,
+        call: &'s ToolCall,
+    ) -> futures::future::BoxFuture<'s, ToolCallRecord> {
+        Box::pin(async move {
+            let started_at = now_rfc3339();
+            let t0 = Instant::now();
+            let args = parse_arguments(&call.arguments);
+            let outcome = match &args {
+                Err(e) => Err(e.clone()),
+                Ok(a) => self.run_call(parent, a).await,
+            };
+            tool_record(call, args, outcome, started_at, t0)
+        })
+    }
+
+    pub(super) async fn run_call(&self, parent: &Run<'_>, args: &Value) -> Result<Value, String> {
+        let routes = parent.step.predefined_routes();
+        let route_id = args
+            .get("route_id")
+            .and_then(Value::as_str)
+            .ok_or("call_sub_agent needs a string \"route_id\"")?;
+        let instructions = args
+            .get("instructions")
+            .and_then(Value::as_str)
+            .ok_or("call_sub_agent needs a string \"instructions\"")?;
+        if let Some(extra) = args
+            .as_object()
+            .and_then(|o| o.keys().find(|k| *k != "route_id" && *k != "instructions"))
+        {
+            return Err(format!(
+                "call_sub_agent takes route_id and instructions only, not {extra:?}"
+            ));
+        }
+        let route = routes
+            .iter()
+            .find(|r| r.route_id == route_id)
+            .ok_or_else(|| {
+                format!(
+                    "unknown route_id {route_id:?}: the routes of {} are {}",
+                    parent.label,
+                    routes
+                        .iter()
+                        .map(|r| format!("{:?}", r.route_id))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            })?;
+        if parent.depth >= self.max_route_depth {
+            return Err(format!(
+                "route {route_id:?} refused: sub-agents nest at most {} level(s) deep and {} is \
+                 already at depth {}",
+                self.max_route_depth, parent.label, parent.depth
+            ));
+        }
+        if self.cancelled() {
+            return Err("stop requested".to_string());
+        }
+        let ws = parent.ws;
+        let own = match &self.resolver {
+            Some(Resolver(resolve)) => resolve(ws, route_id)
+                .map_err(|e| format!("route {route_id:?}: its model: {e:#}"))?,
+            None => None,
+        };
+        let models = own.unwrap_or_else(|| parent.models.clone());
+        let step: &Step = &route.sub_agent_step;
+        let home =
+            AgentHome::new(&ws.root, &parent.owner_rel, route_id).map_err(|e| format!("{e:#}"))?;
+        let call_id = home.next_call(&ws.fs).map_err(|e| format!("{e:#}"))?;
+        let output_rel = home.call_rel(&call_id);
+        let label = format!("{}/{route_id}", parent.label);
+        let folders = AgentFolders {
+            output: output_rel.clone(),
+            shared: parent.folders.shared.clone().or_else(|| {
+                Some(format!(
+                    "{}/{}",
+                    parent.folders.output,
+                    crate::routes::SHARED_DIR
+                ))
+            }),
+            sub_agent: true,
+        };
+        let configs = ws.agent_configs(route_id);
+        let (policy, tools) = self.tools_of(step, &configs);
+        let logs = parent.logs.join(crate::routes::AGENTS_DIR).join(route_id);
+        ws.fs
+            .create_dir_all(&logs)
+            .map_err(|e| format!("creating {}: {e}", logs.display()))?;
+        let (session, history) = match Session::read(&ws.fs, &home.dir) {
+            Ok(Some(s)) => {
+                let history = s
+                    .conversation_history
+                    .iter()
+                    .map(|m| serde_json::from_value::<Message>(m.clone()))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| {
+                        format!("{}/session.json: unreadable conversation: {e}", home.rel)
+                    })?;
+                (s, history)
+            }
+            Ok(None) => (Session::new(route_id, &parent.run_folder), Vec::new()),
+            Err(e) => return Err(format!("{}/session.json: {e}", home.rel)),
+        };
+        let mut run = Run {
+            ws,
+            step,
+            configs,
+            run_folder: parent.run_folder.clone(),
+            output_dir: ws.root.join(&output_rel),
+            folders,
+            session_dir: home.dir.clone(),
+            owner_rel: home.rel.clone(),
+            models,
+            logs,
+            label: label.clone(),
+            depth: parent.depth + 1,
+            entry_prefix: format!("{call_id}/"),
+            preamble: Some(call_preamble(&call_id, instructions)),
+            session,
+            history,
+            tools,
+            policy,
+            concerns: Vec::new(),
+            final_text: None,
+            turns: 0,
+        };
+        // The system prompt names this call's folders: it is replaced on every call, the
+        // rest of the conversation is kept.
+        let grant = run
+            .grant_for(TurnAccess::for_step(&run.configs))
+            .map_err(|e| match e {
+                TurnEnd::Failed(r) => r,
+                TurnEnd::Stopped => "stop requested".to_string(),
+            })?;
+        let system = Message::system(system_prompt(step, &grant));
+        match run.history.first_mut() {
+            Some(first) if first.role == trellis_sandbox::llm::Role::System => *first = system,
+            _ => run.history.insert(0, system),
+        }
+        run.session.status = Status::Running;
+        run.save_session().map_err(|e| format!("{e:#}"))?;
+        self.observer.emit(RunEvent::SubAgentStarted {
+            step_id: parent.label.clone(),
+            route_id: route_id.to_string(),
+            call_id: call_id.clone(),
+            depth: run.depth,
+        });
+        let items = step.effective_items();
+        let result = self.run_items(&mut run, &items).await;
+        let (status, error) = match result {
+            Ok(()) => (Status::Completed, None),
+            Err(TurnEnd::Stopped) => (Status::Stopped, Some("stop requested".to_string())),
+            Err(TurnEnd::Failed(reason)) => (Status::Failed, Some(reason)),
+        };
+        run.session.status = status;
+        if let Err(e) = run.save_session() {
+            tracing::warn!("{label}: {e:#}");
+        }
+        self.observer.emit(RunEvent::SubAgentEnded {
+            step_id: parent.label.clone(),
+            route_id: route_id.to_string(),
+            call_id: call_id.clone(),
+            status,
+        });
+        Ok(CallResult {
+            route_id: route_id.to_string(),
+            call_id,
+            status,
+            answer: run.final_text,
+            error,
+            files: files_written(&ws.fs, &ws.root, &run.output_dir),
+            output_folder: output_rel,
+        }
+        .to_value())
+    }
+}

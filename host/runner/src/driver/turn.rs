@@ -1,0 +1,482 @@
+//! The turn: LLM calls and tool rounds until a plain reply, tool dispatch (plugin tools
+//! and `call_sub_agent`), context offloading of large results and the steering hooks.
+
+use std::time::Instant;
+
+use serde_json::Value;
+
+use super::prompts::offload_reference;
+use super::{AgentModels, OFFLOAD_THRESHOLD, Run, StepRunner, TurnEnd, TurnOk, entry_outcome};
+use crate::events::RunEvent;
+use crate::filters::{CALL_SUB_AGENT, DELEGATION_CATEGORY, ToolPolicy};
+use crate::grants::TurnGrant;
+use crate::routes::{TOOL_RESULTS_DIR, call_sub_agent_tool};
+use crate::session::{
+    LlmCallRecord, RequestedToolCall, Status, ToolCallRecord, TurnConversation, TurnSummary,
+    now_rfc3339, write_turn_logs,
+};
+use crate::steering::Phase;
+use trellis_sandbox::llm::{
+    Message, Options, Request, Target, ToolCall, ToolDefinition, complete_with_options,
+};
+use trellis_workflow::AgentConfigs;
+use trellis_workflow::plan::Step;
+
+impl StepRunner<'_> {
+    /// Records what the step's own agent does next (sub-agents leave it alone: a message is
+    /// for the agent the operator started).
+    pub(super) fn steer_phase(&self, run: &Run<'_>, phase: Phase) {
+        if run.depth == 0
+            && let Some(steering) = &self.steering
+        {
+            steering.set_phase(phase);
+        }
+    }
+
+    /// Appends the messages sent to the step's agent since its last LLM call.
+    pub(super) fn take_steering(&self, run: &mut Run<'_>) {
+        if run.depth == 0
+            && let Some(steering) = &self.steering
+        {
+            for text in steering.take() {
+                run.history.push(Message::user(text));
+            }
+        }
+    }
+
+    /// The tool policy of a step and the tools offered: plugin tools passing the filters,
+    /// then `call_sub_agent` when the step has routes.
+    pub(super) fn tools_of(
+        &self,
+        step: &Step,
+        configs: &AgentConfigs,
+    ) -> (ToolPolicy, Vec<ToolDefinition>) {
+        let routes = step.predefined_routes();
+        let policy = ToolPolicy::from_configs(configs, !routes.is_empty());
+        let mut tools = self.offered_tools(&policy);
+        if policy.host.allows(DELEGATION_CATEGORY, CALL_SUB_AGENT) {
+            tools.push(call_sub_agent_tool(routes));
+        }
+        (policy, tools)
+    }
+
+    /// The plugin tools passing the policy, as the model is told about them.
+    pub(super) fn offered_tools(&self, policy: &ToolPolicy) -> Vec<ToolDefinition> {
+        let mut tools = Vec::new();
+        for plugin in self.registry.plugins() {
+            for listing in plugin.tool_listings() {
+                if policy.plugins.allows_full_name(&listing.name) {
+                    tools.push(ToolDefinition {
+                        name: listing.name.clone(),
+                        description: listing.description.to_string(),
+                        parameters: listing.input_schema.clone(),
+                    });
+                }
+            }
+        }
+        tools
+    }
+
+    /// The LLM call of one round to `models`, with the cassette's next endpoint under replay.
+    pub(super) async fn call_llm(
+        &self,
+        models: &AgentModels,
+        request: &Request,
+    ) -> trellis_sandbox::llm::Completion {
+        let targets = match &models.replay {
+            Some(cursor) => match (models.targets.first(), cursor.next_endpoint()) {
+                (Some(first), Ok(endpoint)) => vec![Target {
+                    endpoint,
+                    ..first.clone()
+                }],
+                _ => models.targets.clone(),
+            },
+            None => models.targets.clone(),
+        };
+        let completion = complete_with_options(
+            self.registry,
+            &targets,
+            &models.options,
+            request,
+            &self.retry,
+            &self.limits,
+        )
+        .await;
+        if let (Some(recorder), Ok(response)) = (&self.recorder, &completion.result)
+            && let Err(e) = recorder.record(request, response)
+        {
+            tracing::error!("{e:#}");
+        }
+        completion
+    }
+
+    /// One turn: user message, then rounds of LLM call and tool calls until a plain reply.
+    #[tracing::instrument(skip_all, fields(item = item_id, iteration))]
+    pub(super) async fn turn(
+        &self,
+        run: &mut Run<'_>,
+        item_id: &str,
+        iteration: u32,
+        message: String,
+        grant: &TurnGrant,
+    ) -> Result<(), TurnEnd> {
+        run.turns += 1;
+        run.session.execution_turn_count += 1;
+        let turn_no = run.session.execution_turn_count;
+        self.observer.emit(RunEvent::TurnStarted {
+            step_id: run.label.clone(),
+            item_id: item_id.to_string(),
+            iteration,
+            turn: turn_no,
+        });
+        let started_at = now_rfc3339();
+        let started = Instant::now();
+        let first_message = run.history.len();
+        let message = match run.preamble.take() {
+            Some(preamble) => format!("{preamble}\n\n{message}"),
+            None => message,
+        };
+        run.history.push(Message::user(message));
+        let mut conv = TurnConversation {
+            step_id: run.step.id.clone(),
+            item_id: item_id.to_string(),
+            attempt: turn_no as u32,
+            iteration,
+            messages: Vec::new(),
+            llm_calls: Vec::new(),
+            tool_calls: Vec::new(),
+        };
+        let parallel = !run.configs.disable_parallel_tool_execution.unwrap_or(false);
+        let mut result = Err(TurnEnd::Failed(format!(
+            "turn {item_id}: more than {} tool rounds without a final reply",
+            self.max_tool_rounds
+        )));
+        for round in 0..=self.max_tool_rounds {
+            if self.cancelled() {
+                result = Err(TurnEnd::Stopped);
+                break;
+            }
+            self.steer_phase(run, Phase::LlmCall);
+            let request = Request {
+                model: run
+                    .models
+                    .targets
+                    .first()
+                    .map(|t| t.model.clone())
+                    .unwrap_or_default(),
+                messages: run.history.clone(),
+                tools: run.tools.clone(),
+                options: Options::default(),
+            };
+            let call_started = now_rfc3339();
+            let t0 = Instant::now();
+            let completion = self.call_llm(&run.models, &request).await;
+            let answered = completion.answered_by().or(completion.attempts.last());
+            let mut record = LlmCallRecord {
+                turn: turn_no,
+                provider: answered.map(|a| a.provider.clone()).unwrap_or_default(),
+                model_id: answered.map(|a| a.model.clone()).unwrap_or_default(),
+                status: Status::Completed,
+                error: None,
+                started_at: call_started,
+                completed_at: now_rfc3339(),
+                duration_ms: t0.elapsed().as_millis() as u64,
+                prompt_tokens: 0,
+                completion_tokens: 0,
+                total_tokens: 0,
+                tool_calls: Vec::new(),
+            };
+            let response = match completion.result {
+                Ok(r) => r,
+                Err(e) => {
+                    record.status = Status::Failed;
+                    record.error = Some(e.to_string());
+                    self.emit_llm_call(&run.label, &record);
+                    conv.llm_calls.push(record);
+                    result = Err(TurnEnd::Failed(format!(
+                        "turn {item_id}: LLM call failed: {e}"
+                    )));
+                    break;
+                }
+            };
+            record.prompt_tokens = response.usage.prompt_tokens.into();
+            record.completion_tokens = response.usage.completion_tokens.into();
+            record.total_tokens = response.usage.total_tokens.into();
+            record.tool_calls = response
+                .tool_calls
+                .iter()
+                .map(|c| RequestedToolCall {
+                    id: c.id.clone(),
+                    name: c.name.clone(),
+                    arguments: parse_arguments(&c.arguments).unwrap_or(Value::Null),
+                })
+                .collect();
+            self.emit_llm_call(&run.label, &record);
+            conv.llm_calls.push(record);
+            run.history.push(Message::assistant(&response));
+            if response.tool_calls.is_empty() {
+                // A message that arrived while the model answered keeps the turn going.
+                let pending = match &self.steering {
+                    Some(steering) if run.depth == 0 => steering.finish_turn(Phase::Preparing),
+                    _ => Vec::new(),
+                };
+                if pending.is_empty() || round == self.max_tool_rounds {
+                    result = Ok(TurnOk {
+                        text: response.text.clone(),
+                    });
+                    break;
+                }
+                run.history.extend(pending.into_iter().map(Message::user));
+                continue;
+            }
+            if round == self.max_tool_rounds {
+                break;
+            }
+            self.steer_phase(run, Phase::ToolCalls);
+            let records = self
+                .tool_calls(run, &response.tool_calls, grant, parallel)
+                .await;
+            for r in records {
+                self.observer.emit(RunEvent::ToolCall {
+                    step_id: run.label.clone(),
+                    tool: r.tool_name.clone(),
+                    error: r.error.clone(),
+                    duration_ms: r.duration_ms,
+                });
+                let content = match (&r.result, &r.error) {
+                    (_, Some(e)) => format!("error: {e}"),
+                    (Some(v), None) => match v {
+                        Value::String(s) => s.clone(),
+                        other => other.to_string(),
+                    },
+                    (None, None) => String::new(),
+                };
+                let content = if run.configs.enable_context_offloading == Some(true)
+                    && r.error.is_none()
+                    && content.len() > OFFLOAD_THRESHOLD
+                {
+                    offload(run, &r, content)
+                } else {
+                    content
+                };
+                run.history
+                    .push(Message::tool_result(r.tool_call_id.clone(), content));
+                conv.tool_calls.push(r);
+            }
+            self.take_steering(run);
+        }
+        self.steer_phase(run, Phase::Preparing);
+        conv.messages = run.history[first_message..]
+            .iter()
+            .map(|m| serde_json::to_value(m).unwrap_or(Value::Null))
+            .collect();
+        let (status, error) = entry_outcome(&result, None);
+        let summary = TurnSummary::from_calls(
+            &conv,
+            item_id,
+            status,
+            error,
+            started_at,
+            now_rfc3339(),
+            started.elapsed().as_millis() as u64,
+        );
+        if let Err(e) = write_turn_logs(&run.ws.fs, &run.logs, &summary, &conv) {
+            tracing::warn!("{}: turn {item_id}: writing the turn logs: {e}", run.label);
+        }
+        let _ = run.save_session();
+        let ok = result?;
+        let (failed_reason, concerns) = scan_reply(&ok.text);
+        run.concerns.extend(concerns);
+        run.final_text = Some(ok.text);
+        if let Some(reason) = failed_reason {
+            return Err(TurnEnd::Failed(reason));
+        }
+        Ok(())
+    }
+
+    pub(super) fn emit_llm_call(&self, step_id: &str, record: &LlmCallRecord) {
+        self.observer.emit(RunEvent::LlmCall {
+            step_id: step_id.to_string(),
+            provider: record.provider.clone(),
+            model: record.model_id.clone(),
+            prompt_tokens: record.prompt_tokens,
+            completion_tokens: record.completion_tokens,
+            tool_calls: record.tool_calls.len(),
+            duration_ms: record.duration_ms,
+            error: record.error.clone(),
+        });
+    }
+
+    /// The tool calls of one LLM response, records in the order asked. Plugin tools run in
+    /// parallel unless `parallel` is off; `call_sub_agent` calls run after them, one at a
+    /// time (a route's conversation is one conversation).
+    pub(super) async fn tool_calls(
+        &self,
+        run: &Run<'_>,
+        calls: &[ToolCall],
+        grant: &TurnGrant,
+        parallel: bool,
+    ) -> Vec<ToolCallRecord> {
+        let is_delegation = |c: &ToolCall| {
+            trellis_sandbox::plugins::normalize_tool_name(c.name.trim()) == CALL_SUB_AGENT
+                && run.policy.host.allows(DELEGATION_CATEGORY, CALL_SUB_AGENT)
+        };
+        let plugin_calls = calls
+            .iter()
+            .filter(|c| !is_delegation(c))
+            .map(|c| self.tool_call(&run.policy, c, grant));
+        let mut plugin_records = if parallel {
+            futures::future::join_all(plugin_calls).await
+        } else {
+            let mut out = Vec::new();
+            for c in plugin_calls {
+                out.push(c.await);
+            }
+            out
+        }
+        .into_iter();
+        let mut records = Vec::with_capacity(calls.len());
+        for c in calls {
+            if is_delegation(c) {
+                records.push(self.sub_agent_call(run, c).await);
+            } else if let Some(r) = plugin_records.next() {
+                records.push(r);
+            }
+        }
+        records
+    }
+
+    /// One tool call, never failing: errors land in the record.
+    pub(super) async fn tool_call(
+        &self,
+        policy: &ToolPolicy,
+        call: &ToolCall,
+        grant: &TurnGrant,
+    ) -> ToolCallRecord {
+        let started_at = now_rfc3339();
+        let t0 = Instant::now();
+        let args = parse_arguments(&call.arguments);
+        let outcome: Result<Value, String> = match &args {
+            Err(e) => Err(e.clone()),
+            Ok(_) if !policy.plugins.allows_full_name(&call.name) => Err(format!(
+                "tool {:?} is not available in this step",
+                call.name
+            )),
+            Ok(a) => self
+                .registry
+                .call_tool(&call.name, a, &grant.grant, &self.limits)
+                .await
+                .map_err(|e| e.to_string()),
+        };
+        tool_record(call, args, outcome, started_at, t0)
+    }
+}
+
+/// The record of a tool call that started at `started_at` (`t0`) and ended now.
+pub(super) fn tool_record(
+    call: &ToolCall,
+    args: Result<Value, String>,
+    outcome: Result<Value, String>,
+    started_at: String,
+    t0: Instant,
+) -> ToolCallRecord {
+    ToolCallRecord {
+        tool_call_id: call.id.clone(),
+        tool_name: call.name.clone(),
+        args: args.unwrap_or(Value::Null),
+        result: outcome.as_ref().ok().cloned(),
+        error: outcome.err(),
+        duration_ms: t0.elapsed().as_millis() as u64,
+        started_at,
+        completed_at: now_rfc3339(),
+    }
+}
+
+/// Writes a large tool result to `<output>/tool-results/<tool-call-id>.json` and returns the
+/// short reference that replaces it in the conversation. When the file cannot be written the
+/// result stays in the conversation as it was.
+pub(super) fn offload(run: &Run<'_>, record: &ToolCallRecord, content: String) -> String {
+    let name = format!("{}.json", file_safe(&record.tool_call_id));
+    let path = run.output_dir.join(TOOL_RESULTS_DIR).join(&name);
+    let value = record.result.clone().unwrap_or(Value::Null);
+    match run.ws.fs.write_json_atomic(&path, &value) {
+        Ok(()) => offload_reference(
+            &format!("{}/{TOOL_RESULTS_DIR}/{name}", run.folders.output),
+            content.len(),
+        ),
+        Err(e) => {
+            tracing::warn!(
+                "{}: offloading a tool result to {}: {e}",
+                run.label,
+                path.display()
+            );
+            content
+        }
+    }
+}
+
+/// A tool call id as a file name: characters other than letters, digits, `-`, `_` and `.`
+/// become `_`; an empty or dot-only id becomes `call`.
+fn file_safe(id: &str) -> String {
+    let name: String = id
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if name.trim_matches('.').is_empty() {
+        "call".to_string()
+    } else {
+        name
+    }
+}
+
+pub(super) fn parse_arguments(text: &str) -> Result<Value, String> {
+    if text.trim().is_empty() {
+        return Ok(Value::Object(Default::default()));
+    }
+    serde_json::from_str(text).map_err(|e| format!("the arguments are not JSON: {e}"))
+}
+
+/// The `STATUS: FAILED` reason and the `CONCERNS:` lines of a reply.
+pub fn scan_reply(text: &str) -> (Option<String>, Vec<String>) {
+    let mut failed = None;
+    let mut concerns = Vec::new();
+    for line in text.lines() {
+        let line = line.trim();
+        if let Some(rest) = line.strip_prefix("STATUS: FAILED") {
+            let reason = rest.trim_start_matches([':', ' ', '-']).trim();
+            failed.get_or_insert_with(|| {
+                if reason.is_empty() {
+                    "the agent reported STATUS: FAILED".to_string()
+                } else {
+                    reason.to_string()
+                }
+            });
+        } else if let Some(rest) = line.strip_prefix("CONCERNS:") {
+            let rest = rest.trim();
+            if !rest.is_empty() {
+                concerns.push(rest.to_string());
+            }
+        }
+    }
+    (failed, concerns)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_failed_and_concerns_are_scanned() {
+        let (failed, concerns) =
+            scan_reply("done\nCONCERNS: row 2 odd\nSTATUS: FAILED: no data\nCONCERNS: x");
+        assert_eq!(failed.as_deref(), Some("no data"));
+        assert_eq!(concerns, vec!["row 2 odd", "x"]);
+        assert_eq!(scan_reply("all good"), (None, vec![]));
+    }
+}

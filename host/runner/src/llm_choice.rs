@@ -1,0 +1,621 @@
+//! Which LLM a step talks to, and how to reach it.
+//!
+//! The models of a step (spec section 3, workflow.json): `--llm provider:model` when given
+//! (it overrides everything, fallbacks included); else the step's `execution_llm`, its
+//! `fallbacks` tried in order when the primary fails; else its `execution_tier` resolved
+//! through workflow.json `tiers`; else workflow.json's `llm`. A step with none of these has
+//! no model, which is an error only if it needs one ([`check_models`], before anything runs).
+//! A route's sub-agent step (spec section 4, `predefined_routes`) has models of its own when
+//! its step config entry sets `execution_llm` or `execution_tier` and no `--llm` is given
+//! ([`LlmSetup::own_step_llm`]); otherwise it talks to its parent's.
+//!
+//! How a model is reached: `replay` answers from `<workspace>/cassettes/<model_id>.json`
+//! (the model id one plain name, the file inside the workspace; one shared position per
+//! cassette across the steps of a run); any other provider gets the `base_url` of its
+//! workflow.json `providers` entry (else `$OPENAI_BASE_URL`, else the public API) and the
+//! key from the variable named by `api_key_env` (else `$OPENAI_API_KEY`), provided the
+//! operator approved that origin for that variable ([`KeyApprovals`]). The `options` of a
+//! model (`temperature`, `max_tokens`, anything else merged into the request body) go with
+//! it.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Map, Value};
+
+use trellis_sandbox::llm::record::check_replay_model_id;
+use trellis_sandbox::llm::{
+    DEFAULT_KEY_ENV, Endpoint, KeyApprovals, Options, Recorder, ReplayCursor, Secret, Target,
+};
+use trellis_workflow::step_config::{ExecutionTier, LlmRef};
+use trellis_workflow::{Step, StepKind, Workspace};
+
+/// The provider answering from cassettes.
+pub const REPLAY_PROVIDER: &str = "replay";
+pub use trellis_sandbox::llm::record::CASSETTES_DIR;
+
+/// Where the models of a step came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelSource {
+    /// `--llm` on the command line.
+    Override,
+    /// The step's `execution_llm`.
+    ExecutionLlm,
+    /// The step's `execution_tier`, through workflow.json `tiers`.
+    Tier(ExecutionTier),
+    /// workflow.json `llm`.
+    WorkflowDefault,
+}
+
+impl std::fmt::Display for ModelSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ModelSource::Override => f.write_str("--llm"),
+            ModelSource::ExecutionLlm => f.write_str("execution_llm"),
+            ModelSource::Tier(t) => write!(f, "execution_tier {}", tier_name(*t)),
+            ModelSource::WorkflowDefault => f.write_str("workflow.json llm"),
+        }
+    }
+}
+
+fn tier_name(tier: ExecutionTier) -> &'static str {
+    match tier {
+        ExecutionTier::High => "high",
+        ExecutionTier::Medium => "medium",
+        ExecutionTier::Low => "low",
+    }
+}
+
+/// The models of one step: the primary first, then the fallbacks in order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepModels {
+    /// Where they came from.
+    pub source: ModelSource,
+    /// Primary, then fallbacks.
+    pub models: Vec<LlmRef>,
+}
+
+/// Parses `provider:model` (the `--llm` form).
+pub fn parse_llm_spec(spec: &str) -> Result<LlmRef> {
+    match spec.split_once(':') {
+        Some((provider, model)) if provider == REPLAY_PROVIDER => {
+            check_replay_model_id(model).map_err(|e| anyhow::anyhow!("--llm {spec:?}: {e}"))?;
+            Ok(LlmRef {
+                provider: provider.to_string(),
+                model_id: model.to_string(),
+                options: None,
+            })
+        }
+        Some((provider, model)) if !provider.is_empty() && !model.is_empty() => Ok(LlmRef {
+            provider: provider.to_string(),
+            model_id: model.to_string(),
+            options: None,
+        }),
+        _ => bail!("--llm {spec:?}: expected PROVIDER:MODEL (e.g. openai:gpt-4o, replay:demo)"),
+    }
+}
+
+/// The models of step `step_id` of `ws` (see the module docs for the order); `None` when
+/// nothing names one. Errors name the step and the setting at fault.
+pub fn step_models(
+    ws: &Workspace,
+    step_id: &str,
+    override_llm: Option<&LlmRef>,
+) -> Result<Option<StepModels>> {
+    if let Some(llm) = override_llm {
+        return Ok(Some(StepModels {
+            source: ModelSource::Override,
+            models: vec![llm.clone()],
+        }));
+    }
+    let configs = ws.agent_configs(step_id);
+    let file = ws.step_config_file.display();
+    if let Some(llm) = &configs.execution_llm {
+        let (Some(provider), Some(model_id)) = (&llm.provider, &llm.model_id) else {
+            bail!(
+                "step {step_id:?}: {file}: agent_configs.execution_llm names the preset {:?} \
+                 (published_llm_id) without provider and model_id; presets are not resolved \
+                 here: set \"provider\" and \"model_id\"",
+                llm.published_llm_id.as_deref().unwrap_or_default()
+            );
+        };
+        let mut models = vec![LlmRef {
+            provider: provider.clone(),
+            model_id: model_id.clone(),
+            options: llm.options.clone(),
+        }];
+        models.extend(llm.fallbacks.iter().cloned());
+        return Ok(Some(StepModels {
+            source: ModelSource::ExecutionLlm,
+            models,
+        }));
+    }
+    if let Some(tier) = configs.execution_tier {
+        let name = tier_name(tier);
+        let model = ws.manifest.tiers.get(name).with_context(|| {
+            let known: Vec<&str> = ws.manifest.tiers.keys().map(String::as_str).collect();
+            format!(
+                "step {step_id:?}: {file}: agent_configs.execution_tier is {name:?} but \
+                 workflow.json has no tiers.{name} (tiers defined: {})",
+                if known.is_empty() {
+                    "none".to_string()
+                } else {
+                    known.join(", ")
+                }
+            )
+        })?;
+        return Ok(Some(StepModels {
+            source: ModelSource::Tier(tier),
+            models: vec![model.clone()],
+        }));
+    }
+    Ok(ws.manifest.llm.as_ref().map(|llm| StepModels {
+        source: ModelSource::WorkflowDefault,
+        models: vec![llm.clone()],
+    }))
+}
+
+/// Whether a step runs the agent loop before anything else (and so needs a model). A
+/// scripted `regular` step calls an LLM only to repair a failing script.
+pub fn needs_model(ws: &Workspace, step: &Step) -> bool {
+    match &step.kind {
+        StepKind::MessageSequence(_) | StepKind::TodoTask(_) => true,
+        StepKind::Regular => !ws.agent_configs(&step.id).is_scripted(),
+        _ => false,
+    }
+}
+
+/// The request options of a model's `options` object: `temperature` (a number) and
+/// `max_tokens` (a whole number) by name, everything else merged into the request body.
+pub fn request_options(options: Option<&Map<String, Value>>, at: &str) -> Result<Option<Options>> {
+    let Some(options) = options else {
+        return Ok(None);
+    };
+    let mut out = Options::default();
+    let mut extra = Map::new();
+    for (key, value) in options {
+        match key.as_str() {
+            "temperature" => {
+                let t = value.as_f64().with_context(|| {
+                    format!("{at}.temperature: expected a number, found {value}")
+                })?;
+                out.temperature = Some(t as f32);
+            }
+            "max_tokens" => {
+                let n = value
+                    .as_u64()
+                    .and_then(|n| u32::try_from(n).ok())
+                    .with_context(|| {
+                        format!("{at}.max_tokens: expected a whole number, found {value}")
+                    })?;
+                out.max_tokens = Some(n);
+            }
+            _ => {
+                extra.insert(key.clone(), value.clone());
+            }
+        }
+    }
+    if !extra.is_empty() {
+        out.extra = Some(Value::Object(extra));
+    }
+    Ok(Some(out))
+}
+
+/// What the runner of one step needs to reach its models.
+#[derive(Debug, Clone)]
+pub struct StepLlm {
+    /// Where the models came from.
+    pub source: ModelSource,
+    /// Primary, then fallbacks.
+    pub targets: Vec<Target>,
+    /// The request options of each target, by position.
+    pub options: Vec<Option<Options>>,
+    /// The cassette position, when the primary is `replay`.
+    pub replay: Option<ReplayCursor>,
+}
+
+/// How the steps of one run reach their models: the `--llm` override, the cassette
+/// positions shared across steps, the recorder of `--record` and the operator's key
+/// approvals. Clones share the cassette positions (a sub-agent's resolver holds one).
+#[derive(Debug, Clone)]
+pub struct LlmSetup {
+    override_llm: Option<LlmRef>,
+    recorder: Option<Arc<Recorder>>,
+    cursors: Arc<Mutex<BTreeMap<PathBuf, ReplayCursor>>>,
+    approvals: Arc<KeyApprovals>,
+}
+
+impl Default for LlmSetup {
+    fn default() -> Self {
+        LlmSetup::new(None)
+    }
+}
+
+impl LlmSetup {
+    /// Models from the workspace's settings, or `override_llm` for every step; keys go
+    /// where [`KeyApprovals::defaults`] allow.
+    pub fn new(override_llm: Option<LlmRef>) -> Self {
+        LlmSetup {
+            override_llm,
+            recorder: None,
+            cursors: Arc::default(),
+            approvals: Arc::new(KeyApprovals::defaults()),
+        }
+    }
+
+    /// Keys go only where `approvals` allow.
+    pub fn with_approvals(mut self, approvals: KeyApprovals) -> Self {
+        self.approvals = Arc::new(approvals);
+        self
+    }
+
+    /// The operator's approvals (keys, secrets and hosts).
+    pub fn approvals(&self) -> Arc<KeyApprovals> {
+        self.approvals.clone()
+    }
+
+    /// Records every answered call into `recorder`.
+    pub fn with_recorder(mut self, recorder: Arc<Recorder>) -> Self {
+        self.recorder = Some(recorder);
+        self
+    }
+
+    /// The `--llm` override.
+    pub fn override_llm(&self) -> Option<&LlmRef> {
+        self.override_llm.as_ref()
+    }
+
+    /// The recorder, when recording.
+    pub fn recorder(&self) -> Option<&Arc<Recorder>> {
+        self.recorder.as_ref()
+    }
+
+    /// The targets of step `step_id`; `None` when it has no model.
+    pub fn step_llm(&self, ws: &Workspace, step_id: &str) -> Result<Option<StepLlm>> {
+        let Some(models) = step_models(ws, step_id, self.override_llm.as_ref())? else {
+            return Ok(None);
+        };
+        let mut targets = Vec::new();
+        let mut options = Vec::new();
+        let mut replay = None;
+        for (i, model) in models.models.iter().enumerate() {
+            let at = match (models.source, i) {
+                (ModelSource::ExecutionLlm, 0) => "execution_llm.options".to_string(),
+                (ModelSource::ExecutionLlm, n) => {
+                    format!("execution_llm.fallbacks[{}].options", n - 1)
+                }
+                (ModelSource::Tier(t), _) => {
+                    format!("workflow.json tiers.{}.options", tier_name(t))
+                }
+                _ => "workflow.json llm.options".to_string(),
+            };
+            options.push(
+                request_options(model.options.as_ref(), &at)
+                    .with_context(|| format!("step {step_id:?}"))?,
+            );
+            if model.provider == REPLAY_PROVIDER {
+                if i > 0 {
+                    bail!(
+                        "step {step_id:?}: {}: replay can only be a step's primary model, not a fallback",
+                        models.source
+                    );
+                }
+                let cursor = self.cursor(&ws.root, &model.model_id).with_context(|| {
+                    format!(
+                        "step {step_id:?}: model replay:{} ({})",
+                        model.model_id, models.source
+                    )
+                })?;
+                targets.push(Target {
+                    provider: model.provider.clone(),
+                    model: model.model_id.clone(),
+                    endpoint: cursor.endpoint_at(0)?,
+                    secret: Secret::none(),
+                });
+                replay = Some(cursor);
+            } else {
+                targets.push(remote_target(ws, model, &self.approvals)?);
+            }
+        }
+        Ok(Some(StepLlm {
+            source: models.source,
+            targets,
+            options,
+            replay,
+        }))
+    }
+
+    /// The models of sub-agent step `step_id` when they are its own: its step config sets
+    /// `execution_llm` or `execution_tier` and no `--llm` is given. `None` means it talks to
+    /// its parent's models (under `--llm` those are the override already).
+    pub fn own_step_llm(&self, ws: &Workspace, step_id: &str) -> Result<Option<StepLlm>> {
+        if self.override_llm.is_some() {
+            return Ok(None);
+        }
+        let configs = ws.agent_configs(step_id);
+        if configs.execution_llm.is_none() && configs.execution_tier.is_none() {
+            return Ok(None);
+        }
+        self.step_llm(ws, step_id)
+    }
+
+    fn cursor(&self, root: &Path, model_id: &str) -> Result<ReplayCursor> {
+        let mut cursors = self.cursors.lock().unwrap_or_else(|e| e.into_inner());
+        let key = cassette_path(root, model_id);
+        if let Some(cursor) = cursors.get(&key) {
+            return Ok(cursor.clone());
+        }
+        let cursor = ReplayCursor::in_workspace(root, model_id)?;
+        cursors.insert(key, cursor.clone());
+        Ok(cursor)
+    }
+}
+
+/// `<root>/cassettes/<model_id>.json`.
+pub fn cassette_path(root: &Path, model_id: &str) -> PathBuf {
+    root.join(CASSETTES_DIR).join(format!("{model_id}.json"))
+}
+
+/// The endpoint and key of a provider other than `replay`, refused (naming the setting and
+/// how to approve it) when the key would go to an origin the operator did not approve.
+fn remote_target(ws: &Workspace, model: &LlmRef, approvals: &KeyApprovals) -> Result<Target> {
+    let settings = ws.manifest.providers.get(&model.provider);
+    let base_url = settings.and_then(|s| s.base_url.clone());
+    let endpoint = match &base_url {
+        Some(url) => Endpoint::new(url.clone()),
+        None => Endpoint::openai_from_env(),
+    };
+    let named_key = settings.and_then(|s| s.api_key_env.as_deref());
+    let key_env = named_key.unwrap_or(DEFAULT_KEY_ENV);
+    let secret = Secret::from_env(key_env);
+    if let Err(problem) = approvals.check(key_env, secret.is_set(), &endpoint.base_url) {
+        let setting = match (named_key, &base_url) {
+            (Some(_), _) => "api_key_env",
+            (None, Some(_)) => "base_url",
+            (None, None) => {
+                bail!("model {}:{}: {problem}", model.provider, model.model_id)
+            }
+        };
+        bail!(
+            "workflow.json: providers.{}.{setting}: {problem}",
+            model.provider
+        );
+    }
+    Ok(Target {
+        provider: model.provider.clone(),
+        model: model.model_id.clone(),
+        endpoint,
+        secret,
+    })
+}
+
+/// Checks, before anything runs, that every one of `steps` that needs a model has one and
+/// that it can be reached (known tier, existing cassette, usable options), and so can the
+/// own models of their routes' sub-agent steps ([`LlmSetup::own_step_llm`]). Every problem
+/// is reported at once, each naming its step (and route).
+pub fn check_models<'w>(
+    ws: &Workspace,
+    steps: impl IntoIterator<Item = &'w Step>,
+    llm: &LlmSetup,
+) -> Result<()> {
+    let mut problems: Vec<String> = Vec::new();
+    for step in steps {
+        check_route_models(ws, step, llm, &mut problems);
+        if !needs_model(ws, step) {
+            // A scripted step calls a model only to repair its script: the model it would
+            // use must resolve (its key approved for its origin) before anything runs too.
+            if matches!(step.kind, StepKind::Regular)
+                && let Err(e) = llm.step_llm(ws, &step.id)
+            {
+                problems.push(format!("{e:#}"));
+            }
+            continue;
+        }
+        match llm.step_llm(ws, &step.id) {
+            Ok(Some(_)) => {}
+            Ok(None) => problems.push(format!(
+                "step {:?} ({}) needs an LLM and has none: give --llm PROVIDER:MODEL, set \
+                 agent_configs.execution_llm (or execution_tier with workflow.json tiers) in \
+                 its step config, or set \"llm\" in workflow.json",
+                step.id,
+                step.type_name()
+            )),
+            Err(e) => problems.push(format!("{e:#}")),
+        }
+    }
+    // Steps sharing a provider share its problem: say it once.
+    let mut seen = std::collections::BTreeSet::new();
+    problems.retain(|p| seen.insert(p.clone()));
+    match problems.len() {
+        0 => Ok(()),
+        1 => bail!("{}", problems[0]),
+        _ => bail!("{}", problems.join("\n")),
+    }
+}
+
+/// The own models of the sub-agent steps of `step`'s routes, nested routes included.
+fn check_route_models(ws: &Workspace, step: &Step, llm: &LlmSetup, problems: &mut Vec<String>) {
+    for route in step.predefined_routes() {
+        if let Err(e) = llm.own_step_llm(ws, &route.route_id) {
+            problems.push(format!(
+                "route {:?} of step {:?} (its sub-agent step): {e:#}",
+                route.route_id, step.id
+            ));
+        }
+        check_route_models(ws, &route.sub_agent_step, llm, problems);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn workspace(root: &Path, configs: Value, manifest: Value) -> Workspace {
+        let plan = json!({"objective": "t", "steps": [
+            {"id": "a", "type": "regular", "title": "A", "description": "do a"},
+            {"id": "b", "type": "regular", "title": "B", "description": "do b"},
+            {"id": "c", "type": "regular", "title": "C", "description": "do c"}
+        ]});
+        std::fs::create_dir_all(root.join("planning")).unwrap();
+        std::fs::write(root.join("planning/plan.json"), plan.to_string()).unwrap();
+        std::fs::write(
+            root.join("planning/step_config.json"),
+            json!({"steps": configs}).to_string(),
+        )
+        .unwrap();
+        std::fs::write(root.join("workflow.json"), manifest.to_string()).unwrap();
+        Workspace::open(root).unwrap()
+    }
+
+    fn names(models: &StepModels) -> Vec<String> {
+        models
+            .models
+            .iter()
+            .map(|m| format!("{}:{}", m.provider, m.model_id))
+            .collect()
+    }
+
+    #[test]
+    fn execution_llm_then_tier_then_default_and_the_override_wins() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = workspace(
+            dir.path(),
+            json!([
+                {"id": "a", "agent_configs": {"execution_llm": {"provider": "openai",
+                    "model_id": "big", "options": {"temperature": 0.5},
+                    "fallbacks": [{"provider": "openai", "model_id": "f1"},
+                                  {"provider": "other", "model_id": "f2"}]}}},
+                {"id": "b", "agent_configs": {"execution_tier": "low"}}
+            ]),
+            json!({"llm": {"provider": "openai", "model_id": "default"},
+                   "tiers": {"low": {"provider": "openai", "model_id": "small"}}}),
+        );
+        let a = step_models(&ws, "a", None).unwrap().unwrap();
+        assert_eq!(a.source, ModelSource::ExecutionLlm);
+        assert_eq!(names(&a), ["openai:big", "openai:f1", "other:f2"]);
+        let b = step_models(&ws, "b", None).unwrap().unwrap();
+        assert_eq!(b.source, ModelSource::Tier(ExecutionTier::Low));
+        assert_eq!(names(&b), ["openai:small"]);
+        let c = step_models(&ws, "c", None).unwrap().unwrap();
+        assert_eq!(c.source, ModelSource::WorkflowDefault);
+        assert_eq!(names(&c), ["openai:default"]);
+        let over = parse_llm_spec("replay:demo").unwrap();
+        let a = step_models(&ws, "a", Some(&over)).unwrap().unwrap();
+        assert_eq!(names(&a), ["replay:demo"], "no fallbacks under --llm");
+
+        let setup = LlmSetup::new(None);
+        let llm = setup.step_llm(&ws, "a").unwrap().unwrap();
+        assert_eq!(llm.targets.len(), 3);
+        assert_eq!(llm.options[0].as_ref().unwrap().temperature, Some(0.5));
+        assert_eq!(llm.options[1], None);
+    }
+
+    #[test]
+    fn a_step_without_a_model_or_with_an_unknown_tier_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = workspace(
+            dir.path(),
+            json!([{"id": "b", "agent_configs": {"execution_tier": "high"}}]),
+            json!({}),
+        );
+        let setup = LlmSetup::new(None);
+        let err = check_models(&ws, &ws.plan.steps, &setup)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("step \"a\" (regular) needs an LLM and has none"),
+            "{err}"
+        );
+        assert!(err.contains("--llm PROVIDER:MODEL"), "{err}");
+        assert!(err.contains("execution_llm"), "{err}");
+        assert!(err.contains("\"llm\" in workflow.json"), "{err}");
+        assert!(err.contains("step \"b\""), "{err}");
+        assert!(err.contains("no tiers.high"), "{err}");
+        let over = LlmSetup::new(Some(parse_llm_spec("openai:x").unwrap()));
+        check_models(&ws, &ws.plan.steps, &over).unwrap();
+        assert!(parse_llm_spec("openai").is_err());
+        assert!(parse_llm_spec(":x").is_err());
+    }
+
+    #[test]
+    fn options_split_into_known_fields_and_body_extras() {
+        let map = json!({"temperature": 0, "max_tokens": 100, "top_p": 0.9});
+        let o = request_options(map.as_object(), "execution_llm.options")
+            .unwrap()
+            .unwrap();
+        assert_eq!(o.temperature, Some(0.0));
+        assert_eq!(o.max_tokens, Some(100));
+        assert_eq!(o.extra, Some(json!({"top_p": 0.9})));
+        let bad = json!({"max_tokens": "lots"});
+        let err = request_options(bad.as_object(), "execution_llm.options")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("execution_llm.options.max_tokens"), "{err}");
+    }
+
+    #[test]
+    fn steps_replaying_one_cassette_share_its_position() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = workspace(
+            dir.path(),
+            json!([]),
+            json!({"llm": {"provider": "replay", "model_id": "tape"}}),
+        );
+        let setup = LlmSetup::new(None);
+        assert!(setup.step_llm(&ws, "a").is_err(), "no cassette yet");
+        std::fs::create_dir_all(dir.path().join(CASSETTES_DIR)).unwrap();
+        std::fs::write(cassette_path(dir.path(), "tape"), "[]").unwrap();
+        let a = setup.step_llm(&ws, "a").unwrap().unwrap().replay.unwrap();
+        let b = setup.step_llm(&ws, "b").unwrap().unwrap().replay.unwrap();
+        a.next_endpoint().unwrap();
+        assert_eq!(b.position(), 1);
+    }
+
+    #[test]
+    fn a_sub_agent_has_its_own_models_only_when_its_config_names_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = workspace(
+            dir.path(),
+            json!([
+                {"id": "b", "agent_configs": {"execution_llm":
+                    {"provider": "replay", "model_id": "tape"}}},
+                {"id": "c", "agent_configs": {"execution_llm":
+                    {"provider": "replay", "model_id": "other"}}},
+                {"id": "d", "agent_configs": {"selected_tools": []}}
+            ]),
+            json!({"llm": {"provider": "replay", "model_id": "tape"}}),
+        );
+        std::fs::create_dir_all(dir.path().join(CASSETTES_DIR)).unwrap();
+        for name in ["tape", "other"] {
+            std::fs::write(cassette_path(dir.path(), name), "[]").unwrap();
+        }
+        let setup = LlmSetup::new(None);
+        let clone = setup.clone();
+        assert!(setup.own_step_llm(&ws, "a").unwrap().is_none(), "no entry");
+        assert!(
+            setup.own_step_llm(&ws, "d").unwrap().is_none(),
+            "no model in it"
+        );
+        let parent = setup.step_llm(&ws, "a").unwrap().unwrap().replay.unwrap();
+        // The same cassette shares one position, across clones of the setup too.
+        let same = clone
+            .own_step_llm(&ws, "b")
+            .unwrap()
+            .unwrap()
+            .replay
+            .unwrap();
+        let other = clone.own_step_llm(&ws, "c").unwrap().unwrap();
+        parent.next_endpoint().unwrap();
+        assert_eq!(same.position(), 1);
+        assert_eq!(other.targets[0].model, "other");
+        assert_eq!(other.replay.unwrap().position(), 0);
+        let over = LlmSetup::new(Some(parse_llm_spec("openai:x").unwrap()));
+        assert!(
+            over.own_step_llm(&ws, "b").unwrap().is_none(),
+            "--llm: inherit"
+        );
+    }
+}

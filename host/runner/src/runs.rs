@@ -1,0 +1,471 @@
+//! Reading what runs left behind, for `trellis runs list` and `trellis runs show`.
+//!
+//! Everything here only reads: the run folders under `runs/`, each step's
+//! `execution-final-summary.json` and `session.json` under `execution/<step>/`, and the
+//! turn logs under `logs/<step>/` (see [`super::session`]).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+
+use super::session::{
+    FINAL_SUMMARY_FILE, FinalSummary, Session, SessionEntry, Status, TurnConversation, TurnSummary,
+    logs_dir, turn_log_paths,
+};
+use trellis_sandbox::store::{Kind, WorkspaceFs};
+
+/// One run folder and the steps found in its `execution/`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunListing {
+    /// Relative to `runs/`: `iteration-N` or `iteration-N/<group>`.
+    pub run_folder: String,
+    /// The steps, by id.
+    pub steps: Vec<StepState>,
+}
+
+/// How a step of a run ended, as far as its files tell.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepState {
+    /// The step id (its folder under `execution/`).
+    pub step_id: String,
+    /// The final summary's status, else session.json's, else `no summary`.
+    pub status: String,
+    /// The final summary's `completed_at`.
+    pub completed_at: Option<String>,
+}
+
+/// One turn, from its log files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TurnLog {
+    /// The attempt of the step.
+    pub attempt: u32,
+    /// The turn within the attempt.
+    pub iteration: u32,
+    /// The summary file.
+    pub path: PathBuf,
+    /// `provider:model` of the last LLM call.
+    pub model: String,
+    /// How the turn ended.
+    pub status: Status,
+    /// LLM calls made.
+    pub llm_calls: u64,
+    /// Tool calls made.
+    pub tool_calls: u64,
+    /// Tool calls that failed.
+    pub tool_errors: u64,
+    /// The names of the tool calls, in order (from the conversation file, when there is one).
+    pub tool_names: Vec<String>,
+    /// Prompt tokens of all LLM calls.
+    pub prompt_tokens: u64,
+    /// Completion tokens of all LLM calls.
+    pub completion_tokens: u64,
+    /// How long the turn took.
+    pub duration_ms: u64,
+}
+
+/// What `runs show` prints about one step of one run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepReport {
+    /// Relative to `runs/`.
+    pub run_folder: String,
+    /// The step id.
+    pub step_id: String,
+    /// As in [`StepState`].
+    pub status: String,
+    /// The final summary's `completed_at`.
+    pub completed_at: Option<String>,
+    /// The final summary's concerns.
+    pub concerns: Vec<String>,
+    /// The entries of session.json (none without one).
+    pub entries: Vec<SessionEntry>,
+    /// The turns, by attempt and iteration.
+    pub turns: Vec<TurnLog>,
+    /// The logs of the step's last script run (`script-result.json`, `script-stdout.txt`,
+    /// `script-stderr.txt`), those that exist.
+    pub script_logs: Vec<PathBuf>,
+}
+
+/// The first line of an entry's summary, or empty.
+pub fn first_line(summary: Option<&str>) -> &str {
+    summary.and_then(|s| s.lines().next()).unwrap_or("")
+}
+
+/// Every run folder under `root/runs/`: `iteration-0` first, then `iteration-N` descending,
+/// then other folders by name; each followed by its group folders (sub-folders with an
+/// `execution/`). Empty when there is no `runs/`.
+pub fn list_runs(root: &Path) -> Result<Vec<RunListing>> {
+    if !root.is_dir() {
+        return Ok(Vec::new());
+    }
+    let fs = &WorkspaceFs::open(root)?;
+    let runs = root.join("runs");
+    if fs.kind(&runs)?.is_none() {
+        return Ok(Vec::new());
+    }
+    let mut tops: Vec<(u64, String)> = Vec::new();
+    for name in dir_names(fs, &runs)? {
+        let key = name
+            .strip_prefix("iteration-")
+            .and_then(|n| n.parse::<u64>().ok())
+            .map(|n| if n == 0 { 0 } else { u64::MAX - n })
+            .unwrap_or(u64::MAX);
+        tops.push((key, name));
+    }
+    tops.sort();
+    let mut out = Vec::new();
+    for (_, top) in tops {
+        let dir = runs.join(&top);
+        if fs.is_dir(dir.join("execution")) {
+            out.push(listing(fs, &dir, top.clone())?);
+        }
+        for group in dir_names(fs, &dir)? {
+            if group == "execution" || group == "logs" {
+                continue;
+            }
+            let gdir = dir.join(&group);
+            if fs.is_dir(gdir.join("execution")) {
+                out.push(listing(fs, &gdir, format!("{top}/{group}"))?);
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn listing(fs: &WorkspaceFs, run_dir: &Path, run_folder: String) -> Result<RunListing> {
+    let exec = run_dir.join("execution");
+    let mut steps = Vec::new();
+    for step in dir_names(fs, &exec)? {
+        if step == "Downloads" {
+            continue;
+        }
+        let (status, completed_at, _) = step_state(fs, &exec.join(&step))?;
+        steps.push(StepState {
+            step_id: step,
+            status,
+            completed_at,
+        });
+    }
+    Ok(RunListing { run_folder, steps })
+}
+
+/// (status, completed_at, concerns) of `execution/<step>/`.
+fn step_state(fs: &WorkspaceFs, step_dir: &Path) -> Result<(String, Option<String>, Vec<String>)> {
+    let summary_path = step_dir.join(FINAL_SUMMARY_FILE);
+    if fs.kind(&summary_path)?.is_some() {
+        let summary: FinalSummary = read_json(fs, &summary_path)?;
+        return Ok((
+            summary.status.to_string(),
+            Some(summary.completed_at),
+            summary.concerns,
+        ));
+    }
+    let session = Session::read(fs, step_dir)
+        .with_context(|| format!("reading {}", step_dir.join("session.json").display()))?;
+    let status = match session {
+        Some(s) => s.status.to_string(),
+        None => "no summary".to_string(),
+    };
+    Ok((status, None, Vec::new()))
+}
+
+/// One step of one run: its status, concerns, session entries and turns. `run` is relative
+/// to `runs/` (e.g. `iteration-0`, `iteration-2/Team_A`).
+pub fn show_step(root: &Path, run: &str, step: &str) -> Result<StepReport> {
+    trellis_workflow::check_run_selection(run).map_err(|e| anyhow::anyhow!("--run: {e}"))?;
+    trellis_sandbox::store::check_relative(step)
+        .map_err(|e| anyhow::anyhow!("step {step:?}: {e}"))?;
+    let fs = &WorkspaceFs::open(root)?;
+    let run_dir = root.join("runs").join(run);
+    if !fs.is_dir(&run_dir) {
+        fs.kind(&run_dir)?;
+        bail!("no run folder {}", run_dir.display());
+    }
+    let step_dir = run_dir.join("execution").join(step);
+    if !fs.is_dir(&step_dir) {
+        fs.kind(&step_dir)?;
+        bail!(
+            "no step {step:?} in this run: {} does not exist",
+            step_dir.display()
+        );
+    }
+    let (status, completed_at, concerns) = step_state(fs, &step_dir)?;
+    let entries = Session::read(fs, &step_dir)
+        .with_context(|| format!("reading {}", step_dir.join("session.json").display()))?
+        .map(|s| s.entries)
+        .unwrap_or_default();
+    let logs = logs_dir(&run_dir, step);
+    let turns = turn_logs(fs, &logs)?;
+    let script_logs = [
+        trellis_sandbox::script::RESULT_LOG,
+        trellis_sandbox::script::STDOUT_LOG,
+        trellis_sandbox::script::STDERR_LOG,
+    ]
+    .iter()
+    .map(|name| logs.join(name))
+    .filter(|path| fs.is_file(path))
+    .collect();
+    Ok(StepReport {
+        run_folder: run.to_string(),
+        step_id: step.to_string(),
+        status,
+        completed_at,
+        concerns,
+        entries,
+        turns,
+        script_logs,
+    })
+}
+
+/// The turns logged in `logs/<step>/`, by attempt and iteration.
+fn turn_logs(fs: &WorkspaceFs, logs: &Path) -> Result<Vec<TurnLog>> {
+    if fs.kind(logs)?.is_none() {
+        return Ok(Vec::new());
+    }
+    let mut keys = Vec::new();
+    for (name, _) in fs
+        .list(logs)
+        .with_context(|| format!("reading {}", logs.display()))?
+    {
+        if let Some(key) = parse_turn_log_name(&name) {
+            keys.push(key);
+        }
+    }
+    keys.sort();
+    let mut turns = Vec::new();
+    for (attempt, iteration) in keys {
+        let (summary_path, conversation_path) = turn_log_paths(logs, attempt, iteration);
+        let s: TurnSummary = read_json(fs, &summary_path)?;
+        let tool_names = if fs.kind(&conversation_path)?.is_some() {
+            let c: TurnConversation = read_json(fs, &conversation_path)?;
+            c.tool_calls.into_iter().map(|t| t.tool_name).collect()
+        } else {
+            Vec::new()
+        };
+        turns.push(TurnLog {
+            attempt,
+            iteration,
+            path: summary_path,
+            model: format!("{}:{}", s.provider, s.model_id),
+            status: s.status,
+            llm_calls: s.llm_call_count,
+            tool_calls: s.tool_call_count,
+            tool_errors: s.tool_error_count,
+            tool_names,
+            prompt_tokens: s.prompt_tokens,
+            completion_tokens: s.completion_tokens,
+            duration_ms: s.duration_ms,
+        });
+    }
+    Ok(turns)
+}
+
+/// `execution-attempt-<A>-iteration-<I>.json` -> (A, I); `None` for anything else
+/// (conversation files included).
+fn parse_turn_log_name(name: &str) -> Option<(u32, u32)> {
+    let rest = name
+        .strip_prefix("execution-attempt-")?
+        .strip_suffix(".json")?;
+    let (a, i) = rest.split_once("-iteration-")?;
+    Some((a.parse().ok()?, i.parse().ok()?))
+}
+
+/// The folders in `dir` (links are not folders: they are skipped, never followed).
+fn dir_names(fs: &WorkspaceFs, dir: &Path) -> Result<Vec<String>> {
+    Ok(fs
+        .list(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .into_iter()
+        .filter(|(_, kind)| *kind == Kind::Dir)
+        .map(|(name, _)| name)
+        .collect())
+}
+
+/// Reads a log as JSON, after this process's queued writes are on disk.
+fn read_json<T: serde::de::DeserializeOwned>(fs: &WorkspaceFs, path: &Path) -> Result<T> {
+    trellis_sandbox::store::write_behind::flush()?;
+    let bytes = fs
+        .read(path)
+        .with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_slice(&bytes).with_context(|| format!("parsing {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::{LlmCallRecord, Status, ToolCallRecord, now_rfc3339, write_turn_logs};
+    use serde_json::json;
+
+    fn summary(step: &str, run: &str, status: Status) -> FinalSummary {
+        FinalSummary {
+            schema_version: 1,
+            step_id: step.into(),
+            run_folder: run.into(),
+            status,
+            execution_result: None,
+            concerns: vec!["check ticket 2".into()],
+            completed_at: "2026-01-02T03:04:05.678Z".into(),
+        }
+    }
+
+    #[test]
+    fn turn_log_names_parse_and_conversations_do_not() {
+        assert_eq!(
+            parse_turn_log_name("execution-attempt-2-iteration-10.json"),
+            Some((2, 10))
+        );
+        assert_eq!(
+            parse_turn_log_name("execution-attempt-1-iteration-1-conversation.json"),
+            None
+        );
+        assert_eq!(parse_turn_log_name("pre_validation.json"), None);
+    }
+
+    #[test]
+    fn lists_iteration_0_first_then_descending_with_groups() {
+        let dir = tempfile::tempdir().unwrap();
+        let runs = dir.path().join("runs");
+        for run in [
+            "iteration-1",
+            "iteration-0",
+            "iteration-10",
+            "iteration-2/Team_A",
+        ] {
+            std::fs::create_dir_all(runs.join(run).join("execution/Downloads")).unwrap();
+        }
+        let step = runs.join("iteration-0/execution/a");
+        std::fs::create_dir_all(&step).unwrap();
+        summary("a", "iteration-0", Status::Completed)
+            .write(
+                &trellis_sandbox::store::WorkspaceFs::open(dir.path()).unwrap(),
+                &step,
+            )
+            .unwrap();
+        let step = runs.join("iteration-0/execution/b");
+        std::fs::create_dir_all(&step).unwrap();
+        let mut s = Session::new("b", "iteration-0");
+        s.status = Status::Failed;
+        s.write(
+            &trellis_sandbox::store::WorkspaceFs::open(dir.path()).unwrap(),
+            &step,
+        )
+        .unwrap();
+        std::fs::create_dir_all(runs.join("iteration-0/execution/c")).unwrap();
+
+        let list = list_runs(dir.path()).unwrap();
+        let folders: Vec<&str> = list.iter().map(|r| r.run_folder.as_str()).collect();
+        assert_eq!(
+            folders,
+            [
+                "iteration-0",
+                "iteration-10",
+                "iteration-2/Team_A",
+                "iteration-1"
+            ]
+        );
+        let steps = &list[0].steps;
+        assert_eq!(steps.len(), 3);
+        assert_eq!(steps[0].status, "completed");
+        assert_eq!(
+            steps[0].completed_at.as_deref(),
+            Some("2026-01-02T03:04:05.678Z")
+        );
+        assert_eq!(steps[1].status, "failed");
+        assert_eq!(steps[1].completed_at, None);
+        assert_eq!(steps[2].status, "no summary");
+        assert!(list[1].steps.is_empty());
+        assert!(list_runs(&dir.path().join("nowhere")).unwrap().is_empty());
+    }
+
+    #[test]
+    fn shows_a_step_with_its_entries_and_turns() {
+        let dir = tempfile::tempdir().unwrap();
+        let run_dir = dir.path().join("runs/iteration-0");
+        let step = run_dir.join("execution/s");
+        std::fs::create_dir_all(&step).unwrap();
+        summary("s", "iteration-0", Status::Completed)
+            .write(
+                &trellis_sandbox::store::WorkspaceFs::open(dir.path()).unwrap(),
+                &step,
+            )
+            .unwrap();
+        let mut session = Session::new("s", "iteration-0");
+        let i = session.start_entry("m", "m", "user_message");
+        session.end_entry(i, Status::Completed, Some("line one\nline two".into()));
+        session
+            .write(
+                &trellis_sandbox::store::WorkspaceFs::open(dir.path()).unwrap(),
+                &step,
+            )
+            .unwrap();
+        let logs = logs_dir(&run_dir, "s");
+        for iteration in [2, 1] {
+            let now = now_rfc3339();
+            let conversation = TurnConversation {
+                step_id: "s".into(),
+                item_id: "m".into(),
+                attempt: 1,
+                iteration,
+                messages: vec![],
+                llm_calls: vec![LlmCallRecord {
+                    turn: 1,
+                    provider: "replay".into(),
+                    model_id: "demo".into(),
+                    status: Status::Completed,
+                    error: None,
+                    started_at: now.clone(),
+                    completed_at: now.clone(),
+                    duration_ms: 3,
+                    prompt_tokens: 100,
+                    completion_tokens: 20,
+                    total_tokens: 120,
+                    tool_calls: vec![],
+                }],
+                tool_calls: vec![ToolCallRecord {
+                    tool_call_id: "c1".into(),
+                    tool_name: "workspace:write_file".into(),
+                    args: json!({}),
+                    result: None,
+                    error: None,
+                    duration_ms: 1,
+                    started_at: now.clone(),
+                    completed_at: now.clone(),
+                }],
+            };
+            let s = TurnSummary::from_calls(
+                &conversation,
+                "m",
+                Status::Completed,
+                None,
+                now.clone(),
+                now,
+                7,
+            );
+            write_turn_logs(
+                &trellis_sandbox::store::WorkspaceFs::open(dir.path()).unwrap(),
+                &logs,
+                &s,
+                &conversation,
+            )
+            .unwrap();
+        }
+
+        let report = show_step(dir.path(), "iteration-0", "s").unwrap();
+        assert_eq!(report.status, "completed");
+        assert_eq!(report.concerns, ["check ticket 2"]);
+        assert_eq!(report.entries.len(), 1);
+        assert_eq!(first_line(report.entries[0].summary.as_deref()), "line one");
+        assert_eq!(report.turns.len(), 2);
+        let t = &report.turns[0];
+        assert_eq!((t.attempt, t.iteration), (1, 1));
+        assert_eq!(t.model, "replay:demo");
+        assert_eq!((t.llm_calls, t.tool_calls), (1, 1));
+        assert_eq!(t.tool_names, ["workspace:write_file"]);
+        assert_eq!((t.prompt_tokens, t.completion_tokens), (100, 20));
+        assert_eq!(t.duration_ms, 7);
+
+        let err = show_step(dir.path(), "iteration-0", "nope").unwrap_err();
+        assert!(err.to_string().contains("execution/nope"), "{err}");
+        let err = show_step(dir.path(), "iteration-9", "s").unwrap_err();
+        assert!(err.to_string().contains("runs/iteration-9"), "{err}");
+    }
+}

@@ -1,0 +1,450 @@
+//! The runtime facade: start, watch, steer and stop runs in the background.
+//!
+//! Every front end (`trellis run`, and later the builder, a server, MCP) starts work here and
+//! follows it through an [`ExecutionId`]: [`Runtime::start_workflow`] and
+//! [`Runtime::start_step`] return at once; [`Runtime::status`], [`Runtime::events`],
+//! [`Runtime::send_message`], [`Runtime::stop`] and [`Runtime::list`] work on what runs.
+//!
+//! An execution runs on a thread of its own with a single-threaded async runtime, so a run
+//! needs nothing `Send` from the code it drives, and a slow event reader never slows another
+//! execution. Its events are kept for the execution's lifetime, so a reader that comes late
+//! sees them from the start.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::broadcast;
+
+use crate::events::{Observer, RunEvent};
+use crate::llm_choice::LlmSetup;
+use crate::steering::{Delivery, DeliveryStatus, Phase, Steering};
+use crate::workflow_run::{RunEnv, RunOptions, WorkflowRun, run_workflow};
+use trellis_sandbox::Limits;
+use trellis_sandbox::llm::RetryPolicy;
+use trellis_sandbox::plugins::PluginRegistry;
+
+/// Names one execution of a [`Runtime`] (`exec-1`, `exec-2`, ...).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ExecutionId(String);
+
+impl ExecutionId {
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<&str> for ExecutionId {
+    fn from(id: &str) -> Self {
+        ExecutionId(id.to_string())
+    }
+}
+
+impl fmt::Display for ExecutionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Where an execution is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExecutionStatus {
+    /// Still working.
+    Running,
+    /// Ended, every step completed.
+    Done,
+    /// Ended with a failed step or a broken setup.
+    Failed,
+    /// Stopped by [`Runtime::stop`].
+    Cancelled,
+}
+
+impl fmt::Display for ExecutionStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ExecutionStatus::Running => "running",
+            ExecutionStatus::Done => "done",
+            ExecutionStatus::Failed => "failed",
+            ExecutionStatus::Cancelled => "cancelled",
+        })
+    }
+}
+
+/// One thing an execution reports.
+#[derive(Debug, Clone)]
+pub enum ExecutionEvent {
+    /// Something inside a step (item, turn, LLM call, tool call, gate, sub-agent).
+    Run(RunEvent),
+    /// A line about the run as a whole (a step started or ended, the run folder rotated).
+    Progress(String),
+    /// A message sent with [`Runtime::send_message`] and what became of it.
+    Delivery {
+        /// The message.
+        text: String,
+        /// Its delivery.
+        delivery: Delivery,
+    },
+    /// The execution ended; the last event.
+    End {
+        /// How.
+        status: ExecutionStatus,
+        /// The error of a broken setup.
+        error: Option<String>,
+    },
+}
+
+/// What an execution runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExecutionKind {
+    /// A whole workflow (or one group of it).
+    Workflow,
+    /// One step.
+    Step(String),
+}
+
+/// An execution as [`Runtime::list`] shows it.
+#[derive(Debug, Clone)]
+pub struct ExecutionInfo {
+    /// Its id.
+    pub id: ExecutionId,
+    /// The workspace folder.
+    pub workspace: PathBuf,
+    /// What it runs.
+    pub kind: ExecutionKind,
+    /// Where it is.
+    pub status: ExecutionStatus,
+}
+
+/// How to run: the run's selection and inputs, its models, and the bounds of every call.
+#[derive(Debug, Clone)]
+pub struct StartOptions {
+    /// Steps, group and inputs (the step of [`Runtime::start_step`] is set by it).
+    pub run: RunOptions,
+    /// The models of the steps.
+    pub llm: LlmSetup,
+    /// Bounds of every plugin call.
+    pub limits: Limits,
+    /// Retries of LLM calls.
+    pub retry: RetryPolicy,
+}
+
+impl StartOptions {
+    /// Default limits and retries.
+    pub fn new(run: RunOptions, llm: LlmSetup) -> Self {
+        StartOptions {
+            run,
+            llm,
+            limits: Limits::default(),
+            retry: RetryPolicy::default(),
+        }
+    }
+}
+
+/// The runtime: the plugins, and every execution started on them.
+#[derive(Debug, Clone)]
+pub struct Runtime {
+    registry: Arc<PluginRegistry>,
+    executions: Arc<Mutex<BTreeMap<ExecutionId, Arc<Execution>>>>,
+    next: Arc<AtomicU64>,
+}
+
+/// Events kept per execution, at most: a run longer than this keeps its latest.
+const KEPT_EVENTS: usize = 100_000;
+
+#[derive(Debug)]
+struct Execution {
+    info: Mutex<ExecutionInfo>,
+    cancel: Arc<AtomicBool>,
+    steering: Arc<Steering>,
+    log: Mutex<EventLog>,
+    sender: broadcast::Sender<ExecutionEvent>,
+    outcome: Mutex<Option<Result<WorkflowRun, String>>>,
+}
+
+#[derive(Debug, Default)]
+struct EventLog {
+    kept: VecDeque<ExecutionEvent>,
+    ended: bool,
+}
+
+impl Execution {
+    fn publish(&self, event: ExecutionEvent) {
+        let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        if log.kept.len() == KEPT_EVENTS {
+            log.kept.pop_front();
+        }
+        if matches!(event, ExecutionEvent::End { .. }) {
+            log.ended = true;
+        }
+        log.kept.push_back(event.clone());
+        // No reader is fine: the log keeps the event for later ones.
+        let _ = self.sender.send(event);
+    }
+
+    fn status(&self) -> ExecutionStatus {
+        self.info.lock().unwrap_or_else(|e| e.into_inner()).status
+    }
+}
+
+/// The events of one execution: those already reported, then the new ones as they come.
+#[derive(Debug)]
+pub struct EventStream {
+    backlog: VecDeque<ExecutionEvent>,
+    live: Option<broadcast::Receiver<ExecutionEvent>>,
+}
+
+impl EventStream {
+    /// The next event; `None` after [`ExecutionEvent::End`].
+    pub async fn next(&mut self) -> Option<ExecutionEvent> {
+        if let Some(event) = self.backlog.pop_front() {
+            if matches!(event, ExecutionEvent::End { .. }) {
+                self.live = None;
+            }
+            return Some(event);
+        }
+        let live = self.live.as_mut()?;
+        loop {
+            match live.recv().await {
+                Ok(event) => {
+                    if matches!(event, ExecutionEvent::End { .. }) {
+                        self.live = None;
+                    }
+                    return Some(event);
+                }
+                // A reader that fell this far behind misses the oldest; it still gets the end.
+                Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(broadcast::error::RecvError::Closed) => {
+                    self.live = None;
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+impl Runtime {
+    /// A runtime running on `registry`'s plugins.
+    pub fn new(registry: Arc<PluginRegistry>) -> Self {
+        Runtime {
+            registry,
+            executions: Arc::default(),
+            next: Arc::new(AtomicU64::new(1)),
+        }
+    }
+
+    /// The plugins.
+    pub fn registry(&self) -> &PluginRegistry {
+        &self.registry
+    }
+
+    /// Starts the workflow at `workspace` in the background (see [`run_workflow`]).
+    pub fn start_workflow(&self, workspace: &Path, options: StartOptions) -> ExecutionId {
+        self.start(workspace, ExecutionKind::Workflow, options)
+    }
+
+    /// Starts step `step` of the workspace in the background, in the current run folder. When
+    /// that step of that workspace is already running, returns the running execution's id.
+    pub fn start_step(
+        &self,
+        workspace: &Path,
+        step: &str,
+        mut options: StartOptions,
+    ) -> ExecutionId {
+        let kind = ExecutionKind::Step(step.to_string());
+        if let Some(running) = self.list().into_iter().find(|e| {
+            e.status == ExecutionStatus::Running
+                && e.kind == kind
+                && same_folder(&e.workspace, workspace)
+        }) {
+            return running.id;
+        }
+        options.run.step = Some(step.to_string());
+        self.start(workspace, kind, options)
+    }
+
+    fn start(&self, workspace: &Path, kind: ExecutionKind, options: StartOptions) -> ExecutionId {
+        let id = ExecutionId(format!("exec-{}", self.next.fetch_add(1, Ordering::SeqCst)));
+        let (sender, _) = broadcast::channel(1024);
+        let execution = Arc::new(Execution {
+            info: Mutex::new(ExecutionInfo {
+                id: id.clone(),
+                workspace: workspace.to_path_buf(),
+                kind,
+                status: ExecutionStatus::Running,
+            }),
+            cancel: Arc::new(AtomicBool::new(false)),
+            steering: Arc::new(Steering::default()),
+            log: Mutex::default(),
+            sender,
+            outcome: Mutex::new(None),
+        });
+        self.executions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id.clone(), execution.clone());
+        let registry = self.registry.clone();
+        let workspace = workspace.to_path_buf();
+        let spawned = std::thread::Builder::new()
+            .name(format!("trellis-{id}"))
+            .spawn({
+                let execution = execution.clone();
+                move || run_in_thread(registry, execution, workspace, options)
+            });
+        if let Err(e) = spawned {
+            finish(
+                &execution,
+                Err(format!("starting the execution's thread: {e}")),
+            );
+        }
+        id
+    }
+
+    /// Where execution `id` is; `None` for an id this runtime never gave.
+    pub fn status(&self, id: &ExecutionId) -> Option<ExecutionStatus> {
+        self.get(id).map(|e| e.status())
+    }
+
+    /// The events of execution `id`, from its first.
+    pub fn events(&self, id: &ExecutionId) -> Option<EventStream> {
+        let execution = self.get(id)?;
+        let log = execution.log.lock().unwrap_or_else(|e| e.into_inner());
+        // Subscribed under the log's lock: no event falls between the backlog and the feed.
+        let live = (!log.ended).then(|| execution.sender.subscribe());
+        Some(EventStream {
+            backlog: log.kept.clone(),
+            live,
+        })
+    }
+
+    /// Sends `text` to the agent of execution `id` (see [`Steering`]): queued for its next
+    /// LLM call when one is inside a turn, refused otherwise. Never starts or resumes work.
+    pub fn send_message(&self, id: &ExecutionId, text: &str) -> Delivery {
+        let Some(execution) = self.get(id) else {
+            return Delivery {
+                status: DeliveryStatus::NotRunning,
+                phase: Phase::Finished,
+            };
+        };
+        let delivery = if execution.status() == ExecutionStatus::Running {
+            execution.steering.offer(text.to_string())
+        } else {
+            Delivery {
+                status: DeliveryStatus::NotRunning,
+                phase: Phase::Finished,
+            }
+        };
+        execution.publish(ExecutionEvent::Delivery {
+            text: text.to_string(),
+            delivery,
+        });
+        delivery
+    }
+
+    /// Asks execution `id` to stop at its next boundary (before an item, between foreach
+    /// rows and tool rounds; an LLM call in flight ends first). Returns whether it was running.
+    pub fn stop(&self, id: &ExecutionId) -> bool {
+        match self.get(id) {
+            Some(execution) if execution.status() == ExecutionStatus::Running => {
+                execution.cancel.store(true, Ordering::SeqCst);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Every execution this runtime started, oldest first.
+    pub fn list(&self) -> Vec<ExecutionInfo> {
+        let executions = self.executions.lock().unwrap_or_else(|e| e.into_inner());
+        let mut all: Vec<ExecutionInfo> = executions
+            .values()
+            .map(|e| e.info.lock().unwrap_or_else(|p| p.into_inner()).clone())
+            .collect();
+        all.sort_by_key(|e| {
+            e.id.0
+                .trim_start_matches("exec-")
+                .parse::<u64>()
+                .unwrap_or(u64::MAX)
+        });
+        all
+    }
+
+    /// Waits for execution `id` to end and returns what it ran: the run, or the error of a
+    /// broken setup. `None` for an unknown id.
+    pub async fn wait(&self, id: &ExecutionId) -> Option<Result<WorkflowRun, String>> {
+        let mut events = self.events(id)?;
+        while events.next().await.is_some() {}
+        let execution = self.get(id)?;
+        let outcome = execution.outcome.lock().unwrap_or_else(|e| e.into_inner());
+        outcome.clone()
+    }
+
+    fn get(&self, id: &ExecutionId) -> Option<Arc<Execution>> {
+        self.executions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .cloned()
+    }
+}
+
+fn same_folder(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    }
+}
+
+/// The body of an execution's thread.
+fn run_in_thread(
+    registry: Arc<PluginRegistry>,
+    execution: Arc<Execution>,
+    workspace: PathBuf,
+    options: StartOptions,
+) {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => return finish(&execution, Err(format!("starting the execution: {e}"))),
+    };
+    let result = runtime.block_on(async {
+        let mut env = RunEnv::new(&registry, options.llm);
+        env.limits = options.limits;
+        env.retry = options.retry;
+        env.cancel = execution.cancel.clone();
+        env.steering = Some(execution.steering.clone());
+        env.observer = {
+            let execution = execution.clone();
+            Observer::new(move |event: &RunEvent| {
+                execution.publish(ExecutionEvent::Run(event.clone()))
+            })
+        };
+        let mut progress = |line: &str| execution.publish(ExecutionEvent::Progress(line.into()));
+        run_workflow(&env, &workspace, &options.run, &mut progress)
+            .await
+            .map_err(|e| format!("{e:#}"))
+    });
+    finish(&execution, result);
+}
+
+/// Records how an execution ended and publishes its last event.
+fn finish(execution: &Execution, result: Result<WorkflowRun, String>) {
+    execution.steering.set_phase(Phase::Finished);
+    let status = match &result {
+        Ok(_) if execution.cancel.load(Ordering::SeqCst) => ExecutionStatus::Cancelled,
+        Ok(run) if run.succeeded() => ExecutionStatus::Done,
+        Ok(_) | Err(_) => ExecutionStatus::Failed,
+    };
+    let error = result.as_ref().err().cloned();
+    *execution.outcome.lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
+    execution
+        .info
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .status = status;
+    execution.publish(ExecutionEvent::End { status, error });
+}

@@ -1,0 +1,733 @@
+//! Running a whole workflow (spec sections 1 and 2): the steps of the plan in order,
+//! honouring `next_step_id` and `"end"`, in one run folder per run unit.
+//!
+//! `regular` and `message_sequence` steps run through [`StepRunner::run_step`], each with a
+//! runner of its own models ([`RunEnv::step_runner`], see [`llm_choice`]); `routing` steps
+//! are deterministic switches; `human_input` steps take their answers from a map given up
+//! front (a missing answer, or a step needing a model it does not have, is an error before
+//! anything runs).
+//!
+//! Run units: `runs/iteration-0`, or with workflow.json `groups` one `iteration-0/<group>`
+//! per group (the folder is the sanitized display name, else the id). A full run rotates
+//! `iteration-0` first ([`start_full_run`]) and runs every unit; `--step` or `--group` runs
+//! reuse `iteration-0` without rotating. The workflow variables (declared values, then the
+//! group's) are part of every step's charter: a `Workflow variables` block appended to the
+//! step description, which is the system prompt's first part.
+//!
+//! Prerequisites (spec section 3): with `enable_prerequisite_detection`, a final reply with a
+//! line `PREREQUISITE MISSING: <step-id or rule description>` that matches one of the step's
+//! `prerequisite_rules` sends the run back to the rule's `depends_on_step`, at most
+//! [`MAX_PREREQUISITE_RETURNS`] times per step; then the step fails with the reason.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+
+use crate::driver::{AgentModels, ModelResolver, StepOutcome, StepRunner};
+use crate::events::Observer;
+use crate::llm_choice::{self, LlmSetup, check_models};
+use crate::run_folder::{ACTIVE_RUN, group_folder_name, open_group_run, start_full_run};
+use crate::session::{FINAL_SUMMARY_SCHEMA_VERSION, FinalSummary, Status, now_rfc3339};
+use crate::steering::Steering;
+use crate::step_script::ScriptOptions;
+use trellis_sandbox::Limits;
+use trellis_sandbox::capabilities::sql::{self, SqlAccess};
+use trellis_sandbox::llm::RetryPolicy;
+use trellis_sandbox::plugins::PluginRegistry;
+use trellis_sandbox::script::ScriptRunner;
+use trellis_sandbox::store::workspace_fs::link_error;
+use trellis_sandbox::store::{Kind, WorkspaceFs};
+use trellis_workflow::manifest::Group;
+use trellis_workflow::plan::{HumanInput, Routing};
+use trellis_workflow::step_config::PrerequisiteRule;
+use trellis_workflow::{Step, StepKind, Workspace};
+
+mod preflight;
+mod routing;
+
+use preflight::preflight;
+pub use preflight::{check_inputs, check_step_models, needs_llm};
+use routing::check_prerequisite;
+pub use routing::{input_key, matching_rule, prerequisite_missing, select_route};
+
+/// The file a routing step reads from its own output folder.
+pub const ROUTE_SELECTION_FILE: &str = "route_selection.json";
+/// The file a human_input step writes its answer to, in its output folder.
+pub const HUMAN_INPUT_FILE: &str = "human_input.json";
+/// The SQL a workspace may ship instead of a binary `db/db.sqlite`.
+pub const SEED_SQL: &str = "db/seed.sql";
+/// The database of a workspace.
+pub const DB_FILE: &str = "db/db.sqlite";
+/// A bound on steps run in one run unit (a loop in `next_step_id` ends here).
+pub const MAX_STEPS: usize = 1000;
+/// How often one step may send the run back to a prerequisite before it fails.
+pub const MAX_PREREQUISITE_RETURNS: u32 = 2;
+/// The start of the reply line reporting a missing prerequisite.
+pub const PREREQUISITE_MISSING: &str = "PREREQUISITE MISSING:";
+
+/// What to run.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Run just this step, in the existing `iteration-0` (no rotation).
+    pub step: Option<String>,
+    /// Run just this group (id or display name), in `iteration-0/<group>` (no rotation).
+    pub group: Option<String>,
+    /// Answers of `human_input` steps, by `variable_name` (or step id).
+    pub inputs: BTreeMap<String, String>,
+}
+
+/// What the steps of a run share: the plugins, the bounds of every call, the stop flag, the
+/// observer of run events and how the models are reached.
+#[derive(Debug)]
+pub struct RunEnv<'a> {
+    /// The plugins.
+    pub registry: &'a PluginRegistry,
+    /// Bounds of every plugin call.
+    pub limits: Limits,
+    /// Retries of LLM calls.
+    pub retry: RetryPolicy,
+    /// Set to stop at the next boundary (the session records `stopped`).
+    pub cancel: Arc<AtomicBool>,
+    /// Receives the events of every step.
+    pub observer: Observer,
+    /// The models of the steps.
+    pub llm: LlmSetup,
+    /// Messages sent to the running step's agent from outside, if anyone may send them.
+    pub steering: Option<Arc<Steering>>,
+    /// Runs the scripts of scripted steps; made on the first one.
+    scripts: OnceLock<Arc<ScriptRunner>>,
+}
+
+impl<'a> RunEnv<'a> {
+    /// Default limits and retries, no observer, a fresh stop flag.
+    pub fn new(registry: &'a PluginRegistry, llm: LlmSetup) -> Self {
+        RunEnv {
+            registry,
+            limits: Limits::default(),
+            retry: RetryPolicy::default(),
+            cancel: Arc::new(AtomicBool::new(false)),
+            observer: Observer::default(),
+            llm,
+            steering: None,
+            scripts: OnceLock::new(),
+        }
+    }
+
+    /// The script runner of the run's scripted steps (spec section 7).
+    pub fn scripts(&self) -> Result<Arc<ScriptRunner>> {
+        if let Some(scripts) = self.scripts.get() {
+            return Ok(scripts.clone());
+        }
+        let scripts = Arc::new(ScriptRunner::new(self.registry.engine())?);
+        Ok(self.scripts.get_or_init(|| scripts).clone())
+    }
+
+    /// The runner of step `step_id` of `ws`: its models (primary, then fallbacks, with their
+    /// options and the shared cassette position under replay), the models of its routes'
+    /// sub-agents ([`LlmSetup::own_step_llm`]), the stop flag, the observer and the recorder
+    /// of the run. A step with no model gets a runner with no target.
+    pub fn step_runner(&self, ws: &Workspace, step_id: &str) -> Result<StepRunner<'a>> {
+        let mut runner = match self.llm.step_llm(ws, step_id)? {
+            Some(llm) => {
+                let runner = StepRunner::new(self.registry, llm.targets, self.limits)
+                    .with_target_options(llm.options);
+                match llm.replay {
+                    Some(cursor) => runner.with_replay(cursor),
+                    None => runner,
+                }
+            }
+            None => StepRunner::new(self.registry, Vec::new(), self.limits),
+        }
+        .with_model_resolver(self.sub_agent_models())
+        .with_retry(self.retry)
+        .with_cancel(self.cancel.clone())
+        .with_observer(self.observer.clone());
+        if let Some(steering) = &self.steering {
+            runner = runner.with_steering(steering.clone());
+        }
+        if let Some(recorder) = self.llm.recorder() {
+            runner = runner.with_recorder(recorder.clone());
+        }
+        Ok(runner)
+    }
+
+    /// The models of a route's sub-agent step: its own when its step config chooses them,
+    /// else (`None`) its parent's. Cassette positions are shared with the steps'.
+    fn sub_agent_models(&self) -> ModelResolver {
+        let llm = self.llm.clone();
+        Arc::new(move |ws: &Workspace, step_id: &str| {
+            Ok(llm.own_step_llm(ws, step_id)?.map(|own| AgentModels {
+                targets: own.targets,
+                options: own.options,
+                replay: own.replay,
+            }))
+        })
+    }
+
+    fn cancelled(&self) -> bool {
+        self.cancel.load(Ordering::SeqCst)
+    }
+}
+
+/// How one step of the workflow ended.
+#[derive(Debug, Clone)]
+pub struct StepReport {
+    /// The step id.
+    pub step_id: String,
+    /// The step type.
+    pub step_type: &'static str,
+    /// `completed` or `failed` (or `stopped`).
+    pub status: Status,
+    /// One line: the route taken, the answer given, the agent's error.
+    pub detail: String,
+    /// The step output folder.
+    pub output_dir: PathBuf,
+    /// The agent loop's outcome, for agent steps.
+    pub outcome: Option<StepOutcome>,
+}
+
+/// One run unit: `iteration-0`, or `iteration-0/<group>`.
+#[derive(Debug, Clone)]
+pub struct UnitRun {
+    /// The group id, when the workflow has groups.
+    pub group: Option<String>,
+    /// Relative to `runs/`: `iteration-0` or `iteration-0/<group folder>`.
+    pub run_folder: String,
+    /// `runs/<run_folder>` on the host.
+    pub run_dir: PathBuf,
+    /// The steps run, in order (a step sent back to by a prerequisite appears again).
+    pub steps: Vec<StepReport>,
+}
+
+impl UnitRun {
+    /// Whether the last run of every step completed.
+    pub fn succeeded(&self) -> bool {
+        let mut last: BTreeMap<&str, Status> = BTreeMap::new();
+        for s in &self.steps {
+            last.insert(&s.step_id, s.status);
+        }
+        last.values().all(|s| *s == Status::Completed)
+    }
+}
+
+/// What a workflow run did.
+#[derive(Debug, Clone)]
+pub struct WorkflowRun {
+    /// Where the previous `iteration-0` went, if a full run rotated one.
+    pub archived: Option<String>,
+    /// The run units, in order.
+    pub units: Vec<UnitRun>,
+}
+
+impl WorkflowRun {
+    /// Whether every unit succeeded.
+    pub fn succeeded(&self) -> bool {
+        self.units.iter().all(UnitRun::succeeded)
+    }
+}
+
+/// The groups a run covers: all of workflow.json's (none when it has none), or the one
+/// named by id or display name. An unknown name is an error listing the known groups.
+pub fn select_groups<'w>(ws: &'w Workspace, name: Option<&str>) -> Result<Vec<&'w Group>> {
+    let groups = &ws.manifest.groups;
+    let known = || {
+        groups
+            .iter()
+            .map(|g| match &g.name {
+                Some(n) => format!("{} ({n})", g.id),
+                None => g.id.clone(),
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let Some(name) = name else {
+        return Ok(groups.iter().collect());
+    };
+    if groups.is_empty() {
+        bail!("--group {name:?}: workflow.json declares no groups");
+    }
+    let group = groups
+        .iter()
+        .find(|g| g.id == name)
+        .or_else(|| groups.iter().find(|g| g.name.as_deref() == Some(name)))
+        .with_context(|| format!("no group {name:?} in workflow.json (groups: {})", known()))?;
+    Ok(vec![group])
+}
+
+/// The run folder of a group, relative to `runs/`: `iteration-0/<sanitized name>`.
+pub fn group_run_folder(group: &Group) -> Result<String> {
+    Ok(format!(
+        "{ACTIVE_RUN}/{}",
+        group_folder_name(group.name.as_deref(), &group.id)?
+    ))
+}
+
+/// The workflow variables a run unit sees: declared values, then the group's.
+pub fn unit_variables(ws: &Workspace, group: Option<&Group>) -> BTreeMap<String, String> {
+    ws.manifest.resolved_variables(group.map(|g| g.id.as_str()))
+}
+
+/// The block of workflow variables appended to every step's charter (empty with none).
+pub fn variables_block(
+    variables: &BTreeMap<String, String>,
+    group: Option<&Group>,
+) -> Option<String> {
+    if variables.is_empty() {
+        return None;
+    }
+    let mut text = match group {
+        Some(g) => format!(
+            "Workflow variables (group {}{}):",
+            g.id,
+            g.name
+                .as_deref()
+                .map(|n| format!(", {n}"))
+                .unwrap_or_default()
+        ),
+        None => "Workflow variables:".to_string(),
+    };
+    for (name, value) in variables {
+        text.push_str(&format!("\n- {name} = {value}"));
+    }
+    Some(text)
+}
+
+/// Appends the [`variables_block`] of the unit to the description of every step of `ws`.
+pub fn apply_variables(ws: &mut Workspace, group: Option<&Group>) {
+    let variables = unit_variables(ws, group);
+    let Some(block) = variables_block(&variables, group) else {
+        return;
+    };
+    for step in ws
+        .plan
+        .steps
+        .iter_mut()
+        .chain(ws.plan.orphan_steps.iter_mut())
+    {
+        step.description = Some(match step.description.as_deref().map(str::trim_end) {
+            Some(d) if !d.is_empty() => format!("{d}\n\n{block}"),
+            _ => block.clone(),
+        });
+    }
+}
+
+/// `next_step_id`, else the next step in array order; `None` at the end.
+fn default_next(ws: &Workspace, step: &Step) -> Option<String> {
+    if let Some(n) = &step.next_step_id {
+        return Some(n.clone());
+    }
+    let steps = &ws.plan.steps;
+    let pos = steps.iter().position(|s| s.id == step.id)?;
+    steps.get(pos + 1).map(|s| s.id.clone())
+}
+
+/// How long `db/seed.sql` may run.
+const SEED_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Creates `db/db.sqlite` from `db/seed.sql` when the database is missing and the seed
+/// exists: a workspace may ship SQL instead of a binary database. Returns whether it did.
+pub fn seed_database(fs: &WorkspaceFs) -> Result<bool> {
+    // A link or a FIFO at either path is refused, not followed (see `store::workspace_fs`).
+    match fs.kind(DB_FILE)? {
+        None => {}
+        Some(Kind::File) => return Ok(false),
+        Some(Kind::Link) => bail!("{}", link_error(Path::new(DB_FILE))),
+        Some(_) => bail!("{DB_FILE} is not a regular file"),
+    }
+    if fs.kind(SEED_SQL)?.is_none() {
+        return Ok(false);
+    }
+    let sql = fs
+        .read_to_string(SEED_SQL)
+        .with_context(|| format!("reading {SEED_SQL}"))?;
+    let tmp = "db/.db.sqlite.seeding";
+    fs.remove_file(tmp)
+        .with_context(|| format!("clearing {tmp}"))?;
+    let tmp_host = fs
+        .ensure_regular_file(tmp)
+        .with_context(|| format!("creating {tmp}"))?;
+    // The seed is the workspace's SQL: fenced like a plan's (no ATTACH, a deadline).
+    let db = sql::open(&tmp_host, SqlAccess::ReadWrite, SEED_TIMEOUT)
+        .with_context(|| format!("creating {tmp}"))?;
+    let seeded = sql::refuse_unseen(&sql)
+        .map_err(anyhow::Error::msg)
+        .and_then(|()| {
+            db.conn()
+                .execute_batch(&sql)
+                .map_err(|e| anyhow::anyhow!(db.describe(&e)))
+        });
+    drop(db);
+    if let Err(err) = seeded {
+        let _ = fs.remove_file(tmp);
+        return Err(err.context(format!("running {SEED_SQL}")));
+    }
+    fs.rename(tmp, DB_FILE)
+        .with_context(|| format!("creating {DB_FILE}"))?;
+    Ok(true)
+}
+
+fn write_json(fs: &WorkspaceFs, path: &Path, value: &Value) -> Result<()> {
+    fs.write_json_atomic(path, value)
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+/// The workspace at `root` with run folder `run`, or every problem its files have.
+fn open_workspace(root: &Path, run: Option<&str>) -> Result<Workspace> {
+    Workspace::open_run(root, run)
+        .map_err(|d| anyhow::anyhow!("{}: the workspace has errors:\n{d}", root.display()))
+}
+
+/// One run unit: its group (none without groups) and its run folder under `runs/`.
+type Unit<'w> = (Option<&'w Group>, String);
+
+/// Runs the workflow at `root`: the [`preflight()`] (nothing in the workspace changes when it
+/// fails), then seeds the database, rotates the run folder (a full run: no `opts.step`,
+/// no `opts.group`), then runs each unit's steps, calling `progress` with one line per step
+/// and unit. A unit stops at its first failed step (an `Ok` run that did not succeed);
+/// errors are for a broken setup.
+pub async fn run_workflow(
+    env: &RunEnv<'_>,
+    root: &Path,
+    opts: &RunOptions,
+    progress: &mut dyn FnMut(&str),
+) -> Result<WorkflowRun> {
+    if !root.is_dir() {
+        bail!("{}: no such workspace folder", root.display());
+    }
+    let ws = open_workspace(root, None)?;
+    let (groups, units) = preflight(env, root, &ws, opts)?;
+    let full = opts.step.is_none() && opts.group.is_none();
+    if seed_database(&ws.fs)? {
+        progress(&format!("created {DB_FILE} from {SEED_SQL}"));
+    }
+    let archived = if full {
+        let group_folders: Vec<String> = groups
+            .iter()
+            .map(|g| group_folder_name(g.name.as_deref(), &g.id))
+            .collect::<Result<_>>()?;
+        start_full_run(root, &group_folders)?.archived
+    } else {
+        for (group, folder) in &units {
+            match group {
+                Some(g) => {
+                    open_group_run(root, &group_folder_name(g.name.as_deref(), &g.id)?)?;
+                }
+                None => ws
+                    .fs
+                    .create_dir_all(Path::new("runs").join(folder).join("execution"))
+                    .with_context(|| format!("creating runs/{folder}/execution"))?,
+            }
+        }
+        None
+    };
+    if let Some(a) = &archived {
+        progress(&format!("previous run moved to runs/{a}"));
+    }
+    let mut run = WorkflowRun {
+        archived,
+        units: Vec::new(),
+    };
+    for (group, folder) in units {
+        if env.cancelled() {
+            break;
+        }
+        if let Some(g) = group {
+            progress(&format!("group {} (runs/{folder})", g.id));
+        }
+        let unit = run_unit(env, root, group, &folder, opts, progress).await?;
+        run.units.push(unit);
+    }
+    Ok(run)
+}
+
+/// Runs the steps of one unit in `runs/<folder>`.
+async fn run_unit(
+    env: &RunEnv<'_>,
+    root: &Path,
+    group: Option<&Group>,
+    folder: &str,
+    opts: &RunOptions,
+    progress: &mut dyn FnMut(&str),
+) -> Result<UnitRun> {
+    let mut ws = open_workspace(root, Some(folder))?;
+    apply_variables(&mut ws, group);
+    let mut unit = UnitRun {
+        group: group.map(|g| g.id.clone()),
+        run_folder: folder.to_string(),
+        run_dir: ws.run_dir(),
+        steps: Vec::new(),
+    };
+    let mut current = match &opts.step {
+        Some(s) => Some(s.clone()),
+        None => ws.plan.steps.first().map(|s| s.id.clone()),
+    };
+    let mut previous: Option<String> = None;
+    let mut returns: BTreeMap<String, u32> = BTreeMap::new();
+    while let Some(id) = current.take() {
+        if id == "end" {
+            break;
+        }
+        if unit.steps.len() >= MAX_STEPS {
+            bail!("more than {MAX_STEPS} steps run: is there a loop in next_step_id?");
+        }
+        let step = ws
+            .plan
+            .step(&id)
+            .with_context(|| format!("next step {id:?} is not in the plan"))?;
+        progress(&format!("step {id} ({}): started", step.type_name()));
+        let output_dir = ws.step_output_dir(&id);
+        let mut went_back = false;
+        let (mut report, mut next) = match &step.kind {
+            StepKind::MessageSequence(_) | StepKind::Regular | StepKind::TodoTask(_) => {
+                let mut runner = env.step_runner(&ws, &id)?;
+                if ws.agent_configs(&id).is_scripted() {
+                    let options = ScriptOptions {
+                        group: group.map(|g| g.id.clone()),
+                        variables: opts.inputs.clone(),
+                        approvals: env.llm.approvals(),
+                        ..ScriptOptions::default()
+                    };
+                    runner = runner.with_scripts(env.scripts()?, options);
+                }
+                let outcome = runner.run_step(&ws, &id).await?;
+                let detail = match (&outcome.error, &outcome.final_text) {
+                    (Some(e), _) => e.clone(),
+                    // A scripted step that needed no agent: what its script did.
+                    (None, Some(text)) if outcome.turns == 0 => {
+                        text.lines().next().unwrap_or_default().to_string()
+                    }
+                    (None, _) => format!("{} turn(s)", outcome.turns),
+                };
+                let report = StepReport {
+                    step_id: id.clone(),
+                    step_type: step.type_name(),
+                    status: outcome.status,
+                    detail,
+                    output_dir: outcome.output_dir.clone(),
+                    outcome: Some(outcome),
+                };
+                (report, default_next(&ws, step))
+            }
+            StepKind::Routing(routing) => {
+                let (route, next, how) = select_route(&ws, step, routing, previous.as_deref())?;
+                let report = StepReport {
+                    step_id: id.clone(),
+                    step_type: step.type_name(),
+                    status: Status::Completed,
+                    detail: format!("route {route} (from {how}) -> {next}"),
+                    output_dir,
+                    outcome: None,
+                };
+                (report, Some(next))
+            }
+            StepKind::HumanInput(h) => {
+                let key = input_key(step, h);
+                let answer = opts
+                    .inputs
+                    .get(key)
+                    .with_context(|| format!("step {id:?}: no --input {key}=VALUE"))?;
+                write_json(
+                    &ws.fs,
+                    &output_dir.join(HUMAN_INPUT_FILE),
+                    &json!({"variable_name": key, "question": h.question, "answer": answer}),
+                )?;
+                let lower = answer.trim().to_ascii_lowercase();
+                let next = if matches!(lower.as_str(), "yes" | "y" | "true")
+                    && h.if_yes_next_step_id.is_some()
+                {
+                    h.if_yes_next_step_id.clone()
+                } else if matches!(lower.as_str(), "no" | "n" | "false")
+                    && h.if_no_next_step_id.is_some()
+                {
+                    h.if_no_next_step_id.clone()
+                } else if let Some(n) = h.option_routes.as_ref().and_then(|m| m.get(answer)) {
+                    Some(n.clone())
+                } else {
+                    default_next(&ws, step)
+                };
+                let report = StepReport {
+                    step_id: id.clone(),
+                    step_type: step.type_name(),
+                    status: Status::Completed,
+                    detail: format!("{key} = {answer:?}"),
+                    output_dir,
+                    outcome: None,
+                };
+                (report, next)
+            }
+        };
+        if let Some(back) = check_prerequisite(&ws, &mut report, &mut returns)? {
+            went_back = true;
+            next = Some(back);
+        }
+        progress(&format!("step {id}: {} ({})", report.status, report.detail));
+        let done = report.status != Status::Completed && !went_back;
+        unit.steps.push(report);
+        if done || env.cancelled() {
+            break;
+        }
+        if opts.step.as_deref() == Some(id.as_str()) && !went_back {
+            break;
+        }
+        previous = Some(id);
+        current = next;
+    }
+    Ok(unit)
+}
+
+/// The snake_case name of a status.
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn workspace(root: &Path, steps: Value) -> Workspace {
+        let plan = json!({"objective": "t", "steps": steps});
+        std::fs::create_dir_all(root.join("planning")).unwrap();
+        std::fs::write(root.join("planning/plan.json"), plan.to_string()).unwrap();
+        std::fs::write(root.join("planning/step_config.json"), r#"{"steps": []}"#).unwrap();
+        Workspace::open(root).unwrap()
+    }
+
+    fn routing(source: Option<&str>, default: Option<&str>) -> Value {
+        let mut step = json!({"id": "pick", "type": "routing", "title": "Pick",
+            "routes": [{"route_id": "a", "next_step_id": "end"},
+                       {"route_id": "b", "next_step_id": "other"}]});
+        if let Some(s) = source {
+            step["route_source_file"] = json!(s);
+        }
+        if let Some(d) = default {
+            step["default_route_id"] = json!(d);
+        }
+        step
+    }
+
+    fn select(ws: &Workspace, previous: Option<&str>) -> Result<(String, String, String)> {
+        let step = ws.plan.step("pick").unwrap();
+        let StepKind::Routing(r) = &step.kind else {
+            panic!("routing step")
+        };
+        select_route(ws, step, r, previous)
+    }
+
+    #[test]
+    fn route_source_file_is_read_from_the_previous_step_output() {
+        let dir = tempfile::tempdir().unwrap();
+        let other = json!({"id": "other", "type": "human_input", "title": "O",
+            "question": "?", "variable_name": "v", "response_type": "text"});
+        let ws = workspace(
+            dir.path(),
+            json!([routing(Some("choice.json"), Some("a")), other]),
+        );
+        assert_eq!(select(&ws, Some("prev")).unwrap().0, "a", "the default");
+        let prev = ws.step_output_dir("prev");
+        std::fs::create_dir_all(&prev).unwrap();
+        std::fs::write(prev.join("choice.json"), r#"{"select_route": "b"}"#).unwrap();
+        let (route, next, _) = select(&ws, Some("prev")).unwrap();
+        assert_eq!((route.as_str(), next.as_str()), ("b", "other"));
+        // Its own route_selection.json wins.
+        let own = ws.step_output_dir("pick");
+        std::fs::create_dir_all(&own).unwrap();
+        std::fs::write(own.join(ROUTE_SELECTION_FILE), r#"{"select_route": "a"}"#).unwrap();
+        assert_eq!(select(&ws, Some("prev")).unwrap().0, "a");
+    }
+
+    #[test]
+    fn no_selection_and_no_default_is_a_hard_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let other = json!({"id": "other", "type": "human_input", "title": "O",
+            "question": "?", "variable_name": "v", "response_type": "text"});
+        let ws = workspace(dir.path(), json!([routing(None, None), other]));
+        let err = select(&ws, None).unwrap_err().to_string();
+        assert!(err.contains("no default_route_id"), "{err}");
+    }
+
+    #[test]
+    fn inputs_of_every_reachable_human_input_step_are_required() {
+        let dir = tempfile::tempdir().unwrap();
+        let ask = |id: &str, var: &str| {
+            json!({"id": id, "type": "human_input", "title": id, "question": "?",
+                "variable_name": var, "response_type": "text"})
+        };
+        let ws = workspace(
+            dir.path(),
+            json!([routing(None, Some("a")), ask("other", "x")]),
+        );
+        let mut opts = RunOptions::default();
+        let err = check_inputs(&ws, &opts).unwrap_err().to_string();
+        assert!(err.contains("--input x=VALUE"), "{err}");
+        assert!(!needs_llm(&ws, None));
+        opts.inputs.insert("x".into(), "1".into());
+        check_inputs(&ws, &opts).unwrap();
+    }
+
+    #[test]
+    fn prerequisite_lines_match_rules_by_step_id_or_description() {
+        let rules = vec![
+            PrerequisiteRule {
+                depends_on_step: "fetch".into(),
+                description: Some("The raw  data file".into()),
+            },
+            PrerequisiteRule {
+                depends_on_step: "fetch-more".into(),
+                description: None,
+            },
+        ];
+        let text = "Cannot go on.\n  PREREQUISITE MISSING: fetch-more: no rows\nbye";
+        let missing = prerequisite_missing(text).unwrap();
+        assert_eq!(missing, "fetch-more: no rows");
+        assert_eq!(
+            matching_rule(&rules, &missing).unwrap().depends_on_step,
+            "fetch-more"
+        );
+        let by_description = matching_rule(&rules, "the raw data file.").unwrap();
+        assert_eq!(by_description.depends_on_step, "fetch");
+        assert!(matching_rule(&rules, "fetcher").is_none());
+        assert!(matching_rule(&rules, "something else").is_none());
+        assert_eq!(prerequisite_missing("all fine"), None);
+    }
+
+    #[test]
+    fn variables_are_appended_to_every_charter() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ws = workspace(
+            dir.path(),
+            json!([{"id": "s", "type": "regular", "title": "S", "description": "Do it."}]),
+        );
+        apply_variables(&mut ws, None);
+        assert_eq!(ws.plan.steps[0].description.as_deref(), Some("Do it."));
+        std::fs::write(
+            dir.path().join("workflow.json"),
+            r#"{"variables": {"A": "1", "B": "2"}, "groups": [{"id": "g", "variables": {"B": "3"}}]}"#,
+        )
+        .unwrap();
+        let mut ws = Workspace::open(dir.path()).unwrap();
+        let group = ws.manifest.groups[0].clone();
+        apply_variables(&mut ws, Some(&group));
+        assert_eq!(
+            ws.plan.steps[0].description.as_deref(),
+            Some("Do it.\n\nWorkflow variables (group g):\n- A = 1\n- B = 3")
+        );
+    }
+
+    #[test]
+    fn a_missing_database_is_created_from_seed_sql() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = WorkspaceFs::open(dir.path()).unwrap();
+        assert!(!seed_database(&fs).unwrap(), "no seed: nothing to do");
+        std::fs::create_dir_all(dir.path().join("db")).unwrap();
+        std::fs::write(
+            dir.path().join(SEED_SQL),
+            "CREATE TABLE t (x INTEGER); INSERT INTO t VALUES (7);",
+        )
+        .unwrap();
+        assert!(seed_database(&fs).unwrap());
+        let conn = rusqlite::Connection::open(dir.path().join(DB_FILE)).unwrap();
+        let x: i64 = conn.query_row("SELECT x FROM t", [], |r| r.get(0)).unwrap();
+        assert_eq!(x, 7);
+        assert!(!seed_database(&fs).unwrap(), "an existing db is kept");
+    }
+}

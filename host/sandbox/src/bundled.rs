@@ -1,0 +1,48 @@
+//! Plugins compiled into the `trellis` binary, built from `plugins/` by the build script.
+
+use crate::plugins::PluginKind;
+
+mod components {
+    include!(concat!(env!("OUT_DIR"), "/components.rs"));
+}
+
+/// A plugin shipped inside the binary.
+#[derive(Debug)]
+pub struct BundledPlugin {
+    /// Plugin id.
+    pub id: &'static str,
+    /// Its world.
+    pub kind: PluginKind,
+    /// One line for listings.
+    pub description: &'static str,
+    /// The component.
+    pub component: &'static [u8],
+}
+
+/// Every bundled plugin.
+pub const PLUGINS: &[BundledPlugin] = &[
+    BundledPlugin {
+        id: "workspace",
+        kind: PluginKind::Tool,
+        description: "Read, write, list, search, patch, move and delete files in the folders granted to the turn.",
+        component: components::WORKSPACE,
+    },
+    BundledPlugin {
+        id: "csv",
+        kind: PluginKind::Validator,
+        description: "Checks CSV outputs (validation_type \"csv\"): header columns, row counts, per-column patterns, unique and non-empty columns.",
+        component: components::CSV_VALIDATOR,
+    },
+    BundledPlugin {
+        id: "openai",
+        kind: PluginKind::LlmProvider,
+        description: "OpenAI-compatible chat completions with tool calling (OpenAI, OpenRouter, Ollama, vLLM, llama.cpp).",
+        component: components::OPENAI,
+    },
+    BundledPlugin {
+        id: "replay",
+        kind: PluginKind::LlmProvider,
+        description: "Answers from a recorded cassette; shows the first difference when a request does not match.",
+        component: components::REPLAY,
+    },
+];

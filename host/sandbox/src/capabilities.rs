@@ -1,0 +1,325 @@
+//! Capability grants: what one plugin call may see and how much it may use.
+//!
+//! A [`Grant`] lists folders, each read-only or read-write, and maps each into
+//! the guest as a preopened directory at a workspace-relative guest path. The
+//! guest gets no environment variables, no arguments, no sockets and no other
+//! files: what is not granted does not exist for it. [`Limits`] bound memory,
+//! time and output of one call.
+
+use std::path::{Component as PathComponent, Path, PathBuf};
+use std::time::Duration;
+
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+
+use anyhow::{Context, Result, bail};
+use wasmtime_wasi::cli::StdoutStream;
+use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
+
+pub use crate::slices::db::sql;
+pub use crate::slices::fs::guard::{FsLimitExceeded, FsLimits};
+
+/// Whether a granted folder can be changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Files can be read and listed, nothing can be created, changed or removed.
+    ReadOnly,
+    /// Files can be read, created, changed and removed.
+    ReadWrite,
+}
+
+/// One folder of a grant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FolderGrant {
+    /// The folder on the host.
+    pub host: PathBuf,
+    /// Where the guest sees it: an absolute, normalized guest path such as
+    /// `/runs/iteration-0/execution/step-1`.
+    pub guest: String,
+    /// What the guest may do there.
+    pub access: Access,
+    /// Device and inode of the folder when it was granted: the folder preopened for a call
+    /// must be this one, not something swapped in at its path since.
+    identity: Option<(u64, u64)>,
+}
+
+/// Access to the workflow database through the `workflow-db` host interface.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DbGrant {
+    /// The SQLite file.
+    pub path: PathBuf,
+    /// Whether statements that modify the database may run.
+    pub writable: bool,
+}
+
+/// Everything one plugin call may reach. The default grant reaches nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Grant {
+    folders: Vec<FolderGrant>,
+    db: Option<DbGrant>,
+}
+
+impl Grant {
+    /// A grant with no folders and no database.
+    pub fn none() -> Self {
+        Grant::default()
+    }
+
+    /// Adds `host` as a read-only folder seen at `guest`.
+    pub fn read(self, host: impl Into<PathBuf>, guest: &str) -> Result<Self> {
+        self.folder(host.into(), guest, Access::ReadOnly)
+    }
+
+    /// Adds `host` as a read-write folder seen at `guest`.
+    pub fn write(self, host: impl Into<PathBuf>, guest: &str) -> Result<Self> {
+        self.folder(host.into(), guest, Access::ReadWrite)
+    }
+
+    /// Adds a folder. A guest path that is already granted is replaced, so a
+    /// later, narrower decision about the same folder wins.
+    pub fn folder(mut self, host: PathBuf, guest: &str, access: Access) -> Result<Self> {
+        let guest = normalize_guest_path(guest)?;
+        self.folders.retain(|f| f.guest != guest);
+        let identity = std::fs::metadata(&host)
+            .ok()
+            .filter(|m| m.is_dir())
+            .map(|m| (m.dev(), m.ino()));
+        self.folders.push(FolderGrant {
+            host,
+            guest,
+            access,
+            identity,
+        });
+        Ok(self)
+    }
+
+    /// Gives the call the workflow database.
+    pub fn with_db(mut self, path: impl Into<PathBuf>, writable: bool) -> Self {
+        self.db = Some(DbGrant {
+            path: path.into(),
+            writable,
+        });
+        self
+    }
+
+    /// The granted folders, in the order they were added.
+    pub fn folders(&self) -> &[FolderGrant] {
+        &self.folders
+    }
+
+    /// The database grant, if any.
+    pub fn db(&self) -> Option<&DbGrant> {
+        self.db.as_ref()
+    }
+
+    /// The WASI context builder of one call: the granted folders as preopens, the given
+    /// stdout/stderr sinks, and nothing else. Callers may add to it (a step script gets an
+    /// environment, arguments and a working directory).
+    pub(crate) fn wasi_builder(
+        &self,
+        stdout: impl StdoutStream + 'static,
+        stderr: impl StdoutStream + 'static,
+    ) -> Result<WasiCtxBuilder> {
+        let mut builder = WasiCtxBuilder::new();
+        builder
+            .stdout(stdout)
+            .stderr(stderr)
+            .allow_tcp(false)
+            .allow_udp(false)
+            .allow_ip_name_lookup(false)
+            .socket_addr_check(|_, _| Box::pin(async { false }))
+            // Granted folders are local and tool calls short: doing each filesystem
+            // operation on the calling thread instead of handing it to tokio's
+            // blocking pool cuts a small read from ~390 us to tens of microseconds.
+            // Must be set before the preopens, which capture it.
+            .allow_blocking_current_thread(true);
+        for folder in &self.folders {
+            let perms = match folder.access {
+                Access::ReadOnly => FsPerms::ReadOnly,
+                Access::ReadWrite => FsPerms::ReadWrite,
+            };
+            let granting = || {
+                format!(
+                    "granting folder {} (seen as {})",
+                    folder.host.display(),
+                    folder.guest
+                )
+            };
+            let opened = folder.open_checked().with_context(granting)?;
+            // wasmtime-wasi opens preopens by path. Naming the folder through the descriptor
+            // just checked, rather than by its path again, leaves no moment in which another
+            // folder (or a link) could be put in its place.
+            // Without a descriptor path there is no such guarantee: refuse rather than reopen
+            // the folder by name.
+            let fd = opened.as_raw_fd();
+            let path = [format!("/proc/self/fd/{fd}"), format!("/dev/fd/{fd}")]
+                .into_iter()
+                .map(PathBuf::from)
+                .find(|p| p.exists())
+                .with_context(granting)
+                .context(
+                    "neither /proc/self/fd nor /dev/fd is available: Trellis opens granted \
+                     folders through them (mount /proc)",
+                )?;
+            builder
+                .preopened_dir(&path, &folder.guest, perms)
+                .map_err(anyhow::Error::from)
+                .with_context(granting)?;
+        }
+        Ok(builder)
+    }
+}
+
+impl FolderGrant {
+    /// Opens the folder, checking that it is still the one granted: a directory, not a
+    /// symbolic link, with the device and inode it had when the grant was made.
+    fn open_checked(&self) -> Result<std::fs::File> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&self.host)
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "it must be an existing directory, not a symbolic link or a file: {e}"
+                )
+            })?;
+        let meta = file.metadata()?;
+        if let Some(identity) = self.identity
+            && identity != (meta.dev(), meta.ino())
+        {
+            bail!(
+                "the folder was replaced since it was granted; refusing to open what is there now"
+            );
+        }
+        Ok(file)
+    }
+}
+
+/// Normalizes a guest path to `/a/b`: absolute, no `.` or `..`, no trailing slash.
+pub fn normalize_guest_path(guest: &str) -> Result<String> {
+    let mut parts = Vec::new();
+    for part in Path::new(guest).components() {
+        match part {
+            PathComponent::RootDir | PathComponent::CurDir => {}
+            PathComponent::Normal(p) => parts.push(
+                p.to_str()
+                    .with_context(|| format!("guest path {guest:?} is not UTF-8"))?,
+            ),
+            PathComponent::ParentDir | PathComponent::Prefix(_) => {
+                bail!("guest path {guest:?} must not contain `..`")
+            }
+        }
+    }
+    Ok(format!("/{}", parts.join("/")))
+}
+
+/// Resolves `relative` (a workspace-relative folder, as written in a plan or on
+/// the command line) inside `root`, refusing anything that would leave it or
+/// hide where it is: absolute paths, `..`, and symbolic links anywhere on the way.
+///
+/// The check goes through [`crate::store::WorkspaceFs`]; the canonical host path
+/// is returned for the grant.
+pub fn resolve_in_root(root: &Path, relative: &str) -> Result<PathBuf> {
+    let rel = Path::new(relative);
+    if rel.is_absolute() {
+        bail!("{relative:?} must be a path relative to {}", root.display());
+    }
+    if rel
+        .components()
+        .any(|c| matches!(c, PathComponent::ParentDir))
+    {
+        bail!("{relative:?} must not contain `..`");
+    }
+    // No link anywhere on the way, whether it leads out or stays inside: a grant names the
+    // folder it shows.
+    let fs = crate::store::WorkspaceFs::open(root)?;
+    match fs.kind(rel) {
+        Ok(Some(crate::store::Kind::Dir)) => {}
+        Ok(Some(crate::store::Kind::Link)) => bail!(
+            "{relative:?}: {}",
+            crate::store::workspace_fs::link_error(rel)
+        ),
+        Ok(Some(_)) => bail!("{relative:?} is not a folder"),
+        Ok(None) => bail!("{relative:?} is not a folder inside {}", root.display()),
+        Err(e) => bail!("{relative:?}: {e}"),
+    }
+    let canonical_root = root
+        .canonicalize()
+        .with_context(|| format!("resolving {}", root.display()))?;
+    let host = root
+        .join(rel)
+        .canonicalize()
+        .with_context(|| format!("resolving {relative:?} in {}", root.display()))?;
+    if !host.starts_with(&canonical_root) {
+        bail!(
+            "{relative:?} leaves {} through a symbolic link",
+            root.display()
+        );
+    }
+    Ok(host)
+}
+
+/// Bounds on one plugin call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest total of the instance's linear memories and tables (all of them
+    /// together, a table element counted as a pointer), in bytes.
+    pub memory_bytes: usize,
+    /// Wall-clock deadline for the call, guest code and host calls included.
+    pub timeout: Duration,
+    /// Largest result (JSON text) the call may return, in bytes.
+    pub output_bytes: usize,
+    /// How much of the guest's stdout and of its stderr is kept, each, in bytes;
+    /// the rest is counted and dropped.
+    pub stdio_bytes: usize,
+    /// What the call may add to its read-write folders and hold open.
+    pub fs: FsLimits,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            memory_bytes: 256 << 20,
+            timeout: Duration::from_secs(30),
+            output_bytes: 4 << 20,
+            stdio_bytes: 64 << 10,
+            fs: FsLimits::DEFAULT,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guest_paths_are_normalized() {
+        assert_eq!(normalize_guest_path("a/./b/").unwrap(), "/a/b");
+        assert_eq!(normalize_guest_path("/").unwrap(), "/");
+        assert!(normalize_guest_path("a/../../b").is_err());
+    }
+
+    #[test]
+    fn a_later_grant_of_the_same_folder_replaces_the_earlier() {
+        let grant = Grant::none()
+            .write("/tmp", "/x")
+            .unwrap()
+            .read("/tmp", "x/")
+            .unwrap();
+        assert_eq!(grant.folders().len(), 1);
+        assert_eq!(grant.folders()[0].access, Access::ReadOnly);
+    }
+
+    #[test]
+    fn resolving_refuses_to_leave_the_root() {
+        let root = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::create_dir(root.path().join("inside")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), root.path().join("escape")).unwrap();
+
+        assert!(resolve_in_root(root.path(), "inside").is_ok());
+        for bad in ["../", "/etc", "inside/../../x", "escape", "missing"] {
+            assert!(resolve_in_root(root.path(), bad).is_err(), "{bad} accepted");
+        }
+    }
+}

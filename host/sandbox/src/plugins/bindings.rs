@@ -1,0 +1,59 @@
+//! Host-side bindings generated from `wit/trellis-plugin@0.1.0/` (the single source of truth).
+//!
+//! Each world gets its own module; the shared `host` and `types` interfaces are
+//! generated once, in the tool world, and reused by the others.
+
+/// World `tool-plugin`.
+pub mod tool {
+    wasmtime::component::bindgen!({
+        path: "../../wit/trellis-plugin@0.1.0",
+        world: "tool-plugin",
+        exports: { default: async },
+    });
+}
+
+/// World `validator-plugin`.
+pub mod validator {
+    wasmtime::component::bindgen!({
+        path: "../../wit/trellis-plugin@0.1.0",
+        world: "validator-plugin",
+        exports: { default: async },
+        with: {
+            "trellis:plugin/host": super::tool::trellis::plugin::host,
+            "trellis:plugin/types": super::tool::trellis::plugin::types,
+        },
+    });
+}
+
+/// World `llm-provider`. `wasi:http` and `wasi:io` come from wasmtime's own
+/// bindings, so the linker can take their implementations as they are.
+pub mod llm {
+    wasmtime::component::bindgen!({
+        path: "../../wit/trellis-plugin@0.1.0",
+        world: "llm-provider",
+        exports: { default: async },
+        with: {
+            "trellis:plugin/host": super::tool::trellis::plugin::host,
+            "trellis:plugin/types": super::tool::trellis::plugin::types,
+            "wasi:http": wasmtime_wasi_http::p2::bindings::http,
+            "wasi:io": wasmtime_wasi::p2::bindings::io,
+            "wasi:clocks": wasmtime_wasi::p2::bindings::clocks,
+        },
+    });
+}
+
+/// World `script-runner` of `wit/trellis-plugin@0.2.0/`: the Python script runner's world,
+/// which adds `wasi:http` and `workflow-db.run`. Only its `trellis:plugin` interfaces are
+/// generated here (at 0.2.0, beside the 0.1.0 ones of the worlds above); WASI comes from
+/// wasmtime's own bindings.
+pub mod script {
+    wasmtime::component::bindgen!({
+        path: "../../wit/trellis-plugin@0.2.0",
+        world: "script-runner",
+        require_store_data_send: true,
+        with: {
+            "wasi": wasmtime_wasi::p2::bindings,
+            "wasi:http": wasmtime_wasi_http::p2::bindings::http,
+        },
+    });
+}

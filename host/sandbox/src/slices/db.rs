@@ -1,0 +1,309 @@
+//! The db slice: `trellis:plugin/workflow-db`, the workflow database behind the SQL fences
+//! of [`sql`].
+//!
+//! Per call it holds the database grant (none: every statement is refused), the connection
+//! opened on first use (read-only unless the grant is writable), and the call's deadline,
+//! at which a running statement is interrupted.
+
+pub mod sql;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use wasmtime::component::{HasSelf, Linker};
+
+use crate::capabilities::DbGrant;
+use crate::plugins::bindings::tool::trellis::plugin::workflow_db;
+use crate::slices::fs::guard::FsBudget;
+use crate::state::CallState;
+use sql::{GuardedDb, SqlAccess};
+
+/// Rows a `workflow-db` query may return.
+const DB_MAX_ROWS: usize = 10_000;
+/// Bytes of JSON a `workflow-db` query may return.
+const DB_MAX_BYTES: usize = 8 << 20;
+
+/// Links `workflow-db`, once: at 0.1.0 (every world) and at 0.2.0 (the script runner's,
+/// which adds `run`).
+pub(crate) fn add_to_linker(linker: &mut Linker<CallState>) -> anyhow::Result<()> {
+    workflow_db::add_to_linker::<CallState, HasSelf<DbState>>(linker, |s| &mut s.db)?;
+    v2::add_to_linker::<CallState, HasSelf<DbState>>(linker, |s| &mut s.db)?;
+    crate::plugins::bindings::script::trellis::plugin::types::add_to_linker::<
+        CallState,
+        HasSelf<DbState>,
+    >(linker, |s| &mut s.db)?;
+    Ok(())
+}
+
+use crate::plugins::bindings::script::trellis::plugin::workflow_db as v2;
+
+impl crate::plugins::bindings::script::trellis::plugin::types::Host for DbState {}
+
+/// The 0.2.0 interface: the same statements as 0.1.0, plus `run`.
+impl v2::Host for DbState {
+    fn query(&mut self, sql: String, params: Vec<v2::SqlValue>) -> Result<String, v2::DbError> {
+        workflow_db::Host::query(self, sql, params.into_iter().map(v1_value).collect())
+            .map_err(v2_error)
+    }
+
+    fn execute(&mut self, sql: String, params: Vec<v2::SqlValue>) -> Result<u64, v2::DbError> {
+        workflow_db::Host::execute(self, sql, params.into_iter().map(v1_value).collect())
+            .map_err(v2_error)
+    }
+
+    fn run(&mut self, sql: String, params: Vec<v2::SqlValue>) -> Result<String, v2::DbError> {
+        let params: Vec<workflow_db::SqlValue> = params.into_iter().map(v1_value).collect();
+        let result = self.run_any(&sql, &params);
+        self.note_deadline(&result);
+        result.map_err(v2_error)
+    }
+}
+
+fn v1_value(value: v2::SqlValue) -> workflow_db::SqlValue {
+    match value {
+        v2::SqlValue::Null => workflow_db::SqlValue::Null,
+        v2::SqlValue::Integer(n) => workflow_db::SqlValue::Integer(n),
+        v2::SqlValue::Real(f) => workflow_db::SqlValue::Real(f),
+        v2::SqlValue::Text(t) => workflow_db::SqlValue::Text(t),
+    }
+}
+
+fn v2_error(error: workflow_db::DbError) -> v2::DbError {
+    match error {
+        workflow_db::DbError::NotGranted => v2::DbError::NotGranted,
+        workflow_db::DbError::ReadOnly(m) => v2::DbError::ReadOnly(m),
+        workflow_db::DbError::Sql(m) => v2::DbError::Sql(m),
+        workflow_db::DbError::TooLarge(m) => v2::DbError::TooLarge(m),
+    }
+}
+
+/// The workflow database of one call.
+pub(crate) struct DbState {
+    grant: Option<DbGrant>,
+    conn: Option<GuardedDb>,
+    /// When the call must end: database statements are stopped here too.
+    deadline: Instant,
+    /// A statement was stopped because the call's deadline passed.
+    deadline_hit: bool,
+    /// The call's write budget: what the database may grow by comes out of it.
+    budget: Arc<FsBudget>,
+}
+
+impl DbState {
+    /// The database of `grant`, if any, for a call ending in `timeout`.
+    pub(crate) fn new(grant: Option<DbGrant>, timeout: Duration, budget: Arc<FsBudget>) -> Self {
+        DbState {
+            grant,
+            conn: None,
+            deadline: Instant::now() + timeout,
+            deadline_hit: false,
+            budget,
+        }
+    }
+
+    /// Whether a statement ran into the call's deadline: the call timed out, even if the
+    /// guest carried on after the error it got.
+    pub(crate) fn deadline_hit(&self) -> bool {
+        self.deadline_hit
+    }
+
+    fn connection(&mut self, sql: &str) -> Result<&GuardedDb, workflow_db::DbError> {
+        let Some(grant) = &self.grant else {
+            return Err(workflow_db::DbError::NotGranted);
+        };
+        sql::refuse_unseen(sql).map_err(workflow_db::DbError::Sql)?;
+        if self.conn.is_none() {
+            // A read-only grant opens the file read-only: even a statement that
+            // slipped past the read-only check below could not write.
+            let access = if grant.writable {
+                SqlAccess::ReadWrite
+            } else {
+                SqlAccess::ReadOnly
+            };
+            // Whole milliseconds: the time shows in messages.
+            let left = Duration::from_millis(
+                self.deadline
+                    .saturating_duration_since(Instant::now())
+                    .as_millis() as u64,
+            );
+            // SQLITE_OPEN_NOFOLLOW refuses a link anywhere on the path: the folder is named
+            // canonically (the host checked it holds no link), the file itself must not be one.
+            let path = match (grant.path.parent(), grant.path.file_name()) {
+                (Some(dir), Some(name)) => dir
+                    .canonicalize()
+                    .map(|d| d.join(name))
+                    .unwrap_or_else(|_| grant.path.clone()),
+                _ => grant.path.clone(),
+            };
+            // What the database may grow by comes out of the call's write budget.
+            let growth = self.budget.write_bytes_left();
+            let conn = sql::open_with_growth(&path, access, left, growth)
+                .map_err(|e| workflow_db::DbError::Sql(format!("opening the workflow db: {e}")))?;
+            self.conn = Some(conn);
+        }
+        Ok(self.conn.as_ref().expect("connection opened above"))
+    }
+}
+
+impl workflow_db::Host for DbState {
+    fn query(
+        &mut self,
+        sql: String,
+        params: Vec<workflow_db::SqlValue>,
+    ) -> Result<String, workflow_db::DbError> {
+        let result = self.run_query(&sql, &params);
+        self.note_deadline(&result);
+        result
+    }
+
+    fn execute(
+        &mut self,
+        sql: String,
+        params: Vec<workflow_db::SqlValue>,
+    ) -> Result<u64, workflow_db::DbError> {
+        use workflow_db::DbError;
+        if self.grant.as_ref().is_some_and(|db| !db.writable) {
+            return Err(DbError::ReadOnly(
+                "this turn has read-only access to the workflow db".into(),
+            ));
+        }
+        let result = self.run_execute(&sql, &params);
+        self.note_deadline(&result);
+        result
+    }
+}
+
+impl DbState {
+    fn note_deadline<T>(&mut self, result: &Result<T, workflow_db::DbError>) {
+        if let Err(workflow_db::DbError::Sql(message)) = result
+            && message.starts_with(sql::DEADLINE_MESSAGE)
+        {
+            self.deadline_hit = true;
+        }
+    }
+
+    fn run_query(
+        &mut self,
+        sql: &str,
+        params: &[workflow_db::SqlValue],
+    ) -> Result<String, workflow_db::DbError> {
+        let (names, rows) = self.query_rows(sql, params)?;
+        let objects: Vec<serde_json::Value> = rows
+            .into_iter()
+            .map(|row| serde_json::Value::Object(names.iter().cloned().zip(row).collect()))
+            .collect();
+        Ok(serde_json::Value::Array(objects).to_string())
+    }
+
+    /// `run` of 0.2.0: a read-only statement's columns (in order) and rows, or what a
+    /// statement that modifies the database changed.
+    fn run_any(
+        &mut self,
+        sql: &str,
+        params: &[workflow_db::SqlValue],
+    ) -> Result<String, workflow_db::DbError> {
+        use workflow_db::DbError;
+        let readonly = {
+            let db = self.connection(sql)?;
+            let stmt = db
+                .conn()
+                .prepare(sql)
+                .map_err(|e| DbError::Sql(db.describe(&e)))?;
+            stmt.readonly()
+        };
+        if readonly {
+            let (columns, rows) = self.query_rows(sql, params)?;
+            return Ok(serde_json::json!({"columns": columns, "rows": rows}).to_string());
+        }
+        if self.grant.as_ref().is_some_and(|db| !db.writable) {
+            return Err(DbError::ReadOnly(
+                "this turn has read-only access to the workflow db".into(),
+            ));
+        }
+        let changed = self.run_execute(sql, params)?;
+        let rowid = self
+            .conn
+            .as_ref()
+            .map(|db| db.conn().last_insert_rowid())
+            .unwrap_or_default();
+        Ok(serde_json::json!({
+            "columns": [], "rows": [], "changed": changed, "last-insert-rowid": rowid
+        })
+        .to_string())
+    }
+
+    /// The column names and rows of a read-only statement, within the row and size limits.
+    #[allow(clippy::type_complexity)]
+    fn query_rows(
+        &mut self,
+        sql: &str,
+        params: &[workflow_db::SqlValue],
+    ) -> Result<(Vec<String>, Vec<Vec<serde_json::Value>>), workflow_db::DbError> {
+        use workflow_db::DbError;
+        let db = self.connection(sql)?;
+        let failed = |e: rusqlite::Error| DbError::Sql(db.describe(&e));
+        let mut stmt = db.conn().prepare(sql).map_err(failed)?;
+        if !stmt.readonly() {
+            return Err(DbError::ReadOnly(
+                "query runs read-only statements only; use execute to modify the database".into(),
+            ));
+        }
+        let names: Vec<String> = stmt.column_names().map(|s| s.to_string()).collect();
+        let mut rows = stmt
+            .query(rusqlite::params_from_iter(params.iter().map(to_sql)))
+            .map_err(failed)?;
+        let mut out = Vec::new();
+        let mut bytes = 0;
+        while let Some(row) = rows.next().map_err(failed)? {
+            if out.len() == DB_MAX_ROWS {
+                return Err(DbError::TooLarge(format!("more than {DB_MAX_ROWS} rows")));
+            }
+            let mut values = Vec::with_capacity(names.len());
+            for (i, name) in names.iter().enumerate() {
+                let value = sql::sql_to_json(row.get_ref(i).map_err(failed)?);
+                bytes += name.len() + value.to_string().len();
+                // Checked per value: one row of many 16 MiB columns is a gigabyte.
+                if bytes > DB_MAX_BYTES {
+                    return Err(DbError::TooLarge(format!(
+                        "result over {DB_MAX_BYTES} bytes"
+                    )));
+                }
+                values.push(value);
+            }
+            out.push(values);
+        }
+        Ok((names, out))
+    }
+
+    fn run_execute(
+        &mut self,
+        sql: &str,
+        params: &[workflow_db::SqlValue],
+    ) -> Result<u64, workflow_db::DbError> {
+        let db = self.connection(sql)?;
+        let changed = db
+            .conn()
+            .execute(sql, rusqlite::params_from_iter(params.iter().map(to_sql)));
+        match changed {
+            Ok(changed) => Ok(changed as u64),
+            Err(e) => {
+                let message = db.describe(&e);
+                if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull) {
+                    // `max_page_count` of the connection: the call's write budget.
+                    self.budget.note_write_limit();
+                }
+                Err(workflow_db::DbError::Sql(message))
+            }
+        }
+    }
+}
+
+fn to_sql(value: &workflow_db::SqlValue) -> rusqlite::types::Value {
+    use rusqlite::types::Value;
+    match value {
+        workflow_db::SqlValue::Null => Value::Null,
+        workflow_db::SqlValue::Integer(n) => Value::Integer(*n),
+        workflow_db::SqlValue::Real(f) => Value::Real(*f),
+        workflow_db::SqlValue::Text(t) => Value::Text(t.clone()),
+    }
+}

@@ -1,0 +1,453 @@
+//! `workflow.json`: workflow-level settings.
+//!
+//! The shape Trellis reads and writes:
+//!
+//! ```json
+//! {
+//!   "contract_version": "1.0.11",
+//!   "variables": {
+//!     "REGION": "eu-west-1",
+//!     "TICKER": {"value": "ACME", "description": "the company followed"}
+//!   },
+//!   "groups": [
+//!     {"id": "us", "name": "US market", "variables": {"REGION": "us-east-1"}}
+//!   ],
+//!   "llm": {"provider": "openai", "model_id": "gpt-4o", "options": {"temperature": 0}},
+//!   "tiers": {"high": {"provider": "openai", "model_id": "gpt-4o"},
+//!             "low": {"provider": "openai", "model_id": "gpt-4o-mini"}},
+//!   "providers": {"openai": {"base_url": "https://api.example.invalid/v1",
+//!                            "api_key_env": "OPENAI_API_KEY"}}
+//! }
+//! ```
+//!
+//! - `contract_version`: the workflow contract the files follow (spec section 9); stamped by
+//!   migrations. Absent means a workflow older than the versioned contracts.
+//! - `variables`: name -> value, or name -> `{value?, description?}`. Names are valid
+//!   environment suffixes (scripts see `VAR_<NAME>`).
+//! - `groups`: run units of the same plan; each overrides declared variables. A group's run
+//!   folder is `runs/iteration-0/<folder>` with the folder from [`Group::folder_name`].
+//! - `llm`: the default model of every step that pins none; `tiers`: the models behind
+//!   `execution_tier` values `high` / `medium` / `low`.
+//! - `providers`: per LLM provider plugin, the endpoint and the *name* of the environment
+//!   variable holding its key (never the key itself).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io;
+use std::path::Path;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::diagnostics::{
+    Ctx, Diagnostics, JsonPath, Obj, Parsed, did_you_mean, finish, kind_of, parse_json, quote,
+};
+use super::step_config::{LlmRef, parse_llm_ref};
+
+/// Where the manifest lives in a workspace.
+pub const WORKFLOW_FILE: &str = "workflow.json";
+
+/// A contract version `MAJOR.MINOR.PATCH`, ordered numerically (`1.0.10` > `1.0.9`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ContractVersion(pub u32, pub u32, pub u32);
+
+impl ContractVersion {
+    /// Removes legacy `code` items from message sequences.
+    pub const V1_0_10: Self = Self(1, 0, 10);
+    /// Pulse history schema 2; no runtime effect here beyond the stamp.
+    pub const V1_0_11: Self = Self(1, 0, 11);
+    /// The newest contract this runtime implements.
+    pub const CURRENT: Self = Self::V1_0_11;
+
+    /// Parses `1.0.11`.
+    pub fn parse(s: &str) -> Option<Self> {
+        let mut parts = s.trim().split('.').map(|p| p.parse::<u32>().ok());
+        let v = Self(parts.next()??, parts.next()??, parts.next()??);
+        parts.next().is_none().then_some(v)
+    }
+}
+
+impl fmt::Display for ContractVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}.{}", self.0, self.1, self.2)
+    }
+}
+
+/// A declared workflow variable.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum Variable {
+    /// The short form: just the value.
+    Value(String),
+    /// The long form.
+    Declared {
+        /// The default value.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        value: Option<String>,
+        /// What it is for.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        description: Option<String>,
+    },
+}
+
+impl Variable {
+    /// The default value, if any.
+    pub fn value(&self) -> Option<&str> {
+        match self {
+            Self::Value(v) => Some(v),
+            Self::Declared { value, .. } => value.as_deref(),
+        }
+    }
+}
+
+/// A group: a run unit with its own variable values.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Group {
+    /// Unique among the groups.
+    pub id: String,
+    /// The display name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Values overriding the declared variables.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub variables: BTreeMap<String, String>,
+}
+
+impl Group {
+    /// The folder of the group's runs, `runs/iteration-0/<folder>`: the display name
+    /// sanitized, else the id sanitized (see
+    /// [`group_folder_name`]); an error when neither leaves a usable name.
+    pub fn folder_name(&self) -> anyhow::Result<String> {
+        group_folder_name(self.name.as_deref(), &self.id)
+    }
+}
+
+/// The folder name of a group: its display name sanitized, else its id sanitized. Letters,
+/// digits, `-`, `_` and `.` are kept, runs of anything else become one `_`; leading and
+/// trailing `_` and `.` are trimmed; at most 80 characters.
+pub fn group_folder_name(display_name: Option<&str>, group_id: &str) -> anyhow::Result<String> {
+    let name = display_name
+        .map(sanitize_folder_name)
+        .filter(|s| !s.is_empty())
+        .or_else(|| Some(sanitize_folder_name(group_id)).filter(|s| !s.is_empty()));
+    anyhow::Context::with_context(name, || {
+        format!("group {group_id:?} has no usable folder name (display name {display_name:?})")
+    })
+}
+
+/// A name as a folder name: letters, digits, `-`, `_` and `.` kept, runs of anything else
+/// one `_`, leading and trailing `_` and `.` trimmed, at most 80 characters.
+pub fn sanitize_folder_name(name: &str) -> String {
+    let mut out = String::new();
+    let mut gap = false;
+    for c in name.chars() {
+        if c.is_alphanumeric() || matches!(c, '-' | '_' | '.') {
+            if gap && !out.is_empty() {
+                out.push('_');
+            }
+            gap = false;
+            out.push(c);
+        } else {
+            gap = true;
+        }
+    }
+    out.trim_matches(['_', '.'])
+        .chars()
+        .take(80)
+        .collect::<String>()
+        .trim_end_matches(['_', '.'])
+        .to_string()
+}
+
+/// Connection settings of an LLM provider plugin.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ProviderSettings {
+    /// The API endpoint.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub base_url: Option<String>,
+    /// The name of the environment variable that holds the key.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub api_key_env: Option<String>,
+}
+
+/// The whole `workflow.json`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct WorkflowManifest {
+    /// The contract the workspace follows, as written.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub contract_version: Option<String>,
+    /// Declared variables.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub variables: BTreeMap<String, Variable>,
+    /// Groups.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<Group>,
+    /// The default model.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub llm: Option<LlmRef>,
+    /// Models behind `execution_tier`.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub tiers: BTreeMap<String, LlmRef>,
+    /// Provider connection settings.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub providers: BTreeMap<String, ProviderSettings>,
+}
+
+impl WorkflowManifest {
+    /// The parsed contract version; `None` when absent (a workflow older than versioning).
+    pub fn contract(&self) -> Option<ContractVersion> {
+        self.contract_version
+            .as_deref()
+            .and_then(ContractVersion::parse)
+    }
+
+    /// The variables a step sees in `group` (or with no group): declared defaults, then the
+    /// group's overrides.
+    pub fn resolved_variables(&self, group: Option<&str>) -> BTreeMap<String, String> {
+        let mut out: BTreeMap<String, String> = self
+            .variables
+            .iter()
+            .filter_map(|(k, v)| v.value().map(|v| (k.clone(), v.to_string())))
+            .collect();
+        if let Some(g) = group.and_then(|id| self.groups.iter().find(|g| g.id == id)) {
+            out.extend(g.variables.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
+        out
+    }
+
+    /// Writes the manifest atomically, 2-space indent.
+    pub fn write(&self, fs: &trellis_sandbox::store::WorkspaceFs, path: &Path) -> io::Result<()> {
+        fs.write_json_atomic(path, self)
+    }
+}
+
+/// Reads `workflow.json` from its text.
+pub fn parse_manifest(text: &str, file: &str) -> Parsed<WorkflowManifest> {
+    let mut diags = Diagnostics::new();
+    let parsed = parse_json(text, file, &mut diags).and_then(|v| {
+        let mut ctx = Ctx::new(file, &mut diags);
+        manifest_from_value(&mut ctx, &v)
+    });
+    finish(parsed, diags)
+}
+
+fn valid_variable_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+fn manifest_from_value(ctx: &mut Ctx, value: &Value) -> Option<WorkflowManifest> {
+    let mut obj = Obj::new(ctx, value, JsonPath::root(), "workflow settings")?;
+    let contract_version = obj.str(ctx, "contract_version");
+    if let Some(v) = &contract_version {
+        match ContractVersion::parse(v) {
+            None => ctx.error(
+                &JsonPath::root().key("contract_version"),
+                format!("expected a version such as \"1.0.11\", found {}", quote(v)),
+            ),
+            Some(cv) if cv > ContractVersion::CURRENT => ctx.warning(
+                &JsonPath::root().key("contract_version"),
+                format!(
+                    "contract {cv} is newer than the {} this Trellis implements",
+                    ContractVersion::CURRENT
+                ),
+            ),
+            Some(_) => {}
+        }
+    }
+    let mut variables = BTreeMap::new();
+    if let Some(v) = obj.raw("variables") {
+        let path = JsonPath::root().key("variables");
+        match v {
+            Value::Object(m) => {
+                for (name, def) in m {
+                    let p = path.key(name);
+                    if !valid_variable_name(name) {
+                        ctx.error(
+                            &p,
+                            format!(
+                                "invalid variable name {}: use letters, digits and _ (scripts see it as VAR_<NAME>)",
+                                quote(name)
+                            ),
+                        );
+                    }
+                    let var = match def {
+                        Value::String(s) => Some(Variable::Value(s.clone())),
+                        Value::Object(_) => {
+                            let mut d = Obj::new(ctx, def, p, "a variable")?;
+                            let value = d.str(ctx, "value");
+                            let description = d.str(ctx, "description");
+                            d.finish(ctx);
+                            Some(Variable::Declared { value, description })
+                        }
+                        other => {
+                            ctx.error(
+                                &p,
+                                format!(
+                                    "expected a value (a string) or {{\"value\", \"description\"}}, found {}",
+                                    kind_of(other)
+                                ),
+                            );
+                            None
+                        }
+                    };
+                    if let Some(var) = var {
+                        variables.insert(name.clone(), var);
+                    }
+                }
+            }
+            other => ctx.error(
+                &path,
+                format!("expected an object of variables, found {}", kind_of(other)),
+            ),
+        }
+    }
+    let groups = obj
+        .list(ctx, "groups", |ctx, v, p| {
+            let mut g = Obj::new(ctx, v, p, "a group")?;
+            let id = g.req_str(ctx, "id", "the group id");
+            let name = g.str(ctx, "name");
+            let mut vars = BTreeMap::new();
+            if let Some(raw) = g.object(ctx, "variables") {
+                for (k, val) in raw {
+                    let vp = g.path().key("variables").key(&k);
+                    if !variables.contains_key(&k) {
+                        let hint = did_you_mean(&k, variables.keys().map(String::as_str))
+                            .map(|c| format!(" (did you mean \"{c}\"?)"))
+                            .unwrap_or_default();
+                        ctx.error(
+                            &vp,
+                            format!(
+                                "sets {} which is not declared in \"variables\"{hint}",
+                                quote(&k)
+                            ),
+                        );
+                    }
+                    match val {
+                        Value::String(s) => {
+                            vars.insert(k, s);
+                        }
+                        other => {
+                            ctx.error(&vp, format!("expected a string, found {}", kind_of(&other)))
+                        }
+                    }
+                }
+            }
+            g.finish(ctx);
+            Some(Group {
+                id: id?,
+                name,
+                variables: vars,
+            })
+        })
+        .unwrap_or_default();
+    let mut seen = Vec::new();
+    for (i, g) in groups.iter().enumerate() {
+        if seen.contains(&g.id) {
+            ctx.error(
+                &JsonPath::root().key("groups").index(i).key("id"),
+                format!("duplicate group id {}", quote(&g.id)),
+            );
+        }
+        seen.push(g.id.clone());
+    }
+    let llm = obj
+        .raw("llm")
+        .and_then(|v| parse_llm_ref(ctx, v, JsonPath::root().key("llm")));
+    let mut tiers = BTreeMap::new();
+    if let Some(m) = obj.object(ctx, "tiers") {
+        for (k, v) in &m {
+            let p = JsonPath::root().key("tiers").key(k);
+            if !matches!(k.as_str(), "high" | "medium" | "low") {
+                let hint = did_you_mean(k, ["high", "medium", "low"])
+                    .map(|c| format!(" (did you mean \"{c}\"?)"))
+                    .unwrap_or_default();
+                ctx.error(
+                    &p,
+                    format!(
+                        "unknown tier {}: expected \"high\", \"medium\" or \"low\"{hint}",
+                        quote(k)
+                    ),
+                );
+            }
+            if let Some(r) = parse_llm_ref(ctx, v, p) {
+                tiers.insert(k.clone(), r);
+            }
+        }
+    }
+    let mut providers = BTreeMap::new();
+    if let Some(m) = obj.object(ctx, "providers") {
+        for (k, v) in &m {
+            let mut p = match Obj::new(
+                ctx,
+                v,
+                JsonPath::root().key("providers").key(k),
+                "provider settings",
+            ) {
+                Some(p) => p,
+                None => continue,
+            };
+            let settings = ProviderSettings {
+                base_url: p.str(ctx, "base_url"),
+                api_key_env: p.str(ctx, "api_key_env"),
+            };
+            if p.has("api_key") {
+                p.accept(&["api_key"]);
+                ctx.error(
+                    &p.path().key("api_key"),
+                    "keys are never stored in workflow.json: put the key in an environment variable and name it in \"api_key_env\"",
+                );
+            }
+            p.finish(ctx);
+            providers.insert(k.clone(), settings);
+        }
+    }
+    obj.finish(ctx);
+    Some(WorkflowManifest {
+        contract_version,
+        variables,
+        groups,
+        llm,
+        tiers,
+        providers,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_order_numerically() {
+        assert!(
+            ContractVersion::parse("1.0.10").unwrap() > ContractVersion::parse("1.0.9").unwrap()
+        );
+        assert_eq!(ContractVersion::parse("1.0"), None);
+        assert_eq!(ContractVersion::parse("1.0.11.1"), None);
+        assert_eq!(ContractVersion::CURRENT.to_string(), "1.0.11");
+    }
+
+    #[test]
+    fn manifest_round_trips_and_resolves_group_variables() {
+        let text = r#"{"contract_version":"1.0.11",
+          "variables":{"REGION":"eu","TICKER":{"value":"ACME","description":"d"}},
+          "groups":[{"id":"us","name":"US market!","variables":{"REGION":"us"}}],
+          "llm":{"provider":"openai","model_id":"gpt-4o","options":{"temperature":0}},
+          "tiers":{"low":{"provider":"openai","model_id":"mini"}},
+          "providers":{"openai":{"base_url":"http://127.0.0.1:1","api_key_env":"K"}}}"#;
+        let (m, w) = parse_manifest(text, WORKFLOW_FILE).unwrap();
+        assert!(w.is_empty());
+        assert_eq!(
+            serde_json::to_value(&m).unwrap(),
+            serde_json::from_str::<Value>(text).unwrap()
+        );
+        assert_eq!(m.groups[0].folder_name().unwrap(), "US_market");
+        let vars = m.resolved_variables(Some("us"));
+        assert_eq!(vars["REGION"], "us");
+        assert_eq!(vars["TICKER"], "ACME");
+        assert_eq!(m.contract(), Some(ContractVersion::V1_0_11));
+    }
+}

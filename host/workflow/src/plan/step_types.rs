@@ -1,0 +1,279 @@
+//! The types of `routing` and `human_input` steps and of a sequence's predefined
+//! (sub-agent) routes, and their parsing.
+
+use super::*;
+
+/// A sub-agent route of a sequence.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PredefinedRoute {
+    /// Equals `sub_agent_step.id`.
+    pub route_id: String,
+    /// A label.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub route_name: Option<String>,
+    /// When the agent should use it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub condition: Option<String>,
+    /// The child sequence.
+    pub sub_agent_step: Box<Step>,
+}
+
+/// The fields of a `routing` step.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Routing {
+    /// The choices.
+    pub routes: Vec<Route>,
+    /// The route taken when no selection file exists.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub default_route_id: Option<String>,
+    /// The prior step's file holding `{"select_route": "<route_id>"}`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub route_source_file: Option<String>,
+    /// Accepted and ignored (older plans asked an LLM).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub routing_question: Option<String>,
+}
+
+/// A choice of a routing step.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Route {
+    /// The value of `select_route` that picks this route.
+    pub route_id: String,
+    /// A label.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub route_name: Option<String>,
+    /// A description of when it applies.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub condition: Option<String>,
+    /// Where the run goes.
+    pub next_step_id: String,
+}
+
+/// How a person answers a `human_input` step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResponseType {
+    /// Free text.
+    Text,
+    /// Yes or no; routes with `if_yes_next_step_id` / `if_no_next_step_id`.
+    Yesno,
+    /// One of `options`; routes with `option_routes`.
+    MultipleChoice,
+}
+
+/// The fields of a `human_input` step.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HumanInput {
+    /// What to ask.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub question: Option<String>,
+    /// The workflow variable that receives the answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub variable_name: Option<String>,
+    /// The kind of answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub response_type: Option<ResponseType>,
+    /// The choices of a multiple-choice question.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub options: Option<Vec<String>>,
+    /// Where a yes goes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub if_yes_next_step_id: Option<String>,
+    /// Where a no goes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub if_no_next_step_id: Option<String>,
+    /// Option -> next step id.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub option_routes: Option<BTreeMap<String, String>>,
+}
+
+pub(super) const RESPONSE_TYPES: &[(&str, ResponseType)] = &[
+    ("text", ResponseType::Text),
+    ("yesno", ResponseType::Yesno),
+    ("multiple_choice", ResponseType::MultipleChoice),
+];
+
+pub(super) fn parse_routes(ctx: &mut Ctx, obj: &mut Obj) -> Vec<PredefinedRoute> {
+    let routes = obj
+        .list(ctx, "predefined_routes", |ctx, v, p| {
+            let mut r = Obj::new(ctx, v, p, "a route")?;
+            let route_id = r.req_str(ctx, "route_id", "the route id, equal to sub_agent_step.id");
+            let route_name = r.str(ctx, "route_name");
+            let condition = r.str(ctx, "condition");
+            let sub = if r.has("sub_agent_step") {
+                let raw = r.raw("sub_agent_step")?;
+                parse_step(ctx, raw, r.path().key("sub_agent_step"), Nesting::Route)
+            } else {
+                r.raw("sub_agent_step");
+                ctx.error(
+                    &r.path().key("sub_agent_step"),
+                    "missing: expected the message_sequence step the route runs",
+                );
+                None
+            };
+            if let Some(s) = &sub
+                && !matches!(s.kind, StepKind::MessageSequence(_))
+            {
+                ctx.error(
+                    &r.path().key("sub_agent_step").key("type"),
+                    format!(
+                        "a sub-agent step must be a message_sequence, found {}",
+                        quote(s.type_name())
+                    ),
+                );
+            }
+            if let (Some(rid), Some(s)) = (&route_id, &sub)
+                && *rid != s.id
+            {
+                ctx.error(
+                    &r.path().key("route_id"),
+                    format!(
+                        "must equal sub_agent_step.id ({}), found {}",
+                        quote(&s.id),
+                        quote(rid)
+                    ),
+                );
+            }
+            r.finish(ctx);
+            Some(PredefinedRoute {
+                route_id: route_id?,
+                route_name,
+                condition,
+                sub_agent_step: Box::new(sub?),
+            })
+        })
+        .unwrap_or_default();
+    let mut seen = HashSet::new();
+    for (i, r) in routes.iter().enumerate() {
+        if !seen.insert(r.route_id.clone()) {
+            ctx.error(
+                &obj.path().key("predefined_routes").index(i).key("route_id"),
+                format!("duplicate route id {}", quote(&r.route_id)),
+            );
+        }
+    }
+    routes
+}
+
+pub(super) fn parse_routing(ctx: &mut Ctx, obj: &mut Obj) -> Option<Routing> {
+    let routes = if obj.has("routes") {
+        obj.list(ctx, "routes", |ctx, v, p| {
+            let mut r = Obj::new(ctx, v, p, "a route")?;
+            let route_id = r.req_str(ctx, "route_id", "the value of select_route that picks it");
+            let route_name = r.str(ctx, "route_name");
+            let condition = r.str(ctx, "condition");
+            let next = r.req_str(ctx, "next_step_id", "the step the route goes to");
+            r.finish(ctx);
+            Some(Route {
+                route_id: route_id?,
+                route_name,
+                condition,
+                next_step_id: next?,
+            })
+        })
+    } else {
+        obj.raw("routes");
+        ctx.error(
+            &obj.path().key("routes"),
+            "missing: expected an array of routes {route_id, route_name, condition, next_step_id}",
+        );
+        None
+    };
+    let default_route_id = obj.str(ctx, "default_route_id");
+    let route_source_file = obj.str(ctx, "route_source_file");
+    if let Some(f) = &route_source_file
+        && let Err(why) = trellis_sandbox::store::check_relative(f)
+    {
+        ctx.error(&obj.path().key("route_source_file"), why);
+    }
+    let routing_question = obj.str(ctx, "routing_question");
+    let routes = routes?;
+    let mut seen = HashSet::new();
+    for (i, r) in routes.iter().enumerate() {
+        if !seen.insert(r.route_id.as_str()) {
+            ctx.error(
+                &obj.path().key("routes").index(i).key("route_id"),
+                format!("duplicate route id {}", quote(&r.route_id)),
+            );
+        }
+    }
+    if let Some(d) = &default_route_id
+        && !routes.iter().any(|r| &r.route_id == d)
+    {
+        let hint = did_you_mean(d, routes.iter().map(|r| r.route_id.as_str()))
+            .map(|c| format!(" (did you mean \"{c}\"?)"))
+            .unwrap_or_default();
+        ctx.error(
+            &obj.path().key("default_route_id"),
+            format!("names no route of this step: {}{hint}", quote(d)),
+        );
+    }
+    Some(Routing {
+        routes,
+        default_route_id,
+        route_source_file,
+        routing_question,
+    })
+}
+
+pub(super) fn parse_human_input(ctx: &mut Ctx, obj: &mut Obj) -> Option<HumanInput> {
+    let question = obj.str(ctx, "question");
+    let variable_name = obj.str(ctx, "variable_name");
+    let response_type = obj.one_of(ctx, "response_type", RESPONSE_TYPES);
+    let options = obj.str_list(ctx, "options");
+    let if_yes_next_step_id = obj.str(ctx, "if_yes_next_step_id");
+    let if_no_next_step_id = obj.str(ctx, "if_no_next_step_id");
+    let option_routes = match obj.raw("option_routes") {
+        None => None,
+        Some(Value::Object(m)) => {
+            let mut out = BTreeMap::new();
+            for (k, v) in m {
+                match v {
+                    Value::String(s) => {
+                        out.insert(k.clone(), s.clone());
+                    }
+                    other => ctx.error(
+                        &obj.path().key("option_routes").key(k),
+                        format!("expected a step id (a string), found {}", kind_of(other)),
+                    ),
+                }
+                if let Some(opts) = &options
+                    && !opts.contains(k)
+                {
+                    ctx.error(
+                        &obj.path().key("option_routes").key(k),
+                        format!("names no entry of \"options\": {}", quote(k)),
+                    );
+                }
+            }
+            Some(out)
+        }
+        Some(other) => {
+            ctx.error(
+                &obj.path().key("option_routes"),
+                format!(
+                    "expected an object mapping each option to a step id, found {}",
+                    kind_of(other)
+                ),
+            );
+            None
+        }
+    };
+    if response_type == Some(ResponseType::MultipleChoice)
+        && options.as_ref().is_none_or(Vec::is_empty)
+    {
+        ctx.error(
+            &obj.path().key("options"),
+            "a multiple_choice question needs a non-empty array of options",
+        );
+    }
+    Some(HumanInput {
+        question,
+        variable_name,
+        response_type,
+        options,
+        if_yes_next_step_id,
+        if_no_next_step_id,
+        option_routes,
+    })
+}

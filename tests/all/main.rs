@@ -1,0 +1,25 @@
+//! The integration tests: one binary (linking wasmtime once), a module per area. Each
+//! drives the real thing: guest components built from source, real SQLite files, the
+//! `trellis` binary, and HTTP servers the tests start on 127.0.0.1.
+
+mod support;
+
+mod cli;
+mod db_fences;
+mod docs_examples;
+mod host_files;
+mod llm_providers;
+mod plugin_loading;
+mod routes;
+mod run_cli;
+mod runtime;
+mod sandbox;
+mod scenarios;
+mod script_net;
+mod scripted_steps;
+mod scripts;
+mod sequence_driver;
+mod turn_grants;
+mod validators;
+mod workflow_cli;
+mod workspace_tools;
