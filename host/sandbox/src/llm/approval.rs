@@ -304,11 +304,16 @@ mod tests {
         let path = dir.path().join("config.toml");
         std::fs::write(
             &path,
-            "[[allow_key]]\nvar = \"MY_KEY\"\norigin = \"https://llm.internal:8443\"\n",
+            "allow_host = [\"Metrics.LAN\", \"127.0.0.1:8080\"]\n\
+             [[allow_key]]\nvar = \"MY_KEY\"\norigin = \"https://llm.internal:8443\"\n",
         )
         .unwrap();
         let mut approvals = KeyApprovals::none();
         approvals.load_config(&path).unwrap();
+        assert!(approvals.is_host_approved("metrics.lan"));
+        assert!(approvals.is_host_approved("127.0.0.1"));
+        assert!(!approvals.is_host_approved("10.0.0.1"));
+        assert!(approvals.allow_host("https://h/x").is_err());
         assert!(
             approvals
                 .check("MY_KEY", true, "https://llm.internal:8443")
