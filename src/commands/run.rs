@@ -25,6 +25,14 @@ pub struct RunArgs {
     /// Run only this step, in the existing run folder (with groups, give --group too).
     #[arg(long, value_name = "ID")]
     step: Option<String>,
+    /// Resume from this step in the existing run folder: it and every later step start
+    /// with empty output folders, then the run goes on as usual.
+    #[arg(long, value_name = "ID", conflicts_with = "step")]
+    from: Option<String>,
+    /// Pre-select the route of a routing step (repeatable): written to its
+    /// `route_selection.json` once its output folder is emptied.
+    #[arg(long = "route", value_name = "STEP=ROUTE")]
+    routes: Vec<String>,
     /// Run only this group of workflow.json (its id or display name), in
     /// `runs/iteration-0/<group>`, without rotating `iteration-0`.
     #[arg(long, value_name = "GROUP")]
@@ -64,9 +72,17 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
     let root = args.workspace.as_path();
     let mut opts = RunOptions {
         step: args.step,
+        from: args.from,
         group: args.group,
         ..RunOptions::default()
     };
+    for route in &args.routes {
+        let (step, id) = route
+            .split_once('=')
+            .with_context(|| format!("--route {route:?}: expected STEP=ROUTE"))?;
+        opts.route_selections
+            .insert(step.to_string(), id.to_string());
+    }
     for input in &args.inputs {
         let (name, value) = input
             .split_once('=')

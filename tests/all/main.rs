@@ -5,6 +5,7 @@
 mod support;
 
 mod cli;
+mod compat_plans;
 mod db_fences;
 mod docs_examples;
 mod host_files;

@@ -40,7 +40,9 @@ use trellis_sandbox::script::{
 use trellis_sandbox::store;
 use trellis_workflow::Workspace;
 
-use crate::grants::{DB_FILE, TurnAccess, TurnContext, grant_for_access};
+use crate::grants::{
+    AgentFolders, DB_FILE, TurnAccess, TurnContext, grant_for_access, grant_for_access_in,
+};
 
 /// How to run a step's script.
 #[derive(Debug, Clone)]
@@ -62,6 +64,9 @@ pub struct ScriptOptions {
     /// The operator's approvals: which origins receive which `SECRET_<NAME>`, which hosts
     /// may be loopback or private. None by default.
     pub approvals: Arc<KeyApprovals>,
+    /// The folders the script writes to instead of the step's own output folder: a route's
+    /// call folder when a regular sub-agent step is scripted (its `STEP_OUTPUT_DIR`).
+    pub folders: Option<AgentFolders>,
 }
 
 impl ScriptOptions {
@@ -85,6 +90,7 @@ impl Default for ScriptOptions {
             variables: BTreeMap::new(),
             write_logs: true,
             approvals: Arc::new(KeyApprovals::none()),
+            folders: None,
         }
     }
 }
@@ -130,7 +136,7 @@ fn prepare(
 ) -> Result<(ScriptInvocation, PathBuf)> {
     let step = ws
         .plan
-        .step(step_id)
+        .find_step(step_id)
         .ok_or_else(|| anyhow!("planning/plan.json has no step {step_id:?}"))?;
     let run_folder = ws.run_folder.as_deref().unwrap_or("iteration-0");
     let configs = ws.agent_configs(step_id);
@@ -144,7 +150,10 @@ fn prepare(
         configs: &configs,
     };
     // Checks the step id and the run folder (single components, inside the workspace).
-    let turn = grant_for_access(&ctx, access)?;
+    let turn = match &options.folders {
+        Some(folders) => grant_for_access_in(&ctx, access, folders)?,
+        None => grant_for_access(&ctx, access)?,
+    };
 
     let ScriptFile {
         kind,
@@ -159,11 +168,12 @@ fn prepare(
     let cwd = format!("/{code_rel}");
     let grant = turn.grant.clone().read(code_host.clone(), &cwd)?;
     let execution = format!("/runs/{}/execution", run_folder.trim_matches('/'));
+    let output = match &options.folders {
+        Some(folders) => format!("/{}", folders.output.trim_matches('/')),
+        None => format!("{execution}/{step_id}"),
+    };
     let mut env = vec![
-        (
-            "STEP_OUTPUT_DIR".to_string(),
-            format!("{execution}/{step_id}"),
-        ),
+        ("STEP_OUTPUT_DIR".to_string(), output),
         ("STEP_EXECUTION_DIR".to_string(), execution),
     ];
     if grant.db().is_some() {

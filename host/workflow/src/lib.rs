@@ -167,6 +167,25 @@ fn load(root: &Path, run_folder: Option<&str>) -> (Option<Workspace>, Diagnostic
         Some(text) => keep(manifest::parse_manifest(&text, WORKFLOW_FILE), &mut diags),
     };
 
+    // The step config first (its diagnostics still come after the plan's): the steps it
+    // gates may have prevalidation items without a schema in the plan.
+    let config_rel = step_config_location(&fs, run_folder);
+    let config_label = file_label(&config_rel);
+    let mut config_diags = Diagnostics::new();
+    let step_configs = match read(&fs, &config_rel, &mut config_diags) {
+        None => Some(StepConfigFile::default()),
+        Some(text) => keep(
+            step_config::parse_step_config(&text, &config_label),
+            &mut config_diags,
+        ),
+    };
+    let gated = step_configs
+        .iter()
+        .flat_map(|c| c.steps.iter())
+        .filter(|s| s.validation_schema.is_some())
+        .map(|s| s.id.clone())
+        .collect();
+
     let plan = match read(&fs, Path::new(PLAN_FILE), &mut diags) {
         None => {
             if !fs.exists(PLAN_FILE) {
@@ -180,18 +199,9 @@ fn load(root: &Path, run_folder: Option<&str>) -> (Option<Workspace>, Diagnostic
             }
             None
         }
-        Some(text) => keep(plan::parse_plan(&text, PLAN_FILE), &mut diags),
+        Some(text) => keep(plan::parse_plan_gated(&text, PLAN_FILE, gated), &mut diags),
     };
-
-    let config_rel = step_config_location(&fs, run_folder);
-    let config_label = file_label(&config_rel);
-    let step_configs = match read(&fs, &config_rel, &mut diags) {
-        None => Some(StepConfigFile::default()),
-        Some(text) => keep(
-            step_config::parse_step_config(&text, &config_label),
-            &mut diags,
-        ),
-    };
+    diags.extend(config_diags);
 
     if let (Some(plan), Some(configs)) = (&plan, &step_configs) {
         diags.extend(configs.orphan_warnings(plan, &config_label));

@@ -126,7 +126,8 @@ pub struct StepConfig {
     /// The agent settings; absent means defaults.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub agent_configs: Option<AgentConfigs>,
-    /// A schema kept with the config (the original stored one here too).
+    /// The step's gate: it wins over the plan step's `validation_schema` (the original lets
+    /// it override the plan, and its builder writes gates here).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub validation_schema: Option<ValidationSchema>,
 }

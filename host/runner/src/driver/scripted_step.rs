@@ -7,6 +7,7 @@ use crate::grants::{GrantedFolder, TurnAccess};
 use crate::scripted;
 use crate::session::Status;
 use crate::steering::Phase;
+use crate::step_script::ScriptOptions;
 use trellis_sandbox::script::{ScriptFailure, ScriptKind, ScriptOutcome};
 
 impl StepRunner<'_> {
@@ -41,6 +42,17 @@ impl StepRunner<'_> {
             let item_id = scripted::script_item_id(attempt);
             let entry = self.begin_item(run, &item_id, scripted::SCRIPT_ITEM_TYPE);
             self.steer_phase(run, Phase::Script);
+            // A sub-agent's script writes to its call folder.
+            let call_options;
+            let options = if run.depth > 0 {
+                call_options = ScriptOptions {
+                    folders: Some(run.folders.clone()),
+                    ..options.clone()
+                };
+                &call_options
+            } else {
+                options
+            };
             let result = match crate::step_script::run(scripts, run.ws, &step_id, options).await {
                 Ok(outcome) => self.check_script(run, attempt, skip_gate, outcome).await,
                 Err(e) => Err(TurnEnd::Failed(format!("{e:#}"))),
