@@ -359,9 +359,17 @@ pub struct ScriptFile {
 /// Where the original keeps the scripts of scripted steps: `learnings/<step-id>/main.py`.
 pub const LEARNINGS_SCRIPT_DIR: &str = "learnings";
 
-/// Whether step `step_id` has a script [`find_script`] would run.
+/// Whether step `step_id` has a script at all: something at `code/<step-id>/main.wasm`,
+/// `code/<step-id>/main.py` or `learnings/<step-id>/main.py` (what [`find_script`] then
+/// makes of it, a link refused say, is its own error).
 pub fn has_script(fs: &store::WorkspaceFs, step_id: &str) -> bool {
-    find_script(fs, step_id).is_ok()
+    [
+        format!("code/{step_id}/{WASM_SCRIPT}"),
+        format!("code/{step_id}/{PYTHON_SCRIPT}"),
+        format!("{LEARNINGS_SCRIPT_DIR}/{step_id}/{PYTHON_SCRIPT}"),
+    ]
+    .iter()
+    .any(|rel| fs.kind(rel).ok().flatten().is_some())
 }
 
 /// The script [`ScriptRunner::run`] would run for step `step_id` of the workspace at `root`:
