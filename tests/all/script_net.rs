@@ -436,6 +436,31 @@ fn a_redirect_to_another_host_is_not_followed() {
 }
 
 #[test]
+fn a_redirect_within_the_allowed_host_is_followed() {
+    let target = ApiServer::start(None);
+    // Both servers are on 127.0.0.1, the one host the step lists.
+    let server = ApiServer::start(Some(target.url("/items.json")));
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    workspace(
+        root,
+        FETCHER,
+        json!({"allowed_hosts": ["127.0.0.1"]}),
+        &server.url("/redirect"),
+    );
+    let out = run(root, &["--allow-host", "127.0.0.1"], &[]);
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        text(&out.stdout),
+        script_stderr(root)
+    );
+    assert_eq!(items(root), [(1, "alpha".into()), (2, "beta".into())]);
+    assert_eq!(server.seen().len(), 1);
+    assert_eq!(target.seen().len(), 1);
+}
+
+#[test]
 fn an_oversized_response_body_is_refused() {
     let server = ApiServer::start(None);
     let dir = tempfile::tempdir().unwrap();
