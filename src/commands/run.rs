@@ -50,6 +50,10 @@ pub struct RunArgs {
     /// $XDG_CONFIG_HOME/trellis/config.toml (else ~/.config/trellis/config.toml).
     #[arg(long = "allow-key", value_name = "VAR=ORIGIN")]
     allow_keys: Vec<String>,
+    /// Let step scripts reach HOST (listed in their step's allowed_hosts) although it is,
+    /// or resolves to, a loopback or private address (repeatable).
+    #[arg(long = "allow-host", value_name = "HOST")]
+    allow_hosts: Vec<String>,
     /// The answer of a human_input step, by its variable_name (repeatable).
     #[arg(long = "input", value_name = "NAME=VALUE")]
     inputs: Vec<String>,
@@ -90,13 +94,7 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
         opts.inputs.insert(name.to_string(), value.to_string());
     }
     let override_llm = args.llm.as_deref().map(parse_llm_spec).transpose()?;
-    let mut approvals = trellis_sandbox::llm::KeyApprovals::defaults();
-    if let Some(config) = trellis_sandbox::llm::KeyApprovals::user_config_path() {
-        approvals.load_config(&config)?;
-    }
-    for spec in &args.allow_keys {
-        approvals.allow_spec(spec)?;
-    }
+    let approvals = super::approvals(&args.allow_keys, &args.allow_hosts)?;
     let max_tool_rounds = args
         .max_tool_rounds
         .map(|n| n as usize)

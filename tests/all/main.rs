@@ -18,6 +18,7 @@ mod run_cli;
 mod runtime;
 mod sandbox;
 mod scenarios;
+mod script_net;
 mod scripted_steps;
 mod scripts;
 mod sequence_driver;

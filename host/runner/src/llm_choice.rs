@@ -254,6 +254,11 @@ impl LlmSetup {
         self
     }
 
+    /// The operator's approvals (keys, secrets and hosts).
+    pub fn approvals(&self) -> Arc<KeyApprovals> {
+        self.approvals.clone()
+    }
+
     /// Records every answered call into `recorder`.
     pub fn with_recorder(mut self, recorder: Arc<Recorder>) -> Self {
         self.recorder = Some(recorder);

@@ -705,6 +705,7 @@ async fn run_unit(
                     let options = ScriptOptions {
                         group: group.map(|g| g.id.clone()),
                         variables: opts.inputs.clone(),
+                        approvals: env.llm.approvals(),
                         ..ScriptOptions::default()
                     };
                     runner = runner.with_scripts(env.scripts()?, options);

@@ -263,6 +263,7 @@ pub fn step_config_schema() -> Value {
         "enabled_custom_tool_categories",
         "additional_read_paths",
         "enabled_skills",
+        "allowed_hosts",
     ];
     let string_keys = [
         "execution_llm_reason",

@@ -311,14 +311,24 @@ fn check_configs_against_plan(
                         step.type_name()
                     ),
                 );
-            } else if !fs.is_file(Path::new("code").join(&step.id).join("main.py")) {
-                ctx.warning(
-                    &path.key("declared_execution_mode"),
+            } else if !fs.is_file(Path::new("code").join(&step.id).join("main.py"))
+                && !fs.is_file(Path::new("code").join(&step.id).join("main.wasm"))
+            {
+                let in_learnings =
+                    fs.is_file(Path::new("learnings").join(&step.id).join("main.py"));
+                let message = if in_learnings {
+                    format!(
+                        "the script is at learnings/{0}/main.py, where the original keeps \
+                         scripted steps: it runs there; move it to code/{0}/main.py",
+                        step.id
+                    )
+                } else {
                     format!(
                         "scripted step has no script yet: code/{}/main.py does not exist",
                         step.id
-                    ),
-                );
+                    )
+                };
+                ctx.warning(&path.key("declared_execution_mode"), message);
             }
         }
         for (j, rule) in c.prerequisite_rules.iter().flatten().enumerate() {

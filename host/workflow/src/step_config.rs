@@ -306,6 +306,10 @@ pub struct AgentConfigs {
     /// Extra workspace-relative folders the step may read.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub additional_read_paths: Option<Vec<String>>,
+    /// Hosts (`api.example.com`, `host:port`) the step's script may send HTTP(S)
+    /// requests to; none when absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allowed_hosts: Option<Vec<String>>,
     /// Tool calls of one response run one at a time.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub disable_parallel_tool_execution: Option<bool>,

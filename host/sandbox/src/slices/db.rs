@@ -23,10 +23,58 @@ const DB_MAX_ROWS: usize = 10_000;
 /// Bytes of JSON a `workflow-db` query may return.
 const DB_MAX_BYTES: usize = 8 << 20;
 
-/// Links `workflow-db`, once.
+/// Links `workflow-db`, once: at 0.1.0 (every world) and at 0.2.0 (the script runner's,
+/// which adds `run`).
 pub(crate) fn add_to_linker(linker: &mut Linker<CallState>) -> anyhow::Result<()> {
     workflow_db::add_to_linker::<CallState, HasSelf<DbState>>(linker, |s| &mut s.db)?;
+    v2::add_to_linker::<CallState, HasSelf<DbState>>(linker, |s| &mut s.db)?;
+    crate::plugins::bindings::script::trellis::plugin::types::add_to_linker::<
+        CallState,
+        HasSelf<DbState>,
+    >(linker, |s| &mut s.db)?;
     Ok(())
+}
+
+use crate::plugins::bindings::script::trellis::plugin::workflow_db as v2;
+
+impl crate::plugins::bindings::script::trellis::plugin::types::Host for DbState {}
+
+/// The 0.2.0 interface: the same statements as 0.1.0, plus `run`.
+impl v2::Host for DbState {
+    fn query(&mut self, sql: String, params: Vec<v2::SqlValue>) -> Result<String, v2::DbError> {
+        workflow_db::Host::query(self, sql, params.into_iter().map(v1_value).collect())
+            .map_err(v2_error)
+    }
+
+    fn execute(&mut self, sql: String, params: Vec<v2::SqlValue>) -> Result<u64, v2::DbError> {
+        workflow_db::Host::execute(self, sql, params.into_iter().map(v1_value).collect())
+            .map_err(v2_error)
+    }
+
+    fn run(&mut self, sql: String, params: Vec<v2::SqlValue>) -> Result<String, v2::DbError> {
+        let params: Vec<workflow_db::SqlValue> = params.into_iter().map(v1_value).collect();
+        let result = self.run_any(&sql, &params);
+        self.note_deadline(&result);
+        result.map_err(v2_error)
+    }
+}
+
+fn v1_value(value: v2::SqlValue) -> workflow_db::SqlValue {
+    match value {
+        v2::SqlValue::Null => workflow_db::SqlValue::Null,
+        v2::SqlValue::Integer(n) => workflow_db::SqlValue::Integer(n),
+        v2::SqlValue::Real(f) => workflow_db::SqlValue::Real(f),
+        v2::SqlValue::Text(t) => workflow_db::SqlValue::Text(t),
+    }
+}
+
+fn v2_error(error: workflow_db::DbError) -> v2::DbError {
+    match error {
+        workflow_db::DbError::NotGranted => v2::DbError::NotGranted,
+        workflow_db::DbError::ReadOnly(m) => v2::DbError::ReadOnly(m),
+        workflow_db::DbError::Sql(m) => v2::DbError::Sql(m),
+        workflow_db::DbError::TooLarge(m) => v2::DbError::TooLarge(m),
+    }
 }
 
 /// How many rows a query may return.
@@ -160,6 +208,60 @@ impl DbState {
         params: &[workflow_db::SqlValue],
         cap: RowCap,
     ) -> Result<(Vec<serde_json::Value>, bool), workflow_db::DbError> {
+        let (names, rows, truncated) = self.query_rows(sql, params, cap)?;
+        let objects = rows
+            .into_iter()
+            .map(|row| serde_json::Value::Object(names.iter().cloned().zip(row).collect()))
+            .collect();
+        Ok((objects, truncated))
+    }
+
+    /// `run` of 0.2.0: a read-only statement's columns (in order) and rows, or what a
+    /// statement that modifies the database changed.
+    fn run_any(
+        &mut self,
+        sql: &str,
+        params: &[workflow_db::SqlValue],
+    ) -> Result<String, workflow_db::DbError> {
+        use workflow_db::DbError;
+        let readonly = {
+            let db = self.connection(sql)?;
+            let stmt = db
+                .conn()
+                .prepare(sql)
+                .map_err(|e| DbError::Sql(db.describe(&e)))?;
+            stmt.readonly()
+        };
+        if readonly {
+            let (columns, rows, _) = self.query_rows(sql, params, RowCap::Refuse(DB_MAX_ROWS))?;
+            return Ok(serde_json::json!({"columns": columns, "rows": rows}).to_string());
+        }
+        if self.grant.as_ref().is_some_and(|db| !db.writable) {
+            return Err(DbError::ReadOnly(
+                "this turn has read-only access to the workflow db".into(),
+            ));
+        }
+        let changed = self.run_execute(sql, params)?;
+        let rowid = self
+            .conn
+            .as_ref()
+            .map(|db| db.conn().last_insert_rowid())
+            .unwrap_or_default();
+        Ok(serde_json::json!({
+            "columns": [], "rows": [], "changed": changed, "last-insert-rowid": rowid
+        })
+        .to_string())
+    }
+
+    /// The column names and rows of a read-only statement, within the size limit and the
+    /// row cap `cap`; also whether rows were left out.
+    #[allow(clippy::type_complexity)]
+    fn query_rows(
+        &mut self,
+        sql: &str,
+        params: &[workflow_db::SqlValue],
+        cap: RowCap,
+    ) -> Result<(Vec<String>, Vec<Vec<serde_json::Value>>, bool), workflow_db::DbError> {
         use workflow_db::DbError;
         let db = self.connection(sql)?;
         let failed = |e: rusqlite::Error| DbError::Sql(db.describe(&e));
@@ -181,11 +283,11 @@ impl DbState {
                     return Err(DbError::TooLarge(format!("more than {most} rows")));
                 }
                 RowCap::Truncate(most) if out.len() == most.min(DB_MAX_ROWS) => {
-                    return Ok((out, true));
+                    return Ok((names, out, true));
                 }
                 _ => {}
             }
-            let mut object = serde_json::Map::new();
+            let mut values = Vec::with_capacity(names.len());
             for (i, name) in names.iter().enumerate() {
                 let value = sql::sql_to_json(row.get_ref(i).map_err(failed)?);
                 bytes += name.len() + value.to_string().len();
@@ -195,11 +297,11 @@ impl DbState {
                         "result over {DB_MAX_BYTES} bytes"
                     )));
                 }
-                object.insert(name.clone(), value);
+                values.push(value);
             }
-            out.push(serde_json::Value::Object(object));
+            out.push(values);
         }
-        Ok((out, false))
+        Ok((names, out, false))
     }
 
     /// Runs `statements` in one transaction: all of them or, at the first error, none
@@ -221,7 +323,7 @@ impl DbState {
                 return Err((
                     i,
                     DbError::Sql(
-                        "statements run in one transaction the host opens and ends:                          BEGIN, COMMIT, END, ROLLBACK, SAVEPOINT and RELEASE are not allowed"
+                        "statements run in one transaction the host opens and ends: BEGIN, COMMIT, END, ROLLBACK, SAVEPOINT and RELEASE are not allowed"
                             .into(),
                     ),
                 ));
