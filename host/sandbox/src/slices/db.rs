@@ -323,7 +323,8 @@ impl DbState {
                 return Err((
                     i,
                     DbError::Sql(
-                        "statements run in one transaction the host opens and ends: BEGIN, COMMIT, END, ROLLBACK, SAVEPOINT and RELEASE are not allowed"
+                        "statements run in one transaction the host opens and ends: BEGIN, COMMIT, END, \
+                         ROLLBACK, SAVEPOINT and RELEASE are not allowed"
                             .into(),
                     ),
                 ));
