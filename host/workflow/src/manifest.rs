@@ -641,6 +641,40 @@ mod tests {
     }
 
     #[test]
+    fn variables_json_joins_the_manifest_and_names_its_mistakes() {
+        let mut m = parse_manifest(r#"{"variables": {"A": "from-workflow"}}"#, "workflow.json")
+            .unwrap()
+            .0;
+        let text = r#"{"variables": [{"name": "A", "value": "ignored"},
+                                      {"name": "B", "value": 7, "description": "d"}],
+                       "groups": [{"name": "g1", "values": {"B": "8"}},
+                                  {"name": "g2", "values": [{"name": "B", "value": "9"}], "enabled": true},
+                                  {"name": "off", "enabled": false}]}"#;
+        let diags = merge_variables_file(text, VARIABLES_FILE, &mut m);
+        assert!(diags.is_empty(), "{:?}", diags.lines());
+        assert_eq!(m.resolved_variables(None)["A"], "from-workflow");
+        assert_eq!(m.resolved_variables(None)["B"], "7");
+        assert_eq!(m.resolved_variables(Some("g2"))["B"], "9");
+        let ids: Vec<&str> = m.groups.iter().map(|g| g.id.as_str()).collect();
+        assert_eq!(ids, ["g1", "g2"]);
+
+        let mut m = WorkflowManifest::default();
+        let diags = merge_variables_file(
+            r#"{"variables": [{"value": "x"}], "groups": [{"name": "g", "values": 3}], "extra": 1}"#,
+            VARIABLES_FILE,
+            &mut m,
+        );
+        assert_eq!(
+            diags.lines(),
+            [
+                "variables/variables.json: variables[0].name: missing: expected a string (the variable name)",
+                "variables/variables.json: groups[0].values: expected an object of name -> value, found a number",
+                "variables/variables.json: unknown key \"extra\"",
+            ]
+        );
+    }
+
+    #[test]
     fn manifest_round_trips_and_resolves_group_variables() {
         let text = r#"{"contract_version":"1.0.11",
           "variables":{"REGION":"eu","TICKER":{"value":"ACME","description":"d"}},
