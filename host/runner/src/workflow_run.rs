@@ -365,32 +365,40 @@ pub fn unit_variables_with_answers(
     variables
 }
 
-/// Replaces `{{NAME}}` (spaces inside the braces allowed) by the value of variable `NAME`
-/// in `text`; unknown names are left as written.
+/// `text` with each workflow variable's `{{NAME}}`, `${NAME}` and `{NAME}` (spaces inside
+/// the braces allowed) replaced by its value, in one pass (a value is never substituted
+/// again); an unknown name stays as written.
 pub fn substitute(text: &str, variables: &BTreeMap<String, String>) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
-    while let Some(start) = rest.find("{{") {
-        out.push_str(&rest[..start]);
-        let after = &rest[start + 2..];
-        match after.find("}}") {
-            Some(end) => match variables.get(after[..end].trim()) {
-                Some(value) => {
-                    out.push_str(value);
-                    rest = &after[end + 2..];
-                }
-                None => {
-                    out.push_str("{{");
-                    rest = after;
-                }
-            },
+    while !rest.is_empty() {
+        let (open, close) = if rest.starts_with("{{") {
+            ("{{", "}}")
+        } else if rest.starts_with("${") {
+            ("${", "}")
+        } else if rest.starts_with('{') {
+            ("{", "}")
+        } else {
+            let c = rest.chars().next().unwrap_or_default();
+            out.push(c);
+            rest = &rest[c.len_utf8()..];
+            continue;
+        };
+        let after = &rest[open.len()..];
+        match after
+            .find(close)
+            .and_then(|end| variables.get(after[..end].trim()).map(|v| (end, v)))
+        {
+            Some((end, value)) => {
+                out.push_str(value);
+                rest = &after[end + close.len()..];
+            }
             None => {
-                out.push_str(&rest[start..]);
-                rest = "";
+                out.push_str(open);
+                rest = after;
             }
         }
     }
-    out.push_str(rest);
     out
 }
 
