@@ -22,10 +22,9 @@
 //! [`MAX_SAME_ROUTE`] times), and each jump first moves the target's and every later step's
 //! outputs to `execution/archived/run-<n>/`.
 //!
-//! Prerequisites (spec section 3): with `enable_prerequisite_detection`, a final reply with a
-//! line `PREREQUISITE MISSING: <step-id or rule description>` that matches one of the step's
-//! `prerequisite_rules` sends the run back to the rule's `depends_on_step`, at most
-//! [`MAX_PREREQUISITE_RETURNS`] times per step; then the step fails with the reason.
+//! Prerequisites (spec section 3): a step whose outcome asks to go back
+//! ([`crate::prerequisites`], decided by the step runner before it writes the step's summary)
+//! sends the run back to that step.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -36,10 +35,10 @@ use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Value, json};
 
 use crate::driver::{AgentModels, ModelResolver, StepOutcome, StepRunner};
-use crate::events::Observer;
+use crate::events::{Observer, RunEvent};
 use crate::llm_choice::{self, LlmSetup, check_models};
 use crate::run_folder::{ACTIVE_RUN, group_folder_name, open_group_run, start_full_run};
-use crate::session::{FINAL_SUMMARY_SCHEMA_VERSION, FinalSummary, Status, now_rfc3339};
+use crate::session::Status;
 use crate::steering::Steering;
 use crate::step_script::ScriptOptions;
 use trellis_sandbox::Limits;
@@ -51,19 +50,18 @@ use trellis_sandbox::store::workspace_fs::link_error;
 use trellis_sandbox::store::{Kind, WorkspaceFs};
 use trellis_workflow::manifest::Group;
 use trellis_workflow::plan::{HumanInput, Routing};
-use trellis_workflow::step_config::PrerequisiteRule;
 use trellis_workflow::{Step, StepKind, Workspace};
 
 mod preflight;
 mod routing;
 
+pub use crate::prerequisites::{
+    MAX_PREREQUISITE_RETURNS, PREREQUISITE_MISSING, matching_rule, prerequisite_missing,
+};
 use preflight::preflight;
 pub use preflight::{check_inputs, check_step_models, needs_llm};
-pub use routing::{
-    HumanAnswer, answer_human_input, human_input_file, input_key, matching_rule,
-    prerequisite_missing, select_route,
-};
-use routing::{check_prerequisite, present};
+use routing::present;
+pub use routing::{HumanAnswer, answer_human_input, human_input_file, input_key, select_route};
 
 /// The file a routing step reads from its own output folder.
 pub const ROUTE_SELECTION_FILE: &str = "route_selection.json";
@@ -81,10 +79,6 @@ pub const SEED_SQL: &str = "db/seed.sql";
 pub const DB_FILE: &str = "db/db.sqlite";
 /// A bound on steps run in one run unit, behind the per-pair jump caps.
 pub const MAX_STEPS: usize = 1000;
-/// How often one step may send the run back to a prerequisite before it fails.
-pub const MAX_PREREQUISITE_RETURNS: u32 = 2;
-/// The start of the reply line reporting a missing prerequisite.
-pub const PREREQUISITE_MISSING: &str = "PREREQUISITE MISSING:";
 
 /// What to run.
 #[derive(Debug, Clone, Default)]
@@ -518,26 +512,26 @@ type Unit<'w> = (Option<&'w Group>, String);
 
 /// Runs the workflow at `root`: the [`preflight()`] (nothing in the workspace changes when it
 /// fails), then seeds the database, rotates the run folder (a full run: no `opts.step`,
-/// no `opts.group`), then runs each unit's steps, calling `progress` with one line per step
+/// no `opts.group`), then runs each unit's steps, reporting each to `env.observer`
 /// and unit. A unit stops at its first failed step (an `Ok` run that did not succeed);
 /// errors are for a broken setup.
-pub async fn run_workflow(
-    env: &RunEnv<'_>,
-    root: &Path,
-    opts: &RunOptions,
-    progress: &mut dyn FnMut(&str),
-) -> Result<WorkflowRun> {
+pub async fn run_workflow(env: &RunEnv<'_>, root: &Path, opts: &RunOptions) -> Result<WorkflowRun> {
     if !root.is_dir() {
         bail!("{}: no such workspace folder", root.display());
     }
     let ws = open_workspace(root, None)?;
     for warning in ws.warnings.warnings() {
-        progress(&format!("warning: {warning}"));
+        env.observer.emit(RunEvent::Warning {
+            message: warning.to_string(),
+        });
     }
     let (groups, units) = preflight(env, root, &ws, opts)?;
     let full = opts.step.is_none() && opts.from.is_none() && opts.group.is_none();
     if seed_database(&ws.fs)? {
-        progress(&format!("created {DB_FILE} from {SEED_SQL}"));
+        env.observer.emit(RunEvent::DatabaseSeeded {
+            database: DB_FILE.to_string(),
+            seed: SEED_SQL.to_string(),
+        });
     }
     let archived = if full {
         let group_folders: Vec<String> = groups
@@ -560,16 +554,15 @@ pub async fn run_workflow(
         None
     };
     if let Some(a) = &archived {
-        progress(&format!("previous run moved to runs/{a}"));
+        env.observer
+            .emit(RunEvent::RunArchived { folder: a.clone() });
         let keep = ws.manifest.run_retention();
         let deleted = crate::run_folder::prune_archived_runs(root, keep)?;
         if !deleted.is_empty() {
-            progress(&format!(
-                "deleted {} archived run{} past the {keep} kept (run_retention_count): runs/{}",
-                deleted.len(),
-                if deleted.len() == 1 { "" } else { "s" },
-                deleted.join(", runs/")
-            ));
+            env.observer.emit(RunEvent::ArchivedRunsDeleted {
+                folders: deleted,
+                kept: keep,
+            });
         }
     }
     let mut run = WorkflowRun {
@@ -581,9 +574,12 @@ pub async fn run_workflow(
             break;
         }
         if let Some(g) = group {
-            progress(&format!("group {} (runs/{folder})", g.id));
+            env.observer.emit(RunEvent::GroupStarted {
+                group_id: g.id.clone(),
+                folder: folder.clone(),
+            });
         }
-        let unit = run_unit(env, root, group, &folder, opts, progress).await?;
+        let unit = run_unit(env, root, group, &folder, opts).await?;
         run.units.push(unit);
     }
     Ok(run)
@@ -596,7 +592,6 @@ async fn run_unit(
     group: Option<&Group>,
     folder: &str,
     opts: &RunOptions,
-    progress: &mut dyn FnMut(&str),
 ) -> Result<UnitRun> {
     let mut ws = open_workspace(root, Some(folder))?;
     let variables = unit_variables_with_answers(&ws, group, &opts.inputs);
@@ -693,22 +688,32 @@ async fn run_unit(
             // The archived steps start afresh: running them again in order is no jump.
             let fresh = steps_from(&ws, &id);
             visited.retain(|v| !fresh.contains(v));
-            progress(&format!(
-                "jump {from} -> {id} ({count} of {cap}): {} output folder(s) moved to execution/{ARCHIVED_DIR}/run-{archives}",
-                moved
-            ));
+            env.observer.emit(RunEvent::Jump {
+                from: from.clone(),
+                to: id.clone(),
+                count: *count,
+                cap,
+                moved,
+                archive: format!("{ARCHIVED_DIR}/run-{archives}"),
+            });
         }
         visited.insert(id.clone());
         let step = ws
             .plan
             .step(&id)
             .with_context(|| format!("next step {id:?} is not in the plan"))?;
-        progress(&format!("step {id} ({}): started", step.type_name()));
+        env.observer.emit(RunEvent::StepStarted {
+            step_id: id.clone(),
+            step_type: step.type_name().to_string(),
+        });
         let output_dir = ws.step_output_dir(&id);
         let mut went_back = false;
         let (mut report, mut next) = match &step.kind {
             StepKind::MessageSequence(_) | StepKind::Regular | StepKind::TodoTask(_) => {
-                let mut runner = env.step_runner(&ws, &id)?;
+                let returned = returns.get(&id).copied().unwrap_or(0);
+                let mut runner = env
+                    .step_runner(&ws, &id)?
+                    .with_prerequisite_returns(returned);
                 if has_scripted(&ws, step) {
                     let options = ScriptOptions {
                         group: group.map(|g| g.id.clone()),
@@ -803,11 +808,20 @@ async fn run_unit(
                 (report, next)
             }
         };
-        if let Some(back) = check_prerequisite(&ws, &mut report, &mut returns)? {
+        if let Some(back) = report.outcome.as_ref().and_then(|o| o.go_back.clone()) {
+            returns.insert(id.clone(), back.count);
+            report.detail = format!(
+                "prerequisite missing: {} -> back to {} (return {} of {MAX_PREREQUISITE_RETURNS})",
+                back.missing, back.step, back.count
+            );
             went_back = true;
-            next = Some(back);
+            next = Some(back.step);
         }
-        progress(&format!("step {id}: {} ({})", report.status, report.detail));
+        env.observer.emit(RunEvent::StepEnded {
+            step_id: id.clone(),
+            status: report.status,
+            detail: report.detail.clone(),
+        });
         let done = report.status != Status::Completed && !went_back;
         unit.steps.push(report);
         if done || env.cancelled() {
@@ -1004,32 +1018,6 @@ mod tests {
         assert!(!needs_llm(&ws, None));
         opts.inputs.insert("x".into(), "1".into());
         check_inputs(&ws, &opts).unwrap();
-    }
-
-    #[test]
-    fn prerequisite_lines_match_rules_by_step_id_or_description() {
-        let rules = vec![
-            PrerequisiteRule {
-                depends_on_step: "fetch".into(),
-                description: Some("The raw  data file".into()),
-            },
-            PrerequisiteRule {
-                depends_on_step: "fetch-more".into(),
-                description: None,
-            },
-        ];
-        let text = "Cannot go on.\n  PREREQUISITE MISSING: fetch-more: no rows\nbye";
-        let missing = prerequisite_missing(text).unwrap();
-        assert_eq!(missing, "fetch-more: no rows");
-        assert_eq!(
-            matching_rule(&rules, &missing).unwrap().depends_on_step,
-            "fetch-more"
-        );
-        let by_description = matching_rule(&rules, "the raw data file.").unwrap();
-        assert_eq!(by_description.depends_on_step, "fetch");
-        assert!(matching_rule(&rules, "fetcher").is_none());
-        assert!(matching_rule(&rules, "something else").is_none());
-        assert_eq!(prerequisite_missing("all fine"), None);
     }
 
     #[test]
