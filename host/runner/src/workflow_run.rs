@@ -52,16 +52,25 @@ use trellis_workflow::manifest::Group;
 use trellis_workflow::plan::{HumanInput, Routing};
 use trellis_workflow::{Step, StepKind, Workspace};
 
+mod loops;
 mod preflight;
 mod routing;
+mod seed;
+mod variables;
 
 pub use crate::prerequisites::{
     MAX_PREREQUISITE_RETURNS, PREREQUISITE_MISSING, matching_rule, prerequisite_missing,
 };
+use loops::{archive_dir, archive_from, ordinal, steps_from};
 use preflight::preflight;
 pub use preflight::{check_inputs, check_step_models, needs_llm};
 use routing::present;
 pub use routing::{HumanAnswer, answer_human_input, human_input_file, input_key, select_route};
+pub use seed::seed_database;
+pub use variables::{
+    apply_variables, group_run_folder, select_groups, substitute, substitute_variables,
+    unit_variables, unit_variables_with_answers, variables_block,
+};
 
 /// The file a routing step reads from its own output folder.
 pub const ROUTE_SELECTION_FILE: &str = "route_selection.json";
@@ -251,196 +260,6 @@ impl WorkflowRun {
     }
 }
 
-/// The groups a run covers: all of workflow.json's (none when it has none), or the one
-/// named by id or display name. An unknown name is an error listing the known groups.
-pub fn select_groups<'w>(ws: &'w Workspace, name: Option<&str>) -> Result<Vec<&'w Group>> {
-    let groups = &ws.manifest.groups;
-    let known = || {
-        groups
-            .iter()
-            .map(|g| match &g.name {
-                Some(n) => format!("{} ({n})", g.id),
-                None => g.id.clone(),
-            })
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let Some(name) = name else {
-        return Ok(groups.iter().collect());
-    };
-    if groups.is_empty() {
-        bail!("--group {name:?}: workflow.json declares no groups");
-    }
-    let group = groups
-        .iter()
-        .find(|g| g.id == name)
-        .or_else(|| groups.iter().find(|g| g.name.as_deref() == Some(name)))
-        .with_context(|| format!("no group {name:?} in workflow.json (groups: {})", known()))?;
-    Ok(vec![group])
-}
-
-/// The run folder of a group, relative to `runs/`: `iteration-0/<sanitized name>`.
-pub fn group_run_folder(group: &Group) -> Result<String> {
-    Ok(format!(
-        "{ACTIVE_RUN}/{}",
-        group_folder_name(group.name.as_deref(), &group.id)?
-    ))
-}
-
-/// The workflow variables a run unit sees: declared values, then the group's.
-pub fn unit_variables(ws: &Workspace, group: Option<&Group>) -> BTreeMap<String, String> {
-    ws.manifest.resolved_variables(group.map(|g| g.id.as_str()))
-}
-
-/// The block of workflow variables appended to every step's charter (empty with none).
-pub fn variables_block(
-    variables: &BTreeMap<String, String>,
-    group: Option<&Group>,
-) -> Option<String> {
-    if variables.is_empty() {
-        return None;
-    }
-    let mut text = match group {
-        Some(g) => format!(
-            "Workflow variables (group {}{}):",
-            g.id,
-            g.name
-                .as_deref()
-                .map(|n| format!(", {n}"))
-                .unwrap_or_default()
-        ),
-        None => "Workflow variables:".to_string(),
-    };
-    for (name, value) in variables {
-        text.push_str(&format!("\n- {name} = {value}"));
-    }
-    Some(text)
-}
-
-/// Appends the [`variables_block`] of the unit (its `variables`) to the description of
-/// every step of `ws`.
-pub fn apply_variables(
-    ws: &mut Workspace,
-    group: Option<&Group>,
-    variables: &BTreeMap<String, String>,
-) {
-    let Some(block) = variables_block(variables, group) else {
-        return;
-    };
-    for step in ws
-        .plan
-        .steps
-        .iter_mut()
-        .chain(ws.plan.orphan_steps.iter_mut())
-    {
-        step.description = Some(match step.description.as_deref().map(str::trim_end) {
-            Some(d) if !d.is_empty() => format!("{d}\n\n{block}"),
-            _ => block.clone(),
-        });
-    }
-}
-
-/// The variables of a run unit with the answers of its `human_input` steps: an answer given
-/// for a step with a `variable_name` becomes the variable of that name.
-pub fn unit_variables_with_answers(
-    ws: &Workspace,
-    group: Option<&Group>,
-    inputs: &BTreeMap<String, String>,
-) -> BTreeMap<String, String> {
-    let mut variables = unit_variables(ws, group);
-    for step in ws.plan.all_steps() {
-        if let StepKind::HumanInput(h) = &step.kind
-            && let Some(name) = h.variable_name.as_deref()
-            && let Some(answer) = inputs.get(name)
-        {
-            variables.insert(name.to_string(), answer.clone());
-        }
-    }
-    variables
-}
-
-/// `text` with each workflow variable's `{{NAME}}`, `${NAME}` and `{NAME}` (spaces inside
-/// the braces allowed) replaced by its value, in one pass (a value is never substituted
-/// again); an unknown name stays as written.
-pub fn substitute(text: &str, variables: &BTreeMap<String, String>) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while !rest.is_empty() {
-        let (open, close) = if rest.starts_with("{{") {
-            ("{{", "}}")
-        } else if rest.starts_with("${") {
-            ("${", "}")
-        } else if rest.starts_with('{') {
-            ("{", "}")
-        } else {
-            let c = rest.chars().next().unwrap_or_default();
-            out.push(c);
-            rest = &rest[c.len_utf8()..];
-            continue;
-        };
-        let after = &rest[open.len()..];
-        match after
-            .find(close)
-            .and_then(|end| variables.get(after[..end].trim()).map(|v| (end, v)))
-        {
-            Some((end, value)) => {
-                out.push_str(value);
-                rest = &after[end + close.len()..];
-            }
-            None => {
-                out.push_str(open);
-                rest = after;
-            }
-        }
-    }
-    out
-}
-
-/// Substitutes the variables ([`substitute`]) in every step's `context_output` and
-/// `context_dependencies` (sub-agent steps of routes included) and in the question and
-/// options of `human_input` steps.
-pub fn substitute_variables(ws: &mut Workspace, variables: &BTreeMap<String, String>) {
-    fn step_texts(step: &mut Step, variables: &BTreeMap<String, String>) {
-        let sub = |t: &mut String| *t = substitute(t, variables);
-        step.context_dependencies.iter_mut().flatten().for_each(sub);
-        match &mut step.context_output {
-            Some(trellis_workflow::plan::ContextOutput::One(o)) => sub(o),
-            Some(trellis_workflow::plan::ContextOutput::Many(list)) => {
-                list.iter_mut().for_each(sub)
-            }
-            None => {}
-        }
-        match &mut step.kind {
-            StepKind::HumanInput(h) => {
-                h.question.iter_mut().for_each(sub);
-                h.options.iter_mut().flatten().for_each(sub);
-            }
-            StepKind::MessageSequence(m) => {
-                for r in &mut m.predefined_routes {
-                    step_texts(&mut r.sub_agent_step, variables);
-                }
-            }
-            StepKind::TodoTask(t) => {
-                for r in &mut t.predefined_routes {
-                    step_texts(&mut r.sub_agent_step, variables);
-                }
-            }
-            _ => {}
-        }
-    }
-    if variables.is_empty() {
-        return;
-    }
-    for step in ws
-        .plan
-        .steps
-        .iter_mut()
-        .chain(ws.plan.orphan_steps.iter_mut())
-    {
-        step_texts(step, variables);
-    }
-}
-
 /// `next_step_id`, else the next step in array order; `None` at the end.
 fn default_next(ws: &Workspace, step: &Step) -> Option<String> {
     if let Some(n) = &step.next_step_id {
@@ -449,51 +268,6 @@ fn default_next(ws: &Workspace, step: &Step) -> Option<String> {
     let steps = &ws.plan.steps;
     let pos = steps.iter().position(|s| s.id == step.id)?;
     steps.get(pos + 1).map(|s| s.id.clone())
-}
-
-/// How long `db/seed.sql` may run.
-const SEED_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
-
-/// Creates `db/db.sqlite` from `db/seed.sql` when the database is missing and the seed
-/// exists: a workspace may ship SQL instead of a binary database. Returns whether it did.
-pub fn seed_database(fs: &WorkspaceFs) -> Result<bool> {
-    // A link or a FIFO at either path is refused, not followed (see `store::workspace_fs`).
-    match fs.kind(DB_FILE)? {
-        None => {}
-        Some(Kind::File) => return Ok(false),
-        Some(Kind::Link) => bail!("{}", link_error(Path::new(DB_FILE))),
-        Some(_) => bail!("{DB_FILE} is not a regular file"),
-    }
-    if fs.kind(SEED_SQL)?.is_none() {
-        return Ok(false);
-    }
-    let sql = fs
-        .read_to_string(SEED_SQL)
-        .with_context(|| format!("reading {SEED_SQL}"))?;
-    let tmp = "db/.db.sqlite.seeding";
-    fs.remove_file(tmp)
-        .with_context(|| format!("clearing {tmp}"))?;
-    let tmp_host = fs
-        .ensure_regular_file(tmp)
-        .with_context(|| format!("creating {tmp}"))?;
-    // The seed is the workspace's SQL: fenced like a plan's (no ATTACH, a deadline).
-    let db = sql::open(&tmp_host, SqlAccess::ReadWrite, SEED_TIMEOUT)
-        .with_context(|| format!("creating {tmp}"))?;
-    let seeded = sql::refuse_unseen(&sql)
-        .map_err(anyhow::Error::msg)
-        .and_then(|()| {
-            db.conn()
-                .execute_batch(&sql)
-                .map_err(|e| anyhow::anyhow!(db.describe(&e)))
-        });
-    drop(db);
-    if let Err(err) = seeded {
-        let _ = fs.remove_file(tmp);
-        return Err(err.context(format!("running {SEED_SQL}")));
-    }
-    fs.rename(tmp, DB_FILE)
-        .with_context(|| format!("creating {DB_FILE}"))?;
-    Ok(true)
 }
 
 fn write_json(fs: &WorkspaceFs, path: &Path, value: &Value) -> Result<()> {
@@ -834,56 +608,6 @@ async fn run_unit(
         current = next;
     }
     Ok(unit)
-}
-
-/// The step ids of the main path from `first` on, in plan order (`first` alone when it is
-/// an orphan step).
-fn steps_from(ws: &Workspace, first: &str) -> Vec<String> {
-    match ws.plan.steps.iter().position(|s| s.id == first) {
-        Some(i) => ws.plan.steps[i..].iter().map(|s| s.id.clone()).collect(),
-        None => vec![first.to_string()],
-    }
-}
-
-/// Moves the output folders of `target` and every later step (plan order) that exist to
-/// `execution/archived/run-<n>/`. Returns how many were moved.
-fn archive_from(ws: &Workspace, target: &str, n: u32) -> Result<usize> {
-    let archive = archive_dir(ws, n);
-    let mut moved = 0;
-    for id in steps_from(ws, target) {
-        let dir = ws.step_output_dir(&id);
-        if !present(&ws.fs, &dir) && !ws.fs.is_dir(&dir) {
-            continue;
-        }
-        ws.fs
-            .create_dir_all(&archive)
-            .with_context(|| format!("creating {}", archive.display()))?;
-        ws.fs.rename(&dir, archive.join(&id)).with_context(|| {
-            format!("archiving {} before the loop runs it again", dir.display())
-        })?;
-        moved += 1;
-    }
-    Ok(moved)
-}
-
-/// `execution/archived/run-<n>/` of the run folder.
-fn archive_dir(ws: &Workspace, n: u32) -> PathBuf {
-    ws.run_dir()
-        .join("execution")
-        .join(ARCHIVED_DIR)
-        .join(format!("run-{n}"))
-}
-
-/// `2nd`, `3rd`, `4th`...
-fn ordinal(n: u32) -> String {
-    let suffix = match (n % 10, n % 100) {
-        (1, 11) | (2, 12) | (3, 13) => "th",
-        (1, _) => "st",
-        (2, _) => "nd",
-        (3, _) => "rd",
-        _ => "th",
-    };
-    format!("{n}{suffix}")
 }
 
 /// Whether `step`, or a route's sub-agent step under it, is a scripted regular step: its
