@@ -16,6 +16,7 @@ use trellis_sandbox::llm::Recorder;
 
 use super::{PluginDirs, plural, registry};
 use crate::progress::{Mode, Progress};
+use tokio::signal::unix::{SignalKind, signal};
 
 /// Arguments of `trellis run`.
 #[derive(Args, Debug)]
@@ -121,6 +122,9 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
     if let Some(n) = max_tool_rounds {
         start.max_tool_rounds = n;
     }
+    // Ctrl-C is listened for before the run starts: one that comes early is never lost (and
+    // a disposition inherited as ignored, as in a background job, is replaced).
+    let mut interrupts = signal(SignalKind::interrupt()).context("listening for Ctrl-C")?;
     let id = runtime.start_workflow(root, start);
     // Ctrl-C asks the execution to stop at the next boundary (before an item, between
     // foreach rows or tool rounds); the session records `stopped`. A second
@@ -129,11 +133,11 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
         let (runtime, id) = (runtime.clone(), id.clone());
         let progress = progress.clone();
         tokio::spawn(async move {
-            if tokio::signal::ctrl_c().await.is_ok() {
+            if interrupts.recv().await.is_some() {
                 progress.finish();
                 eprintln!("stopping at the next boundary (Ctrl-C again to abort)");
                 runtime.stop(&id);
-                let _ = tokio::signal::ctrl_c().await;
+                let _ = interrupts.recv().await;
                 std::process::exit(130);
             }
         })

@@ -10,6 +10,9 @@ use crate::support;
 
 use std::path::Path;
 use std::process::Output;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use support::fake_llm::{FakeServer, completion};
@@ -742,10 +745,17 @@ fn a_missing_prerequisite_sends_the_run_back_a_bounded_number_of_times() {
 
 #[test]
 fn ctrl_c_stops_at_the_next_boundary_and_the_session_records_stopped() {
-    // The first answer is slow and asks for a tool: Ctrl-C arrives while the LLM call is in
-    // flight, the tool round it asked for still runs, and the loop stops before the next call.
-    let server = FakeServer::start(Box::new(|_| {
-        std::thread::sleep(std::time::Duration::from_millis(3000));
+    // The first answer asks for a tool and is held back until the run has taken the Ctrl-C
+    // (it says so on stderr): the stop arrives while the LLM call is in flight, whatever the
+    // machine's load, the tool round it asked for still runs, and the loop stops before the
+    // next call.
+    let release = Arc::new(AtomicBool::new(false));
+    let held = release.clone();
+    let server = FakeServer::start(Box::new(move |_| {
+        let waited = std::time::Instant::now();
+        while !held.load(Ordering::SeqCst) && waited.elapsed() < Duration::from_secs(120) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let args = json!({"path": "runs/iteration-0/execution/only/note.md", "content": "x"});
         (200, completion("", &[("workspace__write_file", args)]))
     }));
@@ -757,7 +767,7 @@ fn ctrl_c_stops_at_the_next_boundary_and_the_session_records_stopped() {
         json!({"llm": {"provider": "openai", "model_id": "slow"},
                "providers": server.providers()}),
     );
-    let child = support::trellis_command(&["run", dir.path().to_str().unwrap()])
+    let mut child = support::trellis_command(&["run", dir.path().to_str().unwrap()])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -765,19 +775,34 @@ fn ctrl_c_stops_at_the_next_boundary_and_the_session_records_stopped() {
     let waited = std::time::Instant::now();
     while server.seen().is_empty() {
         assert!(
-            waited.elapsed() < std::time::Duration::from_secs(120),
+            waited.elapsed() < Duration::from_secs(120),
             "the run never reached the model"
         );
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(20));
     }
     // SAFETY: kill(2) on the child's pid, which is ours and still running (it is waiting
-    // for the slow answer).
+    // for the held answer).
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let mut stderr = String::new();
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap());
+    while !stderr.contains("stopping at the next boundary") {
+        let mut line = String::new();
+        if std::io::BufRead::read_line(&mut lines, &mut line).unwrap() == 0 {
+            break;
+        }
+        stderr.push_str(&line);
+    }
+    release.store(true, Ordering::SeqCst);
+    std::io::Read::read_to_string(&mut lines, &mut stderr).unwrap();
     let out = child.wait_with_output().unwrap();
-    let stderr = text(&out.stderr);
-    assert!(!out.status.success(), "{}", text(&out.stdout));
+    let stdout = text(&out.stdout);
+    assert!(!out.status.success(), "{stdout}");
     assert!(stderr.contains("stopping at the next boundary"), "{stderr}");
-    assert_eq!(server.seen().len(), 1, "no LLM call after the stop request");
+    assert_eq!(
+        server.seen().len(),
+        1,
+        "no LLM call after the stop request\n{stdout}\n{stderr}"
+    );
     let step = dir.path().join("runs/iteration-0/execution/only");
     assert_eq!(read_json(&step.join("session.json"))["status"], "stopped");
     assert_eq!(

@@ -70,12 +70,11 @@ impl FakeServer {
                     let mut body = vec![0; length];
                     reader.read_exact(&mut body).unwrap();
                     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-                    // Log before answering: the handler may count earlier requests.
-                    let (status, reply) = {
-                        let mut log = log.lock().unwrap();
-                        log.push(body.clone());
-                        handler(&body, authorization.as_deref())
-                    };
+                    // Logged before answering (the handler may count earlier requests), and
+                    // not locked while the handler runs: a test may hold an answer back
+                    // while it looks at what was seen.
+                    log.lock().unwrap().push(body.clone());
+                    let (status, reply) = handler(&body, authorization.as_deref());
                     let reply = reply.to_string();
                     let out = format!(
                         "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{reply}",
