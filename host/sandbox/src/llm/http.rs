@@ -234,8 +234,10 @@ pub(crate) fn normal_host(host: &str) -> String {
 }
 
 /// Whether an address is on the public internet: not loopback, private, link-local,
-/// shared (CGNAT), unspecified, broadcast, multicast or an IPv6 unique-local address
-/// (an IPv4-mapped IPv6 address is judged as the IPv4 one).
+/// shared (CGNAT), unspecified, broadcast, multicast or an IPv6 unique-local address. An
+/// IPv6 address that carries an IPv4 one (IPv4-mapped `::ffff:a.b.c.d`, IPv4-compatible
+/// `::a.b.c.d`, NAT64 `64:ff9b::a.b.c.d`) is judged as the IPv4 address: a network that
+/// routes it reaches that address.
 pub(crate) fn is_public(ip: std::net::IpAddr) -> bool {
     use std::net::IpAddr;
     match ip {
@@ -252,10 +254,17 @@ pub(crate) fn is_public(ip: std::net::IpAddr) -> bool {
                 || (a == 100 && (64..128).contains(&b)))
         }
         IpAddr::V6(v6) => {
-            if let Some(v4) = v6.to_ipv4_mapped() {
+            let segments = v6.segments();
+            let nat64 = segments[..6] == [0x64, 0xff9b, 0, 0, 0, 0];
+            if nat64 {
+                let [.., a, b, c, d] = v6.octets();
+                return is_public(IpAddr::V4(std::net::Ipv4Addr::new(a, b, c, d)));
+            }
+            // `to_ipv4` reads both `::ffff:a.b.c.d` and `::a.b.c.d` (`::1` as 0.0.0.1).
+            if let Some(v4) = v6.to_ipv4() {
                 return is_public(IpAddr::V4(v4));
             }
-            let first = v6.segments()[0];
+            let first = segments[0];
             !(v6.is_loopback()
                 || v6.is_unspecified()
                 || v6.is_multicast()
@@ -878,10 +887,18 @@ mod tests {
             "fd00::1",
             "fe80::1",
             "::ffff:10.0.0.1",
+            "::127.0.0.1",
+            "::10.0.0.1",
+            "64:ff9b::7f00:1",
+            "64:ff9b::192.168.0.1",
         ] {
             assert!(!is_public(private.parse().unwrap()), "{private}");
         }
-        for public in ["93.184.216.34", "2606:2800:220:1::1"] {
+        for public in [
+            "93.184.216.34",
+            "2606:2800:220:1::1",
+            "64:ff9b::93.184.216.34",
+        ] {
             assert!(is_public(public.parse().unwrap()), "{public}");
         }
     }
