@@ -277,8 +277,11 @@ pub(crate) fn is_public(ip: std::net::IpAddr) -> bool {
 /// The placeholder a script sees in `SECRET_<NAME>` for the operator's secret in that
 /// variable.
 pub fn secret_placeholder(var: &str) -> String {
-    format!("trellis-secret:{var}")
+    format!("{PLACEHOLDER_PREFIX}{var}")
 }
+
+/// What every secret's placeholder starts with; the variable's name follows it.
+const PLACEHOLDER_PREFIX: &str = "trellis-secret:";
 
 /// What a step script may reach over `wasi:http`.
 #[derive(Debug, Clone)]
@@ -447,23 +450,10 @@ impl HttpPolicy {
         }
         for value in request.headers_mut().values_mut() {
             let Ok(text) = value.to_str() else { continue };
-            if !text.contains("trellis-secret:") {
+            if !text.contains(PLACEHOLDER_PREFIX) {
                 continue;
             }
-            let mut text = text.to_string();
-            for (var, secret) in &net.secrets {
-                let placeholder = secret_placeholder(var);
-                if !text.contains(&placeholder) {
-                    continue;
-                }
-                if !net.approvals.is_approved(var, &target) {
-                    return Err(format!(
-                        "refused {target}: the secret in {var} is not approved for {target}; \
-                         the operator approves it with --allow-key {var}={target}"
-                    ));
-                }
-                text = text.replace(&placeholder, secret.value().unwrap_or_default());
-            }
+            let text = Self::put_secrets(net, &target, text)?;
             let mut replaced = HeaderValue::from_str(&text).map_err(|_| {
                 format!("refused {target}: a secret holds characters a header cannot")
             })?;
@@ -471,6 +461,44 @@ impl HttpPolicy {
             *value = replaced;
         }
         Ok(target)
+    }
+
+    /// `text` with each placeholder of a secret replaced by the secret's value, once, from
+    /// left to right: a placeholder stands for the secret whose whole name follows the
+    /// prefix (`SECRET_API_TOKEN`, never `SECRET_API` followed by `_TOKEN`), and a value put
+    /// in is never read again. `Err` when a secret is not approved for `target`.
+    fn put_secrets(net: &ScriptNet, target: &Origin, text: &str) -> Result<String, String> {
+        let name_char = |c: char| c.is_ascii_alphanumeric() || c == '_';
+        let mut out = String::with_capacity(text.len());
+        let mut rest = text;
+        while let Some(at) = rest.find(PLACEHOLDER_PREFIX) {
+            out.push_str(&rest[..at]);
+            let after = &rest[at + PLACEHOLDER_PREFIX.len()..];
+            let found = net
+                .secrets
+                .iter()
+                .filter(|(var, _)| {
+                    after
+                        .strip_prefix(var.as_str())
+                        .is_some_and(|next| !next.starts_with(name_char))
+                })
+                .max_by_key(|(var, _)| var.len());
+            let Some((var, secret)) = found else {
+                out.push_str(PLACEHOLDER_PREFIX);
+                rest = after;
+                continue;
+            };
+            if !net.approvals.is_approved(var, target) {
+                return Err(format!(
+                    "refused {target}: the secret in {var} is not approved for {target}; \
+                     the operator approves it with --allow-key {var}={target}"
+                ));
+            }
+            out.push_str(secret.value().unwrap_or_default());
+            rest = &after[var.len()..];
+        }
+        out.push_str(rest);
+        Ok(out)
     }
 
     /// The same policy with other request limits.
