@@ -214,12 +214,7 @@ impl HostRule {
         })
     }
 
-    /// The host, normalized (a port given with it is not part of it).
-    pub(crate) fn host(&self) -> &str {
-        &self.host
-    }
-
-    fn matches(&self, origin: &Origin) -> bool {
+    pub(crate) fn matches(&self, origin: &Origin) -> bool {
         self.host == normal_host(&origin.host) && self.port.is_none_or(|p| p == origin.port)
     }
 }
@@ -552,7 +547,7 @@ async fn check_address(
     approvals: &super::KeyApprovals,
 ) -> Result<Option<std::net::SocketAddr>, String> {
     let host = normal_host(&target.host);
-    let approved = approvals.is_host_approved(&host);
+    let approved = approvals.is_host_approved(target);
     let addresses: Vec<std::net::SocketAddr> = match host.parse::<std::net::IpAddr>() {
         Ok(ip) => vec![std::net::SocketAddr::new(ip, target.port)],
         Err(_) => tokio::net::lookup_host((host.as_str(), target.port))
