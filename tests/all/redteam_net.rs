@@ -688,7 +688,7 @@ done()
 }
 
 /// Many requests: a fifth one opened while four wait for an answer, and the 1,001st of a
-/// run, are refused and never sent.
+/// run (refused ones included), are refused and never sent.
 #[test]
 fn requests_past_the_live_and_total_limits_are_refused_and_not_sent() {
     let server = Server::start(None);
@@ -719,20 +719,23 @@ def outcome(future):
 # Four live requests (to a server that never answers), then a fifth.
 live = [open_request(f"/hang") for i in range(4)]
 RESULT["fifth"] = outcome(open_request("/ok/fifth"))
-# Dropped, they end; the rest of the 1,000, one at a time, then one more.
+# Dropped, they end; the rest of the 1,000 (refused ones count), one at a time, then one
+# more.
 del live
-count = 4
+count, retries = 5, 0
 while count <= 1000:
     try:
-        trellis_http.get(f"http://127.0.0.1:{port}/ok/{{count}}")
         count += 1
+        trellis_http.get(f"http://127.0.0.1:{port}/ok/{{count}}")
     except trellis_http.HttpError as e:
         if "open at once" in str(e):
             # The dropped requests are not closed yet.
+            retries += 1
             time.sleep(0.05)
             continue
-        RESULT["stopped"] = f"{{count}}: {{e}}"
+        RESULT["stopped"] = f"{{count - 1}}: {{e}}"
         break
+RESULT["retries"] = retries
 done()
 "#
         ),
@@ -750,7 +753,9 @@ done()
     assert!(stopped.starts_with("1000: "), "{stopped}");
     let received = server.received();
     assert!(!received.iter().any(|r| r.path == "/ok/fifth"));
-    assert_eq!(received.len(), 1000, "{stopped}");
+    // All but the refused: the fifth and any retried while the dropped ones were closing.
+    let retries = result["retries"].as_u64().unwrap() as usize;
+    assert_eq!(received.len(), 1000 - 1 - retries, "{stopped}");
     assert_eq!(outside_the_run(root), before);
 }
 
@@ -935,5 +940,46 @@ fn an_allow_host_with_a_port_approves_that_port_only() {
     );
     assert_eq!(service.received().len(), 1);
     assert!(other.received().is_empty(), "{:?}", other.received());
+    assert_eq!(outside_the_run(root), before);
+}
+
+/// Refused requests in a loop: each one is a warning in the host's log and a line in its
+/// memory. They count toward the 1,000 requests of a run, so the loop ends there and the
+/// host logs a bounded number of lines.
+#[test]
+fn refused_requests_count_toward_the_limit_so_a_loop_of_them_cannot_flood_the_host() {
+    let server = Server::start(None);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let ok = server.url("/ok");
+    workspace(
+        root,
+        json!(["127.0.0.1"]),
+        &format!(
+            r#"refused = 0
+for i in range(5000):
+    try:
+        trellis_http.get("http://localhost:9/x")
+    except trellis_http.HttpError as e:
+        refused += 1
+        RESULT["last"] = str(e)
+RESULT["refused"] = refused
+attempt("allowed", lambda: trellis_http.get("{ok}"))
+done()
+"#
+        ),
+    );
+    let before = prepared(root);
+    let out = script(root, &["--allow-host", "127.0.0.1"], &[]);
+    let result = result(root, &out);
+    assert_eq!(result["refused"], 5000, "{result}");
+    let last = result["last"].as_str().unwrap();
+    assert!(last.contains("more than 1000 requests"), "{last}");
+    assert!(failed(&result["allowed"]), "{result}");
+    assert!(server.received().is_empty());
+    // The host's own log: at most one line per request counted, and one for the limit.
+    let log = text(&out.stderr);
+    let lines = log.lines().filter(|l| l.contains("WARN")).count();
+    assert!(lines <= 1001, "{lines} warnings");
     assert_eq!(outside_the_run(root), before);
 }

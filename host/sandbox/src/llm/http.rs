@@ -508,10 +508,11 @@ impl HttpPolicy {
         self.limited.clone()
     }
 
+    /// Refuses a request over a limit; the first one is logged and kept for the caller.
     fn over_limit(&self, message: String) -> SendFuture {
-        tracing::warn!("{message}");
         let mut limited = self.limited.lock().unwrap_or_else(|e| e.into_inner());
         if limited.is_none() {
+            tracing::warn!("{message}");
             *limited = Some(message.clone());
         }
         Box::new(async move { Err(HttpError::InternalError(Some(message))) })
@@ -604,6 +605,17 @@ impl WasiHttpHooks for HttpPolicy {
         fut: Box<dyn Future<Output = Result<(), HttpError>> + Send>,
     ) -> SendFuture {
         drop(fut);
+        let limits = self.limits;
+        // Every request counts, refused ones too: a loop of refusals ends here, and with it
+        // the host's log lines and records of what it refused.
+        if self.counts.total.fetch_add(1, Ordering::SeqCst) >= limits.total {
+            return self.over_limit(format!(
+                "{} opened more than {} requests in one call attempt (the limit of \
+                 requests per attempt)",
+                self.who(),
+                limits.total
+            ));
+        }
         let mut request = request;
         let script = self.script.clone();
         let script_target = match &script {
@@ -627,15 +639,6 @@ impl WasiHttpHooks for HttpPolicy {
                 .push(shown);
             return Box::new(async { Err(HttpError::HttpRequestDenied) });
         }
-        let limits = self.limits;
-        if self.counts.total.load(Ordering::SeqCst) >= limits.total {
-            return self.over_limit(format!(
-                "{} opened more than {} requests in one call attempt (the limit of \
-                 requests per attempt)",
-                self.who(),
-                limits.total
-            ));
-        }
         if self.counts.live.load(Ordering::SeqCst) >= limits.live {
             return self.over_limit(format!(
                 "{} had more than {} requests open at once (the limit of live \
@@ -657,7 +660,6 @@ impl WasiHttpHooks for HttpPolicy {
                 limits.body_bytes
             ));
         }
-        self.counts.total.fetch_add(1, Ordering::SeqCst);
         self.counts.live.fetch_add(1, Ordering::SeqCst);
         let live: SharedGuard = Arc::new(Mutex::new(Some(LiveGuard(self.counts.clone()))));
         let body_limit = limits.body_bytes;
