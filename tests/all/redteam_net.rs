@@ -285,10 +285,11 @@ fn failed(outcome: &Value) -> bool {
     outcome.as_str().is_some_and(|s| !s.starts_with("ok"))
 }
 
-/// A placeholder anywhere but a header value (path, query, body, a header's name), or in
-/// a header value spelled otherwise (upper case, percent-encoded, split), is sent as it
-/// is, even to the origin approved for the secret; the script's environment never holds
-/// the value.
+/// A placeholder anywhere but a header value (path, query, body, a header's name), in a
+/// header value spelled otherwise (upper case, percent-encoded, split), or naming the
+/// operator's LLM key (approved for the same origin, but not a `SECRET_` variable) is sent
+/// as it is, even to the origin approved for the secret; the script's environment never
+/// holds a value.
 #[test]
 fn a_placeholder_outside_a_header_value_or_spelled_otherwise_is_sent_as_it_is() {
     let server = Server::start(None);
@@ -309,6 +310,7 @@ attempt("upper", lambda: trellis_http.get(base + "/ok", headers={{"X-A": p.upper
 attempt("quoted", lambda: trellis_http.get(base + "/ok", headers={{"X-A": urllib.parse.quote(p, safe="")}}))
 attempt("split", lambda: trellis_http.get(base + "/ok", headers={{"X-A": p[:9] + " " + p[9:]}}))
 attempt("name", lambda: trellis_http.get(base + "/ok", headers={{"trellis-secret": ":SECRET_TOKEN"}}))
+attempt("llm_key", lambda: trellis_http.get(base + "/ok", headers={{"Authorization": "Bearer trellis-secret:OPENAI_API_KEY"}}))
 RESULT["env"] = dict(os.environ)
 done()
 "#
@@ -316,25 +318,37 @@ done()
     );
     let before = prepared(root);
     let key = format!("SECRET_TOKEN={}", server.origin());
+    // The operator's LLM key, approved for the same origin (a local model server): not a
+    // script's secret at all.
+    let llm_key = format!("OPENAI_API_KEY={}", server.origin());
     let out = script(
         root,
-        &["--allow-host", "127.0.0.1", "--allow-key", &key],
+        &[
+            "--allow-host",
+            "127.0.0.1",
+            "--allow-key",
+            &key,
+            "--allow-key",
+            &llm_key,
+        ],
         &[
             ("SECRET_TOKEN", SECRET),
             ("AWS_SECRET_ACCESS_KEY", "aws-value"),
+            ("OPENAI_API_KEY", "sk-operator"),
         ],
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
     let result = result(root, &out);
     for name in [
-        "path", "query", "body", "json", "upper", "quoted", "split", "name",
+        "path", "query", "body", "json", "upper", "quoted", "split", "name", "llm_key",
     ] {
         assert_eq!(result[name], "ok 200", "{name}: {result}");
     }
     let received = server.received();
-    assert_eq!(received.len(), 8);
+    assert_eq!(received.len(), 9);
     for request in &received {
         assert!(!request.raw.contains(SECRET), "{}", request.raw);
+        assert!(!request.raw.contains("sk-operator"), "{}", request.raw);
     }
     assert!(
         received[0]
@@ -346,6 +360,7 @@ done()
     assert_eq!(result["env"]["SECRET_TOKEN"], "trellis-secret:SECRET_TOKEN");
     // Nothing else of the operator's environment reaches it either.
     assert!(!result.to_string().contains("aws-value"));
+    assert!(!result.to_string().contains("sk-operator"));
     assert!(!result.to_string().contains(SECRET));
     assert!(!text(&out.stdout).contains(SECRET));
     assert!(!text(&out.stderr).contains(SECRET));
@@ -353,7 +368,7 @@ done()
 }
 
 /// Each secret goes only to its own origins: an origin approved for another secret does
-/// not receive this one.
+/// not receive this one, nor does plain http to the host and port approved for https.
 #[test]
 fn a_secret_is_refused_at_an_origin_approved_for_a_different_secret() {
     let first = Server::start(None);
@@ -369,6 +384,7 @@ fn a_secret_is_refused_at_an_origin_approved_for_a_different_secret() {
 attempt("b_to_first", lambda: trellis_http.get("{a}", headers=auth("SECRET_B")))
 attempt("a_to_second", lambda: trellis_http.get("{b}", headers=auth("SECRET_A")))
 attempt("both_to_first", lambda: trellis_http.get("{a}", headers={{"X-A": os.environ["SECRET_A"], "X-B": os.environ["SECRET_B"]}}))
+attempt("c_over_http", lambda: trellis_http.get("{a}", headers=auth("SECRET_C")))
 attempt("a_to_first", lambda: trellis_http.get("{a}", headers=auth("SECRET_A")))
 done()
 "#
@@ -379,6 +395,8 @@ done()
         format!("SECRET_A={}", first.origin()),
         format!("SECRET_B={}", second.origin()),
     );
+    // Approved for https on the first server's host and port; sent over plain http.
+    let key_c = format!("SECRET_C=https://127.0.0.1:{}", first.port());
     let out = script(
         root,
         &[
@@ -388,11 +406,17 @@ done()
             &key_a,
             "--allow-key",
             &key_b,
+            "--allow-key",
+            &key_c,
         ],
-        &[("SECRET_A", "value-of-a"), ("SECRET_B", "value-of-b")],
+        &[
+            ("SECRET_A", "value-of-a"),
+            ("SECRET_B", "value-of-b"),
+            ("SECRET_C", "value-of-c"),
+        ],
     );
     let result = result(root, &out);
-    for name in ["b_to_first", "a_to_second", "both_to_first"] {
+    for name in ["b_to_first", "a_to_second", "both_to_first", "c_over_http"] {
         assert!(refused(&result[name]), "{name}: {result}");
     }
     assert!(
@@ -408,6 +432,7 @@ done()
     assert_eq!(received.len(), 1);
     assert!(received[0].raw.contains("Bearer value-of-a\r\n"));
     assert!(!received[0].raw.contains("value-of-b"));
+    assert!(!received[0].raw.contains("value-of-c"));
     assert!(second.received().is_empty());
     assert_eq!(outside_the_run(root), before);
 }
