@@ -927,7 +927,7 @@ done()
     let files: Vec<_> = std::fs::read_dir(root.join("db"))
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .filter(|n| !n.starts_with("db.sqlite"))
+        .filter(|n| !n.starts_with("db.sqlite") && n != "assets")
         .collect();
     assert!(files.is_empty(), "{files:?}");
     assert_eq!(outside_the_run(root), before);
