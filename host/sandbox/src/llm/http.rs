@@ -929,6 +929,43 @@ mod tests {
     }
 
     #[test]
+    fn placeholders_stand_for_whole_names_and_values_are_not_read_again() {
+        let origin = "http://127.0.0.1:9";
+        let mut approvals = super::super::KeyApprovals::none();
+        approvals.allow("SECRET_API", origin).unwrap();
+        approvals.allow("SECRET_API_TOKEN", origin).unwrap();
+        let net = ScriptNet {
+            hosts: vec![HostRule::parse("127.0.0.1").unwrap()],
+            approvals: Arc::new(approvals),
+            secrets: vec![
+                ("SECRET_API".into(), Secret::new("short")),
+                // A value that looks like a placeholder is put in as it is.
+                (
+                    "SECRET_API_TOKEN".into(),
+                    Secret::new("trellis-secret:SECRET_API"),
+                ),
+                ("SECRET_OTHER".into(), Secret::new("other")),
+            ],
+        };
+        let target = Origin::parse(origin).unwrap();
+        let put = |text: &str| HttpPolicy::put_secrets(&net, &target, text);
+        assert_eq!(
+            put("a trellis-secret:SECRET_API_TOKEN b trellis-secret:SECRET_API.").unwrap(),
+            "a trellis-secret:SECRET_API b short."
+        );
+        // An unknown name, or a known one followed by more of a name, is left as it is.
+        assert_eq!(
+            put("trellis-secret:SECRET_APIX trellis-secret:").unwrap(),
+            "trellis-secret:SECRET_APIX trellis-secret:"
+        );
+        let refused = put("x trellis-secret:SECRET_OTHER").unwrap_err();
+        assert!(
+            refused.contains("SECRET_OTHER is not approved"),
+            "{refused}"
+        );
+    }
+
+    #[test]
     fn the_guest_cannot_set_authorization() {
         assert!(forbidden(&http::header::AUTHORIZATION));
         assert!(forbidden(&http::header::HOST));
