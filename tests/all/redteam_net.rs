@@ -1008,3 +1008,31 @@ done()
     assert!(lines <= 1001, "{lines} warnings");
     assert_eq!(outside_the_run(root), before);
 }
+
+/// Refused requests with 60 KB URLs (a user name in them, or an unlisted host of 60 KB): what
+/// the host logs and keeps of each refusal is bounded, not the whole URL.
+#[test]
+fn a_refused_request_with_a_huge_url_is_logged_in_a_bounded_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    workspace(
+        root,
+        json!(["127.0.0.1"]),
+        r#"long = "a" * 60000
+for i in range(500):
+    attempt("userinfo", lambda: trellis_http.get("http://u@127.0.0.1:9/" + long))
+    attempt("host", lambda: trellis_http.get("http://" + long[:250] + ".example/" + long))
+done()
+"#,
+    );
+    let before = prepared(root);
+    let out = script(root, &["--allow-host", "127.0.0.1"], &[]);
+    let result = result(root, &out);
+    assert!(refused(&result["userinfo"]), "{result}");
+    assert!(refused(&result["host"]), "{result}");
+    let log = text(&out.stderr);
+    let warnings = log.lines().filter(|l| l.contains("WARN")).count();
+    assert_eq!(warnings, 1000, "one line per refusal");
+    assert!(log.len() < 1 << 20, "{} bytes of log", log.len());
+    assert_eq!(outside_the_run(root), before);
+}

@@ -416,6 +416,7 @@ impl HttpPolicy {
 
     /// Refuses a script's request, before anything is sent: the script gets `reason`.
     fn refuse_script(&self, reason: String) -> SendFuture {
+        let reason = clipped(reason);
         tracing::warn!("refused a script's request: {reason}");
         self.refused
             .lock()
@@ -629,9 +630,11 @@ impl WasiHttpHooks for HttpPolicy {
         let permitted = script_target.is_some()
             || matches!((&self.allowed, &target), (Some(a), Some(t)) if a == t);
         if !permitted {
-            let shown = target
-                .map(|t| t.to_string())
-                .unwrap_or_else(|| request.uri().to_string());
+            let shown = clipped(
+                target
+                    .map(|t| t.to_string())
+                    .unwrap_or_else(|| request.uri().to_string()),
+            );
             tracing::warn!(destination = %shown, "refused an LLM provider's request");
             self.refused
                 .lock()
@@ -706,6 +709,7 @@ impl WasiHttpHooks for HttpPolicy {
                         }
                     }
                     Err(reason) => {
+                        let reason = clipped(reason);
                         tracing::warn!("refused a script's request: {reason}");
                         refused
                             .lock()
@@ -764,6 +768,23 @@ impl WasiHttpHooks for HttpPolicy {
             ))
         })
     }
+}
+
+/// Longest refusal the host logs and keeps, in bytes: a URL may be 64 KiB long, and a
+/// guest may be refused up to its request limit.
+const REFUSAL_BYTES: usize = 512;
+
+/// `text` cut to [`REFUSAL_BYTES`] (at a character boundary), marked with `…` when cut.
+fn clipped(mut text: String) -> String {
+    if text.len() > REFUSAL_BYTES {
+        let mut end = REFUSAL_BYTES;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push('…');
+    }
+    text
 }
 
 /// Sends a plain `http://` request to `address` (its `Host` header still names the host).
