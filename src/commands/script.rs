@@ -41,7 +41,7 @@ pub struct ScriptArgs {
     #[arg(long = "allow-key", value_name = "VAR=ORIGIN")]
     allow_keys: Vec<String>,
     /// Let the script reach HOST (listed in its step's allowed_hosts) although it is, or
-    /// resolves to, a loopback or private address (repeatable).
+    /// resolves to, a loopback or private address; HOST:PORT, that port only (repeatable).
     #[arg(long = "allow-host", value_name = "HOST")]
     allow_hosts: Vec<String>,
 }

@@ -29,8 +29,9 @@ use super::{BASE_URL_ENV, DEFAULT_BASE_URL, DEFAULT_KEY_ENV};
 #[derive(Debug, Clone, Default)]
 pub struct KeyApprovals {
     approved: BTreeMap<String, Vec<Origin>>,
-    /// Hosts scripts may reach at loopback or private addresses (compared normalized).
-    hosts: Vec<String>,
+    /// Hosts scripts may reach at loopback or private addresses: a host on any port, or
+    /// on the one port given with it.
+    hosts: Vec<super::http::HostRule>,
     config_file: Option<PathBuf>,
     max_tool_rounds: Option<usize>,
 }
@@ -102,21 +103,21 @@ impl KeyApprovals {
         Ok(())
     }
 
-    /// Lets step scripts reach `host` (a host name or IP address, as in `allowed_hosts`)
-    /// although it is, or resolves to, a loopback or private address (`--allow-host`).
+    /// Lets step scripts reach `host` (a host name or IP address, with a port or any port,
+    /// as in `allowed_hosts`) although it is, or resolves to, a loopback or private address
+    /// (`--allow-host`).
     pub fn allow_host(&mut self, host: &str) -> Result<()> {
         let rule = super::http::HostRule::parse(host)
             .map_err(|e| anyhow::anyhow!("--allow-host {host:?}: {e}"))?;
-        let host = rule.host().to_string();
-        if !self.hosts.contains(&host) {
-            self.hosts.push(host);
+        if !self.hosts.contains(&rule) {
+            self.hosts.push(rule);
         }
         Ok(())
     }
 
-    /// Whether scripts may reach `host` at a loopback or private address.
-    pub(crate) fn is_host_approved(&self, host: &str) -> bool {
-        self.hosts.contains(&super::http::normal_host(host))
+    /// Whether scripts may reach `target`'s host and port at a loopback or private address.
+    pub(crate) fn is_host_approved(&self, target: &Origin) -> bool {
+        self.hosts.iter().any(|rule| rule.matches(target))
     }
 
     /// Adds an approval given as `VAR=ORIGIN` (the `--allow-key` form).
@@ -333,9 +334,13 @@ mod tests {
         .unwrap();
         let mut approvals = KeyApprovals::none();
         approvals.load_config(&path).unwrap();
-        assert!(approvals.is_host_approved("metrics.lan"));
-        assert!(approvals.is_host_approved("127.0.0.1"));
-        assert!(!approvals.is_host_approved("10.0.0.1"));
+        let approved = |url: &str| approvals.is_host_approved(&Origin::parse(url).unwrap());
+        assert!(approved("https://metrics.lan"));
+        assert!(approved("http://metrics.lan:9090"));
+        // A port given with the host approves that port only.
+        assert!(approved("http://127.0.0.1:8080"));
+        assert!(!approved("http://127.0.0.1:6379"));
+        assert!(!approved("http://10.0.0.1"));
         assert!(approvals.allow_host("https://h/x").is_err());
         assert!(
             approvals

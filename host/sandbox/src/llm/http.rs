@@ -214,12 +214,7 @@ impl HostRule {
         })
     }
 
-    /// The host, normalized (a port given with it is not part of it).
-    pub(crate) fn host(&self) -> &str {
-        &self.host
-    }
-
-    fn matches(&self, origin: &Origin) -> bool {
+    pub(crate) fn matches(&self, origin: &Origin) -> bool {
         self.host == normal_host(&origin.host) && self.port.is_none_or(|p| p == origin.port)
     }
 }
@@ -234,8 +229,10 @@ pub(crate) fn normal_host(host: &str) -> String {
 }
 
 /// Whether an address is on the public internet: not loopback, private, link-local,
-/// shared (CGNAT), unspecified, broadcast, multicast or an IPv6 unique-local address
-/// (an IPv4-mapped IPv6 address is judged as the IPv4 one).
+/// shared (CGNAT), unspecified, broadcast, multicast or an IPv6 unique-local address. An
+/// IPv6 address that carries an IPv4 one (IPv4-mapped `::ffff:a.b.c.d`, IPv4-compatible
+/// `::a.b.c.d`, NAT64 `64:ff9b::a.b.c.d`) is judged as the IPv4 address: a network that
+/// routes it reaches that address.
 pub(crate) fn is_public(ip: std::net::IpAddr) -> bool {
     use std::net::IpAddr;
     match ip {
@@ -252,10 +249,17 @@ pub(crate) fn is_public(ip: std::net::IpAddr) -> bool {
                 || (a == 100 && (64..128).contains(&b)))
         }
         IpAddr::V6(v6) => {
-            if let Some(v4) = v6.to_ipv4_mapped() {
+            let segments = v6.segments();
+            let nat64 = segments[..6] == [0x64, 0xff9b, 0, 0, 0, 0];
+            if nat64 {
+                let [.., a, b, c, d] = v6.octets();
+                return is_public(IpAddr::V4(std::net::Ipv4Addr::new(a, b, c, d)));
+            }
+            // `to_ipv4` reads both `::ffff:a.b.c.d` and `::a.b.c.d` (`::1` as 0.0.0.1).
+            if let Some(v4) = v6.to_ipv4() {
                 return is_public(IpAddr::V4(v4));
             }
-            let first = v6.segments()[0];
+            let first = segments[0];
             !(v6.is_loopback()
                 || v6.is_unspecified()
                 || v6.is_multicast()
@@ -268,8 +272,11 @@ pub(crate) fn is_public(ip: std::net::IpAddr) -> bool {
 /// The placeholder a script sees in `SECRET_<NAME>` for the operator's secret in that
 /// variable.
 pub fn secret_placeholder(var: &str) -> String {
-    format!("trellis-secret:{var}")
+    format!("{PLACEHOLDER_PREFIX}{var}")
 }
+
+/// What every secret's placeholder starts with; the variable's name follows it.
+const PLACEHOLDER_PREFIX: &str = "trellis-secret:";
 
 /// What a step script may reach over `wasi:http`.
 #[derive(Debug, Clone)]
@@ -409,6 +416,7 @@ impl HttpPolicy {
 
     /// Refuses a script's request, before anything is sent: the script gets `reason`.
     fn refuse_script(&self, reason: String) -> SendFuture {
+        let reason = clipped(reason);
         tracing::warn!("refused a script's request: {reason}");
         self.refused
             .lock()
@@ -438,23 +446,10 @@ impl HttpPolicy {
         }
         for value in request.headers_mut().values_mut() {
             let Ok(text) = value.to_str() else { continue };
-            if !text.contains("trellis-secret:") {
+            if !text.contains(PLACEHOLDER_PREFIX) {
                 continue;
             }
-            let mut text = text.to_string();
-            for (var, secret) in &net.secrets {
-                let placeholder = secret_placeholder(var);
-                if !text.contains(&placeholder) {
-                    continue;
-                }
-                if !net.approvals.is_approved(var, &target) {
-                    return Err(format!(
-                        "refused {target}: the secret in {var} is not approved for {target}; \
-                         the operator approves it with --allow-key {var}={target}"
-                    ));
-                }
-                text = text.replace(&placeholder, secret.value().unwrap_or_default());
-            }
+            let text = Self::put_secrets(net, &target, text)?;
             let mut replaced = HeaderValue::from_str(&text).map_err(|_| {
                 format!("refused {target}: a secret holds characters a header cannot")
             })?;
@@ -462,6 +457,44 @@ impl HttpPolicy {
             *value = replaced;
         }
         Ok(target)
+    }
+
+    /// `text` with each placeholder of a secret replaced by the secret's value, once, from
+    /// left to right: a placeholder stands for the secret whose whole name follows the
+    /// prefix (`SECRET_API_TOKEN`, never `SECRET_API` followed by `_TOKEN`), and a value put
+    /// in is never read again. `Err` when a secret is not approved for `target`.
+    fn put_secrets(net: &ScriptNet, target: &Origin, text: &str) -> Result<String, String> {
+        let name_char = |c: char| c.is_ascii_alphanumeric() || c == '_';
+        let mut out = String::with_capacity(text.len());
+        let mut rest = text;
+        while let Some(at) = rest.find(PLACEHOLDER_PREFIX) {
+            out.push_str(&rest[..at]);
+            let after = &rest[at + PLACEHOLDER_PREFIX.len()..];
+            let found = net
+                .secrets
+                .iter()
+                .filter(|(var, _)| {
+                    after
+                        .strip_prefix(var.as_str())
+                        .is_some_and(|next| !next.starts_with(name_char))
+                })
+                .max_by_key(|(var, _)| var.len());
+            let Some((var, secret)) = found else {
+                out.push_str(PLACEHOLDER_PREFIX);
+                rest = after;
+                continue;
+            };
+            if !net.approvals.is_approved(var, target) {
+                return Err(format!(
+                    "refused {target}: the secret in {var} is not approved for {target}; \
+                     the operator approves it with --allow-key {var}={target}"
+                ));
+            }
+            out.push_str(secret.value().unwrap_or_default());
+            rest = &after[var.len()..];
+        }
+        out.push_str(rest);
+        Ok(out)
     }
 
     /// The same policy with other request limits.
@@ -476,10 +509,11 @@ impl HttpPolicy {
         self.limited.clone()
     }
 
+    /// Refuses a request over a limit; the first one is logged and kept for the caller.
     fn over_limit(&self, message: String) -> SendFuture {
-        tracing::warn!("{message}");
         let mut limited = self.limited.lock().unwrap_or_else(|e| e.into_inner());
         if limited.is_none() {
+            tracing::warn!("{message}");
             *limited = Some(message.clone());
         }
         Box::new(async move { Err(HttpError::InternalError(Some(message))) })
@@ -515,7 +549,7 @@ async fn check_address(
     approvals: &super::KeyApprovals,
 ) -> Result<Option<std::net::SocketAddr>, String> {
     let host = normal_host(&target.host);
-    let approved = approvals.is_host_approved(&host);
+    let approved = approvals.is_host_approved(target);
     let addresses: Vec<std::net::SocketAddr> = match host.parse::<std::net::IpAddr>() {
         Ok(ip) => vec![std::net::SocketAddr::new(ip, target.port)],
         Err(_) => tokio::net::lookup_host((host.as_str(), target.port))
@@ -572,6 +606,17 @@ impl WasiHttpHooks for HttpPolicy {
         fut: Box<dyn Future<Output = Result<(), HttpError>> + Send>,
     ) -> SendFuture {
         drop(fut);
+        let limits = self.limits;
+        // Every request counts, refused ones too: a loop of refusals ends here, and with it
+        // the host's log lines and records of what it refused.
+        if self.counts.total.fetch_add(1, Ordering::SeqCst) >= limits.total {
+            return self.over_limit(format!(
+                "{} opened more than {} requests in one call attempt (the limit of \
+                 requests per attempt)",
+                self.who(),
+                limits.total
+            ));
+        }
         let mut request = request;
         let script = self.script.clone();
         let script_target = match &script {
@@ -585,24 +630,17 @@ impl WasiHttpHooks for HttpPolicy {
         let permitted = script_target.is_some()
             || matches!((&self.allowed, &target), (Some(a), Some(t)) if a == t);
         if !permitted {
-            let shown = target
-                .map(|t| t.to_string())
-                .unwrap_or_else(|| request.uri().to_string());
+            let shown = clipped(
+                target
+                    .map(|t| t.to_string())
+                    .unwrap_or_else(|| request.uri().to_string()),
+            );
             tracing::warn!(destination = %shown, "refused an LLM provider's request");
             self.refused
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .push(shown);
             return Box::new(async { Err(HttpError::HttpRequestDenied) });
-        }
-        let limits = self.limits;
-        if self.counts.total.load(Ordering::SeqCst) >= limits.total {
-            return self.over_limit(format!(
-                "{} opened more than {} requests in one call attempt (the limit of \
-                 requests per attempt)",
-                self.who(),
-                limits.total
-            ));
         }
         if self.counts.live.load(Ordering::SeqCst) >= limits.live {
             return self.over_limit(format!(
@@ -625,7 +663,6 @@ impl WasiHttpHooks for HttpPolicy {
                 limits.body_bytes
             ));
         }
-        self.counts.total.fetch_add(1, Ordering::SeqCst);
         self.counts.live.fetch_add(1, Ordering::SeqCst);
         let live: SharedGuard = Arc::new(Mutex::new(Some(LiveGuard(self.counts.clone()))));
         let body_limit = limits.body_bytes;
@@ -672,6 +709,7 @@ impl WasiHttpHooks for HttpPolicy {
                         }
                     }
                     Err(reason) => {
+                        let reason = clipped(reason);
                         tracing::warn!("refused a script's request: {reason}");
                         refused
                             .lock()
@@ -730,6 +768,23 @@ impl WasiHttpHooks for HttpPolicy {
             ))
         })
     }
+}
+
+/// Longest refusal the host logs and keeps, in bytes: a URL may be 64 KiB long, and a
+/// guest may be refused up to its request limit.
+const REFUSAL_BYTES: usize = 512;
+
+/// `text` cut to [`REFUSAL_BYTES`] (at a character boundary), marked with `…` when cut.
+fn clipped(mut text: String) -> String {
+    if text.len() > REFUSAL_BYTES {
+        let mut end = REFUSAL_BYTES;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push('…');
+    }
+    text
 }
 
 /// Sends a plain `http://` request to `address` (its `Host` header still names the host).
@@ -878,12 +933,57 @@ mod tests {
             "fd00::1",
             "fe80::1",
             "::ffff:10.0.0.1",
+            "::127.0.0.1",
+            "::10.0.0.1",
+            "64:ff9b::7f00:1",
+            "64:ff9b::192.168.0.1",
         ] {
             assert!(!is_public(private.parse().unwrap()), "{private}");
         }
-        for public in ["93.184.216.34", "2606:2800:220:1::1"] {
+        for public in [
+            "93.184.216.34",
+            "2606:2800:220:1::1",
+            "64:ff9b::93.184.216.34",
+        ] {
             assert!(is_public(public.parse().unwrap()), "{public}");
         }
+    }
+
+    #[test]
+    fn placeholders_stand_for_whole_names_and_values_are_not_read_again() {
+        let origin = "http://127.0.0.1:9";
+        let mut approvals = super::super::KeyApprovals::none();
+        approvals.allow("SECRET_API", origin).unwrap();
+        approvals.allow("SECRET_API_TOKEN", origin).unwrap();
+        let net = ScriptNet {
+            hosts: vec![HostRule::parse("127.0.0.1").unwrap()],
+            approvals: Arc::new(approvals),
+            secrets: vec![
+                ("SECRET_API".into(), Secret::new("short")),
+                // A value that looks like a placeholder is put in as it is.
+                (
+                    "SECRET_API_TOKEN".into(),
+                    Secret::new("trellis-secret:SECRET_API"),
+                ),
+                ("SECRET_OTHER".into(), Secret::new("other")),
+            ],
+        };
+        let target = Origin::parse(origin).unwrap();
+        let put = |text: &str| HttpPolicy::put_secrets(&net, &target, text);
+        assert_eq!(
+            put("a trellis-secret:SECRET_API_TOKEN b trellis-secret:SECRET_API.").unwrap(),
+            "a trellis-secret:SECRET_API b short."
+        );
+        // An unknown name, or a known one followed by more of a name, is left as it is.
+        assert_eq!(
+            put("trellis-secret:SECRET_APIX trellis-secret:").unwrap(),
+            "trellis-secret:SECRET_APIX trellis-secret:"
+        );
+        let refused = put("x trellis-secret:SECRET_OTHER").unwrap_err();
+        assert!(
+            refused.contains("SECRET_OTHER is not approved"),
+            "{refused}"
+        );
     }
 
     #[test]
