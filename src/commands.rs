@@ -43,6 +43,31 @@ fn open_workspace(root: &Path, run: Option<&str>) -> Result<Workspace> {
     Workspace::open_run(root, Some(run.unwrap_or(ACTIVE_RUN))).map_err(|d| anyhow::anyhow!("{d}"))
 }
 
+/// Refuses a workspace argument that is not a folder: a file (naming the workspace it lies
+/// in, when there is one, since a path into it is the usual slip) or nothing at all.
+pub fn check_workspace_folder(path: &Path) -> Result<()> {
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_dir() => Ok(()),
+        Ok(_) => {
+            let hint = path
+                .ancestors()
+                .skip(1)
+                .map(|a| if a.as_os_str().is_empty() { Path::new(".") } else { a })
+                .find(|a| a.join(PLAN_FILE).is_file())
+                .map(|ws| format!(": did you mean {}?", ws.display()))
+                .unwrap_or_default();
+            anyhow::bail!(
+                "{}: expected the workspace folder, got a file{hint}",
+                path.display()
+            )
+        }
+        Err(_) => anyhow::bail!("{}: no such workspace folder", path.display()),
+    }
+}
+
+/// A workspace's plan, relative to its folder.
+const PLAN_FILE: &str = "planning/plan.json";
+
 fn plural(n: usize) -> &'static str {
     if n == 1 { "" } else { "s" }
 }

@@ -164,7 +164,15 @@ fn init_tracing(verbose: u8) {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(colour_on_stderr())
         .init();
+}
+
+/// Colour codes only for a person at a terminal: never when stderr is a file or a pipe
+/// (logs, CI), nor when `NO_COLOR` is set to anything but the empty string.
+fn colour_on_stderr() -> bool {
+    use std::io::IsTerminal;
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
 impl Command {
@@ -174,6 +182,22 @@ impl Command {
             Command::Script(args) => Some(&args.workspace),
             Command::Check(args) => Some(&args.workspace),
             Command::Run(args) => Some(&args.workspace),
+            _ => None,
+        }
+    }
+}
+
+impl Command {
+    /// The workspace folder a command reads or changes, if it takes one; checked to be a
+    /// folder before the command starts.
+    fn workspace_folder(&self) -> Option<&Path> {
+        match self {
+            Command::Script(args) => Some(&args.workspace),
+            Command::Check(args) => Some(&args.workspace),
+            Command::Run(args) => Some(&args.workspace),
+            Command::Validate(args) => Some(&args.workspace),
+            Command::Migrate(args) => Some(&args.workspace),
+            Command::Runs(command) => Some(command.workspace()),
             _ => None,
         }
     }
@@ -213,6 +237,9 @@ async fn run(cli: Cli) -> Result<ExitCode> {
     } else {
         CacheSetting::from_env()
     };
+    if let Some(folder) = cli.command.workspace_folder() {
+        commands::check_workspace_folder(folder)?;
+    }
     if let (CacheSetting::Dir(dir), Some(workspace)) = (&cache, cli.command.workspace()) {
         refuse_cache_inside(dir, workspace)?;
     }

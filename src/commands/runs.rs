@@ -35,6 +35,15 @@ pub enum RunsCommand {
     },
 }
 
+impl RunsCommand {
+    /// The workspace folder it reads.
+    pub fn workspace(&self) -> &Path {
+        match self {
+            RunsCommand::List { workspace } | RunsCommand::Show { workspace, .. } => workspace,
+        }
+    }
+}
+
 /// Runs a `trellis runs` subcommand; it reads files only, no plugin runs.
 pub fn run(command: &RunsCommand) -> Result<ExitCode> {
     match command {
@@ -50,6 +59,12 @@ pub fn run(command: &RunsCommand) -> Result<ExitCode> {
 
 /// `trellis runs list`: one line per run folder, then its steps.
 fn list_runs(root: &Path) -> Result<()> {
+    anyhow::ensure!(
+        root.join(super::PLAN_FILE).is_file(),
+        "{}: not a workspace (no {})",
+        root.display(),
+        super::PLAN_FILE
+    );
     let runs = runs::list_runs(root)?;
     if runs.is_empty() {
         println!("no runs in {}", root.join("runs").display());

@@ -74,6 +74,11 @@ pub async fn run(engine: &Engine, command: ToolCommand) -> Result<ExitCode> {
             plugins,
         } => {
             let args = parse_args(&args)?;
+            match std::fs::metadata(&root) {
+                Ok(meta) if meta.is_dir() => {}
+                Ok(_) => anyhow::bail!("--root {}: expected a folder, got a file", root.display()),
+                Err(_) => anyhow::bail!("--root {}: the folder does not exist", root.display()),
+            }
             let mut grant = grant(&root, &read, &write)?;
             if let Some(db) = db {
                 grant = grant.with_db(db_file(&root, &db)?, db_write);

@@ -12,7 +12,7 @@ use super::plural;
 #[derive(Args, Debug)]
 pub struct ValidateArgs {
     /// The workspace folder.
-    workspace: PathBuf,
+    pub(crate) workspace: PathBuf,
     /// Check the run-specific step config of this run folder (e.g. `iteration-0`).
     #[arg(long, value_name = "FOLDER")]
     run: Option<String>,

@@ -10,6 +10,7 @@ mod docs_examples;
 mod host_files;
 mod llm_providers;
 mod plugin_loading;
+mod preflight;
 mod routes;
 mod run_cli;
 mod runtime;

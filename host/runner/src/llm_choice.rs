@@ -28,6 +28,7 @@ use serde_json::{Map, Value};
 use trellis_sandbox::llm::record::check_replay_model_id;
 use trellis_sandbox::llm::{
     DEFAULT_KEY_ENV, Endpoint, KeyApprovals, Options, Recorder, ReplayCursor, Secret, Target,
+    is_loopback_base_url,
 };
 use trellis_workflow::step_config::{ExecutionTier, LlmRef};
 use trellis_workflow::{Step, StepKind, Workspace};
@@ -225,6 +226,7 @@ pub struct LlmSetup {
     recorder: Option<Arc<Recorder>>,
     cursors: Arc<Mutex<BTreeMap<PathBuf, ReplayCursor>>>,
     approvals: Arc<KeyApprovals>,
+    providers: Option<Arc<Vec<String>>>,
 }
 
 impl Default for LlmSetup {
@@ -242,7 +244,15 @@ impl LlmSetup {
             recorder: None,
             cursors: Arc::default(),
             approvals: Arc::new(KeyApprovals::defaults()),
+            providers: None,
         }
+    }
+
+    /// Models name only these LLM providers (the ids of the loaded provider plugins, and
+    /// `replay`); another is an error naming the step, before anything runs.
+    pub fn with_providers(mut self, ids: Vec<String>) -> Self {
+        self.providers = Some(Arc::new(ids));
+        self
     }
 
     /// Keys go only where `approvals` allow.
@@ -276,6 +286,8 @@ impl LlmSetup {
         let mut options = Vec::new();
         let mut replay = None;
         for (i, model) in models.models.iter().enumerate() {
+            self.check_provider(model, models.source)
+                .with_context(|| format!("step {step_id:?}"))?;
             let at = match (models.source, i) {
                 (ModelSource::ExecutionLlm, 0) => "execution_llm.options".to_string(),
                 (ModelSource::ExecutionLlm, n) => {
@@ -311,7 +323,12 @@ impl LlmSetup {
                 });
                 replay = Some(cursor);
             } else {
-                targets.push(remote_target(ws, model, &self.approvals)?);
+                targets.push(remote_target(ws, model, &self.approvals).with_context(|| {
+                    format!(
+                        "step {step_id:?}: model {}:{} ({})",
+                        model.provider, model.model_id, models.source
+                    )
+                })?);
             }
         }
         Ok(Some(StepLlm {
@@ -334,6 +351,33 @@ impl LlmSetup {
             return Ok(None);
         }
         self.step_llm(ws, step_id)
+    }
+
+    /// Refuses a provider no plugin answers for, suggesting the loaded one that differs
+    /// only in case.
+    fn check_provider(&self, model: &LlmRef, source: ModelSource) -> Result<()> {
+        let Some(loaded) = &self.providers else {
+            return Ok(());
+        };
+        let provider = model.provider.as_str();
+        if provider == REPLAY_PROVIDER || loaded.iter().any(|p| p == provider) {
+            return Ok(());
+        }
+        let mut known: Vec<&str> = loaded.iter().map(String::as_str).collect();
+        if !known.contains(&REPLAY_PROVIDER) {
+            known.push(REPLAY_PROVIDER);
+        }
+        let hint = match known.iter().find(|k| k.eq_ignore_ascii_case(provider)) {
+            Some(k) => format!("provider ids are lower case: write {k:?}"),
+            None => format!(
+                "give one of the loaded providers ({}), or load the plugin with --plugins DIR",
+                known.join(", ")
+            ),
+        };
+        bail!(
+            "model {provider}:{} ({source}): no LLM provider {provider:?}; {hint}",
+            model.model_id
+        )
     }
 
     fn cursor(&self, root: &Path, model_id: &str) -> Result<ReplayCursor> {
@@ -369,13 +413,25 @@ fn remote_target(ws: &Workspace, model: &LlmRef, approvals: &KeyApprovals) -> Re
         let setting = match (named_key, &base_url) {
             (Some(_), _) => "api_key_env",
             (None, Some(_)) => "base_url",
-            (None, None) => {
-                bail!("model {}:{}: {problem}", model.provider, model.model_id)
-            }
+            (None, None) => bail!("{problem}"),
         };
         bail!(
             "workflow.json: providers.{}.{setting}: {problem}",
             model.provider
+        );
+    }
+    if !secret.is_set() && !is_loopback_base_url(&endpoint.base_url) {
+        let named = match named_key {
+            Some(_) => format!(
+                " (named by workflow.json providers.{}.api_key_env)",
+                model.provider
+            ),
+            None => String::new(),
+        };
+        bail!(
+            "the key variable {key_env}{named} is not set: set {key_env} to the key for {}; no \
+             request goes out without it",
+            endpoint.base_url
         );
     }
     Ok(Target {

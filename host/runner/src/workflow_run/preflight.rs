@@ -52,7 +52,36 @@ pub(super) fn reachable<'w>(ws: &'w Workspace, start: Option<&str>) -> Vec<&'w S
 }
 
 /// Checks up front that every reachable `human_input` step has its answer.
+/// An `--input` naming no `human_input` step's variable is an error too (a typo would
+/// otherwise leave the answer unused).
 pub fn check_inputs(ws: &Workspace, opts: &RunOptions) -> Result<()> {
+    let asked: Vec<&str> = ws
+        .plan
+        .steps
+        .iter()
+        .filter_map(|step| match &step.kind {
+            StepKind::HumanInput(h) => Some(input_key(step, h)),
+            _ => None,
+        })
+        .collect();
+    let unknown: Vec<&str> = opts
+        .inputs
+        .keys()
+        .map(String::as_str)
+        .filter(|name| !asked.contains(name))
+        .collect();
+    if !unknown.is_empty() {
+        bail!(
+            "--input {}: no human_input step of the plan asks for {} (it asks for: {})",
+            unknown.join(", --input "),
+            if unknown.len() == 1 { "it" } else { "them" },
+            if asked.is_empty() {
+                "nothing".to_string()
+            } else {
+                asked.join(", ")
+            }
+        );
+    }
     let mut missing = Vec::new();
     for step in reachable(ws, opts.step.as_deref()) {
         if let StepKind::HumanInput(h) = &step.kind {
@@ -102,7 +131,13 @@ pub(super) fn preflight<'w>(
     if let Some(step) = &opts.step {
         ws.plan
             .step(step)
-            .with_context(|| format!("no step {step:?} in the plan"))?;
+            .with_context(|| {
+                let ids: Vec<&str> = ws.plan.steps.iter().map(|s| s.id.as_str()).collect();
+                format!(
+                    "no step {step:?} in the plan; its steps are: {}",
+                    ids.join(", ")
+                )
+            })?;
     }
     let groups = select_groups(ws, opts.group.as_deref())?;
     if opts.step.is_some() && opts.group.is_none() && !groups.is_empty() {

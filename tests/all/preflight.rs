@@ -1,0 +1,258 @@
+//! The preflight of `trellis run` and the small checks every command makes on its
+//! arguments: each refusal names what is wrong and how to fix it, and a refused run
+//! leaves the workspace byte for byte as it was (its tree digest).
+
+use crate::support;
+
+use std::path::Path;
+use std::process::Output;
+
+use serde_json::{Value, json};
+use support::fake_llm::{FakeServer, completion};
+use support::trellis;
+use support::workspace::write_files;
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// A workspace at `root`: a `regular` step `answer` with `configs` as its agent_configs, a
+/// `human_input` step asking for `mood`, `manifest` as workflow.json, an old run folder and
+/// a seed.sql (so a run that got past its preflight would rotate one and create the other).
+fn workspace(root: &Path, configs: Value, manifest: Value) {
+    let plan = json!({"objective": "t", "steps": [
+        {"id": "ask", "type": "human_input", "title": "Ask", "description": "How are you?",
+         "variable_name": "mood"},
+        {"id": "answer", "type": "regular", "title": "Answer", "description": "Answer."}
+    ]});
+    let config = json!({"steps": [{"id": "answer", "agent_configs": configs}]});
+    write_files(
+        root,
+        &[
+            ("planning/plan.json", plan.to_string()),
+            ("planning/step_config.json", config.to_string()),
+            ("workflow.json", manifest.to_string()),
+            ("runs/iteration-0/old.txt", "from before".to_string()),
+            ("db/seed.sql", "CREATE TABLE t (x INTEGER);".to_string()),
+        ],
+    );
+}
+
+/// `trellis run root --input mood=fine args...` with `vars` set.
+fn run(root: &Path, args: &[&str], vars: &[(&str, &str)]) -> Output {
+    let mut all = vec!["run", root.to_str().unwrap(), "--input", "mood=fine"];
+    all.extend_from_slice(args);
+    let mut command = support::trellis_command(&all);
+    for (k, v) in vars {
+        command.env(k, v);
+    }
+    command.output().unwrap()
+}
+
+/// Runs `trellis run` and checks it is refused with every one of `expected` on stderr and
+/// nothing in the workspace changed.
+fn refused(root: &Path, args: &[&str], vars: &[(&str, &str)], expected: &[&str]) {
+    let before = support::tree_digest(root);
+    let out = run(root, args, vars);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+    for e in expected {
+        assert!(stderr.contains(e), "{args:?}: {e:?} in {stderr}");
+    }
+    assert_eq!(support::tree_digest(root), before, "{args:?} changed files");
+}
+
+#[test]
+fn an_unknown_or_miscased_provider_is_refused_before_anything_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path();
+    workspace(ws, json!({}), json!({}));
+    refused(
+        ws,
+        &["--llm", "foo:bar"],
+        &[],
+        &[
+            "step \"answer\"",
+            "no LLM provider \"foo\"",
+            "loaded providers (openai, replay)",
+        ],
+    );
+    refused(
+        ws,
+        &["--llm", "OpenAI:gpt-4o"],
+        &[],
+        &["step \"answer\"", "lower case: write \"openai\""],
+    );
+    // A fallback's provider too, and the workflow's default model.
+    workspace(
+        ws,
+        json!({"execution_llm": {"provider": "replay", "model_id": "tape",
+               "fallbacks": [{"provider": "OPENAI", "model_id": "m"}]}}),
+        json!({}),
+    );
+    write_files(ws, &[("cassettes/tape.json", r#"{"interactions": []}"#)]);
+    refused(
+        ws,
+        &[],
+        &[],
+        &["step \"answer\"", "OPENAI:m (execution_llm)", "write \"openai\""],
+    );
+}
+
+#[test]
+fn an_unset_key_is_refused_and_no_request_leaves_without_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path();
+    workspace(ws, json!({}), json!({}));
+    refused(
+        ws,
+        &["--llm", "openai:gpt-4o"],
+        &[],
+        &["step \"answer\"", "OPENAI_API_KEY is not set: set OPENAI_API_KEY"],
+    );
+    // A variable the workspace names, for an origin the operator approved.
+    workspace(
+        ws,
+        json!({}),
+        json!({"llm": {"provider": "openai", "model_id": "m"},
+               "providers": {"openai": {"base_url": "https://llm.example/v1",
+                                        "api_key_env": "TRELLIS_TEST_UNSET_KEY"}}}),
+    );
+    refused(
+        ws,
+        &["--allow-key", "TRELLIS_TEST_UNSET_KEY=https://llm.example"],
+        &[],
+        &[
+            "step \"answer\"",
+            "providers.openai.api_key_env",
+            "set TRELLIS_TEST_UNSET_KEY",
+        ],
+    );
+    // A server on this machine may answer without a key.
+    let server = FakeServer::start(Box::new(|_| (200, completion("fine", &[]))));
+    workspace(
+        ws,
+        json!({}),
+        json!({"llm": {"provider": "openai", "model_id": "m"},
+               "providers": server.providers()}),
+    );
+    let out = run(ws, &[], &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(server.seen().len(), 1);
+}
+
+#[test]
+fn a_missing_cassette_is_refused_before_anything_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path();
+    workspace(ws, json!({}), json!({}));
+    refused(
+        ws,
+        &["--llm", "replay:nosuch"],
+        &[],
+        &["step \"answer\"", "no cassette", "cassettes/nosuch.json"],
+    );
+}
+
+#[test]
+fn a_host_that_does_not_resolve_is_told_in_a_sentence() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path();
+    workspace(ws, json!({}), json!({}));
+    // `.invalid` never resolves (RFC 6761): no request can leave.
+    let out = run(
+        ws,
+        &["--llm", "openai:m"],
+        &[
+            ("OPENAI_API_KEY", "sk-test"),
+            ("OPENAI_BASE_URL", "https://llm.trellis-test.invalid/v1"),
+        ],
+    );
+    let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    assert!(
+        all.contains("cannot resolve `llm.trellis-test.invalid`: no network, or a wrong base URL"),
+        "{all}"
+    );
+    assert!(all.contains("OPENAI_BASE_URL"), "{all}");
+    assert!(!all.contains("ErrorCode") && !all.contains("Payload"), "{all}");
+}
+
+#[test]
+fn an_unknown_step_or_input_is_refused_naming_what_there_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path();
+    workspace(ws, json!({}), json!({"llm": {"provider": "replay", "model_id": "t"}}));
+    write_files(ws, &[("cassettes/t.json", r#"{"interactions": []}"#)]);
+    refused(
+        ws,
+        &["--step", "nosuch"],
+        &[],
+        &["no step \"nosuch\" in the plan; its steps are: ask, answer"],
+    );
+    refused(
+        ws,
+        &["--input", "mod=typo"],
+        &[],
+        &["--input mod: no human_input step of the plan asks for it (it asks for: mood)"],
+    );
+}
+
+#[test]
+fn a_file_given_for_the_workspace_folder_names_its_workspace() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    workspace(&ws, json!({}), json!({}));
+    let before = support::tree_digest(&ws);
+    let plan = ws.join("planning/plan.json");
+    let plan = plan.to_str().unwrap();
+    let expected = format!(
+        "{plan}: expected the workspace folder, got a file: did you mean {}?",
+        ws.display()
+    );
+    for args in [
+        vec!["run", plan],
+        vec!["validate", plan],
+        vec!["check", plan, "--step", "answer"],
+        vec!["script", plan, "--step", "answer"],
+        vec!["migrate", plan],
+        vec!["runs", "list", plan],
+        vec!["runs", "show", plan, "answer"],
+    ] {
+        let out = trellis(&args);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains(&expected), "{args:?}: {stderr}");
+    }
+    assert_eq!(support::tree_digest(&ws), before);
+
+    // A folder that is not a workspace, and one that does not exist.
+    let out = trellis(&["runs", "list", dir.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("not a workspace (no planning/plan.json)"),
+        "{}",
+        text(&out.stderr)
+    );
+    let missing = dir.path().join("nonexistent");
+    let missing = missing.to_str().unwrap();
+    let out = trellis(&["tool", "call", "workspace:list_dir", "--root", missing]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains(&format!("--root {missing}: the folder does not exist")),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn log_lines_carry_no_colour_codes_off_a_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    workspace(dir.path(), json!({}), json!({}));
+    // -v logs at debug level; stderr is a pipe here.
+    let out = trellis(&["-v", "plugins", "list"]);
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("DEBUG"), "{stderr}");
+    assert!(!stderr.contains('\u{1b}'), "{stderr}");
+}
