@@ -256,3 +256,122 @@ fn log_lines_carry_no_colour_codes_off_a_terminal() {
     assert!(stderr.contains("DEBUG"), "{stderr}");
     assert!(!stderr.contains('\u{1b}'), "{stderr}");
 }
+
+/// A workspace at `root` whose one step runs a foreach of `sql` with `message` over the
+/// table `t (x)` of its seed, after the steps `before` (plan.json step objects).
+fn foreach_workspace(root: &Path, before: &[Value], sql: &str, message: &str) {
+    let mut steps = before.to_vec();
+    steps.push(json!({"id": "each", "type": "message_sequence", "title": "Each",
+        "description": "One turn a row.",
+        "items": [{"id": "rows", "type": "foreach", "source_sql": sql, "message": message}]}));
+    write_files(
+        root,
+        &[
+            (
+                "planning/plan.json",
+                json!({"objective": "t", "steps": steps}).to_string(),
+            ),
+            ("workflow.json", json!({}).to_string()),
+            ("runs/iteration-0/old.txt", "from before".to_string()),
+            ("db/seed.sql", "CREATE TABLE t (x INTEGER);".to_string()),
+        ],
+    );
+}
+
+fn validate(root: &Path) -> (Option<i32>, String) {
+    let out = trellis(&["validate", root.to_str().unwrap()]);
+    (out.status.code(), text(&out.stdout))
+}
+
+#[test]
+fn validate_parses_foreach_templates_and_prepares_their_queries() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path();
+    let at = "planning/plan.json: steps[0].items[0]";
+    foreach_workspace(ws, &[], "SELECT x FROM t", "Row {{.x} and more");
+    let (code, stdout) = validate(ws);
+    assert_eq!(code, Some(1), "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "{at}.message (step \"each\"): not a valid Go template: a `{{{{` is not closed"
+        )),
+        "{stdout}"
+    );
+    // A field the query does not return renders empty: a warning.
+    foreach_workspace(ws, &[], "SELECT x FROM t", "Row {{.x}}: {{.y}}");
+    let (code, stdout) = validate(ws);
+    assert_eq!(code, Some(0), "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "{at}.message (step \"each\"): names .y, which is not a column of the query \
+             (columns: x)"
+        )),
+        "{stdout}"
+    );
+    assert!(stdout.contains("0 errors, 1 warning"), "{stdout}");
+    // A missing table or column, checked against the database the seed makes.
+    for sql in ["SELECT x FROM missing", "SELECT nope FROM t"] {
+        foreach_workspace(ws, &[], sql, "Row {{.x}}");
+        let (code, stdout) = validate(ws);
+        assert_eq!(code, Some(1), "{stdout}");
+        assert!(
+            stdout.contains(&format!("{at}.source_sql (step \"each\"): cannot be prepared")),
+            "{stdout}"
+        );
+    }
+    // ... and against db/db.sqlite when there is one.
+    support::workspace::create_db(ws, "CREATE TABLE missing (x INTEGER);");
+    let (code, stdout) = validate(ws);
+    assert_eq!(code, Some(1), "{stdout}");
+    foreach_workspace(ws, &[], "SELECT x FROM missing", "Row {{.x}}");
+    let (code, stdout) = validate(ws);
+    assert_eq!(code, Some(0), "{stdout}");
+    std::fs::remove_file(ws.join("db/db.sqlite")).unwrap();
+    // A scripted step before it may create the table: a warning only.
+    let script = json!({"id": "load", "type": "regular", "title": "Load",
+                        "description": "Load rows."});
+    foreach_workspace(ws, &[script], "SELECT x FROM missing", "Row {{.x}}");
+    write_files(
+        ws,
+        &[(
+            "planning/step_config.json",
+            json!({"steps": [{"id": "load", "agent_configs":
+                {"declared_execution_mode": "scripted"}}]})
+            .to_string(),
+        )],
+    );
+    let (code, stdout) = validate(ws);
+    assert_eq!(code, Some(0), "{stdout}");
+    assert!(
+        stdout.contains("planning/plan.json: steps[1].items[0].source_sql (step \"each\")")
+            && stdout.contains("an earlier step may create what it needs"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn a_bad_template_or_query_is_refused_before_the_run_folder_rotates() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path();
+    for (sql, message, expected) in [
+        (
+            "SELECT x FROM t",
+            "Row {{.x",
+            "steps[0].items[0].message (step \"each\"): not a valid Go template",
+        ),
+        (
+            "SELECT x FROM missing",
+            "Row {{.x}}",
+            "steps[0].items[0].source_sql (step \"each\"): cannot be prepared",
+        ),
+    ] {
+        foreach_workspace(ws, &[], sql, message);
+        write_files(ws, &[("cassettes/t.json", r#"{"interactions": []}"#)]);
+        let before = support::tree_digest(ws);
+        let out = trellis(&["run", ws.to_str().unwrap(), "--llm", "replay:t"]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains(expected), "{stderr}");
+        assert_eq!(support::tree_digest(ws), before, "{message}: files changed");
+    }
+}

@@ -177,6 +177,13 @@ pub(super) fn preflight<'w>(
         };
         check_step_models(&unit_ws, opts, &env.llm)?;
     }
+    // Foreach queries that cannot run on the database (or the one the seed makes) when no
+    // earlier step could change it.
+    let queries = trellis_workflow::foreach_sql::check_foreach_queries(ws);
+    if queries.has_errors() {
+        let errors: Vec<String> = queries.errors().map(|d| d.to_string()).collect();
+        bail!("{}", errors.join("\n"));
+    }
     // The database, or the seed it is made from, must be a regular file reached without a
     // link: refused here rather than half-way through setting the run up.
     for path in [DB_FILE, SEED_SQL] {
