@@ -71,3 +71,22 @@ const PLAN_FILE: &str = "planning/plan.json";
 fn plural(n: usize) -> &'static str {
     if n == 1 { "" } else { "s" }
 }
+
+/// The operator's approvals: the defaults, the user config file, then `--allow-key
+/// VAR=ORIGIN` and `--allow-host HOST`.
+fn approvals(
+    allow_keys: &[String],
+    allow_hosts: &[String],
+) -> Result<trellis_sandbox::llm::KeyApprovals> {
+    let mut approvals = trellis_sandbox::llm::KeyApprovals::defaults();
+    if let Some(config) = trellis_sandbox::llm::KeyApprovals::user_config_path() {
+        approvals.load_config(&config)?;
+    }
+    for spec in allow_keys {
+        approvals.allow_spec(spec)?;
+    }
+    for host in allow_hosts {
+        approvals.allow_host(host)?;
+    }
+    Ok(approvals)
+}

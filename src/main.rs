@@ -53,13 +53,18 @@ enum Command {
     /// Run a step's script in its sandbox, outside a workflow run.
     ///
     /// Runs `code/<step>/main.wasm` (any wasi:cli command component) if it exists, else
-    /// `code/<step>/main.py` in the bundled Python runner, with working directory
-    /// `code/<step>/` (read-only), the step's folder grants, STEP_OUTPUT_DIR,
-    /// STEP_EXECUTION_DIR, DB_PATH and VAR_<NAME> for workflow variables, no network.
-    /// Python scripts reach the database with `import trellis_db`. Its stdout and stderr
-    /// are printed and written to `runs/<run>/logs/<step>/script-stdout.txt` and
-    /// `script-stderr.txt`, with `script-result.json` beside them. Exit status 1 when the
-    /// script fails (non-zero exit, exception, timeout, memory limit).
+    /// `code/<step>/main.py` (else `learnings/<step>/main.py`) in the bundled Python
+    /// runner, with working directory `code/<step>/` (read-only), the step's folder
+    /// grants, STEP_OUTPUT_DIR, STEP_EXECUTION_DIR, DB_PATH, VAR_<NAME> for workflow
+    /// variables, a placeholder SECRET_<NAME> for each such variable of the environment,
+    /// and the step's context_dependencies as arguments. HTTP(S) only to the hosts of the
+    /// step's allowed_hosts (loopback and private ones with --allow-host; a secret goes
+    /// only where --allow-key SECRET_<NAME>=ORIGIN approves it). Python scripts reach the
+    /// database with `import sqlite3` or `import trellis_db`, the network with
+    /// `import trellis_http`. Its stdout and stderr are printed and written to
+    /// `runs/<run>/logs/<step>/script-stdout.txt` and `script-stderr.txt`, with
+    /// `script-result.json` beside them. Exit status 1 when the script fails (non-zero
+    /// exit, exception, timeout, memory limit).
     ///
     /// Example:
     ///   trellis script WS --step fetch-tickets --timeout 30 --var region=emea
@@ -106,8 +111,10 @@ enum Command {
     ///
     /// A scripted step (`declared_execution_mode: "scripted"`) runs `code/<step>/main.py`
     /// (or `main.wasm`) in its sandbox first: when the script succeeds and its outputs pass
-    /// the step's gate, no model is called. A failure goes to the step's model for a
-    /// repair of the script (up to three, not with `lock_code`), then the script runs again.
+    /// the step's gate, no model is called (a non-zero exit whose outputs pass counts as a
+    /// success). A failure goes to the step's model for a repair of the script (up to
+    /// three), then the script runs again; with `lock_code` the step runs agentically
+    /// instead. A scripted step with no script yet first gets a turn that writes it.
     ///
     /// On a terminal a status line shows the step, item, turn, tool calls and tokens as
     /// they go; otherwise one line per item, turn, LLM call, tool call and gate.

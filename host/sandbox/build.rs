@@ -7,7 +7,7 @@
 //! and an optimized guest keeps calls fast in every host profile.
 //!
 //! It also builds the Python script runner (`plugins/runners/python`, world
-//! `script-runner` of `wit/trellis-plugin@0.1.0/script.wit`) with componentize-py, which it
+//! `script-runner` of `wit/trellis-plugin@0.2.0/script.wit`) with componentize-py, which it
 //! installs at a pinned version into a virtual environment of its own
 //! (`<target>/python-tools/venv`); see [`python_runner`].
 
@@ -25,8 +25,8 @@ const BUNDLED: &[&str] = &["workspace", "csv_validator", "openai", "replay"];
 /// The componentize-py release the Python script runner is built with.
 const COMPONENTIZE_PY_VERSION: &str = "0.25.1";
 /// The WIT package the Python script runner is built against (with its WASI WIT in `deps/`).
-const WIT_PACKAGE: &str = "wit/trellis-plugin@0.1.0";
-/// The world the Python script runner implements (`wit/trellis-plugin@0.1.0/script.wit`).
+const WIT_PACKAGE: &str = "wit/trellis-plugin@0.2.0";
+/// The world the Python script runner implements (`wit/trellis-plugin@0.2.0/script.wit`).
 const SCRIPT_WORLD: &str = "script-runner";
 /// The runner's Python module that implements the world.
 const RUNNER_APP: &str = "trellis_runner";

@@ -39,14 +39,12 @@ pub async fn run(engine: &Engine, args: &CheckArgs) -> Result<ExitCode> {
             ids.join(", ")
         )
     })?;
-    let schema = step
-        .validation_schema
-        .clone()
-        .or_else(|| {
-            ws.step_configs
-                .get(step_id)
-                .and_then(|c| c.validation_schema.clone())
-        })
+    // The step config's schema wins over the plan's, as in a run.
+    let schema = ws
+        .step_configs
+        .get(step_id)
+        .and_then(|c| c.validation_schema.clone())
+        .or_else(|| step.validation_schema.clone())
         .unwrap_or_default();
     let output_dir = ws.step_output_dir(step_id);
     let validators = PluginValidators::new(&registry, Limits::default());

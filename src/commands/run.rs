@@ -25,6 +25,14 @@ pub struct RunArgs {
     /// Run only this step, in the existing run folder (with groups, give --group too).
     #[arg(long, value_name = "ID")]
     step: Option<String>,
+    /// Resume from this step in the existing run folder: it and every later step start
+    /// with empty output folders, then the run goes on as usual.
+    #[arg(long, value_name = "ID", conflicts_with = "step")]
+    from: Option<String>,
+    /// Pre-select the route of a routing step (repeatable): written to its
+    /// `route_selection.json` once its output folder is emptied.
+    #[arg(long = "route", value_name = "STEP=ROUTE")]
+    routes: Vec<String>,
     /// Run only this group of workflow.json (its id or display name), in
     /// `runs/iteration-0/<group>`, without rotating `iteration-0`.
     #[arg(long, value_name = "GROUP")]
@@ -42,6 +50,10 @@ pub struct RunArgs {
     /// $XDG_CONFIG_HOME/trellis/config.toml (else ~/.config/trellis/config.toml).
     #[arg(long = "allow-key", value_name = "VAR=ORIGIN")]
     allow_keys: Vec<String>,
+    /// Let step scripts reach HOST (listed in their step's allowed_hosts) although it is,
+    /// or resolves to, a loopback or private address (repeatable).
+    #[arg(long = "allow-host", value_name = "HOST")]
+    allow_hosts: Vec<String>,
     /// The answer of a human_input step, by its variable_name (repeatable).
     #[arg(long = "input", value_name = "NAME=VALUE")]
     inputs: Vec<String>,
@@ -60,9 +72,17 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
     let root = args.workspace.as_path();
     let mut opts = RunOptions {
         step: args.step,
+        from: args.from,
         group: args.group,
         ..RunOptions::default()
     };
+    for route in &args.routes {
+        let (step, id) = route
+            .split_once('=')
+            .with_context(|| format!("--route {route:?}: expected STEP=ROUTE"))?;
+        opts.route_selections
+            .insert(step.to_string(), id.to_string());
+    }
     for input in &args.inputs {
         let (name, value) = input
             .split_once('=')
@@ -70,13 +90,7 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
         opts.inputs.insert(name.to_string(), value.to_string());
     }
     let override_llm = args.llm.as_deref().map(parse_llm_spec).transpose()?;
-    let mut approvals = trellis_sandbox::llm::KeyApprovals::defaults();
-    if let Some(config) = trellis_sandbox::llm::KeyApprovals::user_config_path() {
-        approvals.load_config(&config)?;
-    }
-    for spec in &args.allow_keys {
-        approvals.allow_spec(spec)?;
-    }
+    let approvals = super::approvals(&args.allow_keys, &args.allow_hosts)?;
     let mut llm = LlmSetup::new(override_llm.clone()).with_approvals(approvals);
     if let Some(file) = &args.record {
         anyhow::ensure!(

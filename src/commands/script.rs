@@ -36,6 +36,14 @@ pub struct ScriptArgs {
     /// Memory limit, in MiB.
     #[arg(long, value_name = "MIB", default_value_t = 512)]
     memory: usize,
+    /// Let the secret in environment variable VAR (SECRET_<NAME>) go to ORIGIN
+    /// (`scheme://host[:port]`) in the script's request headers (repeatable).
+    #[arg(long = "allow-key", value_name = "VAR=ORIGIN")]
+    allow_keys: Vec<String>,
+    /// Let the script reach HOST (listed in its step's allowed_hosts) although it is, or
+    /// resolves to, a loopback or private address (repeatable).
+    #[arg(long = "allow-host", value_name = "HOST")]
+    allow_hosts: Vec<String>,
 }
 
 /// Runs the script, replays its stdout and stderr, and prints one line saying how it
@@ -48,6 +56,7 @@ pub async fn run(engine: &Engine, args: ScriptArgs) -> Result<ExitCode> {
     );
     let mut options = ScriptOptions {
         group: args.group,
+        approvals: std::sync::Arc::new(super::approvals(&args.allow_keys, &args.allow_hosts)?),
         ..ScriptOptions::default()
     };
     options.limits.timeout = Duration::from_secs_f64(args.timeout);

@@ -589,7 +589,15 @@ fn a_guest_planted_agents_link_is_not_followed_by_a_sub_agent_call() {
         !sent.contains("outside-secret"),
         "an outside session was sent to the model"
     );
-    assert!(sent.contains(LINK), "the refusal reached the agent: {sent}");
+    // A single-step run empties the step's output folder first: the planted link is
+    // removed as a link (never followed), so the guest's move finds nothing to move.
+    assert!(
+        sent.contains("runs/iteration-0/execution/desk/planted` does not exist"),
+        "the link was gone before the agent ran: {sent}"
+    );
+    assert!(
+        std::fs::symlink_metadata(w.ws.join("runs/iteration-0/execution/desk/planted")).is_err()
+    );
 }
 
 /// Links are refused inside a workspace, not above it: a workspace folder reached through a

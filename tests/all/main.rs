@@ -5,6 +5,7 @@
 mod support;
 
 mod cli;
+mod compat_plans;
 mod db_fences;
 mod docs_examples;
 mod host_files;
@@ -16,6 +17,7 @@ mod run_cli;
 mod runtime;
 mod sandbox;
 mod scenarios;
+mod script_net;
 mod scripted_steps;
 mod scripts;
 mod sequence_driver;

@@ -25,7 +25,7 @@ use trellis_runner::driver::{
 };
 use trellis_runner::events::{Observer, RunEvent};
 use trellis_runner::grants::AgentFolders;
-use trellis_runner::routes::{CallResult, call_opening};
+use trellis_runner::routes::{CallResult, call_opening, call_preamble};
 use trellis_runner::session::Status;
 use trellis_sandbox::PluginRegistry;
 use trellis_sandbox::llm::{Cassette, Usage};
@@ -214,7 +214,12 @@ async fn a_route_called_twice_keeps_its_conversation_in_fresh_call_folders() {
 
         // The sub-agent: its system prompt names this call's folder; its conversation goes on.
         refunds.system(sub_agent_system_prompt(&ws, "s1", &["refunds"], &call_id).unwrap());
-        refunds.user(&call_opening(&call_id, order, TASK));
+        // A later call goes on with the new instructions alone.
+        if n == 1 {
+            refunds.user(&call_opening(&call_id, order, TASK));
+        } else {
+            refunds.user(&call_preamble(&call_id, order));
+        }
         let args = json!({"path": format!("{}/decision.json", call_folder("refunds", &call_id)),
             "content": format!("{{\"order\": {n}, \"refund\": true}}")});
         let cid = format!("c{n}");
@@ -298,7 +303,7 @@ async fn a_route_called_twice_keeps_its_conversation_in_fresh_call_folders() {
         .iter()
         .map(|e| e["entry_id"].as_str().unwrap())
         .collect();
-    assert_eq!(entries, ["call-0001/task", "call-0002/task"]);
+    assert_eq!(entries, ["call-0001/task", "call-0002/follow-up"]);
     // The child's turn logs sit under the parent's, by route.
     let logs = dir.path().join("runs/iteration-0/logs/s1/agents/refunds");
     for turn in 1..=2 {

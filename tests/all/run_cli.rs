@@ -196,17 +196,26 @@ fn routing_takes_the_route_of_route_selection_else_the_default() {
         stdout.contains("route a (from default_route_id) -> left"),
         "{stdout}"
     );
+    // The answer file of the original: step-N.json (N the step's position in steps).
     let answer = read_json(
         &dir.path()
-            .join("runs/iteration-0/execution/left/human_input.json"),
+            .join("runs/iteration-0/execution/left/step-2.json"),
     );
-    assert_eq!(answer["answer"], "L");
+    assert_eq!(answer["response"], "L");
+    assert_eq!(answer["next_step_id"], "end");
     assert!(!dir.path().join("runs/iteration-0/execution/right").exists());
 
+    // A single-step run empties the step's folder, then writes the pre-selected route.
     let own = dir.path().join("runs/iteration-0/execution/pick");
     std::fs::create_dir_all(&own).unwrap();
-    std::fs::write(own.join("route_selection.json"), r#"{"select_route": "b"}"#).unwrap();
-    let out = trellis(&[&["run", root, "--step", "pick"][..], &inputs].concat());
+    std::fs::write(own.join("route_selection.json"), r#"{"select_route": "a"}"#).unwrap();
+    let out = trellis(
+        &[
+            &["run", root, "--step", "pick", "--route", "pick=b"][..],
+            &inputs,
+        ]
+        .concat(),
+    );
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
     assert!(
@@ -214,12 +223,13 @@ fn routing_takes_the_route_of_route_selection_else_the_default() {
         "{stdout}"
     );
 
-    std::fs::write(
-        own.join("route_selection.json"),
-        r#"{"select_route": "zzz"}"#,
-    )
-    .unwrap();
-    let out = trellis(&[&["run", root, "--step", "pick"][..], &inputs].concat());
+    let out = trellis(
+        &[
+            &["run", root, "--step", "pick", "--route", "pick=zzz"][..],
+            &inputs,
+        ]
+        .concat(),
+    );
     assert!(!out.status.success());
     assert!(
         text(&out.stderr).contains("\"zzz\""),

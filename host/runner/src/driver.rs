@@ -1,5 +1,7 @@
 //! The agent loop of one step (spec sections 4, 8 and 10): runs the items of a
-//! `message_sequence` (or the single turn of a `regular`) step of a loaded [`Workspace`].
+//! `message_sequence` (or the single turn of a `regular` step, or of a `todo_task`
+//! orchestrator) of a loaded [`Workspace`]. An agent step that ran no turn completes with a
+//! concern saying so, never as a plain success.
 //!
 //! Here: [`StepRunner`] and its builder, `run_step` (set-up, the items in order, the
 //! automatic final gate, the final summary), the per-agent `Run` state, item entries in
@@ -13,8 +15,11 @@
 //!   `<output>/tool-results/<call-id>.json`);
 //! - `gate`: validation gates and their repair turns;
 //! - `sub_agents`: `call_sub_agent`, a route's sub-agent run as a child agent with its own
-//!   conversation per route and a fresh call folder per call ([`crate::routes`]);
-//!   it talks to the models its [`ModelResolver`] names for it, else to its parent's;
+//!   conversation per route and a fresh call folder per call ([`crate::routes`]): a
+//!   `message_sequence` or `regular` step (inline or an orphan step), a scripted regular
+//!   step running its script in the call folder; a later call continues the conversation
+//!   with the new instructions alone. It talks to the models its [`ModelResolver`] names
+//!   for it, else to its parent's;
 //! - `scripted_step`: the script / gate / repair loop of a scripted step;
 //! - `reflection`: the closing `<step-id>-reflection` turn, writing only the stores due;
 //! - `prompts`: every text the runner sends to the model.
@@ -64,6 +69,8 @@ pub const FINAL_GATE_ID: &str = "__automatic_final_validation__";
 pub const OFFLOAD_THRESHOLD: usize = 16 * 1024;
 /// The summary of a gate entry skipped because of `disable_validation`.
 pub const GATE_SKIPPED_SUMMARY: &str = "validation disabled by disable_validation";
+/// The concern of an agentic step that completed without running a single agent turn.
+pub const NO_TURN_CONCERN: &str = "the step ran no agent turn";
 /// The session item type of the reflection turn.
 pub const REFLECTION_ITEM_TYPE: &str = "reflection";
 
@@ -178,6 +185,9 @@ struct Run<'w> {
     concerns: Vec<String>,
     final_text: Option<String>,
     turns: u64,
+    /// Whether a `STATUS: FAILED` line in the next reply ends the step (not in a foreach
+    /// row or a gate's repair turn).
+    status_marker_ends: bool,
 }
 
 impl<'w> Run<'w> {
@@ -386,6 +396,7 @@ impl<'a> StepRunner<'a> {
             concerns: Vec::new(),
             final_text: None,
             turns: 0,
+            status_marker_ends: true,
         };
         let step_grant =
             grant_for_access_in(&run.ctx(), TurnAccess::for_step(&run.configs), &run.folders)?;
@@ -404,6 +415,15 @@ impl<'a> StepRunner<'a> {
             && let Some(due) = reflection_due(&run.configs)
         {
             result = self.reflection(&mut run, due).await;
+        }
+        // An agentic step that ran no turn (a foreach over no rows, say) is never a plain
+        // success: it completes with a concern saying so.
+        if result.is_ok() && !scripted && run.turns == 0 {
+            let note = format!(
+                "{NO_TURN_CONCERN} (step {step_id:?}: no user message was sent to the agent)"
+            );
+            tracing::warn!("{note}");
+            run.concerns.push(note);
         }
         let (status, error) = match result {
             Ok(()) => (Status::Completed, None),
@@ -558,7 +578,10 @@ impl<'a> StepRunner<'a> {
                         return Err(TurnEnd::Stopped);
                     }
                     let text = tpl.render(i + 1, row).map_err(failed)?;
-                    self.turn(run, &item.id, i as u32 + 1, text, &grant).await?;
+                    run.status_marker_ends = false;
+                    let turn = self.turn(run, &item.id, i as u32 + 1, text, &grant).await;
+                    run.status_marker_ends = true;
+                    turn?;
                 }
             }
             ItemBody::Prevalidation { .. } => {

@@ -261,6 +261,11 @@ impl LlmSetup {
         self
     }
 
+    /// The operator's approvals (keys, secrets and hosts).
+    pub fn approvals(&self) -> Arc<KeyApprovals> {
+        self.approvals.clone()
+    }
+
     /// Records every answered call into `recorder`.
     pub fn with_recorder(mut self, recorder: Arc<Recorder>) -> Self {
         self.recorder = Some(recorder);
@@ -489,7 +494,8 @@ pub fn check_models<'w>(
 /// The own models of the sub-agent steps of `step`'s routes, nested routes included.
 fn check_route_models(ws: &Workspace, step: &Step, llm: &LlmSetup, problems: &mut Vec<String>) {
     for route in step.predefined_routes() {
-        if let Err(e) = llm.own_step_llm(ws, &route.route_id) {
+        // The sub-agent step's own id: an orphan step a route names keeps its config.
+        if let Err(e) = llm.own_step_llm(ws, &route.sub_agent_step.id) {
             problems.push(format!(
                 "route {:?} of step {:?} (its sub-agent step): {e:#}",
                 route.route_id, step.id

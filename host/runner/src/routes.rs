@@ -269,6 +269,7 @@ mod tests {
                     predefined_routes: Vec::new(),
                 }),
             }),
+            orphan_step_ref: None,
         }
     }
 

@@ -135,7 +135,8 @@ fn listing(fs: &WorkspaceFs, run_dir: &Path, run_folder: String) -> Result<RunLi
     let exec = run_dir.join("execution");
     let mut steps = Vec::new();
     for step in dir_names(fs, &exec)? {
-        if step == "Downloads" {
+        // Not steps: the shared downloads, and the outputs a loop's jumps moved away.
+        if step == "Downloads" || step == crate::workflow_run::ARCHIVED_DIR {
             continue;
         }
         let (status, completed_at, _) = step_state(fs, &exec.join(&step))?;

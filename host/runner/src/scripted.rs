@@ -13,6 +13,10 @@ use trellis_sandbox::script::{ScriptKind, ScriptOutcome};
 
 /// The item type of a script run in `session.json`.
 pub const SCRIPT_ITEM_TYPE: &str = "script";
+/// The item id of the turn that writes a missing script.
+pub const WRITE_ITEM_ID: &str = "script-write";
+/// The item id of the entry saying a locked script's step runs agentically.
+pub const FALLBACK_ITEM_ID: &str = "script-agentic-fallback";
 /// Repairs a failing script gets before the step fails.
 pub const MAX_SCRIPT_REPAIRS: u32 = 3;
 /// Largest script source put into a repair message, in bytes; longer ones are named, and
@@ -81,6 +85,41 @@ pub fn repair_message(
          runs again after your reply and its outputs are checked. Reply briefly with what you \
          changed, or with `STATUS: FAILED <reason>` if it cannot be fixed."
     ));
+    text
+}
+
+/// The message of the turn that writes a scripted step's missing script.
+pub fn write_message(
+    step_id: &str,
+    description: &str,
+    outputs: &[String],
+    dependencies: &[String],
+) -> String {
+    let script = format!("code/{step_id}/main.py");
+    let mut text = format!(
+        "Step {step_id} is a scripted step and has no script yet. Write {script}: a \
+         deterministic Python script that does the step:\n\n{description}\n\n"
+    );
+    if !outputs.is_empty() {
+        text.push_str(&format!(
+            "It must write {} into its output folder (the environment variable \
+             STEP_OUTPUT_DIR).\n",
+            outputs.join(", ")
+        ));
+    }
+    if !dependencies.is_empty() {
+        text.push_str(&format!(
+            "Its inputs are passed as arguments (sys.argv[1:]): {}.\n",
+            dependencies.join(", ")
+        ));
+    }
+    text.push_str(
+        "The database is reached with `import sqlite3; sqlite3.connect(os.environ[\"DB_PATH\"])` \
+         or `import trellis_db`; HTTP(S), to the step's allowed_hosts only, with \
+         `import trellis_http`. Write only the script with your tools (its folder is writable \
+         during this turn only); it runs after your reply and its outputs are checked. Reply \
+         briefly with what it does.",
+    );
     text
 }
 

@@ -8,7 +8,18 @@
 //!   which is its working directory. Nothing else exists: not `/etc`, not `planning/`.
 //! - **Environment**: `STEP_OUTPUT_DIR`, `STEP_EXECUTION_DIR`, `DB_PATH` (when the workspace
 //!   has a `db/` folder) and `VAR_<NAME>` for each workflow variable, as guest paths and
-//!   values; nothing from the host's environment.
+//!   values; nothing from the host's environment. Each `SECRET_<NAME>` of the operator's
+//!   environment is there too, holding a placeholder the host replaces by the secret in
+//!   request headers for the origins the operator approved for it (`--allow-key
+//!   SECRET_<NAME>=ORIGIN`): the script never holds it.
+//! - **Arguments**: the script's file name (`main.py` or `main.wasm`), then the step's
+//!   `context_dependencies` in plan order, as the guest paths the script opens them at
+//!   (`/knowledge/x.md`), workflow variables substituted.
+//! - **Network**: the hosts of the step's `agent_configs.allowed_hosts` only, through the
+//!   provider gate ([`ScriptNet`]); no host listed, no network.
+//! - **Where the script is**: `code/<step-id>/`; a step whose script is still where the
+//!   original keeps them, `learnings/<step-id>/main.py`, runs it there (read-only, its
+//!   working directory) with a warning naming the move.
 //! - **Database**: through the `workflow-db` interface (Python: the `trellis_db` module),
 //!   read-only unless the step may modify the database.
 //!
@@ -17,20 +28,24 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
 use trellis_sandbox::capabilities::{FsLimits, Limits};
+use trellis_sandbox::llm::{HostRule, KeyApprovals, ScriptNet, Secret, secret_placeholder};
 use trellis_sandbox::script::{
     ScriptFile, ScriptInvocation, ScriptOutcome, ScriptRunner, find_script, write_logs,
 };
 use trellis_sandbox::store;
 use trellis_workflow::Workspace;
 
-use crate::grants::{DB_FILE, TurnAccess, TurnContext, grant_for_access};
+use crate::grants::{
+    AgentFolders, DB_FILE, TurnAccess, TurnContext, grant_for_access, grant_for_access_in,
+};
 
 /// How to run a step's script.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct ScriptOptions {
     /// Memory, deadline and output caps. `stdio_bytes` caps stdout and stderr each;
     /// `output_bytes` is not used (a script returns no result).
@@ -46,6 +61,12 @@ pub struct ScriptOptions {
     pub variables: BTreeMap<String, String>,
     /// Write stdout, stderr and the result record into the step's logs folder.
     pub write_logs: bool,
+    /// The operator's approvals: which origins receive which `SECRET_<NAME>`, which hosts
+    /// may be loopback or private. None by default.
+    pub approvals: Arc<KeyApprovals>,
+    /// The folders the script writes to instead of the step's own output folder: a route's
+    /// call folder when a regular sub-agent step is scripted (its `STEP_OUTPUT_DIR`).
+    pub folders: Option<AgentFolders>,
 }
 
 impl ScriptOptions {
@@ -68,6 +89,8 @@ impl Default for ScriptOptions {
             group: None,
             variables: BTreeMap::new(),
             write_logs: true,
+            approvals: Arc::new(KeyApprovals::none()),
+            folders: None,
         }
     }
 }
@@ -113,7 +136,7 @@ fn prepare(
 ) -> Result<(ScriptInvocation, PathBuf)> {
     let step = ws
         .plan
-        .step(step_id)
+        .find_step(step_id)
         .ok_or_else(|| anyhow!("planning/plan.json has no step {step_id:?}"))?;
     let run_folder = ws.run_folder.as_deref().unwrap_or("iteration-0");
     let configs = ws.agent_configs(step_id);
@@ -127,22 +150,30 @@ fn prepare(
         configs: &configs,
     };
     // Checks the step id and the run folder (single components, inside the workspace).
-    let turn = grant_for_access(&ctx, access)?;
+    let turn = match &options.folders {
+        Some(folders) => grant_for_access_in(&ctx, access, folders)?,
+        None => grant_for_access(&ctx, access)?,
+    };
 
     let ScriptFile {
         kind,
         path: script,
         code_dir: code_host,
+        dir: code_rel,
+        warning,
     } = find_script(&ws.fs, step_id)?;
-    let code_rel = format!("code/{step_id}");
+    if let Some(warning) = &warning {
+        tracing::warn!("{warning}");
+    }
     let cwd = format!("/{code_rel}");
     let grant = turn.grant.clone().read(code_host.clone(), &cwd)?;
     let execution = format!("/runs/{}/execution", run_folder.trim_matches('/'));
+    let output = match &options.folders {
+        Some(folders) => format!("/{}", folders.output.trim_matches('/')),
+        None => format!("{execution}/{step_id}"),
+    };
     let mut env = vec![
-        (
-            "STEP_OUTPUT_DIR".to_string(),
-            format!("{execution}/{step_id}"),
-        ),
+        ("STEP_OUTPUT_DIR".to_string(), output),
         ("STEP_EXECUTION_DIR".to_string(), execution),
     ];
     if grant.db().is_some() {
@@ -150,11 +181,46 @@ fn prepare(
     }
     let mut variables = ws.manifest.resolved_variables(options.group.as_deref());
     variables.extend(options.variables.clone());
+    let args: Vec<String> = step
+        .context_dependencies
+        .iter()
+        .flatten()
+        .map(|dep| {
+            let dep = substitute(dep, &variables);
+            format!("/{}", dep.trim_start_matches("./").trim_start_matches('/'))
+        })
+        .collect();
     env.extend(
         variables
             .into_iter()
             .map(|(name, value)| (variable_env_name(&name), value)),
     );
+    // The operator's secrets, as placeholders: the host puts the value in their place in
+    // request headers, for approved origins only.
+    let secrets: Vec<(String, Secret)> = std::env::vars()
+        .filter(|(name, value)| name.starts_with(SECRET_PREFIX) && !value.is_empty())
+        .map(|(name, value)| (name, Secret::new(value)))
+        .collect();
+    env.extend(
+        secrets
+            .iter()
+            .map(|(name, _)| (name.clone(), secret_placeholder(name))),
+    );
+    let hosts = configs
+        .allowed_hosts
+        .iter()
+        .flatten()
+        .map(|h| {
+            HostRule::parse(h).map_err(|e| {
+                anyhow!("planning/step_config.json: step {step_id:?}: allowed_hosts: {e}")
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let net = (!hosts.is_empty()).then(|| ScriptNet {
+        hosts,
+        approvals: options.approvals.clone(),
+        secrets,
+    });
     let log_dir = ws
         .root
         .join("runs")
@@ -173,8 +239,30 @@ fn prepare(
         env,
         cwd,
         code_host,
+        args,
+        net,
+        warning,
     };
     Ok((invocation, log_dir))
+}
+
+/// The prefix of the operator's environment variables a script sees as placeholders.
+pub const SECRET_PREFIX: &str = "SECRET_";
+
+/// `text` with each workflow variable's `{{name}}`, `${name}` and `{name}` replaced by its
+/// value.
+fn substitute(text: &str, variables: &BTreeMap<String, String>) -> String {
+    let mut out = text.to_string();
+    for (name, value) in variables {
+        for pattern in [
+            format!("{{{{{name}}}}}"),
+            format!("${{{name}}}"),
+            format!("{{{name}}}"),
+        ] {
+            out = out.replace(&pattern, value);
+        }
+    }
+    out
 }
 
 /// `VAR_<NAME>`: the name upper-cased, every character other than a letter, digit or `_`
@@ -196,6 +284,17 @@ fn variable_env_name(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dependencies_get_workflow_variables_substituted() {
+        let vars = BTreeMap::from([("region".to_string(), "emea".to_string())]);
+        assert_eq!(
+            substitute("knowledge/{region}.md", &vars),
+            "knowledge/emea.md"
+        );
+        assert_eq!(substitute("k/{{region}}/${region}", &vars), "k/emea/emea");
+        assert_eq!(substitute("k/{other}.md", &vars), "k/{other}.md");
+    }
 
     #[test]
     fn variable_names_become_env_names() {

@@ -1,8 +1,8 @@
 //! Running a whole workflow (spec sections 1 and 2): the steps of the plan in order,
 //! honouring `next_step_id` and `"end"`, in one run folder per run unit.
 //!
-//! `regular` and `message_sequence` steps run through [`StepRunner::run_step`], each with a
-//! runner of its own models ([`RunEnv::step_runner`], see [`llm_choice`]); `routing` steps
+//! `regular`, `message_sequence` and `todo_task` steps run through
+//! [`StepRunner::run_step`], each with a runner of its own models ([`RunEnv::step_runner`], see [`llm_choice`]); `routing` steps
 //! are deterministic switches; `human_input` steps take their answers from a map given up
 //! front (a missing answer, or a step needing a model it does not have, is an error before
 //! anything runs).
@@ -14,6 +14,14 @@
 //! group's) are part of every step's charter: a `Workflow variables` block appended to the
 //! step description, which is the system prompt's first part.
 //!
+//! Re-runs and loops, as the original: `--step` empties the step's output folder first,
+//! `--from` (and a `--group` run in the folder it keeps) that step's and every later
+//! step's, before routes given with `--route` are pre-seeded. Going back to a step that
+//! already ran is a jump, capped per (source, target) pair ([`MAX_JUMPS`],
+//! [`MAX_HUMAN_JUMPS`] from a human_input step; a routing step's same route at most
+//! [`MAX_SAME_ROUTE`] times), and each jump first moves the target's and every later step's
+//! outputs to `execution/archived/run-<n>/`.
+//!
 //! Prerequisites (spec section 3): with `enable_prerequisite_detection`, a final reply with a
 //! line `PREREQUISITE MISSING: <step-id or rule description>` that matches one of the step's
 //! `prerequisite_rules` sends the run back to the rule's `depends_on_step`, at most
@@ -24,7 +32,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Value, json};
 
 use crate::driver::{AgentModels, ModelResolver, StepOutcome, StepRunner};
@@ -51,18 +59,27 @@ mod routing;
 
 use preflight::preflight;
 pub use preflight::{check_inputs, check_step_models, needs_llm};
-use routing::check_prerequisite;
-pub use routing::{input_key, matching_rule, prerequisite_missing, select_route};
+pub use routing::{
+    HumanAnswer, answer_human_input, human_input_file, input_key, matching_rule,
+    prerequisite_missing, select_route,
+};
+use routing::{check_prerequisite, present};
 
 /// The file a routing step reads from its own output folder.
 pub const ROUTE_SELECTION_FILE: &str = "route_selection.json";
-/// The file a human_input step writes its answer to, in its output folder.
-pub const HUMAN_INPUT_FILE: &str = "human_input.json";
+/// The folder of `execution/` where a loop's jump archives the outputs it would overwrite.
+pub const ARCHIVED_DIR: &str = "archived";
+/// Jumps back allowed per (source step, target step) pair from an agent or routing step.
+pub const MAX_JUMPS: u32 = 5;
+/// Jumps back allowed per pair from a `human_input` step (a review loop with a person).
+pub const MAX_HUMAN_JUMPS: u32 = 25;
+/// How often a routing step may select the same route in one run unit.
+pub const MAX_SAME_ROUTE: u32 = 2;
 /// The SQL a workspace may ship instead of a binary `db/db.sqlite`.
 pub const SEED_SQL: &str = "db/seed.sql";
 /// The database of a workspace.
 pub const DB_FILE: &str = "db/db.sqlite";
-/// A bound on steps run in one run unit (a loop in `next_step_id` ends here).
+/// A bound on steps run in one run unit, behind the per-pair jump caps.
 pub const MAX_STEPS: usize = 1000;
 /// How often one step may send the run back to a prerequisite before it fails.
 pub const MAX_PREREQUISITE_RETURNS: u32 = 2;
@@ -78,6 +95,12 @@ pub struct RunOptions {
     pub group: Option<String>,
     /// Answers of `human_input` steps, by `variable_name` (or step id).
     pub inputs: BTreeMap<String, String>,
+    /// Routes pre-selected for routing steps (step id -> route id): written to the step's
+    /// `route_selection.json` once its output folder is emptied, before it runs.
+    pub route_selections: BTreeMap<String, String>,
+    /// Resume from this step in the existing `iteration-0`: it and every later step (in
+    /// plan order) start with empty output folders.
+    pub from: Option<String>,
 }
 
 /// What the steps of a run share: the plugins, the bounds of every call, the stop flag, the
@@ -402,7 +425,7 @@ pub async fn run_workflow(
     }
     let ws = open_workspace(root, None)?;
     let (groups, units) = preflight(env, root, &ws, opts)?;
-    let full = opts.step.is_none() && opts.group.is_none();
+    let full = opts.step.is_none() && opts.from.is_none() && opts.group.is_none();
     if seed_database(&ws.fs)? {
         progress(&format!("created {DB_FILE} from {SEED_SQL}"));
     }
@@ -463,12 +486,46 @@ async fn run_unit(
         run_dir: ws.run_dir(),
         steps: Vec::new(),
     };
-    let mut current = match &opts.step {
-        Some(s) => Some(s.clone()),
-        None => ws.plan.steps.first().map(|s| s.id.clone()),
+    apply_step_config_schemas(&mut ws);
+    let mut current = match (&opts.step, &opts.from) {
+        (Some(s), _) | (None, Some(s)) => Some(s.clone()),
+        (None, None) => ws.plan.steps.first().map(|s| s.id.clone()),
     };
+    // A single-step run empties that step's output folder, a resume (and a group's run in
+    // the folder it keeps) that step's and every later one's: a gate must never pass on a
+    // file an earlier run left. Pre-selected routes go in after.
+    if let Some(first) = &current {
+        let emptied: Vec<String> = if opts.step.is_some() {
+            vec![first.clone()]
+        } else if opts.from.is_some() || opts.group.is_some() {
+            steps_from(&ws, first)
+        } else {
+            Vec::new()
+        };
+        for id in emptied {
+            let dir = ws.step_output_dir(&id);
+            // A link there is refused, as everywhere a run writes (never removed or followed).
+            if ws.fs.kind(&dir)? == Some(Kind::Link) {
+                bail!("{}", link_error(&ws.fs.relative(&dir)?));
+            }
+            ws.fs
+                .remove_all(&dir)
+                .with_context(|| format!("emptying {} before the step runs", dir.display()))?;
+        }
+    }
+    for (step_id, route) in &opts.route_selections {
+        write_json(
+            &ws.fs,
+            &ws.step_output_dir(step_id).join(ROUTE_SELECTION_FILE),
+            &json!({"select_route": route}),
+        )?;
+    }
     let mut previous: Option<String> = None;
     let mut returns: BTreeMap<String, u32> = BTreeMap::new();
+    let mut visited: BTreeSet<String> = BTreeSet::new();
+    let mut jumps: BTreeMap<(String, String), u32> = BTreeMap::new();
+    let mut chosen: BTreeMap<(String, String), u32> = BTreeMap::new();
+    let mut archives = 0u32;
     while let Some(id) = current.take() {
         if id == "end" {
             break;
@@ -476,6 +533,50 @@ async fn run_unit(
         if unit.steps.len() >= MAX_STEPS {
             bail!("more than {MAX_STEPS} steps run: is there a loop in next_step_id?");
         }
+        // Going back to a step already run is a loop's jump: bounded per (source, target)
+        // pair, and the target's and every later step's outputs are archived first.
+        if let Some(from) = &previous
+            && visited.contains(&id)
+        {
+            let from_human = matches!(
+                ws.plan.step(from).map(|s| &s.kind),
+                Some(StepKind::HumanInput(_))
+            );
+            let cap = if from_human {
+                MAX_HUMAN_JUMPS
+            } else {
+                MAX_JUMPS
+            };
+            let count = jumps.entry((from.clone(), id.clone())).or_insert(0);
+            *count += 1;
+            if *count > cap {
+                bail!(
+                    "infinite loop: step {from:?} jumped back to step {id:?} more than {cap} times \
+                     (the cap for a jump from {} step)",
+                    if from_human {
+                        "a human_input"
+                    } else {
+                        "an agent or routing"
+                    }
+                );
+            }
+            // The next free number: a resume keeps the archives of the runs before it.
+            archives += 1;
+            while present(&ws.fs, &archive_dir(&ws, archives))
+                || ws.fs.is_dir(archive_dir(&ws, archives))
+            {
+                archives += 1;
+            }
+            let moved = archive_from(&ws, &id, archives)?;
+            // The archived steps start afresh: running them again in order is no jump.
+            let fresh = steps_from(&ws, &id);
+            visited.retain(|v| !fresh.contains(v));
+            progress(&format!(
+                "jump {from} -> {id} ({count} of {cap}): {} output folder(s) moved to execution/{ARCHIVED_DIR}/run-{archives}",
+                moved
+            ));
+        }
+        visited.insert(id.clone());
         let step = ws
             .plan
             .step(&id)
@@ -486,10 +587,11 @@ async fn run_unit(
         let (mut report, mut next) = match &step.kind {
             StepKind::MessageSequence(_) | StepKind::Regular | StepKind::TodoTask(_) => {
                 let mut runner = env.step_runner(&ws, &id)?;
-                if ws.agent_configs(&id).is_scripted() {
+                if has_scripted(&ws, step) {
                     let options = ScriptOptions {
                         group: group.map(|g| g.id.clone()),
                         variables: opts.inputs.clone(),
+                        approvals: env.llm.approvals(),
                         ..ScriptOptions::default()
                     };
                     runner = runner.with_scripts(env.scripts()?, options);
@@ -515,15 +617,34 @@ async fn run_unit(
             }
             StepKind::Routing(routing) => {
                 let (route, next, how) = select_route(&ws, step, routing, previous.as_deref())?;
+                let times = chosen.entry((id.clone(), route.clone())).or_insert(0);
+                *times += 1;
+                let (status, detail, next) = if *times > MAX_SAME_ROUTE {
+                    (
+                        Status::Failed,
+                        format!(
+                            "infinite loop: routing step {id:?} selected route {route:?} (-> {next}) \
+                             a {} time; a route may be taken at most {MAX_SAME_ROUTE} times in a run",
+                            ordinal(*times)
+                        ),
+                        None,
+                    )
+                } else {
+                    (
+                        Status::Completed,
+                        format!("route {route} (from {how}) -> {next}"),
+                        Some(next),
+                    )
+                };
                 let report = StepReport {
                     step_id: id.clone(),
                     step_type: step.type_name(),
-                    status: Status::Completed,
-                    detail: format!("route {route} (from {how}) -> {next}"),
+                    status,
+                    detail,
                     output_dir,
                     outcome: None,
                 };
-                (report, Some(next))
+                (report, next)
             }
             StepKind::HumanInput(h) => {
                 let key = input_key(step, h);
@@ -531,30 +652,29 @@ async fn run_unit(
                     .inputs
                     .get(key)
                     .with_context(|| format!("step {id:?}: no --input {key}=VALUE"))?;
+                let decided = answer_human_input(h, answer);
+                let next = decided.next.clone().or_else(|| default_next(&ws, step));
+                let file = human_input_file(&ws, step);
                 write_json(
                     &ws.fs,
-                    &output_dir.join(HUMAN_INPUT_FILE),
-                    &json!({"variable_name": key, "question": h.question, "answer": answer}),
+                    &output_dir.join(&file),
+                    &json!({
+                        "question": h.question,
+                        "response": decided.response,
+                        "response_type": h.response_type.map(|t| t.name()).unwrap_or("text"),
+                        "next_step_id": next,
+                    }),
                 )?;
-                let lower = answer.trim().to_ascii_lowercase();
-                let next = if matches!(lower.as_str(), "yes" | "y" | "true")
-                    && h.if_yes_next_step_id.is_some()
-                {
-                    h.if_yes_next_step_id.clone()
-                } else if matches!(lower.as_str(), "no" | "n" | "false")
-                    && h.if_no_next_step_id.is_some()
-                {
-                    h.if_no_next_step_id.clone()
-                } else if let Some(n) = h.option_routes.as_ref().and_then(|m| m.get(answer)) {
-                    Some(n.clone())
-                } else {
-                    default_next(&ws, step)
-                };
                 let report = StepReport {
                     step_id: id.clone(),
                     step_type: step.type_name(),
                     status: Status::Completed,
-                    detail: format!("{key} = {answer:?}"),
+                    detail: format!(
+                        "{key} = {answer:?}{}",
+                        next.as_deref()
+                            .map(|n| format!(" -> {n}"))
+                            .unwrap_or_default()
+                    ),
                     output_dir,
                     outcome: None,
                 };
@@ -580,7 +700,104 @@ async fn run_unit(
     Ok(unit)
 }
 
-/// The snake_case name of a status.
+/// The step ids of the main path from `first` on, in plan order (`first` alone when it is
+/// an orphan step).
+fn steps_from(ws: &Workspace, first: &str) -> Vec<String> {
+    match ws.plan.steps.iter().position(|s| s.id == first) {
+        Some(i) => ws.plan.steps[i..].iter().map(|s| s.id.clone()).collect(),
+        None => vec![first.to_string()],
+    }
+}
+
+/// Moves the output folders of `target` and every later step (plan order) that exist to
+/// `execution/archived/run-<n>/`. Returns how many were moved.
+fn archive_from(ws: &Workspace, target: &str, n: u32) -> Result<usize> {
+    let archive = archive_dir(ws, n);
+    let mut moved = 0;
+    for id in steps_from(ws, target) {
+        let dir = ws.step_output_dir(&id);
+        if !present(&ws.fs, &dir) && !ws.fs.is_dir(&dir) {
+            continue;
+        }
+        ws.fs
+            .create_dir_all(&archive)
+            .with_context(|| format!("creating {}", archive.display()))?;
+        ws.fs.rename(&dir, archive.join(&id)).with_context(|| {
+            format!("archiving {} before the loop runs it again", dir.display())
+        })?;
+        moved += 1;
+    }
+    Ok(moved)
+}
+
+/// `execution/archived/run-<n>/` of the run folder.
+fn archive_dir(ws: &Workspace, n: u32) -> PathBuf {
+    ws.run_dir()
+        .join("execution")
+        .join(ARCHIVED_DIR)
+        .join(format!("run-{n}"))
+}
+
+/// `2nd`, `3rd`, `4th`...
+fn ordinal(n: u32) -> String {
+    let suffix = match (n % 10, n % 100) {
+        (1, 11) | (2, 12) | (3, 13) => "th",
+        (1, _) => "st",
+        (2, _) => "nd",
+        (3, _) => "rd",
+        _ => "th",
+    };
+    format!("{n}{suffix}")
+}
+
+/// Whether `step`, or a route's sub-agent step under it, is a scripted regular step: its
+/// runner then needs the script runner.
+fn has_scripted(ws: &Workspace, step: &Step) -> bool {
+    fn within(ws: &Workspace, step: &Step, depth: usize) -> bool {
+        (matches!(step.kind, StepKind::Regular) && ws.agent_configs(&step.id).is_scripted())
+            || (depth < 8
+                && step
+                    .predefined_routes()
+                    .iter()
+                    .any(|r| within(ws, &r.sub_agent_step, depth + 1)))
+    }
+    ws.agent_configs(&step.id).is_scripted() || within(ws, step, 0)
+}
+
+/// Puts each step's `validation_schema` from the step config over the plan's (the original
+/// lets the step config's win, and its builder writes gates there): steps, orphans and
+/// routes' sub-agent steps alike.
+pub fn apply_step_config_schemas(ws: &mut Workspace) {
+    fn apply(configs: &trellis_workflow::StepConfigFile, step: &mut Step, depth: usize) {
+        if let Some(schema) = configs
+            .get(&step.id)
+            .and_then(|c| c.validation_schema.clone())
+        {
+            step.validation_schema = Some(schema);
+        }
+        if depth >= 8 {
+            return;
+        }
+        let routes = match &mut step.kind {
+            StepKind::MessageSequence(s) => &mut s.predefined_routes,
+            StepKind::TodoTask(t) => &mut t.predefined_routes,
+            _ => return,
+        };
+        for r in routes {
+            apply(configs, &mut r.sub_agent_step, depth + 1);
+        }
+    }
+    let configs = ws.step_configs.clone();
+    for step in ws
+        .plan
+        .steps
+        .iter_mut()
+        .chain(ws.plan.orphan_steps.iter_mut())
+    {
+        apply(&configs, step, 0);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -623,7 +840,9 @@ mod tests {
             dir.path(),
             json!([routing(Some("choice.json"), Some("a")), other]),
         );
-        assert_eq!(select(&ws, Some("prev")).unwrap().0, "a", "the default");
+        // A declared source that does not exist fails the step (no silent default).
+        let err = select(&ws, Some("prev")).unwrap_err().to_string();
+        assert!(err.contains("does not exist"), "{err}");
         let prev = ws.step_output_dir("prev");
         std::fs::create_dir_all(&prev).unwrap();
         std::fs::write(prev.join("choice.json"), r#"{"select_route": "b"}"#).unwrap();

@@ -2,7 +2,7 @@
 //! the caller decides (the runner makes it from the step's turn policy).
 //!
 //! A Python script runs inside the Python script runner, CPython packaged as a component of
-//! world `script-runner` (`wit/trellis-plugin@0.1.0/script.wit`) by componentize-py and
+//! world `script-runner` (`wit/trellis-plugin@0.2.0/script.wit`) by componentize-py and
 //! pre-initialized with the standard library modules scripts commonly use. A `main.wasm` is
 //! any `wasi:cli` command component, for scripts written in other languages; it runs the same
 //! way. When a folder has both, `main.wasm` wins ([`find_script`]).
@@ -10,8 +10,10 @@
 //! What a script sees is its [`ScriptInvocation`]: the folders of its grant, the code folder
 //! read-only as its working directory, the environment given, the `workflow-db` interface
 //! (Python: the `trellis_db` module) when the grant has the database, and the script's file
-//! name as its only argument. **No network**: socket interfaces exist, but every address and
-//! name lookup is refused.
+//! name followed by the invocation's arguments. **Network**: `wasi:http` (Python: the
+//! `trellis_http` module) only as the invocation's [`ScriptNet`] allows (the hosts of its
+//! step's `allowed_hosts`), through the same gate as LLM providers; none without one. Socket
+//! interfaces exist, but every address and name lookup is refused.
 //!
 //! Limits: a memory limit per instance, a wall-clock deadline (epoch interruption, so a
 //! loop that never calls the host is stopped too), and a cap on the stdout and stderr kept
@@ -35,6 +37,8 @@ use wasmtime_wasi::p2::bindings::CommandPre;
 
 use crate::capabilities::{Grant, Limits};
 use crate::engine::Engine;
+use crate::llm::ScriptNet;
+use crate::llm::http::HttpPolicy;
 use crate::state::CallState;
 use crate::store::{self, Capped, rfc3339};
 use crate::{CallFailure, call, slices};
@@ -126,6 +130,12 @@ pub struct ScriptInvocation {
     /// The code folder on the host, also preopened as `.` for a `main.wasm` (see
     /// [`ScriptRunner::run`]).
     pub code_host: PathBuf,
+    /// The arguments after the script's file name.
+    pub args: Vec<String>,
+    /// What the script may reach over HTTP; nothing when `None`.
+    pub net: Option<ScriptNet>,
+    /// Said about where the script was found, recorded with its outcome.
+    pub warning: Option<String>,
 }
 
 impl ScriptRunner {
@@ -236,12 +246,16 @@ impl ScriptRunner {
             label: &label,
             grant: &prepared.grant,
             limits,
-            http: None,
+            http: prepared
+                .net
+                .clone()
+                .map(|net| HttpPolicy::for_script(net, limits.timeout)),
         };
         let wasi = |builder: &mut wasmtime_wasi::WasiCtxBuilder| -> Result<()> {
             builder
                 .envs(&prepared.env)
                 .arg(prepared.kind.file_name())
+                .args(&prepared.args)
                 .initial_cwd(&prepared.cwd);
             if prepared.kind == ScriptKind::Wasm {
                 // wasi-libc (Rust's std, C) resolves a relative path against the preopens,
@@ -272,8 +286,19 @@ impl ScriptRunner {
             Err(CallFailure::Host(err)) => return Err(err),
             Err(failure) => script_failure(failure),
         };
-        let stdout_text = stdout.text();
-        let stderr_text = stderr.text();
+        // What an approved server echoed back never reaches the logs.
+        let secrets = prepared
+            .net
+            .as_ref()
+            .map(ScriptNet::secret_values)
+            .unwrap_or_default();
+        let hide = |text: String| {
+            secrets.iter().fold(text, |text, secret| {
+                text.replace(secret.as_str(), "[REDACTED]")
+            })
+        };
+        let stdout_text = hide(stdout.text());
+        let stderr_text = hide(stderr.text());
         let failure = match failure {
             // A Python script that raised exits with status 1 and a traceback on stderr.
             Some(ScriptFailure::Exit { code: 1 }) if prepared.kind == ScriptKind::Python => {
@@ -310,6 +335,7 @@ impl ScriptRunner {
             duration,
             started_at: rfc3339(started),
             log_dir: None,
+            warning: prepared.warning.clone(),
         })
     }
 }
@@ -319,22 +345,70 @@ impl ScriptRunner {
 pub struct ScriptFile {
     /// Python or WebAssembly.
     pub kind: ScriptKind,
-    /// Workspace-relative: `code/<step-id>/main.py` or `code/<step-id>/main.wasm`.
+    /// Workspace-relative: `code/<step-id>/main.py` or `code/<step-id>/main.wasm` (or
+    /// `learnings/<step-id>/main.py`).
     pub path: String,
-    /// The folder `code/<step-id>/` on the host (canonical, inside the workspace).
+    /// The folder of the script on the host (canonical, inside the workspace).
     pub code_dir: PathBuf,
+    /// That folder, workspace-relative: `code/<step-id>` or `learnings/<step-id>`.
+    pub dir: String,
+    /// Said when the script is not where Trellis keeps scripts (`learnings/<step-id>/`).
+    pub warning: Option<String>,
+}
+
+/// Where the original keeps the scripts of scripted steps: `learnings/<step-id>/main.py`.
+pub const LEARNINGS_SCRIPT_DIR: &str = "learnings";
+
+/// Whether step `step_id` has a script at all: something at `code/<step-id>/main.wasm`,
+/// `code/<step-id>/main.py` or `learnings/<step-id>/main.py` (what [`find_script`] then
+/// makes of it, a link refused say, is its own error).
+pub fn has_script(fs: &store::WorkspaceFs, step_id: &str) -> bool {
+    [
+        format!("code/{step_id}/{WASM_SCRIPT}"),
+        format!("code/{step_id}/{PYTHON_SCRIPT}"),
+        format!("{LEARNINGS_SCRIPT_DIR}/{step_id}/{PYTHON_SCRIPT}"),
+    ]
+    .iter()
+    .any(|rel| fs.kind(rel).ok().flatten().is_some())
 }
 
 /// The script [`ScriptRunner::run`] would run for step `step_id` of the workspace at `root`:
-/// `code/<step-id>/main.wasm` if it is a file, else `code/<step-id>/main.py`. An error names
+/// `code/<step-id>/main.wasm` if it is a file, else `code/<step-id>/main.py`, else (where
+/// the original keeps them, with a warning) `learnings/<step-id>/main.py`. An error names
 /// what is missing. The folder is resolved inside the workspace: a `code/<step-id>` that is
 /// a symbolic link leading out of it is refused, and so is a script file that does.
 pub fn find_script(fs: &store::WorkspaceFs, step_id: &str) -> Result<ScriptFile> {
-    let root = fs.root();
-    let code_rel = format!("code/{step_id}");
     if step_id.is_empty() || step_id.contains(['/', '\\']) || step_id == "." || step_id == ".." {
         bail!("step id {step_id:?} cannot name a folder under code/");
     }
+    let code_rel = format!("code/{step_id}");
+    match find_in(fs, &code_rel, true) {
+        Ok(found) => Ok(found),
+        Err(err) => {
+            let learnings_rel = format!("{LEARNINGS_SCRIPT_DIR}/{step_id}");
+            if fs.kind(format!("{code_rel}/{PYTHON_SCRIPT}"))?.is_none()
+                && fs.kind(format!("{code_rel}/{WASM_SCRIPT}"))?.is_none()
+                && fs
+                    .kind(format!("{learnings_rel}/{PYTHON_SCRIPT}"))?
+                    .is_some()
+            {
+                let mut found = find_in(fs, &learnings_rel, false)?;
+                found.warning = Some(format!(
+                    "{code_rel}/{PYTHON_SCRIPT} is absent: running {learnings_rel}/{PYTHON_SCRIPT} \
+                     (where the original keeps scripted steps) in place; move it to \
+                     {code_rel}/{PYTHON_SCRIPT}"
+                ));
+                return Ok(found);
+            }
+            Err(err)
+        }
+    }
+}
+
+/// The script in the folder `dir_rel` (`main.wasm` too when `wasm`).
+fn find_in(fs: &store::WorkspaceFs, dir_rel: &str, wasm: bool) -> Result<ScriptFile> {
+    let root = fs.root();
+    let code_rel = dir_rel.to_string();
     let code_dir = crate::capabilities::resolve_in_root(root, &code_rel).map_err(|_| {
         anyhow!(
             "{code_rel}/ does not exist: a scripted step runs {code_rel}/{WASM_SCRIPT} or {code_rel}/{PYTHON_SCRIPT}"
@@ -352,7 +426,7 @@ pub fn find_script(fs: &store::WorkspaceFs, step_id: &str) -> Result<ScriptFile>
             _ => Ok(false),
         }
     };
-    let kind = if is_file(WASM_SCRIPT)? {
+    let kind = if wasm && is_file(WASM_SCRIPT)? {
         ScriptKind::Wasm
     } else if is_file(PYTHON_SCRIPT)? {
         ScriptKind::Python
@@ -365,6 +439,8 @@ pub fn find_script(fs: &store::WorkspaceFs, step_id: &str) -> Result<ScriptFile>
         kind,
         path: format!("{code_rel}/{}", kind.file_name()),
         code_dir,
+        dir: code_rel,
+        warning: None,
     })
 }
 
@@ -420,6 +496,9 @@ mod tests {
             env: Vec::new(),
             cwd: "/code/s".into(),
             code_host: dir.path().to_path_buf(),
+            args: Vec::new(),
+            net: None,
+            warning: None,
         };
         send(&runner.run("s", &invocation, &Limits::default()));
     }

@@ -2,12 +2,12 @@
 //! the grant; a world's linker is the list of its slices ([`linker`]). Adding a capability
 //! touches one file here.
 //!
-//! | world     | slices              |
-//! |-----------|---------------------|
-//! | tool      | fs, db, log         |
-//! | validator | fs, log             |
-//! | provider  | fs, http, log       |
-//! | script    | fs (+ cli), db, log |
+//! | world     | slices                    |
+//! |-----------|---------------------------|
+//! | tool      | fs, db, log               |
+//! | validator | fs, log                   |
+//! | provider  | fs, http, log             |
+//! | script    | fs (+ cli), db, http, log |
 //!
 //! Every world gets WASI through the fs slice, since a guest's standard library imports it;
 //! a provider's WASI sees only the (empty) grant of its endpoint. The script's `cli` part
@@ -42,8 +42,8 @@ pub(crate) const TOOL: &[Slice] = &[Slice::Fs, Slice::Db, Slice::Log];
 pub(crate) const VALIDATOR: &[Slice] = &[Slice::Fs, Slice::Log];
 /// An LLM provider's slices.
 pub(crate) const PROVIDER: &[Slice] = &[Slice::Fs, Slice::Http, Slice::Log];
-/// A step script's slices.
-pub(crate) const SCRIPT: &[Slice] = &[Slice::Fs, Slice::Db, Slice::Log];
+/// A step script's slices: its requests go only to its step's `allowed_hosts`, none without.
+pub(crate) const SCRIPT: &[Slice] = &[Slice::Fs, Slice::Db, Slice::Http, Slice::Log];
 
 /// The linker of a world given `slices`.
 pub(crate) fn linker(engine: &Engine, slices: &[Slice]) -> anyhow::Result<Linker<CallState>> {

@@ -282,6 +282,8 @@ pub struct Ctx<'d> {
     file: String,
     step_id: Option<String>,
     diags: &'d mut Diagnostics,
+    /// Step ids whose gate the step config holds (a plan's prevalidation item may use it).
+    gated: std::collections::BTreeSet<String>,
 }
 
 impl<'d> Ctx<'d> {
@@ -291,7 +293,19 @@ impl<'d> Ctx<'d> {
             file: file.to_string(),
             step_id: None,
             diags,
+            gated: Default::default(),
         }
+    }
+
+    /// Tells the walk which steps have a `validation_schema` in the step config.
+    pub fn with_gated(mut self, gated: std::collections::BTreeSet<String>) -> Self {
+        self.gated = gated;
+        self
+    }
+
+    /// Whether the step config holds a `validation_schema` for step `id`.
+    pub fn gated(&self, id: &str) -> bool {
+        self.gated.contains(id)
     }
 
     /// The file being walked.

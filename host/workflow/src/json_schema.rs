@@ -210,11 +210,13 @@ pub fn plan_schema() -> Value {
         ]},
         "predefinedRoute": {
             "type": "object",
-            "required": ["route_id", "sub_agent_step"],
+            "required": ["route_id"],
+            "oneOf": [{"required": ["sub_agent_step"]}, {"required": ["orphan_step_ref"]}],
             "additionalProperties": false,
             "properties": {
                 "route_id": {"type": "string"}, "route_name": {"type": "string"}, "condition": {"type": "string"},
-                "sub_agent_step": {"$ref": "#/$defs/step"}
+                "sub_agent_step": {"$ref": "#/$defs/step"},
+                "orphan_step_ref": {"type": "string", "description": "An orphan step the route runs instead of an inline sub_agent_step."}
             }
         }
     });
@@ -261,6 +263,7 @@ pub fn step_config_schema() -> Value {
         "enabled_custom_tool_categories",
         "additional_read_paths",
         "enabled_skills",
+        "allowed_hosts",
     ];
     let string_keys = [
         "execution_llm_reason",

@@ -169,6 +169,25 @@ fn load(root: &Path, run_folder: Option<&str>) -> (Option<Workspace>, Diagnostic
         Some(text) => keep(manifest::parse_manifest(&text, WORKFLOW_FILE), &mut diags),
     };
 
+    // The step config first (its diagnostics still come after the plan's): the steps it
+    // gates may have prevalidation items without a schema in the plan.
+    let config_rel = step_config_location(&fs, run_folder);
+    let config_label = file_label(&config_rel);
+    let mut config_diags = Diagnostics::new();
+    let step_configs = match read(&fs, &config_rel, &mut config_diags) {
+        None => Some(StepConfigFile::default()),
+        Some(text) => keep(
+            step_config::parse_step_config(&text, &config_label),
+            &mut config_diags,
+        ),
+    };
+    let gated = step_configs
+        .iter()
+        .flat_map(|c| c.steps.iter())
+        .filter(|s| s.validation_schema.is_some())
+        .map(|s| s.id.clone())
+        .collect();
+
     let plan = match read(&fs, Path::new(PLAN_FILE), &mut diags) {
         None => {
             if !fs.exists(PLAN_FILE) {
@@ -182,18 +201,9 @@ fn load(root: &Path, run_folder: Option<&str>) -> (Option<Workspace>, Diagnostic
             }
             None
         }
-        Some(text) => keep(plan::parse_plan(&text, PLAN_FILE), &mut diags),
+        Some(text) => keep(plan::parse_plan_gated(&text, PLAN_FILE, gated), &mut diags),
     };
-
-    let config_rel = step_config_location(&fs, run_folder);
-    let config_label = file_label(&config_rel);
-    let step_configs = match read(&fs, &config_rel, &mut diags) {
-        None => Some(StepConfigFile::default()),
-        Some(text) => keep(
-            step_config::parse_step_config(&text, &config_label),
-            &mut diags,
-        ),
-    };
+    diags.extend(config_diags);
 
     if let (Some(plan), Some(configs)) = (&plan, &step_configs) {
         diags.extend(configs.orphan_warnings(plan, &config_label));
@@ -294,14 +304,24 @@ fn check_configs_against_plan(
                         step.type_name()
                     ),
                 );
-            } else if !fs.is_file(Path::new("code").join(&step.id).join("main.py")) {
-                ctx.warning(
-                    &path.key("declared_execution_mode"),
+            } else if !fs.is_file(Path::new("code").join(&step.id).join("main.py"))
+                && !fs.is_file(Path::new("code").join(&step.id).join("main.wasm"))
+            {
+                let in_learnings =
+                    fs.is_file(Path::new("learnings").join(&step.id).join("main.py"));
+                let message = if in_learnings {
+                    format!(
+                        "the script is at learnings/{0}/main.py, where the original keeps \
+                         scripted steps: it runs there; move it to code/{0}/main.py",
+                        step.id
+                    )
+                } else {
                     format!(
                         "scripted step has no script yet: code/{}/main.py does not exist",
                         step.id
-                    ),
-                );
+                    )
+                };
+                ctx.warning(&path.key("declared_execution_mode"), message);
             }
         }
         for (j, rule) in c.prerequisite_rules.iter().flatten().enumerate() {

@@ -4,7 +4,7 @@
 //! returns has no unknown keys (they are errors) and serializes back to the keys it was read
 //! from, so a plan written by Trellis reads the same in the original tools.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use serde::Serialize;
 use serde_json::Value;
@@ -23,7 +23,7 @@ use ids::check_references;
 pub use items::{Item, ItemBody, ItemKind, WriteAccess};
 use items::{parse_item, parse_items};
 pub use step_types::{HumanInput, PredefinedRoute, ResponseType, Route, Routing};
-use step_types::{parse_human_input, parse_routes, parse_routing};
+use step_types::{parse_human_input, parse_routes, parse_routing, resolve_orphan_refs};
 
 /// Where the plan lives in a workspace.
 pub const PLAN_FILE: &str = "planning/plan.json";
@@ -33,6 +33,9 @@ pub const END: &str = "end";
 
 /// The id of the single item a `regular` step runs as.
 pub const REGULAR_ITEM_ID: &str = "execute-and-verify";
+
+/// The id of the single turn a `todo_task` (an orchestrator without items) runs as.
+pub const TODO_TASK_ITEM_ID: &str = "orchestrate";
 
 /// The name of the migration that removes legacy `code` items (spec section 9).
 pub const CODE_ITEM_MIGRATION: &str = "migrate_message_sequence_code_items";
@@ -62,6 +65,24 @@ impl Plan {
     /// The step with this id, on the main path or among the orphans.
     pub fn step(&self, id: &str) -> Option<&Step> {
         self.all_steps().find(|s| s.id == id)
+    }
+
+    /// The step with this id anywhere: on the main path, among the orphans, or a route's
+    /// sub-agent step at any depth (the first found).
+    pub fn find_step(&self, id: &str) -> Option<&Step> {
+        fn within<'s>(step: &'s Step, id: &str, depth: usize) -> Option<&'s Step> {
+            if step.id == id {
+                return Some(step);
+            }
+            if depth > 8 {
+                return None;
+            }
+            step.predefined_routes()
+                .iter()
+                .find_map(|r| within(&r.sub_agent_step, id, depth + 1))
+        }
+        self.step(id)
+            .or_else(|| self.all_steps().find_map(|s| within(s, id, 0)))
     }
 }
 
@@ -101,7 +122,8 @@ impl Step {
 
     /// The items the step runs as: a sequence's own items; for a `regular` step the single
     /// `execute-and-verify` user message built from its description; for a legacy `todo_task`
-    /// its messages.
+    /// (the original's orchestrator) one `orchestrate` turn whose task is its description
+    /// followed by its text messages, or its messages as sequence items when any is an item.
     pub fn effective_items(&self) -> Vec<Item> {
         match &self.kind {
             StepKind::MessageSequence(s) => s.items.clone(),
@@ -114,6 +136,28 @@ impl Step {
                     write_access: None,
                 },
             }],
+            StepKind::TodoTask(t)
+                if !t.messages.iter().any(|m| matches!(m, TodoMessage::Item(_))) =>
+            {
+                let mut task = self.description.clone().unwrap_or_default();
+                for m in &t.messages {
+                    if let TodoMessage::Text(text) = m {
+                        if !task.is_empty() {
+                            task.push_str("\n\n");
+                        }
+                        task.push_str(text);
+                    }
+                }
+                vec![Item {
+                    id: TODO_TASK_ITEM_ID.into(),
+                    title: self.title.clone(),
+                    kind: None,
+                    body: ItemBody::UserMessage {
+                        message: task,
+                        write_access: None,
+                    },
+                }]
+            }
             StepKind::TodoTask(t) => t
                 .messages
                 .iter()
@@ -262,9 +306,16 @@ const TYPE_KEYS: &[(&str, &[&str])] = &[
 
 /// Reads a plan from its text. `file` names it in diagnostics (normally `planning/plan.json`).
 pub fn parse_plan(text: &str, file: &str) -> Parsed<Plan> {
+    parse_plan_gated(text, file, Default::default())
+}
+
+/// [`parse_plan`] knowing which steps have a `validation_schema` in the step config: their
+/// `prevalidation` items may go without a schema of their own, as that one replaces the
+/// plan's in a run.
+pub fn parse_plan_gated(text: &str, file: &str, gated: BTreeSet<String>) -> Parsed<Plan> {
     let mut diags = Diagnostics::new();
     let plan = parse_json(text, file, &mut diags).and_then(|v| {
-        let mut ctx = Ctx::new(file, &mut diags);
+        let mut ctx = Ctx::new(file, &mut diags).with_gated(gated);
         plan_from_value(&mut ctx, &v)
     });
     finish(plan, diags)
@@ -302,12 +353,13 @@ fn plan_from_value(ctx: &mut Ctx, value: &Value) -> Option<Plan> {
         })
         .unwrap_or_default();
     obj.finish(ctx);
-    let plan = Plan {
+    let mut plan = Plan {
         objective,
         success_criteria,
         steps: steps.unwrap_or_default(),
         orphan_steps,
     };
+    resolve_orphan_refs(ctx, value, &mut plan);
     check_references(ctx, value, &plan);
     Some(plan)
 }
@@ -420,7 +472,8 @@ fn parse_step_body(
 
     let kind = match type_name? {
         "message_sequence" => {
-            let items = parse_items(ctx, obj, validation_schema.is_some(), nesting);
+            let gated = id.as_deref().is_some_and(|i| ctx.gated(i));
+            let items = parse_items(ctx, obj, validation_schema.is_some() || gated, nesting);
             let predefined_routes = parse_routes(ctx, obj);
             StepKind::MessageSequence(MessageSequence {
                 items: items?,
@@ -432,7 +485,8 @@ fn parse_step_body(
         "human_input" => StepKind::HumanInput(parse_human_input(ctx, obj)?),
         _ => {
             let predefined_routes = parse_routes(ctx, obj);
-            let has_schema = validation_schema.is_some();
+            let has_schema =
+                validation_schema.is_some() || id.as_deref().is_some_and(|i| ctx.gated(i));
             let messages = obj
                 .list(ctx, "messages", |ctx, v, p| match v {
                     Value::String(s) => Some(TodoMessage::Text(s.clone())),

@@ -126,7 +126,8 @@ pub struct StepConfig {
     /// The agent settings; absent means defaults.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub agent_configs: Option<AgentConfigs>,
-    /// A schema kept with the config (the original stored one here too).
+    /// The step's gate: it wins over the plan step's `validation_schema` (the original lets
+    /// it override the plan, and its builder writes gates here).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub validation_schema: Option<ValidationSchema>,
 }
@@ -301,6 +302,10 @@ pub struct AgentConfigs {
     /// Extra workspace-relative folders the step may read.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub additional_read_paths: Option<Vec<String>>,
+    /// Hosts (`api.example.com`, `host:port`) the step's script may send HTTP(S)
+    /// requests to; none when absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allowed_hosts: Option<Vec<String>>,
     /// Tool calls of one response run one at a time.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub disable_parallel_tool_execution: Option<bool>,

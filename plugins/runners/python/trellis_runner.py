@@ -38,6 +38,8 @@ import sys
 import traceback
 
 import trellis_db
+import trellis_http
+import trellis_sqlite3
 from wit_world import exports
 from wit_world.imports import environment
 from wit_world.imports import exit as wasi_exit
@@ -46,7 +48,8 @@ from wit_world.imports import exit as wasi_exit
 # now, at build time, exist for scripts. So import the rest of what a data script may
 # reach for, including what the modules above import lazily (`heapq` for
 # `Counter.most_common`, `_strptime` for `datetime.strptime`, the codecs), skipping any
-# this interpreter build lacks (it has no `socket`, `ssl` or `sqlite3`).
+# this interpreter build lacks (it has no `socket` or `ssl`; `sqlite3` is the runner's own,
+# backed by the host's database).
 MORE_MODULES = """
     _strptime abc argparse array ast binascii bisect calendar cmath codecs
     collections.abc colorsys contextlib copy copyreg dataclasses decimal difflib dis
@@ -62,8 +65,11 @@ MORE_MODULES = """
 
 PRELOADED = [
     "base64", "collections", "csv", "datetime", "hashlib", "itertools", "json",
-    "math", "pathlib", "re", "textwrap", "urllib.parse", "trellis_db",
+    "math", "pathlib", "re", "textwrap", "urllib.parse", "trellis_db", "trellis_http",
+    "sqlite3",
 ]
+# Scripts written for the original open the database with `sqlite3.connect(DB_PATH)`.
+sys.modules["sqlite3"] = trellis_sqlite3
 for _name in MORE_MODULES:
     try:
         importlib.import_module(_name)

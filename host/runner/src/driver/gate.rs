@@ -63,8 +63,12 @@ impl StepRunner<'_> {
             }
             let grant = run.grant_for(access)?;
             let repair_id = format!("{item_id}-repair-{attempt}");
-            self.turn(run, &repair_id, 1, repair_message(item_id, &report), &grant)
-                .await?;
+            run.status_marker_ends = false;
+            let turn = self
+                .turn(run, &repair_id, 1, repair_message(item_id, &report), &grant)
+                .await;
+            run.status_marker_ends = true;
+            turn?;
             attempt += 1;
         }
     }

@@ -128,8 +128,8 @@ pub fn sub_agent_system_prompt(
         step = &route.sub_agent_step;
         owner = AgentHome::new(&ws.root, &owner, route_id)?.rel;
     }
-    let route_id = route_path.last().context("no route given")?;
-    let configs = ws.agent_configs(route_id);
+    route_path.last().context("no route given")?;
+    let configs = ws.agent_configs(&step.id);
     let ctx = TurnContext {
         root: &ws.root,
         run_folder,

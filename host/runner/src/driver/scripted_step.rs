@@ -7,7 +7,8 @@ use crate::grants::{GrantedFolder, TurnAccess};
 use crate::scripted;
 use crate::session::Status;
 use crate::steering::Phase;
-use trellis_sandbox::script::{ScriptKind, ScriptOutcome};
+use crate::step_script::ScriptOptions;
+use trellis_sandbox::script::{ScriptFailure, ScriptKind, ScriptOutcome};
 
 impl StepRunner<'_> {
     /// A scripted step (spec section 7): the script, then the step's gate; on a failure a
@@ -24,6 +25,15 @@ impl StepRunner<'_> {
         let step_id = run.step.id.clone();
         let locked = run.configs.lock_code == Some(true);
         let skip_gate = run.configs.disable_validation == Some(true);
+        if !trellis_sandbox::script::has_script(&run.ws.fs, &step_id) {
+            if locked {
+                let why = format!(
+                    "step {step_id:?} has no script (code/{step_id}/main.py) and lock_code is set"
+                );
+                return self.agentic_fallback(run, &why).await;
+            }
+            self.write_script(run).await?;
+        }
         let mut attempt = 1;
         loop {
             if self.cancelled() {
@@ -32,6 +42,17 @@ impl StepRunner<'_> {
             let item_id = scripted::script_item_id(attempt);
             let entry = self.begin_item(run, &item_id, scripted::SCRIPT_ITEM_TYPE);
             self.steer_phase(run, Phase::Script);
+            // A sub-agent's script writes to its call folder.
+            let call_options;
+            let options = if run.depth > 0 {
+                call_options = ScriptOptions {
+                    folders: Some(run.folders.clone()),
+                    ..options.clone()
+                };
+                &call_options
+            } else {
+                options
+            };
             let result = match crate::step_script::run(scripts, run.ws, &step_id, options).await {
                 Ok(outcome) => self.check_script(run, attempt, skip_gate, outcome).await,
                 Err(e) => Err(TurnEnd::Failed(format!("{e:#}"))),
@@ -51,9 +72,10 @@ impl StepRunner<'_> {
                 Err((outcome, problem)) => (outcome.kind, outcome.script, problem),
             };
             if locked {
-                return Err(TurnEnd::Failed(format!(
+                let why = format!(
                     "{problem}\n(lock_code is set for step {step_id:?}: the script is not repaired)"
-                )));
+                );
+                return self.agentic_fallback(run, &why).await;
             }
             if kind == ScriptKind::Wasm {
                 return Err(TurnEnd::Failed(format!(
@@ -76,7 +98,11 @@ impl StepRunner<'_> {
             if self.cancelled() {
                 return Err(TurnEnd::Stopped);
             }
-            let code_rel = format!("code/{step_id}");
+            // The script's own folder: `code/<step-id>`, or `learnings/<step-id>` where it
+            // was found (it is repaired there, never moved).
+            let code_rel = script
+                .rsplit_once('/')
+                .map_or_else(|| format!("code/{step_id}"), |(dir, _)| dir.to_string());
             let code_host = trellis_sandbox::capabilities::resolve_in_root(&run.ws.root, &code_rel)
                 .map_err(failed)?;
             let mut grant = run.grant_for(TurnAccess::for_step(&run.configs))?;
@@ -111,9 +137,87 @@ impl StepRunner<'_> {
         }
     }
 
+    /// The agent turn that writes the script of a scripted step that has none yet (as the
+    /// original does): `code/<step-id>/` is created and writable for this turn only.
+    async fn write_script(&self, run: &mut Run<'_>) -> Result<(), TurnEnd> {
+        let step_id = run.step.id.clone();
+        if run.models.targets.is_empty() {
+            return Err(TurnEnd::Failed(format!(
+                "step {step_id:?} is scripted and has no script yet (code/{step_id}/main.py): \
+                 writing it needs an LLM, and the step has none: set its execution_llm, a \
+                 default llm in workflow.json, or give --llm PROVIDER:MODEL"
+            )));
+        }
+        let code_rel = format!("code/{step_id}");
+        run.ws
+            .fs
+            .create_dir_all(run.ws.root.join(&code_rel))
+            .map_err(|e| TurnEnd::Failed(format!("creating {code_rel}/: {e:#}")))?;
+        let code_host = trellis_sandbox::capabilities::resolve_in_root(&run.ws.root, &code_rel)
+            .map_err(failed)?;
+        let mut grant = run.grant_for(TurnAccess::for_step(&run.configs))?;
+        grant.grant = grant
+            .grant
+            .clone()
+            .write(code_host, &format!("/{code_rel}"))
+            .map_err(failed)?;
+        grant.folders.push(GrantedFolder {
+            path: code_rel,
+            access: trellis_sandbox::Access::ReadWrite,
+            role: "the step's script, writable while it is written".to_string(),
+        });
+        let message = scripted::write_message(
+            &step_id,
+            run.step
+                .description
+                .as_deref()
+                .or(run.step.title.as_deref())
+                .unwrap_or_default(),
+            &run.step.outputs(),
+            run.step.context_dependencies.as_deref().unwrap_or_default(),
+        );
+        let item_id = scripted::WRITE_ITEM_ID;
+        let entry = run.start_entry(item_id, "user_message");
+        let turn = self.turn(run, item_id, 1, message, &grant).await;
+        let (status, summary) = entry_outcome(&turn, run.final_text.clone());
+        run.session.end_entry(entry, status, summary);
+        run.save_session()
+            .map_err(|e| TurnEnd::Failed(format!("{e:#}")))?;
+        turn
+    }
+
+    /// A scripted step whose script may not be repaired (`lock_code`) runs as an agentic
+    /// step instead: its items (the one built from its description) and its gate, after an
+    /// entry saying why.
+    async fn agentic_fallback(&self, run: &mut Run<'_>, why: &str) -> Result<(), TurnEnd> {
+        let step_id = run.step.id.clone();
+        if run.models.targets.is_empty() {
+            return Err(TurnEnd::Failed(format!(
+                "{why}\nRunning step {step_id:?} agentically instead needs an LLM, and it has \
+                 none: set its execution_llm, a default llm in workflow.json, or give --llm \
+                 PROVIDER:MODEL"
+            )));
+        }
+        let note = format!("{why}\nRunning step {step_id:?} agentically instead.");
+        tracing::warn!("{note}");
+        let entry = self.begin_item(run, scripted::FALLBACK_ITEM_ID, scripted::SCRIPT_ITEM_TYPE);
+        self.end_item(
+            run,
+            entry,
+            scripted::FALLBACK_ITEM_ID,
+            Status::Completed,
+            Some(note),
+        )?;
+        let items = run.step.effective_items();
+        self.run_items(run, &items).await
+    }
+
     /// What one script run means for the step: `Ok(summary)` when it succeeded and its
     /// outputs pass the gate (or the gate is disabled), `Err((outcome, problem))` when the
-    /// script or the gate failed. A gate that cannot run at all fails the step.
+    /// script or the gate failed. A gate that cannot run at all fails the step. A script
+    /// that ended with a non-zero status (an exception included) counts as a success when
+    /// the step has a gate and its outputs pass it, as in the original; the status is
+    /// recorded in the summary.
     #[allow(clippy::type_complexity)]
     pub(super) async fn check_script(
         &self,
@@ -122,18 +226,39 @@ impl StepRunner<'_> {
         skip_gate: bool,
         outcome: ScriptOutcome,
     ) -> Result<Result<String, (ScriptOutcome, String)>, TurnEnd> {
-        if let Some(problem) = outcome.error_message() {
+        let schema = run.step.validation_schema.as_ref().filter(|_| !skip_gate);
+        let exited = matches!(
+            outcome.failure,
+            Some(ScriptFailure::Exit { .. } | ScriptFailure::Exception { .. })
+        );
+        if let Some(problem) = outcome.error_message()
+            && !(exited && schema.is_some())
+        {
             return Ok(Err((outcome, problem)));
         }
-        let Some(schema) = run.step.validation_schema.as_ref().filter(|_| !skip_gate) else {
+        let Some(schema) = schema else {
             return Ok(Ok(scripted::success_summary(&outcome)));
         };
         let report = self.check_gate(run, FINAL_GATE_ID, attempt, schema).await?;
         if report.passed {
-            return Ok(Ok(format!(
-                "{}; the outputs pass the validation gate",
-                scripted::success_summary(&outcome)
-            )));
+            let summary = match &outcome.failure {
+                Some(failure) => format!(
+                    "{}, but its outputs pass the validation gate: counted as a success",
+                    failure.describe(&outcome.script)
+                ),
+                None => format!(
+                    "{}; the outputs pass the validation gate",
+                    scripted::success_summary(&outcome)
+                ),
+            };
+            return Ok(Ok(summary));
+        }
+        if let Some(problem) = outcome.error_message() {
+            let problem = format!(
+                "{problem}\n\nIts outputs fail the validation gate too:\n{}",
+                failing_checks(&report)
+            );
+            return Ok(Err((outcome, problem)));
         }
         let problem = format!(
             "{} exited normally, but its outputs fail the validation gate:\n{}",

@@ -13,7 +13,11 @@ use crate::grants::{AgentFolders, TurnAccess};
 use crate::routes::{AgentHome, CallResult, call_preamble, files_written};
 use crate::session::{Session, Status, ToolCallRecord, now_rfc3339};
 use trellis_sandbox::llm::{Message, ToolCall};
-use trellis_workflow::plan::Step;
+use trellis_workflow::plan::{Item, ItemBody, Step, StepKind};
+
+/// The item id of a later call's turn: the caller's new instructions, in the route's
+/// conversation so far.
+pub const FOLLOW_UP_ITEM_ID: &str = "follow-up";
 
 impl StepRunner<'_> {
     /// One `call_sub_agent` call of the agent of `parent`: checks the route and the depth,
@@ -80,13 +84,14 @@ impl StepRunner<'_> {
             return Err("stop requested".to_string());
         }
         let ws = parent.ws;
+        let step: &Step = &route.sub_agent_step;
+        // The step's own id: an orphan step a route names keeps its id (and step config).
         let own = match &self.resolver {
-            Some(Resolver(resolve)) => resolve(ws, route_id)
+            Some(Resolver(resolve)) => resolve(ws, &step.id)
                 .map_err(|e| format!("route {route_id:?}: its model: {e:#}"))?,
             None => None,
         };
         let models = own.unwrap_or_else(|| parent.models.clone());
-        let step: &Step = &route.sub_agent_step;
         let home =
             AgentHome::new(&ws.root, &parent.owner_rel, route_id).map_err(|e| format!("{e:#}"))?;
         let call_id = home.next_call(&ws.fs).map_err(|e| format!("{e:#}"))?;
@@ -103,7 +108,7 @@ impl StepRunner<'_> {
             }),
             sub_agent: true,
         };
-        let configs = ws.agent_configs(route_id);
+        let configs = ws.agent_configs(&step.id);
         let (policy, tools) = self.tools_of(step, &configs);
         let logs = parent.logs.join(crate::routes::AGENTS_DIR).join(route_id);
         ws.fs
@@ -146,6 +151,7 @@ impl StepRunner<'_> {
             concerns: Vec::new(),
             final_text: None,
             turns: 0,
+            status_marker_ends: true,
         };
         // The system prompt names this call's folders: it is replaced on every call, the
         // rest of the conversation is kept.
@@ -168,8 +174,31 @@ impl StepRunner<'_> {
             call_id: call_id.clone(),
             depth: run.depth,
         });
-        let items = step.effective_items();
-        let result = self.run_items(&mut run, &items).await;
+        // A later call continues the route's conversation with the new instructions alone
+        // (then the step's final gate); the first call runs the step's items.
+        let continuing = run
+            .history
+            .iter()
+            .any(|m| m.role == trellis_sandbox::llm::Role::User);
+        let scripted = matches!(step.kind, StepKind::Regular) && run.configs.is_scripted();
+        let result = if scripted {
+            run.preamble = None;
+            self.run_scripted(&mut run).await
+        } else if continuing {
+            let item = Item {
+                id: FOLLOW_UP_ITEM_ID.to_string(),
+                title: None,
+                kind: None,
+                body: ItemBody::UserMessage {
+                    message: run.preamble.take().unwrap_or_default(),
+                    write_access: None,
+                },
+            };
+            self.run_items(&mut run, &[item]).await
+        } else {
+            let items = step.effective_items();
+            self.run_items(&mut run, &items).await
+        };
         let (status, error) = match result {
             Ok(()) => (Status::Completed, None),
             Err(TurnEnd::Stopped) => (Status::Stopped, Some("stop requested".to_string())),

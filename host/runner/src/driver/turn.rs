@@ -288,7 +288,11 @@ impl StepRunner<'_> {
         let (failed_reason, concerns) = scan_reply(&ok.text);
         run.concerns.extend(concerns);
         run.final_text = Some(ok.text);
-        if let Some(reason) = failed_reason {
+        // A foreach row's or a gate repair's reply does not end the step (the original
+        // ignores the marker there; the gate judges a repair).
+        if let Some(reason) = failed_reason
+            && run.status_marker_ends
+        {
             return Err(TurnEnd::Failed(reason));
         }
         Ok(())
@@ -442,13 +446,15 @@ pub(super) fn parse_arguments(text: &str) -> Result<Value, String> {
     serde_json::from_str(text).map_err(|e| format!("the arguments are not JSON: {e}"))
 }
 
-/// The `STATUS: FAILED` reason and the `CONCERNS:` lines of a reply.
+/// The `STATUS: FAILED` reason and the `CONCERNS:` lines of a reply. Both markers match
+/// at the start of a line without regard to case or spaces (`Status : failed`,
+/// `concerns:`), as the original reads them.
 pub fn scan_reply(text: &str) -> (Option<String>, Vec<String>) {
     let mut failed = None;
     let mut concerns = Vec::new();
     for line in text.lines() {
         let line = line.trim();
-        if let Some(rest) = line.strip_prefix("STATUS: FAILED") {
+        if let Some(rest) = strip_marker(line, "STATUS:FAILED") {
             let reason = rest.trim_start_matches([':', ' ', '-']).trim();
             failed.get_or_insert_with(|| {
                 if reason.is_empty() {
@@ -457,7 +463,7 @@ pub fn scan_reply(text: &str) -> (Option<String>, Vec<String>) {
                     reason.to_string()
                 }
             });
-        } else if let Some(rest) = line.strip_prefix("CONCERNS:") {
+        } else if let Some(rest) = strip_marker(line, "CONCERNS:") {
             let rest = rest.trim();
             if !rest.is_empty() {
                 concerns.push(rest.to_string());
@@ -465,6 +471,25 @@ pub fn scan_reply(text: &str) -> (Option<String>, Vec<String>) {
         }
     }
     (failed, concerns)
+}
+
+/// The rest of `line` after `marker` (written without spaces), matched without regard to
+/// ASCII case and with any whitespace between its characters.
+fn strip_marker<'l>(line: &'l str, marker: &str) -> Option<&'l str> {
+    let mut want = marker.chars().peekable();
+    for (i, c) in line.char_indices() {
+        let Some(&m) = want.peek() else {
+            return Some(&line[i..]);
+        };
+        if c.is_whitespace() {
+            continue;
+        }
+        if !c.eq_ignore_ascii_case(&m) {
+            return None;
+        }
+        want.next();
+    }
+    want.peek().is_none().then_some("")
 }
 
 #[cfg(test)]
@@ -478,5 +503,14 @@ mod tests {
         assert_eq!(failed.as_deref(), Some("no data"));
         assert_eq!(concerns, vec!["row 2 odd", "x"]);
         assert_eq!(scan_reply("all good"), (None, vec![]));
+        let (failed, concerns) =
+            scan_reply("Status : failed - no rows\nconcerns: odd\nSTATUS:FAILED");
+        assert_eq!(failed.as_deref(), Some("no rows"));
+        assert_eq!(concerns, vec!["odd"]);
+        assert_eq!(scan_reply("STATUS: FAILING tests fixed").0, None);
+        assert_eq!(
+            scan_reply("status:failed").0.as_deref(),
+            Some("the agent reported STATUS: FAILED")
+        );
     }
 }

@@ -7,12 +7,26 @@ use super::*;
 /// option routes, `next_step_id`, array order, prerequisite rules). From a single `start`
 /// step only its prerequisites are followed, and everything after them.
 pub(super) fn reachable<'w>(ws: &'w Workspace, start: Option<&str>) -> Vec<&'w Step> {
+    reachable_walk(ws, start, None)
+}
+
+/// The steps of the run `opts` asks for: [`reachable`] from its single step, from the step
+/// it resumes from (every branch on from there), or from the first step.
+pub(super) fn reachable_in<'w>(ws: &'w Workspace, opts: &RunOptions) -> Vec<&'w Step> {
+    match (&opts.step, &opts.from) {
+        (Some(s), _) => reachable(ws, Some(s)),
+        (None, Some(from)) => reachable_walk(ws, None, Some(from)),
+        (None, None) => reachable(ws, None),
+    }
+}
+
+fn reachable_walk<'w>(ws: &'w Workspace, start: Option<&str>, from: Option<&str>) -> Vec<&'w Step> {
     let steps = &ws.plan.steps;
     let mut seen = BTreeSet::new();
     let mut out = Vec::new();
-    let mut todo: Vec<String> = match start {
-        Some(s) => vec![s.to_string()],
-        None => steps.first().map(|s| s.id.clone()).into_iter().collect(),
+    let mut todo: Vec<String> = match (start, from) {
+        (Some(s), _) | (None, Some(s)) => vec![s.to_string()],
+        (None, None) => steps.first().map(|s| s.id.clone()).into_iter().collect(),
     };
     while let Some(id) = todo.pop() {
         if id == "end" || !seen.insert(id.clone()) {
@@ -83,7 +97,7 @@ pub fn check_inputs(ws: &Workspace, opts: &RunOptions) -> Result<()> {
         );
     }
     let mut missing = Vec::new();
-    for step in reachable(ws, opts.step.as_deref()) {
+    for step in reachable_in(ws, opts) {
         if let StepKind::HumanInput(h) = &step.kind {
             let key = input_key(step, h);
             if !opts.inputs.contains_key(key) {
@@ -114,7 +128,7 @@ pub fn needs_llm(ws: &Workspace, step: Option<&str>) -> bool {
 /// Checks up front that every reachable step that needs a model has one that can be
 /// reached (see [`check_models`]).
 pub fn check_step_models(ws: &Workspace, opts: &RunOptions, llm: &LlmSetup) -> Result<()> {
-    check_models(ws, reachable(ws, opts.step.as_deref()), llm)
+    check_models(ws, reachable_in(ws, opts), llm)
 }
 
 /// The preflight of a run: every check that can be made before anything in the workspace
@@ -139,8 +153,32 @@ pub(super) fn preflight<'w>(
                 )
             })?;
     }
+    if let Some(step) = &opts.from {
+        ensure!(
+            opts.step.is_none(),
+            "--from and --step cannot be given together"
+        );
+        ws.plan
+            .step(step)
+            .with_context(|| format!("--from: no step {step:?} in the plan"))?;
+    }
+    for (step, route) in &opts.route_selections {
+        let Some(StepKind::Routing(r)) = ws.plan.step(step).map(|s| &s.kind) else {
+            bail!("--route {step}={route}: {step:?} is not a routing step of the plan");
+        };
+        if !r.routes.iter().any(|x| &x.route_id == route) {
+            bail!(
+                "--route {step}={route}: routing step {step:?} has no route {route:?} (routes: {})",
+                r.routes
+                    .iter()
+                    .map(|x| x.route_id.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+    }
     let groups = select_groups(ws, opts.group.as_deref())?;
-    if opts.step.is_some() && opts.group.is_none() && !groups.is_empty() {
+    if (opts.step.is_some() || opts.from.is_some()) && opts.group.is_none() && !groups.is_empty() {
         bail!(
             "workflow.json declares groups: --step runs in one group's run folder, give --group \
              (groups: {})",
@@ -166,7 +204,7 @@ pub(super) fn preflight<'w>(
     if units.is_empty() {
         units.push((None, ACTIVE_RUN.to_string()));
     }
-    let full = opts.step.is_none() && opts.group.is_none();
+    let full = opts.step.is_none() && opts.from.is_none() && opts.group.is_none();
     check_inputs(ws, opts)?;
     for (_, folder) in &units {
         // A full run starts from fresh run folders: the default step config applies.

@@ -9,6 +9,12 @@
 //! `--allow-key VAR=ORIGIN`; never from the workspace. Plain `http://` to a host other
 //! than this machine needs the same approval, with or without a key, since anything on
 //! the path can read or answer it.
+//!
+//! The operator also approves the hosts a step script may reach although they are (or
+//! resolve to) loopback or private addresses (`--allow-host HOST`, `allow_host` in the
+//! config file): a workspace's `allowed_hosts` alone cannot reach local services. The
+//! secrets a script uses (`SECRET_<NAME>`) are approved like keys, `--allow-key
+//! SECRET_<NAME>=ORIGIN`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -23,6 +29,8 @@ use super::{BASE_URL_ENV, DEFAULT_BASE_URL, DEFAULT_KEY_ENV};
 #[derive(Debug, Clone, Default)]
 pub struct KeyApprovals {
     approved: BTreeMap<String, Vec<Origin>>,
+    /// Hosts scripts may reach at loopback or private addresses (compared normalized).
+    hosts: Vec<String>,
     config_file: Option<PathBuf>,
 }
 
@@ -32,6 +40,8 @@ pub struct KeyApprovals {
 struct ConfigFile {
     #[serde(default)]
     allow_key: Vec<AllowKey>,
+    #[serde(default)]
+    allow_host: Vec<String>,
 }
 
 /// One `[[allow_key]]` table.
@@ -86,6 +96,23 @@ impl KeyApprovals {
         Ok(())
     }
 
+    /// Lets step scripts reach `host` (a host name or IP address, as in `allowed_hosts`)
+    /// although it is, or resolves to, a loopback or private address (`--allow-host`).
+    pub fn allow_host(&mut self, host: &str) -> Result<()> {
+        let rule = super::http::HostRule::parse(host)
+            .map_err(|e| anyhow::anyhow!("--allow-host {host:?}: {e}"))?;
+        let host = rule.host().to_string();
+        if !self.hosts.contains(&host) {
+            self.hosts.push(host);
+        }
+        Ok(())
+    }
+
+    /// Whether scripts may reach `host` at a loopback or private address.
+    pub(crate) fn is_host_approved(&self, host: &str) -> bool {
+        self.hosts.contains(&super::http::normal_host(host))
+    }
+
     /// Adds an approval given as `VAR=ORIGIN` (the `--allow-key` form).
     pub fn allow_spec(&mut self, spec: &str) -> Result<()> {
         let (var, origin) = spec
@@ -126,6 +153,10 @@ impl KeyApprovals {
         for (i, entry) in config.allow_key.iter().enumerate() {
             self.allow(&entry.var, &entry.origin)
                 .with_context(|| format!("{}: allow_key[{i}]", path.display()))?;
+        }
+        for (i, host) in config.allow_host.iter().enumerate() {
+            self.allow_host(host)
+                .with_context(|| format!("{}: allow_host[{i}]", path.display()))?;
         }
         Ok(())
     }
@@ -273,11 +304,16 @@ mod tests {
         let path = dir.path().join("config.toml");
         std::fs::write(
             &path,
-            "[[allow_key]]\nvar = \"MY_KEY\"\norigin = \"https://llm.internal:8443\"\n",
+            "allow_host = [\"Metrics.LAN\", \"127.0.0.1:8080\"]\n\
+             [[allow_key]]\nvar = \"MY_KEY\"\norigin = \"https://llm.internal:8443\"\n",
         )
         .unwrap();
         let mut approvals = KeyApprovals::none();
         approvals.load_config(&path).unwrap();
+        assert!(approvals.is_host_approved("metrics.lan"));
+        assert!(approvals.is_host_approved("127.0.0.1"));
+        assert!(!approvals.is_host_approved("10.0.0.1"));
+        assert!(approvals.allow_host("https://h/x").is_err());
         assert!(
             approvals
                 .check("MY_KEY", true, "https://llm.internal:8443")

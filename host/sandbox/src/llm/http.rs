@@ -10,6 +10,16 @@
 //! once, requests in all, bytes of a request body) and refuses an authority
 //! with userinfo (`x@host`), whose host the check and the connection could
 //! read differently.
+//!
+//! The same hook gates a step script's requests ([`HttpPolicy::for_script`], a
+//! [`ScriptNet`]): instead of one origin, the hosts of its step's `allowed_hosts`;
+//! instead of one key, the operator's secrets put in place of their placeholders in
+//! the request's headers, each only for the origins the operator approved for it;
+//! and an address check: a host that is, or resolves to, a loopback, private or
+//! link-local address needs the operator's `--allow-host` (plain `http://` then
+//! connects to the address checked, so a second lookup cannot answer differently).
+//! Responses are bounded too. A refusal reaches the script as `internal-error` with
+//! the reason, before a byte is sent.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -172,9 +182,141 @@ impl http_body::Body for CountedBody {
     }
 }
 
-/// The `wasi:http` hooks of one provider call.
+/// One entry of a step's `allowed_hosts`: a host name or IP address, with a port or
+/// any port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostRule {
+    host: String,
+    port: Option<u16>,
+}
+
+impl HostRule {
+    /// `api.example.com`, `api.example.com:8443`, `127.0.0.1`, `[::1]:80`; no scheme,
+    /// path or user name.
+    pub fn parse(entry: &str) -> Result<HostRule, String> {
+        let entry = entry.trim();
+        let bad = || {
+            format!(
+                "`{entry}` is not a host: give a host name or IP address, optionally with                  :port (no scheme, path or user name)"
+            )
+        };
+        if entry.is_empty() || entry.contains(['/', '@', '?', '#', ' ']) {
+            return Err(bad());
+        }
+        let uri: Uri = format!("http://{entry}").parse().map_err(|_| bad())?;
+        let authority = uri.authority().ok_or_else(bad)?;
+        let port = match authority.as_str().strip_prefix(authority.host()) {
+            Some("") => None,
+            Some(rest) => Some(
+                rest.strip_prefix(':')
+                    .and_then(|p| p.parse::<u16>().ok())
+                    .ok_or_else(bad)?,
+            ),
+            None => return Err(bad()),
+        };
+        Ok(HostRule {
+            host: normal_host(authority.host()),
+            port,
+        })
+    }
+
+    /// The host, normalized (a port given with it is not part of it).
+    pub(crate) fn host(&self) -> &str {
+        &self.host
+    }
+
+    fn matches(&self, origin: &Origin) -> bool {
+        self.host == normal_host(&origin.host) && self.port.is_none_or(|p| p == origin.port)
+    }
+}
+
+/// A host as compared: lower case, without the brackets of an IPv6 address or the dot
+/// that ends a fully qualified name.
+pub(crate) fn normal_host(host: &str) -> String {
+    host.trim_start_matches('[')
+        .trim_end_matches(']')
+        .trim_end_matches('.')
+        .to_ascii_lowercase()
+}
+
+/// Whether an address is on the public internet: not loopback, private, link-local,
+/// shared (CGNAT), unspecified, broadcast, multicast or an IPv6 unique-local address
+/// (an IPv4-mapped IPv6 address is judged as the IPv4 one).
+pub(crate) fn is_public(ip: std::net::IpAddr) -> bool {
+    use std::net::IpAddr;
+    match ip {
+        IpAddr::V4(v4) => {
+            let [a, b, ..] = v4.octets();
+            !(v4.is_loopback()
+                || v4.is_private()
+                || v4.is_link_local()
+                || v4.is_unspecified()
+                || v4.is_broadcast()
+                || v4.is_multicast()
+                || v4.is_documentation()
+                || a == 0
+                || (a == 100 && (64..128).contains(&b)))
+        }
+        IpAddr::V6(v6) => {
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                return is_public(IpAddr::V4(v4));
+            }
+            let first = v6.segments()[0];
+            !(v6.is_loopback()
+                || v6.is_unspecified()
+                || v6.is_multicast()
+                || (first & 0xfe00) == 0xfc00
+                || (first & 0xffc0) == 0xfe80)
+        }
+    }
+}
+
+/// The placeholder a script sees in `SECRET_<NAME>` for the operator's secret in that
+/// variable.
+pub fn secret_placeholder(var: &str) -> String {
+    format!("trellis-secret:{var}")
+}
+
+/// What a step script may reach over `wasi:http`.
+#[derive(Debug, Clone)]
+pub struct ScriptNet {
+    /// The step's `allowed_hosts`.
+    pub hosts: Vec<HostRule>,
+    /// The operator's approvals: which origins receive which secret, which hosts may be
+    /// loopback or private.
+    pub approvals: std::sync::Arc<super::KeyApprovals>,
+    /// The operator's secrets: variable name (`SECRET_<NAME>`) and value.
+    pub secrets: Vec<(String, Secret)>,
+}
+
+impl ScriptNet {
+    /// The secrets' values, to be hidden wherever the script could echo what an approved
+    /// server sent back (its stdout, stderr and log lines).
+    pub fn secret_values(&self) -> Vec<String> {
+        self.secrets
+            .iter()
+            .filter_map(|(_, secret)| secret.value())
+            .filter(|v| !v.is_empty())
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+/// Outgoing requests of one step script, at once, in all and per body.
+pub(crate) const SCRIPT_REQUEST_LIMITS: RequestLimits = RequestLimits {
+    live: 4,
+    total: 1000,
+    body_bytes: 32 << 20,
+};
+
+/// Largest response body a script may read, in bytes.
+pub(crate) const SCRIPT_RESPONSE_BYTES: u64 = 32 << 20;
+
+/// The `wasi:http` hooks of one provider call (or step script run).
 pub(crate) struct HttpPolicy {
     allowed: Option<Origin>,
+    /// Set for a step script: its hosts and secrets instead of `allowed` and `authorization`.
+    script: Option<std::sync::Arc<ScriptNet>>,
     authorization: Option<HeaderValue>,
     timeout: Duration,
     limits: RequestLimits,
@@ -187,19 +329,25 @@ impl HttpPolicy {
     /// The key the host adds to requests, to be hidden wherever the guest could echo it
     /// (its log lines).
     pub(crate) fn secret_values(&self) -> Vec<String> {
-        self.authorization
+        let mut values: Vec<String> = self
+            .authorization
             .as_ref()
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .filter(|key| !key.is_empty())
             .map(|key| vec![key.to_string()])
-            .unwrap_or_default()
+            .unwrap_or_default();
+        if let Some(net) = &self.script {
+            values.extend(net.secret_values());
+        }
+        values
     }
 
     /// Refuses every request: the policy of calls that are not LLM calls.
     pub(crate) fn deny_all() -> Self {
         HttpPolicy {
             allowed: None,
+            script: None,
             authorization: None,
             timeout: Duration::ZERO,
             limits: RequestLimits::default(),
@@ -232,6 +380,7 @@ impl HttpPolicy {
         };
         Ok(HttpPolicy {
             allowed,
+            script: None,
             authorization,
             timeout,
             limits: RequestLimits::default(),
@@ -239,6 +388,86 @@ impl HttpPolicy {
             refused: Arc::default(),
             limited: Arc::default(),
         })
+    }
+
+    /// The requests of a step script: to `net`'s hosts only, each exchange bounded by
+    /// `timeout`.
+    pub(crate) fn for_script(net: ScriptNet, timeout: Duration) -> Self {
+        HttpPolicy {
+            allowed: None,
+            script: Some(std::sync::Arc::new(net)),
+            authorization: None,
+            timeout,
+            limits: SCRIPT_REQUEST_LIMITS,
+            counts: Arc::default(),
+            refused: Arc::default(),
+            limited: Arc::default(),
+        }
+    }
+
+    fn who(&self) -> &'static str {
+        if self.script.is_some() {
+            "the script"
+        } else {
+            "the provider"
+        }
+    }
+
+    /// Refuses a script's request, before anything is sent: the script gets `reason`.
+    fn refuse_script(&self, reason: String) -> SendFuture {
+        tracing::warn!("refused a script's request: {reason}");
+        self.refused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(reason.clone());
+        Box::new(async move { Err(HttpError::InternalError(Some(reason))) })
+    }
+
+    /// The first check of a script's request: an allowed host, and secrets only where
+    /// approved (put in place of their placeholders in the headers). `Err` is the reason
+    /// for refusing it.
+    fn check_script(
+        net: &ScriptNet,
+        request: &mut http::Request<WasiBody>,
+    ) -> Result<Origin, String> {
+        let uri = request.uri();
+        let Some(target) = Origin::of(uri).filter(|_| !has_userinfo(uri)) else {
+            return Err(format!(
+                "refused {uri}: not an absolute http:// or https:// URL without a user name"
+            ));
+        };
+        if !net.hosts.iter().any(|rule| rule.matches(&target)) {
+            return Err(format!(
+                "refused {target}: host {} is not in this step's agent_configs.allowed_hosts",
+                target.host
+            ));
+        }
+        for value in request.headers_mut().values_mut() {
+            let Ok(text) = value.to_str() else { continue };
+            if !text.contains("trellis-secret:") {
+                continue;
+            }
+            let mut text = text.to_string();
+            for (var, secret) in &net.secrets {
+                let placeholder = secret_placeholder(var);
+                if !text.contains(&placeholder) {
+                    continue;
+                }
+                if !net.approvals.is_approved(var, &target) {
+                    return Err(format!(
+                        "refused {target}: the secret in {var} is not approved for {target}; \
+                         the operator approves it with --allow-key {var}={target}"
+                    ));
+                }
+                text = text.replace(&placeholder, secret.value().unwrap_or_default());
+            }
+            let mut replaced = HeaderValue::from_str(&text).map_err(|_| {
+                format!("refused {target}: a secret holds characters a header cannot")
+            })?;
+            replaced.set_sensitive(true);
+            *value = replaced;
+        }
+        Ok(target)
     }
 
     /// The same policy with other request limits.
@@ -278,6 +507,49 @@ fn forbidden(name: &HeaderName) -> bool {
     *name == http::header::AUTHORIZATION || DEFAULT_FORBIDDEN_HEADERS.contains(name)
 }
 
+/// A script sets its own `Authorization` (with a secret's placeholder in it).
+fn forbidden_to_scripts(name: &HeaderName) -> bool {
+    DEFAULT_FORBIDDEN_HEADERS.contains(name)
+}
+
+/// Where a script's request may connect: `Ok(Some(address))` pins a plain `http://`
+/// request to the address checked, `Ok(None)` lets the connection resolve the name (for
+/// `https://`, whose certificate names the host). A host that is, or resolves to, an
+/// address off the public internet needs the operator's approval.
+async fn check_address(
+    target: &Origin,
+    approvals: &super::KeyApprovals,
+) -> Result<Option<std::net::SocketAddr>, String> {
+    let host = normal_host(&target.host);
+    let approved = approvals.is_host_approved(&host);
+    let addresses: Vec<std::net::SocketAddr> = match host.parse::<std::net::IpAddr>() {
+        Ok(ip) => vec![std::net::SocketAddr::new(ip, target.port)],
+        Err(_) => tokio::net::lookup_host((host.as_str(), target.port))
+            .await
+            .map_err(|e| format!("{target}: cannot resolve {host}: {e}"))?
+            .collect(),
+    };
+    let Some(first) = addresses.first().copied() else {
+        return Err(format!("{target}: {host} resolves to no address"));
+    };
+    if !approved && (host == "localhost" || host.ends_with(".localhost")) {
+        return Err(format!(
+            "refused {target}: {host} is this machine; the operator approves it with \
+             --allow-host {host}"
+        ));
+    }
+    if let Some(private) = addresses.iter().find(|a| !is_public(a.ip()))
+        && !approved
+    {
+        return Err(format!(
+            "refused {target}: {host} is (or resolves to) {}, a loopback or private \
+             address; the operator approves it with --allow-host {host}",
+            private.ip()
+        ));
+    }
+    Ok((!target.https).then_some(first))
+}
+
 type SendFuture = Box<
     dyn Future<
             Output = Result<
@@ -292,7 +564,11 @@ type SendFuture = Box<
 
 impl WasiHttpHooks for HttpPolicy {
     fn forbidden_header_filter(&mut self) -> ForbiddenHeaderFilter {
-        Arc::new(forbidden)
+        if self.script.is_some() {
+            Arc::new(forbidden_to_scripts)
+        } else {
+            Arc::new(forbidden)
+        }
     }
 
     fn send_request(
@@ -302,8 +578,18 @@ impl WasiHttpHooks for HttpPolicy {
         fut: Box<dyn Future<Output = Result<(), HttpError>> + Send>,
     ) -> SendFuture {
         drop(fut);
+        let mut request = request;
+        let script = self.script.clone();
+        let script_target = match &script {
+            Some(net) => match Self::check_script(net, &mut request) {
+                Ok(target) => Some(target),
+                Err(reason) => return self.refuse_script(reason),
+            },
+            None => None,
+        };
         let target = Origin::of(request.uri()).filter(|_| !has_userinfo(request.uri()));
-        let permitted = matches!((&self.allowed, &target), (Some(a), Some(t)) if a == t);
+        let permitted = script_target.is_some()
+            || matches!((&self.allowed, &target), (Some(a), Some(t)) if a == t);
         if !permitted {
             let shown = target
                 .map(|t| t.to_string())
@@ -318,15 +604,17 @@ impl WasiHttpHooks for HttpPolicy {
         let limits = self.limits;
         if self.counts.total.load(Ordering::SeqCst) >= limits.total {
             return self.over_limit(format!(
-                "the provider opened more than {} requests in one call attempt (the limit of \
+                "{} opened more than {} requests in one call attempt (the limit of \
                  requests per attempt)",
+                self.who(),
                 limits.total
             ));
         }
         if self.counts.live.load(Ordering::SeqCst) >= limits.live {
             return self.over_limit(format!(
-                "the provider had more than {} requests open at once (the limit of live \
+                "{} had more than {} requests open at once (the limit of live \
                  requests per attempt)",
+                self.who(),
                 limits.live
             ));
         }
@@ -337,7 +625,8 @@ impl WasiHttpHooks for HttpPolicy {
             .and_then(|v| v.parse::<u64>().ok());
         if declared.is_some_and(|n| n > limits.body_bytes) {
             return self.over_limit(format!(
-                "the provider sent a request body of {} bytes, over the limit of {} bytes",
+                "{} sent a request body of {} bytes, over the limit of {} bytes",
+                self.who(),
                 declared.unwrap_or_default(),
                 limits.body_bytes
             ));
@@ -347,6 +636,7 @@ impl WasiHttpHooks for HttpPolicy {
         let live: SharedGuard = Arc::new(Mutex::new(Some(LiveGuard(self.counts.clone()))));
         let body_limit = limits.body_bytes;
         let limited = self.limited.clone();
+        let who = self.who();
         let request = request.map(|body| {
             http_body_util::Limited::new(body, usize::try_from(body_limit).unwrap_or(usize::MAX))
                 .map_err(move |e| match e.downcast::<HttpError>() {
@@ -355,7 +645,7 @@ impl WasiHttpHooks for HttpPolicy {
                         let mut first = limited.lock().unwrap_or_else(|e| e.into_inner());
                         first.get_or_insert_with(|| {
                             format!(
-                                "the provider sent a request body over the limit of {body_limit} bytes"
+                                "{who} sent a request body over the limit of {body_limit} bytes"
                             )
                         });
                         HttpError::HttpRequestBodySize(Some(body_limit))
@@ -364,11 +654,14 @@ impl WasiHttpHooks for HttpPolicy {
                 .boxed_unsync()
         });
         let mut request = request;
-        let headers = request.headers_mut();
-        headers.remove(http::header::AUTHORIZATION);
-        if let Some(value) = &self.authorization {
-            headers.insert(http::header::AUTHORIZATION, value.clone());
+        if script.is_none() {
+            let headers = request.headers_mut();
+            headers.remove(http::header::AUTHORIZATION);
+            if let Some(value) = &self.authorization {
+                headers.insert(http::header::AUTHORIZATION, value.clone());
+            }
         }
+        let refused = self.refused.clone();
         let timeout = self.timeout;
         let bound = |guest: Option<Duration>| Some(guest.map_or(timeout, |g| g.min(timeout)));
         let options = RequestOptions {
@@ -377,6 +670,24 @@ impl WasiHttpHooks for HttpPolicy {
             between_bytes_timeout: bound(options.and_then(|o| o.between_bytes_timeout)),
         };
         Box::new(async move {
+            if let (Some(net), Some(target)) = (&script, &script_target) {
+                match check_address(target, &net.approvals).await {
+                    Ok(pinned) => {
+                        if let Some(address) = pinned {
+                            pin_to(&mut request, address);
+                        }
+                    }
+                    Err(reason) => {
+                        tracing::warn!("refused a script's request: {reason}");
+                        refused
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .push(reason.clone());
+                        return Err(HttpError::InternalError(Some(reason)));
+                    }
+                }
+            }
+            let response_limit = script.as_ref().map(|_| SCRIPT_RESPONSE_BYTES);
             let sent = tokio::time::timeout(
                 timeout,
                 wasmtime_wasi_http::default_send_request(request, Some(options)),
@@ -384,6 +695,16 @@ impl WasiHttpHooks for HttpPolicy {
             .await
             .map_err(|_| HttpError::HttpResponseTimeout)??;
             let (response, io) = sent;
+            if let Some(limit) = response_limit {
+                let declared = response
+                    .headers()
+                    .get(http::header::CONTENT_LENGTH)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse::<u64>().ok());
+                if declared.is_some_and(|n| n > limit) {
+                    return Err(HttpError::HttpResponseBodySize(declared));
+                }
+            }
             // The request stays live until its response body ends or its connection does.
             let body_live = live.clone();
             let io = async move {
@@ -393,8 +714,20 @@ impl WasiHttpHooks for HttpPolicy {
             };
             Ok((
                 response.map(|inner| {
+                    let inner = match response_limit {
+                        Some(limit) => http_body_util::Limited::new(
+                            inner,
+                            usize::try_from(limit).unwrap_or(usize::MAX),
+                        )
+                        .map_err(move |e| match e.downcast::<HttpError>() {
+                            Ok(e) => *e,
+                            Err(_) => HttpError::HttpResponseBodySize(Some(limit)),
+                        })
+                        .boxed_unsync(),
+                        None => inner.boxed_unsync(),
+                    };
                     CountedBody {
-                        inner: inner.boxed_unsync(),
+                        inner,
                         live: body_live,
                     }
                     .boxed_unsync()
@@ -402,6 +735,23 @@ impl WasiHttpHooks for HttpPolicy {
                 Box::new(io) as Box<dyn Future<Output = Result<(), HttpError>> + Send>,
             ))
         })
+    }
+}
+
+/// Sends a plain `http://` request to `address` (its `Host` header still names the host).
+fn pin_to(request: &mut http::Request<WasiBody>, address: std::net::SocketAddr) {
+    let path = request
+        .uri()
+        .path_and_query()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "/".to_string());
+    if let Ok(uri) = Uri::builder()
+        .scheme(Scheme::HTTP)
+        .authority(address.to_string())
+        .path_and_query(path)
+        .build()
+    {
+        *request.uri_mut() = uri;
     }
 }
 
@@ -507,6 +857,39 @@ mod tests {
         assert!(
             matches!(big, Err(HttpError::InternalError(Some(m))) if m.contains("over the limit of 33554432 bytes"))
         );
+    }
+
+    #[test]
+    fn host_rules_and_public_addresses() {
+        let rule = HostRule::parse("API.example.com").unwrap();
+        assert!(rule.matches(&Origin::parse("https://api.example.com:8443/x").unwrap()));
+        assert!(rule.matches(&Origin::parse("http://api.example.com./x").unwrap()));
+        assert!(!rule.matches(&Origin::parse("https://api.example.com.evil.net").unwrap()));
+        let port = HostRule::parse("127.0.0.1:8080").unwrap();
+        assert!(port.matches(&Origin::parse("http://127.0.0.1:8080").unwrap()));
+        assert!(!port.matches(&Origin::parse("http://127.0.0.1:8081").unwrap()));
+        assert!(HostRule::parse("[::1]:80").is_ok());
+        for bad in ["https://h", "h/path", "u@h", "", "h:99999"] {
+            assert!(HostRule::parse(bad).is_err(), "{bad}");
+        }
+        for private in [
+            "127.0.0.1",
+            "10.1.2.3",
+            "172.16.0.1",
+            "192.168.1.1",
+            "169.254.169.254",
+            "0.0.0.0",
+            "100.64.0.1",
+            "::1",
+            "fd00::1",
+            "fe80::1",
+            "::ffff:10.0.0.1",
+        ] {
+            assert!(!is_public(private.parse().unwrap()), "{private}");
+        }
+        for public in ["93.184.216.34", "2606:2800:220:1::1"] {
+            assert!(is_public(public.parse().unwrap()), "{public}");
+        }
     }
 
     #[test]

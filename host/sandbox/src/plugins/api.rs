@@ -20,6 +20,11 @@ pub const PLUGIN_API_PACKAGE: &str = "trellis:plugin";
 /// The version of the plugin API WIT the host is built from (`wit/trellis-plugin@0.1.0/`).
 pub const PLUGIN_API_VERSION: &str = "0.1.0";
 
+/// The version of the step script world (`wit/trellis-plugin@0.2.0/script.wit`: the 0.1.0
+/// world plus `wasi:http` and `workflow-db.run`), which the bundled Python runner targets.
+/// Plugins stay on [`SUPPORTED_PLUGIN_API`]; the host serves `workflow-db` at both.
+pub const SCRIPT_API_VERSION: &str = "0.2.0";
+
 /// The plugin API versions a component may target (a semver requirement).
 pub const SUPPORTED_PLUGIN_API: &str = ">=0.1.0, <0.2.0";
 

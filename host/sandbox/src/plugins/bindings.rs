@@ -41,3 +41,19 @@ pub mod llm {
         },
     });
 }
+
+/// World `script-runner` of `wit/trellis-plugin@0.2.0/`: the Python script runner's world,
+/// which adds `wasi:http` and `workflow-db.run`. Only its `trellis:plugin` interfaces are
+/// generated here (at 0.2.0, beside the 0.1.0 ones of the worlds above); WASI comes from
+/// wasmtime's own bindings.
+pub mod script {
+    wasmtime::component::bindgen!({
+        path: "../../wit/trellis-plugin@0.2.0",
+        world: "script-runner",
+        require_store_data_send: true,
+        with: {
+            "wasi": wasmtime_wasi::p2::bindings,
+            "wasi:http": wasmtime_wasi_http::p2::bindings::http,
+        },
+    });
+}

@@ -126,6 +126,8 @@ pub struct ScriptOutcome {
     pub started_at: String,
     /// The folder the logs were written to (`runs/<run>/logs/<step-id>`), when they were.
     pub log_dir: Option<PathBuf>,
+    /// Said about where the script was found (a script under `learnings/`).
+    pub warning: Option<String>,
 }
 
 impl ScriptOutcome {
@@ -179,6 +181,7 @@ impl ScriptOutcome {
             "started_at": self.started_at,
             "completed_at": completed_at,
             "duration_ms": self.duration.as_millis() as u64,
+            "warning": self.warning,
         })
     }
 }

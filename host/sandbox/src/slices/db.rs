@@ -23,10 +23,58 @@ const DB_MAX_ROWS: usize = 10_000;
 /// Bytes of JSON a `workflow-db` query may return.
 const DB_MAX_BYTES: usize = 8 << 20;
 
-/// Links `workflow-db`, once.
+/// Links `workflow-db`, once: at 0.1.0 (every world) and at 0.2.0 (the script runner's,
+/// which adds `run`).
 pub(crate) fn add_to_linker(linker: &mut Linker<CallState>) -> anyhow::Result<()> {
     workflow_db::add_to_linker::<CallState, HasSelf<DbState>>(linker, |s| &mut s.db)?;
+    v2::add_to_linker::<CallState, HasSelf<DbState>>(linker, |s| &mut s.db)?;
+    crate::plugins::bindings::script::trellis::plugin::types::add_to_linker::<
+        CallState,
+        HasSelf<DbState>,
+    >(linker, |s| &mut s.db)?;
     Ok(())
+}
+
+use crate::plugins::bindings::script::trellis::plugin::workflow_db as v2;
+
+impl crate::plugins::bindings::script::trellis::plugin::types::Host for DbState {}
+
+/// The 0.2.0 interface: the same statements as 0.1.0, plus `run`.
+impl v2::Host for DbState {
+    fn query(&mut self, sql: String, params: Vec<v2::SqlValue>) -> Result<String, v2::DbError> {
+        workflow_db::Host::query(self, sql, params.into_iter().map(v1_value).collect())
+            .map_err(v2_error)
+    }
+
+    fn execute(&mut self, sql: String, params: Vec<v2::SqlValue>) -> Result<u64, v2::DbError> {
+        workflow_db::Host::execute(self, sql, params.into_iter().map(v1_value).collect())
+            .map_err(v2_error)
+    }
+
+    fn run(&mut self, sql: String, params: Vec<v2::SqlValue>) -> Result<String, v2::DbError> {
+        let params: Vec<workflow_db::SqlValue> = params.into_iter().map(v1_value).collect();
+        let result = self.run_any(&sql, &params);
+        self.note_deadline(&result);
+        result.map_err(v2_error)
+    }
+}
+
+fn v1_value(value: v2::SqlValue) -> workflow_db::SqlValue {
+    match value {
+        v2::SqlValue::Null => workflow_db::SqlValue::Null,
+        v2::SqlValue::Integer(n) => workflow_db::SqlValue::Integer(n),
+        v2::SqlValue::Real(f) => workflow_db::SqlValue::Real(f),
+        v2::SqlValue::Text(t) => workflow_db::SqlValue::Text(t),
+    }
+}
+
+fn v2_error(error: workflow_db::DbError) -> v2::DbError {
+    match error {
+        workflow_db::DbError::NotGranted => v2::DbError::NotGranted,
+        workflow_db::DbError::ReadOnly(m) => v2::DbError::ReadOnly(m),
+        workflow_db::DbError::Sql(m) => v2::DbError::Sql(m),
+        workflow_db::DbError::TooLarge(m) => v2::DbError::TooLarge(m),
+    }
 }
 
 /// The workflow database of one call.
@@ -139,6 +187,58 @@ impl DbState {
         sql: &str,
         params: &[workflow_db::SqlValue],
     ) -> Result<String, workflow_db::DbError> {
+        let (names, rows) = self.query_rows(sql, params)?;
+        let objects: Vec<serde_json::Value> = rows
+            .into_iter()
+            .map(|row| serde_json::Value::Object(names.iter().cloned().zip(row).collect()))
+            .collect();
+        Ok(serde_json::Value::Array(objects).to_string())
+    }
+
+    /// `run` of 0.2.0: a read-only statement's columns (in order) and rows, or what a
+    /// statement that modifies the database changed.
+    fn run_any(
+        &mut self,
+        sql: &str,
+        params: &[workflow_db::SqlValue],
+    ) -> Result<String, workflow_db::DbError> {
+        use workflow_db::DbError;
+        let readonly = {
+            let db = self.connection(sql)?;
+            let stmt = db
+                .conn()
+                .prepare(sql)
+                .map_err(|e| DbError::Sql(db.describe(&e)))?;
+            stmt.readonly()
+        };
+        if readonly {
+            let (columns, rows) = self.query_rows(sql, params)?;
+            return Ok(serde_json::json!({"columns": columns, "rows": rows}).to_string());
+        }
+        if self.grant.as_ref().is_some_and(|db| !db.writable) {
+            return Err(DbError::ReadOnly(
+                "this turn has read-only access to the workflow db".into(),
+            ));
+        }
+        let changed = self.run_execute(sql, params)?;
+        let rowid = self
+            .conn
+            .as_ref()
+            .map(|db| db.conn().last_insert_rowid())
+            .unwrap_or_default();
+        Ok(serde_json::json!({
+            "columns": [], "rows": [], "changed": changed, "last-insert-rowid": rowid
+        })
+        .to_string())
+    }
+
+    /// The column names and rows of a read-only statement, within the row and size limits.
+    #[allow(clippy::type_complexity)]
+    fn query_rows(
+        &mut self,
+        sql: &str,
+        params: &[workflow_db::SqlValue],
+    ) -> Result<(Vec<String>, Vec<Vec<serde_json::Value>>), workflow_db::DbError> {
         use workflow_db::DbError;
         let db = self.connection(sql)?;
         let failed = |e: rusqlite::Error| DbError::Sql(db.describe(&e));
@@ -158,7 +258,7 @@ impl DbState {
             if out.len() == DB_MAX_ROWS {
                 return Err(DbError::TooLarge(format!("more than {DB_MAX_ROWS} rows")));
             }
-            let mut object = serde_json::Map::new();
+            let mut values = Vec::with_capacity(names.len());
             for (i, name) in names.iter().enumerate() {
                 let value = sql::sql_to_json(row.get_ref(i).map_err(failed)?);
                 bytes += name.len() + value.to_string().len();
@@ -168,11 +268,11 @@ impl DbState {
                         "result over {DB_MAX_BYTES} bytes"
                     )));
                 }
-                object.insert(name.clone(), value);
+                values.push(value);
             }
-            out.push(serde_json::Value::Object(object));
+            out.push(values);
         }
-        Ok(serde_json::Value::Array(out).to_string())
+        Ok((names, out))
     }
 
     fn run_execute(

@@ -4,18 +4,137 @@
 use super::*;
 
 /// A sub-agent route of a sequence.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct PredefinedRoute {
-    /// Equals `sub_agent_step.id`.
+    /// Equals `sub_agent_step.id` for an inline step.
     pub route_id: String,
     /// A label.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub route_name: Option<String>,
     /// When the agent should use it.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub condition: Option<String>,
-    /// The child sequence.
+    /// The child step: a `message_sequence`, or a `regular` step (a scripted boundary when
+    /// its step config says scripted, else one agent turn). For an `orphan_step_ref` route,
+    /// a copy of the orphan step, filled in once the whole plan is read.
     pub sub_agent_step: Box<Step>,
+    /// The orphan step the route runs, instead of an inline `sub_agent_step`.
+    pub orphan_step_ref: Option<String>,
+}
+
+impl Serialize for PredefinedRoute {
+    /// The keys it was read from: `orphan_step_ref` instead of the copied step.
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(None)?;
+        map.serialize_entry("route_id", &self.route_id)?;
+        if let Some(n) = &self.route_name {
+            map.serialize_entry("route_name", n)?;
+        }
+        if let Some(c) = &self.condition {
+            map.serialize_entry("condition", c)?;
+        }
+        match &self.orphan_step_ref {
+            Some(r) => map.serialize_entry("orphan_step_ref", r)?,
+            None => map.serialize_entry("sub_agent_step", &self.sub_agent_step)?,
+        }
+        map.end()
+    }
+}
+
+/// A placeholder for the orphan step an `orphan_step_ref` names, until the plan is read.
+fn orphan_placeholder(id: &str) -> Step {
+    Step {
+        id: id.to_string(),
+        title: None,
+        description: None,
+        context_dependencies: None,
+        context_output: None,
+        validation_schema: None,
+        next_step_id: None,
+        kind: StepKind::Regular,
+    }
+}
+
+/// Fills every `orphan_step_ref` route (at any depth) with a copy of the orphan step it
+/// names; a name that is no orphan step, or an orphan that is not a sub-agent kind, is an
+/// error at the route's path.
+pub(super) fn resolve_orphan_refs(ctx: &mut Ctx, value: &Value, plan: &mut Plan) {
+    let orphans = plan.orphan_steps.clone();
+    fn walk(
+        ctx: &mut Ctx,
+        raw: &Value,
+        path: JsonPath,
+        step: &mut Step,
+        orphans: &[Step],
+        depth: usize,
+    ) {
+        let routes = match &mut step.kind {
+            StepKind::MessageSequence(s) => &mut s.predefined_routes,
+            StepKind::TodoTask(t) => &mut t.predefined_routes,
+            _ => return,
+        };
+        for (i, route) in routes.iter_mut().enumerate() {
+            let rpath = path.key("predefined_routes").index(i);
+            let rraw = raw
+                .get("predefined_routes")
+                .and_then(|r| r.get(i))
+                .unwrap_or(&Value::Null);
+            if let Some(name) = route.orphan_step_ref.clone() {
+                match orphans.iter().find(|o| o.id == name) {
+                    Some(o) if matches!(o.kind, StepKind::MessageSequence(_) | StepKind::Regular) => {
+                        *route.sub_agent_step = o.clone();
+                    }
+                    Some(o) => ctx.error(
+                        &rpath.key("orphan_step_ref"),
+                        format!(
+                            "names the orphan step {} of type {}: a sub-agent step must be a message_sequence or a regular step",
+                            quote(&name),
+                            quote(o.type_name())
+                        ),
+                    ),
+                    None => {
+                        let hint = did_you_mean(&name, orphans.iter().map(|o| o.id.as_str()))
+                            .map(|c| format!(" (did you mean \"{c}\"?)"))
+                            .unwrap_or_default();
+                        ctx.error(
+                            &rpath.key("orphan_step_ref"),
+                            format!("names no orphan step of the plan: {}{hint}", quote(&name)),
+                        );
+                    }
+                }
+            } else if depth < 8 {
+                let sraw = rraw.get("sub_agent_step").unwrap_or(&Value::Null);
+                walk(
+                    ctx,
+                    sraw,
+                    rpath.key("sub_agent_step"),
+                    &mut route.sub_agent_step,
+                    orphans,
+                    depth + 1,
+                );
+            }
+        }
+    }
+    for (list, steps) in [
+        ("steps", &mut plan.steps),
+        ("orphan_steps", &mut plan.orphan_steps),
+    ] {
+        for (i, step) in steps.iter_mut().enumerate() {
+            let raw = value
+                .get(list)
+                .and_then(|l| l.get(i))
+                .unwrap_or(&Value::Null);
+            let outer = ctx.set_step(Some(step.id.clone()));
+            walk(
+                ctx,
+                raw,
+                JsonPath::root().key(list).index(i),
+                step,
+                &orphans,
+                0,
+            );
+            ctx.set_step(outer);
+        }
+    }
 }
 
 /// The fields of a `routing` step.
@@ -87,6 +206,17 @@ pub struct HumanInput {
     pub option_routes: Option<BTreeMap<String, String>>,
 }
 
+impl ResponseType {
+    /// The name used in plans.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Text => "text",
+            Self::Yesno => "yesno",
+            Self::MultipleChoice => "multiple_choice",
+        }
+    }
+}
+
 pub(super) const RESPONSE_TYPES: &[(&str, ResponseType)] = &[
     ("text", ResponseType::Text),
     ("yesno", ResponseType::Yesno),
@@ -100,29 +230,41 @@ pub(super) fn parse_routes(ctx: &mut Ctx, obj: &mut Obj) -> Vec<PredefinedRoute>
             let route_id = r.req_str(ctx, "route_id", "the route id, equal to sub_agent_step.id");
             let route_name = r.str(ctx, "route_name");
             let condition = r.str(ctx, "condition");
-            let sub = if r.has("sub_agent_step") {
+            let orphan_step_ref = r.str(ctx, "orphan_step_ref");
+            let sub = if let Some(name) = &orphan_step_ref {
+                if r.has("sub_agent_step") {
+                    r.raw("sub_agent_step");
+                    ctx.error(
+                        &r.path().key("sub_agent_step"),
+                        "a route names either an inline sub_agent_step or an orphan_step_ref, not both",
+                    );
+                }
+                Some(orphan_placeholder(name))
+            } else if r.has("sub_agent_step") {
                 let raw = r.raw("sub_agent_step")?;
                 parse_step(ctx, raw, r.path().key("sub_agent_step"), Nesting::Route)
             } else {
                 r.raw("sub_agent_step");
                 ctx.error(
                     &r.path().key("sub_agent_step"),
-                    "missing: expected the message_sequence step the route runs",
+                    "missing: expected the step the route runs (a message_sequence or a regular step), or an orphan_step_ref",
                 );
                 None
             };
             if let Some(s) = &sub
-                && !matches!(s.kind, StepKind::MessageSequence(_))
+                && orphan_step_ref.is_none()
+                && !matches!(s.kind, StepKind::MessageSequence(_) | StepKind::Regular)
             {
                 ctx.error(
                     &r.path().key("sub_agent_step").key("type"),
                     format!(
-                        "a sub-agent step must be a message_sequence, found {}",
+                        "a sub-agent step must be a message_sequence or a regular step, found {}",
                         quote(s.type_name())
                     ),
                 );
             }
             if let (Some(rid), Some(s)) = (&route_id, &sub)
+                && orphan_step_ref.is_none()
                 && *rid != s.id
             {
                 ctx.error(
@@ -140,6 +282,7 @@ pub(super) fn parse_routes(ctx: &mut Ctx, obj: &mut Obj) -> Vec<PredefinedRoute>
                 route_name,
                 condition,
                 sub_agent_step: Box::new(sub?),
+                orphan_step_ref,
             })
         })
         .unwrap_or_default();
@@ -237,12 +380,17 @@ pub(super) fn parse_human_input(ctx: &mut Ctx, obj: &mut Obj) -> Option<HumanInp
                         format!("expected a step id (a string), found {}", kind_of(other)),
                     ),
                 }
+                // An option (any case) or its 0-based index, as the original accepts.
                 if let Some(opts) = &options
-                    && !opts.contains(k)
+                    && !opts.iter().any(|o| o.trim().eq_ignore_ascii_case(k.trim()))
+                    && !k.parse::<usize>().is_ok_and(|i| i < opts.len())
                 {
                     ctx.error(
                         &obj.path().key("option_routes").key(k),
-                        format!("names no entry of \"options\": {}", quote(k)),
+                        format!(
+                            "names no entry of \"options\": {} (use an option or its 0-based index)",
+                            quote(k)
+                        ),
                     );
                 }
             }

@@ -266,6 +266,7 @@ pub(super) fn parse_agent_configs(
         ),
         knowledgebase_contribution: obj.str(ctx, "knowledgebase_contribution"),
         additional_read_paths: obj.str_list(ctx, "additional_read_paths"),
+        allowed_hosts: obj.str_list(ctx, "allowed_hosts"),
         disable_parallel_tool_execution: obj.bool(ctx, "disable_parallel_tool_execution"),
         disable_validation: obj.bool(ctx, "disable_validation"),
         llm_validation_mode: opt_enum(
@@ -311,6 +312,11 @@ pub(super) fn parse_agent_configs(
             ctx.error(&obj.path().key("additional_read_paths").index(i), why);
         }
     }
+    for (i, host) in c.allowed_hosts.iter().flatten().enumerate() {
+        if let Err(why) = check_host(host) {
+            ctx.error(&obj.path().key("allowed_hosts").index(i), why);
+        }
+    }
     if obj.has("execution_max_turns") {
         ctx.warning(
             &obj.path().key("execution_max_turns"),
@@ -325,4 +331,32 @@ pub(super) fn parse_agent_configs(
     }
     obj.finish(ctx);
     Some(c)
+}
+
+/// An `allowed_hosts` entry: a host name or IP address, optionally with `:port`.
+fn check_host(entry: &str) -> Result<(), String> {
+    let bad = || {
+        format!(
+            "expected a host name or IP address, optionally with :port (such as \
+             \"api.example.com\"), found {entry:?}: no scheme, path or user name"
+        )
+    };
+    let entry = entry.trim();
+    if entry.is_empty() || entry.contains(['/', '@', '?', '#', ' ', '*']) {
+        return Err(bad());
+    }
+    let (host, port) = match entry.strip_prefix('[') {
+        Some(rest) => match rest.split_once(']') {
+            Some((h, p)) => (h, p.strip_prefix(':')),
+            None => return Err(bad()),
+        },
+        None => match entry.rsplit_once(':') {
+            Some((h, p)) if !h.contains(':') => (h, Some(p)),
+            _ => (entry, None),
+        },
+    };
+    if host.is_empty() || port.is_some_and(|p| p.parse::<u16>().is_err()) {
+        return Err(bad());
+    }
+    Ok(())
 }

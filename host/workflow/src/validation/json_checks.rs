@@ -259,24 +259,43 @@ pub(crate) fn run_check(sink: &mut Sink, doc: &Value, check: &JsonCheck) -> Resu
                     matches!((as_f64(v), as_f64(other)), (Some(a), Some(b)) if a < b),
                     format!("a number less than {}", brief(other)),
                 ),
-                ConsistencyKind::ArrayLength => {
-                    let want = match other {
-                        Value::Array(a) => Some(a.len() as f64),
-                        o => as_f64(o),
-                    };
-                    let have = v.as_array().map(|a| a.len() as f64);
-                    (
-                        matches!((have, want), (Some(a), Some(b)) if a == b),
-                        match want {
-                            Some(n) => format!("an array of {n} item(s)"),
-                            None => format!(
-                                "an array as long as {} says (it is {})",
-                                c.compare_with_path,
-                                brief(other)
-                            ),
-                        },
-                    )
-                }
+                // `path` names a count and `compare_with_path` an array (the original's
+                // reading); the swapped form is accepted. Two arrays or two numbers say so.
+                ConsistencyKind::ArrayLength => match (v, other) {
+                    (Value::Array(_), Value::Array(_)) | (Value::Number(_), Value::Number(_)) => (
+                        false,
+                        format!(
+                            "a count and an array (array_length needs one of each: a number at \
+                             path and an array at compare_with_path, or the other way round; \
+                             found two {}s)",
+                            if v.is_array() { "array" } else { "number" }
+                        ),
+                    ),
+                    (Value::Number(n), Value::Array(a)) | (Value::Array(a), Value::Number(n)) => {
+                        let len = a.len() as f64;
+                        (
+                            n.as_f64() == Some(len),
+                            if v.is_number() {
+                                format!(
+                                    "the length of the array at {} ({})",
+                                    c.compare_with_path,
+                                    a.len()
+                                )
+                            } else {
+                                format!("an array of {} item(s)", brief(other))
+                            },
+                        )
+                    }
+                    _ => (
+                        false,
+                        format!(
+                            "a count and an array (array_length compares a number with an \
+                             array's length; {} is {})",
+                            c.compare_with_path,
+                            brief(other)
+                        ),
+                    ),
+                },
                 ConsistencyKind::InArray => (
                     other
                         .as_array()

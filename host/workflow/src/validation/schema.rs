@@ -389,7 +389,21 @@ fn parse_check(ctx: &mut Ctx, value: &Value, path: JsonPath) -> Option<JsonCheck
             format!("min_value ({lo}) is greater than max_value ({hi})"),
         );
     }
-    let pattern = obj.str(ctx, "pattern");
+    let mut pattern = obj.str(ctx, "pattern");
+    if let Some(p) = &pattern
+        && let Some(single) = undouble_escapes(p)
+    {
+        ctx.warning(
+            &obj.path().key("pattern"),
+            format!(
+                "doubled backslashes read as single ones, as the original does: {} is used as {} \
+                 (write one backslash in the regex, two in the JSON text)",
+                serde_json::Value::String(p.clone()),
+                serde_json::Value::String(single.clone()),
+            ),
+        );
+        pattern = Some(single);
+    }
     if let Some(p) = &pattern
         && let Err(e) = regex::Regex::new(p)
     {
@@ -455,10 +469,51 @@ pub(crate) fn first_line(s: &str) -> String {
         .unwrap_or_else(|| lines.first().map(|l| l.to_string()).unwrap_or_default())
 }
 
+/// A pattern with escapes written twice (`\\d`, `\\s`, `\\.` in the regex, as
+/// model-written schemas often have them) with each such escape written once; `None` when
+/// it has none. A doubled backslash before anything else (a literal backslash) is kept.
+pub fn undouble_escapes(pattern: &str) -> Option<String> {
+    const ESCAPED: &str = "dDsSwWbB.()[]{}+*?|^$/-ntr";
+    let chars: Vec<char> = pattern.chars().collect();
+    let mut out = String::with_capacity(pattern.len());
+    let mut changed = false;
+    let mut i = 0;
+    while i < chars.len() {
+        if chars[i] == '\\' && i + 1 < chars.len() {
+            if chars[i + 1] == '\\' && i + 2 < chars.len() && ESCAPED.contains(chars[i + 2]) {
+                out.push('\\');
+                out.push(chars[i + 2]);
+                changed = true;
+                i += 3;
+                continue;
+            }
+            // An escape written once (`\d`, or `\\` for a literal backslash): kept whole.
+            out.push(chars[i]);
+            out.push(chars[i + 1]);
+            i += 2;
+            continue;
+        }
+        out.push(chars[i]);
+        i += 1;
+    }
+    changed.then_some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::diagnostics::Diagnostics;
+
+    #[test]
+    fn doubled_escapes_are_undoubled() {
+        assert_eq!(
+            undouble_escapes(r"^\\d+\\s\\.x$").as_deref(),
+            Some(r"^\d+\s\.x$")
+        );
+        assert_eq!(undouble_escapes(r"^\d+$"), None);
+        // A doubled backslash before a plain letter stays.
+        assert_eq!(undouble_escapes(r"C:\\Users"), None);
+    }
 
     fn errors(text: &str) -> Vec<String> {
         match parse_schema_text(text, "schema.json") {

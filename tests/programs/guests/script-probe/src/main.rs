@@ -4,8 +4,10 @@
 //! working directory, the content of `input.txt` read by a relative path (the
 //! working directory is `code/<step-id>/`), and the outcome of attempts to leave
 //! its grant: files outside it, a TCP connection to `VAR_CONNECT` (an address such
-//! as `127.0.0.1:8080`) and a name lookup. `VAR_EXIT_CODE` makes it exit with that
-//! status; `VAR_SPIN` makes it loop forever (the host's deadline must stop it).
+//! as `127.0.0.1:8080`) and a name lookup. `VAR_HTTP_GET` (`http://host:port/path`)
+//! makes it GET that URL through `wasi:http` and report the status and body, or the
+//! error. `VAR_EXIT_CODE` makes it exit with that status; `VAR_SPIN` makes it loop
+//! forever (the host's deadline must stop it).
 
 use std::io::Write;
 
@@ -32,6 +34,7 @@ fn main() {
         "write_code": outcome(std::fs::write("written.txt", "x").map(|()| String::new())),
         "connect": std::env::var("VAR_CONNECT").ok().map(|addr| outcome(connect(&addr))),
         "lookup": outcome(lookup("localhost:80")),
+        "http_get": std::env::var("VAR_HTTP_GET").ok().map(|url| http_get(&url)),
     });
     let out = std::env::var("STEP_OUTPUT_DIR").expect("STEP_OUTPUT_DIR is set");
     let path = format!("{out}/probe.json");
@@ -56,6 +59,60 @@ fn connect(addr: &str) -> std::io::Result<String> {
 fn lookup(name: &str) -> std::io::Result<String> {
     use std::net::ToSocketAddrs;
     Ok(format!("{:?}", name.to_socket_addrs()?.collect::<Vec<_>>()))
+}
+
+/// GETs a plain `http://` URL through `wasi:http/outgoing-handler`.
+#[cfg(target_arch = "wasm32")]
+fn http_get(url: &str) -> Value {
+    use wasip2::http::outgoing_handler;
+    use wasip2::http::types::{Fields, Method, OutgoingBody, OutgoingRequest, Scheme};
+    use wasip2::io::streams::StreamError;
+    let rest = url.strip_prefix("http://").unwrap_or(url);
+    let (authority, path) = match rest.split_once('/') {
+        Some((a, p)) => (a, format!("/{p}")),
+        None => (rest, "/".to_string()),
+    };
+    let request = OutgoingRequest::new(Fields::new());
+    let _ = request.set_method(&Method::Get);
+    let _ = request.set_scheme(Some(&Scheme::Http));
+    let _ = request.set_authority(Some(authority));
+    let _ = request.set_path_with_query(Some(&path));
+    let body = request.body().expect("the body of a new request");
+    let future = match outgoing_handler::handle(request, None) {
+        Ok(future) => future,
+        Err(err) => return json!({ "err": format!("{err:?}") }),
+    };
+    let _ = OutgoingBody::finish(body, None);
+    let response = loop {
+        if let Some(result) = future.get() {
+            break result;
+        }
+        future.subscribe().block();
+    };
+    let response = match response {
+        Ok(Ok(response)) => response,
+        Ok(Err(err)) => return json!({ "err": format!("{err:?}") }),
+        Err(()) => return json!({ "err": "the response was taken" }),
+    };
+    let status = response.status();
+    let incoming = response.consume().expect("the body of a response");
+    let mut bytes = Vec::new();
+    {
+        let stream = incoming.stream().expect("the stream of a body");
+        loop {
+            match stream.blocking_read(65536) {
+                Ok(chunk) => bytes.extend_from_slice(&chunk),
+                Err(StreamError::Closed) => break,
+                Err(err) => return json!({ "err": format!("{err:?}") }),
+            }
+        }
+    }
+    json!({ "status": status, "body": String::from_utf8_lossy(&bytes) })
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+fn http_get(_url: &str) -> Value {
+    json!({ "err": "wasi:http only" })
 }
 
 #[cfg(target_arch = "wasm32")]
