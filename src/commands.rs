@@ -52,7 +52,13 @@ pub fn check_workspace_folder(path: &Path) -> Result<()> {
             let hint = path
                 .ancestors()
                 .skip(1)
-                .map(|a| if a.as_os_str().is_empty() { Path::new(".") } else { a })
+                .map(|a| {
+                    if a.as_os_str().is_empty() {
+                        Path::new(".")
+                    } else {
+                        a
+                    }
+                })
                 .find(|a| a.join(PLAN_FILE).is_file())
                 .map(|ws| format!(": did you mean {}?", ws.display()))
                 .unwrap_or_default();

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::Subcommand;
+use trellis_sandbox::plugins::PluginSource;
 use trellis_sandbox::{Engine, PluginRegistry};
 
 use super::{PluginDirs, registry};
@@ -83,16 +84,21 @@ fn list_plugins(
         return Ok(());
     }
     println!(
-        "{:<16} {:<13} {:<9} {:<6} DESCRIPTION",
-        "ID", "KIND", "VERSION", "TOOLS"
+        "{:<16} {:<13} {:<9} {:<12} {:<6} DESCRIPTION",
+        "ID", "KIND", "VERSION", "SOURCE", "TOOLS"
     );
     for plugin in registry.plugins() {
         let m = plugin.manifest();
+        let source = match plugin.source() {
+            PluginSource::Bundled => "bundled",
+            PluginSource::File(_) => "third-party",
+        };
         println!(
-            "{:<16} {:<13} {:<9} {:<6} {}",
+            "{:<16} {:<13} {:<9} {:<12} {:<6} {}",
             m.id,
             m.kind.as_str(),
             m.version,
+            source,
             plugin.tools().len(),
             m.description
         );

@@ -95,7 +95,11 @@ fn an_unknown_or_miscased_provider_is_refused_before_anything_runs() {
         ws,
         &[],
         &[],
-        &["step \"answer\"", "OPENAI:m (execution_llm)", "write \"openai\""],
+        &[
+            "step \"answer\"",
+            "OPENAI:m (execution_llm)",
+            "write \"openai\"",
+        ],
     );
 }
 
@@ -108,7 +112,10 @@ fn an_unset_key_is_refused_and_no_request_leaves_without_it() {
         ws,
         &["--llm", "openai:gpt-4o"],
         &[],
-        &["step \"answer\"", "OPENAI_API_KEY is not set: set OPENAI_API_KEY"],
+        &[
+            "step \"answer\"",
+            "OPENAI_API_KEY is not set: set OPENAI_API_KEY",
+        ],
     );
     // A variable the workspace names, for an origin the operator approved.
     workspace(
@@ -175,14 +182,21 @@ fn a_host_that_does_not_resolve_is_told_in_a_sentence() {
         "{all}"
     );
     assert!(all.contains("OPENAI_BASE_URL"), "{all}");
-    assert!(!all.contains("ErrorCode") && !all.contains("Payload"), "{all}");
+    assert!(
+        !all.contains("ErrorCode") && !all.contains("Payload"),
+        "{all}"
+    );
 }
 
 #[test]
 fn an_unknown_step_or_input_is_refused_naming_what_there_is() {
     let dir = tempfile::tempdir().unwrap();
     let ws = dir.path();
-    workspace(ws, json!({}), json!({"llm": {"provider": "replay", "model_id": "t"}}));
+    workspace(
+        ws,
+        json!({}),
+        json!({"llm": {"provider": "replay", "model_id": "t"}}),
+    );
     write_files(ws, &[("cassettes/t.json", r#"{"interactions": []}"#)]);
     refused(
         ws,
@@ -261,9 +275,11 @@ fn log_lines_carry_no_colour_codes_off_a_terminal() {
 /// table `t (x)` of its seed, after the steps `before` (plan.json step objects).
 fn foreach_workspace(root: &Path, before: &[Value], sql: &str, message: &str) {
     let mut steps = before.to_vec();
-    steps.push(json!({"id": "each", "type": "message_sequence", "title": "Each",
+    steps.push(
+        json!({"id": "each", "type": "message_sequence", "title": "Each",
         "description": "One turn a row.",
-        "items": [{"id": "rows", "type": "foreach", "source_sql": sql, "message": message}]}));
+        "items": [{"id": "rows", "type": "foreach", "source_sql": sql, "message": message}]}),
+    );
     write_files(
         root,
         &[
@@ -315,7 +331,9 @@ fn validate_parses_foreach_templates_and_prepares_their_queries() {
         let (code, stdout) = validate(ws);
         assert_eq!(code, Some(1), "{stdout}");
         assert!(
-            stdout.contains(&format!("{at}.source_sql (step \"each\"): cannot be prepared")),
+            stdout.contains(&format!(
+                "{at}.source_sql (step \"each\"): cannot be prepared"
+            )),
             "{stdout}"
         );
     }
@@ -374,4 +392,117 @@ fn a_bad_template_or_query_is_refused_before_the_run_folder_rotates() {
         assert!(stderr.contains(expected), "{stderr}");
         assert_eq!(support::tree_digest(ws), before, "{message}: files changed");
     }
+}
+
+// ------------------------------------------------------------------------------- runs
+
+#[test]
+fn runs_show_tells_gates_sub_agents_outputs_and_turns_by_item() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    support::workspace::copy_workspace(
+        &support::workspace::example_dir(),
+        &ws,
+        &["runs", "db.sqlite"],
+    );
+    let root = ws.to_str().unwrap();
+    let out = trellis(&["run", root, "-q"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = trellis(&["runs", "show", root, "triage-tickets"]);
+    let shown = text(&out.stdout);
+    assert!(out.status.success(), "{shown}");
+    for line in [
+        // The gate's result, not the agent's last reply.
+        "  check-report [prevalidation] completed: gate passed (9 checks, attempt 1)",
+        "turns: 4 (and 1 of its sub-agents: 5 in all)",
+        "sub-agent calls:\n  call-0001 route refunds: completed\n",
+        "output files:\n",
+        "  runs/iteration-0/execution/triage-tickets/report.json\n",
+        "  turn 2 (triage-each row 2): replay:triage-demo completed",
+        "  turn 4 (triage-tickets-reflection): replay:triage-demo completed",
+    ] {
+        assert!(shown.contains(line), "{line:?} in {shown}");
+    }
+    assert!(!shown.contains("attempt 4 iteration 1"), "{shown}");
+}
+
+#[test]
+fn runs_show_gives_a_failed_gates_checks_in_full_and_list_keeps_plan_order() {
+    let server = FakeServer::start(Box::new(|_| (200, completion("done", &[]))));
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path();
+    let plan = json!({"objective": "t", "steps": [
+        {"id": "zeta", "type": "regular", "title": "Z", "description": "First."},
+        {"id": "alpha", "type": "regular", "title": "A", "description": "Write out.json.",
+         "validation_schema": {"files": [{"file_name": "out.json", "must_exist": true}]}}
+    ]});
+    write_files(
+        ws,
+        &[
+            ("planning/plan.json", plan.to_string()),
+            (
+                "workflow.json",
+                json!({"llm": {"provider": "openai", "model_id": "m"},
+                       "providers": server.providers()})
+                .to_string(),
+            ),
+        ],
+    );
+    let root = ws.to_str().unwrap();
+    let out = trellis(&["run", root]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    let out = trellis(&["runs", "list", root]);
+    let listed = text(&out.stdout);
+    let zeta = listed.find("zeta completed").expect(&listed);
+    let alpha = listed.find("alpha failed").expect(&listed);
+    assert!(zeta < alpha, "plan order: {listed}");
+    let out = trellis(&["runs", "show", root, "alpha"]);
+    let shown = text(&out.stdout);
+    assert!(
+        shown.contains("gate failed: 1 of 1 checks failed"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("      expected: the file exists\n"),
+        "{shown}"
+    );
+    assert!(shown.contains("      actual:   "), "{shown}");
+}
+
+// ------------------------------------------------------------------------------- small things
+
+#[test]
+fn plugins_list_marks_bundled_and_third_party_plugins() {
+    let dir = tempfile::tempdir().unwrap();
+    support::plugin_folder(dir.path(), "adversary", "adversary", "tool");
+    let out = trellis(&["plugins", "list", "--plugins", dir.path().to_str().unwrap()]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    let line = |id: &str| {
+        stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("{id} ")))
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(line("workspace").contains(" bundled "), "{stdout}");
+    assert!(line("adversary").contains(" third-party "), "{stdout}");
+}
+
+#[test]
+fn a_regular_step_with_a_script_and_no_model_is_told_to_declare_it_scripted() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path();
+    workspace(ws, json!({}), json!({}));
+    write_files(ws, &[("code/answer/main.py", "print('hi')\n")]);
+    refused(
+        ws,
+        &[],
+        &[],
+        &[
+            "step \"answer\" (regular) needs an LLM and has none",
+            "since code/answer/main.py exists, run it as the step: set \
+             \"declared_execution_mode\": \"scripted\"",
+        ],
+    );
 }

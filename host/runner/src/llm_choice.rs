@@ -474,9 +474,10 @@ pub fn check_models<'w>(
             Ok(None) => problems.push(format!(
                 "step {:?} ({}) needs an LLM and has none: give --llm PROVIDER:MODEL, set \
                  agent_configs.execution_llm (or execution_tier with workflow.json tiers) in \
-                 its step config, or set \"llm\" in workflow.json",
+                 its step config, or set \"llm\" in workflow.json{}",
                 step.id,
-                step.type_name()
+                step.type_name(),
+                script_hint(ws, step)
             )),
             Err(e) => problems.push(format!("{e:#}")),
         }
@@ -489,6 +490,25 @@ pub fn check_models<'w>(
         1 => bail!("{}", problems[0]),
         _ => bail!("{}", problems.join("\n")),
     }
+}
+
+/// For a `regular` step with a script in `code/<id>/`: the setting that runs it instead of
+/// an agent.
+fn script_hint(ws: &Workspace, step: &Step) -> String {
+    if !matches!(step.kind, StepKind::Regular) {
+        return String::new();
+    }
+    ["main.py", "main.wasm"]
+        .iter()
+        .map(|name| format!("code/{}/{name}", step.id))
+        .find(|path| ws.fs.kind(path).is_ok_and(|k| k.is_some()))
+        .map(|path| {
+            format!(
+                "; or, since {path} exists, run it as the step: set \
+                 \"declared_execution_mode\": \"scripted\" in its step config"
+            )
+        })
+        .unwrap_or_default()
 }
 
 /// The own models of the sub-agent steps of `step`'s routes, nested routes included.
@@ -527,6 +547,40 @@ mod tests {
         Workspace::open(root).unwrap()
     }
 
+    /// A provider on this machine whose key variable is unset: reachable without a key.
+    static LOCAL_KEYLESS: std::sync::LazyLock<Value> = std::sync::LazyLock::new(
+        || json!({"base_url": "http://127.0.0.1:9/v1", "api_key_env": "TRELLIS_UNIT_TEST_NO_KEY"}),
+    );
+
+    #[test]
+    fn an_unset_key_is_refused_but_for_a_server_on_this_machine() {
+        let dir = tempfile::tempdir().unwrap();
+        let remote = json!({"base_url": "https://llm.example/v1",
+                            "api_key_env": "TRELLIS_UNIT_TEST_NO_KEY"});
+        let ws = workspace(
+            dir.path(),
+            json!([]),
+            json!({"llm": {"provider": "openai", "model_id": "m"},
+                   "providers": {"openai": remote}}),
+        );
+        let err = format!("{:#}", LlmSetup::new(None).step_llm(&ws, "a").unwrap_err());
+        assert!(err.contains("set TRELLIS_UNIT_TEST_NO_KEY"), "{err}");
+        let ws = workspace(
+            dir.path(),
+            json!([]),
+            json!({"llm": {"provider": "openai", "model_id": "m"},
+                   "providers": {"openai": LOCAL_KEYLESS.clone()}}),
+        );
+        assert!(LlmSetup::new(None).step_llm(&ws, "a").unwrap().is_some());
+        let only = LlmSetup::new(None).with_providers(vec!["openai".into()]);
+        only.step_llm(&ws, "a").unwrap();
+        let err = LlmSetup::new(Some(parse_llm_spec("OpenAI:m").unwrap()))
+            .with_providers(vec!["openai".into()])
+            .step_llm(&ws, "a")
+            .unwrap_err();
+        assert!(format!("{err:#}").contains("write \"openai\""), "{err:#}");
+    }
+
     fn names(models: &StepModels) -> Vec<String> {
         models
             .models
@@ -548,7 +602,8 @@ mod tests {
                 {"id": "b", "agent_configs": {"execution_tier": "low"}}
             ]),
             json!({"llm": {"provider": "openai", "model_id": "default"},
-                   "tiers": {"low": {"provider": "openai", "model_id": "small"}}}),
+                   "tiers": {"low": {"provider": "openai", "model_id": "small"}},
+                   "providers": {"openai": LOCAL_KEYLESS.clone(), "other": LOCAL_KEYLESS.clone()}}),
         );
         let a = step_models(&ws, "a", None).unwrap().unwrap();
         assert_eq!(a.source, ModelSource::ExecutionLlm);
@@ -576,7 +631,7 @@ mod tests {
         let ws = workspace(
             dir.path(),
             json!([{"id": "b", "agent_configs": {"execution_tier": "high"}}]),
-            json!({}),
+            json!({"providers": {"openai": LOCAL_KEYLESS.clone()}}),
         );
         let setup = LlmSetup::new(None);
         let err = check_models(&ws, &ws.plan.steps, &setup)

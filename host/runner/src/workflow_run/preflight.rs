@@ -143,15 +143,13 @@ pub(super) fn preflight<'w>(
     opts: &RunOptions,
 ) -> Result<(Vec<&'w Group>, Vec<Unit<'w>>)> {
     if let Some(step) = &opts.step {
-        ws.plan
-            .step(step)
-            .with_context(|| {
-                let ids: Vec<&str> = ws.plan.steps.iter().map(|s| s.id.as_str()).collect();
-                format!(
-                    "no step {step:?} in the plan; its steps are: {}",
-                    ids.join(", ")
-                )
-            })?;
+        ws.plan.step(step).with_context(|| {
+            let ids: Vec<&str> = ws.plan.steps.iter().map(|s| s.id.as_str()).collect();
+            format!(
+                "no step {step:?} in the plan; its steps are: {}",
+                ids.join(", ")
+            )
+        })?;
     }
     if let Some(step) = &opts.from {
         ensure!(

@@ -105,7 +105,8 @@ impl PluginRegistry {
                 {
                     error = LlmError::Transport(format!("the host stopped the call: {limit}"));
                 } else if let LlmError::Transport(message) = &error
-                    && (message.starts_with("cannot resolve") || message.starts_with("cannot reach"))
+                    && (message.starts_with("cannot resolve")
+                        || message.starts_with("cannot reach"))
                 {
                     // Say where the address came from, so the reader knows what to fix.
                     error = LlmError::Transport(format!(
