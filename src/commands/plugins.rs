@@ -8,7 +8,7 @@ use clap::Subcommand;
 use trellis_sandbox::plugins::PluginSource;
 use trellis_sandbox::{Engine, PluginRegistry};
 
-use super::{PluginDirs, registry};
+use super::{CacheArgs, PluginDirs, registry};
 
 /// Subcommands of `trellis plugins`.
 #[derive(Subcommand, Debug)]
@@ -17,6 +17,8 @@ pub enum PluginsCommand {
     List {
         #[command(flatten)]
         plugins: PluginDirs,
+        #[command(flatten)]
+        cache: CacheArgs,
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -27,6 +29,8 @@ pub enum PluginsCommand {
         id: String,
         #[command(flatten)]
         plugins: PluginDirs,
+        #[command(flatten)]
+        cache: CacheArgs,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
@@ -36,7 +40,7 @@ pub enum PluginsCommand {
 /// Runs a `trellis plugins` subcommand.
 pub async fn run(engine: &Engine, command: PluginsCommand) -> Result<ExitCode> {
     match command {
-        PluginsCommand::List { plugins, json } => {
+        PluginsCommand::List { plugins, json, .. } => {
             // One bad plugin does not hide the others: it is listed with its error.
             let mut registry = PluginRegistry::with_bundled(engine).await?;
             let mut failures = Vec::new();
@@ -50,10 +54,21 @@ pub async fn run(engine: &Engine, command: PluginsCommand) -> Result<ExitCode> {
             list_plugins(&registry, &failures, json)?;
             Ok(ExitCode::SUCCESS)
         }
-        PluginsCommand::Inspect { id, plugins, json } => {
+        PluginsCommand::Inspect {
+            id, plugins, json, ..
+        } => {
             let registry = registry(engine, &plugins).await?;
             inspect_plugin(&registry, &id, json)?;
             Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+impl PluginsCommand {
+    /// Its compile-cache options.
+    pub fn cache(&self) -> &CacheArgs {
+        match self {
+            PluginsCommand::List { cache, .. } | PluginsCommand::Inspect { cache, .. } => cache,
         }
     }
 }

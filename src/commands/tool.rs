@@ -9,7 +9,7 @@ use clap::Subcommand;
 use trellis_sandbox::capabilities::resolve_in_root;
 use trellis_sandbox::{Access, Engine, Grant, Limits};
 
-use super::{PluginDirs, registry};
+use super::{CacheArgs, PluginDirs, registry};
 
 /// Subcommands of `trellis tool`.
 #[derive(Subcommand, Debug)]
@@ -55,7 +55,18 @@ pub enum ToolCommand {
         memory: usize,
         #[command(flatten)]
         plugins: PluginDirs,
+        #[command(flatten)]
+        cache: CacheArgs,
     },
+}
+
+impl ToolCommand {
+    /// Its compile-cache options.
+    pub fn cache(&self) -> &CacheArgs {
+        match self {
+            ToolCommand::Call { cache, .. } => cache,
+        }
+    }
 }
 
 /// Runs a `trellis tool` subcommand.
@@ -72,6 +83,7 @@ pub async fn run(engine: &Engine, command: ToolCommand) -> Result<ExitCode> {
             timeout,
             memory,
             plugins,
+            ..
         } => {
             let args = parse_args(&args)?;
             match std::fs::metadata(&root) {

@@ -506,3 +506,28 @@ fn a_regular_step_with_a_script_and_no_model_is_told_to_declare_it_scripted() {
         ],
     );
 }
+
+#[test]
+fn cache_options_are_offered_only_where_components_are_compiled() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    workspace(&ws, json!({}), json!({}));
+    let root = ws.to_str().unwrap();
+    for args in [
+        vec!["validate", "--no-cache", root],
+        vec!["runs", "list", "--no-cache", root],
+        vec!["--no-cache", "validate", root],
+    ] {
+        let out = trellis(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: usage error");
+    }
+    let help = text(&trellis(&["validate", "--help"]).stdout);
+    assert!(!help.contains("--cache-dir"), "{help}");
+    let help = text(&trellis(&["run", "--help"]).stdout);
+    assert!(
+        help.contains("--cache-dir") && help.contains("--no-cache"),
+        "{help}"
+    );
+    let out = trellis(&["plugins", "list", "--no-cache"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
