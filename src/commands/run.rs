@@ -57,6 +57,10 @@ pub struct RunArgs {
     /// The answer of a human_input step, by its variable_name (repeatable).
     #[arg(long = "input", value_name = "NAME=VALUE")]
     inputs: Vec<String>,
+    /// Tool rounds a turn may take before it must answer (default 500, or
+    /// `max_tool_rounds` in the user config file).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    max_tool_rounds: Option<u32>,
     /// Print only the final summary.
     #[arg(long, short)]
     quiet: bool,
@@ -93,6 +97,10 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
     }
     let override_llm = args.llm.as_deref().map(parse_llm_spec).transpose()?;
     let approvals = super::approvals(&args.allow_keys, &args.allow_hosts)?;
+    let max_tool_rounds = args
+        .max_tool_rounds
+        .map(|n| n as usize)
+        .or(approvals.max_tool_rounds());
     let mut llm = LlmSetup::new(override_llm.clone()).with_approvals(approvals);
     if let Some(file) = &args.record {
         anyhow::ensure!(
@@ -111,7 +119,11 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
     }
     let recorder = llm.recorder().cloned();
     let progress = Arc::new(Progress::new(Mode::detect(args.quiet)));
-    let id = runtime.start_workflow(root, StartOptions::new(opts, llm));
+    let mut start = StartOptions::new(opts, llm);
+    if let Some(n) = max_tool_rounds {
+        start.max_tool_rounds = n;
+    }
+    let id = runtime.start_workflow(root, start);
     // Ctrl-C asks the execution to stop at the next boundary (before an item, between
     // foreach rows or tool rounds); the session records `stopped`. A second
     // Ctrl-C is the usual hard stop.

@@ -4,7 +4,9 @@
 
 mod support;
 
+mod agent_db_tools;
 mod cli;
+mod compat_access;
 mod compat_plans;
 mod db_fences;
 mod docs_examples;

@@ -36,10 +36,13 @@ const OUT: &str = "runs/iteration-0/execution/s1";
 const SHARED: &str = "runs/iteration-0/execution/s1/shared";
 /// The refunds specialist's task.
 const TASK: &str = "Write decision.json in your output folder, then answer in one line.";
-/// The tools the parent is offered: its two selected plugin tools, then the delegation tool.
+/// The tools the parent is offered: its two selected plugin tools, the database tools (the
+/// workspace has a `db/` folder), then the delegation tool.
 const PARENT_TOOLS: &[&str] = &[
     "workspace:read_file",
     "workspace:write_file",
+    "query_workflow_db",
+    "mutate_workflow_db",
     "call_sub_agent",
 ];
 
@@ -808,22 +811,30 @@ async fn example_cassette(registry: &PluginRegistry) -> Cassette {
         - Outage words (\"down for all customers\", \"every payment fails\") mean P1: escalate.\n\
         - \"Charged twice\" and \"refund\" go to the refunds specialist; record its decision.\n\
         - Cosmetic issues (typos) are P4.\n";
-    let write = json!({"path": format!("learnings/_global/{EXAMPLE_STEP}.md"), "content": lessons});
+    let index = "# Learnings\n\n\
+        - ticket-triage.md: which ticket wordings signal each priority, and which tickets go \
+        to the refunds specialist.\n";
     let reflection = reflection_grant(&ws, EXAMPLE_STEP);
-    let text = triage
-        .call(
-            &mut tape,
-            registry,
-            &reflection.grant,
-            "call-learn",
-            "workspace:write_file",
-            write,
-        )
-        .await;
-    assert!(!text.starts_with("error:"), "{text}");
+    for (id, path, content) in [
+        ("call-learn", "learnings/_global/ticket-triage.md", lessons),
+        ("call-index", "learnings/_global/SKILL.md", index),
+    ] {
+        let text = triage
+            .call(
+                &mut tape,
+                registry,
+                &reflection.grant,
+                id,
+                "workspace:write_file",
+                json!({"path": path, "content": content}),
+            )
+            .await;
+        assert!(!text.starts_with("error:"), "{text}");
+    }
     triage.reply(
         &mut tape,
-        "Recorded three lessons in learnings/_global/triage-tickets.md.",
+        "Recorded three lessons in learnings/_global/ticket-triage.md and indexed it in \
+         learnings/_global/SKILL.md.",
         &[],
     );
     tape.cassette()
@@ -958,7 +969,8 @@ async fn the_example_cassette_is_current_and_the_example_delegates_and_reflects(
     assert_eq!(refund["decision"], "refund");
     let report = read_json(&out.join("report.json"));
     assert_eq!(report["refunds"][0]["ticket"], 2);
-    assert!(root.join("learnings/_global/triage-tickets.md").is_file());
+    assert!(root.join("learnings/_global/ticket-triage.md").is_file());
+    assert!(root.join("learnings/_global/SKILL.md").is_file());
     let session = read_json(&out.join("session.json"));
     let last = session["entries"]
         .as_array()

@@ -58,8 +58,9 @@ use trellis_sandbox::script::ScriptRunner;
 use trellis_workflow::plan::{Item, ItemBody, Step, StepKind};
 use trellis_workflow::{AgentConfigs, Workspace};
 
-/// Default cap on tool rounds (LLM calls answered with tool calls) per turn.
-pub const DEFAULT_MAX_TOOL_ROUNDS: usize = 20;
+/// Default cap on tool rounds (LLM calls answered with tool calls) per turn, as the
+/// original allows; past it the turn gets one last call without tools to answer.
+pub const DEFAULT_MAX_TOOL_ROUNDS: usize = 500;
 /// Repair turns a failing gate gets before the step fails.
 pub const MAX_REPAIR_TURNS: u32 = 3;
 /// The item id of the automatic final gate.
@@ -75,8 +76,8 @@ pub const NO_TURN_CONCERN: &str = "the step ran no agent turn";
 pub const REFLECTION_ITEM_TYPE: &str = "reflection";
 
 pub use prompts::{
-    TOOL_POLICY_NOTE, offload_reference, reflection_message, repair_message, step_system_prompt,
-    sub_agent_system_prompt, system_prompt,
+    TOOL_POLICY_NOTE, offload_reference, out_of_tool_rounds, reflection_message, repair_message,
+    step_system_prompt, sub_agent_system_prompt, system_prompt,
 };
 pub use reflection::reflection_item_id;
 pub use turn::scan_reply;
@@ -300,7 +301,8 @@ impl<'a> StepRunner<'a> {
         self
     }
 
-    /// Sets the cap on tool rounds per turn.
+    /// Sets the cap on tool rounds per turn: once reached, the turn is told so and gets one
+    /// last LLM call without tools, whose reply ends it.
     pub fn with_max_tool_rounds(mut self, rounds: usize) -> Self {
         self.max_tool_rounds = rounds.max(1);
         self
@@ -373,7 +375,7 @@ impl<'a> StepRunner<'a> {
         ws.fs
             .create_dir_all(&logs)
             .with_context(|| format!("creating {}", logs.display()))?;
-        let (policy, tools) = self.tools_of(step, &configs);
+        let (policy, tools) = self.tools_of(ws, step, &configs);
         let mut run = Run {
             ws,
             step,
@@ -400,8 +402,13 @@ impl<'a> StepRunner<'a> {
         };
         let step_grant =
             grant_for_access_in(&run.ctx(), TurnAccess::for_step(&run.configs), &run.folders)?;
+        for (field, path) in &step_grant.missing {
+            tracing::warn!(
+                "step {step_id:?}: {field} entry {path:?} does not exist: the step runs without it"
+            );
+        }
         run.history
-            .push(Message::system(system_prompt(step, &step_grant)));
+            .push(Message::system(system_prompt(&ws.plan, step, &step_grant)));
         run.save_session()?;
 
         let scripted = matches!(step.kind, StepKind::Regular) && run.configs.is_scripted();

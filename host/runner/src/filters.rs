@@ -16,6 +16,10 @@ use trellis_workflow::step_config::AgentConfigs;
 pub const CALL_SUB_AGENT: &str = "call_sub_agent";
 /// The host-tool category of `call_sub_agent`.
 pub const DELEGATION_CATEGORY: &str = "delegation";
+/// The built-in tool servers (bundled tool plugins): their tools are built-in tools of the
+/// category of the same name, which `selected_servers` never removes; only `selected_tools`
+/// and `enabled_custom_tools` entries naming the category filter them.
+pub const BUILTIN_TOOL_SERVERS: &[&str] = &["workspace"];
 
 fn norm(name: &str) -> String {
     normalize_tool_name(name.trim())
@@ -32,6 +36,9 @@ pub struct PluginToolFilter {
     specific: BTreeMap<String, BTreeSet<String>>,
     /// `selected_servers`.
     servers: BTreeSet<String>,
+    /// `enabled_custom_tools` entries naming a built-in category: `None` for `category:*`,
+    /// else the tools listed.
+    builtin_categories: BTreeMap<String, Option<BTreeSet<String>>>,
 }
 
 impl PluginToolFilter {
@@ -67,23 +74,50 @@ impl PluginToolFilter {
         filter
     }
 
-    /// The filter of a step's agent settings.
+    /// The filter of a step's agent settings: `selected_servers` and `selected_tools`, and
+    /// the `enabled_custom_tools` entries that name a built-in category (`workspace:*`).
     pub fn from_configs(configs: &AgentConfigs) -> Self {
-        Self::new(
+        let mut filter = Self::new(
             configs.selected_servers.as_deref().unwrap_or_default(),
             configs.selected_tools.as_deref().unwrap_or_default(),
-        )
+        );
+        let custom = configs.enabled_custom_tools.iter().flatten();
+        let legacy = configs.enabled_custom_tool_categories.iter().flatten();
+        for entry in custom.chain(legacy) {
+            let (category, tool) = entry.split_once(':').unwrap_or((entry, "*"));
+            let category = norm(category);
+            if !BUILTIN_TOOL_SERVERS.contains(&category.as_str()) {
+                continue;
+            }
+            let slot = filter
+                .builtin_categories
+                .entry(category)
+                .or_insert_with(|| Some(BTreeSet::new()));
+            match (tool.trim(), slot) {
+                ("*", slot) => *slot = None,
+                (tool, Some(tools)) if !tool.is_empty() => {
+                    tools.insert(norm(tool));
+                }
+                _ => {}
+            }
+        }
+        filter
     }
 
-    /// Whether `server:tool` is offered. In order: no filters lets everything in; `server:*`
-    /// lets the whole server in; specific `server:tool` entries let only those tools of the
-    /// server in (even when the server is in `selected_servers`); a selected server lets all
-    /// its tools in; everything else is out.
+    /// Whether `server:tool` is offered. A built-in server's tools are in unless
+    /// `selected_tools` or `enabled_custom_tools` name that server with specific tools
+    /// (then only those). For other servers, in order: no filters lets everything in;
+    /// `server:*` lets the whole server in; specific `server:tool` entries let only those
+    /// tools of the server in (even when the server is in `selected_servers`); a selected
+    /// server lets all its tools in; everything else is out.
     pub fn allows(&self, server: &str, tool: &str) -> bool {
+        let server = norm(server);
+        if BUILTIN_TOOL_SERVERS.contains(&server.as_str()) {
+            return self.allows_builtin(&server, tool);
+        }
         if self.open {
             return true;
         }
-        let server = norm(server);
         if self.wildcard.contains(&server) {
             return true;
         }
@@ -91,6 +125,28 @@ impl PluginToolFilter {
             return tools.contains(&norm(tool));
         }
         self.servers.contains(&server)
+    }
+
+    fn allows_builtin(&self, server: &str, tool: &str) -> bool {
+        let tool = norm(tool);
+        let by_tools = self.wildcard.contains(server)
+            || self.specific.get(server).is_none_or(|t| t.contains(&tool));
+        let by_category = match self.builtin_categories.get(server) {
+            None | Some(None) => true,
+            Some(Some(tools)) => tools.contains(&tool),
+        };
+        by_tools && by_category
+    }
+
+    /// The `selected_servers` entries that are neither built-in nor among `loaded` (the
+    /// plugin ids of the run): they select nothing.
+    pub fn unknown_servers<'a>(&self, loaded: impl IntoIterator<Item = &'a str>) -> Vec<String> {
+        let loaded: BTreeSet<String> = loaded.into_iter().map(norm).collect();
+        self.servers
+            .iter()
+            .filter(|s| !loaded.contains(*s) && !BUILTIN_TOOL_SERVERS.contains(&s.as_str()))
+            .cloned()
+            .collect()
     }
 
     /// Whether `server:tool` (a full name) is offered; a name without a server is not.
@@ -210,7 +266,10 @@ mod tests {
             (&["workspace"], &[], "workspace:read_file", true),
             (&["workspace"], &[], "web:fetch", false),
             (&[], &["web:*"], "web:fetch", true),
-            (&[], &["web:*"], "workspace:read_file", false),
+            // Built-in tools are filtered only by entries naming their category.
+            (&[], &["web:*"], "workspace:read_file", true),
+            (&["aws"], &[], "workspace:read_file", true),
+            (&["aws"], &[], "web:fetch", false),
             (&[], &["workspace:read_file"], "workspace:read_file", true),
             (&[], &["workspace:read_file"], "workspace:write_file", false),
             // A specific tool beats selected_servers for that server only.
@@ -233,7 +292,8 @@ mod tests {
             (&[], &["workspace:ReadFile"], "WORKSPACE:read-file", true),
             (&[], &["workspace:read_file"], "workspace:readFile", true),
             // A bare entry selects nothing and does not open the filter.
-            (&[], &["read_file"], "workspace:read_file", false),
+            (&[], &["read_file"], "web:fetch", false),
+            (&[], &["read_file"], "workspace:read_file", true),
             // Blank lists count as no filter.
             (&[""], &[" "], "workspace:read_file", true),
         ];
@@ -305,6 +365,26 @@ mod tests {
                 "{entries:?} routes={routes}: {category}:{tool}"
             );
         }
+    }
+
+    #[test]
+    fn enabled_custom_tools_select_built_in_categories() {
+        let configs = |entries: &[&str]| AgentConfigs {
+            selected_servers: Some(strings(&["aws"])),
+            enabled_custom_tools: Some(strings(entries)),
+            ..Default::default()
+        };
+        let offered = |entries: &[&str], tool: &str| {
+            PluginToolFilter::from_configs(&configs(entries)).allows("workspace", tool)
+        };
+        assert!(offered(&[], "write_file"));
+        assert!(offered(&["workflow_db:*", "human_tools:ask"], "write_file"));
+        assert!(offered(&["workspace:*"], "write_file"));
+        assert!(offered(&["workspace:read_file"], "read_file"));
+        assert!(!offered(&["workspace:read_file"], "write_file"));
+        let filter = PluginToolFilter::from_configs(&configs(&[]));
+        assert_eq!(filter.unknown_servers(["workspace", "csv"]), ["aws"]);
+        assert!(filter.unknown_servers(["aws"]).is_empty());
     }
 
     #[test]

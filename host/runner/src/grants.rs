@@ -18,6 +18,11 @@ use trellis_workflow::step_config::{AgentConfigs, KnowledgebaseAccess, Learnings
 
 /// The workflow database, relative to the workspace.
 pub const DB_FILE: &str = "db/db.sqlite";
+/// The workflow's charter (`soul/soul.md`: objective, success criteria, constraints), read-only
+/// to every turn.
+pub const SOUL_DIR: &str = "soul";
+/// The folder of files that belong with the database, writable whenever the database is.
+pub const DB_ASSETS: &str = "db/assets";
 
 /// Folders no turn ever sees, whatever its dependencies say.
 const NEVER_GRANTED: &[&str] = &["planning", "code", "builder"];
@@ -97,10 +102,19 @@ impl TurnAccess {
         Self::for_step(configs).narrowed(item.body.write_access(), item.kind)
     }
 
-    /// The step's access narrowed by an item's `write_access` and `kind`.
+    /// The step's access narrowed by an item's `write_access` and `kind`. A non-empty
+    /// `write_access` narrows the turn to exactly the stores it sets `true` (a key left out
+    /// is `false`); an empty or absent one leaves the step's access as it is.
     pub fn narrowed(self, write_access: Option<&WriteAccess>, kind: Option<ItemKind>) -> Self {
-        let allows = |flag: Option<bool>| flag != Some(false);
         let wa = write_access.copied().unwrap_or_default();
+        let exact = wa != WriteAccess::default();
+        let allows = |flag: Option<bool>| {
+            if exact {
+                flag == Some(true)
+            } else {
+                flag != Some(false)
+            }
+        };
         let (kb_kind, learn_kind, db_kind) = match kind {
             None | Some(ItemKind::Execution) => (true, true, true),
             Some(ItemKind::Learning) => (false, true, false),
@@ -213,6 +227,9 @@ pub struct TurnGrant {
     pub folders: Vec<GrantedFolder>,
     /// The database, when the workspace has a `db/` folder: whether it accepts mutations.
     pub db_writable: Option<bool>,
+    /// `context_dependencies` / `additional_read_paths` entries left out because they do
+    /// not exist (yet): `(field, path)`.
+    pub missing: Vec<(&'static str, String)>,
 }
 
 impl TurnGrant {
@@ -229,12 +246,21 @@ impl TurnGrant {
         }
         match self.db_writable {
             Some(true) => text.push_str(&format!(
-                "- database {DB_FILE}: query and modify through the db tools\n"
+                "- database {DB_FILE}: query and modify through the db tools \
+                 (query_workflow_db, mutate_workflow_db)\n"
             )),
             Some(false) => text.push_str(&format!(
-                "- database {DB_FILE}: query only; statements that modify it are refused\n"
+                "- database {DB_FILE}: query only, through query_workflow_db; statements \
+                 that modify it are refused\n"
             )),
             None => {}
+        }
+        for (field, path) in &self.missing {
+            let _ = writeln!(
+                text,
+                "- {path} (declared in {field}) does not exist in this run, so it is not \
+                 available"
+            );
         }
         text.push_str("Nothing else exists for your tools.\n");
         text
@@ -356,15 +382,60 @@ fn build(ctx: &TurnContext<'_>, access: TurnAccess, folders: &AgentFolders) -> R
     let configs = ctx.configs;
     let deps = ctx.step.context_dependencies.iter().flatten();
     let extra = configs.additional_read_paths.iter().flatten();
+    let mut missing = Vec::new();
     for (field, path) in deps
         .map(|p| ("context_dependencies", p))
         .chain(extra.map(|p| ("additional_read_paths", p)))
     {
-        let rel = dependency_folder(&b, &access, path).with_context(|| {
-            format!("step {step_id:?}: {field} entry {path:?} cannot be granted")
-        })?;
+        // Context, as the original reads it: an entry that does not exist (the output of a
+        // routing branch that did not run, a step run before its upstream steps) is left
+        // out, and said so; one that names what no turn may see is still refused.
+        let rel = match dependency_folder(&b, &access, path) {
+            Err(e) if e.is::<Missing>() => {
+                missing.push((field, path.clone()));
+                continue;
+            }
+            other => other.with_context(|| {
+                format!("step {step_id:?}: {field} entry {path:?} cannot be granted")
+            })?,
+        };
         b.add(&rel, Access::ReadOnly, &format!("declared in {field}"))
             .with_context(|| format!("step {step_id:?}: {field} entry {path:?}"))?;
+    }
+
+    // Skills: a name is the folder `skills/<name>/`, else `learnings/<name>/` (a path with
+    // a `/` is taken as written); read-only, like a dependency.
+    for name in configs.enabled_skills.iter().flatten() {
+        let name = name.trim();
+        if name.is_empty() {
+            continue;
+        }
+        let candidates: Vec<String> = if name.contains('/') {
+            vec![name.to_string()]
+        } else {
+            vec![format!("skills/{name}"), format!("learnings/{name}")]
+        };
+        let mut found = false;
+        for candidate in &candidates {
+            match dependency_folder(&b, &access, candidate) {
+                Err(e) if e.is::<Missing>() => continue,
+                other => {
+                    let rel = other.with_context(|| {
+                        format!("step {step_id:?}: enabled_skills entry {name:?} cannot be granted")
+                    })?;
+                    b.add(
+                        &rel,
+                        Access::ReadOnly,
+                        &format!("the skill {name:?}: read its SKILL.md before you start"),
+                    )?;
+                    found = true;
+                    break;
+                }
+            }
+        }
+        if !found {
+            missing.push(("enabled_skills", name.to_string()));
+        }
     }
 
     for rel in [&output, &downloads].into_iter().chain(shared.as_ref()) {
@@ -401,6 +472,14 @@ fn build(ctx: &TurnContext<'_>, access: TurnAccess, folders: &AgentFolders) -> R
     b.add(&output, rw(access.output_write), output_role)?;
     if let Some(shared) = &shared {
         b.add(shared, rw(access.output_write), shared_role)?;
+    }
+
+    if b.exists(SOUL_DIR) {
+        b.add(
+            SOUL_DIR,
+            Access::ReadOnly,
+            "the workflow's objective, success criteria and constraints (soul.md)",
+        )?;
     }
 
     if access.knowledgebase_read {
@@ -444,6 +523,14 @@ fn build(ctx: &TurnContext<'_>, access: TurnAccess, folders: &AgentFolders) -> R
             Access::ReadOnly,
             "database files (query through the db tools)",
         )?;
+        if access.db_write {
+            b.create(DB_ASSETS)?;
+            b.add(
+                DB_ASSETS,
+                Access::ReadWrite,
+                "files that belong with the database (images, exports) you may add to",
+            )?;
+        }
         let db_host = resolve_in_root(ctx.root, "db")?.join("db.sqlite");
         // SQLite opens by path and follows links: the database must be a regular file, or
         // nothing yet (SQLite then creates a regular file, refusing a link planted since:
@@ -468,8 +555,21 @@ fn build(ctx: &TurnContext<'_>, access: TurnAccess, folders: &AgentFolders) -> R
         output_dir: resolve_in_root(ctx.root, &output)?,
         folders: b.folders,
         db_writable,
+        missing,
     })
 }
+
+/// A dependency that does not exist in the workspace.
+#[derive(Debug)]
+struct Missing;
+
+impl std::fmt::Display for Missing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("it does not exist in the workspace")
+    }
+}
+
+impl std::error::Error for Missing {}
 
 /// Checks that `rel` is a folder strictly inside `execution` (`runs/<run>/execution`) and
 /// returns it normalized.
@@ -497,7 +597,7 @@ fn dependency_folder(b: &Builder<'_>, access: &TurnAccess, path: &str) -> Result
                 trellis_sandbox::store::workspace_fs::link_error(Path::new(&rel))
             )
         }
-        Ok(None) => bail!("it does not exist in the workspace"),
+        Ok(None) => Err(Missing.into()),
         Ok(Some(_)) => match rel.rsplit_once('/') {
             Some((parent, _)) => {
                 check_dependency_path(parent, access)?;
@@ -507,7 +607,8 @@ fn dependency_folder(b: &Builder<'_>, access: &TurnAccess, path: &str) -> Result
                 "a file at the workspace root cannot be granted (its folder is the whole workspace)"
             ),
         },
-        Err(e) => bail!("it does not exist in the workspace ({e})"),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Missing.into()),
+        Err(e) => bail!("it cannot be read ({e})"),
     }
 }
 
@@ -712,10 +813,14 @@ mod tests {
         // (configs, write_access, kind, kb write, learnings write, db write)
         let cases = [
             (&all, None, None, true, true, true),
-            (&all, wa(f, None, None), None, true, true, false),
-            (&all, wa(None, f, None), None, false, true, true),
-            (&all, wa(None, None, f), None, true, false, true),
+            // A non-empty write_access grants exactly the stores it sets true.
+            (&all, wa(f, None, None), None, false, false, false),
+            (&all, wa(None, f, None), None, false, false, false),
+            (&all, wa(t, None, None), None, false, false, true),
+            (&all, wa(None, t, None), None, true, false, false),
+            (&all, wa(f, t, t), None, true, true, false),
             (&all, wa(f, f, f), None, false, false, false),
+            (&all, wa(None, None, None), None, true, true, true),
             (&all, None, Some(ItemKind::Execution), true, true, true),
             (&all, None, Some(ItemKind::Learning), false, true, false),
             (
@@ -835,7 +940,7 @@ mod tests {
             step: &s,
             configs: &c,
         };
-        let it = item(wa(Some(false), None, None), None);
+        let it = item(wa(Some(false), Some(true), Some(true)), None);
         let g = turn_grant(&ctx, TurnPurpose::Item(&it)).unwrap();
         use Access::*;
         assert_eq!(
@@ -1021,7 +1126,6 @@ mod tests {
             ("runs/iteration-0/planning", "execution/"),
             ("escape", ""),
             ("alias", "symbolic link"),
-            ("missing/folder", "does not exist"),
         ] {
             let s = step(&[bad]);
             let ctx = TurnContext { step: &s, ..ctx };
@@ -1031,6 +1135,35 @@ mod tests {
             assert!(text.contains(&format!("{bad:?}")), "{bad}: {text}");
             assert!(text.contains(why), "{bad}: {text}");
         }
+
+        // A missing entry is left out and named, the others are granted.
+        let s = step(&[
+            "missing/folder",
+            "runs/iteration-0/execution/other/out.json",
+            "runs/iteration-0/execution/step-0/out.json",
+        ]);
+        let ctx2 = TurnContext { step: &s, ..ctx };
+        let g = turn_grant(&ctx2, TurnPurpose::Item(&item(None, None))).unwrap();
+        assert_eq!(
+            g.missing,
+            [
+                ("context_dependencies", "missing/folder".to_string()),
+                (
+                    "context_dependencies",
+                    "runs/iteration-0/execution/other/out.json".to_string()
+                )
+            ]
+        );
+        assert!(folders(&g).contains(&(
+            "runs/iteration-0/execution/step-0".to_string(),
+            Access::ReadOnly
+        )));
+        assert!(
+            g.describe()
+                .contains("- missing/folder (declared in context_dependencies) does not exist"),
+            "{}",
+            g.describe()
+        );
 
         let none = configs(|c| {
             c.knowledgebase_access = Some(KnowledgebaseAccess::None);

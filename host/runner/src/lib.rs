@@ -10,6 +10,8 @@
 //! - [`workflow_run`]: a whole workflow, step after step (section 2).
 //! - [`step_script`]: a step's script run with the step's grant.
 //! - [`filters`]: which tools a step's turns are offered (section 10).
+//! - [`db_tools`]: `query_workflow_db` and `mutate_workflow_db`, the database tools of every
+//!   agent turn.
 //! - [`template`]: Go `text/template` rendering of foreach messages.
 //! - [`foreach`]: the read-only row query of a foreach item, with its cap.
 //! - [`scripted`]: texts and names of scripted steps (the loop is in [`driver`]).
@@ -21,6 +23,7 @@
 //! - [`routes`]: `call_sub_agent` and where a step's sub-agents keep their things.
 //! - [`llm_choice`]: the models of each step (`--llm`, `execution_llm`, tiers, default).
 
+pub mod db_tools;
 pub mod driver;
 pub mod events;
 pub mod filters;

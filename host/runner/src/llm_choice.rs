@@ -87,12 +87,14 @@ pub fn parse_llm_spec(spec: &str) -> Result<LlmRef> {
                 provider: provider.to_string(),
                 model_id: model.to_string(),
                 options: None,
+                published_llm_id: None,
             })
         }
         Some((provider, model)) if !provider.is_empty() && !model.is_empty() => Ok(LlmRef {
             provider: provider.to_string(),
             model_id: model.to_string(),
             options: None,
+            published_llm_id: None,
         }),
         _ => bail!("--llm {spec:?}: expected PROVIDER:MODEL (e.g. openai:gpt-4o, replay:demo)"),
     }
@@ -126,6 +128,7 @@ pub fn step_models(
             provider: provider.clone(),
             model_id: model_id.clone(),
             options: llm.options.clone(),
+            published_llm_id: None,
         }];
         models.extend(llm.fallbacks.iter().cloned());
         return Ok(Some(StepModels {

@@ -96,6 +96,35 @@ pub fn rotate_active_run(root: &Path) -> Result<Option<String>> {
     Ok(Some(target))
 }
 
+/// Deletes the oldest archived runs (`runs/iteration-N`, N >= 1, lowest N first) so that at
+/// most `keep` remain; returns the names deleted. Entries that are not archived runs are left
+/// alone, and a link is removed as a link, never followed.
+pub fn prune_archived_runs(root: &Path, keep: usize) -> Result<Vec<String>> {
+    let ws = WorkspaceFs::open(root)?;
+    if ws.kind("runs")?.is_none() {
+        return Ok(Vec::new());
+    }
+    let mut archived: Vec<(u64, String)> = ws
+        .list("runs")
+        .context("listing runs/")?
+        .into_iter()
+        .filter_map(|(name, _)| {
+            let n = name.strip_prefix("iteration-")?.parse::<u64>().ok()?;
+            // `iteration-01` is not a name rotation makes: leave it.
+            (n >= 1 && name == format!("iteration-{n}")).then_some((n, name))
+        })
+        .collect();
+    archived.sort();
+    let excess = archived.len().saturating_sub(keep);
+    let mut deleted = Vec::new();
+    for (_, name) in archived.into_iter().take(excess) {
+        ws.remove_all(format!("runs/{name}"))
+            .with_context(|| format!("deleting the archived run runs/{name}"))?;
+        deleted.push(name);
+    }
+    Ok(deleted)
+}
+
 /// Creates `runs/<run_folder>/execution/Downloads/` inside the workspace.
 fn prepare(root: &Path, run_folder: &str) -> Result<RunFolder> {
     let ws = WorkspaceFs::open(root)?;

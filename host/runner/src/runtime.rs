@@ -129,16 +129,19 @@ pub struct StartOptions {
     pub limits: Limits,
     /// Retries of LLM calls.
     pub retry: RetryPolicy,
+    /// Tool rounds a turn may take before it must answer.
+    pub max_tool_rounds: usize,
 }
 
 impl StartOptions {
-    /// Default limits and retries.
+    /// Default limits, retries and tool rounds.
     pub fn new(run: RunOptions, llm: LlmSetup) -> Self {
         StartOptions {
             run,
             llm,
             limits: Limits::default(),
             retry: RetryPolicy::default(),
+            max_tool_rounds: crate::driver::DEFAULT_MAX_TOOL_ROUNDS,
         }
     }
 }
@@ -415,6 +418,7 @@ fn run_in_thread(
         let mut env = RunEnv::new(&registry, options.llm);
         env.limits = options.limits;
         env.retry = options.retry;
+        env.max_tool_rounds = options.max_tool_rounds;
         env.cancel = execution.cancel.clone();
         env.steering = Some(execution.steering.clone());
         env.observer = {

@@ -43,6 +43,7 @@ use trellis_workflow::Workspace;
 use crate::grants::{
     AgentFolders, DB_FILE, TurnAccess, TurnContext, grant_for_access, grant_for_access_in,
 };
+use crate::workflow_run::substitute;
 
 /// How to run a step's script.
 #[derive(Debug, Clone)]
@@ -248,22 +249,6 @@ fn prepare(
 
 /// The prefix of the operator's environment variables a script sees as placeholders.
 pub const SECRET_PREFIX: &str = "SECRET_";
-
-/// `text` with each workflow variable's `{{name}}`, `${name}` and `{name}` replaced by its
-/// value.
-fn substitute(text: &str, variables: &BTreeMap<String, String>) -> String {
-    let mut out = text.to_string();
-    for (name, value) in variables {
-        for pattern in [
-            format!("{{{{{name}}}}}"),
-            format!("${{{name}}}"),
-            format!("{{{name}}}"),
-        ] {
-            out = out.replace(&pattern, value);
-        }
-    }
-    out
-}
 
 /// `VAR_<NAME>`: the name upper-cased, every character other than a letter, digit or `_`
 /// replaced by `_`.

@@ -121,6 +121,8 @@ pub struct RunEnv<'a> {
     pub llm: LlmSetup,
     /// Messages sent to the running step's agent from outside, if anyone may send them.
     pub steering: Option<Arc<Steering>>,
+    /// Tool rounds a turn may take before it must answer.
+    pub max_tool_rounds: usize,
     /// Runs the scripts of scripted steps; made on the first one.
     scripts: OnceLock<Arc<ScriptRunner>>,
 }
@@ -138,6 +140,7 @@ impl<'a> RunEnv<'a> {
             observer: Observer::default(),
             llm,
             steering: None,
+            max_tool_rounds: crate::driver::DEFAULT_MAX_TOOL_ROUNDS,
             scripts: OnceLock::new(),
         }
     }
@@ -169,6 +172,7 @@ impl<'a> RunEnv<'a> {
         }
         .with_model_resolver(self.sub_agent_models())
         .with_retry(self.retry)
+        .with_max_tool_rounds(self.max_tool_rounds)
         .with_cancel(self.cancel.clone())
         .with_observer(self.observer.clone());
         if let Some(steering) = &self.steering {
@@ -321,10 +325,14 @@ pub fn variables_block(
     Some(text)
 }
 
-/// Appends the [`variables_block`] of the unit to the description of every step of `ws`.
-pub fn apply_variables(ws: &mut Workspace, group: Option<&Group>) {
-    let variables = unit_variables(ws, group);
-    let Some(block) = variables_block(&variables, group) else {
+/// Appends the [`variables_block`] of the unit (its `variables`) to the description of
+/// every step of `ws`.
+pub fn apply_variables(
+    ws: &mut Workspace,
+    group: Option<&Group>,
+    variables: &BTreeMap<String, String>,
+) {
+    let Some(block) = variables_block(variables, group) else {
         return;
     };
     for step in ws
@@ -337,6 +345,107 @@ pub fn apply_variables(ws: &mut Workspace, group: Option<&Group>) {
             Some(d) if !d.is_empty() => format!("{d}\n\n{block}"),
             _ => block.clone(),
         });
+    }
+}
+
+/// The variables of a run unit with the answers of its `human_input` steps: an answer given
+/// for a step with a `variable_name` becomes the variable of that name.
+pub fn unit_variables_with_answers(
+    ws: &Workspace,
+    group: Option<&Group>,
+    inputs: &BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    let mut variables = unit_variables(ws, group);
+    for step in ws.plan.all_steps() {
+        if let StepKind::HumanInput(h) = &step.kind
+            && let Some(name) = h.variable_name.as_deref()
+            && let Some(answer) = inputs.get(name)
+        {
+            variables.insert(name.to_string(), answer.clone());
+        }
+    }
+    variables
+}
+
+/// `text` with each workflow variable's `{{NAME}}`, `${NAME}` and `{NAME}` (spaces inside
+/// the braces allowed) replaced by its value, in one pass (a value is never substituted
+/// again); an unknown name stays as written.
+pub fn substitute(text: &str, variables: &BTreeMap<String, String>) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while !rest.is_empty() {
+        let (open, close) = if rest.starts_with("{{") {
+            ("{{", "}}")
+        } else if rest.starts_with("${") {
+            ("${", "}")
+        } else if rest.starts_with('{') {
+            ("{", "}")
+        } else {
+            let c = rest.chars().next().unwrap_or_default();
+            out.push(c);
+            rest = &rest[c.len_utf8()..];
+            continue;
+        };
+        let after = &rest[open.len()..];
+        match after
+            .find(close)
+            .and_then(|end| variables.get(after[..end].trim()).map(|v| (end, v)))
+        {
+            Some((end, value)) => {
+                out.push_str(value);
+                rest = &after[end + close.len()..];
+            }
+            None => {
+                out.push_str(open);
+                rest = after;
+            }
+        }
+    }
+    out
+}
+
+/// Substitutes the variables ([`substitute`]) in every step's `context_output` and
+/// `context_dependencies` (sub-agent steps of routes included) and in the question and
+/// options of `human_input` steps.
+pub fn substitute_variables(ws: &mut Workspace, variables: &BTreeMap<String, String>) {
+    fn step_texts(step: &mut Step, variables: &BTreeMap<String, String>) {
+        let sub = |t: &mut String| *t = substitute(t, variables);
+        step.context_dependencies.iter_mut().flatten().for_each(sub);
+        match &mut step.context_output {
+            Some(trellis_workflow::plan::ContextOutput::One(o)) => sub(o),
+            Some(trellis_workflow::plan::ContextOutput::Many(list)) => {
+                list.iter_mut().for_each(sub)
+            }
+            None => {}
+        }
+        match &mut step.kind {
+            StepKind::HumanInput(h) => {
+                h.question.iter_mut().for_each(sub);
+                h.options.iter_mut().flatten().for_each(sub);
+            }
+            StepKind::MessageSequence(m) => {
+                for r in &mut m.predefined_routes {
+                    step_texts(&mut r.sub_agent_step, variables);
+                }
+            }
+            StepKind::TodoTask(t) => {
+                for r in &mut t.predefined_routes {
+                    step_texts(&mut r.sub_agent_step, variables);
+                }
+            }
+            _ => {}
+        }
+    }
+    if variables.is_empty() {
+        return;
+    }
+    for step in ws
+        .plan
+        .steps
+        .iter_mut()
+        .chain(ws.plan.orphan_steps.iter_mut())
+    {
+        step_texts(step, variables);
     }
 }
 
@@ -424,6 +533,9 @@ pub async fn run_workflow(
         bail!("{}: no such workspace folder", root.display());
     }
     let ws = open_workspace(root, None)?;
+    for warning in ws.warnings.warnings() {
+        progress(&format!("warning: {warning}"));
+    }
     let (groups, units) = preflight(env, root, &ws, opts)?;
     let full = opts.step.is_none() && opts.from.is_none() && opts.group.is_none();
     if seed_database(&ws.fs)? {
@@ -451,6 +563,16 @@ pub async fn run_workflow(
     };
     if let Some(a) = &archived {
         progress(&format!("previous run moved to runs/{a}"));
+        let keep = ws.manifest.run_retention();
+        let deleted = crate::run_folder::prune_archived_runs(root, keep)?;
+        if !deleted.is_empty() {
+            progress(&format!(
+                "deleted {} archived run{} past the {keep} kept (run_retention_count): runs/{}",
+                deleted.len(),
+                if deleted.len() == 1 { "" } else { "s" },
+                deleted.join(", runs/")
+            ));
+        }
     }
     let mut run = WorkflowRun {
         archived,
@@ -479,7 +601,9 @@ async fn run_unit(
     progress: &mut dyn FnMut(&str),
 ) -> Result<UnitRun> {
     let mut ws = open_workspace(root, Some(folder))?;
-    apply_variables(&mut ws, group);
+    let variables = unit_variables_with_answers(&ws, group, &opts.inputs);
+    substitute_variables(&mut ws, &variables);
+    apply_variables(&mut ws, group, &variables);
     let mut unit = UnitRun {
         group: group.map(|g| g.id.clone()),
         run_folder: folder.to_string(),
@@ -911,13 +1035,29 @@ mod tests {
     }
 
     #[test]
+    fn variables_are_substituted_where_named_and_unknown_ones_stay() {
+        let vars: BTreeMap<String, String> = [
+            ("A".to_string(), "1".to_string()),
+            ("B".to_string(), "x/y".to_string()),
+        ]
+        .into();
+        assert_eq!(
+            substitute("{{A}}-{{ B }}-{{C}}-{{A", &vars),
+            "1-x/y-{{C}}-{{A"
+        );
+        assert_eq!(substitute("no braces", &vars), "no braces");
+        assert_eq!(substitute("{{{{A}}}}", &vars), "{{1}}");
+    }
+
+    #[test]
     fn variables_are_appended_to_every_charter() {
         let dir = tempfile::tempdir().unwrap();
         let mut ws = workspace(
             dir.path(),
             json!([{"id": "s", "type": "regular", "title": "S", "description": "Do it."}]),
         );
-        apply_variables(&mut ws, None);
+        let variables = unit_variables(&ws, None);
+        apply_variables(&mut ws, None, &variables);
         assert_eq!(ws.plan.steps[0].description.as_deref(), Some("Do it."));
         std::fs::write(
             dir.path().join("workflow.json"),
@@ -926,7 +1066,8 @@ mod tests {
         .unwrap();
         let mut ws = Workspace::open(dir.path()).unwrap();
         let group = ws.manifest.groups[0].clone();
-        apply_variables(&mut ws, Some(&group));
+        let variables = unit_variables(&ws, Some(&group));
+        apply_variables(&mut ws, Some(&group), &variables);
         assert_eq!(
             ws.plan.steps[0].description.as_deref(),
             Some("Do it.\n\nWorkflow variables (group g):\n- A = 1\n- B = 3")

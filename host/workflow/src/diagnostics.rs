@@ -611,6 +611,26 @@ pub fn describe(v: &Value) -> String {
     }
 }
 
+/// Reports `id` (a step, item or route id, which names folders and files) unless it is one
+/// plain path component: not empty, not `.` or `..`, and without `/`, `\\` or control
+/// characters.
+pub fn check_plain_id(ctx: &mut Ctx, path: &JsonPath, what: &str, id: &str) {
+    let plain = !id.is_empty()
+        && id != "."
+        && id != ".."
+        && !id.chars().any(|c| c == '/' || c == '\\' || c.is_control());
+    if !plain {
+        ctx.error(
+            path,
+            format!(
+                "{what} {} is not a plain name: it names folders and files, so it must be one \
+                 path component (no /, \\, \"..\" or control characters)",
+                quote(id)
+            ),
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

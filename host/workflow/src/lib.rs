@@ -164,10 +164,19 @@ fn load(root: &Path, run_folder: Option<&str>) -> (Option<Workspace>, Diagnostic
         return (None, diags);
     }
 
-    let manifest = match read(&fs, Path::new(WORKFLOW_FILE), &mut diags) {
+    let mut manifest = match read(&fs, Path::new(WORKFLOW_FILE), &mut diags) {
         None => Some(WorkflowManifest::default()),
         Some(text) => keep(manifest::parse_manifest(&text, WORKFLOW_FILE), &mut diags),
     };
+    if let Some(m) = &mut manifest
+        && let Some(text) = read(&fs, Path::new(manifest::VARIABLES_FILE), &mut diags)
+    {
+        diags.extend(manifest::merge_variables_file(
+            &text,
+            manifest::VARIABLES_FILE,
+            m,
+        ));
+    }
 
     // The step config first (its diagnostics still come after the plan's): the steps it
     // gates may have prevalidation items without a schema in the plan.

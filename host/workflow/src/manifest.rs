@@ -191,6 +191,30 @@ pub struct WorkflowManifest {
     /// Provider connection settings.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub providers: BTreeMap<String, ProviderSettings>,
+    /// `run_retention_count` as written: how many archived runs a full run keeps (see
+    /// [`WorkflowManifest::run_retention`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub run_retention_count: Option<Value>,
+    /// Keys the original writes that mean nothing here (`capabilities`,
+    /// `execution_defaults`), kept verbatim.
+    #[serde(flatten)]
+    pub kept: BTreeMap<String, Value>,
+}
+
+/// Archived runs kept when `run_retention_count` is absent or invalid.
+pub const DEFAULT_RUN_RETENTION: usize = 5;
+/// The most archived runs `run_retention_count` may keep.
+pub const MAX_RUN_RETENTION: usize = 50;
+/// Keys of `workflow.json` accepted and kept verbatim, with no effect here.
+pub const KEPT_KEYS: &[&str] = &["capabilities", "execution_defaults"];
+
+/// The retention a `run_retention_count` value means: 1 to [`MAX_RUN_RETENTION`], else
+/// `None` (invalid).
+fn retention_of(value: &Value) -> Option<usize> {
+    value
+        .as_u64()
+        .and_then(|n| usize::try_from(n).ok())
+        .filter(|n| (1..=MAX_RUN_RETENTION).contains(n))
 }
 
 impl WorkflowManifest {
@@ -215,10 +239,36 @@ impl WorkflowManifest {
         out
     }
 
+    /// How many archived runs (`runs/iteration-N`, N >= 1) a full run keeps:
+    /// `run_retention_count` when it is 1 to [`MAX_RUN_RETENTION`], else
+    /// [`DEFAULT_RUN_RETENTION`].
+    pub fn run_retention(&self) -> usize {
+        self.run_retention_count
+            .as_ref()
+            .and_then(retention_of)
+            .unwrap_or(DEFAULT_RUN_RETENTION)
+    }
+
     /// Writes the manifest atomically, 2-space indent.
     pub fn write(&self, fs: &trellis_sandbox::store::WorkspaceFs, path: &Path) -> io::Result<()> {
         fs.write_json_atomic(path, self)
     }
+}
+
+/// The environment variable suggested for the key of provider `provider`
+/// (`OPENAI_API_KEY` for `openai`).
+fn suggested_key_env(provider: &str) -> String {
+    let name: String = provider
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_uppercase()
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("{name}_API_KEY")
 }
 
 /// Reads `workflow.json` from its text.
@@ -396,13 +446,47 @@ fn manifest_from_value(ctx: &mut Ctx, value: &Value) -> Option<WorkflowManifest>
             };
             if p.has("api_key") {
                 p.accept(&["api_key"]);
+                let var = settings
+                    .api_key_env
+                    .clone()
+                    .unwrap_or_else(|| suggested_key_env(k));
                 ctx.error(
                     &p.path().key("api_key"),
-                    "keys are never stored in workflow.json: put the key in an environment variable and name it in \"api_key_env\"",
+                    format!(
+                        "keys are never stored in workflow.json: remove it, put the key in the \
+                         environment variable {var} and name it here: \"api_key_env\": \"{var}\""
+                    ),
                 );
             }
             p.finish(ctx);
             providers.insert(k.clone(), settings);
+        }
+    }
+    if obj.has("api_key") {
+        obj.accept(&["api_key"]);
+        ctx.error(
+            &JsonPath::root().key("api_key"),
+            "keys are never stored in workflow.json: remove it, put the key in the environment \
+             variable OPENAI_API_KEY (or another, named in \"providers\": {\"openai\": \
+             {\"api_key_env\": \"NAME\"}})",
+        );
+    }
+    let run_retention_count = obj.raw("run_retention_count").cloned();
+    if let Some(v) = &run_retention_count
+        && retention_of(v).is_none()
+    {
+        ctx.warning(
+            &JsonPath::root().key("run_retention_count"),
+            format!(
+                "expected a whole number from 1 to {MAX_RUN_RETENTION}, found {v}: \
+                 {DEFAULT_RUN_RETENTION} archived runs are kept"
+            ),
+        );
+    }
+    let mut kept = BTreeMap::new();
+    for key in KEPT_KEYS {
+        if let Some(v) = obj.raw(key) {
+            kept.insert((*key).to_string(), v.clone());
         }
     }
     obj.finish(ctx);
@@ -413,7 +497,133 @@ fn manifest_from_value(ctx: &mut Ctx, value: &Value) -> Option<WorkflowManifest>
         llm,
         tiers,
         providers,
+        run_retention_count,
+        kept,
     })
+}
+
+/// Where the original keeps variables and groups, beside `workflow.json`'s.
+pub const VARIABLES_FILE: &str = "variables/variables.json";
+
+/// Reads `variables/variables.json` (`{variables: [{name, value, description}], groups:
+/// [{name, values, enabled}]}`) into `manifest`: its variables join the declared ones
+/// (`workflow.json` wins on a name both declare), its enabled groups join the groups (id and
+/// folder from the name; `values` an object of name -> value, or a list of `{name, value}`);
+/// a group with `enabled: false` is left out.
+pub fn merge_variables_file(
+    text: &str,
+    file: &str,
+    manifest: &mut WorkflowManifest,
+) -> Diagnostics {
+    let mut diags = Diagnostics::new();
+    if let Some(value) = parse_json(text, file, &mut diags) {
+        let mut ctx = Ctx::new(file, &mut diags);
+        merge_variables_value(&mut ctx, &value, manifest);
+    }
+    diags
+}
+
+fn merge_variables_value(ctx: &mut Ctx, value: &Value, manifest: &mut WorkflowManifest) {
+    let Some(mut obj) = Obj::new(ctx, value, JsonPath::root(), "variables and groups") else {
+        return;
+    };
+    let vars = obj.list(ctx, "variables", |ctx, v, p| {
+        let mut o = Obj::new(ctx, v, p, "a variable")?;
+        let name = o.req_str(ctx, "name", "the variable name");
+        let value = match o.raw("value") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(other @ (Value::Number(_) | Value::Bool(_))) => Some(other.to_string()),
+            Some(other) => {
+                ctx.error(
+                    &o.path().key("value"),
+                    format!("expected a string, found {}", kind_of(other)),
+                );
+                None
+            }
+        };
+        let description = o.str(ctx, "description");
+        if let Some(n) = &name
+            && !valid_variable_name(n)
+        {
+            ctx.error(
+                &o.path().key("name"),
+                format!(
+                    "invalid variable name {}: use letters, digits and _",
+                    quote(n)
+                ),
+            );
+        }
+        o.finish(ctx);
+        Some((name?, Variable::Declared { value, description }))
+    });
+    let groups = obj.list(ctx, "groups", |ctx, v, p| {
+        let mut o = Obj::new(ctx, v, p, "a group")?;
+        let name = o.req_str(ctx, "name", "the group name");
+        let enabled = o.bool(ctx, "enabled").unwrap_or(true);
+        let mut values = BTreeMap::new();
+        match o.raw("values") {
+            None | Some(Value::Null) => {}
+            Some(Value::Object(m)) => {
+                for (k, v) in m {
+                    match v {
+                        Value::String(s) => {
+                            values.insert(k.clone(), s.clone());
+                        }
+                        Value::Number(_) | Value::Bool(_) => {
+                            values.insert(k.clone(), v.to_string());
+                        }
+                        other => ctx.error(
+                            &o.path().key("values").key(k),
+                            format!("expected a string, found {}", kind_of(other)),
+                        ),
+                    }
+                }
+            }
+            Some(Value::Array(list)) => {
+                for (i, entry) in list.iter().enumerate() {
+                    let n = entry.get("name").and_then(Value::as_str);
+                    let v = entry.get("value").and_then(|v| match v {
+                        Value::String(s) => Some(s.clone()),
+                        Value::Number(_) | Value::Bool(_) => Some(v.to_string()),
+                        _ => None,
+                    });
+                    match (n, v) {
+                        (Some(n), Some(v)) => {
+                            values.insert(n.to_string(), v);
+                        }
+                        _ => ctx.error(
+                            &o.path().key("values").index(i),
+                            "expected {\"name\": \"...\", \"value\": \"...\"}",
+                        ),
+                    }
+                }
+            }
+            Some(other) => ctx.error(
+                &o.path().key("values"),
+                format!(
+                    "expected an object of name -> value, found {}",
+                    kind_of(other)
+                ),
+            ),
+        }
+        o.finish(ctx);
+        Some((name?, enabled, values))
+    });
+    obj.finish(ctx);
+    for (name, var) in vars.into_iter().flatten() {
+        manifest.variables.entry(name).or_insert(var);
+    }
+    for (name, enabled, values) in groups.into_iter().flatten() {
+        if !enabled || manifest.groups.iter().any(|g| g.id == name) {
+            continue;
+        }
+        manifest.groups.push(Group {
+            id: name,
+            name: None,
+            variables: values,
+        });
+    }
 }
 
 #[cfg(test)]
@@ -428,6 +638,40 @@ mod tests {
         assert_eq!(ContractVersion::parse("1.0"), None);
         assert_eq!(ContractVersion::parse("1.0.11.1"), None);
         assert_eq!(ContractVersion::CURRENT.to_string(), "1.0.11");
+    }
+
+    #[test]
+    fn variables_json_joins_the_manifest_and_names_its_mistakes() {
+        let mut m = parse_manifest(r#"{"variables": {"A": "from-workflow"}}"#, "workflow.json")
+            .unwrap()
+            .0;
+        let text = r#"{"variables": [{"name": "A", "value": "ignored"},
+                                      {"name": "B", "value": 7, "description": "d"}],
+                       "groups": [{"name": "g1", "values": {"B": "8"}},
+                                  {"name": "g2", "values": [{"name": "B", "value": "9"}], "enabled": true},
+                                  {"name": "off", "enabled": false}]}"#;
+        let diags = merge_variables_file(text, VARIABLES_FILE, &mut m);
+        assert!(diags.is_empty(), "{:?}", diags.lines());
+        assert_eq!(m.resolved_variables(None)["A"], "from-workflow");
+        assert_eq!(m.resolved_variables(None)["B"], "7");
+        assert_eq!(m.resolved_variables(Some("g2"))["B"], "9");
+        let ids: Vec<&str> = m.groups.iter().map(|g| g.id.as_str()).collect();
+        assert_eq!(ids, ["g1", "g2"]);
+
+        let mut m = WorkflowManifest::default();
+        let diags = merge_variables_file(
+            r#"{"variables": [{"value": "x"}], "groups": [{"name": "g", "values": 3}], "extra": 1}"#,
+            VARIABLES_FILE,
+            &mut m,
+        );
+        assert_eq!(
+            diags.lines(),
+            [
+                "variables/variables.json: variables[0].name: missing: expected a string (the variable name)",
+                "variables/variables.json: groups[0].values: expected an object of name -> value, found a number",
+                "variables/variables.json: unknown key \"extra\"",
+            ]
+        );
     }
 
     #[test]

@@ -376,6 +376,9 @@ fn parse_step(ctx: &mut Ctx, value: &Value, path: JsonPath, nesting: Nesting) ->
     let mut obj = Obj::new(ctx, value, path, "a step")?;
     let id = obj.str(ctx, "id").filter(|s| !s.trim().is_empty());
     let outer = ctx.set_step(id.clone());
+    if let Some(id) = &id {
+        super::diagnostics::check_plain_id(ctx, &obj.path().key("id"), "step id", id);
+    }
     let step = parse_step_body(ctx, &mut obj, id, nesting);
     obj.finish(ctx);
     ctx.set_step(outer);

@@ -142,6 +142,10 @@ pub struct LlmRef {
     /// Options passed to the provider untouched (temperature, ...).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub options: Option<Map<String, Value>>,
+    /// The original's published preset the choice came from; kept, with no effect here
+    /// (the provider and model are what run).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub published_llm_id: Option<String>,
 }
 
 /// `execution_llm`: the step's model, its fallbacks and bookkeeping.
@@ -348,6 +352,7 @@ pub struct AgentConfigs {
 
 /// Keys accepted and kept verbatim, with no runtime effect.
 pub const BOOKKEEPING_KEYS: &[&str] = &[
+    "db_access",
     "declared_execution_mode_reason",
     "description_reviewed",
     "review_notes",

@@ -362,7 +362,7 @@ const CORPUS: &[(&str, &str, &[&str])] = &[
         r#"{"providers": {"openai": {"api_key": "sk-123"}}, "tiers": {"hihg": {"provider": "p", "model_id": "m"}}}"#,
         &[
             r#"workflow.json: tiers.hihg: unknown tier "hihg": expected "high", "medium" or "low" (did you mean "high"?)"#,
-            r#"workflow.json: providers.openai.api_key: keys are never stored in workflow.json: put the key in an environment variable and name it in "api_key_env""#,
+            r#"workflow.json: providers.openai.api_key: keys are never stored in workflow.json: remove it, put the key in the environment variable OPENAI_API_KEY and name it here: "api_key_env": "OPENAI_API_KEY""#,
         ],
     ),
     (

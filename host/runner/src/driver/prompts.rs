@@ -4,10 +4,10 @@
 use anyhow::{Context, Result, anyhow};
 
 use crate::grants::{
-    AgentFolders, ReflectionDue, TurnAccess, TurnContext, TurnGrant, grant_for_access_in,
+    AgentFolders, ReflectionDue, SOUL_DIR, TurnAccess, TurnContext, TurnGrant, grant_for_access_in,
 };
 use crate::routes::{AgentHome, delegation_note};
-use trellis_workflow::plan::Step;
+use trellis_workflow::plan::{Plan, Step};
 use trellis_workflow::step_config::LearningDetailLevel;
 use trellis_workflow::validation::Report;
 use trellis_workflow::{AgentConfigs, Workspace};
@@ -17,6 +17,15 @@ pub const TOOL_POLICY_NOTE: &str = "Use the tools offered to read and write file
 workspace-relative. A tool error comes back as a result starting with `error:`: read it and \
 adjust. When the task cannot be done, reply with a line `STATUS: FAILED <reason>`. Report \
 doubts on lines starting with `CONCERNS:`.";
+
+/// The user message of the last call of a turn that used its `rounds` tool rounds.
+pub fn out_of_tool_rounds(rounds: usize) -> String {
+    format!(
+        "You are out of tool rounds: this turn has used all {rounds} of them, and tools are no \
+         longer available. Answer now with what you have done and found; say what is left \
+         undone."
+    )
+}
 
 /// The reference that replaces an offloaded tool result of `bytes` bytes written to `rel`
 /// (workspace-relative).
@@ -45,8 +54,12 @@ pub fn reflection_message(step_id: &str, configs: &AgentConfigs, due: Reflection
             LearningDetailLevel::None => "State each lesson in one line, without detail.",
         };
         text.push_str(&format!(
-            "- Record what this run taught you in learnings/_global/{step_id}.md (add to it if \
-             it exists). Learning objective: {objective} {detail}\n"
+            "- Record what this run taught you in learnings/_global/, kept as a skill: one \
+             markdown file per topic (learnings/_global/<topic>.md; add to the file of a topic \
+             that exists rather than starting another), and learnings/_global/SKILL.md as its \
+             index, one line per topic file with its name and what it covers (create it if \
+             missing, keep it current). Step {step_id} is where this came from. Learning \
+             objective: {objective} {detail}\n"
         ));
     }
     if due.knowledgebase {
@@ -64,12 +77,19 @@ pub fn reflection_message(step_id: &str, configs: &AgentConfigs, due: Reflection
     text
 }
 
-/// The system prompt of a step: its description, the grant and the tool policy note.
-pub fn system_prompt(step: &Step, grant: &TurnGrant) -> String {
+/// The system prompt of a step: its description, the workflow's north star (the plan's
+/// objective and success criteria, `soul/soul.md` when the turn can read it, the step's
+/// expected output files), the grant and the tool policy note.
+pub fn system_prompt(plan: &Plan, step: &Step, grant: &TurnGrant) -> String {
     let mut text = String::new();
     if let Some(d) = step.description.as_deref().filter(|d| !d.trim().is_empty()) {
         text.push_str(d.trim());
         text.push_str("\n\n");
+    }
+    let north_star = north_star(plan, step, grant);
+    if !north_star.is_empty() {
+        text.push_str(&north_star);
+        text.push('\n');
     }
     text.push_str(&grant.describe());
     text.push('\n');
@@ -78,6 +98,33 @@ pub fn system_prompt(step: &Step, grant: &TurnGrant) -> String {
     if !note.is_empty() {
         text.push_str("\n\n");
         text.push_str(note.trim_end());
+    }
+    text
+}
+
+/// What every turn is reminded of: the plan's objective and success criteria, to read
+/// `soul/soul.md` (when granted), and the files the step must leave in its output folder.
+fn north_star(plan: &Plan, step: &Step, grant: &TurnGrant) -> String {
+    let mut text = String::new();
+    let non_empty = |s: Option<&str>| s.map(str::trim).filter(|s| !s.is_empty()).map(String::from);
+    if let Some(objective) = non_empty(plan.objective.as_deref()) {
+        text.push_str(&format!("Workflow objective: {objective}\n"));
+    }
+    if let Some(criteria) = non_empty(plan.success_criteria.as_deref()) {
+        text.push_str(&format!("Success criteria: {criteria}\n"));
+    }
+    if grant.folders.iter().any(|f| f.path == SOUL_DIR) {
+        text.push_str(
+            "Read soul/soul.md before you start: the workflow's objective, success criteria \
+             and constraints. Keep to them.\n",
+        );
+    }
+    let outputs = step.outputs();
+    if !outputs.is_empty() {
+        text.push_str(&format!(
+            "Expected outputs of this step, in its output folder: {}\n",
+            outputs.join(", ")
+        ));
     }
     text
 }
@@ -98,7 +145,7 @@ pub fn step_system_prompt(ws: &Workspace, step_id: &str) -> Result<String> {
     };
     let folders = AgentFolders::for_step(run_folder, step);
     let grant = grant_for_access_in(&ctx, TurnAccess::for_step(&configs), &folders)?;
-    Ok(system_prompt(step, &grant))
+    Ok(system_prompt(&ws.plan, step, &grant))
 }
 
 /// The system prompt of call `call_id` of the sub-agent reached from step `step_id` through
@@ -147,7 +194,7 @@ pub fn sub_agent_system_prompt(
     if !existed {
         let _ = ws.fs.remove_dir(&output);
     }
-    Ok(system_prompt(step, &grant?))
+    Ok(system_prompt(&ws.plan, step, &grant?))
 }
 
 /// The message of a repair turn: every failing check with file, path, expected and actual.

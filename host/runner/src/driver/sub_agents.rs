@@ -109,7 +109,7 @@ impl StepRunner<'_> {
             sub_agent: true,
         };
         let configs = ws.agent_configs(&step.id);
-        let (policy, tools) = self.tools_of(step, &configs);
+        let (policy, tools) = self.tools_of(ws, step, &configs);
         let logs = parent.logs.join(crate::routes::AGENTS_DIR).join(route_id);
         ws.fs
             .create_dir_all(&logs)
@@ -161,7 +161,7 @@ impl StepRunner<'_> {
                 TurnEnd::Failed(r) => r,
                 TurnEnd::Stopped => "stop requested".to_string(),
             })?;
-        let system = Message::system(system_prompt(step, &grant));
+        let system = Message::system(system_prompt(&ws.plan, step, &grant));
         match run.history.first_mut() {
             Some(first) if first.role == trellis_sandbox::llm::Role::System => *first = system,
             _ => run.history.insert(0, system),

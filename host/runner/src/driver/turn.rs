@@ -5,8 +5,9 @@ use std::time::Instant;
 
 use serde_json::Value;
 
-use super::prompts::offload_reference;
+use super::prompts::{offload_reference, out_of_tool_rounds};
 use super::{AgentModels, OFFLOAD_THRESHOLD, Run, StepRunner, TurnEnd, TurnOk, entry_outcome};
+use crate::db_tools;
 use crate::events::RunEvent;
 use crate::filters::{CALL_SUB_AGENT, DELEGATION_CATEGORY, ToolPolicy};
 use crate::grants::TurnGrant;
@@ -19,8 +20,8 @@ use crate::steering::Phase;
 use trellis_sandbox::llm::{
     Message, Options, Request, Target, ToolCall, ToolDefinition, complete_with_options,
 };
-use trellis_workflow::AgentConfigs;
 use trellis_workflow::plan::Step;
+use trellis_workflow::{AgentConfigs, Workspace};
 
 impl StepRunner<'_> {
     /// Records what the step's own agent does next (sub-agents leave it alone: a message is
@@ -45,15 +46,28 @@ impl StepRunner<'_> {
     }
 
     /// The tool policy of a step and the tools offered: plugin tools passing the filters,
+    /// the database tools when the workspace has a `db/` folder (no filter removes them),
     /// then `call_sub_agent` when the step has routes.
     pub(super) fn tools_of(
         &self,
+        ws: &Workspace,
         step: &Step,
         configs: &AgentConfigs,
     ) -> (ToolPolicy, Vec<ToolDefinition>) {
         let routes = step.predefined_routes();
         let policy = ToolPolicy::from_configs(configs, !routes.is_empty());
+        let loaded = self.registry.plugins().map(|p| p.manifest().id.as_str());
+        for server in policy.plugins.unknown_servers(loaded) {
+            tracing::warn!(
+                "step {:?}: selected_servers names {server:?}, which is not loaded: it selects \
+                 nothing (the built-in tools stay)",
+                step.id
+            );
+        }
         let mut tools = self.offered_tools(&policy);
+        if ws.fs.is_dir("db") {
+            tools.extend(db_tools::definitions());
+        }
         if policy.host.allows(DELEGATION_CATEGORY, CALL_SUB_AGENT) {
             tools.push(call_sub_agent_tool(routes));
         }
@@ -156,6 +170,17 @@ impl StepRunner<'_> {
                 result = Err(TurnEnd::Stopped);
                 break;
             }
+            // Out of tool rounds: one last call without tools, whose reply ends the turn.
+            let last_call = round == self.max_tool_rounds;
+            if last_call {
+                tracing::warn!(
+                    "{}: turn {item_id} used its {} tool rounds: asking for a final answer",
+                    run.label,
+                    self.max_tool_rounds
+                );
+                run.history
+                    .push(Message::user(out_of_tool_rounds(self.max_tool_rounds)));
+            }
             self.steer_phase(run, Phase::LlmCall);
             let request = Request {
                 model: run
@@ -165,7 +190,11 @@ impl StepRunner<'_> {
                     .map(|t| t.model.clone())
                     .unwrap_or_default(),
                 messages: run.history.clone(),
-                tools: run.tools.clone(),
+                tools: if last_call {
+                    Vec::new()
+                } else {
+                    run.tools.clone()
+                },
                 options: Options::default(),
             };
             let call_started = now_rfc3339();
@@ -213,6 +242,12 @@ impl StepRunner<'_> {
                 .collect();
             self.emit_llm_call(&run.label, &record);
             conv.llm_calls.push(record);
+            let mut response = response;
+            if last_call {
+                // Tools were not offered: calls asked for anyway are not run, and not kept
+                // in the conversation (no results would follow them).
+                response.tool_calls.clear();
+            }
             run.history.push(Message::assistant(&response));
             if response.tool_calls.is_empty() {
                 // A message that arrived while the model answered keeps the turn going.
@@ -220,7 +255,7 @@ impl StepRunner<'_> {
                     Some(steering) if run.depth == 0 => steering.finish_turn(Phase::Preparing),
                     _ => Vec::new(),
                 };
-                if pending.is_empty() || round == self.max_tool_rounds {
+                if pending.is_empty() || last_call {
                     result = Ok(TurnOk {
                         text: response.text.clone(),
                     });
@@ -228,9 +263,6 @@ impl StepRunner<'_> {
                 }
                 run.history.extend(pending.into_iter().map(Message::user));
                 continue;
-            }
-            if round == self.max_tool_rounds {
-                break;
             }
             self.steer_phase(run, Phase::ToolCalls);
             let records = self
@@ -251,7 +283,7 @@ impl StepRunner<'_> {
                     },
                     (None, None) => String::new(),
                 };
-                let content = if run.configs.enable_context_offloading == Some(true)
+                let content = if run.configs.enable_context_offloading != Some(false)
                     && r.error.is_none()
                     && content.len() > OFFLOAD_THRESHOLD
                 {
@@ -362,6 +394,9 @@ impl StepRunner<'_> {
         let args = parse_arguments(&call.arguments);
         let outcome: Result<Value, String> = match &args {
             Err(e) => Err(e.clone()),
+            Ok(a) if let Some(tool) = db_tools::db_tool(&call.name) => {
+                db_tools::call(tool, a.clone(), grant.grant.db().cloned(), &self.limits).await
+            }
             Ok(_) if !policy.plugins.allows_full_name(&call.name) => Err(format!(
                 "tool {:?} is not available in this step",
                 call.name

@@ -32,7 +32,11 @@ pub struct KeyApprovals {
     /// Hosts scripts may reach at loopback or private addresses (compared normalized).
     hosts: Vec<String>,
     config_file: Option<PathBuf>,
+    max_tool_rounds: Option<usize>,
 }
+
+/// The most tool rounds of a turn an operator may allow.
+pub const MAX_TOOL_ROUNDS_CEILING: usize = 100_000;
 
 /// The user config file, `config.toml`.
 #[derive(Debug, Deserialize)]
@@ -42,6 +46,8 @@ struct ConfigFile {
     allow_key: Vec<AllowKey>,
     #[serde(default)]
     allow_host: Vec<String>,
+    /// Tool rounds a turn may take before it must answer (the runtime limit).
+    max_tool_rounds: Option<i64>,
 }
 
 /// One `[[allow_key]]` table.
@@ -150,6 +156,17 @@ impl KeyApprovals {
         };
         let config: ConfigFile =
             toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        if let Some(n) = config.max_tool_rounds {
+            match usize::try_from(n) {
+                Ok(n) if (1..=MAX_TOOL_ROUNDS_CEILING).contains(&n) => {
+                    self.max_tool_rounds = Some(n)
+                }
+                _ => bail!(
+                    "{}: max_tool_rounds: expected 1 to {MAX_TOOL_ROUNDS_CEILING}, found {n}",
+                    path.display()
+                ),
+            }
+        }
         for (i, entry) in config.allow_key.iter().enumerate() {
             self.allow(&entry.var, &entry.origin)
                 .with_context(|| format!("{}: allow_key[{i}]", path.display()))?;
@@ -159,6 +176,12 @@ impl KeyApprovals {
                 .with_context(|| format!("{}: allow_host[{i}]", path.display()))?;
         }
         Ok(())
+    }
+
+    /// The `max_tool_rounds` of the user config file, when it sets one (the file holds the
+    /// operator's settings as well as the key approvals).
+    pub fn max_tool_rounds(&self) -> Option<usize> {
+        self.max_tool_rounds
     }
 
     /// Whether the key in `var` may go to `origin`.

@@ -77,6 +77,15 @@ fn v2_error(error: workflow_db::DbError) -> v2::DbError {
     }
 }
 
+/// How many rows a query may return.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum RowCap {
+    /// More rows than this fail the query.
+    Refuse(usize),
+    /// Rows past this many (and past the host's limit) are left out.
+    Truncate(usize),
+}
+
 /// The workflow database of one call.
 pub(crate) struct DbState {
     grant: Option<DbGrant>,
@@ -187,12 +196,24 @@ impl DbState {
         sql: &str,
         params: &[workflow_db::SqlValue],
     ) -> Result<String, workflow_db::DbError> {
-        let (names, rows) = self.query_rows(sql, params)?;
-        let objects: Vec<serde_json::Value> = rows
+        let (rows, _) = self.rows(sql, params, RowCap::Refuse(DB_MAX_ROWS))?;
+        Ok(serde_json::Value::Array(rows).to_string())
+    }
+
+    /// Rows of a read-only statement as JSON objects, capped as `cap` says; also whether
+    /// rows were left out. The byte cap of a query holds either way.
+    pub(crate) fn rows(
+        &mut self,
+        sql: &str,
+        params: &[workflow_db::SqlValue],
+        cap: RowCap,
+    ) -> Result<(Vec<serde_json::Value>, bool), workflow_db::DbError> {
+        let (names, rows, truncated) = self.query_rows(sql, params, cap)?;
+        let objects = rows
             .into_iter()
             .map(|row| serde_json::Value::Object(names.iter().cloned().zip(row).collect()))
             .collect();
-        Ok(serde_json::Value::Array(objects).to_string())
+        Ok((objects, truncated))
     }
 
     /// `run` of 0.2.0: a read-only statement's columns (in order) and rows, or what a
@@ -212,7 +233,7 @@ impl DbState {
             stmt.readonly()
         };
         if readonly {
-            let (columns, rows) = self.query_rows(sql, params)?;
+            let (columns, rows, _) = self.query_rows(sql, params, RowCap::Refuse(DB_MAX_ROWS))?;
             return Ok(serde_json::json!({"columns": columns, "rows": rows}).to_string());
         }
         if self.grant.as_ref().is_some_and(|db| !db.writable) {
@@ -232,13 +253,15 @@ impl DbState {
         .to_string())
     }
 
-    /// The column names and rows of a read-only statement, within the row and size limits.
+    /// The column names and rows of a read-only statement, within the size limit and the
+    /// row cap `cap`; also whether rows were left out.
     #[allow(clippy::type_complexity)]
     fn query_rows(
         &mut self,
         sql: &str,
         params: &[workflow_db::SqlValue],
-    ) -> Result<(Vec<String>, Vec<Vec<serde_json::Value>>), workflow_db::DbError> {
+        cap: RowCap,
+    ) -> Result<(Vec<String>, Vec<Vec<serde_json::Value>>, bool), workflow_db::DbError> {
         use workflow_db::DbError;
         let db = self.connection(sql)?;
         let failed = |e: rusqlite::Error| DbError::Sql(db.describe(&e));
@@ -255,8 +278,14 @@ impl DbState {
         let mut out = Vec::new();
         let mut bytes = 0;
         while let Some(row) = rows.next().map_err(failed)? {
-            if out.len() == DB_MAX_ROWS {
-                return Err(DbError::TooLarge(format!("more than {DB_MAX_ROWS} rows")));
+            match cap {
+                RowCap::Refuse(most) if out.len() == most => {
+                    return Err(DbError::TooLarge(format!("more than {most} rows")));
+                }
+                RowCap::Truncate(most) if out.len() == most.min(DB_MAX_ROWS) => {
+                    return Ok((names, out, true));
+                }
+                _ => {}
             }
             let mut values = Vec::with_capacity(names.len());
             for (i, name) in names.iter().enumerate() {
@@ -272,7 +301,71 @@ impl DbState {
             }
             out.push(values);
         }
-        Ok((names, out))
+        Ok((names, out, false))
+    }
+
+    /// Runs `statements` in one transaction: all of them or, at the first error, none
+    /// (rolled back). Returns the rows each changed. Refused on a read-only grant, and a
+    /// statement that ends or opens a transaction itself is refused before anything runs.
+    pub(crate) fn execute_all(
+        &mut self,
+        statements: &[(String, Vec<workflow_db::SqlValue>)],
+    ) -> Result<Vec<u64>, (usize, workflow_db::DbError)> {
+        use workflow_db::DbError;
+        if self.grant.as_ref().is_some_and(|db| !db.writable) {
+            return Err((
+                0,
+                DbError::ReadOnly("this turn has read-only access to the workflow db".into()),
+            ));
+        }
+        for (i, (sql, _)) in statements.iter().enumerate() {
+            if sql::controls_transaction(sql) {
+                return Err((
+                    i,
+                    DbError::Sql(
+                        "statements run in one transaction the host opens and ends: BEGIN, COMMIT, END, \
+                         ROLLBACK, SAVEPOINT and RELEASE are not allowed"
+                            .into(),
+                    ),
+                ));
+            }
+        }
+        let first = statements.first().map_or("", |(sql, _)| sql.as_str());
+        self.connection(first).map_err(|e| (0, e))?;
+        let begin = self
+            .conn
+            .as_ref()
+            .map(|db| db.conn().execute_batch("BEGIN IMMEDIATE"));
+        if let Some(Err(e)) = begin {
+            let message = self.conn.as_ref().map(|db| db.describe(&e));
+            return Err((0, DbError::Sql(message.unwrap_or_default())));
+        }
+        let mut changed = Vec::with_capacity(statements.len());
+        for (i, (sql, params)) in statements.iter().enumerate() {
+            let result = sql::refuse_unseen(sql)
+                .map_err(DbError::Sql)
+                .and_then(|()| self.run_execute(sql, params));
+            self.note_deadline(&result);
+            match result {
+                Ok(n) => changed.push(n),
+                Err(e) => {
+                    if let Some(db) = &self.conn {
+                        let _ = db.conn().execute_batch("ROLLBACK");
+                    }
+                    return Err((i, e));
+                }
+            }
+        }
+        let commit = self
+            .conn
+            .as_ref()
+            .map(|db| (db.conn().execute_batch("COMMIT"), db));
+        if let Some((Err(e), db)) = commit {
+            let message = db.describe(&e);
+            let _ = db.conn().execute_batch("ROLLBACK");
+            return Err((statements.len().saturating_sub(1), DbError::Sql(message)));
+        }
+        Ok(changed)
     }
 
     fn run_execute(
@@ -295,6 +388,93 @@ impl DbState {
                 Err(workflow_db::DbError::Sql(message))
             }
         }
+    }
+}
+
+/// A parameter of a statement run by [`HostDb`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum SqlParam {
+    /// `NULL`.
+    Null,
+    /// An integer.
+    Integer(i64),
+    /// A real number.
+    Real(f64),
+    /// Text.
+    Text(String),
+}
+
+impl From<&SqlParam> for workflow_db::SqlValue {
+    fn from(p: &SqlParam) -> Self {
+        match p {
+            SqlParam::Null => workflow_db::SqlValue::Null,
+            SqlParam::Integer(n) => workflow_db::SqlValue::Integer(*n),
+            SqlParam::Real(f) => workflow_db::SqlValue::Real(*f),
+            SqlParam::Text(t) => workflow_db::SqlValue::Text(t.clone()),
+        }
+    }
+}
+
+/// The workflow database as the host's own tools reach it (the agents'
+/// `query_workflow_db` and `mutate_workflow_db`): the connection, fences, row and byte caps,
+/// deadline and growth ceiling of a guest's `workflow-db` calls, for one tool call. It runs
+/// on the calling thread: call it from a blocking task.
+pub struct HostDb(DbState);
+
+impl std::fmt::Debug for HostDb {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HostDb")
+    }
+}
+
+impl HostDb {
+    /// The database of `grant`, for one call within `limits` (its deadline, and its write
+    /// budget for what the database may grow by).
+    pub fn new(grant: DbGrant, limits: &crate::Limits) -> Self {
+        HostDb(DbState::new(
+            Some(grant),
+            limits.timeout,
+            FsBudget::new(limits.fs),
+        ))
+    }
+
+    /// The rows of one read-only statement as JSON objects, at most `max_rows` (and the
+    /// host's limit); also whether rows were left out.
+    pub fn rows(
+        &mut self,
+        sql: &str,
+        params: &[SqlParam],
+        max_rows: usize,
+    ) -> Result<(Vec<serde_json::Value>, bool), String> {
+        let params: Vec<workflow_db::SqlValue> = params.iter().map(Into::into).collect();
+        self.0
+            .rows(sql, &params, RowCap::Truncate(max_rows))
+            .map_err(describe_error)
+    }
+
+    /// Runs `statements` in one transaction (see [`DbState::execute_all`]): the rows each
+    /// changed, or the index of the statement that failed and why (nothing was changed).
+    pub fn execute_all(
+        &mut self,
+        statements: &[(String, Vec<SqlParam>)],
+    ) -> Result<Vec<u64>, (usize, String)> {
+        let statements: Vec<(String, Vec<workflow_db::SqlValue>)> = statements
+            .iter()
+            .map(|(sql, params)| (sql.clone(), params.iter().map(Into::into).collect()))
+            .collect();
+        self.0
+            .execute_all(&statements)
+            .map_err(|(i, e)| (i, describe_error(e)))
+    }
+}
+
+fn describe_error(e: workflow_db::DbError) -> String {
+    use workflow_db::DbError;
+    match e {
+        DbError::NotGranted => "this turn has no access to the workflow db".to_string(),
+        DbError::ReadOnly(m) => format!("read-only: {m}"),
+        DbError::Sql(m) => m,
+        DbError::TooLarge(m) => format!("result too large: {m}"),
     }
 }
 

@@ -210,6 +210,9 @@ pub(super) fn parse_item(
         return None;
     }
     let id = obj.req_str(ctx, "id", "the item id, unique within the step");
+    if let Some(id) = &id {
+        crate::diagnostics::check_plain_id(ctx, &obj.path().key("id"), "item id", id);
+    }
     let title = obj.str(ctx, "title");
     let kind = obj.one_of(ctx, "kind", ITEM_KINDS);
     let type_name = match type_raw {

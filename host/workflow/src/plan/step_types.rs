@@ -228,6 +228,14 @@ pub(super) fn parse_routes(ctx: &mut Ctx, obj: &mut Obj) -> Vec<PredefinedRoute>
         .list(ctx, "predefined_routes", |ctx, v, p| {
             let mut r = Obj::new(ctx, v, p, "a route")?;
             let route_id = r.req_str(ctx, "route_id", "the route id, equal to sub_agent_step.id");
+            if let Some(id) = &route_id {
+                crate::diagnostics::check_plain_id(
+                    ctx,
+                    &r.path().key("route_id"),
+                    "route id",
+                    id,
+                );
+            }
             let route_name = r.str(ctx, "route_name");
             let condition = r.str(ctx, "condition");
             let orphan_step_ref = r.str(ctx, "orphan_step_ref");
@@ -303,6 +311,9 @@ pub(super) fn parse_routing(ctx: &mut Ctx, obj: &mut Obj) -> Option<Routing> {
         obj.list(ctx, "routes", |ctx, v, p| {
             let mut r = Obj::new(ctx, v, p, "a route")?;
             let route_id = r.req_str(ctx, "route_id", "the value of select_route that picks it");
+            if let Some(id) = &route_id {
+                crate::diagnostics::check_plain_id(ctx, &r.path().key("route_id"), "route id", id);
+            }
             let route_name = r.str(ctx, "route_name");
             let condition = r.str(ctx, "condition");
             let next = r.req_str(ctx, "next_step_id", "the step the route goes to");

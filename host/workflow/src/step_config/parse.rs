@@ -134,11 +134,13 @@ pub(crate) fn parse_llm_ref(ctx: &mut Ctx, value: &Value, path: JsonPath) -> Opt
     let model_id = obj.req_str(ctx, "model_id", "the provider's model id");
     check_replay_id(ctx, &obj, provider.as_deref(), model_id.as_deref());
     let options = obj.object(ctx, "options");
+    let published_llm_id = obj.str(ctx, "published_llm_id");
     obj.finish(ctx);
     Some(LlmRef {
         provider: provider?,
         model_id: model_id?,
         options,
+        published_llm_id,
     })
 }
 
@@ -307,6 +309,11 @@ pub(super) fn parse_agent_configs(
         &c.enabled_custom_tools,
         "category",
     );
+    for (i, p) in c.enabled_skills.iter().flatten().enumerate() {
+        if let Err(why) = trellis_sandbox::store::check_relative(p) {
+            ctx.error(&obj.path().key("enabled_skills").index(i), why);
+        }
+    }
     for (i, p) in c.additional_read_paths.iter().flatten().enumerate() {
         if let Err(why) = trellis_sandbox::store::check_relative(p) {
             ctx.error(&obj.path().key("additional_read_paths").index(i), why);
@@ -321,6 +328,13 @@ pub(super) fn parse_agent_configs(
         ctx.warning(
             &obj.path().key("execution_max_turns"),
             "retired: ignored (one runtime turn limit applies) and dropped when the file is saved",
+        );
+    }
+    if obj.has("db_access") {
+        ctx.warning(
+            &obj.path().key("db_access"),
+            "ignored, as the original ignores it: every turn may query and modify the \
+             database unless an item's write_access narrows it",
         );
     }
     obj.accept(&["execution_max_turns"]);

@@ -195,6 +195,15 @@ pub fn refuse_unseen(sql: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether `sql` starts with a statement that opens or ends a transaction (`BEGIN`,
+/// `COMMIT`, `END`, `ROLLBACK`, `SAVEPOINT`, `RELEASE`).
+pub fn controls_transaction(sql: &str) -> bool {
+    let first = first_keyword(sql);
+    ["begin", "commit", "end", "rollback", "savepoint", "release"]
+        .iter()
+        .any(|k| first.eq_ignore_ascii_case(k))
+}
+
 /// The first word of `sql`, past whitespace and comments.
 fn first_keyword(sql: &str) -> &str {
     let mut rest = sql;
