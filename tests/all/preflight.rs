@@ -531,3 +531,92 @@ fn cache_options_are_offered_only_where_components_are_compiled() {
     let out = trellis(&["plugins", "list", "--no-cache"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
 }
+
+// ------------------------------------------------------------------- plugin authoring
+
+/// The first fenced block of `lang` after the heading `heading` in `markdown`.
+fn block_after(markdown: &str, heading: &str, lang: &str) -> String {
+    let from = markdown.find(heading).expect(heading);
+    let fence = format!("```{lang}\n");
+    let start = markdown[from..].find(&fence).expect(&fence) + from + fence.len();
+    let end = markdown[start..].find("```").unwrap() + start;
+    markdown[start..end].to_string()
+}
+
+/// docs/plugins.md followed literally: its tool crate (Cargo.toml and src/lib.rs) in a
+/// temporary folder outside the repository with the SDK by path, built offline for
+/// wasm32-wasip2 as the page says, put in a folder with its plugin.json, then called.
+#[test]
+fn the_documented_tool_plugin_builds_outside_the_repository_and_answers() {
+    let docs =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/plugins.md"))
+            .unwrap();
+    let sdk = Path::new(env!("CARGO_MANIFEST_DIR")).join("plugins/sdk");
+    let manifest = block_after(&docs, "## A tool plugin", "toml");
+    let source = block_after(&docs, "## A tool plugin", "rust");
+    let plugin_json = block_after(&docs, "<!-- example: plugin-manifest -->", "json");
+    let documented = "path = \"../trellis/plugins/sdk\"";
+    assert!(manifest.contains(documented), "{manifest}");
+    let manifest = manifest.replace(
+        documented,
+        &format!("path = {:?}", sdk.display().to_string()),
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let krate = dir.path().join("echo");
+    write_files(&krate, &[("Cargo.toml", manifest), ("src/lib.rs", source)]);
+    // A build folder kept between test runs, so that a rerun is incremental.
+    let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("plugin-authoring");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut build = std::process::Command::new(cargo)
+        .args([
+            "build",
+            "--offline",
+            "--release",
+            "--target",
+            "wasm32-wasip2",
+        ])
+        .current_dir(&krate)
+        .env("CARGO_TARGET_DIR", &target)
+        .env_remove("RUSTFLAGS")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(900);
+    let status = loop {
+        if let Some(status) = build.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            build.kill().unwrap();
+            panic!("the plugin build ran past 15 minutes");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(build.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert!(status.success(), "{stderr}");
+
+    let plugins = dir.path().join("my-plugins");
+    std::fs::create_dir_all(&plugins).unwrap();
+    std::fs::copy(
+        target.join("wasm32-wasip2/release/echo.wasm"),
+        plugins.join("echo.wasm"),
+    )
+    .unwrap();
+    std::fs::write(plugins.join("plugin.json"), plugin_json).unwrap();
+    let out = trellis(&[
+        "tool",
+        "call",
+        "echo:echo",
+        "--plugins",
+        plugins.to_str().unwrap(),
+        "--args",
+        r#"{"text": "hi"}"#,
+    ]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    let answer: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(answer, json!({"text": "hi"}));
+}
