@@ -436,9 +436,12 @@ pub mod http {
                 HttpError::Transport(format!("connection to `{}` refused", url.authority))
             }
             ErrorCode::InternalError(Some(message)) => HttpError::Transport(message),
-            ErrorCode::DnsError(_) | ErrorCode::DestinationNotFound => HttpError::Transport(
-                format!("cannot resolve `{}`: no network, or a wrong base URL", url.authority),
-            ),
+            ErrorCode::DnsError(_) | ErrorCode::DestinationNotFound => {
+                HttpError::Transport(format!(
+                    "cannot resolve `{}`: no network, or a wrong base URL",
+                    url.authority
+                ))
+            }
             ErrorCode::DestinationUnavailable
             | ErrorCode::DestinationIpUnroutable
             | ErrorCode::DestinationIpProhibited => HttpError::Transport(format!(
