@@ -2,7 +2,7 @@
 //! (step, item, turn, tool calls, tokens, time) under the lasting lines; elsewhere (pipes,
 //! CI) one plain line per event of interest; with `--quiet` nothing until the summary.
 //!
-//! Fed by the run's [`RunEvent`]s (inside a step) and the runner's step lines; it keeps the
+//! Fed by the run's [`RunEvent`]s (the run's own and those inside each step); it keeps the
 //! totals the final summary prints.
 
 use std::collections::BTreeMap;
@@ -118,30 +118,26 @@ impl Progress {
         self.lock().totals
     }
 
-    /// A lasting line from the runner (step started or ended, run folder rotated, ...).
-    pub fn line(&self, text: &str) {
-        let mut state = self.lock();
-        let step_line = text
-            .strip_prefix("step ")
-            .and_then(|rest| rest.split_once([' ', ':']))
-            .map(|(id, _)| id.to_string());
-        if let Some(id) = step_line.clone().filter(|_| text.ends_with(": started")) {
-            state.step = Some(id);
-            state.agents.clear();
-            state.step_tools = 0;
-            state.step_prompt = 0;
-            state.step_completion = 0;
-            state.step_started = Instant::now();
-        } else if step_line.is_some() {
-            // The step ended: no status line until the next one starts.
-            state.step = None;
-        }
-        self.print(&mut state, text);
-    }
-
-    /// One event of a running step.
+    /// One event of the run.
     pub fn event(&self, event: &RunEvent) {
         let mut state = self.lock();
+        match event {
+            RunEvent::StepStarted { step_id, .. } => {
+                state.step = Some(step_id.clone());
+                state.agents.clear();
+                state.step_tools = 0;
+                state.step_prompt = 0;
+                state.step_completion = 0;
+                state.step_started = Instant::now();
+            }
+            // No status line until the next step starts.
+            RunEvent::StepEnded { .. } => state.step = None,
+            _ => {}
+        }
+        // Events of the run as a whole are lasting lines in every mode but quiet.
+        if let Some(line) = event.run_line() {
+            return self.print(&mut state, &line);
+        }
         let line = describe(&mut state, event);
         let Some(line) = line else {
             return;

@@ -154,7 +154,6 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
     while let Some(event) = events.next().await {
         match event {
             ExecutionEvent::Run(event) => progress.event(&event),
-            ExecutionEvent::Progress(line) => progress.line(&line),
             ExecutionEvent::Delivery { .. } | ExecutionEvent::End { .. } => {}
         }
     }

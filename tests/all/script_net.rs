@@ -890,6 +890,76 @@ fn the_api_fetcher_example_stores_the_releases_its_local_api_serves() {
 }
 
 #[test]
+fn the_api_fetcher_example_runs_whole_and_its_summary_reads_the_rows_through_the_db_tool() {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/api-fetcher");
+    let releases = std::fs::read_to_string(example.join("api/releases.json")).unwrap();
+    let api = ApiServer::serving(None, vec![("/releases.json".into(), releases)]);
+    // The summarizing agent: query the rows, write the summary, answer.
+    let query =
+        "SELECT version, released_on, breaking, notes FROM releases ORDER BY released_on DESC";
+    let replies = vec![
+        completion(
+            "",
+            &[("query_workflow_db", json!({"sql": query}))],
+        ),
+        completion(
+            "",
+            &[(
+                "workspace__write_file",
+                json!({"path": "runs/iteration-0/execution/summarize/release_summary.md",
+                       "content": "# Releases\n\n## Breaking changes\n- 2.2.0\n"}),
+            )],
+        ),
+        completion("Wrote release_summary.md.", &[]),
+    ];
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let llm = FakeServer::start(Box::new(move |_| {
+        let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        (
+            200,
+            replies
+                .get(i)
+                .cloned()
+                .unwrap_or_else(|| completion("extra", &[])),
+        )
+    }));
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    support::workspace::copy_workspace(&example, root, &["runs", "db.sqlite"]);
+    let mut manifest = read_json(&root.join("workflow.json"));
+    manifest["variables"]["api_url"]["value"] = json!(api.url("/releases.json"));
+    manifest["llm"] = json!({"provider": "openai", "model_id": "summarizer"});
+    manifest["providers"] = llm.providers();
+    write_file(root, "workflow.json", manifest.to_string());
+
+    let out = trellis_command(&["run", root.to_str().unwrap(), "--allow-host", "127.0.0.1"])
+        .output()
+        .unwrap();
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    assert!(stdout.contains("step summarize: completed"), "{stdout}");
+    // The rows the script stored reached the agent through query_workflow_db.
+    let seen = llm.seen();
+    assert_eq!(seen.len(), 3, "{seen:?}");
+    let tool_result = seen[1]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| m["content"].as_str().unwrap_or_default().to_string())
+        .collect::<String>();
+    for version in ["2.3.0", "2.2.1", "2.2.0", "2.1.0"] {
+        assert!(tool_result.contains(version), "{tool_result}");
+    }
+    let summary = std::fs::read_to_string(
+        root.join("runs/iteration-0/execution/summarize/release_summary.md"),
+    )
+    .unwrap();
+    assert!(summary.contains("Breaking changes"), "{summary}");
+    assert_eq!(api.seen().len(), 1);
+}
+
+#[test]
 fn a_main_wasm_reaches_allowed_hosts_through_wasi_http_and_nothing_else() {
     let server = ApiServer::start(None);
     let dir = tempfile::tempdir().unwrap();

@@ -44,6 +44,7 @@ use crate::grants::{
     AgentFolders, TurnAccess, TurnContext, TurnGrant, TurnPurpose, grant_for_access_in,
     reflection_due, turn_grant_in,
 };
+use crate::prerequisites::{self, GoBack};
 use crate::routes::MAX_ROUTE_DEPTH;
 use crate::session::{FinalSummary, Session, Status, logs_dir, now_rfc3339};
 use crate::steering::Steering;
@@ -89,6 +90,8 @@ use gate::gate_schema;
 pub struct StepOutcome {
     /// `completed`, `failed` or `stopped`.
     pub status: Status,
+    /// The step asks to run a prerequisite step again first (prerequisite detection).
+    pub go_back: Option<GoBack>,
     /// The `CONCERNS:` lines of the step's replies, in order.
     pub concerns: Vec<String>,
     /// Turns run (item turns, foreach rows and repair turns).
@@ -142,6 +145,8 @@ pub struct StepRunner<'a> {
     recorder: Option<Arc<Recorder>>,
     scripts: Option<(Arc<ScriptRunner>, ScriptOptions)>,
     steering: Option<Arc<Steering>>,
+    /// How often the step run already sent the run back to a prerequisite.
+    prerequisite_returns: u32,
 }
 
 /// Why a turn ended without a final reply.
@@ -189,6 +194,58 @@ struct Run<'w> {
     /// Whether a `STATUS: FAILED` line in the next reply ends the step (not in a foreach
     /// row or a gate's repair turn).
     status_marker_ends: bool,
+}
+
+/// What differs between a step's own agent and one call of a route's sub-agent; everything
+/// else of a [`Run`] starts the same way ([`StepRunner::new_run`]).
+struct AgentSetup {
+    configs: AgentConfigs,
+    run_folder: String,
+    folders: AgentFolders,
+    output_dir: PathBuf,
+    session_dir: PathBuf,
+    owner_rel: String,
+    models: AgentModels,
+    logs: PathBuf,
+    label: String,
+    depth: usize,
+    entry_prefix: String,
+    preamble: Option<String>,
+    /// The agent's session and conversation so far (empty for a fresh agent).
+    session: Session,
+    history: Vec<Message>,
+}
+
+impl StepRunner<'_> {
+    /// The one constructor of a [`Run`], for steps and sub-agents alike: the tools its
+    /// config offers, no turn yet, nothing concluded.
+    fn new_run<'w>(&self, ws: &'w Workspace, step: &'w Step, setup: AgentSetup) -> Run<'w> {
+        let (policy, tools) = self.tools_of(ws, step, &setup.configs);
+        Run {
+            ws,
+            step,
+            configs: setup.configs,
+            run_folder: setup.run_folder,
+            folders: setup.folders,
+            output_dir: setup.output_dir,
+            session_dir: setup.session_dir,
+            owner_rel: setup.owner_rel,
+            models: setup.models,
+            logs: setup.logs,
+            label: setup.label,
+            depth: setup.depth,
+            entry_prefix: setup.entry_prefix,
+            preamble: setup.preamble,
+            session: setup.session,
+            history: setup.history,
+            tools,
+            policy,
+            concerns: Vec::new(),
+            final_text: None,
+            turns: 0,
+            status_marker_ends: true,
+        }
+    }
 }
 
 impl<'w> Run<'w> {
@@ -245,6 +302,7 @@ impl<'a> StepRunner<'a> {
             recorder: None,
             scripts: None,
             steering: None,
+            prerequisite_returns: 0,
         }
     }
 
@@ -259,6 +317,13 @@ impl<'a> StepRunner<'a> {
     /// (limits, group, variables). Without it a scripted step fails saying so.
     pub fn with_scripts(mut self, scripts: Arc<ScriptRunner>, options: ScriptOptions) -> Self {
         self.scripts = Some((scripts, options));
+        self
+    }
+
+    /// How often the step already sent this run back to a prerequisite: prerequisite
+    /// detection ([`crate::prerequisites`]) fails the step once that reaches the cap.
+    pub fn with_prerequisite_returns(mut self, returns: u32) -> Self {
+        self.prerequisite_returns = returns;
         self
     }
 
@@ -375,31 +440,26 @@ impl<'a> StepRunner<'a> {
         ws.fs
             .create_dir_all(&logs)
             .with_context(|| format!("creating {}", logs.display()))?;
-        let (policy, tools) = self.tools_of(ws, step, &configs);
-        let mut run = Run {
+        let mut run = self.new_run(
             ws,
             step,
-            session: Session::new(step_id, &run_folder),
-            configs,
-            run_folder,
-            owner_rel: folders.output.clone(),
-            models: self.models.clone(),
-            folders,
-            session_dir: output_dir.clone(),
-            output_dir,
-            logs,
-            label: step_id.to_string(),
-            depth: 0,
-            entry_prefix: String::new(),
-            preamble: None,
-            history: Vec::new(),
-            tools,
-            policy,
-            concerns: Vec::new(),
-            final_text: None,
-            turns: 0,
-            status_marker_ends: true,
-        };
+            AgentSetup {
+                session: Session::new(step_id, &run_folder),
+                configs,
+                run_folder,
+                owner_rel: folders.output.clone(),
+                models: self.models.clone(),
+                folders,
+                session_dir: output_dir.clone(),
+                output_dir,
+                logs,
+                label: step_id.to_string(),
+                depth: 0,
+                entry_prefix: String::new(),
+                preamble: None,
+                history: Vec::new(),
+            },
+        );
         let step_grant =
             grant_for_access_in(&run.ctx(), TurnAccess::for_step(&run.configs), &run.folders)?;
         for (field, path) in &step_grant.missing {
@@ -432,10 +492,24 @@ impl<'a> StepRunner<'a> {
             tracing::warn!("{note}");
             run.concerns.push(note);
         }
-        let (status, error) = match result {
+        let (mut status, mut error) = match result {
             Ok(()) => (Status::Completed, None),
             Err(TurnEnd::Stopped) => (Status::Stopped, Some("stop requested".to_string())),
             Err(TurnEnd::Failed(reason)) => (Status::Failed, Some(reason)),
+        };
+        // Decided before the summary is written, so it is written once and says it all.
+        let go_back = match prerequisites::verdict(
+            &run.configs,
+            status,
+            run.final_text.as_deref(),
+            self.prerequisite_returns,
+        ) {
+            Ok(go_back) => go_back,
+            Err(reason) => {
+                status = Status::Failed;
+                error = Some(reason);
+                None
+            }
         };
         run.session.status = status;
         run.save_session()?;
@@ -456,6 +530,7 @@ impl<'a> StepRunner<'a> {
         .context("writing execution-final-summary.json")?;
         Ok(StepOutcome {
             status,
+            go_back,
             concerns: run.concerns,
             turns: run.turns,
             final_text: run.final_text,

@@ -1,5 +1,7 @@
-//! What a running step reports as it goes, for live progress (`trellis run` on a terminal)
-//! and for anyone embedding the runtime. Events are advisory: the files of section 8 are the
+//! What a running workflow reports as it goes (the run as a whole: warnings, the run folder
+//! rotated, groups, steps started and ended, loop jumps; inside a step: items, turns, LLM and
+//! tool calls, gates, sub-agent calls), for live progress (`trellis run`) and for anyone
+//! embedding the runtime. One channel: a front end shows these, no text beside them. Events are advisory: the files of section 8 are the
 //! record, and a slow observer only slows the run, never changes it. Events of a route's
 //! sub-agent carry `<step>/<route>` as their step id.
 
@@ -8,9 +10,71 @@ use std::sync::Arc;
 
 use crate::session::Status;
 
-/// One thing that happened inside a step run.
+/// One thing that happened in a run.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RunEvent {
+    /// A problem found while loading the workspace that does not stop the run.
+    Warning {
+        /// What, with the file and JSON path.
+        message: String,
+    },
+    /// The workflow database was created from its seed.
+    DatabaseSeeded {
+        /// The database, workspace-relative.
+        database: String,
+        /// The seed it was made from.
+        seed: String,
+    },
+    /// A full run moved the previous `runs/iteration-0` aside.
+    RunArchived {
+        /// Where it went, relative to `runs/` (`iteration-3`).
+        folder: String,
+    },
+    /// Archived runs past `run_retention_count` were deleted.
+    ArchivedRunsDeleted {
+        /// The folders deleted, relative to `runs/`.
+        folders: Vec<String>,
+        /// How many archived runs are kept.
+        kept: usize,
+    },
+    /// A group's steps start, in their own run folder.
+    GroupStarted {
+        /// The group id.
+        group_id: String,
+        /// Its run folder, relative to `runs/`.
+        folder: String,
+    },
+    /// A jump back to a step that already ran moved outputs to an archive.
+    Jump {
+        /// The step jumping.
+        from: String,
+        /// The step jumped to.
+        to: String,
+        /// Which jump of this pair this is.
+        count: u32,
+        /// The most jumps the pair may make.
+        cap: u32,
+        /// Output folders moved.
+        moved: usize,
+        /// The archive, relative to `execution/` (`archived/run-2`).
+        archive: String,
+    },
+    /// A step started.
+    StepStarted {
+        /// The step id.
+        step_id: String,
+        /// `regular`, `routing`, `human_input`, ...
+        step_type: String,
+    },
+    /// A step ended.
+    StepEnded {
+        /// The step id.
+        step_id: String,
+        /// How it ended.
+        status: Status,
+        /// One line on what it did or why it failed.
+        detail: String,
+    },
     /// An item (or the automatic final gate) started.
     ItemStarted {
         /// The step id.
@@ -105,6 +169,49 @@ pub enum RunEvent {
         /// How it ended.
         status: Status,
     },
+}
+
+impl RunEvent {
+    /// The one-line text of an event of the run as a whole (what `trellis run` prints for
+    /// it); `None` for an event inside a step, which a front end shows with its own state
+    /// (indentation, totals).
+    pub fn run_line(&self) -> Option<String> {
+        Some(match self {
+            RunEvent::Warning { message } => format!("warning: {message}"),
+            RunEvent::DatabaseSeeded { database, seed } => {
+                format!("created {database} from {seed}")
+            }
+            RunEvent::RunArchived { folder } => format!("previous run moved to runs/{folder}"),
+            RunEvent::ArchivedRunsDeleted { folders, kept } => format!(
+                "deleted {} archived run{} past the {kept} kept (run_retention_count): runs/{}",
+                folders.len(),
+                if folders.len() == 1 { "" } else { "s" },
+                folders.join(", runs/")
+            ),
+            RunEvent::GroupStarted { group_id, folder } => {
+                format!("group {group_id} (runs/{folder})")
+            }
+            RunEvent::Jump {
+                from,
+                to,
+                count,
+                cap,
+                moved,
+                archive,
+            } => format!(
+                "jump {from} -> {to} ({count} of {cap}): {moved} output folder(s) moved to execution/{archive}"
+            ),
+            RunEvent::StepStarted { step_id, step_type } => {
+                format!("step {step_id} ({step_type}): started")
+            }
+            RunEvent::StepEnded {
+                step_id,
+                status,
+                detail,
+            } => format!("step {step_id}: {status} ({detail})"),
+            _ => return None,
+        })
+    }
 }
 
 /// Receives [`RunEvent`]s; shared by every step a runner runs.

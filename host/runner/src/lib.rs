@@ -30,6 +30,7 @@ pub mod filters;
 pub mod foreach;
 pub mod grants;
 pub mod llm_choice;
+pub mod prerequisites;
 pub mod routes;
 pub mod run_folder;
 pub mod runs;

@@ -76,10 +76,9 @@ impl fmt::Display for ExecutionStatus {
 /// One thing an execution reports.
 #[derive(Debug, Clone)]
 pub enum ExecutionEvent {
-    /// Something inside a step (item, turn, LLM call, tool call, gate, sub-agent).
+    /// Something in the run: a step started or ended, the run folder rotated, and inside a
+    /// step an item, turn, LLM call, tool call, gate or sub-agent call.
     Run(RunEvent),
-    /// A line about the run as a whole (a step started or ended, the run folder rotated).
-    Progress(String),
     /// A message sent with [`Runtime::send_message`] and what became of it.
     Delivery {
         /// The message.
@@ -427,8 +426,7 @@ fn run_in_thread(
                 execution.publish(ExecutionEvent::Run(event.clone()))
             })
         };
-        let mut progress = |line: &str| execution.publish(ExecutionEvent::Progress(line.into()));
-        run_workflow(&env, &workspace, &options.run, &mut progress)
+        run_workflow(&env, &workspace, &options.run)
             .await
             .map_err(|e| format!("{e:#}"))
     });

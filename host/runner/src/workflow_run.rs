@@ -22,10 +22,9 @@
 //! [`MAX_SAME_ROUTE`] times), and each jump first moves the target's and every later step's
 //! outputs to `execution/archived/run-<n>/`.
 //!
-//! Prerequisites (spec section 3): with `enable_prerequisite_detection`, a final reply with a
-//! line `PREREQUISITE MISSING: <step-id or rule description>` that matches one of the step's
-//! `prerequisite_rules` sends the run back to the rule's `depends_on_step`, at most
-//! [`MAX_PREREQUISITE_RETURNS`] times per step; then the step fails with the reason.
+//! Prerequisites (spec section 3): a step whose outcome asks to go back
+//! ([`crate::prerequisites`], decided by the step runner before it writes the step's summary)
+//! sends the run back to that step.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -36,10 +35,10 @@ use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Value, json};
 
 use crate::driver::{AgentModels, ModelResolver, StepOutcome, StepRunner};
-use crate::events::Observer;
+use crate::events::{Observer, RunEvent};
 use crate::llm_choice::{self, LlmSetup, check_models};
 use crate::run_folder::{ACTIVE_RUN, group_folder_name, open_group_run, start_full_run};
-use crate::session::{FINAL_SUMMARY_SCHEMA_VERSION, FinalSummary, Status, now_rfc3339};
+use crate::session::Status;
 use crate::steering::Steering;
 use crate::step_script::ScriptOptions;
 use trellis_sandbox::Limits;
@@ -51,19 +50,27 @@ use trellis_sandbox::store::workspace_fs::link_error;
 use trellis_sandbox::store::{Kind, WorkspaceFs};
 use trellis_workflow::manifest::Group;
 use trellis_workflow::plan::{HumanInput, Routing};
-use trellis_workflow::step_config::PrerequisiteRule;
 use trellis_workflow::{Step, StepKind, Workspace};
 
+mod loops;
 mod preflight;
 mod routing;
+mod seed;
+mod variables;
 
+pub use crate::prerequisites::{
+    MAX_PREREQUISITE_RETURNS, PREREQUISITE_MISSING, matching_rule, prerequisite_missing,
+};
+use loops::{archive_dir, archive_from, ordinal, steps_from};
 use preflight::preflight;
 pub use preflight::{check_inputs, check_step_models, needs_llm};
-pub use routing::{
-    HumanAnswer, answer_human_input, human_input_file, input_key, matching_rule,
-    prerequisite_missing, select_route,
+use routing::present;
+pub use routing::{HumanAnswer, answer_human_input, human_input_file, input_key, select_route};
+pub use seed::seed_database;
+pub use variables::{
+    apply_variables, group_run_folder, select_groups, substitute, substitute_variables,
+    unit_variables, unit_variables_with_answers, variables_block,
 };
-use routing::{check_prerequisite, present};
 
 /// The file a routing step reads from its own output folder.
 pub const ROUTE_SELECTION_FILE: &str = "route_selection.json";
@@ -81,10 +88,6 @@ pub const SEED_SQL: &str = "db/seed.sql";
 pub const DB_FILE: &str = "db/db.sqlite";
 /// A bound on steps run in one run unit, behind the per-pair jump caps.
 pub const MAX_STEPS: usize = 1000;
-/// How often one step may send the run back to a prerequisite before it fails.
-pub const MAX_PREREQUISITE_RETURNS: u32 = 2;
-/// The start of the reply line reporting a missing prerequisite.
-pub const PREREQUISITE_MISSING: &str = "PREREQUISITE MISSING:";
 
 /// What to run.
 #[derive(Debug, Clone, Default)]
@@ -259,196 +262,6 @@ impl WorkflowRun {
     }
 }
 
-/// The groups a run covers: all of workflow.json's (none when it has none), or the one
-/// named by id or display name. An unknown name is an error listing the known groups.
-pub fn select_groups<'w>(ws: &'w Workspace, name: Option<&str>) -> Result<Vec<&'w Group>> {
-    let groups = &ws.manifest.groups;
-    let known = || {
-        groups
-            .iter()
-            .map(|g| match &g.name {
-                Some(n) => format!("{} ({n})", g.id),
-                None => g.id.clone(),
-            })
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let Some(name) = name else {
-        return Ok(groups.iter().collect());
-    };
-    if groups.is_empty() {
-        bail!("--group {name:?}: workflow.json declares no groups");
-    }
-    let group = groups
-        .iter()
-        .find(|g| g.id == name)
-        .or_else(|| groups.iter().find(|g| g.name.as_deref() == Some(name)))
-        .with_context(|| format!("no group {name:?} in workflow.json (groups: {})", known()))?;
-    Ok(vec![group])
-}
-
-/// The run folder of a group, relative to `runs/`: `iteration-0/<sanitized name>`.
-pub fn group_run_folder(group: &Group) -> Result<String> {
-    Ok(format!(
-        "{ACTIVE_RUN}/{}",
-        group_folder_name(group.name.as_deref(), &group.id)?
-    ))
-}
-
-/// The workflow variables a run unit sees: declared values, then the group's.
-pub fn unit_variables(ws: &Workspace, group: Option<&Group>) -> BTreeMap<String, String> {
-    ws.manifest.resolved_variables(group.map(|g| g.id.as_str()))
-}
-
-/// The block of workflow variables appended to every step's charter (empty with none).
-pub fn variables_block(
-    variables: &BTreeMap<String, String>,
-    group: Option<&Group>,
-) -> Option<String> {
-    if variables.is_empty() {
-        return None;
-    }
-    let mut text = match group {
-        Some(g) => format!(
-            "Workflow variables (group {}{}):",
-            g.id,
-            g.name
-                .as_deref()
-                .map(|n| format!(", {n}"))
-                .unwrap_or_default()
-        ),
-        None => "Workflow variables:".to_string(),
-    };
-    for (name, value) in variables {
-        text.push_str(&format!("\n- {name} = {value}"));
-    }
-    Some(text)
-}
-
-/// Appends the [`variables_block`] of the unit (its `variables`) to the description of
-/// every step of `ws`.
-pub fn apply_variables(
-    ws: &mut Workspace,
-    group: Option<&Group>,
-    variables: &BTreeMap<String, String>,
-) {
-    let Some(block) = variables_block(variables, group) else {
-        return;
-    };
-    for step in ws
-        .plan
-        .steps
-        .iter_mut()
-        .chain(ws.plan.orphan_steps.iter_mut())
-    {
-        step.description = Some(match step.description.as_deref().map(str::trim_end) {
-            Some(d) if !d.is_empty() => format!("{d}\n\n{block}"),
-            _ => block.clone(),
-        });
-    }
-}
-
-/// The variables of a run unit with the answers of its `human_input` steps: an answer given
-/// for a step with a `variable_name` becomes the variable of that name.
-pub fn unit_variables_with_answers(
-    ws: &Workspace,
-    group: Option<&Group>,
-    inputs: &BTreeMap<String, String>,
-) -> BTreeMap<String, String> {
-    let mut variables = unit_variables(ws, group);
-    for step in ws.plan.all_steps() {
-        if let StepKind::HumanInput(h) = &step.kind
-            && let Some(name) = h.variable_name.as_deref()
-            && let Some(answer) = inputs.get(name)
-        {
-            variables.insert(name.to_string(), answer.clone());
-        }
-    }
-    variables
-}
-
-/// `text` with each workflow variable's `{{NAME}}`, `${NAME}` and `{NAME}` (spaces inside
-/// the braces allowed) replaced by its value, in one pass (a value is never substituted
-/// again); an unknown name stays as written.
-pub fn substitute(text: &str, variables: &BTreeMap<String, String>) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while !rest.is_empty() {
-        let (open, close) = if rest.starts_with("{{") {
-            ("{{", "}}")
-        } else if rest.starts_with("${") {
-            ("${", "}")
-        } else if rest.starts_with('{') {
-            ("{", "}")
-        } else {
-            let c = rest.chars().next().unwrap_or_default();
-            out.push(c);
-            rest = &rest[c.len_utf8()..];
-            continue;
-        };
-        let after = &rest[open.len()..];
-        match after
-            .find(close)
-            .and_then(|end| variables.get(after[..end].trim()).map(|v| (end, v)))
-        {
-            Some((end, value)) => {
-                out.push_str(value);
-                rest = &after[end + close.len()..];
-            }
-            None => {
-                out.push_str(open);
-                rest = after;
-            }
-        }
-    }
-    out
-}
-
-/// Substitutes the variables ([`substitute`]) in every step's `context_output` and
-/// `context_dependencies` (sub-agent steps of routes included) and in the question and
-/// options of `human_input` steps.
-pub fn substitute_variables(ws: &mut Workspace, variables: &BTreeMap<String, String>) {
-    fn step_texts(step: &mut Step, variables: &BTreeMap<String, String>) {
-        let sub = |t: &mut String| *t = substitute(t, variables);
-        step.context_dependencies.iter_mut().flatten().for_each(sub);
-        match &mut step.context_output {
-            Some(trellis_workflow::plan::ContextOutput::One(o)) => sub(o),
-            Some(trellis_workflow::plan::ContextOutput::Many(list)) => {
-                list.iter_mut().for_each(sub)
-            }
-            None => {}
-        }
-        match &mut step.kind {
-            StepKind::HumanInput(h) => {
-                h.question.iter_mut().for_each(sub);
-                h.options.iter_mut().flatten().for_each(sub);
-            }
-            StepKind::MessageSequence(m) => {
-                for r in &mut m.predefined_routes {
-                    step_texts(&mut r.sub_agent_step, variables);
-                }
-            }
-            StepKind::TodoTask(t) => {
-                for r in &mut t.predefined_routes {
-                    step_texts(&mut r.sub_agent_step, variables);
-                }
-            }
-            _ => {}
-        }
-    }
-    if variables.is_empty() {
-        return;
-    }
-    for step in ws
-        .plan
-        .steps
-        .iter_mut()
-        .chain(ws.plan.orphan_steps.iter_mut())
-    {
-        step_texts(step, variables);
-    }
-}
-
 /// `next_step_id`, else the next step in array order; `None` at the end.
 fn default_next(ws: &Workspace, step: &Step) -> Option<String> {
     if let Some(n) = &step.next_step_id {
@@ -457,51 +270,6 @@ fn default_next(ws: &Workspace, step: &Step) -> Option<String> {
     let steps = &ws.plan.steps;
     let pos = steps.iter().position(|s| s.id == step.id)?;
     steps.get(pos + 1).map(|s| s.id.clone())
-}
-
-/// How long `db/seed.sql` may run.
-const SEED_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
-
-/// Creates `db/db.sqlite` from `db/seed.sql` when the database is missing and the seed
-/// exists: a workspace may ship SQL instead of a binary database. Returns whether it did.
-pub fn seed_database(fs: &WorkspaceFs) -> Result<bool> {
-    // A link or a FIFO at either path is refused, not followed (see `store::workspace_fs`).
-    match fs.kind(DB_FILE)? {
-        None => {}
-        Some(Kind::File) => return Ok(false),
-        Some(Kind::Link) => bail!("{}", link_error(Path::new(DB_FILE))),
-        Some(_) => bail!("{DB_FILE} is not a regular file"),
-    }
-    if fs.kind(SEED_SQL)?.is_none() {
-        return Ok(false);
-    }
-    let sql = fs
-        .read_to_string(SEED_SQL)
-        .with_context(|| format!("reading {SEED_SQL}"))?;
-    let tmp = "db/.db.sqlite.seeding";
-    fs.remove_file(tmp)
-        .with_context(|| format!("clearing {tmp}"))?;
-    let tmp_host = fs
-        .ensure_regular_file(tmp)
-        .with_context(|| format!("creating {tmp}"))?;
-    // The seed is the workspace's SQL: fenced like a plan's (no ATTACH, a deadline).
-    let db = sql::open(&tmp_host, SqlAccess::ReadWrite, SEED_TIMEOUT)
-        .with_context(|| format!("creating {tmp}"))?;
-    let seeded = sql::refuse_unseen(&sql)
-        .map_err(anyhow::Error::msg)
-        .and_then(|()| {
-            db.conn()
-                .execute_batch(&sql)
-                .map_err(|e| anyhow::anyhow!(db.describe(&e)))
-        });
-    drop(db);
-    if let Err(err) = seeded {
-        let _ = fs.remove_file(tmp);
-        return Err(err.context(format!("running {SEED_SQL}")));
-    }
-    fs.rename(tmp, DB_FILE)
-        .with_context(|| format!("creating {DB_FILE}"))?;
-    Ok(true)
 }
 
 fn write_json(fs: &WorkspaceFs, path: &Path, value: &Value) -> Result<()> {
@@ -520,26 +288,26 @@ type Unit<'w> = (Option<&'w Group>, String);
 
 /// Runs the workflow at `root`: the [`preflight()`] (nothing in the workspace changes when it
 /// fails), then seeds the database, rotates the run folder (a full run: no `opts.step`,
-/// no `opts.group`), then runs each unit's steps, calling `progress` with one line per step
+/// no `opts.group`), then runs each unit's steps, reporting each to `env.observer`
 /// and unit. A unit stops at its first failed step (an `Ok` run that did not succeed);
 /// errors are for a broken setup.
-pub async fn run_workflow(
-    env: &RunEnv<'_>,
-    root: &Path,
-    opts: &RunOptions,
-    progress: &mut dyn FnMut(&str),
-) -> Result<WorkflowRun> {
+pub async fn run_workflow(env: &RunEnv<'_>, root: &Path, opts: &RunOptions) -> Result<WorkflowRun> {
     if !root.is_dir() {
         bail!("{}: no such workspace folder", root.display());
     }
     let ws = open_workspace(root, None)?;
     for warning in ws.warnings.warnings() {
-        progress(&format!("warning: {warning}"));
+        env.observer.emit(RunEvent::Warning {
+            message: warning.to_string(),
+        });
     }
     let (groups, units) = preflight(env, root, &ws, opts)?;
     let full = opts.step.is_none() && opts.from.is_none() && opts.group.is_none();
     if seed_database(&ws.fs)? {
-        progress(&format!("created {DB_FILE} from {SEED_SQL}"));
+        env.observer.emit(RunEvent::DatabaseSeeded {
+            database: DB_FILE.to_string(),
+            seed: SEED_SQL.to_string(),
+        });
     }
     let archived = if full {
         let group_folders: Vec<String> = groups
@@ -562,16 +330,15 @@ pub async fn run_workflow(
         None
     };
     if let Some(a) = &archived {
-        progress(&format!("previous run moved to runs/{a}"));
+        env.observer
+            .emit(RunEvent::RunArchived { folder: a.clone() });
         let keep = ws.manifest.run_retention();
         let deleted = crate::run_folder::prune_archived_runs(root, keep)?;
         if !deleted.is_empty() {
-            progress(&format!(
-                "deleted {} archived run{} past the {keep} kept (run_retention_count): runs/{}",
-                deleted.len(),
-                if deleted.len() == 1 { "" } else { "s" },
-                deleted.join(", runs/")
-            ));
+            env.observer.emit(RunEvent::ArchivedRunsDeleted {
+                folders: deleted,
+                kept: keep,
+            });
         }
     }
     let mut run = WorkflowRun {
@@ -583,9 +350,12 @@ pub async fn run_workflow(
             break;
         }
         if let Some(g) = group {
-            progress(&format!("group {} (runs/{folder})", g.id));
+            env.observer.emit(RunEvent::GroupStarted {
+                group_id: g.id.clone(),
+                folder: folder.clone(),
+            });
         }
-        let unit = run_unit(env, root, group, &folder, opts, progress).await?;
+        let unit = run_unit(env, root, group, &folder, opts).await?;
         run.units.push(unit);
     }
     Ok(run)
@@ -598,7 +368,6 @@ async fn run_unit(
     group: Option<&Group>,
     folder: &str,
     opts: &RunOptions,
-    progress: &mut dyn FnMut(&str),
 ) -> Result<UnitRun> {
     let mut ws = open_workspace(root, Some(folder))?;
     let variables = unit_variables_with_answers(&ws, group, &opts.inputs);
@@ -695,22 +464,32 @@ async fn run_unit(
             // The archived steps start afresh: running them again in order is no jump.
             let fresh = steps_from(&ws, &id);
             visited.retain(|v| !fresh.contains(v));
-            progress(&format!(
-                "jump {from} -> {id} ({count} of {cap}): {} output folder(s) moved to execution/{ARCHIVED_DIR}/run-{archives}",
-                moved
-            ));
+            env.observer.emit(RunEvent::Jump {
+                from: from.clone(),
+                to: id.clone(),
+                count: *count,
+                cap,
+                moved,
+                archive: format!("{ARCHIVED_DIR}/run-{archives}"),
+            });
         }
         visited.insert(id.clone());
         let step = ws
             .plan
             .step(&id)
             .with_context(|| format!("next step {id:?} is not in the plan"))?;
-        progress(&format!("step {id} ({}): started", step.type_name()));
+        env.observer.emit(RunEvent::StepStarted {
+            step_id: id.clone(),
+            step_type: step.type_name().to_string(),
+        });
         let output_dir = ws.step_output_dir(&id);
         let mut went_back = false;
         let (mut report, mut next) = match &step.kind {
             StepKind::MessageSequence(_) | StepKind::Regular | StepKind::TodoTask(_) => {
-                let mut runner = env.step_runner(&ws, &id)?;
+                let returned = returns.get(&id).copied().unwrap_or(0);
+                let mut runner = env
+                    .step_runner(&ws, &id)?
+                    .with_prerequisite_returns(returned);
                 if has_scripted(&ws, step) {
                     let options = ScriptOptions {
                         group: group.map(|g| g.id.clone()),
@@ -805,11 +584,20 @@ async fn run_unit(
                 (report, next)
             }
         };
-        if let Some(back) = check_prerequisite(&ws, &mut report, &mut returns)? {
+        if let Some(back) = report.outcome.as_ref().and_then(|o| o.go_back.clone()) {
+            returns.insert(id.clone(), back.count);
+            report.detail = format!(
+                "prerequisite missing: {} -> back to {} (return {} of {MAX_PREREQUISITE_RETURNS})",
+                back.missing, back.step, back.count
+            );
             went_back = true;
-            next = Some(back);
+            next = Some(back.step);
         }
-        progress(&format!("step {id}: {} ({})", report.status, report.detail));
+        env.observer.emit(RunEvent::StepEnded {
+            step_id: id.clone(),
+            status: report.status,
+            detail: report.detail.clone(),
+        });
         let done = report.status != Status::Completed && !went_back;
         unit.steps.push(report);
         if done || env.cancelled() {
@@ -822,56 +610,6 @@ async fn run_unit(
         current = next;
     }
     Ok(unit)
-}
-
-/// The step ids of the main path from `first` on, in plan order (`first` alone when it is
-/// an orphan step).
-fn steps_from(ws: &Workspace, first: &str) -> Vec<String> {
-    match ws.plan.steps.iter().position(|s| s.id == first) {
-        Some(i) => ws.plan.steps[i..].iter().map(|s| s.id.clone()).collect(),
-        None => vec![first.to_string()],
-    }
-}
-
-/// Moves the output folders of `target` and every later step (plan order) that exist to
-/// `execution/archived/run-<n>/`. Returns how many were moved.
-fn archive_from(ws: &Workspace, target: &str, n: u32) -> Result<usize> {
-    let archive = archive_dir(ws, n);
-    let mut moved = 0;
-    for id in steps_from(ws, target) {
-        let dir = ws.step_output_dir(&id);
-        if !present(&ws.fs, &dir) && !ws.fs.is_dir(&dir) {
-            continue;
-        }
-        ws.fs
-            .create_dir_all(&archive)
-            .with_context(|| format!("creating {}", archive.display()))?;
-        ws.fs.rename(&dir, archive.join(&id)).with_context(|| {
-            format!("archiving {} before the loop runs it again", dir.display())
-        })?;
-        moved += 1;
-    }
-    Ok(moved)
-}
-
-/// `execution/archived/run-<n>/` of the run folder.
-fn archive_dir(ws: &Workspace, n: u32) -> PathBuf {
-    ws.run_dir()
-        .join("execution")
-        .join(ARCHIVED_DIR)
-        .join(format!("run-{n}"))
-}
-
-/// `2nd`, `3rd`, `4th`...
-fn ordinal(n: u32) -> String {
-    let suffix = match (n % 10, n % 100) {
-        (1, 11) | (2, 12) | (3, 13) => "th",
-        (1, _) => "st",
-        (2, _) => "nd",
-        (3, _) => "rd",
-        _ => "th",
-    };
-    format!("{n}{suffix}")
 }
 
 /// Whether `step`, or a route's sub-agent step under it, is a scripted regular step: its
@@ -1006,32 +744,6 @@ mod tests {
         assert!(!needs_llm(&ws, None));
         opts.inputs.insert("x".into(), "1".into());
         check_inputs(&ws, &opts).unwrap();
-    }
-
-    #[test]
-    fn prerequisite_lines_match_rules_by_step_id_or_description() {
-        let rules = vec![
-            PrerequisiteRule {
-                depends_on_step: "fetch".into(),
-                description: Some("The raw  data file".into()),
-            },
-            PrerequisiteRule {
-                depends_on_step: "fetch-more".into(),
-                description: None,
-            },
-        ];
-        let text = "Cannot go on.\n  PREREQUISITE MISSING: fetch-more: no rows\nbye";
-        let missing = prerequisite_missing(text).unwrap();
-        assert_eq!(missing, "fetch-more: no rows");
-        assert_eq!(
-            matching_rule(&rules, &missing).unwrap().depends_on_step,
-            "fetch-more"
-        );
-        let by_description = matching_rule(&rules, "the raw data file.").unwrap();
-        assert_eq!(by_description.depends_on_step, "fetch");
-        assert!(matching_rule(&rules, "fetcher").is_none());
-        assert!(matching_rule(&rules, "something else").is_none());
-        assert_eq!(prerequisite_missing("all fine"), None);
     }
 
     #[test]

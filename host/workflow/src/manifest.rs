@@ -506,10 +506,11 @@ fn manifest_from_value(ctx: &mut Ctx, value: &Value) -> Option<WorkflowManifest>
 pub const VARIABLES_FILE: &str = "variables/variables.json";
 
 /// Reads `variables/variables.json` (`{variables: [{name, value, description}], groups:
-/// [{name, values, enabled}]}`) into `manifest`: its variables join the declared ones
-/// (`workflow.json` wins on a name both declare), its enabled groups join the groups (id and
-/// folder from the name; `values` an object of name -> value, or a list of `{name, value}`);
-/// a group with `enabled: false` is left out.
+/// [{name, values, enabled}]}`) into `manifest`: its variables join the declared ones and its
+/// enabled groups join the groups (id and folder from the name; `values` an object of name ->
+/// value, or a list of `{name, value}`); a group with `enabled: false` is left out. On a name
+/// both files declare, `variables/variables.json` wins (it is where the original keeps them and
+/// where its builder writes), with a warning naming the name.
 pub fn merge_variables_file(
     text: &str,
     file: &str,
@@ -611,18 +612,36 @@ fn merge_variables_value(ctx: &mut Ctx, value: &Value, manifest: &mut WorkflowMa
         Some((name?, enabled, values))
     });
     obj.finish(ctx);
-    for (name, var) in vars.into_iter().flatten() {
-        manifest.variables.entry(name).or_insert(var);
-    }
-    for (name, enabled, values) in groups.into_iter().flatten() {
-        if !enabled || manifest.groups.iter().any(|g| g.id == name) {
-            continue;
+    for (i, (name, var)) in vars.into_iter().flatten().enumerate() {
+        if manifest.variables.insert(name.clone(), var).is_some() {
+            ctx.warning(
+                &JsonPath::root().key("variables").index(i),
+                format!(
+                    "{} is also declared in {WORKFLOW_FILE}: the value here wins",
+                    quote(&name)
+                ),
+            );
         }
-        manifest.groups.push(Group {
-            id: name,
-            name: None,
-            variables: values,
-        });
+    }
+    for (i, (name, enabled, values)) in groups.into_iter().flatten().enumerate() {
+        let existing = manifest.groups.iter().position(|g| g.id == name);
+        if let Some(at) = existing {
+            manifest.groups.remove(at);
+            ctx.warning(
+                &JsonPath::root().key("groups").index(i),
+                format!(
+                    "group {} is also declared in {WORKFLOW_FILE}: the one here wins",
+                    quote(&name)
+                ),
+            );
+        }
+        if enabled {
+            manifest.groups.push(Group {
+                id: name,
+                name: None,
+                variables: values,
+            });
+        }
     }
 }
 
@@ -645,14 +664,19 @@ mod tests {
         let mut m = parse_manifest(r#"{"variables": {"A": "from-workflow"}}"#, "workflow.json")
             .unwrap()
             .0;
-        let text = r#"{"variables": [{"name": "A", "value": "ignored"},
+        let text = r#"{"variables": [{"name": "A", "value": "from-variables-json"},
                                       {"name": "B", "value": 7, "description": "d"}],
                        "groups": [{"name": "g1", "values": {"B": "8"}},
                                   {"name": "g2", "values": [{"name": "B", "value": "9"}], "enabled": true},
                                   {"name": "off", "enabled": false}]}"#;
         let diags = merge_variables_file(text, VARIABLES_FILE, &mut m);
-        assert!(diags.is_empty(), "{:?}", diags.lines());
-        assert_eq!(m.resolved_variables(None)["A"], "from-workflow");
+        assert_eq!(
+            diags.lines(),
+            [
+                "variables/variables.json: variables[0]: \"A\" is also declared in workflow.json: the value here wins"
+            ]
+        );
+        assert_eq!(m.resolved_variables(None)["A"], "from-variables-json");
         assert_eq!(m.resolved_variables(None)["B"], "7");
         assert_eq!(m.resolved_variables(Some("g2"))["B"], "9");
         let ids: Vec<&str> = m.groups.iter().map(|g| g.id.as_str()).collect();

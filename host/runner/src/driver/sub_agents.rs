@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use super::prompts::system_prompt;
 use super::turn::{parse_arguments, tool_record};
-use super::{Resolver, Run, StepRunner, TurnEnd};
+use super::{AgentSetup, Resolver, Run, StepRunner, TurnEnd};
 use crate::events::RunEvent;
 use crate::grants::{AgentFolders, TurnAccess};
 use crate::routes::{AgentHome, CallResult, call_preamble, files_written};
@@ -109,7 +109,6 @@ impl StepRunner<'_> {
             sub_agent: true,
         };
         let configs = ws.agent_configs(&step.id);
-        let (policy, tools) = self.tools_of(ws, step, &configs);
         let logs = parent.logs.join(crate::routes::AGENTS_DIR).join(route_id);
         ws.fs
             .create_dir_all(&logs)
@@ -129,30 +128,26 @@ impl StepRunner<'_> {
             Ok(None) => (Session::new(route_id, &parent.run_folder), Vec::new()),
             Err(e) => return Err(format!("{}/session.json: {e}", home.rel)),
         };
-        let mut run = Run {
+        let mut run = self.new_run(
             ws,
             step,
-            configs,
-            run_folder: parent.run_folder.clone(),
-            output_dir: ws.root.join(&output_rel),
-            folders,
-            session_dir: home.dir.clone(),
-            owner_rel: home.rel.clone(),
-            models,
-            logs,
-            label: label.clone(),
-            depth: parent.depth + 1,
-            entry_prefix: format!("{call_id}/"),
-            preamble: Some(call_preamble(&call_id, instructions)),
-            session,
-            history,
-            tools,
-            policy,
-            concerns: Vec::new(),
-            final_text: None,
-            turns: 0,
-            status_marker_ends: true,
-        };
+            AgentSetup {
+                configs,
+                run_folder: parent.run_folder.clone(),
+                output_dir: ws.root.join(&output_rel),
+                folders,
+                session_dir: home.dir.clone(),
+                owner_rel: home.rel.clone(),
+                models,
+                logs,
+                label: label.clone(),
+                depth: parent.depth + 1,
+                entry_prefix: format!("{call_id}/"),
+                preamble: Some(call_preamble(&call_id, instructions)),
+                session,
+                history,
+            },
+        );
         // The system prompt names this call's folders: it is replaced on every call, the
         // rest of the conversation is kept.
         let grant = run

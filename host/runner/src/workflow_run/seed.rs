@@ -1,0 +1,48 @@
+//! `db/seed.sql`: a workspace may ship SQL instead of a binary database.
+
+use super::*;
+
+/// How long `db/seed.sql` may run.
+const SEED_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Creates `db/db.sqlite` from `db/seed.sql` when the database is missing and the seed
+/// exists: a workspace may ship SQL instead of a binary database. Returns whether it did.
+pub fn seed_database(fs: &WorkspaceFs) -> Result<bool> {
+    // A link or a FIFO at either path is refused, not followed (see `store::workspace_fs`).
+    match fs.kind(DB_FILE)? {
+        None => {}
+        Some(Kind::File) => return Ok(false),
+        Some(Kind::Link) => bail!("{}", link_error(Path::new(DB_FILE))),
+        Some(_) => bail!("{DB_FILE} is not a regular file"),
+    }
+    if fs.kind(SEED_SQL)?.is_none() {
+        return Ok(false);
+    }
+    let sql = fs
+        .read_to_string(SEED_SQL)
+        .with_context(|| format!("reading {SEED_SQL}"))?;
+    let tmp = "db/.db.sqlite.seeding";
+    fs.remove_file(tmp)
+        .with_context(|| format!("clearing {tmp}"))?;
+    let tmp_host = fs
+        .ensure_regular_file(tmp)
+        .with_context(|| format!("creating {tmp}"))?;
+    // The seed is the workspace's SQL: fenced like a plan's (no ATTACH, a deadline).
+    let db = sql::open(&tmp_host, SqlAccess::ReadWrite, SEED_TIMEOUT)
+        .with_context(|| format!("creating {tmp}"))?;
+    let seeded = sql::refuse_unseen(&sql)
+        .map_err(anyhow::Error::msg)
+        .and_then(|()| {
+            db.conn()
+                .execute_batch(&sql)
+                .map_err(|e| anyhow::anyhow!(db.describe(&e)))
+        });
+    drop(db);
+    if let Err(err) = seeded {
+        let _ = fs.remove_file(tmp);
+        return Err(err.context(format!("running {SEED_SQL}")));
+    }
+    fs.rename(tmp, DB_FILE)
+        .with_context(|| format!("creating {DB_FILE}"))?;
+    Ok(true)
+}

@@ -1,0 +1,194 @@
+//! Groups and variables of a run: which groups run, each unit's variables (declared values,
+//! the group's, human_input answers) and their substitution into the plan's texts.
+
+use super::*;
+
+/// The groups a run covers: all of workflow.json's (none when it has none), or the one
+/// named by id or display name. An unknown name is an error listing the known groups.
+pub fn select_groups<'w>(ws: &'w Workspace, name: Option<&str>) -> Result<Vec<&'w Group>> {
+    let groups = &ws.manifest.groups;
+    let known = || {
+        groups
+            .iter()
+            .map(|g| match &g.name {
+                Some(n) => format!("{} ({n})", g.id),
+                None => g.id.clone(),
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let Some(name) = name else {
+        return Ok(groups.iter().collect());
+    };
+    if groups.is_empty() {
+        bail!("--group {name:?}: workflow.json declares no groups");
+    }
+    let group = groups
+        .iter()
+        .find(|g| g.id == name)
+        .or_else(|| groups.iter().find(|g| g.name.as_deref() == Some(name)))
+        .with_context(|| format!("no group {name:?} in workflow.json (groups: {})", known()))?;
+    Ok(vec![group])
+}
+
+/// The run folder of a group, relative to `runs/`: `iteration-0/<sanitized name>`.
+pub fn group_run_folder(group: &Group) -> Result<String> {
+    Ok(format!(
+        "{ACTIVE_RUN}/{}",
+        group_folder_name(group.name.as_deref(), &group.id)?
+    ))
+}
+
+/// The workflow variables a run unit sees: declared values, then the group's.
+pub fn unit_variables(ws: &Workspace, group: Option<&Group>) -> BTreeMap<String, String> {
+    ws.manifest.resolved_variables(group.map(|g| g.id.as_str()))
+}
+
+/// The block of workflow variables appended to every step's charter (empty with none).
+pub fn variables_block(
+    variables: &BTreeMap<String, String>,
+    group: Option<&Group>,
+) -> Option<String> {
+    if variables.is_empty() {
+        return None;
+    }
+    let mut text = match group {
+        Some(g) => format!(
+            "Workflow variables (group {}{}):",
+            g.id,
+            g.name
+                .as_deref()
+                .map(|n| format!(", {n}"))
+                .unwrap_or_default()
+        ),
+        None => "Workflow variables:".to_string(),
+    };
+    for (name, value) in variables {
+        text.push_str(&format!("\n- {name} = {value}"));
+    }
+    Some(text)
+}
+
+/// Appends the [`variables_block`] of the unit (its `variables`) to the description of
+/// every step of `ws`.
+pub fn apply_variables(
+    ws: &mut Workspace,
+    group: Option<&Group>,
+    variables: &BTreeMap<String, String>,
+) {
+    let Some(block) = variables_block(variables, group) else {
+        return;
+    };
+    for step in ws
+        .plan
+        .steps
+        .iter_mut()
+        .chain(ws.plan.orphan_steps.iter_mut())
+    {
+        step.description = Some(match step.description.as_deref().map(str::trim_end) {
+            Some(d) if !d.is_empty() => format!("{d}\n\n{block}"),
+            _ => block.clone(),
+        });
+    }
+}
+
+/// The variables of a run unit with the answers of its `human_input` steps: an answer given
+/// for a step with a `variable_name` becomes the variable of that name.
+pub fn unit_variables_with_answers(
+    ws: &Workspace,
+    group: Option<&Group>,
+    inputs: &BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    let mut variables = unit_variables(ws, group);
+    for step in ws.plan.all_steps() {
+        if let StepKind::HumanInput(h) = &step.kind
+            && let Some(name) = h.variable_name.as_deref()
+            && let Some(answer) = inputs.get(name)
+        {
+            variables.insert(name.to_string(), answer.clone());
+        }
+    }
+    variables
+}
+
+/// `text` with each workflow variable's `{{NAME}}`, `${NAME}` and `{NAME}` (spaces inside
+/// the braces allowed) replaced by its value, in one pass (a value is never substituted
+/// again); an unknown name stays as written.
+pub fn substitute(text: &str, variables: &BTreeMap<String, String>) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while !rest.is_empty() {
+        let (open, close) = if rest.starts_with("{{") {
+            ("{{", "}}")
+        } else if rest.starts_with("${") {
+            ("${", "}")
+        } else if rest.starts_with('{') {
+            ("{", "}")
+        } else {
+            let c = rest.chars().next().unwrap_or_default();
+            out.push(c);
+            rest = &rest[c.len_utf8()..];
+            continue;
+        };
+        let after = &rest[open.len()..];
+        match after
+            .find(close)
+            .and_then(|end| variables.get(after[..end].trim()).map(|v| (end, v)))
+        {
+            Some((end, value)) => {
+                out.push_str(value);
+                rest = &after[end + close.len()..];
+            }
+            None => {
+                out.push_str(open);
+                rest = after;
+            }
+        }
+    }
+    out
+}
+
+/// Substitutes the variables ([`substitute`]) in every step's `context_output` and
+/// `context_dependencies` (sub-agent steps of routes included) and in the question and
+/// options of `human_input` steps.
+pub fn substitute_variables(ws: &mut Workspace, variables: &BTreeMap<String, String>) {
+    fn step_texts(step: &mut Step, variables: &BTreeMap<String, String>) {
+        let sub = |t: &mut String| *t = substitute(t, variables);
+        step.context_dependencies.iter_mut().flatten().for_each(sub);
+        match &mut step.context_output {
+            Some(trellis_workflow::plan::ContextOutput::One(o)) => sub(o),
+            Some(trellis_workflow::plan::ContextOutput::Many(list)) => {
+                list.iter_mut().for_each(sub)
+            }
+            None => {}
+        }
+        match &mut step.kind {
+            StepKind::HumanInput(h) => {
+                h.question.iter_mut().for_each(sub);
+                h.options.iter_mut().flatten().for_each(sub);
+            }
+            StepKind::MessageSequence(m) => {
+                for r in &mut m.predefined_routes {
+                    step_texts(&mut r.sub_agent_step, variables);
+                }
+            }
+            StepKind::TodoTask(t) => {
+                for r in &mut t.predefined_routes {
+                    step_texts(&mut r.sub_agent_step, variables);
+                }
+            }
+            _ => {}
+        }
+    }
+    if variables.is_empty() {
+        return;
+    }
+    for step in ws
+        .plan
+        .steps
+        .iter_mut()
+        .chain(ws.plan.orphan_steps.iter_mut())
+    {
+        step_texts(step, variables);
+    }
+}
