@@ -406,8 +406,15 @@ fn runs_show_tells_gates_sub_agents_outputs_and_turns_by_item() {
         &["runs", "db.sqlite"],
     );
     let root = ws.to_str().unwrap();
-    let out = trellis(&["run", root, "-q"]);
+    let out = trellis(&["run", root]);
+    let stdout = text(&out.stdout);
     assert!(out.status.success(), "{}", text(&out.stderr));
+    // The step line and the total count the same turns.
+    assert!(
+        stdout.contains("step triage-tickets: completed (4 turn(s); 1 more by its sub-agents)"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("done: 5 turns"), "{stdout}");
     let out = trellis(&["runs", "show", root, "triage-tickets"]);
     let shown = text(&out.stdout);
     assert!(out.status.success(), "{shown}");
