@@ -897,7 +897,7 @@ fn the_api_fetcher_example_runs_whole_and_its_summary_reads_the_rows_through_the
     // The summarizing agent: query the rows, write the summary, answer.
     let query =
         "SELECT version, released_on, breaking, notes FROM releases ORDER BY released_on DESC";
-    let replies = vec![
+    let replies = [
         completion("", &[("query_workflow_db", json!({"sql": query}))]),
         completion(
             "",
