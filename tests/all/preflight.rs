@@ -325,6 +325,11 @@ fn validate_parses_foreach_templates_and_prepares_their_queries() {
         "{stdout}"
     );
     assert!(stdout.contains("0 errors, 1 warning"), "{stdout}");
+    // Inside `with` and `range` the dot is no longer the row.
+    foreach_workspace(ws, &[], "SELECT x FROM t", "{{with .x}}{{.inner}}{{end}}");
+    let (code, stdout) = validate(ws);
+    assert_eq!(code, Some(0), "{stdout}");
+    assert!(stdout.contains("0 errors, 0 warnings"), "{stdout}");
     // A missing table or column, checked against the database the seed makes.
     for sql in ["SELECT x FROM missing", "SELECT nope FROM t"] {
         foreach_workspace(ws, &[], sql, "Row {{.x}}");

@@ -16,7 +16,7 @@ use trellis_sandbox::store::Kind;
 
 use crate::diagnostics::{Diagnostic, Diagnostics, Severity};
 use crate::plan::ItemBody;
-use crate::template_fields::field_chains;
+use crate::template_fields::row_fields;
 use crate::{PLAN_FILE, Step, StepKind, Workspace};
 
 /// The database of the workspace, relative to it.
@@ -76,12 +76,7 @@ pub fn check_foreach_queries(ws: &Workspace) -> Diagnostics {
                     Ok(stmt) => {
                         let columns: Vec<String> =
                             stmt.column_names().map(str::to_string).collect();
-                        let mut named: Vec<String> = field_chains(message)
-                            .into_iter()
-                            .filter_map(|chain| chain.into_iter().next())
-                            .collect();
-                        named.dedup();
-                        for field in named.iter().filter(|f| !columns.contains(f)) {
+                        for field in row_fields(message).iter().filter(|f| !columns.contains(f)) {
                             report(
                                 "message",
                                 format!(

@@ -14,6 +14,44 @@ pub fn field_chains(source: &str) -> Vec<Vec<String>> {
     chains
 }
 
+/// The row columns a template names: the first field of each chain outside `range` and
+/// `with` blocks (inside them `.` is no longer the row), each once, in order.
+pub fn row_fields(source: &str) -> Vec<String> {
+    let mut fields: Vec<String> = Vec::new();
+    // The open blocks, innermost last: whether each rebinds `.`.
+    let mut blocks: Vec<bool> = Vec::new();
+    let mut rest = source;
+    while let Some(start) = rest.find("{{") {
+        let after = &rest[start + 2..];
+        let Some(end) = after.find("}}") else { break };
+        let action = &after[..end];
+        rest = &after[end + 2..];
+        let words = action.trim_matches(|c: char| c == '-' || c.is_whitespace());
+        let keyword = words.split_whitespace().next().unwrap_or_default();
+        let rebound = blocks.iter().any(|r| *r);
+        if !rebound {
+            let mut chains = Vec::new();
+            scan_action(action, &mut chains);
+            for chain in chains {
+                if let Some(first) = chain.into_iter().next()
+                    && !fields.contains(&first)
+                {
+                    fields.push(first);
+                }
+            }
+        }
+        match keyword {
+            "range" | "with" => blocks.push(true),
+            "if" | "block" => blocks.push(false),
+            "end" => {
+                blocks.pop();
+            }
+            _ => {}
+        }
+    }
+    fields
+}
+
 fn scan_action(action: &str, chains: &mut Vec<Vec<String>>) {
     let chars: Vec<char> = action.chars().collect();
     let mut i = 0;
@@ -58,5 +96,17 @@ fn scan_action(action: &str, chains: &mut Vec<Vec<String>>) {
             continue;
         }
         i += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn row_fields_leave_out_what_range_and_with_rebind() {
+        let t = "{{.id}} {{if .due}}{{.due}}{{end}} {{range .tags}}{{.name}}{{end}} \
+                 {{with .owner}}{{.email}}{{end}} {{- .title -}}";
+        assert_eq!(row_fields(t), ["id", "due", "tags", "owner", "title"]);
     }
 }
