@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 use clap::Args;
 use trellis_runner::run_folder::ACTIVE_RUN;
-use trellis_sandbox::{Engine, PluginRegistry};
+use trellis_sandbox::{CacheSetting, Engine, PluginRegistry};
 use trellis_workflow::Workspace;
 
 /// The `--plugins` option of the commands that load plugins.
@@ -25,6 +25,30 @@ pub struct PluginDirs {
     /// Also load third-party plugins from DIR: `DIR/plugin.json` or `DIR/*/plugin.json` (repeatable).
     #[arg(long = "plugins", value_name = "DIR")]
     pub dirs: Vec<PathBuf>,
+}
+
+/// The compile-cache options of the commands that run plugins (the others compile nothing).
+#[derive(Args, Debug, Default)]
+pub struct CacheArgs {
+    /// Folder for compiled components [default: $TRELLIS_CACHE_DIR, else ~/.cache/trellis/components].
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Compile components on every start instead of caching them.
+    #[arg(long, conflicts_with = "cache_dir")]
+    pub no_cache: bool,
+}
+
+impl CacheArgs {
+    /// The cache these options ask for.
+    pub fn setting(&self) -> CacheSetting {
+        if self.no_cache {
+            CacheSetting::Disabled
+        } else if let Some(dir) = &self.cache_dir {
+            CacheSetting::Dir(dir.clone())
+        } else {
+            CacheSetting::from_env()
+        }
+    }
 }
 
 /// The bundled plugins and those of every `--plugins` folder; the first that fails to load
@@ -42,6 +66,37 @@ async fn registry(engine: &Engine, dirs: &PluginDirs) -> Result<PluginRegistry> 
 fn open_workspace(root: &Path, run: Option<&str>) -> Result<Workspace> {
     Workspace::open_run(root, Some(run.unwrap_or(ACTIVE_RUN))).map_err(|d| anyhow::anyhow!("{d}"))
 }
+
+/// Refuses a workspace argument that is not a folder: a file (naming the workspace it lies
+/// in, when there is one, since a path into it is the usual slip) or nothing at all.
+pub fn check_workspace_folder(path: &Path) -> Result<()> {
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_dir() => Ok(()),
+        Ok(_) => {
+            let hint = path
+                .ancestors()
+                .skip(1)
+                .map(|a| {
+                    if a.as_os_str().is_empty() {
+                        Path::new(".")
+                    } else {
+                        a
+                    }
+                })
+                .find(|a| a.join(PLAN_FILE).is_file())
+                .map(|ws| format!(": did you mean {}?", ws.display()))
+                .unwrap_or_default();
+            anyhow::bail!(
+                "{}: expected the workspace folder, got a file{hint}",
+                path.display()
+            )
+        }
+        Err(_) => anyhow::bail!("{}: no such workspace folder", path.display()),
+    }
+}
+
+/// A workspace's plan, relative to its folder.
+const PLAN_FILE: &str = "planning/plan.json";
 
 fn plural(n: usize) -> &'static str {
     if n == 1 { "" } else { "s" }

@@ -7,7 +7,7 @@
 mod commands;
 mod progress;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::Result;
@@ -25,14 +25,6 @@ use commands::{check, migrate, plugins, run, runs, schema, script, tool, validat
 struct Cli {
     #[command(subcommand)]
     command: Command,
-
-    /// Folder for compiled components [default: $TRELLIS_CACHE_DIR, else ~/.cache/trellis/components].
-    #[arg(long, global = true, value_name = "DIR")]
-    cache_dir: Option<PathBuf>,
-
-    /// Compile components on every start instead of caching them.
-    #[arg(long, global = true, conflicts_with = "cache_dir")]
-    no_cache: bool,
 
     /// Log more (-v: debug, -vv: trace). RUST_LOG overrides.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
@@ -171,7 +163,15 @@ fn init_tracing(verbose: u8) {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(colour_on_stderr())
         .init();
+}
+
+/// Colour codes only for a person at a terminal: never when stderr is a file or a pipe
+/// (logs, CI), nor when `NO_COLOR` is set to anything but the empty string.
+fn colour_on_stderr() -> bool {
+    use std::io::IsTerminal;
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
 impl Command {
@@ -181,6 +181,34 @@ impl Command {
             Command::Script(args) => Some(&args.workspace),
             Command::Check(args) => Some(&args.workspace),
             Command::Run(args) => Some(&args.workspace),
+            _ => None,
+        }
+    }
+}
+
+impl Command {
+    /// The compile-cache options of a command that runs plugins.
+    fn cache(&self) -> Option<&commands::CacheArgs> {
+        match self {
+            Command::Plugins(command) => Some(command.cache()),
+            Command::Tool(command) => Some(command.cache()),
+            Command::Script(args) => Some(&args.cache),
+            Command::Check(args) => Some(&args.cache),
+            Command::Run(args) => Some(&args.cache),
+            _ => None,
+        }
+    }
+
+    /// The workspace folder a command reads or changes, if it takes one; checked to be a
+    /// folder before the command starts.
+    fn workspace_folder(&self) -> Option<&Path> {
+        match self {
+            Command::Script(args) => Some(&args.workspace),
+            Command::Check(args) => Some(&args.workspace),
+            Command::Run(args) => Some(&args.workspace),
+            Command::Validate(args) => Some(&args.workspace),
+            Command::Migrate(args) => Some(&args.workspace),
+            Command::Runs(command) => Some(command.workspace()),
             _ => None,
         }
     }
@@ -213,13 +241,15 @@ fn refuse_cache_inside(cache: &Path, workspace: &Path) -> Result<()> {
 }
 
 async fn run(cli: Cli) -> Result<ExitCode> {
-    let cache = if cli.no_cache {
-        CacheSetting::Disabled
-    } else if let Some(dir) = cli.cache_dir {
-        CacheSetting::Dir(dir)
-    } else {
-        CacheSetting::from_env()
-    };
+    // Only the commands that run plugins compile components, so only they take the cache
+    // options.
+    let cache = cli
+        .command
+        .cache()
+        .map_or(CacheSetting::Disabled, |c| c.setting());
+    if let Some(folder) = cli.command.workspace_folder() {
+        commands::check_workspace_folder(folder)?;
+    }
     if let (CacheSetting::Dir(dir), Some(workspace)) = (&cache, cli.command.workspace()) {
         refuse_cache_inside(dir, workspace)?;
     }

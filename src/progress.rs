@@ -70,6 +70,8 @@ struct State {
     /// By event step id: `<step>`, or `<step>/<route>` for a sub-agent.
     agents: BTreeMap<String, Agent>,
     step_tools: u64,
+    /// Turns of the running step's sub-agents (their event step ids are `<step>/<route>`).
+    step_sub_turns: u64,
     step_prompt: u64,
     step_completion: u64,
     step_started: Instant,
@@ -95,6 +97,7 @@ impl Progress {
                 step: None,
                 agents: BTreeMap::new(),
                 step_tools: 0,
+                step_sub_turns: 0,
                 step_prompt: 0,
                 step_completion: 0,
                 step_started: Instant::now(),
@@ -126,16 +129,28 @@ impl Progress {
                 state.step = Some(step_id.clone());
                 state.agents.clear();
                 state.step_tools = 0;
+                state.step_sub_turns = 0;
                 state.step_prompt = 0;
                 state.step_completion = 0;
                 state.step_started = Instant::now();
             }
             // No status line until the next step starts.
             RunEvent::StepEnded { .. } => state.step = None,
+            RunEvent::TurnStarted { step_id, .. } if step_id.contains('/') => {
+                state.step_sub_turns += 1;
+            }
             _ => {}
         }
         // Events of the run as a whole are lasting lines in every mode but quiet.
-        if let Some(line) = event.run_line() {
+        if let Some(mut line) = event.run_line() {
+            // The step's own turns, then its sub-agents': together they are what the
+            // totals count.
+            if let RunEvent::StepEnded { .. } = event
+                && state.step_sub_turns > 0
+                && let Some(open) = line.strip_suffix(')')
+            {
+                line = format!("{open}; {} more by its sub-agents)", state.step_sub_turns);
+            }
             return self.print(&mut state, &line);
         }
         let line = describe(&mut state, event);

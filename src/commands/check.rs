@@ -9,7 +9,7 @@ use trellis_sandbox::{Engine, Limits};
 use trellis_workflow::validation;
 use trellis_workflow::validation::PluginValidators;
 
-use super::{PluginDirs, open_workspace, registry};
+use super::{CacheArgs, PluginDirs, open_workspace, registry};
 
 /// Arguments of `trellis check`.
 #[derive(Args, Debug)]
@@ -24,6 +24,8 @@ pub struct CheckArgs {
     run: Option<String>,
     #[command(flatten)]
     plugins: PluginDirs,
+    #[command(flatten)]
+    pub(crate) cache: CacheArgs,
 }
 
 /// Runs the gate, writes its report and prints each check. Exit status 1 when a check fails

@@ -10,7 +10,7 @@ use clap::Args;
 #[derive(Args, Debug)]
 pub struct MigrateArgs {
     /// The workspace folder.
-    workspace: PathBuf,
+    pub(crate) workspace: PathBuf,
 }
 
 /// Migrates and prints what changed; exit status 1 (with the reason) when it is refused.

@@ -5,9 +5,10 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::Subcommand;
+use trellis_sandbox::plugins::PluginSource;
 use trellis_sandbox::{Engine, PluginRegistry};
 
-use super::{PluginDirs, registry};
+use super::{CacheArgs, PluginDirs, registry};
 
 /// Subcommands of `trellis plugins`.
 #[derive(Subcommand, Debug)]
@@ -16,6 +17,8 @@ pub enum PluginsCommand {
     List {
         #[command(flatten)]
         plugins: PluginDirs,
+        #[command(flatten)]
+        cache: CacheArgs,
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -26,6 +29,8 @@ pub enum PluginsCommand {
         id: String,
         #[command(flatten)]
         plugins: PluginDirs,
+        #[command(flatten)]
+        cache: CacheArgs,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
@@ -35,7 +40,7 @@ pub enum PluginsCommand {
 /// Runs a `trellis plugins` subcommand.
 pub async fn run(engine: &Engine, command: PluginsCommand) -> Result<ExitCode> {
     match command {
-        PluginsCommand::List { plugins, json } => {
+        PluginsCommand::List { plugins, json, .. } => {
             // One bad plugin does not hide the others: it is listed with its error.
             let mut registry = PluginRegistry::with_bundled(engine).await?;
             let mut failures = Vec::new();
@@ -49,10 +54,21 @@ pub async fn run(engine: &Engine, command: PluginsCommand) -> Result<ExitCode> {
             list_plugins(&registry, &failures, json)?;
             Ok(ExitCode::SUCCESS)
         }
-        PluginsCommand::Inspect { id, plugins, json } => {
+        PluginsCommand::Inspect {
+            id, plugins, json, ..
+        } => {
             let registry = registry(engine, &plugins).await?;
             inspect_plugin(&registry, &id, json)?;
             Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+impl PluginsCommand {
+    /// Its compile-cache options.
+    pub fn cache(&self) -> &CacheArgs {
+        match self {
+            PluginsCommand::List { cache, .. } | PluginsCommand::Inspect { cache, .. } => cache,
         }
     }
 }
@@ -83,16 +99,21 @@ fn list_plugins(
         return Ok(());
     }
     println!(
-        "{:<16} {:<13} {:<9} {:<6} DESCRIPTION",
-        "ID", "KIND", "VERSION", "TOOLS"
+        "{:<16} {:<13} {:<9} {:<12} {:<6} DESCRIPTION",
+        "ID", "KIND", "VERSION", "SOURCE", "TOOLS"
     );
     for plugin in registry.plugins() {
         let m = plugin.manifest();
+        let source = match plugin.source() {
+            PluginSource::Bundled => "bundled",
+            PluginSource::File(_) => "third-party",
+        };
         println!(
-            "{:<16} {:<13} {:<9} {:<6} {}",
+            "{:<16} {:<13} {:<9} {:<12} {:<6} {}",
             m.id,
             m.kind.as_str(),
             m.version,
+            source,
             plugin.tools().len(),
             m.description
         );

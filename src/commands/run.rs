@@ -14,7 +14,7 @@ use trellis_runner::workflow_run::RunOptions;
 use trellis_sandbox::Engine;
 use trellis_sandbox::llm::Recorder;
 
-use super::{PluginDirs, plural, registry};
+use super::{CacheArgs, PluginDirs, plural, registry};
 use crate::progress::{Mode, Progress};
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -68,6 +68,8 @@ pub struct RunArgs {
     quiet: bool,
     #[command(flatten)]
     plugins: PluginDirs,
+    #[command(flatten)]
+    pub(crate) cache: CacheArgs,
 }
 
 /// Runs the workflow as an execution of the runtime, showing its events as live progress

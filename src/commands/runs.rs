@@ -35,6 +35,15 @@ pub enum RunsCommand {
     },
 }
 
+impl RunsCommand {
+    /// The workspace folder it reads.
+    pub fn workspace(&self) -> &Path {
+        match self {
+            RunsCommand::List { workspace } | RunsCommand::Show { workspace, .. } => workspace,
+        }
+    }
+}
+
 /// Runs a `trellis runs` subcommand; it reads files only, no plugin runs.
 pub fn run(command: &RunsCommand) -> Result<ExitCode> {
     match command {
@@ -50,6 +59,12 @@ pub fn run(command: &RunsCommand) -> Result<ExitCode> {
 
 /// `trellis runs list`: one line per run folder, then its steps.
 fn list_runs(root: &Path) -> Result<()> {
+    anyhow::ensure!(
+        root.join(super::PLAN_FILE).is_file(),
+        "{}: not a workspace (no {})",
+        root.display(),
+        super::PLAN_FILE
+    );
     let runs = runs::list_runs(root)?;
     if runs.is_empty() {
         println!("no runs in {}", root.join("runs").display());
@@ -72,6 +87,20 @@ fn list_runs(root: &Path) -> Result<()> {
     Ok(())
 }
 
+/// One gate's result in a line: passed, or how many of its checks failed.
+fn gate_line(g: &runs::GateResult) -> String {
+    if g.passed {
+        format!("gate passed ({} checks, attempt {})", g.checks, g.attempt)
+    } else {
+        format!(
+            "gate failed: {} of {} checks failed (attempt {})",
+            g.failed.len(),
+            g.checks,
+            g.attempt
+        )
+    }
+}
+
 /// `trellis runs show`: one step of one run.
 fn show_run_step(root: &Path, step: &str, run: Option<&str>) -> Result<()> {
     let report = runs::show_step(root, run.unwrap_or(ACTIVE_RUN), step)?;
@@ -88,19 +117,75 @@ fn show_run_step(root: &Path, step: &str, run: Option<&str>) -> Result<()> {
             println!("  - {concern}");
         }
     }
-    println!("turns: {}", report.turns.len());
+    let turns = if report.sub_agent_turns > 0 {
+        format!(
+            "{} (and {} of its sub-agents: {} in all)",
+            report.turns.len(),
+            report.sub_agent_turns,
+            report.turns.len() + report.sub_agent_turns
+        )
+    } else {
+        report.turns.len().to_string()
+    };
+    println!("turns: {turns}");
     println!("entries:");
     if report.entries.is_empty() {
         println!("  (no session.json)");
     }
     for e in &report.entries {
-        let summary = runs::first_line(e.summary.as_deref());
+        // A gate's entry tells the gate's result, not the agent's last reply.
+        let gate = (e.item_type == "prevalidation")
+            .then(|| report.gates.iter().find(|g| g.label == e.item_id))
+            .flatten();
+        let summary = match gate {
+            Some(g) => gate_line(g),
+            None => runs::first_line(e.summary.as_deref()).to_string(),
+        };
         let summary = if summary.is_empty() {
             String::new()
         } else {
             format!(": {summary}")
         };
         println!("  {} [{}] {}{summary}", e.item_id, e.item_type, e.status);
+    }
+    if !report.gates.is_empty() {
+        println!("gates:");
+    }
+    for g in &report.gates {
+        println!("  {}: {}", g.label, gate_line(g));
+        for c in &g.failed {
+            let at = if c.path.is_empty() {
+                c.file.clone()
+            } else {
+                format!("{} {}", c.file, c.path)
+            };
+            println!("    - {at}: {}", c.message);
+            println!("      expected: {}", c.expected);
+            println!("      actual:   {}", c.actual);
+        }
+    }
+    if !report.sub_agent_calls.is_empty() {
+        println!("sub-agent calls:");
+    }
+    for call in &report.sub_agent_calls {
+        let error = call
+            .error
+            .as_deref()
+            .map(|e| format!(": {e}"))
+            .unwrap_or_default();
+        println!(
+            "  {} route {}: {}{error}",
+            call.call_id, call.route_id, call.status
+        );
+        for file in &call.files {
+            println!("    {file}");
+        }
+    }
+    if !report.outputs.is_empty() {
+        println!("output files:");
+    }
+    for path in &report.outputs {
+        println!("  {}", path.display());
     }
     if !report.script_logs.is_empty() {
         println!("script logs:");
@@ -111,11 +196,28 @@ fn show_run_step(root: &Path, step: &str, run: Option<&str>) -> Result<()> {
     if !report.turns.is_empty() {
         println!("turn logs:");
     }
+    let item_type = |id: &str| {
+        report
+            .entries
+            .iter()
+            .find(|e| e.item_id == id)
+            .map(|e| e.item_type.as_str())
+    };
     for t in &report.turns {
+        let several = report
+            .turns
+            .iter()
+            .filter(|o| o.item_id == t.item_id)
+            .count()
+            > 1;
+        let label = match item_type(&t.item_id) {
+            Some("foreach") => format!("{} row {}", t.item_id, t.iteration),
+            _ if several => format!("{} iteration {}", t.item_id, t.iteration),
+            _ => t.item_id.clone(),
+        };
         println!(
-            "  attempt {} iteration {}: {} {}, LLM calls {}, tool calls {}{}, tokens {} prompt / {} completion, {} ms",
+            "  turn {} ({label}): {} {}, LLM calls {}, tool calls {}{}, tokens {} prompt / {} completion, {} ms",
             t.attempt,
-            t.iteration,
             t.model,
             t.status,
             t.llm_calls,

@@ -44,6 +44,8 @@ pub struct ScriptArgs {
     /// resolves to, a loopback or private address; HOST:PORT, that port only (repeatable).
     #[arg(long = "allow-host", value_name = "HOST")]
     allow_hosts: Vec<String>,
+    #[command(flatten)]
+    pub(crate) cache: super::CacheArgs,
 }
 
 /// Runs the script, replays its stdout and stderr, and prints one line saying how it

@@ -9,7 +9,7 @@ use clap::Subcommand;
 use trellis_sandbox::capabilities::resolve_in_root;
 use trellis_sandbox::{Access, Engine, Grant, Limits};
 
-use super::{PluginDirs, registry};
+use super::{CacheArgs, PluginDirs, registry};
 
 /// Subcommands of `trellis tool`.
 #[derive(Subcommand, Debug)]
@@ -55,7 +55,18 @@ pub enum ToolCommand {
         memory: usize,
         #[command(flatten)]
         plugins: PluginDirs,
+        #[command(flatten)]
+        cache: CacheArgs,
     },
+}
+
+impl ToolCommand {
+    /// Its compile-cache options.
+    pub fn cache(&self) -> &CacheArgs {
+        match self {
+            ToolCommand::Call { cache, .. } => cache,
+        }
+    }
 }
 
 /// Runs a `trellis tool` subcommand.
@@ -72,8 +83,14 @@ pub async fn run(engine: &Engine, command: ToolCommand) -> Result<ExitCode> {
             timeout,
             memory,
             plugins,
+            ..
         } => {
             let args = parse_args(&args)?;
+            match std::fs::metadata(&root) {
+                Ok(meta) if meta.is_dir() => {}
+                Ok(_) => anyhow::bail!("--root {}: expected a folder, got a file", root.display()),
+                Err(_) => anyhow::bail!("--root {}: the folder does not exist", root.display()),
+            }
             let mut grant = grant(&root, &read, &write)?;
             if let Some(db) = db {
                 grant = grant.with_db(db_file(&root, &db)?, db_write);

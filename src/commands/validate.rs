@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 use trellis_workflow::Workspace;
+use trellis_workflow::foreach_sql::check_foreach_queries;
 
 use super::plural;
 
@@ -12,7 +13,7 @@ use super::plural;
 #[derive(Args, Debug)]
 pub struct ValidateArgs {
     /// The workspace folder.
-    workspace: PathBuf,
+    pub(crate) workspace: PathBuf,
     /// Check the run-specific step config of this run folder (e.g. `iteration-0`).
     #[arg(long, value_name = "FOLDER")]
     run: Option<String>,
@@ -22,7 +23,11 @@ pub struct ValidateArgs {
 pub fn run(args: &ValidateArgs) -> ExitCode {
     let root = &args.workspace;
     let diagnostics = match Workspace::open_run(root, args.run.as_deref()) {
-        Ok(ws) => ws.warnings,
+        Ok(ws) => {
+            let mut all = ws.warnings.clone();
+            all.0.extend(check_foreach_queries(&ws).0);
+            all
+        }
         Err(diagnostics) => diagnostics,
     };
     for line in diagnostics.lines() {

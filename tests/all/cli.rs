@@ -249,9 +249,9 @@ fn a_cache_folder_inside_the_workspace_is_refused() {
     std::fs::create_dir_all(ws.join("planning")).unwrap();
     let cache = ws.join("runs/cache");
     let out = support::trellis(&[
+        "run",
         "--cache-dir",
         cache.to_str().unwrap(),
-        "run",
         ws.to_str().unwrap(),
     ]);
     assert_eq!(out.status.code(), Some(1));

@@ -262,8 +262,10 @@ fn a_foreach_source_sql_cannot_attach() {
     let out = trellis(&["run", &world.root_str()]);
     let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
     assert_eq!(out.status.code(), Some(1), "{all}");
+    // Refused by the preflight, which prepares the query through the same fence.
     assert!(
-        all.contains("foreach item \"rows\": source_sql cannot be used: not authorized"),
+        all.contains("steps[0].items[0].source_sql (step \"each\"): cannot be prepared")
+            && all.contains("not authorized"),
         "{all}"
     );
     assert!(!evil.exists(), "ATTACH created a file outside");

@@ -28,6 +28,7 @@ use serde_json::{Map, Value};
 use trellis_sandbox::llm::record::check_replay_model_id;
 use trellis_sandbox::llm::{
     DEFAULT_KEY_ENV, Endpoint, KeyApprovals, Options, Recorder, ReplayCursor, Secret, Target,
+    is_loopback_base_url,
 };
 use trellis_workflow::step_config::{ExecutionTier, LlmRef};
 use trellis_workflow::{Step, StepKind, Workspace};
@@ -228,6 +229,7 @@ pub struct LlmSetup {
     recorder: Option<Arc<Recorder>>,
     cursors: Arc<Mutex<BTreeMap<PathBuf, ReplayCursor>>>,
     approvals: Arc<KeyApprovals>,
+    providers: Option<Arc<Vec<String>>>,
 }
 
 impl Default for LlmSetup {
@@ -245,7 +247,15 @@ impl LlmSetup {
             recorder: None,
             cursors: Arc::default(),
             approvals: Arc::new(KeyApprovals::defaults()),
+            providers: None,
         }
+    }
+
+    /// Models name only these LLM providers (the ids of the loaded provider plugins, and
+    /// `replay`); another is an error naming the step, before anything runs.
+    pub fn with_providers(mut self, ids: Vec<String>) -> Self {
+        self.providers = Some(Arc::new(ids));
+        self
     }
 
     /// Keys go only where `approvals` allow.
@@ -284,6 +294,8 @@ impl LlmSetup {
         let mut options = Vec::new();
         let mut replay = None;
         for (i, model) in models.models.iter().enumerate() {
+            self.check_provider(model, models.source)
+                .with_context(|| format!("step {step_id:?}"))?;
             let at = match (models.source, i) {
                 (ModelSource::ExecutionLlm, 0) => "execution_llm.options".to_string(),
                 (ModelSource::ExecutionLlm, n) => {
@@ -319,7 +331,12 @@ impl LlmSetup {
                 });
                 replay = Some(cursor);
             } else {
-                targets.push(remote_target(ws, model, &self.approvals)?);
+                targets.push(remote_target(ws, model, &self.approvals).with_context(|| {
+                    format!(
+                        "step {step_id:?}: model {}:{} ({})",
+                        model.provider, model.model_id, models.source
+                    )
+                })?);
             }
         }
         Ok(Some(StepLlm {
@@ -342,6 +359,33 @@ impl LlmSetup {
             return Ok(None);
         }
         self.step_llm(ws, step_id)
+    }
+
+    /// Refuses a provider no plugin answers for, suggesting the loaded one that differs
+    /// only in case.
+    fn check_provider(&self, model: &LlmRef, source: ModelSource) -> Result<()> {
+        let Some(loaded) = &self.providers else {
+            return Ok(());
+        };
+        let provider = model.provider.as_str();
+        if provider == REPLAY_PROVIDER || loaded.iter().any(|p| p == provider) {
+            return Ok(());
+        }
+        let mut known: Vec<&str> = loaded.iter().map(String::as_str).collect();
+        if !known.contains(&REPLAY_PROVIDER) {
+            known.push(REPLAY_PROVIDER);
+        }
+        let hint = match known.iter().find(|k| k.eq_ignore_ascii_case(provider)) {
+            Some(k) => format!("provider ids are lower case: write {k:?}"),
+            None => format!(
+                "give one of the loaded providers ({}), or load the plugin with --plugins DIR",
+                known.join(", ")
+            ),
+        };
+        bail!(
+            "model {provider}:{} ({source}): no LLM provider {provider:?}; {hint}",
+            model.model_id
+        )
     }
 
     fn cursor(&self, root: &Path, model_id: &str) -> Result<ReplayCursor> {
@@ -377,13 +421,25 @@ fn remote_target(ws: &Workspace, model: &LlmRef, approvals: &KeyApprovals) -> Re
         let setting = match (named_key, &base_url) {
             (Some(_), _) => "api_key_env",
             (None, Some(_)) => "base_url",
-            (None, None) => {
-                bail!("model {}:{}: {problem}", model.provider, model.model_id)
-            }
+            (None, None) => bail!("{problem}"),
         };
         bail!(
             "workflow.json: providers.{}.{setting}: {problem}",
             model.provider
+        );
+    }
+    if !secret.is_set() && !is_loopback_base_url(&endpoint.base_url) {
+        let named = match named_key {
+            Some(_) => format!(
+                " (named by workflow.json providers.{}.api_key_env)",
+                model.provider
+            ),
+            None => String::new(),
+        };
+        bail!(
+            "the key variable {key_env}{named} is not set: set {key_env} to the key for {}; no \
+             request goes out without it",
+            endpoint.base_url
         );
     }
     Ok(Target {
@@ -421,9 +477,10 @@ pub fn check_models<'w>(
             Ok(None) => problems.push(format!(
                 "step {:?} ({}) needs an LLM and has none: give --llm PROVIDER:MODEL, set \
                  agent_configs.execution_llm (or execution_tier with workflow.json tiers) in \
-                 its step config, or set \"llm\" in workflow.json",
+                 its step config, or set \"llm\" in workflow.json{}",
                 step.id,
-                step.type_name()
+                step.type_name(),
+                script_hint(ws, step)
             )),
             Err(e) => problems.push(format!("{e:#}")),
         }
@@ -436,6 +493,25 @@ pub fn check_models<'w>(
         1 => bail!("{}", problems[0]),
         _ => bail!("{}", problems.join("\n")),
     }
+}
+
+/// For a `regular` step with a script in `code/<id>/`: the setting that runs it instead of
+/// an agent.
+fn script_hint(ws: &Workspace, step: &Step) -> String {
+    if !matches!(step.kind, StepKind::Regular) {
+        return String::new();
+    }
+    ["main.py", "main.wasm"]
+        .iter()
+        .map(|name| format!("code/{}/{name}", step.id))
+        .find(|path| ws.fs.kind(path).is_ok_and(|k| k.is_some()))
+        .map(|path| {
+            format!(
+                "; or, since {path} exists, run it as the step: set \
+                 \"declared_execution_mode\": \"scripted\" in its step config"
+            )
+        })
+        .unwrap_or_default()
 }
 
 /// The own models of the sub-agent steps of `step`'s routes, nested routes included.
@@ -474,6 +550,40 @@ mod tests {
         Workspace::open(root).unwrap()
     }
 
+    /// A provider on this machine whose key variable is unset: reachable without a key.
+    static LOCAL_KEYLESS: std::sync::LazyLock<Value> = std::sync::LazyLock::new(
+        || json!({"base_url": "http://127.0.0.1:9/v1", "api_key_env": "TRELLIS_UNIT_TEST_NO_KEY"}),
+    );
+
+    #[test]
+    fn an_unset_key_is_refused_but_for_a_server_on_this_machine() {
+        let dir = tempfile::tempdir().unwrap();
+        let remote = json!({"base_url": "https://llm.example/v1",
+                            "api_key_env": "TRELLIS_UNIT_TEST_NO_KEY"});
+        let ws = workspace(
+            dir.path(),
+            json!([]),
+            json!({"llm": {"provider": "openai", "model_id": "m"},
+                   "providers": {"openai": remote}}),
+        );
+        let err = format!("{:#}", LlmSetup::new(None).step_llm(&ws, "a").unwrap_err());
+        assert!(err.contains("set TRELLIS_UNIT_TEST_NO_KEY"), "{err}");
+        let ws = workspace(
+            dir.path(),
+            json!([]),
+            json!({"llm": {"provider": "openai", "model_id": "m"},
+                   "providers": {"openai": LOCAL_KEYLESS.clone()}}),
+        );
+        assert!(LlmSetup::new(None).step_llm(&ws, "a").unwrap().is_some());
+        let only = LlmSetup::new(None).with_providers(vec!["openai".into()]);
+        only.step_llm(&ws, "a").unwrap();
+        let err = LlmSetup::new(Some(parse_llm_spec("OpenAI:m").unwrap()))
+            .with_providers(vec!["openai".into()])
+            .step_llm(&ws, "a")
+            .unwrap_err();
+        assert!(format!("{err:#}").contains("write \"openai\""), "{err:#}");
+    }
+
     fn names(models: &StepModels) -> Vec<String> {
         models
             .models
@@ -495,7 +605,8 @@ mod tests {
                 {"id": "b", "agent_configs": {"execution_tier": "low"}}
             ]),
             json!({"llm": {"provider": "openai", "model_id": "default"},
-                   "tiers": {"low": {"provider": "openai", "model_id": "small"}}}),
+                   "tiers": {"low": {"provider": "openai", "model_id": "small"}},
+                   "providers": {"openai": LOCAL_KEYLESS.clone(), "other": LOCAL_KEYLESS.clone()}}),
         );
         let a = step_models(&ws, "a", None).unwrap().unwrap();
         assert_eq!(a.source, ModelSource::ExecutionLlm);
@@ -523,7 +634,7 @@ mod tests {
         let ws = workspace(
             dir.path(),
             json!([{"id": "b", "agent_configs": {"execution_tier": "high"}}]),
-            json!({}),
+            json!({"providers": {"openai": LOCAL_KEYLESS.clone()}}),
         );
         let setup = LlmSetup::new(None);
         let err = check_models(&ws, &ws.plan.steps, &setup)

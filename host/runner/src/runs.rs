@@ -37,6 +37,8 @@ pub struct StepState {
 /// One turn, from its log files.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TurnLog {
+    /// The item the turn belongs to (a reflection or repair turn has an id of its own).
+    pub item_id: String,
     /// The attempt of the step.
     pub attempt: u32,
     /// The turn within the attempt.
@@ -83,6 +85,61 @@ pub struct StepReport {
     /// The logs of the step's last script run (`script-result.json`, `script-stdout.txt`,
     /// `script-stderr.txt`), those that exist.
     pub script_logs: Vec<PathBuf>,
+    /// The files of the step's output folder (its sub-agents' included), workspace-relative,
+    /// without the session and summary files.
+    pub outputs: Vec<PathBuf>,
+    /// The last attempt of each gate (`pre_validation_<label>_attempt_<n>.json`), in the
+    /// order of the files' names.
+    pub gates: Vec<GateResult>,
+    /// The sub-agent calls the step made, in order.
+    pub sub_agent_calls: Vec<SubAgentCall>,
+    /// The turns of the step's sub-agents (their logs under `logs/<step>/agents/`).
+    pub sub_agent_turns: usize,
+}
+
+/// The last attempt of one gate of a step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GateResult {
+    /// The gate's label (the prevalidation item's id, `final`, or a sub-agent call's).
+    pub label: String,
+    /// Its attempt number.
+    pub attempt: u64,
+    /// Whether every check passed.
+    pub passed: bool,
+    /// How many checks ran.
+    pub checks: usize,
+    /// The checks that failed, in full.
+    pub failed: Vec<FailedCheck>,
+}
+
+/// One failing check of a gate, as its report records it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FailedCheck {
+    /// The file checked.
+    pub file: String,
+    /// The JSON path, when the check has one.
+    pub path: String,
+    /// What the check wanted.
+    pub expected: String,
+    /// What it found.
+    pub actual: String,
+    /// The check's message.
+    pub message: String,
+}
+
+/// One `call_sub_agent` of a step, from its result in the step's conversation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SubAgentCall {
+    /// The route called.
+    pub route_id: String,
+    /// The call's id (`call-0001`).
+    pub call_id: String,
+    /// How it ended.
+    pub status: String,
+    /// Its error, if it failed.
+    pub error: Option<String>,
+    /// The files it wrote.
+    pub files: Vec<String>,
 }
 
 /// The first line of an entry's summary, or empty.
@@ -112,11 +169,12 @@ pub fn list_runs(root: &Path) -> Result<Vec<RunListing>> {
         tops.push((key, name));
     }
     tops.sort();
+    let order = plan_order(fs, root);
     let mut out = Vec::new();
     for (_, top) in tops {
         let dir = runs.join(&top);
         if fs.is_dir(dir.join("execution")) {
-            out.push(listing(fs, &dir, top.clone())?);
+            out.push(listing(fs, &dir, top.clone(), &order)?);
         }
         for group in dir_names(fs, &dir)? {
             if group == "execution" || group == "logs" {
@@ -124,14 +182,36 @@ pub fn list_runs(root: &Path) -> Result<Vec<RunListing>> {
             }
             let gdir = dir.join(&group);
             if fs.is_dir(gdir.join("execution")) {
-                out.push(listing(fs, &gdir, format!("{top}/{group}"))?);
+                out.push(listing(fs, &gdir, format!("{top}/{group}"), &order)?);
             }
         }
     }
     Ok(out)
 }
 
-fn listing(fs: &WorkspaceFs, run_dir: &Path, run_folder: String) -> Result<RunListing> {
+/// The step ids of `planning/plan.json` in plan order (empty when it cannot be read).
+fn plan_order(fs: &WorkspaceFs, root: &Path) -> Vec<String> {
+    fs.read(root.join(trellis_workflow::PLAN_FILE))
+        .ok()
+        .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
+        .and_then(|plan| {
+            plan["steps"].as_array().map(|steps| {
+                steps
+                    .iter()
+                    .filter_map(|s| s["id"].as_str().map(str::to_string))
+                    .collect()
+            })
+        })
+        .unwrap_or_default()
+}
+
+/// The steps of one run folder, in plan order (steps the plan no longer has last, by name).
+fn listing(
+    fs: &WorkspaceFs,
+    run_dir: &Path,
+    run_folder: String,
+    order: &[String],
+) -> Result<RunListing> {
     let exec = run_dir.join("execution");
     let mut steps = Vec::new();
     for step in dir_names(fs, &exec)? {
@@ -146,6 +226,15 @@ fn listing(fs: &WorkspaceFs, run_dir: &Path, run_folder: String) -> Result<RunLi
             completed_at,
         });
     }
+    steps.sort_by_key(|s| {
+        (
+            order
+                .iter()
+                .position(|id| *id == s.step_id)
+                .unwrap_or(usize::MAX),
+            s.step_id.clone(),
+        )
+    });
     Ok(RunListing { run_folder, steps })
 }
 
@@ -196,6 +285,17 @@ pub fn show_step(root: &Path, run: &str, step: &str) -> Result<StepReport> {
         .unwrap_or_default();
     let logs = logs_dir(&run_dir, step);
     let turns = turn_logs(fs, &logs)?;
+    let mut sub_agent_turns = 0;
+    let agents = logs.join("agents");
+    if fs.is_dir(&agents) {
+        for route in dir_names(fs, &agents)? {
+            sub_agent_turns += turn_logs(fs, &agents.join(route))?.len();
+        }
+    }
+    let mut outputs = Vec::new();
+    files_under(fs, root, &step_dir, &mut outputs)?;
+    let gates = gate_results(fs, &logs)?;
+    let sub_agent_calls = sub_agent_calls(fs, &step_dir)?;
     let script_logs = [
         trellis_sandbox::script::RESULT_LOG,
         trellis_sandbox::script::STDOUT_LOG,
@@ -214,7 +314,128 @@ pub fn show_step(root: &Path, run: &str, step: &str) -> Result<StepReport> {
         entries,
         turns,
         script_logs,
+        outputs,
+        gates,
+        sub_agent_calls,
+        sub_agent_turns,
     })
+}
+
+/// The files under `dir`, workspace-relative, sorted; session and summary files left out,
+/// links neither listed nor followed.
+fn files_under(fs: &WorkspaceFs, root: &Path, dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    let mut entries = fs
+        .list(dir)
+        .with_context(|| format!("reading {}", dir.display()))?;
+    entries.sort();
+    for (name, kind) in entries {
+        let path = dir.join(&name);
+        match kind {
+            Kind::Dir => files_under(fs, root, &path, out)?,
+            Kind::File if name != "session.json" && name != FINAL_SUMMARY_FILE => {
+                out.push(path.strip_prefix(root).unwrap_or(&path).to_path_buf());
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// The last attempt of each gate logged in `logs/<step>/`.
+fn gate_results(fs: &WorkspaceFs, logs: &Path) -> Result<Vec<GateResult>> {
+    if !fs.is_dir(logs) {
+        return Ok(Vec::new());
+    }
+    let mut last: std::collections::BTreeMap<String, (u64, String)> = Default::default();
+    for (name, kind) in fs
+        .list(logs)
+        .with_context(|| format!("reading {}", logs.display()))?
+    {
+        let Some((label, attempt)) = name
+            .strip_prefix("pre_validation_")
+            .and_then(|n| n.strip_suffix(".json"))
+            .and_then(|n| n.rsplit_once("_attempt_"))
+            .and_then(|(l, a)| Some((l.to_string(), a.parse::<u64>().ok()?)))
+        else {
+            continue;
+        };
+        if kind != Kind::File || last.get(&label).is_some_and(|(a, _)| *a >= attempt) {
+            continue;
+        }
+        last.insert(label, (attempt, name));
+    }
+    let mut out = Vec::new();
+    for (label, (attempt, name)) in last {
+        let report: serde_json::Value = read_json(fs, &logs.join(&name))?;
+        let checks = report["checks"].as_array().cloned().unwrap_or_default();
+        let text = |v: &serde_json::Value| match v {
+            serde_json::Value::String(s) => s.clone(),
+            serde_json::Value::Null => String::new(),
+            other => other.to_string(),
+        };
+        let failed = checks
+            .iter()
+            .filter(|c| c["passed"] == false)
+            .map(|c| FailedCheck {
+                file: text(&c["file"]),
+                path: text(&c["path"]),
+                expected: text(&c["expected"]),
+                actual: text(&c["actual"]),
+                message: text(&c["message"]),
+            })
+            .collect();
+        out.push(GateResult {
+            label,
+            attempt,
+            passed: report["passed"] == true,
+            checks: checks.len(),
+            failed,
+        });
+    }
+    Ok(out)
+}
+
+/// The `call_sub_agent` results in the step's conversation (session.json).
+fn sub_agent_calls(fs: &WorkspaceFs, step_dir: &Path) -> Result<Vec<SubAgentCall>> {
+    let path = step_dir.join("session.json");
+    if !fs.is_file(&path) {
+        return Ok(Vec::new());
+    }
+    let session: serde_json::Value = read_json(fs, &path)?;
+    let mut out = Vec::new();
+    for message in session["conversation_history"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        if message["role"] != "tool" {
+            continue;
+        }
+        let Some(result) = message["content"]
+            .as_str()
+            .and_then(|c| serde_json::from_str::<serde_json::Value>(c).ok())
+        else {
+            continue;
+        };
+        let (Some(route_id), Some(call_id)) =
+            (result["route_id"].as_str(), result["call_id"].as_str())
+        else {
+            continue;
+        };
+        out.push(SubAgentCall {
+            route_id: route_id.to_string(),
+            call_id: call_id.to_string(),
+            status: result["status"].as_str().unwrap_or("unknown").to_string(),
+            error: result["error"].as_str().map(str::to_string),
+            files: result["files"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|f| f.as_str().map(str::to_string))
+                .collect(),
+        });
+    }
+    Ok(out)
 }
 
 /// The turns logged in `logs/<step>/`, by attempt and iteration.
@@ -243,6 +464,7 @@ fn turn_logs(fs: &WorkspaceFs, logs: &Path) -> Result<Vec<TurnLog>> {
             Vec::new()
         };
         turns.push(TurnLog {
+            item_id: s.item_id,
             attempt,
             iteration,
             path: summary_path,

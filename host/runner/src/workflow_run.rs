@@ -131,8 +131,10 @@ pub struct RunEnv<'a> {
 }
 
 impl<'a> RunEnv<'a> {
-    /// Default limits and retries, no observer, a fresh stop flag.
+    /// Default limits and retries, no observer, a fresh stop flag; models may name only
+    /// the LLM providers of `registry`.
     pub fn new(registry: &'a PluginRegistry, llm: LlmSetup) -> Self {
+        let llm = llm.with_providers(registry.llm_provider_ids());
         RunEnv {
             registry,
             limits: Limits::default(),

@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use crate::capabilities::Grant;
 
 pub use approval::KeyApprovals;
-pub use http::{HostRule, RequestLimits, ScriptNet, secret_placeholder};
+pub use http::{HostRule, RequestLimits, ScriptNet, is_loopback_base_url, secret_placeholder};
 pub use record::{Cassette, Interaction, RecordedRequest, RecordedTool, Recorder, ReplayCursor};
 pub use retry::{
     Attempt, AttemptStatus, Completion, RetryPolicy, Target, complete_with_options,

@@ -322,6 +322,15 @@ impl PluginRegistry {
         self.plugins.values()
     }
 
+    /// Ids of the loaded LLM provider plugins.
+    pub fn llm_provider_ids(&self) -> Vec<String> {
+        self.plugins
+            .values()
+            .filter(|p| p.manifest.kind == PluginKind::LlmProvider)
+            .map(|p| p.manifest.id.clone())
+            .collect()
+    }
+
     /// Ids of the loaded plugins of `kind`, comma-separated, for error messages.
     fn ids_of(&self, kind: PluginKind) -> String {
         self.plugins

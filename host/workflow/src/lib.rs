@@ -6,11 +6,13 @@
 //! The contract migration lives in [`migrate`], the JSON Schemas for editors in [`json_schema`].
 
 pub mod diagnostics;
+pub mod foreach_sql;
 pub mod json_schema;
 pub mod manifest;
 pub mod migrate;
 pub mod plan;
 pub mod step_config;
+pub mod template_fields;
 pub mod validation;
 
 #[cfg(test)]

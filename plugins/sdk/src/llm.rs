@@ -436,6 +436,31 @@ pub mod http {
                 HttpError::Transport(format!("connection to `{}` refused", url.authority))
             }
             ErrorCode::InternalError(Some(message)) => HttpError::Transport(message),
+            ErrorCode::DnsError(_) | ErrorCode::DestinationNotFound => {
+                HttpError::Transport(format!(
+                    "cannot resolve `{}`: no network, or a wrong base URL",
+                    url.authority
+                ))
+            }
+            ErrorCode::DestinationUnavailable
+            | ErrorCode::DestinationIpUnroutable
+            | ErrorCode::DestinationIpProhibited => HttpError::Transport(format!(
+                "cannot reach `{}`: no network, or a wrong base URL",
+                url.authority
+            )),
+            ErrorCode::ConnectionTerminated | ErrorCode::HttpResponseIncomplete => {
+                HttpError::Transport(format!(
+                    "the connection to `{}` closed before the answer was complete",
+                    url.authority
+                ))
+            }
+            ErrorCode::TlsProtocolError
+            | ErrorCode::TlsCertificateError
+            | ErrorCode::TlsAlertReceived(_) => HttpError::Transport(format!(
+                "the TLS handshake with `{}` failed: check the base URL (https:// to a server \
+                 that speaks TLS, with a valid certificate)",
+                url.authority
+            )),
             other => {
                 HttpError::Transport(format!("request to `{}` failed: {other:?}", url.authority))
             }

@@ -66,7 +66,36 @@ fn reachable_walk<'w>(ws: &'w Workspace, start: Option<&str>, from: Option<&str>
 }
 
 /// Checks up front that every reachable `human_input` step has its answer.
+/// An `--input` naming no `human_input` step's variable is an error too (a typo would
+/// otherwise leave the answer unused).
 pub fn check_inputs(ws: &Workspace, opts: &RunOptions) -> Result<()> {
+    let asked: Vec<&str> = ws
+        .plan
+        .steps
+        .iter()
+        .filter_map(|step| match &step.kind {
+            StepKind::HumanInput(h) => Some(input_key(step, h)),
+            _ => None,
+        })
+        .collect();
+    let unknown: Vec<&str> = opts
+        .inputs
+        .keys()
+        .map(String::as_str)
+        .filter(|name| !asked.contains(name))
+        .collect();
+    if !unknown.is_empty() {
+        bail!(
+            "--input {}: no human_input step of the plan asks for {} (it asks for: {})",
+            unknown.join(", --input "),
+            if unknown.len() == 1 { "it" } else { "them" },
+            if asked.is_empty() {
+                "nothing".to_string()
+            } else {
+                asked.join(", ")
+            }
+        );
+    }
     let mut missing = Vec::new();
     for step in reachable_in(ws, opts) {
         if let StepKind::HumanInput(h) = &step.kind {
@@ -114,9 +143,13 @@ pub(super) fn preflight<'w>(
     opts: &RunOptions,
 ) -> Result<(Vec<&'w Group>, Vec<Unit<'w>>)> {
     if let Some(step) = &opts.step {
-        ws.plan
-            .step(step)
-            .with_context(|| format!("no step {step:?} in the plan"))?;
+        ws.plan.step(step).with_context(|| {
+            let ids: Vec<&str> = ws.plan.steps.iter().map(|s| s.id.as_str()).collect();
+            format!(
+                "no step {step:?} in the plan; its steps are: {}",
+                ids.join(", ")
+            )
+        })?;
     }
     if let Some(step) = &opts.from {
         ensure!(
@@ -179,6 +212,13 @@ pub(super) fn preflight<'w>(
             open_workspace(root, Some(folder))?
         };
         check_step_models(&unit_ws, opts, &env.llm)?;
+    }
+    // Foreach queries that cannot run on the database (or the one the seed makes) when no
+    // earlier step could change it.
+    let queries = trellis_workflow::foreach_sql::check_foreach_queries(ws);
+    if queries.has_errors() {
+        let errors: Vec<String> = queries.errors().map(|d| d.to_string()).collect();
+        bail!("{}", errors.join("\n"));
     }
     // The database, or the seed it is made from, must be a regular file reached without a
     // link: refused here rather than half-way through setting the run up.

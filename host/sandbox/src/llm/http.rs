@@ -35,6 +35,12 @@ use wasmtime_wasi_http::{
 
 use super::Secret;
 
+/// Whether `base_url` names this machine (`localhost`, 127.0.0.0/8, `::1`): a local server
+/// may answer without a key; any other origin gets none sent without one.
+pub fn is_loopback_base_url(base_url: &str) -> bool {
+    Origin::parse(base_url).is_ok_and(|o| o.is_loopback())
+}
+
 /// Scheme, host and port: what a provider may reach.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Origin {

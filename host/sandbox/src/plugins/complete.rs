@@ -104,6 +104,17 @@ impl PluginRegistry {
                     limited.lock().unwrap_or_else(|e| e.into_inner()).clone()
                 {
                     error = LlmError::Transport(format!("the host stopped the call: {limit}"));
+                } else if let LlmError::Transport(message) = &error
+                    && (message.starts_with("cannot resolve")
+                        || message.starts_with("cannot reach"))
+                {
+                    // Say where the address came from, so the reader knows what to fix.
+                    error = LlmError::Transport(format!(
+                        "{message} ({}: set by workflow.json providers.{provider}.base_url, \
+                         else {})",
+                        endpoint.base_url,
+                        llm::BASE_URL_ENV
+                    ));
                 }
                 Err(provider_error(error.redacted(secret)))
             }

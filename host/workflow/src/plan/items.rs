@@ -267,6 +267,18 @@ pub(super) fn parse_item(
         Some("foreach") => {
             let source_sql = obj.req_str(ctx, "source_sql", "read-only SQL against db/db.sqlite");
             let message = obj.req_str(ctx, "message", "the message template rendered per row");
+            if let Some(message) = &message
+                && let Err(e) = gtmpl::Template::default().parse(message)
+            {
+                ctx.error(
+                    &obj.path().key("message"),
+                    if message.matches("{{").count() > message.matches("}}").count() {
+                        "not a valid Go template: a `{{` is not closed by `}}`".to_string()
+                    } else {
+                        format!("not a valid Go template: {e}")
+                    },
+                );
+            }
             let max_iterations = obj.u64(ctx, "max_iterations");
             if max_iterations == Some(0) {
                 ctx.error(
