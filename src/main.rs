@@ -181,6 +181,7 @@ impl Command {
             Command::Script(args) => Some(&args.workspace),
             Command::Check(args) => Some(&args.workspace),
             Command::Run(args) => Some(&args.workspace),
+            Command::Validate(args) => Some(&args.workspace),
             _ => None,
         }
     }
@@ -195,6 +196,7 @@ impl Command {
             Command::Script(args) => Some(&args.cache),
             Command::Check(args) => Some(&args.cache),
             Command::Run(args) => Some(&args.cache),
+            Command::Validate(args) => Some(&args.cache),
             _ => None,
         }
     }
@@ -257,7 +259,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
     // written behind the agent loop: they are on disk once it is dropped, whatever the outcome.
     let engine = move || Engine::new(cache);
     match cli.command {
-        Command::Validate(args) => Ok(validate::run(&args)),
+        Command::Validate(args) => validate::run(&engine()?, &args).await,
         Command::Schema(args) => schema::run(&args),
         Command::Migrate(args) => migrate::run(&args),
         Command::Runs(command) => runs::run(&command),

@@ -3,11 +3,14 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use anyhow::Result;
 use clap::Args;
+use trellis_runner::tool_check::check_step_tools;
+use trellis_sandbox::Engine;
 use trellis_workflow::Workspace;
 use trellis_workflow::foreach_sql::check_foreach_queries;
 
-use super::plural;
+use super::{CacheArgs, PluginDirs, plural, registry};
 
 /// Arguments of `trellis validate`.
 #[derive(Args, Debug)]
@@ -17,15 +20,27 @@ pub struct ValidateArgs {
     /// Check the run-specific step config of this run folder (e.g. `iteration-0`).
     #[arg(long, value_name = "FOLDER")]
     run: Option<String>,
+    /// The plugins the step configs' tool names are checked against (with the bundled ones).
+    #[command(flatten)]
+    pub(crate) plugins: PluginDirs,
+    #[command(flatten)]
+    pub(crate) cache: CacheArgs,
 }
 
-/// Prints every problem found and a count. Exit status 1 when there is an error.
-pub fn run(args: &ValidateArgs) -> ExitCode {
+/// Prints every problem found and a count. Exit status 1 when there is an error; `Err` when
+/// the plugins to check tool names against cannot be loaded.
+pub async fn run(engine: &Engine, args: &ValidateArgs) -> Result<ExitCode> {
     let root = &args.workspace;
     let diagnostics = match Workspace::open_run(root, args.run.as_deref()) {
         Ok(ws) => {
             let mut all = ws.warnings.clone();
             all.0.extend(check_foreach_queries(&ws).0);
+            // Tool names are checked against the bundled plugins and those of --plugins,
+            // loaded only when a step config names tools.
+            if names_tools(&ws) {
+                let registry = registry(engine, &args.plugins).await?;
+                all.0.extend(check_step_tools(&ws, &registry).0);
+            }
             all
         }
         Err(diagnostics) => diagnostics,
@@ -41,9 +56,26 @@ pub fn run(args: &ValidateArgs) -> ExitCode {
         plural(errors),
         plural(warnings)
     );
-    if errors > 0 {
+    Ok(if errors > 0 {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
-    }
+    })
+}
+
+/// Whether any step config names servers or tools (then plugins must be loaded to check them).
+fn names_tools(ws: &Workspace) -> bool {
+    ws.step_configs
+        .steps
+        .iter()
+        .filter_map(|s| s.agent_configs.as_ref())
+        .any(|c| {
+            [
+                &c.selected_servers,
+                &c.selected_tools,
+                &c.enabled_custom_tools,
+            ]
+            .iter()
+            .any(|list| list.iter().flatten().next().is_some())
+        })
 }

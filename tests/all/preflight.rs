@@ -526,20 +526,23 @@ fn cache_options_are_offered_only_where_components_are_compiled() {
     workspace(&ws, json!({}), json!({}));
     let root = ws.to_str().unwrap();
     for args in [
-        vec!["validate", "--no-cache", root],
         vec!["runs", "list", "--no-cache", root],
         vec!["--no-cache", "validate", root],
+        vec!["schema", "--no-cache", "plan"],
     ] {
         let out = trellis(&args);
         assert_eq!(out.status.code(), Some(2), "{args:?}: usage error");
     }
-    let help = text(&trellis(&["validate", "--help"]).stdout);
+    let help = text(&trellis(&["runs", "list", "--help"]).stdout);
     assert!(!help.contains("--cache-dir"), "{help}");
-    let help = text(&trellis(&["run", "--help"]).stdout);
-    assert!(
-        help.contains("--cache-dir") && help.contains("--no-cache"),
-        "{help}"
-    );
+    // validate loads plugins to check the tool names step configs give.
+    for command in ["run", "validate"] {
+        let help = text(&trellis(&[command, "--help"]).stdout);
+        assert!(
+            help.contains("--cache-dir") && help.contains("--no-cache"),
+            "{help}"
+        );
+    }
     let out = trellis(&["plugins", "list", "--no-cache"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
 }
@@ -631,4 +634,144 @@ fn the_documented_tool_plugin_builds_outside_the_repository_and_answers() {
     assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
     let answer: Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(answer, json!({"text": "hi"}));
+}
+
+// ------------------------------------------------------------------- tool names
+
+#[test]
+fn a_tool_name_no_plugin_has_is_an_error_with_the_closest_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    workspace(
+        &ws,
+        json!({"selected_tools": ["workspace:reed_file"]}),
+        json!({"llm": {"provider": "openai", "model_id": "m"}}),
+    );
+    let (code, out) = validate(&ws);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains(
+            "planning/step_config.json: steps[0].agent_configs.selected_tools[0] (step \"answer\"): \
+             selected_tools names \"workspace:reed_file\", but plugin \"workspace\" has no tool \
+             \"reed_file\" (did you mean \"workspace:read_file\"?)"
+        ),
+        "{out}"
+    );
+    // The run is refused before anything changes.
+    refused(&ws, &[], &[], &["did you mean \"workspace:read_file\"?"]);
+
+    // A database tool misspelled in enabled_custom_tools too.
+    workspace(
+        &ws,
+        json!({"enabled_custom_tools": ["workflow_db:query_workflowdb"]}),
+        json!({"llm": {"provider": "openai", "model_id": "m"}}),
+    );
+    let (code, out) = validate(&ws);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("did you mean \"workflow_db:query_workflow_db\"?"),
+        "{out}"
+    );
+}
+
+#[test]
+fn a_third_party_tool_is_checked_against_the_plugins_validate_is_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    let plugins = dir.path().join("plugins");
+    support::plugin_folder(&plugins, "adversary", "adversary", "tool");
+    workspace(
+        &ws,
+        json!({"selected_tools": ["adversary:eco"]}),
+        json!({"llm": {"provider": "openai", "model_id": "m"}}),
+    );
+    // Without the plugin, its server is unknown: a warning saying how to load it.
+    let (code, out) = validate(&ws);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains("server \"adversary\" is not loaded") && out.contains("--plugins DIR"),
+        "{out}"
+    );
+    // With it, the misspelled tool is an error naming the right one.
+    let out = trellis(&[
+        "validate",
+        ws.to_str().unwrap(),
+        "--plugins",
+        plugins.to_str().unwrap(),
+    ]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.contains("did you mean \"adversary:echo\"?"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn an_unloaded_server_is_a_warning_and_the_step_keeps_its_built_in_tools() {
+    let server = FakeServer::start(Box::new(|_| (200, completion("done", &[]))));
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    workspace(
+        &ws,
+        json!({"selected_servers": ["aws"]}),
+        json!({"llm": {"provider": "openai", "model_id": "m"},
+               "providers": server.providers()}),
+    );
+    let out = run(&ws, &[], &[]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    assert!(
+        stdout.contains("warning: planning/step_config.json: steps[0].agent_configs.selected_servers[0] (step \"answer\"): server \"aws\" is not loaded"),
+        "{stdout}"
+    );
+    let tools: Vec<String> = server.seen()[0]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        tools.contains(&"workspace__read_file".to_string()),
+        "{tools:?}"
+    );
+}
+
+#[test]
+fn a_scripted_step_needs_a_model_only_while_it_has_no_script() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    workspace(
+        &ws,
+        json!({"declared_execution_mode": "scripted"}),
+        json!({}),
+    );
+    // No script yet: an agent turn must write it, so the model is checked first.
+    refused(
+        &ws,
+        &[],
+        &[],
+        &[
+            "step \"answer\" (regular) needs an LLM and has none (it is scripted but has no script yet",
+        ],
+    );
+    // With its script, it runs with no model at all.
+    write_files(
+        &ws,
+        &[(
+            "code/answer/main.py",
+            "import os\nopen(os.environ['STEP_OUTPUT_DIR'] + '/done.txt', 'w').write('ok')\n",
+        )],
+    );
+    let out = run(&ws, &[], &[]);
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    assert!(
+        ws.join("runs/iteration-0/execution/answer/done.txt")
+            .is_file()
+    );
 }

@@ -40,4 +40,5 @@ pub mod session;
 pub mod steering;
 pub mod step_script;
 pub mod template;
+pub mod tool_check;
 pub mod workflow_run;

@@ -162,11 +162,15 @@ pub fn step_models(
 }
 
 /// Whether a step runs the agent loop before anything else (and so needs a model). A
-/// scripted `regular` step calls an LLM only to repair a failing script.
+/// scripted `regular` step calls an LLM only to repair a failing script, or to write the
+/// script it does not have yet.
 pub fn needs_model(ws: &Workspace, step: &Step) -> bool {
     match &step.kind {
         StepKind::MessageSequence(_) | StepKind::TodoTask(_) => true,
-        StepKind::Regular => !ws.agent_configs(&step.id).is_scripted(),
+        StepKind::Regular => {
+            !ws.agent_configs(&step.id).is_scripted()
+                || !trellis_sandbox::script::has_script(&ws.fs, &step.id)
+        }
         _ => false,
     }
 }
@@ -475,11 +479,16 @@ pub fn check_models<'w>(
         match llm.step_llm(ws, &step.id) {
             Ok(Some(_)) => {}
             Ok(None) => problems.push(format!(
-                "step {:?} ({}) needs an LLM and has none: give --llm PROVIDER:MODEL, set \
+                "step {:?} ({}) needs an LLM and has none{}: give --llm PROVIDER:MODEL, set \
                  agent_configs.execution_llm (or execution_tier with workflow.json tiers) in \
                  its step config, or set \"llm\" in workflow.json{}",
                 step.id,
                 step.type_name(),
+                if ws.agent_configs(&step.id).is_scripted() {
+                    " (it is scripted but has no script yet: an agent turn writes it)"
+                } else {
+                    ""
+                },
                 script_hint(ws, step)
             )),
             Err(e) => problems.push(format!("{e:#}")),

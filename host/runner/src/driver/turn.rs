@@ -56,14 +56,6 @@ impl StepRunner<'_> {
     ) -> (ToolPolicy, Vec<ToolDefinition>) {
         let routes = step.predefined_routes();
         let policy = ToolPolicy::from_configs(configs, !routes.is_empty());
-        let loaded = self.registry.plugins().map(|p| p.manifest().id.as_str());
-        for server in policy.plugins.unknown_servers(loaded) {
-            tracing::warn!(
-                "step {:?}: selected_servers names {server:?}, which is not loaded: it selects \
-                 nothing (the built-in tools stay)",
-                step.id
-            );
-        }
         let mut tools = self.offered_tools(&policy);
         if ws.fs.is_dir("db") {
             tools.extend(db_tools::definitions());

@@ -203,6 +203,17 @@ pub(super) fn preflight<'w>(
         units.push((None, ACTIVE_RUN.to_string()));
     }
     let full = opts.step.is_none() && opts.from.is_none() && opts.group.is_none();
+    // Tool names: one no loaded plugin has is an error; an unloaded server a warning.
+    let tools = crate::tool_check::check_step_tools(ws, env.registry);
+    for warning in tools.warnings() {
+        env.observer.emit(RunEvent::Warning {
+            message: warning.to_string(),
+        });
+    }
+    if tools.has_errors() {
+        let errors: Vec<String> = tools.errors().map(|d| d.to_string()).collect();
+        bail!("{}", errors.join("\n"));
+    }
     check_inputs(ws, opts)?;
     for (_, folder) in &units {
         // A full run starts from fresh run folders: the default step config applies.
