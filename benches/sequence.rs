@@ -92,7 +92,7 @@ struct Calls {
 /// Writes the cassette of the step (as the driver will converse) and returns the bare calls.
 async fn record(registry: &PluginRegistry, root: &Path, grant: &TurnGrant) -> Calls {
     let ws = Workspace::open_run(root, Some("iteration-0")).unwrap();
-    let offered: Vec<ToolDefinition> = registry
+    let mut offered: Vec<ToolDefinition> = registry
         .plugins()
         .flat_map(|p| p.tool_listings())
         .filter(|l| l.name == TOOL)
@@ -103,6 +103,8 @@ async fn record(registry: &PluginRegistry, root: &Path, grant: &TurnGrant) -> Ca
         })
         .collect();
     assert_eq!(offered.len(), 1);
+    // Every agent turn of a workspace with a database is offered the database tools too.
+    offered.extend(trellis_runner::db_tools::definitions());
     let mut messages = vec![Message::system(step_system_prompt(&ws, STEP).unwrap())];
     let mut interactions = Vec::new();
     let mut calls = Calls {
