@@ -683,6 +683,33 @@ fn a_script_under_learnings_runs_there_with_its_dependencies_as_arguments() {
 }
 
 #[test]
+fn a_scripts_arguments_have_the_workflow_variables_substituted() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    workspace(root, ARGV_SCRIPT, json!({}), "");
+    write_file(root, "knowledge/emea.md", "regional notes\n");
+    let mut manifest = read_json(&root.join("workflow.json"));
+    manifest["variables"] = json!({"REGION": "emea"});
+    write_file(root, "workflow.json", manifest.to_string());
+    let mut plan = read_json(&root.join("planning/plan.json"));
+    plan["steps"][0]["context_dependencies"] = json!(["knowledge/{{REGION}}.md"]);
+    write_file(root, "planning/plan.json", plan.to_string());
+
+    let out = run(root, &[], &[]);
+    assert!(
+        out.status.success(),
+        "{}\n{}\n{}",
+        text(&out.stdout),
+        text(&out.stderr),
+        script_stderr(root)
+    );
+    assert_eq!(
+        read_json(&root.join(OUT).join("fetched.json")),
+        json!({"count": 1, "argv": ["main.py", "/knowledge/emea.md"], "text": "regional notes"})
+    );
+}
+
+#[test]
 fn a_non_zero_exit_whose_outputs_pass_the_gate_counts_as_success() {
     let script = "import json, os, sys\n\
                   with open(os.path.join(os.environ['STEP_OUTPUT_DIR'], 'fetched.json'), 'w') as f:\n    \
