@@ -13,6 +13,7 @@ mod docs_examples;
 mod host_files;
 mod llm_providers;
 mod plugin_loading;
+mod redteam_db;
 mod routes;
 mod run_cli;
 mod runtime;
