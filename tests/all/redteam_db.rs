@@ -136,9 +136,34 @@ fn rows(root: &Path, sql: &str) -> Vec<String> {
 }
 
 /// The workspace's tree without the run folder and `db/assets/` (which a turn creates).
+fn hex_digest(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(bytes))
+}
+
+/// `runs/` is never walked: a test may plant a FIFO there.
 fn outside_the_run(root: &Path) -> std::collections::BTreeMap<String, String> {
-    let mut tree = tree_digest(root);
-    tree.retain(|k, _| !k.starts_with("runs") && !k.starts_with("db/assets"));
+    let mut tree = std::collections::BTreeMap::new();
+    for entry in std::fs::read_dir(root).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        if name == "runs" {
+            continue;
+        }
+        let path = root.join(&name);
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        if meta.is_symlink() {
+            let target = std::fs::read_link(&path).unwrap();
+            tree.insert(name, format!("link -> {}", target.display()));
+        } else if meta.is_dir() {
+            tree.insert(name.clone(), "dir".to_string());
+            for (k, v) in tree_digest(&path) {
+                tree.insert(format!("{name}/{k}"), v);
+            }
+        } else {
+            tree.insert(name, hex_digest(&std::fs::read(&path).unwrap()));
+        }
+    }
+    tree.retain(|k, _| !k.starts_with("db/assets"));
     tree
 }
 
@@ -780,5 +805,123 @@ fn answer_files_stay_in_the_steps_output_folder() {
         assert_eq!(tree_digest(outside.path()), outside_before, "{step}: {all}");
         assert_eq!(outside_the_run(root), before, "{step}: {all}");
         let _ = std::fs::remove_dir_all(root.join("runs"));
+    }
+}
+
+/// Retention meets odd entries under `runs/`: a link to an outside folder, a FIFO and a file
+/// named like archived runs, and names rotation never makes (`iteration-01`, `iteration-+4`,
+/// a number past `u64`). The link and the others named like runs are removed as themselves,
+/// the odd names are left (the active run becomes `iteration-5`: `+4` reads as 4), and the
+/// outside folder is unchanged.
+#[test]
+fn retention_removes_links_and_odd_entries_as_themselves() {
+    let outside = outside_folder();
+    let server = FakeServer::start(Box::new(|_| (200, completion("done", &[]))));
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    workspace(
+        root,
+        &server,
+        json!([{"id": "go", "type": "user_message", "message": "Go."}]),
+        json!({}),
+    );
+    write_file(
+        root,
+        "workflow.json",
+        json!({"llm": {"provider": "openai", "model_id": "m"},
+               "providers": server.providers(), "run_retention_count": 1})
+        .to_string(),
+    );
+    write_file(root, "runs/iteration-0/marker", "x");
+    std::os::unix::fs::symlink(outside.path(), root.join("runs/iteration-1")).unwrap();
+    let fifo = std::ffi::CString::new(root.join("runs/iteration-2").to_str().unwrap()).unwrap();
+    // SAFETY: a plain libc call on a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+    write_file(root, "runs/iteration-3", "a file");
+    for odd in [
+        "iteration-01",
+        "iteration-+4",
+        "iteration-99999999999999999999999",
+    ] {
+        write_file(root, &format!("runs/{odd}/marker"), "odd");
+    }
+    let outside_before = tree_digest(outside.path());
+    let before = outside_the_run(root);
+    let out = run(root, &[]);
+    let all = format!("{}\n{}", text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{all}");
+    let mut left: Vec<String> = std::fs::read_dir(root.join("runs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(
+        left,
+        [
+            "iteration-0",
+            "iteration-01",
+            "iteration-5",
+            "iteration-+4",
+            "iteration-99999999999999999999999"
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect::<Vec<_>>(),
+        "{all}"
+    );
+    assert_eq!(tree_digest(outside.path()), outside_before);
+    assert_eq!(outside_the_run(root), before);
+}
+
+/// `context_dependencies` naming a hidden folder by an absolute path, through `./` or `..`,
+/// or through a link inside the workspace: the step fails or the entry is left out, and the
+/// turn is never given `planning/`.
+#[test]
+fn context_dependencies_cannot_reach_hidden_folders() {
+    for dep in [
+        "<root>/planning",
+        "./planning",
+        "knowledgebase/../planning",
+        "knowledgebase/plans",
+        "knowledgebase/plans/secret.md",
+    ] {
+        let server = scripted(vec![
+            calls(vec![call(
+                "read",
+                "workspace__read_file",
+                json!({"path": "planning/secret.md"}),
+            )]),
+            completion("done", &[]),
+        ]);
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let dep = dep.replace("<root>", &root.display().to_string());
+        write_file(root, "planning/secret.md", "planning-secret");
+        workspace(
+            root,
+            &server,
+            json!([{"id": "go", "type": "user_message", "message": "Go."}]),
+            json!({}),
+        );
+        let mut plan = support::workspace::read_json(&root.join("planning/plan.json"));
+        plan["steps"][0]["context_dependencies"] = json!([dep]);
+        write_file(root, "planning/plan.json", plan.to_string());
+        std::os::unix::fs::symlink("../planning", root.join("knowledgebase/plans")).unwrap();
+        let before = outside_the_run(root);
+        let out = run(root, &[]);
+        let all = format!("{}\n{}", text(&out.stdout), text(&out.stderr));
+        for body in server.seen() {
+            assert!(
+                !body.to_string().contains("planning-secret"),
+                "{dep}: the plan reached the model: {all}"
+            );
+        }
+        if out.status.success() {
+            let read = result_of(&tool_results(&server), "read");
+            assert!(read.starts_with("error"), "{dep}: {read}");
+        }
+        assert_eq!(outside_the_run(root), before, "{dep}: {all}");
     }
 }
