@@ -875,18 +875,32 @@ fn retention_removes_links_and_odd_entries_as_themselves() {
     assert_eq!(outside_the_run(root), before);
 }
 
-/// `context_dependencies` naming a hidden folder by an absolute path, through `./` or `..`,
-/// or through a link inside the workspace: the step fails or the entry is left out, and the
-/// turn is never given `planning/`.
+/// `context_dependencies` and `enabled_skills` naming a hidden folder by an absolute path,
+/// through `./` or `..`, or through a link inside the workspace (`knowledgebase/plans ->
+/// ../planning`, `skills/plans -> ../planning`): the step fails or the entry is left out, and
+/// nothing of `planning/` reaches the model.
 #[test]
-fn context_dependencies_cannot_reach_hidden_folders() {
-    for dep in [
+fn context_dependencies_and_skills_cannot_reach_hidden_folders() {
+    let deps = [
         "<root>/planning",
         "./planning",
         "knowledgebase/../planning",
         "knowledgebase/plans",
         "knowledgebase/plans/secret.md",
-    ] {
+    ];
+    let skills = [
+        "../planning",
+        "skills/../planning",
+        "<root>/planning",
+        "planning/",
+        "plans",
+        "runs/iteration-0/logs",
+    ];
+    let cases = deps
+        .iter()
+        .map(|d| ("context_dependencies", d))
+        .chain(skills.iter().map(|s| ("enabled_skills", s)));
+    for (field, dep) in cases {
         let server = scripted(vec![
             calls(vec![call(
                 "read",
@@ -905,23 +919,35 @@ fn context_dependencies_cannot_reach_hidden_folders() {
             json!([{"id": "go", "type": "user_message", "message": "Go."}]),
             json!({}),
         );
-        let mut plan = support::workspace::read_json(&root.join("planning/plan.json"));
-        plan["steps"][0]["context_dependencies"] = json!([dep]);
-        write_file(root, "planning/plan.json", plan.to_string());
+        if field == "context_dependencies" {
+            let mut plan = support::workspace::read_json(&root.join("planning/plan.json"));
+            plan["steps"][0]["context_dependencies"] = json!([dep]);
+            write_file(root, "planning/plan.json", plan.to_string());
+        } else {
+            write_file(
+                root,
+                "planning/step_config.json",
+                json!({"steps": [{"id": "work", "agent_configs": {"enabled_skills": [dep]}}]})
+                    .to_string(),
+            );
+        }
+        std::fs::create_dir_all(root.join("skills")).unwrap();
         std::os::unix::fs::symlink("../planning", root.join("knowledgebase/plans")).unwrap();
+        std::os::unix::fs::symlink("../planning", root.join("skills/plans")).unwrap();
+        std::fs::create_dir_all(root.join("runs/iteration-0/logs")).unwrap();
         let before = outside_the_run(root);
         let out = run(root, &[]);
         let all = format!("{}\n{}", text(&out.stdout), text(&out.stderr));
         for body in server.seen() {
             assert!(
                 !body.to_string().contains("planning-secret"),
-                "{dep}: the plan reached the model: {all}"
+                "{field} {dep}: planning/ reached the model: {all}"
             );
         }
         if out.status.success() {
             let read = result_of(&tool_results(&server), "read");
-            assert!(read.starts_with("error"), "{dep}: {read}");
+            assert!(read.starts_with("error"), "{field} {dep}: {read}");
         }
-        assert_eq!(outside_the_run(root), before, "{dep}: {all}");
+        assert_eq!(outside_the_run(root), before, "{field} {dep}: {all}");
     }
 }
