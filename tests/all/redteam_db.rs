@@ -804,6 +804,18 @@ fn answer_files_stay_in_the_steps_output_folder() {
         let all = format!("{}\n{}", text(&out.stdout), text(&out.stderr));
         assert_eq!(tree_digest(outside.path()), outside_before, "{step}: {all}");
         assert_eq!(outside_the_run(root), before, "{step}: {all}");
+        let output = step["context_output"].as_str().unwrap_or_default();
+        if output.starts_with('/') || output.starts_with("{{") {
+            assert!(
+                !out.status.success() && all.contains("is an absolute path"),
+                "{step}: {all}"
+            );
+        } else if output.contains("..") {
+            assert!(
+                !out.status.success() && all.contains("leaves the workspace"),
+                "{step}: {all}"
+            );
+        }
         let _ = std::fs::remove_dir_all(root.join("runs"));
     }
 }

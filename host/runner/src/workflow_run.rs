@@ -561,10 +561,14 @@ async fn run_unit(
                 let decided = answer_human_input(h, answer);
                 let next = decided.next.clone().or_else(|| default_next(&ws, step));
                 let file = human_input_file(&ws, step);
-                // Joined to the output folder: an absolute path would replace it.
-                trellis_sandbox::store::check_relative(&file).map_err(|e| {
-                    anyhow::anyhow!("step {id:?}: the answer file (context_output) {e}")
-                })?;
+                // Joined to the output folder, an absolute path would replace it (a `..` is
+                // refused by the workspace handle).
+                if Path::new(&file).has_root() {
+                    bail!(
+                        "step {id:?}: the answer file (context_output) {file:?} is an absolute \
+                         path; expected a name in the step's output folder"
+                    );
+                }
                 write_json(
                     &ws.fs,
                     &output_dir.join(&file),
