@@ -963,3 +963,67 @@ fn context_dependencies_and_skills_cannot_reach_hidden_folders() {
         assert_eq!(outside_the_run(root), before, "{field} {dep}: {all}");
     }
 }
+
+/// FIFOs at files the run or a turn's tools read (`variables/variables.json`,
+/// `soul/soul.md`, a skill's `SKILL.md`, `db/seed.sql`): the run ends (refused, or the read
+/// fails) instead of waiting for a writer, and nothing outside the run folder changes.
+#[test]
+fn fifos_where_the_run_reads_do_not_hang_it() {
+    for fifo in [
+        "variables/variables.json",
+        "soul/soul.md",
+        "skills/s/SKILL.md",
+        "db/seed.sql",
+    ] {
+        let server = scripted(vec![
+            calls(vec![call(
+                "read",
+                "workspace__read_file",
+                json!({"path": fifo}),
+            )]),
+            completion("done", &[]),
+        ]);
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        workspace(
+            root,
+            &server,
+            json!([{"id": "go", "type": "user_message", "message": "Go."}]),
+            json!({"enabled_skills": ["s"]}),
+        );
+        std::fs::create_dir_all(root.join(fifo).parent().unwrap()).unwrap();
+        let path = std::ffi::CString::new(root.join(fifo).to_str().unwrap()).unwrap();
+        // SAFETY: a plain libc call on a valid C string.
+        assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o644) }, 0);
+        let listing = |root: &Path| {
+            let mut names: Vec<String> = walk_names(root);
+            names.retain(|n| !n.starts_with("runs") && !n.starts_with("db/assets"));
+            names
+        };
+        let before = listing(root);
+        let out = run(root, &[]);
+        let all = format!("{}\n{}", text(&out.stdout), text(&out.stderr));
+        if out.status.success() {
+            let read = result_of(&tool_results(&server), "read");
+            assert!(read.starts_with("error"), "{fifo}: {read}");
+        }
+        assert_eq!(listing(root), before, "{fifo}: {all}");
+    }
+}
+
+/// Every path under `root`, without reading any file (a FIFO among them).
+fn walk_names(root: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            out.push(path.strip_prefix(root).unwrap().display().to_string());
+            if std::fs::symlink_metadata(&path).unwrap().is_dir() {
+                stack.push(path);
+            }
+        }
+    }
+    out.sort();
+    out
+}
