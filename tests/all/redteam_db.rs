@@ -1027,3 +1027,65 @@ fn walk_names(root: &Path) -> Vec<String> {
     out.sort();
     out
 }
+
+/// A database the workspace brings with functions no statement may call, planted in its
+/// schema: a view over `load_extension`, a trigger calling `fts3_tokenizer` with a pointer;
+/// or a `CHECK` and a column default calling `load_extension` (written into `sqlite_schema`
+/// by hand, as SQLite refuses to create them). Reading the view and writing the tables fail
+/// (the second schema is refused whole, `trusted_schema` being off); the database is
+/// unchanged.
+#[test]
+fn functions_planted_in_the_schema_are_fenced_like_statements() {
+    let schemas = [
+        (
+            "CREATE VIEW v AS SELECT load_extension('/tmp/trellis-no-such.so') AS l;
+             CREATE TRIGGER tr AFTER INSERT ON t
+               BEGIN SELECT fts3_tokenizer('simple', x'4141414141414141'); END;",
+            ["load_extension", "fts3_tokenizer"],
+        ),
+        (
+            "CREATE TABLE c(x, y);
+             PRAGMA writable_schema = ON;
+             UPDATE sqlite_schema SET sql = 'CREATE TABLE c(
+                 x CHECK (load_extension(''/tmp/trellis-no-such.so'') IS NULL),
+                 y DEFAULT (load_extension(''/tmp/trellis-no-such.so'')))' WHERE name = 'c';
+             PRAGMA writable_schema = OFF;",
+            ["malformed database schema", "malformed database schema"],
+        ),
+    ];
+    for (schema, why) in schemas {
+        let server = scripted(vec![
+            calls(vec![
+                call(
+                    "view",
+                    "query_workflow_db",
+                    json!({"sql": "SELECT * FROM v"}),
+                ),
+                call(
+                    "write",
+                    "mutate_workflow_db",
+                    json!({"statements": [{"sql": "INSERT INTO t VALUES (4)"}]}),
+                ),
+            ]),
+            completion("done", &[]),
+        ]);
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        workspace(
+            root,
+            &server,
+            json!([{"id": "go", "type": "user_message", "message": "Go."}]),
+            json!({}),
+        );
+        create_db(root, schema);
+        let db_before = std::fs::read(root.join("db/db.sqlite")).unwrap();
+        let out = run(root, &[]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let results = tool_results(&server);
+        for (id, why) in ["view", "write"].iter().zip(why) {
+            let r = result_of(&results, id);
+            assert!(r.starts_with("error:") && r.contains(why), "{id}: {r}");
+        }
+        assert_eq!(std::fs::read(root.join("db/db.sqlite")).unwrap(), db_before);
+    }
+}
