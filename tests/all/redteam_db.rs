@@ -1089,3 +1089,44 @@ fn functions_planted_in_the_schema_are_fenced_like_statements() {
         assert_eq!(std::fs::read(root.join("db/db.sqlite")).unwrap(), db_before);
     }
 }
+
+/// A runaway recursive CTE through each tool, in a mutation too (where it would hold the
+/// write lock): both are stopped at the call's deadline (30 s), the mutation is rolled back,
+/// and the turn goes on to its answer.
+#[test]
+fn runaway_statements_through_the_binary_end_at_the_calls_deadline() {
+    let runaway = "WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM c) \
+                   SELECT count(*) FROM c";
+    let server = scripted(vec![
+        calls(vec![
+            call("query", "query_workflow_db", json!({"sql": runaway})),
+            call(
+                "mutate",
+                "mutate_workflow_db",
+                json!({"statements": [{"sql": "DELETE FROM t"},
+                                      {"sql": format!("INSERT INTO t {runaway}")}]}),
+            ),
+        ]),
+        completion("done", &[]),
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    workspace(
+        root,
+        &server,
+        json!([{"id": "go", "type": "user_message", "message": "Count."}]),
+        json!({}),
+    );
+    let db_before = std::fs::read(root.join("db/db.sqlite")).unwrap();
+    let out = run(root, &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let results = tool_results(&server);
+    for id in ["query", "mutate"] {
+        let r = result_of(&results, id);
+        assert!(
+            r.starts_with("error:") && r.contains("ran past its deadline"),
+            "{id}: {r}"
+        );
+    }
+    assert_eq!(std::fs::read(root.join("db/db.sqlite")).unwrap(), db_before);
+}
