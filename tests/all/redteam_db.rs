@@ -603,6 +603,13 @@ fn links_planted_in_the_run_folders_are_never_followed() {
             vec!["--from", "a"],
         ),
         (
+            "archive-file",
+            |root, _| {
+                write_file(root, "runs/iteration-0/execution/archived", "a file");
+            },
+            vec!["--from", "a"],
+        ),
+        (
             "archive-run",
             |root, out| {
                 std::fs::create_dir_all(root.join("runs/iteration-0/execution/archived")).unwrap();
