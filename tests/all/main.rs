@@ -14,6 +14,7 @@ mod host_files;
 mod llm_providers;
 mod plugin_loading;
 mod preflight;
+mod redteam_db;
 mod redteam_net;
 mod routes;
 mod run_cli;

@@ -453,10 +453,15 @@ async fn run_unit(
                     }
                 );
             }
-            // The next free number: a resume keeps the archives of the runs before it.
+            // The next free number: a resume keeps the archives of the runs before it. A
+            // path that cannot be looked at (a link planted at `archived`) ends the run: every
+            // number would be taken.
             archives += 1;
-            while present(&ws.fs, &archive_dir(&ws, archives))
-                || ws.fs.is_dir(archive_dir(&ws, archives))
+            while ws
+                .fs
+                .kind(archive_dir(&ws, archives))
+                .with_context(|| format!("archiving the outputs of the jump to step {id:?}"))?
+                .is_some()
             {
                 archives += 1;
             }
@@ -558,6 +563,14 @@ async fn run_unit(
                 let decided = answer_human_input(h, answer);
                 let next = decided.next.clone().or_else(|| default_next(&ws, step));
                 let file = human_input_file(&ws, step);
+                // Joined to the output folder, an absolute path would replace it (a `..` is
+                // refused by the workspace handle).
+                if Path::new(&file).has_root() {
+                    bail!(
+                        "step {id:?}: the answer file (context_output) {file:?} is an absolute \
+                         path; expected a name in the step's output folder"
+                    );
+                }
                 write_json(
                     &ws.fs,
                     &output_dir.join(&file),

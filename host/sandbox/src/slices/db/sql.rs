@@ -61,6 +61,8 @@ const ALLOWED_PRAGMAS: &[&str] = &[
     "recursive_triggers",
     "user_version",
     "application_id",
+    // Read-only; FTS5 runs it on every write to a full-text table.
+    "data_version",
 ];
 
 /// Whether the connection may modify the database.
@@ -444,6 +446,27 @@ mod tests {
             .execute("INSERT INTO f_segdir VALUES (0, 1, 0, 0, '0 0', x'00')", [])
             .unwrap_err();
         assert_eq!(err.to_string(), "table f_segdir may not be modified");
+    }
+
+    /// FTS5 reads `PRAGMA data_version` on every write to a full-text table: the fence lets
+    /// that read-only pragma through, so full-text tables work on a fenced connection.
+    #[test]
+    fn fts5_tables_can_be_written_and_searched() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = open(
+            &db(dir.path()),
+            SqlAccess::ReadWrite,
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        db.conn()
+            .execute_batch("CREATE VIRTUAL TABLE f USING fts5(x); INSERT INTO f VALUES ('a b');")
+            .unwrap();
+        let n: i64 = db
+            .conn()
+            .query_row("SELECT count(*) FROM f WHERE f MATCH 'b'", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(n, 1);
     }
 
     #[test]
