@@ -428,7 +428,7 @@ fn a_turn_narrowed_away_from_the_database_cannot_modify_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runaway_query_is_stopped_at_the_deadline() {
     use trellis_runner::db_tools::{QUERY_WORKFLOW_DB, call};
-    use trellis_sandbox::capabilities::DbGrant;
+    use trellis_sandbox::capabilities::{DbGrant, DbWriteBudget};
     let dir = tempfile::tempdir().unwrap();
     create_db(dir.path(), "CREATE TABLE t(x);");
     let limits = trellis_sandbox::Limits {
@@ -445,17 +445,80 @@ async fn a_runaway_query_is_stopped_at_the_deadline() {
                        SELECT count(*) FROM c"}),
         Some(grant.clone()),
         &limits,
+        &DbWriteBudget::new(limits.fs),
     )
     .await
     .unwrap_err();
     assert!(err.contains("ran past its deadline"), "{err}");
     // No database: a plain error, nothing created.
     let empty = tempfile::tempdir().unwrap();
-    let err = call(QUERY_WORKFLOW_DB, json!({}), None, &limits)
-        .await
-        .unwrap_err();
+    let err = call(
+        QUERY_WORKFLOW_DB,
+        json!({}),
+        None,
+        &limits,
+        &DbWriteBudget::new(limits.fs),
+    )
+    .await
+    .unwrap_err();
     assert!(err.contains("no database"), "{err}");
     assert_eq!(std::fs::read_dir(empty.path()).unwrap().count(), 0);
+}
+
+/// The database tool calls of one turn share one growth budget: many calls cannot grow the
+/// database past what one call may.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_db_tool_calls_of_a_turn_share_one_growth_budget() {
+    use trellis_runner::db_tools::{MUTATE_WORKFLOW_DB, call};
+    use trellis_sandbox::capabilities::{DbGrant, DbWriteBudget, FsLimits};
+    let dir = tempfile::tempdir().unwrap();
+    create_db(dir.path(), "CREATE TABLE t(x);");
+    let limits = trellis_sandbox::Limits {
+        fs: FsLimits {
+            write_bytes: 3 << 20,
+            ..FsLimits::DEFAULT
+        },
+        ..Default::default()
+    };
+    let grant = DbGrant {
+        path: dir.path().join("db/db.sqlite"),
+        writable: true,
+    };
+    // 2 MiB per call: one fits the 3 MiB budget, two do not.
+    let grow = json!({"statements": [{"sql": "INSERT INTO t VALUES (randomblob(2097152))"}]});
+    let size = || {
+        std::fs::metadata(dir.path().join("db/db.sqlite"))
+            .unwrap()
+            .len()
+    };
+    let turn = DbWriteBudget::new(limits.fs);
+    call(
+        MUTATE_WORKFLOW_DB,
+        grow.clone(),
+        Some(grant.clone()),
+        &limits,
+        &turn,
+    )
+    .await
+    .unwrap();
+    let after_one = size();
+    let err = call(
+        MUTATE_WORKFLOW_DB,
+        grow.clone(),
+        Some(grant.clone()),
+        &limits,
+        &turn,
+    )
+    .await
+    .unwrap_err();
+    assert!(err.contains("the database may grow by"), "{err}");
+    assert_eq!(size(), after_one, "the refused call changed nothing");
+    // The next turn has a budget of its own.
+    let next = DbWriteBudget::new(limits.fs);
+    call(MUTATE_WORKFLOW_DB, grow, Some(grant), &limits, &next)
+        .await
+        .unwrap();
+    assert!(size() > after_one);
 }
 
 // ---------------------------------------------------------------- tool rounds

@@ -11,7 +11,7 @@
 use serde_json::{Value, json};
 
 use trellis_sandbox::Limits;
-use trellis_sandbox::capabilities::{DbGrant, HostDb, SqlParam as SqlValue};
+use trellis_sandbox::capabilities::{DbGrant, DbWriteBudget, HostDb, SqlParam as SqlValue};
 use trellis_sandbox::llm::ToolDefinition;
 
 /// The read-only query tool.
@@ -95,20 +95,23 @@ pub fn definitions() -> Vec<ToolDefinition> {
 }
 
 /// Runs database tool `tool` with `args` under the turn's database grant (`None`: the
-/// workspace has no database) within `limits` (its deadline, and its write budget for what
-/// the database may grow by). Errors are the text the model gets.
+/// workspace has no database) within `limits` (its deadline); what the database grows by
+/// comes out of `budget`, one per turn, so many calls cannot grow it past one call's limit.
+/// Errors are the text the model gets.
 pub async fn call(
     tool: &'static str,
     args: Value,
     grant: Option<DbGrant>,
     limits: &Limits,
+    budget: &DbWriteBudget,
 ) -> Result<Value, String> {
     let Some(grant) = grant else {
         return Err("this workspace has no database (db/ does not exist)".to_string());
     };
     let limits = *limits;
+    let budget = budget.clone();
     tokio::task::spawn_blocking(move || {
-        let mut db = HostDb::new(grant, &limits);
+        let mut db = HostDb::with_budget(grant, &limits, &budget);
         match tool {
             QUERY_WORKFLOW_DB => query(&mut db, &args),
             _ => mutate(&mut db, &args),

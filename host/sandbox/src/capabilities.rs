@@ -17,7 +17,7 @@ use wasmtime_wasi::cli::StdoutStream;
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 
 pub use crate::slices::db::sql;
-pub use crate::slices::db::{HostDb, SqlParam};
+pub use crate::slices::db::{DbWriteBudget, HostDb, SqlParam};
 pub use crate::slices::fs::guard::{FsLimitExceeded, FsLimits};
 
 /// Whether a granted folder can be changed.

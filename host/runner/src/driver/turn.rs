@@ -17,6 +17,7 @@ use crate::session::{
     now_rfc3339, write_turn_logs,
 };
 use crate::steering::Phase;
+use trellis_sandbox::capabilities::DbWriteBudget;
 use trellis_sandbox::llm::{
     Message, Options, Request, Target, ToolCall, ToolDefinition, complete_with_options,
 };
@@ -128,6 +129,8 @@ impl StepRunner<'_> {
     ) -> Result<(), TurnEnd> {
         run.turns += 1;
         run.session.execution_turn_count += 1;
+        // What the database may grow by, for the whole turn: its database tool calls share it.
+        let db_budget = DbWriteBudget::new(self.limits.fs);
         let turn_no = run.session.execution_turn_count;
         self.observer.emit(RunEvent::TurnStarted {
             step_id: run.label.clone(),
@@ -258,7 +261,7 @@ impl StepRunner<'_> {
             }
             self.steer_phase(run, Phase::ToolCalls);
             let records = self
-                .tool_calls(run, &response.tool_calls, grant, parallel)
+                .tool_calls(run, &response.tool_calls, grant, &db_budget, parallel)
                 .await;
             for r in records {
                 self.observer.emit(RunEvent::ToolCall {
@@ -343,6 +346,7 @@ impl StepRunner<'_> {
         run: &Run<'_>,
         calls: &[ToolCall],
         grant: &TurnGrant,
+        db_budget: &DbWriteBudget,
         parallel: bool,
     ) -> Vec<ToolCallRecord> {
         let is_delegation = |c: &ToolCall| {
@@ -352,7 +356,7 @@ impl StepRunner<'_> {
         let plugin_calls = calls
             .iter()
             .filter(|c| !is_delegation(c))
-            .map(|c| self.tool_call(&run.policy, c, grant));
+            .map(|c| self.tool_call(&run.policy, c, grant, db_budget));
         let mut plugin_records = if parallel {
             futures::future::join_all(plugin_calls).await
         } else {
@@ -380,6 +384,7 @@ impl StepRunner<'_> {
         policy: &ToolPolicy,
         call: &ToolCall,
         grant: &TurnGrant,
+        db_budget: &DbWriteBudget,
     ) -> ToolCallRecord {
         let started_at = now_rfc3339();
         let t0 = Instant::now();
@@ -387,7 +392,14 @@ impl StepRunner<'_> {
         let outcome: Result<Value, String> = match &args {
             Err(e) => Err(e.clone()),
             Ok(a) if let Some(tool) = db_tools::db_tool(&call.name) => {
-                db_tools::call(tool, a.clone(), grant.grant.db().cloned(), &self.limits).await
+                db_tools::call(
+                    tool,
+                    a.clone(),
+                    grant.grant.db().cloned(),
+                    &self.limits,
+                    db_budget,
+                )
+                .await
             }
             Ok(_) if !policy.plugins.allows_full_name(&call.name) => Err(format!(
                 "tool {:?} is not available in this step",

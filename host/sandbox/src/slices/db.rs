@@ -99,6 +99,12 @@ pub(crate) struct DbState {
 }
 
 impl DbState {
+    /// The size of the granted database file (not following a link), if it has one.
+    fn file_size(&self) -> Option<u64> {
+        let grant = self.grant.as_ref()?;
+        std::fs::symlink_metadata(&grant.path).ok().map(|m| m.len())
+    }
+
     /// The database of `grant`, if any, for a call ending in `timeout`.
     pub(crate) fn new(grant: Option<DbGrant>, timeout: Duration, budget: Arc<FsBudget>) -> Self {
         DbState {
@@ -427,15 +433,28 @@ impl std::fmt::Debug for HostDb {
     }
 }
 
+/// What the database may grow by, shared by several host calls (the database tool calls of
+/// one agent turn): each call's growth comes out of the same budget.
+#[derive(Debug, Clone)]
+pub struct DbWriteBudget(Arc<FsBudget>);
+
+impl DbWriteBudget {
+    /// A fresh budget of `limits` (its bytes-written cap is what the database may grow by).
+    pub fn new(limits: crate::capabilities::FsLimits) -> Self {
+        DbWriteBudget(FsBudget::new(limits))
+    }
+}
+
 impl HostDb {
     /// The database of `grant`, for one call within `limits` (its deadline, and its write
     /// budget for what the database may grow by).
     pub fn new(grant: DbGrant, limits: &crate::Limits) -> Self {
-        HostDb(DbState::new(
-            Some(grant),
-            limits.timeout,
-            FsBudget::new(limits.fs),
-        ))
+        Self::with_budget(grant, limits, &DbWriteBudget::new(limits.fs))
+    }
+
+    /// [`HostDb::new`] with the growth taken out of `budget`, shared with other calls.
+    pub fn with_budget(grant: DbGrant, limits: &crate::Limits, budget: &DbWriteBudget) -> Self {
+        HostDb(DbState::new(Some(grant), limits.timeout, budget.0.clone()))
     }
 
     /// The rows of one read-only statement as JSON objects, at most `max_rows` (and the
@@ -454,6 +473,8 @@ impl HostDb {
 
     /// Runs `statements` in one transaction (see [`DbState::execute_all`]): the rows each
     /// changed, or the index of the statement that failed and why (nothing was changed).
+    /// What the database grew by is charged to the budget, so the calls sharing it cannot
+    /// together grow it past it.
     pub fn execute_all(
         &mut self,
         statements: &[(String, Vec<SqlParam>)],
@@ -462,9 +483,22 @@ impl HostDb {
             .iter()
             .map(|(sql, params)| (sql.clone(), params.iter().map(Into::into).collect()))
             .collect();
-        self.0
-            .execute_all(&statements)
-            .map_err(|(i, e)| (i, describe_error(e)))
+        let before = self.0.file_size();
+        let limit = self.0.budget.write_bytes_left();
+        let result = self.0.execute_all(&statements).map_err(|(i, e)| {
+            let mut text = describe_error(e);
+            if text.contains("database or disk is full") {
+                text.push_str(&format!(
+                    " (the database may grow by {limit} more bytes in this turn; delete or \
+                     shrink rows, or write less)"
+                ));
+            }
+            (i, text)
+        });
+        if let (Some(before), Some(after)) = (before, self.0.file_size()) {
+            self.0.budget.charge_growth(after.saturating_sub(before));
+        }
+        result
     }
 }
 

@@ -141,6 +141,12 @@ impl FsBudget {
             .saturating_sub(self.written.load(Ordering::Relaxed))
     }
 
+    /// Takes `n` bytes a write outside the filesystem made (the workflow database grew by
+    /// them) out of the budget; whatever is left may still be written.
+    pub(crate) fn charge_growth(&self, n: u64) {
+        let _ = self.written.fetch_add(n, Ordering::Relaxed);
+    }
+
     /// A write outside the filesystem (the workflow database) ran into the write budget.
     pub(crate) fn note_write_limit(&self) {
         let _ = self.over(FsLimitExceeded::WriteBytes(self.limits.write_bytes));
