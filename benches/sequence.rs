@@ -187,6 +187,10 @@ impl Bench {
     async fn bare(&self) {
         let cassette = cassette_path(&self.root);
         let limits = Limits::default();
+        // The cassette is read once per step run, as the runner's replay cursor does.
+        let name = cassette.display().to_string();
+        let text = std::fs::read(&cassette).unwrap();
+        let interactions = trellis_sandbox::llm::record::interactions(&name, &text).unwrap();
         for (i, (request, tool)) in self
             .calls
             .requests
@@ -194,7 +198,7 @@ impl Bench {
             .zip(&self.calls.tools)
             .enumerate()
         {
-            let endpoint = Endpoint::replay(&cassette, i).unwrap();
+            let endpoint = Endpoint::replay_of(&name, &interactions, i);
             let answer = self
                 .registry
                 .complete("replay", &endpoint, &Secret::none(), request, &limits)
