@@ -78,7 +78,7 @@ fn main() {
     for name in BUNDLED {
         let path = release.join(format!("{name}.wasm"));
         generated.push_str(&format!(
-            "/// The `{name}` component, built from `plugins/`.\npub const {}: &[u8] = include_bytes!({:?});\n",
+            "/// The `{name}` component, built from `plugins/`.\npub static {}: &[u8] = include_bytes!({:?});\n",
             name.to_uppercase(),
             path.display().to_string()
         ));
@@ -90,7 +90,7 @@ fn main() {
     std::fs::write(
         out_dir.join("python_runner.rs"),
         format!(
-            "/// The Python script runner (world `{SCRIPT_WORLD}`), built from `plugins/runners/python`.\npub const PYTHON_RUNNER: &[u8] = include_bytes!({:?});\n",
+            "/// The Python script runner (world `{SCRIPT_WORLD}`), built from `plugins/runners/python`.\npub static PYTHON_RUNNER: &[u8] = include_bytes!({:?});\n",
             runner.display().to_string()
         ),
     )

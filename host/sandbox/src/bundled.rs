@@ -20,7 +20,10 @@ pub struct BundledPlugin {
 }
 
 /// Every bundled plugin.
-pub const PLUGINS: &[BundledPlugin] = &[
+///
+/// A `static`, like the components it points to: a `const` is copied into every place
+/// that uses it, and the embedded components with it.
+pub static PLUGINS: &[BundledPlugin] = &[
     BundledPlugin {
         id: "workspace",
         kind: PluginKind::Tool,

@@ -54,8 +54,9 @@ mod components {
 /// output: the `trellis` binary then runs scripts wherever it is copied or installed, with
 /// no path into a build tree and no Python on the machine. The price is ~25 MB of binary
 /// size; the component is compiled (or read from the component cache) only when the first
-/// Python script runs.
-pub const PYTHON_RUNNER: &[u8] = components::PYTHON_RUNNER;
+/// Python script runs. It is a `static`, stored once: a `const` would be copied into every
+/// place that uses it.
+pub use components::PYTHON_RUNNER;
 
 /// The Python script of a step, in `code/<step-id>/`.
 pub const PYTHON_SCRIPT: &str = "main.py";
