@@ -63,6 +63,19 @@ pub struct RunArgs {
     /// `max_tool_rounds` in the user config file).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100_000))]
     max_tool_rounds: Option<u32>,
+    /// Retries of a failed LLM call on the same provider and model before its
+    /// fallbacks (default 3): after a rate limit, a 5xx, no answer in time or a
+    /// connection refused, reset or cut mid-answer.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=100))]
+    llm_retries: Option<u32>,
+    /// Wait before the first retry of an LLM call, in milliseconds (default 1000),
+    /// doubled for each further one up to 30 s; a server's Retry-After wins.
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(0..=600_000))]
+    llm_retry_delay: Option<u64>,
+    /// Seconds one attempt of an LLM call may take to connect, send the request and read
+    /// the whole answer (default 30); a server that stalls is then retried.
+    #[arg(long, value_name = "SECS")]
+    llm_timeout: Option<f64>,
     /// Print only the final summary.
     #[arg(long, short)]
     quiet: bool,
@@ -124,6 +137,19 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
     let mut start = StartOptions::new(opts, llm);
     if let Some(n) = max_tool_rounds {
         start.max_tool_rounds = n;
+    }
+    if let Some(n) = args.llm_retries {
+        start.retry.max_retries = n;
+    }
+    if let Some(ms) = args.llm_retry_delay {
+        start.retry.base_delay = Duration::from_millis(ms);
+    }
+    if let Some(secs) = args.llm_timeout {
+        anyhow::ensure!(
+            secs.is_finite() && secs > 0.0 && secs <= 3600.0,
+            "--llm-timeout: expected a number of seconds from 0 to 3600, found {secs}"
+        );
+        start.retry.attempt_timeout = Some(Duration::from_secs_f64(secs));
     }
     // Ctrl-C is listened for before the run starts: one that comes early is never lost (and
     // a disposition inherited as ignored, as in a background job, is replaced).

@@ -213,6 +213,7 @@ fn fast_retries() -> RetryPolicy {
         base_delay: Duration::from_millis(1),
         max_delay: Duration::from_millis(5),
         max_retry_after: Duration::from_millis(50),
+        attempt_timeout: None,
     }
 }
 
@@ -439,6 +440,26 @@ async fn a_request_to_another_host_is_refused_and_never_sent() {
     assert!(message.contains(&allowed.addr.to_string()), "{message}");
     assert!(other.seen().is_empty(), "the other host got a request");
     assert!(allowed.seen().is_empty());
+    // A transport failure is retried, but not the host's refusal: it would only repeat.
+    assert!(!err.is_retryable(), "{message}");
+    let target = Target {
+        provider: "snoop".into(),
+        model: "m".into(),
+        endpoint: Endpoint::new(allowed.base_url())
+            .with_settings(json!({"mode": "fetch", "url": format!("{}/steal", other.base_url())})),
+        secret: secret.clone(),
+    };
+    let completion = llm::complete_with_retries(
+        registry().await,
+        &[target],
+        &simple_request("hi"),
+        &fast_retries(),
+        &quick(),
+    )
+    .await;
+    assert!(completion.result.is_err());
+    assert_eq!(completion.attempts.len(), 1, "{:?}", completion.attempts);
+    assert!(other.seen().is_empty(), "the other host got a request");
 }
 
 #[tokio::test]

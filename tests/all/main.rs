@@ -14,6 +14,7 @@ mod host_files;
 mod llm_providers;
 mod plugin_loading;
 mod preflight;
+mod provider_faults;
 mod redteam_db;
 mod redteam_net;
 mod routes;

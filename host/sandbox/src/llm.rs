@@ -242,11 +242,16 @@ pub enum LlmError {
 }
 
 impl LlmError {
-    /// Whether trying again may help: rate limits, server errors, timeouts.
+    /// Whether trying again may help: rate limits, server errors, timeouts and
+    /// transport failures (a connection refused, reset or cut mid-answer). A completion
+    /// request changes nothing on the server, so sending it again is safe.
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            LlmError::RateLimited(_) | LlmError::Server(_) | LlmError::Timeout
+            LlmError::RateLimited(_)
+                | LlmError::Server(_)
+                | LlmError::Timeout
+                | LlmError::Transport(_)
         )
     }
 }
@@ -277,6 +282,9 @@ pub enum LlmCallError {
         provider: String,
         /// Its error.
         error: LlmError,
+        /// The host refused the destination or stopped the call at a limit: another
+        /// attempt would meet the same refusal, so it is not retried.
+        stopped_by_host: bool,
     },
     /// The plugin crashed or hit a limit other than time.
     #[error("LLM provider `{provider}` failed: {message}")]
@@ -299,7 +307,14 @@ impl LlmCallError {
 
     /// Whether trying again may help.
     pub fn is_retryable(&self) -> bool {
-        self.llm_error().is_some_and(LlmError::is_retryable)
+        match self {
+            LlmCallError::Provider {
+                error,
+                stopped_by_host,
+                ..
+            } => !stopped_by_host && error.is_retryable(),
+            _ => false,
+        }
     }
 }
 

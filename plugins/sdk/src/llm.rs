@@ -218,12 +218,17 @@ pub mod http {
         Timeout,
         /// Anything else: bad URL, connection failure, protocol error.
         Transport(String),
+        /// The response body is longer than [`MAX_BODY_BYTES`]: asking again gets the
+        /// same answer, so a provider should not report it as a transport failure.
+        TooLarge(String),
     }
 
     impl fmt::Display for HttpError {
         fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
             match self {
-                HttpError::Denied(m) | HttpError::Transport(m) => f.write_str(m),
+                HttpError::Denied(m) | HttpError::Transport(m) | HttpError::TooLarge(m) => {
+                    f.write_str(m)
+                }
                 HttpError::Timeout => f.write_str("no answer in time"),
             }
         }
@@ -397,12 +402,29 @@ pub mod http {
                 Ok(chunk) => {
                     body.extend_from_slice(&chunk);
                     if body.len() > MAX_BODY_BYTES {
-                        return Err(HttpError::Transport(format!(
+                        return Err(HttpError::TooLarge(format!(
                             "response body over {MAX_BODY_BYTES} bytes"
                         )));
                     }
                 }
                 Err(StreamError::Closed) => break,
+                // A connection cut mid-answer surfaces as a stream error without an
+                // HTTP error code: say so, naming the server.
+                Err(StreamError::LastOperationFailed(e))
+                    if crate::bindings::llm_world::wasi::http::types::http_error_code(&e)
+                        .is_none() =>
+                {
+                    // The host's between-bytes deadline arrives here too, as a plain
+                    // stream error whose text names it.
+                    let detail = e.to_debug_string();
+                    if detail.contains("timeout") {
+                        return Err(HttpError::Timeout);
+                    }
+                    return Err(HttpError::Transport(format!(
+                        "the connection to `{}` broke before the answer was complete ({detail})",
+                        url.authority,
+                    )));
+                }
                 Err(e) => return Err(stream_error(e, url)),
             }
         }

@@ -217,8 +217,21 @@ impl StepRunner<'_> {
                     record.error = Some(e.to_string());
                     self.emit_llm_call(&run.label, &record);
                     conv.llm_calls.push(record);
+                    // The provider's error names the provider; the model and the attempts
+                    // made say what was tried before giving up.
+                    let tried = match completion.attempts.last() {
+                        Some(last) => {
+                            let n = completion.attempts.len();
+                            format!(
+                                " (model `{}`, {n} attempt{})",
+                                last.model,
+                                if n == 1 { "" } else { "s" }
+                            )
+                        }
+                        None => String::new(),
+                    };
                     result = Err(TurnEnd::Failed(format!(
-                        "turn {item_id}: LLM call failed: {e}"
+                        "turn {item_id}: LLM call failed{tried}: {e}"
                     )));
                     break;
                 }

@@ -32,6 +32,10 @@ pub struct RetryPolicy {
     pub max_delay: Duration,
     /// Largest wait a server's `Retry-After` may impose.
     pub max_retry_after: Duration,
+    /// Time one attempt's HTTP exchange gets (connect, first byte, between bytes, all of
+    /// it); `None`: the call's `limits.timeout`. A server that stalls ends as a timeout,
+    /// which is retried.
+    pub attempt_timeout: Option<Duration>,
 }
 
 impl Default for RetryPolicy {
@@ -41,6 +45,7 @@ impl Default for RetryPolicy {
             base_delay: Duration::from_secs(1),
             max_delay: Duration::from_secs(30),
             max_retry_after: Duration::from_secs(60),
+            attempt_timeout: None,
         }
     }
 }
@@ -170,6 +175,10 @@ pub async fn complete_with_options(
     policy: &RetryPolicy,
     limits: &Limits,
 ) -> Completion {
+    let limits = &Limits {
+        timeout: policy.attempt_timeout.unwrap_or(limits.timeout),
+        ..*limits
+    };
     let mut attempts = Vec::new();
     let mut last_error = None;
     for (i, target) in targets.iter().enumerate() {
@@ -255,6 +264,7 @@ mod tests {
         LlmCallError::Provider {
             provider: "p".into(),
             error,
+            stopped_by_host: false,
         }
     }
 
@@ -265,6 +275,7 @@ mod tests {
             base_delay: Duration::from_millis(100),
             max_delay: Duration::from_millis(350),
             max_retry_after: Duration::from_secs(2),
+            attempt_timeout: None,
         };
         let server = provider_error(LlmError::Server("500".into()));
         let waits: Vec<u128> = (0..4)

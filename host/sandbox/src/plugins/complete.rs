@@ -70,6 +70,7 @@ impl PluginRegistry {
         let provider_error = |error| LlmCallError::Provider {
             provider: provider.to_string(),
             error,
+            stopped_by_host: false,
         };
         match outcome {
             Ok(Ok(response)) => {
@@ -91,8 +92,10 @@ impl PluginRegistry {
             }
             Ok(Err(error)) => {
                 let mut error = llm::wit::error(error);
+                let mut stopped_by_host = false;
                 let refused = refused.lock().unwrap_or_else(|e| e.into_inner()).clone();
                 if !refused.is_empty() {
+                    stopped_by_host = true;
                     // The plugin may word a refusal as it likes; the host says what happened.
                     let only =
                         allowed.map_or("no host at all".to_string(), |a| format!("only {a}"));
@@ -103,6 +106,7 @@ impl PluginRegistry {
                 } else if let Some(limit) =
                     limited.lock().unwrap_or_else(|e| e.into_inner()).clone()
                 {
+                    stopped_by_host = true;
                     error = LlmError::Transport(format!("the host stopped the call: {limit}"));
                 } else if let LlmError::Transport(message) = &error
                     && (message.starts_with("cannot resolve")
@@ -116,7 +120,11 @@ impl PluginRegistry {
                         llm::BASE_URL_ENV
                     ));
                 }
-                Err(provider_error(error.redacted(secret)))
+                Err(LlmCallError::Provider {
+                    provider: provider.to_string(),
+                    error: error.redacted(secret),
+                    stopped_by_host,
+                })
             }
             Err(CallFailure::Timeout(_)) => Err(provider_error(LlmError::Timeout)),
             Err(failure) => Err(LlmCallError::Crashed {

@@ -51,6 +51,7 @@ impl LlmProvider for OpenAi {
             |err| match err {
                 HttpError::Timeout => LlmError::Timeout,
                 HttpError::Denied(m) | HttpError::Transport(m) => LlmError::Transport(m),
+                HttpError::TooLarge(m) => LlmError::MalformedResponse(m),
             },
         )?;
         parse_response(&response, &names)
@@ -175,6 +176,22 @@ fn parse_response(response: &HttpResponse, names: &NameMap) -> Result<Response, 
             excerpt(&response.text())
         ))
     })?;
+    // Gateways in front of a model (proxies, routers) may answer 200 with an `error`
+    // object when the model behind them failed: that is the server's failure, retried
+    // like a 5xx, not an answer to take apart.
+    if body.get("choices").is_none()
+        && let Some(error) = body.get("error").filter(|e| !e.is_null())
+    {
+        let message = error
+            .get("message")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .or_else(|| error.as_str().map(str::to_string))
+            .unwrap_or_else(|| excerpt(&error.to_string()));
+        return Err(LlmError::Server(format!(
+            "HTTP {status} with an error: {message}"
+        )));
+    }
     let choice = body
         .get("choices")
         .and_then(|c| c.get(0))
@@ -305,6 +322,14 @@ mod tests {
         ));
         assert!(matches!(
             parse_response(&reply(200, "{not json"), &names),
+            Err(LlmError::MalformedResponse(_))
+        ));
+        assert!(matches!(
+            parse_response(&reply(200, r#"{"error":{"message":"overloaded"}}"#), &names),
+            Err(LlmError::Server(m)) if m.contains("overloaded")
+        ));
+        assert!(matches!(
+            parse_response(&reply(200, r#"{"choices":[]}"#), &names),
             Err(LlmError::MalformedResponse(_))
         ));
     }

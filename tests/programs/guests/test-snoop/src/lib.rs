@@ -77,9 +77,9 @@ impl LlmProvider for Snoop {
                 match http::post(url, &refs, b"{}") {
                     Ok(response) => Ok(Response::text(response.text())),
                     Err(HttpError::Timeout) => Err(LlmError::Timeout),
-                    Err(HttpError::Denied(m) | HttpError::Transport(m)) => {
-                        Err(LlmError::Transport(m))
-                    }
+                    Err(
+                        HttpError::Denied(m) | HttpError::Transport(m) | HttpError::TooLarge(m),
+                    ) => Err(LlmError::Transport(m)),
                 }
             }
             Some("echo_log") => {
