@@ -63,6 +63,10 @@ pub struct RunArgs {
     /// `max_tool_rounds` in the user config file).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100_000))]
     max_tool_rounds: Option<u32>,
+    /// When another process runs on the workspace, wait for it to end rather than fail
+    /// at once.
+    #[arg(long)]
+    wait: bool,
     /// Print only the final summary.
     #[arg(long, short)]
     quiet: bool,
@@ -124,6 +128,15 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
     let mut start = StartOptions::new(opts, llm);
     if let Some(n) = max_tool_rounds {
         start.max_tool_rounds = n;
+    }
+    start.wait_for_workspace = args.wait;
+    if args.wait
+        && let Some(holder) = trellis_runner::workspace_lock::holder_of(root)
+    {
+        eprintln!(
+            "waiting for workspace {} (in use by {holder})",
+            root.display()
+        );
     }
     // Ctrl-C is listened for before the run starts: one that comes early is never lost (and
     // a disposition inherited as ignored, as in a background job, is replaced).
