@@ -130,8 +130,23 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
         start.max_tool_rounds = n;
     }
     start.wait_for_workspace = args.wait;
+    let holder = trellis_runner::workspace_lock::holder_of(root);
+    if holder.is_none() {
+        // Nobody holds the workspace: a step still `running` was interrupted (its process
+        // was killed). Said before this run moves or empties its folder.
+        for run in trellis_runner::runs::list_runs(root).unwrap_or_default() {
+            for step in run.steps {
+                if step.status == trellis_runner::runs::INTERRUPTED {
+                    println!(
+                        "step {} in runs/{} was interrupted (its process is gone)",
+                        step.step_id, run.run_folder
+                    );
+                }
+            }
+        }
+    }
     if args.wait
-        && let Some(holder) = trellis_runner::workspace_lock::holder_of(root)
+        && let Some(holder) = holder
     {
         eprintln!(
             "waiting for workspace {} (in use by {holder})",

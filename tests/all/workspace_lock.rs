@@ -67,6 +67,26 @@ fn wait_for_requests(server: &FakeServer, n: usize) {
     }
 }
 
+/// The tree digest of `root` once the held run has written its session (it writes
+/// `session.json` around its LLM call): two looks in a row alike, with the session there.
+fn settled_tree(root: &Path) -> std::collections::BTreeMap<String, String> {
+    let session = "runs/iteration-0/execution/only/session.json";
+    let waited = Instant::now();
+    let mut last = tree_digest(root);
+    loop {
+        std::thread::sleep(Duration::from_millis(100));
+        let now = tree_digest(root);
+        if now == last && now.contains_key(session) {
+            return now;
+        }
+        assert!(
+            waited.elapsed() < Duration::from_secs(120),
+            "the held run never settled: {now:?}"
+        );
+        last = now;
+    }
+}
+
 #[test]
 fn a_second_run_is_refused_at_once_naming_the_holder_and_changes_nothing() {
     let (server, release) = held_server();
@@ -76,7 +96,7 @@ fn a_second_run_is_refused_at_once_naming_the_holder_and_changes_nothing() {
     let first = spawn_run(&ws, &[]);
     wait_for_requests(&server, 1);
 
-    let before = tree_digest(&ws);
+    let before = settled_tree(&ws);
     let second = trellis(&["run", ws.to_str().unwrap()]);
     let stderr = text(&second.stderr);
     assert!(!second.status.success(), "{}", text(&second.stdout));
@@ -142,6 +162,7 @@ fn a_killed_run_leaves_no_lock_and_its_step_shows_interrupted() {
     workspace(&ws, &server);
     let mut first = spawn_run(&ws, &[]);
     wait_for_requests(&server, 1);
+    settled_tree(&ws);
     let session = ws.join("runs/iteration-0/execution/only/session.json");
     assert_eq!(support::workspace::read_json(&session)["status"], "running");
     // SAFETY: kill(2) on the child's pid, which is ours and still running (it is waiting
@@ -164,6 +185,10 @@ fn a_killed_run_leaves_no_lock_and_its_step_shows_interrupted() {
     let next = trellis(&["run", ws.to_str().unwrap()]);
     let stdout = text(&next.stdout);
     assert!(next.status.success(), "{stdout}\n{}", text(&next.stderr));
+    assert!(
+        stdout.contains("step only in runs/iteration-0 was interrupted (its process is gone)"),
+        "{stdout}"
+    );
     let list = trellis(&["runs", "list", ws.to_str().unwrap()]);
     let listed = text(&list.stdout);
     assert!(listed.contains("only completed"), "{listed}");
