@@ -133,8 +133,13 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
     let holder = trellis_runner::workspace_lock::holder_of(root);
     if holder.is_none() {
         // Nobody holds the workspace: a step still `running` was interrupted (its process
-        // was killed). Said before this run moves or empties its folder.
-        for run in trellis_runner::runs::list_runs(root).unwrap_or_default() {
+        // was killed). Said of the current run folder (its groups too), before this run
+        // moves or empties it; archived runs are left to `runs list`.
+        let runs = trellis_runner::runs::list_runs(root).unwrap_or_default();
+        for run in runs
+            .into_iter()
+            .filter(|r| r.run_folder == "iteration-0" || r.run_folder.starts_with("iteration-0/"))
+        {
             for step in run.steps {
                 if step.status == trellis_runner::runs::INTERRUPTED {
                     println!(

@@ -196,4 +196,9 @@ fn a_killed_run_leaves_no_lock_and_its_step_shows_interrupted() {
         listed.contains("only interrupted"),
         "the rotated run: {listed}"
     );
+    // Said once: the run after that finds nothing interrupted in iteration-0.
+    let after = trellis(&["run", ws.to_str().unwrap()]);
+    let stdout = text(&after.stdout);
+    assert!(after.status.success(), "{stdout}");
+    assert!(!stdout.contains("was interrupted"), "{stdout}");
 }
