@@ -76,6 +76,10 @@ pub struct RunArgs {
     /// the whole answer (default 30); a server that stalls is then retried.
     #[arg(long, value_name = "SECS")]
     llm_timeout: Option<f64>,
+    /// When another process runs on the workspace, wait for it to end rather than fail
+    /// at once.
+    #[arg(long)]
+    wait: bool,
     /// Print only the final summary.
     #[arg(long, short)]
     quiet: bool,
@@ -150,6 +154,35 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
             "--llm-timeout: expected a number of seconds from 0 to 3600, found {secs}"
         );
         start.retry.attempt_timeout = Some(Duration::from_secs_f64(secs));
+    }
+    start.wait_for_workspace = args.wait;
+    let holder = trellis_runner::workspace_lock::holder_of(root);
+    if holder.is_none() {
+        // Nobody holds the workspace: a step still `running` was interrupted (its process
+        // was killed). Said of the current run folder (its groups too), before this run
+        // moves or empties it; archived runs are left to `runs list`.
+        let runs = trellis_runner::runs::list_runs(root).unwrap_or_default();
+        for run in runs
+            .into_iter()
+            .filter(|r| r.run_folder == "iteration-0" || r.run_folder.starts_with("iteration-0/"))
+        {
+            for step in run.steps {
+                if step.status == trellis_runner::runs::INTERRUPTED {
+                    println!(
+                        "step {} in runs/{} was interrupted (its process is gone)",
+                        step.step_id, run.run_folder
+                    );
+                }
+            }
+        }
+    }
+    if args.wait
+        && let Some(holder) = holder
+    {
+        eprintln!(
+            "waiting for workspace {} (in use by {holder})",
+            root.display()
+        );
     }
     // Ctrl-C is listened for before the run starts: one that comes early is never lost (and
     // a disposition inherited as ignored, as in a background job, is replaced).

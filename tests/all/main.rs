@@ -29,4 +29,5 @@ mod sequence_driver;
 mod turn_grants;
 mod validators;
 mod workflow_cli;
+mod workspace_lock;
 mod workspace_tools;

@@ -257,7 +257,12 @@ fn system_of(body: &Value) -> String {
 }
 
 /// A workspace of `regular` steps (id, description), with step configs and workflow.json.
-fn agent_workspace(root: &Path, steps: &[(&str, &str)], configs: Value, manifest: Value) {
+pub(crate) fn agent_workspace(
+    root: &Path,
+    steps: &[(&str, &str)],
+    configs: Value,
+    manifest: Value,
+) {
     let steps: Vec<Value> = steps
         .iter()
         .map(|(id, description)| {

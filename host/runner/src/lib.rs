@@ -42,3 +42,4 @@ pub mod step_script;
 pub mod template;
 pub mod tool_check;
 pub mod workflow_run;
+pub mod workspace_lock;

@@ -170,11 +170,12 @@ pub fn list_runs(root: &Path) -> Result<Vec<RunListing>> {
     }
     tops.sort();
     let order = plan_order(fs, root);
+    let held = crate::workspace_lock::is_held(root);
     let mut out = Vec::new();
     for (_, top) in tops {
         let dir = runs.join(&top);
         if fs.is_dir(dir.join("execution")) {
-            out.push(listing(fs, &dir, top.clone(), &order)?);
+            out.push(listing(fs, held, &dir, top.clone(), &order)?);
         }
         for group in dir_names(fs, &dir)? {
             if group == "execution" || group == "logs" {
@@ -182,7 +183,7 @@ pub fn list_runs(root: &Path) -> Result<Vec<RunListing>> {
             }
             let gdir = dir.join(&group);
             if fs.is_dir(gdir.join("execution")) {
-                out.push(listing(fs, &gdir, format!("{top}/{group}"), &order)?);
+                out.push(listing(fs, held, &gdir, format!("{top}/{group}"), &order)?);
             }
         }
     }
@@ -208,6 +209,7 @@ fn plan_order(fs: &WorkspaceFs, root: &Path) -> Vec<String> {
 /// The steps of one run folder, in plan order (steps the plan no longer has last, by name).
 fn listing(
     fs: &WorkspaceFs,
+    held: bool,
     run_dir: &Path,
     run_folder: String,
     order: &[String],
@@ -219,7 +221,7 @@ fn listing(
         if step == "Downloads" || step == crate::workflow_run::ARCHIVED_DIR {
             continue;
         }
-        let (status, completed_at, _) = step_state(fs, &exec.join(&step))?;
+        let (status, completed_at, _) = step_state(fs, &exec.join(&step), held)?;
         steps.push(StepState {
             step_id: step,
             status,
@@ -238,8 +240,17 @@ fn listing(
     Ok(RunListing { run_folder, steps })
 }
 
-/// (status, completed_at, concerns) of `execution/<step>/`.
-fn step_state(fs: &WorkspaceFs, step_dir: &Path) -> Result<(String, Option<String>, Vec<String>)> {
+/// What a step whose session.json says `running` is when no process holds the workspace
+/// lock: its run was killed (the OS dropped the lock), so the step never ends.
+pub const INTERRUPTED: &str = "interrupted";
+
+/// (status, completed_at, concerns) of `execution/<step>/`; a `running` session while no
+/// process holds the workspace (`held` false) is [`INTERRUPTED`].
+fn step_state(
+    fs: &WorkspaceFs,
+    step_dir: &Path,
+    held: bool,
+) -> Result<(String, Option<String>, Vec<String>)> {
     let summary_path = step_dir.join(FINAL_SUMMARY_FILE);
     if fs.kind(&summary_path)?.is_some() {
         let summary: FinalSummary = read_json(fs, &summary_path)?;
@@ -252,6 +263,7 @@ fn step_state(fs: &WorkspaceFs, step_dir: &Path) -> Result<(String, Option<Strin
     let session = Session::read(fs, step_dir)
         .with_context(|| format!("reading {}", step_dir.join("session.json").display()))?;
     let status = match session {
+        Some(s) if s.status == Status::Running && !held => INTERRUPTED.to_string(),
         Some(s) => s.status.to_string(),
         None => "no summary".to_string(),
     };
@@ -278,7 +290,8 @@ pub fn show_step(root: &Path, run: &str, step: &str) -> Result<StepReport> {
             step_dir.display()
         );
     }
-    let (status, completed_at, concerns) = step_state(fs, &step_dir)?;
+    let held = crate::workspace_lock::is_held(root);
+    let (status, completed_at, concerns) = step_state(fs, &step_dir, held)?;
     let entries = Session::read(fs, &step_dir)
         .with_context(|| format!("reading {}", step_dir.join("session.json").display()))?
         .map(|s| s.entries)

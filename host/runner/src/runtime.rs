@@ -22,6 +22,7 @@ use crate::events::{Observer, RunEvent};
 use crate::llm_choice::LlmSetup;
 use crate::steering::{Delivery, DeliveryStatus, Phase, Steering};
 use crate::workflow_run::{RunEnv, RunOptions, WorkflowRun, run_workflow};
+use crate::workspace_lock::WorkspaceLock;
 use trellis_sandbox::Limits;
 use trellis_sandbox::llm::RetryPolicy;
 use trellis_sandbox::plugins::PluginRegistry;
@@ -130,6 +131,9 @@ pub struct StartOptions {
     pub retry: RetryPolicy,
     /// Tool rounds a turn may take before it must answer.
     pub max_tool_rounds: usize,
+    /// When another process holds the workspace (see [`crate::workspace_lock`]): wait for
+    /// it to let go, rather than fail at once.
+    pub wait_for_workspace: bool,
 }
 
 impl StartOptions {
@@ -141,6 +145,7 @@ impl StartOptions {
             limits: Limits::default(),
             retry: RetryPolicy::default(),
             max_tool_rounds: crate::driver::DEFAULT_MAX_TOOL_ROUNDS,
+            wait_for_workspace: false,
         }
     }
 }
@@ -412,6 +417,17 @@ fn run_in_thread(
     {
         Ok(runtime) => runtime,
         Err(e) => return finish(&execution, Err(format!("starting the execution: {e}"))),
+    };
+    // One process per workspace: the lock is taken before the run changes anything, and
+    // held until the run ends.
+    let lock = if options.wait_for_workspace {
+        WorkspaceLock::acquire_waiting(&workspace, &execution.cancel)
+    } else {
+        WorkspaceLock::try_acquire(&workspace)
+    };
+    let _lock = match lock {
+        Ok(lock) => lock,
+        Err(e) => return finish(&execution, Err(format!("{e:#}"))),
     };
     let result = runtime.block_on(async {
         let mut env = RunEnv::new(&registry, options.llm);
