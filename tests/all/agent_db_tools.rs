@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::{Value, json};
-use support::fake_llm::{FakeServer, completion};
+use support::fake_llm::{FakeServer, completion, result_of};
 use support::workspace::{create_db, write_files};
 use support::{tree_digest, trellis};
 
@@ -26,7 +26,7 @@ fn scripted(replies: Vec<Value>) -> FakeServer {
 
 /// A one-step workspace (`work`, a message_sequence of `items`) with a database holding
 /// `t(x)` = 1, 2, 3, the step config `configs` and the server's provider.
-fn workspace(root: &Path, server: &FakeServer, items: Value, configs: Value) {
+pub(crate) fn workspace(root: &Path, server: &FakeServer, items: Value, configs: Value) {
     let plan = json!({"objective": "db tools", "steps": [
         {"id": "work", "type": "message_sequence", "title": "Work",
          "description": "Work with the database.", "items": items}]});
@@ -59,33 +59,6 @@ fn run(root: &Path) -> std::process::Output {
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
-}
-
-/// The contents of the tool results of the last request, by tool call id.
-fn tool_results(server: &FakeServer) -> Vec<(String, String)> {
-    let seen = server.seen();
-    let last = seen.last().unwrap();
-    last["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["role"] == "tool")
-        .map(|m| {
-            (
-                m["tool_call_id"].as_str().unwrap_or_default().to_string(),
-                m["content"].as_str().unwrap_or_default().to_string(),
-            )
-        })
-        .collect()
-}
-
-fn result_of(results: &[(String, String)], id: &str) -> String {
-    results
-        .iter()
-        .find(|(i, _)| i == id)
-        .unwrap_or_else(|| panic!("no result for {id}: {results:?}"))
-        .1
-        .clone()
 }
 
 fn rows(root: &Path, sql: &str) -> Vec<i64> {
@@ -170,7 +143,7 @@ fn an_agent_describes_queries_and_modifies_the_database_and_writes_its_assets() 
     );
     assert!(system.contains("db/assets/ (read-write)"), "{system}");
 
-    let results = tool_results(&server);
+    let results = server.last_tool_results();
     let tables: Value = serde_json::from_str(&result_of(&results, "c1")).unwrap();
     assert_eq!(tables["tables"][0]["name"], "t", "{tables}");
     assert!(
@@ -224,7 +197,7 @@ fn a_failing_statement_rolls_the_whole_mutation_back() {
     let before = std::fs::read(root.join("db/db.sqlite")).unwrap();
     let out = run(root);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let result = result_of(&tool_results(&server), "c1");
+    let result = result_of(&server.last_tool_results(), "c1");
     assert!(
         result.starts_with("error: statements[2]: no such table: missing")
             && result.contains("nothing was changed"),
@@ -330,7 +303,7 @@ fn the_db_tools_refuse_every_escape_and_change_nothing() {
     let mut tree_before = tree_digest(root);
     let out = run(root);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let results = tool_results(&server);
+    let results = server.last_tool_results();
     for (id, _, _, why) in &attacks {
         let result = result_of(&results, id);
         assert!(
@@ -419,7 +392,7 @@ fn a_turn_narrowed_away_from_the_database_cannot_modify_it() {
         "{first_turn:?}"
     );
     assert!(!root.join("db/assets/x.txt").exists());
-    let m2 = result_of(&tool_results(&server), "m2");
+    let m2 = result_of(&server.last_tool_results(), "m2");
     assert!(m2.contains("\"rows_changed\":[1]"), "{m2}");
     assert_eq!(rows(root, "SELECT x FROM t ORDER BY x"), [2, 3]);
 }
@@ -743,7 +716,7 @@ fn every_turn_reads_the_soul_and_knows_its_objective_and_outputs() {
     ] {
         assert!(system.contains(line), "missing {line:?} in {system}");
     }
-    let results = tool_results(&server);
+    let results = server.last_tool_results();
     assert!(
         result_of(&results, "read").contains("Never delete rows"),
         "{results:?}"

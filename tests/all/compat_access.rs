@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::{Value, json};
-use support::fake_llm::{FakeServer, completion};
+use support::fake_llm::{FakeServer, completion, result_of};
 use support::trellis;
 use support::workspace::{create_db, write_files};
 
@@ -69,31 +69,6 @@ fn workspace(
     create_db(root, "CREATE TABLE IF NOT EXISTS t(x);");
 }
 
-/// The tool results of request `n` of `server`, as (tool call id, content).
-fn tool_results(server: &FakeServer, n: usize) -> Vec<(String, String)> {
-    server.seen()[n]["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["role"] == "tool")
-        .map(|m| {
-            (
-                m["tool_call_id"].as_str().unwrap_or_default().to_string(),
-                m["content"].as_str().unwrap_or_default().to_string(),
-            )
-        })
-        .collect()
-}
-
-fn result_of(results: &[(String, String)], id: &str) -> String {
-    results
-        .iter()
-        .find(|(i, _)| i == id)
-        .unwrap_or_else(|| panic!("no result for {id}: {results:?}"))
-        .1
-        .clone()
-}
-
 // ---------------------------------------------------------------- who may write what
 
 /// `write_access: {"db": true}` narrows the turn to the database alone: the knowledgebase
@@ -147,7 +122,7 @@ fn a_db_only_item_writes_the_database_and_nothing_else() {
             && all.contains("ignored"),
         "{all}"
     );
-    let results = tool_results(&server, 1);
+    let results = server.tool_results(1);
     for id in ["kb", "learn"] {
         assert!(
             result_of(&results, id).starts_with("error"),
@@ -297,7 +272,7 @@ fn large_tool_results_are_offloaded_unless_the_step_turns_it_off() {
         write_files(root, &[("knowledgebase/big.md", "x".repeat(40_000))]);
         let out = trellis(&["run", root.to_str().unwrap()]);
         assert!(out.status.success(), "{}", text(&out.stderr));
-        let result = result_of(&tool_results(&server, 1), "big");
+        let result = result_of(&server.tool_results(1), "big");
         let file = root.join("runs/iteration-0/execution/work/tool-results/big.json");
         assert_eq!(file.is_file(), offloaded, "{configs}");
         assert_eq!(

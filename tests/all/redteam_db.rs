@@ -9,8 +9,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use crate::agent_db_tools::workspace;
 use serde_json::{Value, json};
-use support::fake_llm::{FakeServer, completion};
+use support::fake_llm::{FakeServer, completion, result_of};
 use support::workspace::{create_db, write_file, write_files};
 use support::{tree_digest, trellis_command};
 
@@ -37,35 +38,6 @@ fn calls(calls: Vec<Value>) -> Value {
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
-}
-
-/// A one-step workspace (`work`, a message_sequence of `items`) with `t(x)` = 1, 2, 3 in
-/// the database and the step config `configs`.
-fn workspace(root: &Path, server: &FakeServer, items: Value, configs: Value) {
-    let plan = json!({"objective": "red team", "steps": [
-        {"id": "work", "type": "message_sequence", "title": "Work",
-         "description": "Work with the database.", "items": items}]});
-    write_files(
-        root,
-        &[
-            ("planning/plan.json", plan.to_string()),
-            (
-                "planning/step_config.json",
-                json!({"steps": [{"id": "work", "agent_configs": configs}]}).to_string(),
-            ),
-            (
-                "workflow.json",
-                json!({"llm": {"provider": "openai", "model_id": "m"},
-                       "providers": server.providers()})
-                .to_string(),
-            ),
-            ("knowledgebase/notes/keep.md", "kept".to_string()),
-        ],
-    );
-    create_db(
-        root,
-        "CREATE TABLE t(x); INSERT INTO t VALUES (1), (2), (3);",
-    );
 }
 
 /// `trellis run ROOT ARGS`, killed if it has not ended after two minutes (a run that loops
@@ -99,31 +71,6 @@ fn run(root: &Path, args: &[&str]) -> std::process::Output {
         stdout: std::fs::read(&stdout).unwrap(),
         stderr: std::fs::read(&stderr).unwrap(),
     }
-}
-
-/// Every tool result the server was sent, by tool call id (the last one of an id wins).
-fn tool_results(server: &FakeServer) -> Vec<(String, String)> {
-    let mut out: Vec<(String, String)> = Vec::new();
-    for body in server.seen() {
-        for m in body["messages"].as_array().into_iter().flatten() {
-            if m["role"] == "tool" {
-                let id = m["tool_call_id"].as_str().unwrap_or_default().to_string();
-                let content = m["content"].as_str().unwrap_or_default().to_string();
-                out.retain(|(i, _)| *i != id);
-                out.push((id, content));
-            }
-        }
-    }
-    out
-}
-
-fn result_of(results: &[(String, String)], id: &str) -> String {
-    results
-        .iter()
-        .find(|(i, _)| i == id)
-        .unwrap_or_else(|| panic!("no result for {id}: {results:?}"))
-        .1
-        .clone()
 }
 
 fn rows(root: &Path, sql: &str) -> Vec<String> {
@@ -311,7 +258,7 @@ fn odd_sql_through_the_db_tools_is_refused_and_changes_nothing() {
     let before = outside_the_run(root);
     let out = run(root, &[]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let results = tool_results(&server);
+    let results = server.last_tool_results();
     for (id, _, _, why) in &attacks {
         let result = result_of(&results, id);
         assert!(
@@ -403,7 +350,7 @@ fn objects_planted_by_a_writable_turn_write_nothing_in_a_read_only_one() {
     );
     let out = run(root, &[]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let results = tool_results(&server);
+    let results = server.last_tool_results();
     assert!(
         result_of(&results, "plant").contains("committed"),
         "{results:?}"
@@ -520,7 +467,7 @@ fn links_and_fifos_at_the_database_paths_are_never_followed() {
         let all = format!("{}\n{}", text(&out.stdout), text(&out.stderr));
         assert_eq!(tree_digest(out_dir), outside_before, "{name}: {all}");
         if out.status.success() {
-            let results = tool_results(&server);
+            let results = server.last_tool_results();
             let q = result_of(&results, "q");
             assert!(!q.contains("other project"), "{name}: {q}");
             if name == "assets-link" {
@@ -964,7 +911,7 @@ fn context_dependencies_and_skills_cannot_reach_hidden_folders() {
             );
         }
         if out.status.success() {
-            let read = result_of(&tool_results(&server), "read");
+            let read = result_of(&server.last_tool_results(), "read");
             assert!(read.starts_with("error"), "{field} {dep}: {read}");
         }
         assert_eq!(outside_the_run(root), before, "{field} {dep}: {all}");
@@ -1011,7 +958,7 @@ fn fifos_where_the_run_reads_do_not_hang_it() {
         let out = run(root, &[]);
         let all = format!("{}\n{}", text(&out.stdout), text(&out.stderr));
         if out.status.success() {
-            let read = result_of(&tool_results(&server), "read");
+            let read = result_of(&server.last_tool_results(), "read");
             assert!(read.starts_with("error"), "{fifo}: {read}");
         }
         assert_eq!(listing(root), before, "{fifo}: {all}");
@@ -1088,7 +1035,7 @@ fn functions_planted_in_the_schema_are_fenced_like_statements() {
         let db_before = std::fs::read(root.join("db/db.sqlite")).unwrap();
         let out = run(root, &[]);
         assert!(out.status.success(), "{}", text(&out.stderr));
-        let results = tool_results(&server);
+        let results = server.last_tool_results();
         for (id, why) in ["view", "write"].iter().zip(why) {
             let r = result_of(&results, id);
             assert!(r.starts_with("error:") && r.contains(why), "{id}: {r}");
@@ -1127,7 +1074,7 @@ fn runaway_statements_through_the_binary_end_at_the_calls_deadline() {
     let db_before = std::fs::read(root.join("db/db.sqlite")).unwrap();
     let out = run(root, &[]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let results = tool_results(&server);
+    let results = server.last_tool_results();
     for id in ["query", "mutate"] {
         let r = result_of(&results, id);
         assert!(

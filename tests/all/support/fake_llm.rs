@@ -115,6 +115,16 @@ impl FakeServer {
             .collect()
     }
 
+    /// The tool results of request `n`, as (tool call id, content), in order.
+    pub fn tool_results(&self, n: usize) -> Vec<(String, String)> {
+        tool_results_of(&self.seen()[n])
+    }
+
+    /// The tool results of the last request, as (tool call id, content), in order.
+    pub fn last_tool_results(&self) -> Vec<(String, String)> {
+        tool_results_of(self.seen().last().expect("a request was seen"))
+    }
+
     /// workflow.json `providers` reaching this server as `openai`, with no key.
     pub fn providers(&self) -> Value {
         json!({"openai": {"base_url": self.base_url(), "api_key_env": "TRELLIS_TEST_NO_KEY"}})
@@ -165,4 +175,30 @@ pub fn completion_of(response: &Response) -> Value {
            "usage": {"prompt_tokens": response.usage.prompt_tokens,
                      "completion_tokens": response.usage.completion_tokens,
                      "total_tokens": response.usage.total_tokens}})
+}
+
+/// The tool messages of a request body, as (tool call id, content).
+fn tool_results_of(request: &Value) -> Vec<(String, String)> {
+    request["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| {
+            (
+                m["tool_call_id"].as_str().unwrap_or_default().to_string(),
+                m["content"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// The content of the tool result with call id `id`; panics naming what there is.
+pub fn result_of(results: &[(String, String)], id: &str) -> String {
+    results
+        .iter()
+        .find(|(i, _)| i == id)
+        .unwrap_or_else(|| panic!("no result for {id}: {results:?}"))
+        .1
+        .clone()
 }
