@@ -419,13 +419,14 @@ fn run_in_thread(
         Err(e) => return finish(&execution, Err(format!("starting the execution: {e}"))),
     };
     // One process per workspace: the lock is taken before the run changes anything, and
-    // held until the run ends.
+    // held until the run ends; it is let go before the end is published, so whoever waited
+    // for the end finds the workspace free.
     let lock = if options.wait_for_workspace {
         WorkspaceLock::acquire_waiting(&workspace, &execution.cancel)
     } else {
         WorkspaceLock::try_acquire(&workspace)
     };
-    let _lock = match lock {
+    let lock = match lock {
         Ok(lock) => lock,
         Err(e) => return finish(&execution, Err(format!("{e:#}"))),
     };
@@ -446,6 +447,7 @@ fn run_in_thread(
             .await
             .map_err(|e| format!("{e:#}"))
     });
+    drop(lock);
     finish(&execution, result);
 }
 
