@@ -21,8 +21,10 @@
 //! - [`events`]: what a running step reports as it goes (live progress).
 //! - [`steering`]: messages sent to a running step's agent from outside.
 //! - [`routes`]: `call_sub_agent` and where a step's sub-agents keep their things.
+//! - [`builder`]: the interactive builder's agent, its tools and workshop modes.
 //! - [`llm_choice`]: the models of each step (`--llm`, `execution_llm`, tiers, default).
 
+pub mod builder;
 pub mod db_tools;
 pub mod driver;
 pub mod events;

@@ -1,0 +1,111 @@
+//! The interactive builder (spec section 11): a persistent chat whose agent designs, runs
+//! and repairs the workflow of one workspace through host tools.
+//!
+//! - [`modes`]: the workshop modes and the one table of the tools each has.
+//! - [`tool`]: what a builder tool is (name, schema, JSON answer or failure).
+//! - [`reads`]: the read set every mode has.
+//! - [`edits`]: plan, step config, workflow config, variables and groups, each edit
+//!   validated before it is written and logged to `planning/changelog/`.
+//! - [`files`]: script, knowledge, evaluation and report files, written through the
+//!   sandboxed `workspace` plugin with the mode's grant.
+//! - [`executions`]: steps and whole workflows run in the background on the
+//!   [`crate::runtime::Runtime`], watched, steered and stopped.
+
+pub mod edits;
+pub mod executions;
+pub mod files;
+pub mod modes;
+pub mod reads;
+pub mod tool;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use trellis_sandbox::Limits;
+use trellis_sandbox::plugins::PluginRegistry;
+
+pub use modes::Mode;
+pub use tool::{ToolFailure, ToolResult, ToolSpec};
+
+/// The phase id of builder sessions in costs and conversation files.
+pub const PHASE_ID: &str = "workflow-builder";
+
+/// Something a builder turn reports as it goes, for a front end to show.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BuilderEvent {
+    /// Text of the agent's reply.
+    AgentText(String),
+    /// A tool call starts.
+    ToolStarted {
+        /// The call id the model gave.
+        id: String,
+        /// The tool.
+        name: String,
+        /// Its arguments, as the model sent them.
+        arguments: Value,
+    },
+    /// A tool call ended.
+    ToolEnded {
+        /// The call id.
+        id: String,
+        /// The tool.
+        name: String,
+        /// Whether it did what it was asked.
+        ok: bool,
+        /// A line saying what it did or why it failed.
+        summary: String,
+    },
+    /// An execution the session started reports something (`step a: started`).
+    Execution {
+        /// The builder's id of the execution (`exec-<step>-<n>`).
+        id: String,
+        /// What happened, in a line.
+        line: String,
+    },
+}
+
+/// Reports [`BuilderEvent`]s; cheap to clone.
+#[derive(Clone)]
+pub struct BuilderObserver(Arc<dyn Fn(&BuilderEvent) + Send + Sync>);
+
+impl BuilderObserver {
+    /// An observer calling `f` for each event.
+    pub fn new(f: impl Fn(&BuilderEvent) + Send + Sync + 'static) -> Self {
+        BuilderObserver(Arc::new(f))
+    }
+
+    /// An observer that drops every event.
+    pub fn none() -> Self {
+        BuilderObserver::new(|_| {})
+    }
+
+    /// Reports `event`.
+    pub fn report(&self, event: &BuilderEvent) {
+        (self.0)(event)
+    }
+}
+
+impl std::fmt::Debug for BuilderObserver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BuilderObserver")
+    }
+}
+
+/// What a builder tool call may use.
+#[derive(Debug, Clone, Copy)]
+pub struct ToolContext<'a> {
+    /// The workspace folder.
+    pub root: &'a Path,
+    /// The session's mode in this turn.
+    pub mode: Mode,
+    /// The loaded plugins (the `workspace` plugin for files, validators for checks).
+    pub registry: &'a PluginRegistry,
+    /// Bounds of every plugin call.
+    pub limits: &'a Limits,
+    /// The session's id.
+    pub session_id: &'a str,
+    /// Where events go.
+    pub observer: &'a BuilderObserver,
+}

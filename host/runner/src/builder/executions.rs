@@ -1,0 +1,33 @@
+//! Steps and whole workflows run in the background on the [`Runtime`]: started (at most once
+//! per step at a time), watched, steered and stopped; their ends announced to the session.
+
+use serde_json::Value;
+
+use super::{ToolContext, ToolFailure, ToolResult, ToolSpec};
+use crate::runtime::Runtime;
+
+/// The executions of one builder session.
+#[derive(Debug)]
+pub struct Executions {
+    #[allow(dead_code)]
+    runtime: Runtime,
+}
+
+impl Executions {
+    /// Executions started on `runtime`.
+    pub fn new(runtime: Runtime) -> Self {
+        Executions { runtime }
+    }
+
+    /// The specs of the execution tools.
+    pub fn specs() -> Vec<ToolSpec> {
+        Vec::new()
+    }
+
+    /// Calls execution tool `name`.
+    pub async fn call(&self, _ctx: &ToolContext<'_>, name: &str, _args: &Value) -> ToolResult {
+        Err(ToolFailure::new(format!(
+            "tool {name:?} is not implemented"
+        )))
+    }
+}
