@@ -48,12 +48,15 @@ pub enum ModelSource {
     Tier(ExecutionTier),
     /// workflow.json `llm`.
     WorkflowDefault,
+    /// workflow.json `builder_llm` (the interactive builder's model).
+    BuilderDefault,
 }
 
 impl std::fmt::Display for ModelSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ModelSource::Override => f.write_str("--llm"),
+            ModelSource::BuilderDefault => f.write_str("workflow.json builder_llm"),
             ModelSource::ExecutionLlm => f.write_str("execution_llm"),
             ModelSource::Tier(t) => write!(f, "execution_tier {}", tier_name(*t)),
             ModelSource::WorkflowDefault => f.write_str("workflow.json llm"),
@@ -294,36 +297,70 @@ impl LlmSetup {
         let Some(models) = step_models(ws, step_id, self.override_llm.as_ref())? else {
             return Ok(None);
         };
+        self.reach(ws, models, &format!("step {step_id:?}"))
+            .map(Some)
+    }
+
+    /// The model of the interactive builder: `--llm`, else workflow.json `builder_llm`,
+    /// else its `llm`; an error saying how to name one when none does.
+    pub fn builder_llm(&self, ws: &Workspace) -> Result<StepLlm> {
+        let models = if let Some(llm) = &self.override_llm {
+            StepModels {
+                source: ModelSource::Override,
+                models: vec![llm.clone()],
+            }
+        } else if let Some(llm) = &ws.manifest.builder_llm {
+            StepModels {
+                source: ModelSource::BuilderDefault,
+                models: vec![llm.clone()],
+            }
+        } else if let Some(llm) = &ws.manifest.llm {
+            StepModels {
+                source: ModelSource::WorkflowDefault,
+                models: vec![llm.clone()],
+            }
+        } else {
+            bail!(
+                "the builder has no model: give --llm PROVIDER:MODEL, or set \"builder_llm\" \
+                 (or \"llm\") in {}/workflow.json",
+                ws.root.display()
+            );
+        };
+        self.reach(ws, models, "the builder")
+    }
+
+    /// How `models` are reached; errors start with `label`.
+    fn reach(&self, ws: &Workspace, models: StepModels, label: &str) -> Result<StepLlm> {
         let mut targets = Vec::new();
         let mut options = Vec::new();
         let mut replay = None;
         for (i, model) in models.models.iter().enumerate() {
             self.check_provider(model, models.source)
-                .with_context(|| format!("step {step_id:?}"))?;
+                .with_context(|| label.to_string())?;
             let at = match (models.source, i) {
                 (ModelSource::ExecutionLlm, 0) => "execution_llm.options".to_string(),
                 (ModelSource::ExecutionLlm, n) => {
                     format!("execution_llm.fallbacks[{}].options", n - 1)
                 }
+                (ModelSource::BuilderDefault, _) => "workflow.json builder_llm.options".to_string(),
                 (ModelSource::Tier(t), _) => {
                     format!("workflow.json tiers.{}.options", tier_name(t))
                 }
                 _ => "workflow.json llm.options".to_string(),
             };
             options.push(
-                request_options(model.options.as_ref(), &at)
-                    .with_context(|| format!("step {step_id:?}"))?,
+                request_options(model.options.as_ref(), &at).with_context(|| label.to_string())?,
             );
             if model.provider == REPLAY_PROVIDER {
                 if i > 0 {
                     bail!(
-                        "step {step_id:?}: {}: replay can only be a step's primary model, not a fallback",
+                        "{label}: {}: replay can only be a step's primary model, not a fallback",
                         models.source
                     );
                 }
                 let cursor = self.cursor(&ws.root, &model.model_id).with_context(|| {
                     format!(
-                        "step {step_id:?}: model replay:{} ({})",
+                        "{label}: model replay:{} ({})",
                         model.model_id, models.source
                     )
                 })?;
@@ -337,18 +374,18 @@ impl LlmSetup {
             } else {
                 targets.push(remote_target(ws, model, &self.approvals).with_context(|| {
                     format!(
-                        "step {step_id:?}: model {}:{} ({})",
+                        "{label}: model {}:{} ({})",
                         model.provider, model.model_id, models.source
                     )
                 })?);
             }
         }
-        Ok(Some(StepLlm {
+        Ok(StepLlm {
             source: models.source,
             targets,
             options,
             replay,
-        }))
+        })
     }
 
     /// The models of sub-agent step `step_id` when they are its own: its step config sets

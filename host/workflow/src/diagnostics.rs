@@ -422,6 +422,21 @@ impl<'v> Obj<'v> {
         }
     }
 
+    /// An optional number, at least 0.
+    pub fn number(&mut self, ctx: &mut Ctx, key: &'static str) -> Option<f64> {
+        let v = self.raw(key)?;
+        match v.as_f64() {
+            Some(n) if n >= 0.0 => Some(n),
+            _ => {
+                ctx.error(
+                    &self.path.key(key),
+                    format!("expected a number of 0 or more, found {}", kind_of(v)),
+                );
+                None
+            }
+        }
+    }
+
     /// A required, non-empty string; `what` says what it is for the message.
     pub fn req_str(&mut self, ctx: &mut Ctx, key: &'static str, what: &str) -> Option<String> {
         if !self.has(key) {

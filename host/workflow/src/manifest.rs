@@ -170,6 +170,15 @@ pub struct ProviderSettings {
     pub api_key_env: Option<String>,
 }
 
+/// What a model costs, in USD per million tokens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Pricing {
+    /// Per million input (prompt) tokens.
+    pub input: f64,
+    /// Per million output (completion) tokens.
+    pub output: f64,
+}
+
 /// The whole `workflow.json`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct WorkflowManifest {
@@ -185,9 +194,16 @@ pub struct WorkflowManifest {
     /// The default model.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub llm: Option<LlmRef>,
+    /// The interactive builder's model (the default model when absent).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub builder_llm: Option<LlmRef>,
     /// Models behind `execution_tier`.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub tiers: BTreeMap<String, LlmRef>,
+    /// Prices per model id, in USD per million tokens; costs are counted in tokens only
+    /// for a model without one.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub pricing: BTreeMap<String, Pricing>,
     /// Provider connection settings.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub providers: BTreeMap<String, ProviderSettings>,
@@ -407,6 +423,32 @@ fn manifest_from_value(ctx: &mut Ctx, value: &Value) -> Option<WorkflowManifest>
     let llm = obj
         .raw("llm")
         .and_then(|v| parse_llm_ref(ctx, v, JsonPath::root().key("llm")));
+    let builder_llm = obj
+        .raw("builder_llm")
+        .and_then(|v| parse_llm_ref(ctx, v, JsonPath::root().key("builder_llm")));
+    let mut pricing = BTreeMap::new();
+    if let Some(m) = obj.object(ctx, "pricing") {
+        for (model, v) in &m {
+            let Some(mut p) = Obj::new(
+                ctx,
+                v,
+                JsonPath::root().key("pricing").key(model),
+                "a price ({\"input\": USD per million tokens, \"output\": ...})",
+            ) else {
+                continue;
+            };
+            let input = p.number(ctx, "input");
+            let output = p.number(ctx, "output");
+            p.finish(ctx);
+            pricing.insert(
+                model.clone(),
+                Pricing {
+                    input: input.unwrap_or(0.0),
+                    output: output.unwrap_or(0.0),
+                },
+            );
+        }
+    }
     let mut tiers = BTreeMap::new();
     if let Some(m) = obj.object(ctx, "tiers") {
         for (k, v) in &m {
@@ -495,7 +537,9 @@ fn manifest_from_value(ctx: &mut Ctx, value: &Value) -> Option<WorkflowManifest>
         variables,
         groups,
         llm,
+        builder_llm,
         tiers,
+        pricing,
         providers,
         run_retention_count,
         kept,
