@@ -1,6 +1,11 @@
 //! The interactive builder (spec section 11): a persistent chat whose agent designs, runs
 //! and repairs the workflow of one workspace through host tools.
 //!
+//! - [`agent`]: a session and its agent loop (one turn = LLM calls and the mode's tools
+//!   until a plain reply), side agents, completion turns.
+//! - [`persist`]: the conversation file of each session and the index of sessions.
+//! - [`costs`]: token usage and prices by phase, model, session and day.
+//! - [`prompt`]: the system prompt, made from the workspace at each turn.
 //! - [`modes`]: the workshop modes and the one table of the tools each has.
 //! - [`tool`]: what a builder tool is (name, schema, JSON answer or failure).
 //! - [`reads`]: the read set every mode has.
@@ -11,10 +16,14 @@
 //! - [`executions`]: steps and whole workflows run in the background on the
 //!   [`crate::runtime::Runtime`], watched, steered and stopped.
 
+pub mod agent;
+pub mod costs;
 pub mod edits;
 pub mod executions;
 pub mod files;
 pub mod modes;
+pub mod persist;
+pub mod prompt;
 pub mod reads;
 pub mod tool;
 
@@ -26,6 +35,7 @@ use serde_json::Value;
 use trellis_sandbox::Limits;
 use trellis_sandbox::plugins::PluginRegistry;
 
+pub use agent::{BuilderSession, SessionOptions, TurnReport};
 pub use modes::Mode;
 pub use tool::{ToolFailure, ToolResult, ToolSpec};
 

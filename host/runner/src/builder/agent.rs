@@ -1,0 +1,770 @@
+//! A builder session and its agent loop: one turn is rounds of LLM call and tool calls in the
+//! session's mode until the model answers in plain text.
+//!
+//! The session holds the workspace for its whole life (one builder per workspace; its
+//! executions run inside it), re-reads the workspace at every turn, and writes its
+//! conversation, the index and the costs after every turn, synthetic ones included.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+
+use super::costs::{self, Tally};
+use super::executions::{Executions, Finished};
+use super::modes::{self, CONFIG_TOOLS, FILE_TOOLS, Mode, PLAN_TOOLS, READ_TOOLS};
+use super::persist::{self, ConversationFile};
+use super::prompt::system_prompt;
+use super::{
+    BuilderEvent, BuilderObserver, PHASE_ID, ToolContext, ToolFailure, ToolSpec, edits, files,
+    reads,
+};
+use crate::llm_choice::{LlmSetup, StepLlm};
+use crate::runtime::Runtime;
+use crate::workspace_lock::WorkspaceLock;
+use trellis_sandbox::Limits;
+use trellis_sandbox::llm::{
+    Message, Request, RetryPolicy, Target, ToolCall, Usage, complete_with_options,
+};
+use trellis_sandbox::plugins::PluginRegistry;
+use trellis_sandbox::store::{WorkspaceFs, now_rfc3339};
+use trellis_workflow::manifest::parse_manifest;
+use trellis_workflow::{
+    StepConfigFile, WORKFLOW_FILE, WorkflowManifest, Workspace, step_config_location,
+};
+
+/// Tool rounds a builder turn may take before it must answer.
+pub const DEFAULT_MAX_ROUNDS: usize = 40;
+
+/// The file naming the session that holds the workspace, relative to it.
+pub const ACTIVE_SESSION_FILE: &str = "builder/active-session.json";
+
+/// How to open a session.
+#[derive(Debug, Clone)]
+pub struct SessionOptions {
+    /// The workspace folder.
+    pub root: PathBuf,
+    /// Resume this session; a new one when `None`.
+    pub session_id: Option<String>,
+    /// The mode; a resumed session keeps its own when `None`, a new one starts in builder.
+    pub mode: Option<Mode>,
+    /// How the builder's own model is reached (`--llm`, `--record`, key approvals).
+    pub llm: LlmSetup,
+    /// Bounds of every plugin call.
+    pub limits: Limits,
+    /// Retries of the builder's LLM calls.
+    pub retry: RetryPolicy,
+    /// Tool rounds per turn.
+    pub max_rounds: usize,
+    /// Where the turn's events go.
+    pub observer: BuilderObserver,
+}
+
+/// How a turn ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TurnReport {
+    /// The agent's final text.
+    pub text: String,
+    /// Whether the model answered in plain text (not cut off by an error or the round cap).
+    pub ended_normally: bool,
+    /// Why not, when it did not.
+    pub error: Option<String>,
+    /// Tool calls made.
+    pub tool_calls: usize,
+    /// Tokens of the turn's LLM calls.
+    pub usage: Usage,
+}
+
+/// What the agent loop needs, shareable with side agents on other threads.
+#[derive(Debug, Clone)]
+struct Agent {
+    root: PathBuf,
+    registry: Arc<PluginRegistry>,
+    executions: Arc<Executions>,
+    llm: LlmSetup,
+    limits: Limits,
+    retry: RetryPolicy,
+    max_rounds: usize,
+    observer: BuilderObserver,
+    session_id: String,
+    side: Arc<SideAgents>,
+}
+
+/// Side agents started with `run_in_background`.
+#[derive(Debug, Default)]
+struct SideAgents {
+    next: AtomicU64,
+    running: Mutex<BTreeMap<String, std::thread::JoinHandle<()>>>,
+    finished: Mutex<Vec<Finished>>,
+}
+
+/// One builder session on one workspace.
+#[derive(Debug)]
+pub struct BuilderSession {
+    agent: Agent,
+    fs: WorkspaceFs,
+    file: PathBuf,
+    conversation: ConversationFile,
+    mode: Mode,
+    _hold: Hold,
+}
+
+/// The workspace held by a session: the OS lock, and the file naming the session for a
+/// second builder's busy error (removed when the session ends).
+#[derive(Debug)]
+struct Hold {
+    _lock: WorkspaceLock,
+    fs: WorkspaceFs,
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        let _ = self.fs.remove_file(ACTIVE_SESSION_FILE);
+    }
+}
+
+impl BuilderSession {
+    /// Opens a session on `options.root`: takes the workspace (a second builder gets an
+    /// error naming the session that has it), resumes `session_id` exactly where it was
+    /// (history and mode) or starts a new one.
+    pub fn open(
+        runtime: &Runtime,
+        executions: Executions,
+        options: SessionOptions,
+    ) -> Result<Self> {
+        let root = options.root.clone();
+        let fs = WorkspaceFs::open(&root)
+            .with_context(|| format!("opening workspace {}", root.display()))?;
+        let hold = hold(&root, &fs)?;
+        let (conversation, file) = match &options.session_id {
+            Some(id) => {
+                let conversation = persist::load(&fs, id)?;
+                let date = date_of(&conversation.created_at);
+                (conversation, persist::conversation_path(&date, id))
+            }
+            None => {
+                let id = new_session_id();
+                let created_at = now_rfc3339();
+                let date = date_of(&created_at);
+                let conversation = ConversationFile {
+                    session_id: id.clone(),
+                    phase_id: PHASE_ID.to_string(),
+                    workshop_mode: Mode::Builder.as_str().to_string(),
+                    model: String::new(),
+                    conversation_history: Vec::new(),
+                    created_at: created_at.clone(),
+                    updated_at: created_at,
+                    cumulative_usage: Usage::default(),
+                };
+                (conversation, persist::conversation_path(&date, &id))
+            }
+        };
+        let mode = match options.mode {
+            Some(mode) => mode,
+            None => conversation
+                .workshop_mode
+                .parse()
+                .map_err(|e: String| anyhow::anyhow!("{}: workshop_mode: {e}", file.display()))?,
+        };
+        fs.write_json_atomic(
+            ACTIVE_SESSION_FILE,
+            &json!({
+                "session_id": conversation.session_id,
+                "pid": std::process::id(),
+                "started_at": now_rfc3339(),
+            }),
+        )
+        .with_context(|| format!("writing {ACTIVE_SESSION_FILE}"))?;
+        let agent = Agent {
+            root,
+            registry: runtime.shared_registry(),
+            executions: Arc::new(executions),
+            llm: options.llm,
+            limits: options.limits,
+            retry: options.retry,
+            max_rounds: options.max_rounds,
+            observer: options.observer,
+            session_id: conversation.session_id.clone(),
+            side: Arc::default(),
+        };
+        Ok(BuilderSession {
+            agent,
+            fs,
+            file,
+            conversation,
+            mode,
+            _hold: hold,
+        })
+    }
+
+    /// The session's id.
+    pub fn id(&self) -> &str {
+        &self.conversation.session_id
+    }
+
+    /// The session's mode.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// The conversation file, relative to the workspace.
+    pub fn file(&self) -> &Path {
+        &self.file
+    }
+
+    /// The conversation so far (no system prompt).
+    pub fn history(&self) -> &[Message] {
+        &self.conversation.conversation_history
+    }
+
+    /// The session's token usage so far.
+    pub fn usage(&self) -> Usage {
+        self.conversation.cumulative_usage
+    }
+
+    /// The executions of the session.
+    pub fn executions(&self) -> &Executions {
+        &self.agent.executions
+    }
+
+    /// The side agents still running.
+    pub fn side_agents_running(&self) -> Vec<String> {
+        self.agent.side.running_ids()
+    }
+
+    /// Changes the mode from the next turn on, and records it at once.
+    pub fn set_mode(&mut self, mode: Mode) -> Result<()> {
+        self.mode = mode;
+        self.conversation.workshop_mode = mode.as_str().to_string();
+        if !self.conversation.conversation_history.is_empty() {
+            self.save()?;
+        }
+        Ok(())
+    }
+
+    /// One turn: `text` as the operator's message, then the agent loop until a plain reply.
+    /// The conversation and the costs are written at its end, whatever happened.
+    pub async fn turn(&mut self, text: &str) -> Result<TurnReport> {
+        let mut history = std::mem::take(&mut self.conversation.conversation_history);
+        history.push(Message::user(text));
+        let outcome = self.agent.run_turn(self.mode, &mut history).await;
+        self.conversation.conversation_history = history;
+        let report = match outcome {
+            Ok((report, model)) => {
+                self.conversation.model = model;
+                report
+            }
+            Err(e) => TurnReport {
+                text: String::new(),
+                ended_normally: false,
+                error: Some(format!("{e:#}")),
+                tool_calls: 0,
+                usage: Usage::default(),
+            },
+        };
+        self.conversation.cumulative_usage += report.usage;
+        self.save()?;
+        Ok(report)
+    }
+
+    /// Announces each execution and side agent that ended since the last call in a
+    /// synthetic turn of its own. Returns the reports of those turns.
+    pub async fn completion_turns(&mut self) -> Result<Vec<TurnReport>> {
+        let mut ended = self.agent.executions.take_finished();
+        ended.extend(self.agent.side.take_finished());
+        let mut reports = Vec::new();
+        for finished in ended {
+            let text = format!(
+                "[execution {} finished: {}] {}\nTell the operator what it came to; do not \
+                 start new work unless they asked for it.",
+                finished.id, finished.status, finished.summary
+            );
+            reports.push(self.turn(&text).await?);
+        }
+        Ok(reports)
+    }
+
+    /// Waits for every execution and side agent the session started, running the completion
+    /// turn of each as it ends, until nothing runs and nothing is left to announce. Returns
+    /// the reports of the completion turns.
+    pub async fn settle(&mut self) -> Result<Vec<TurnReport>> {
+        let mut reports = Vec::new();
+        loop {
+            self.agent.executions.wait_all().await;
+            self.agent.side.wait_all().await;
+            let batch = self.completion_turns().await?;
+            if batch.is_empty() {
+                return Ok(reports);
+            }
+            reports.extend(batch);
+        }
+    }
+
+    fn save(&mut self) -> Result<()> {
+        self.conversation.workshop_mode = self.mode.as_str().to_string();
+        self.conversation.updated_at = now_rfc3339();
+        persist::save(&self.fs, &self.file, &self.conversation)?;
+        if !self.conversation.model.is_empty() {
+            let pricing = read_manifest(&self.fs).and_then(|m| {
+                let model = &self.conversation.model;
+                let bare = model.split_once(':').map(|(_, m)| m).unwrap_or(model);
+                m.pricing
+                    .get(model.as_str())
+                    .or_else(|| m.pricing.get(bare))
+                    .copied()
+            });
+            costs::record(
+                &self.fs,
+                PHASE_ID,
+                &self.conversation.session_id,
+                &self.conversation.model,
+                self.conversation.cumulative_usage,
+                pricing.as_ref(),
+                &date_of(&now_rfc3339()),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The session's cost as recorded.
+    pub fn cost(&self) -> Result<Tally> {
+        let usage = costs::read(&self.fs)?;
+        Ok(usage
+            .session_cumulative
+            .get(self.id())
+            .map(|s| s.tally)
+            .unwrap_or_default())
+    }
+}
+
+impl Agent {
+    /// Runs one turn on `history` (whose last message is the user's) in `mode`. Returns the
+    /// report and the model, `provider:model`.
+    async fn run_turn(
+        &self,
+        mode: Mode,
+        history: &mut Vec<Message>,
+    ) -> Result<(TurnReport, String)> {
+        let ws = workspace_for_model(&self.root)?;
+        let llm: StepLlm = self.llm.builder_llm(&ws)?;
+        let primary = llm
+            .targets
+            .first()
+            .context("the builder's model has no target")?;
+        let model = format!("{}:{}", primary.provider, primary.model);
+        let specs = specs_of(mode);
+        let tools: Vec<_> = specs.iter().map(ToolSpec::definition).collect();
+        let mut usage = Usage::default();
+        let mut tool_calls = 0;
+        for _ in 0..self.max_rounds {
+            let mut messages = vec![Message::system(system_prompt(&self.root, mode))];
+            messages.extend(history.iter().cloned());
+            let request = Request {
+                model: primary.model.clone(),
+                messages,
+                tools: tools.clone(),
+                options: llm.options.first().cloned().flatten().unwrap_or_default(),
+            };
+            let response = match self.call_llm(&llm, &request).await {
+                Ok(response) => response,
+                Err(e) => {
+                    let report = TurnReport {
+                        text: String::new(),
+                        ended_normally: false,
+                        error: Some(format!("{model}: {e}")),
+                        tool_calls,
+                        usage,
+                    };
+                    return Ok((report, model));
+                }
+            };
+            usage += response.usage;
+            history.push(Message::assistant(&response));
+            if !response.text.is_empty() {
+                self.observer
+                    .report(&BuilderEvent::AgentText(response.text.clone()));
+            }
+            if response.tool_calls.is_empty() {
+                let report = TurnReport {
+                    text: response.text,
+                    ended_normally: true,
+                    error: None,
+                    tool_calls,
+                    usage,
+                };
+                return Ok((report, model));
+            }
+            for call in &response.tool_calls {
+                tool_calls += 1;
+                let content = self.tool_call(mode, call).await;
+                history.push(Message::tool_result(call.id.clone(), content));
+            }
+        }
+        let report = TurnReport {
+            text: String::new(),
+            ended_normally: false,
+            error: Some(format!(
+                "the turn took {} tool rounds without answering",
+                self.max_rounds
+            )),
+            tool_calls,
+            usage,
+        };
+        Ok((report, model))
+    }
+
+    async fn call_llm(
+        &self,
+        llm: &StepLlm,
+        request: &Request,
+    ) -> Result<trellis_sandbox::llm::Response, String> {
+        let targets: Vec<Target> = match &llm.replay {
+            Some(cursor) => {
+                let endpoint = cursor.next_endpoint().map_err(|e| format!("{e:#}"))?;
+                let first = llm.targets[0].clone();
+                vec![Target { endpoint, ..first }]
+            }
+            None => llm.targets.clone(),
+        };
+        let completion = complete_with_options(
+            &self.registry,
+            &targets,
+            &llm.options,
+            request,
+            &self.retry,
+            &self.limits,
+        )
+        .await;
+        match completion.result {
+            Ok(response) => {
+                if let Some(recorder) = self.llm.recorder()
+                    && let Err(e) = recorder.record(request, &response)
+                {
+                    tracing::error!("{e:#}");
+                }
+                Ok(response)
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// One tool call, never failing: what the model reads back.
+    async fn tool_call(&self, mode: Mode, call: &ToolCall) -> String {
+        let arguments: Result<Value, String> = if call.arguments.trim().is_empty() {
+            Ok(json!({}))
+        } else {
+            serde_json::from_str(&call.arguments)
+                .map_err(|e| format!("the arguments are not JSON: {e}"))
+        };
+        self.observer.report(&BuilderEvent::ToolStarted {
+            id: call.id.clone(),
+            name: call.name.clone(),
+            arguments: arguments.clone().unwrap_or(Value::Null),
+        });
+        let outcome = match arguments {
+            Err(e) => Err(ToolFailure::new(e)),
+            Ok(_) if !mode.allows(&call.name) => {
+                Err(ToolFailure::new(modes::refusal(mode, &call.name)))
+            }
+            Ok(args) => self.dispatch(mode, &call.name, &args).await,
+        };
+        let (ok, summary, content) = match outcome {
+            Ok(value) => (true, summarize(&value), value),
+            Err(failure) => (false, failure.message.clone(), failure.to_json()),
+        };
+        self.observer.report(&BuilderEvent::ToolEnded {
+            id: call.id.clone(),
+            name: call.name.clone(),
+            ok,
+            summary,
+        });
+        content.to_string()
+    }
+
+    async fn dispatch(&self, mode: Mode, name: &str, args: &Value) -> super::ToolResult {
+        let ctx = ToolContext {
+            root: &self.root,
+            mode,
+            registry: &self.registry,
+            limits: &self.limits,
+            session_id: &self.session_id,
+            observer: &self.observer,
+        };
+        if READ_TOOLS.contains(&name) {
+            reads::call(&ctx, name, args).await
+        } else if PLAN_TOOLS.contains(&name) || CONFIG_TOOLS.contains(&name) {
+            edits::call(&ctx, name, args)
+        } else if FILE_TOOLS.contains(&name) {
+            files::call(&ctx, name, args).await
+        } else if name == RUN_IN_BACKGROUND {
+            self.start_side_agent(mode, args)
+        } else {
+            self.executions.call(&ctx, name, args).await
+        }
+    }
+
+    /// `run_in_background(name, instruction)`: a side agent with the mode's tools, on a
+    /// thread of its own; its end is announced like an execution's.
+    fn start_side_agent(&self, mode: Mode, args: &Value) -> super::ToolResult {
+        let name = super::tool::str_arg(args, "name")?;
+        let instruction = super::tool::str_arg(args, "instruction")?;
+        let slug = slug(name);
+        if slug.is_empty() {
+            return Err(ToolFailure::new(
+                "argument \"name\": expected a short name with letters or digits",
+            ));
+        }
+        let n = self.side.next.fetch_add(1, Ordering::SeqCst) + 1;
+        let id = format!("bg-{slug}-{n}");
+        let agent = self.clone();
+        let instruction = instruction.to_string();
+        let thread_id = id.clone();
+        let handle = std::thread::Builder::new()
+            .name(format!("trellis-{id}"))
+            .spawn(move || {
+                let outcome = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(anyhow::Error::from)
+                    .and_then(|rt| {
+                        rt.block_on(async {
+                            let mut history = vec![Message::user(instruction)];
+                            agent.run_turn(mode, &mut history).await
+                        })
+                    });
+                let finished = match outcome {
+                    Ok((report, _)) if report.ended_normally => Finished {
+                        id: thread_id.clone(),
+                        status: "done".into(),
+                        summary: report.text,
+                    },
+                    Ok((report, _)) => Finished {
+                        id: thread_id.clone(),
+                        status: "failed".into(),
+                        summary: report.error.unwrap_or_default(),
+                    },
+                    Err(e) => Finished {
+                        id: thread_id.clone(),
+                        status: "failed".into(),
+                        summary: format!("{e:#}"),
+                    },
+                };
+                agent.side.finish(finished);
+            })
+            .map_err(|e| ToolFailure::new(format!("starting the side agent: {e}")))?;
+        self.side
+            .running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id.clone(), handle);
+        Ok(json!({"execution_id": id, "status": "running"}))
+    }
+}
+
+impl SideAgents {
+    fn finish(&self, finished: Finished) {
+        self.finished
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(finished);
+    }
+
+    fn take_finished(&self) -> Vec<Finished> {
+        let finished =
+            std::mem::take(&mut *self.finished.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        for f in &finished {
+            running.remove(&f.id);
+        }
+        finished
+    }
+
+    fn running_ids(&self) -> Vec<String> {
+        let running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        running
+            .iter()
+            .filter(|(_, h)| !h.is_finished())
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
+    async fn wait_all(&self) {
+        while !self.running_ids().is_empty() {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// The name of the side-agent tool.
+pub const RUN_IN_BACKGROUND: &str = "run_in_background";
+
+/// The spec of `run_in_background`.
+pub fn run_in_background_spec() -> ToolSpec {
+    ToolSpec {
+        name: RUN_IN_BACKGROUND,
+        description: "Start a side agent with the same tools as you, on an instruction of its \
+             own. Returns {execution_id: \"bg-<name>-<n>\", status: \"running\"} at once; you \
+             get a message with its answer when it finishes.",
+        parameters: json!({
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "description": "A short name for it."},
+                "instruction": {"type": "string", "description": "What it should do."}
+            },
+            "required": ["name", "instruction"],
+            "additionalProperties": false
+        }),
+    }
+}
+
+/// Every builder tool's spec.
+pub fn all_specs() -> Vec<ToolSpec> {
+    let mut specs = reads::specs();
+    specs.extend(edits::specs());
+    specs.extend(files::specs());
+    specs.extend(Executions::specs());
+    specs.push(run_in_background_spec());
+    specs
+}
+
+/// The specs of the tools of `mode`, in the table's order.
+pub fn specs_of(mode: Mode) -> Vec<ToolSpec> {
+    let all = all_specs();
+    mode.tools()
+        .into_iter()
+        .filter_map(|name| all.iter().find(|s| s.name == name).cloned())
+        .collect()
+}
+
+/// The workspace for choosing the builder's model: the loaded workspace, or (while the plan
+/// does not load yet) one with an empty plan and what `workflow.json` says.
+fn workspace_for_model(root: &Path) -> Result<Workspace> {
+    if let Ok(ws) = Workspace::open(root) {
+        return Ok(ws);
+    }
+    let fs = WorkspaceFs::open(root).with_context(|| format!("opening {}", root.display()))?;
+    let manifest = match fs.read_optional(WORKFLOW_FILE)? {
+        None => WorkflowManifest::default(),
+        Some(text) => parse_manifest(&text, WORKFLOW_FILE)
+            .map(|(m, _)| m)
+            .map_err(|diags| {
+                anyhow::anyhow!(
+                    "{WORKFLOW_FILE} does not load: {}",
+                    diags
+                        .iter()
+                        .next()
+                        .map(|d| d.to_string())
+                        .unwrap_or_default()
+                )
+            })?,
+    };
+    let step_config_file = step_config_location(&fs, None);
+    Ok(Workspace {
+        root: root.to_path_buf(),
+        fs,
+        run_folder: None,
+        plan: Default::default(),
+        step_configs: StepConfigFile::default(),
+        step_config_file,
+        manifest,
+        warnings: Default::default(),
+    })
+}
+
+fn read_manifest(fs: &WorkspaceFs) -> Option<WorkflowManifest> {
+    let text = fs.read_optional(WORKFLOW_FILE).ok()??;
+    parse_manifest(&text, WORKFLOW_FILE).ok().map(|(m, _)| m)
+}
+
+/// Takes the workspace for a session, or fails naming who has it.
+fn hold(root: &Path, fs: &WorkspaceFs) -> Result<Hold> {
+    match WorkspaceLock::try_acquire(root) {
+        Ok(lock) => Ok(Hold {
+            _lock: lock,
+            fs: fs.clone(),
+        }),
+        Err(e) => {
+            let holder = crate::workspace_lock::holder_of(root);
+            let session = fs
+                .read_optional(ACTIVE_SESSION_FILE)
+                .ok()
+                .flatten()
+                .and_then(|text| serde_json::from_str::<Value>(&text).ok())
+                .filter(|v| holder.as_ref().and_then(|h| h.pid).map(u64::from) == v["pid"].as_u64())
+                .and_then(|v| v["session_id"].as_str().map(str::to_string));
+            match session {
+                Some(id) => bail!(
+                    "workspace {} is busy: builder session {id} has it ({}); one builder per \
+                     workspace at a time",
+                    root.display(),
+                    holder.map(|h| h.to_string()).unwrap_or_default()
+                ),
+                None => Err(e.context("the builder needs the workspace to itself")),
+            }
+        }
+    }
+}
+
+/// A new session id: the UTC time and a counter-backed suffix (`20261130-190512-3f2a`).
+fn new_session_id() -> String {
+    let now = now_rfc3339();
+    let stamp: String = now
+        .chars()
+        .filter(|c| c.is_ascii_digit())
+        .take(14)
+        .collect();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or_default();
+    let salt = (nanos ^ std::process::id().rotate_left(16)) & 0xffff;
+    format!(
+        "{}-{}-{salt:04x}",
+        &stamp[..8.min(stamp.len())],
+        &stamp[8.min(stamp.len())..]
+    )
+}
+
+/// `YYYY-MM-DD` of an RFC 3339 time.
+fn date_of(rfc3339: &str) -> String {
+    rfc3339.chars().take(10).collect()
+}
+
+fn slug(name: &str) -> String {
+    let mut out = String::new();
+    for c in name.chars() {
+        if c.is_ascii_alphanumeric() {
+            out.push(c.to_ascii_lowercase());
+        } else if !out.ends_with('-') && !out.is_empty() {
+            out.push('-');
+        }
+        if out.len() >= 32 {
+            break;
+        }
+    }
+    out.trim_end_matches('-').to_string()
+}
+
+/// A line saying what a tool answered.
+fn summarize(value: &Value) -> String {
+    let text = match value {
+        Value::Object(map) => {
+            let keys: Vec<String> = map
+                .iter()
+                .take(4)
+                .map(|(k, v)| match v {
+                    Value::String(s) => format!("{k}: {}", s.chars().take(60).collect::<String>()),
+                    Value::Bool(_) | Value::Number(_) => format!("{k}: {v}"),
+                    Value::Array(a) => format!("{k}: [{} items]", a.len()),
+                    _ => k.clone(),
+                })
+                .collect();
+            keys.join(", ")
+        }
+        other => other.to_string(),
+    };
+    text.chars().take(160).collect()
+}
