@@ -1,6 +1,7 @@
 //! The subcommands of `trellis`, one module each (its arguments and its `run`), and what
 //! they share: loading the plugin registry, opening a workspace.
 
+pub mod builder;
 pub mod check;
 pub mod migrate;
 pub mod plugins;
@@ -97,6 +98,26 @@ pub fn check_workspace_folder(path: &Path) -> Result<()> {
 
 /// A workspace's plan, relative to its folder.
 const PLAN_FILE: &str = "planning/plan.json";
+
+/// The recorder of `--record FILE`: refused with a replayed model, which answers from a
+/// cassette already; the cassette's model name is the file's stem.
+fn recorder(
+    file: &Path,
+    override_llm: Option<&trellis_workflow::step_config::LlmRef>,
+) -> Result<std::sync::Arc<trellis_sandbox::llm::Recorder>> {
+    use anyhow::Context;
+    anyhow::ensure!(
+        override_llm.is_none_or(|l| l.provider != trellis_runner::llm_choice::REPLAY_PROVIDER),
+        "--record records the answers of a live provider; `replay` answers from a cassette already"
+    );
+    let model = file
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .filter(|s| !s.is_empty())
+        .with_context(|| format!("--record {}: expected a file name", file.display()))?;
+    let recorder = trellis_sandbox::llm::Recorder::create(file)?.recording_model(model);
+    Ok(std::sync::Arc::new(recorder))
+}
 
 fn plural(n: usize) -> &'static str {
     if n == 1 { "" } else { "s" }

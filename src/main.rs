@@ -14,7 +14,7 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 use trellis_sandbox::{CacheSetting, Engine};
 
-use commands::{check, migrate, plugins, run, runs, schema, script, tool, validate};
+use commands::{builder, check, migrate, plugins, run, runs, schema, script, tool, validate};
 
 /// Trellis: a sandboxed runtime for agent workflows.
 ///
@@ -120,6 +120,26 @@ enum Command {
     ///   trellis run WS --group us --step summarize
     #[command(verbatim_doc_comment)]
     Run(run::RunArgs),
+    /// Chat with the builder: an agent that designs, runs and repairs the workflow.
+    ///
+    /// The agent edits the plan and step config through validated tools (an edit that
+    /// would not validate is refused whole, nothing written; every edit is logged to
+    /// planning/changelog/), writes scripts and notes through the sandboxed workspace
+    /// plugin, runs steps and whole workflows in the background in runs/iteration-0, reads
+    /// their results and steers them. What it may do is set by the workshop mode:
+    /// `trellis builder tools --mode M` lists a mode's tools. The conversation is kept in
+    /// builder/conversation/ and resumed with --session; costs go to costs/phase/. One
+    /// builder per workspace at a time.
+    ///
+    /// In the chat: /mode NAME, /executions, /stop [ID], /cost, /help, /quit.
+    ///
+    /// Examples:
+    ///   trellis builder WS --llm openai:gpt-4o
+    ///   trellis builder WS --session 20261130-190512-3f2a
+    ///   trellis builder WS --llm replay:NAME -m "add a step that ..." -m "run it"
+    ///   trellis builder tools --mode run
+    #[command(verbatim_doc_comment)]
+    Builder(builder::BuilderArgs),
 }
 
 fn main() -> ExitCode {
@@ -182,6 +202,7 @@ impl Command {
             Command::Check(args) => Some(&args.workspace),
             Command::Run(args) => Some(&args.workspace),
             Command::Validate(args) => Some(&args.workspace),
+            Command::Builder(args) => args.workspace(),
             _ => None,
         }
     }
@@ -197,6 +218,7 @@ impl Command {
             Command::Check(args) => Some(&args.cache),
             Command::Run(args) => Some(&args.cache),
             Command::Validate(args) => Some(&args.cache),
+            Command::Builder(args) => Some(&args.cache),
             _ => None,
         }
     }
@@ -210,6 +232,7 @@ impl Command {
             Command::Run(args) => Some(&args.workspace),
             Command::Validate(args) => Some(&args.workspace),
             Command::Migrate(args) => Some(&args.workspace),
+            Command::Builder(args) => args.workspace(),
             Command::Runs(command) => Some(command.workspace()),
             _ => None,
         }
@@ -268,5 +291,6 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Script(args) => script::run(&engine()?, args).await,
         Command::Check(args) => check::run(&engine()?, &args).await,
         Command::Run(args) => run::run(&engine()?, args).await,
+        Command::Builder(args) => builder::run(engine, args).await,
     }
 }

@@ -7,12 +7,11 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use trellis_runner::llm_choice::{LlmSetup, REPLAY_PROVIDER, parse_llm_spec};
+use trellis_runner::llm_choice::{LlmSetup, parse_llm_spec};
 use trellis_runner::runtime::{ExecutionEvent, Runtime, StartOptions};
 use trellis_runner::session::Status;
 use trellis_runner::workflow_run::RunOptions;
 use trellis_sandbox::Engine;
-use trellis_sandbox::llm::Recorder;
 
 use super::{CacheArgs, PluginDirs, plural, registry};
 use crate::progress::{Mode, Progress};
@@ -122,19 +121,7 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
         .or(approvals.max_tool_rounds());
     let mut llm = LlmSetup::new(override_llm.clone()).with_approvals(approvals);
     if let Some(file) = &args.record {
-        anyhow::ensure!(
-            override_llm
-                .as_ref()
-                .is_none_or(|l| l.provider != REPLAY_PROVIDER),
-            "--record records the answers of a live provider; `replay` answers from a cassette already"
-        );
-        let model = file
-            .file_stem()
-            .and_then(|s| s.to_str())
-            .filter(|s| !s.is_empty())
-            .with_context(|| format!("--record {}: expected a file name", file.display()))?;
-        let recorder = Recorder::create(file)?.recording_model(model);
-        llm = llm.with_recorder(Arc::new(recorder));
+        llm = llm.with_recorder(super::recorder(file, override_llm.as_ref())?);
     }
     let recorder = llm.recorder().cloned();
     let progress = Arc::new(Progress::new(Mode::detect(args.quiet)));

@@ -235,6 +235,15 @@ impl BuilderSession {
         self.agent.side.running_ids()
     }
 
+    /// Calls tool `name` in the operator's name (a slash command of the chat), in the
+    /// session's mode: the answer, or the failure as JSON.
+    pub async fn operator_call(&self, name: &str, args: &Value) -> Value {
+        match self.agent.dispatch(self.mode, name, args).await {
+            Ok(value) => value,
+            Err(failure) => failure.to_json(),
+        }
+    }
+
     /// Changes the mode from the next turn on, and records it at once.
     pub fn set_mode(&mut self, mode: Mode) -> Result<()> {
         self.mode = mode;

@@ -4,19 +4,21 @@
 use serde_json::Value;
 
 use super::{ToolContext, ToolFailure, ToolResult, ToolSpec};
-use crate::runtime::Runtime;
+use crate::runtime::{Runtime, StartOptions};
 
 /// The executions of one builder session.
 #[derive(Debug)]
 pub struct Executions {
     #[allow(dead_code)]
     runtime: Runtime,
+    #[allow(dead_code)]
+    template: StartOptions,
 }
 
 impl Executions {
-    /// Executions started on `runtime`.
-    pub fn new(runtime: Runtime) -> Self {
-        Executions { runtime }
+    /// Executions started on `runtime` with the models, limits and retries of `template`.
+    pub fn new(runtime: Runtime, template: StartOptions) -> Self {
+        Executions { runtime, template }
     }
 
     /// The specs of the execution tools.

@@ -1,0 +1,410 @@
+//! `trellis builder`: the interactive builder, a chat whose agent designs, runs and repairs
+//! the workflow of one workspace (spec section 11).
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use clap::{Args, Subcommand};
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use trellis_runner::builder::agent::{DEFAULT_MAX_ROUNDS, specs_of};
+use trellis_runner::builder::executions::Executions;
+use trellis_runner::builder::{
+    BuilderEvent, BuilderObserver, BuilderSession, Mode, SessionOptions, TurnReport,
+};
+use trellis_runner::llm_choice::{LlmSetup, parse_llm_spec};
+use trellis_runner::runtime::{Runtime, StartOptions};
+use trellis_runner::workflow_run::RunOptions;
+use trellis_sandbox::Engine;
+use trellis_sandbox::llm::RetryPolicy;
+
+use super::{CacheArgs, PluginDirs, registry};
+
+/// Arguments of `trellis builder`.
+#[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub struct BuilderArgs {
+    #[command(subcommand)]
+    command: Option<BuilderCommand>,
+    /// The workspace folder.
+    #[arg(required = true)]
+    pub(crate) workspace: Option<PathBuf>,
+    /// The workshop mode: builder (default), optimizer, run, debugger, eval, output
+    /// (aliases: workshop, runner, ask). A resumed session keeps its own unless given.
+    #[arg(long, value_name = "MODE")]
+    mode: Option<String>,
+    /// Resume this session exactly where it was (history and mode).
+    #[arg(long, value_name = "ID")]
+    session: Option<String>,
+    /// The builder's own model, `provider:model` (e.g. `openai:gpt-4o`, `replay:NAME`);
+    /// else workflow.json `builder_llm`, else its `llm`. Executions use their steps' models,
+    /// as `trellis run` does.
+    #[arg(long, value_name = "PROVIDER:MODEL")]
+    llm: Option<String>,
+    /// Write every answered LLM call of the builder to the cassette FILE (replaced); put it
+    /// at `<workspace>/cassettes/NAME.json` and replay the session with `--llm replay:NAME`.
+    #[arg(long, value_name = "FILE")]
+    record: Option<PathBuf>,
+    /// Run non-interactively: each message is a turn (repeatable). A turn starts only once
+    /// the executions of the previous turns and their completion turns have finished; the
+    /// command waits the same way before it exits. Exit status 0 when the last turn ended
+    /// normally.
+    #[arg(long = "message", short = 'm', value_name = "TEXT")]
+    messages: Vec<String>,
+    /// Let the key in environment variable VAR go to ORIGIN (repeatable), as for `trellis run`.
+    #[arg(long = "allow-key", value_name = "VAR=ORIGIN")]
+    allow_keys: Vec<String>,
+    /// Let step scripts reach HOST although it is loopback or private (repeatable), as for
+    /// `trellis run`.
+    #[arg(long = "allow-host", value_name = "HOST")]
+    allow_hosts: Vec<String>,
+    /// Tool rounds a builder turn may take before it must answer.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_ROUNDS as u32,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    max_rounds: u32,
+    /// Retries of a failed LLM call (default 3), as for `trellis run`.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=100))]
+    llm_retries: Option<u32>,
+    #[command(flatten)]
+    plugins: PluginDirs,
+    #[command(flatten)]
+    pub(crate) cache: CacheArgs,
+}
+
+#[derive(Subcommand, Debug)]
+enum BuilderCommand {
+    /// Print the tools of a workshop mode, with what each does.
+    Tools {
+        /// The mode (or alias).
+        #[arg(long, value_name = "MODE", default_value = "builder")]
+        mode: String,
+    },
+}
+
+impl BuilderArgs {
+    /// The workspace folder, when a session is asked for.
+    pub fn workspace(&self) -> Option<&std::path::Path> {
+        match self.command {
+            Some(_) => None,
+            None => self.workspace.as_deref(),
+        }
+    }
+}
+
+/// Runs `trellis builder`.
+pub async fn run(engine: impl FnOnce() -> Result<Engine>, args: BuilderArgs) -> Result<ExitCode> {
+    if let Some(BuilderCommand::Tools { mode }) = &args.command {
+        return print_tools(mode);
+    }
+    let root = args
+        .workspace
+        .clone()
+        .context("give the workspace folder")?;
+    let engine = engine()?;
+    let mode = args
+        .mode
+        .as_deref()
+        .map(str::parse::<Mode>)
+        .transpose()
+        .map_err(anyhow::Error::msg)
+        .context("--mode")?;
+    let runtime = Runtime::new(Arc::new(registry(&engine, &args.plugins).await?));
+    let approvals = super::approvals(&args.allow_keys, &args.allow_hosts)?;
+    let override_llm = args.llm.as_deref().map(parse_llm_spec).transpose()?;
+    let mut own = LlmSetup::new(override_llm.clone())
+        .with_approvals(approvals.clone())
+        .with_providers(runtime.registry().llm_provider_ids());
+    if let Some(file) = &args.record {
+        own = own.with_recorder(super::recorder(file, override_llm.as_ref())?);
+    }
+    let mut retry = RetryPolicy::default();
+    if let Some(n) = args.llm_retries {
+        retry.max_retries = n;
+    }
+    let steps_llm = LlmSetup::new(None)
+        .with_approvals(approvals)
+        .with_providers(runtime.registry().llm_provider_ids());
+    let mut template = StartOptions::new(RunOptions::default(), steps_llm);
+    template.retry = retry.clone();
+    let executions = Executions::new(runtime.clone(), template);
+    let interactive = args.messages.is_empty();
+    let observer = printer(interactive);
+    let recorder = own.recorder().cloned();
+    let mut session = BuilderSession::open(
+        &runtime,
+        executions,
+        SessionOptions {
+            root: root.clone(),
+            session_id: args.session.clone(),
+            mode,
+            llm: own,
+            limits: Default::default(),
+            retry,
+            max_rounds: args.max_rounds as usize,
+            observer,
+        },
+    )?;
+    eprintln!(
+        "builder session {} on {} in {} mode (conversation: {})",
+        session.id(),
+        root.display(),
+        session.mode(),
+        session.file().display()
+    );
+    let ended_normally = if interactive {
+        chat(&mut session).await?
+    } else {
+        scripted(&mut session, &args.messages).await?
+    };
+    if let Some(recorder) = recorder {
+        eprintln!(
+            "recorded {} LLM call{} to {}",
+            recorder.len(),
+            super::plural(recorder.len()),
+            recorder.path().display()
+        );
+    }
+    Ok(if ended_normally {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// `--message` mode: each message a turn, each after the previous turn's work and its
+/// completion turns; waits the same way at the end. Whether the last turn ended normally.
+async fn scripted(session: &mut BuilderSession, messages: &[String]) -> Result<bool> {
+    let mut last = true;
+    for message in messages {
+        println!("> {message}");
+        let report = session.turn(message).await?;
+        last = show_end(&report);
+        for report in session.settle().await? {
+            last = show_end(&report);
+        }
+    }
+    Ok(last)
+}
+
+/// The interactive chat. Whether the last turn ended normally.
+async fn chat(session: &mut BuilderSession) -> Result<bool> {
+    println!("Type a message, or /mode NAME, /executions, /stop [ID], /cost, /help, /quit.");
+    let (ask, mut lines) = line_reader()?;
+    let mut last = true;
+    loop {
+        ask.send(format!("{}> ", session.mode()))
+            .context("the line editor stopped")?;
+        let line = loop {
+            tokio::select! {
+                line = lines.recv() => break line,
+                _ = tokio::time::sleep(std::time::Duration::from_millis(250)) => {
+                    for report in session.completion_turns().await? {
+                        last = show_end(&report);
+                    }
+                }
+            }
+        };
+        let Some(line) = line else {
+            break;
+        };
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        match line.split_once(' ').unwrap_or((line, "")) {
+            ("/quit" | "/exit", _) => break,
+            ("/help", _) => println!(
+                "/mode NAME     switch mode (builder, optimizer, run, debugger, eval, output)\n\
+                 /executions    list the executions of this session\n\
+                 /stop [ID]     stop one execution, or all\n\
+                 /cost          tokens and cost of this session\n\
+                 /quit          leave (running work is waited for)"
+            ),
+            ("/mode", name) => match name.trim().parse::<Mode>() {
+                Ok(mode) => {
+                    session.set_mode(mode)?;
+                    println!("mode: {mode} ({})", mode.purpose());
+                }
+                Err(e) => println!("{e}"),
+            },
+            ("/executions", _) => {
+                print_json(&session_tool(session, "list_executions", &serde_json::json!({})).await)
+            }
+            ("/stop", id) if id.trim().is_empty() => print_json(
+                &session_tool(session, "stop_all_executions", &serde_json::json!({})).await,
+            ),
+            ("/stop", id) => print_json(
+                &session_tool(
+                    session,
+                    "stop_step",
+                    &serde_json::json!({"execution_id": id.trim()}),
+                )
+                .await,
+            ),
+            ("/cost", _) => {
+                let usage = session.usage();
+                let cost = session.cost()?;
+                println!(
+                    "tokens {} in / {} out{}",
+                    usage.prompt_tokens,
+                    usage.completion_tokens,
+                    cost.cost_usd
+                        .map(|c| format!(", ${c:.4}"))
+                        .unwrap_or_else(|| " (no price in workflow.json pricing)".into())
+                );
+            }
+            (command, _) if command.starts_with('/') => {
+                println!("unknown command {command}: type /help")
+            }
+            _ => {
+                let report = session.turn(line).await?;
+                last = show_end(&report);
+            }
+        }
+    }
+    let running = session.executions().running();
+    if !running.is_empty() || !session.side_agents_running().is_empty() {
+        eprintln!("waiting for the work still running to finish (Ctrl-C to leave it)...");
+    }
+    for report in session.settle().await? {
+        last = show_end(&report);
+    }
+    Ok(last)
+}
+
+/// Calls an execution tool for a slash command, in the operator's name.
+async fn session_tool(session: &BuilderSession, name: &str, args: &Value) -> Value {
+    session.operator_call(name, args).await
+}
+
+/// A thread reading lines with history and line editing: send it a prompt, get a line
+/// back (`None` at end of input).
+fn line_reader() -> Result<(
+    std::sync::mpsc::Sender<String>,
+    mpsc::UnboundedReceiver<String>,
+)> {
+    let (ask, prompts) = std::sync::mpsc::channel::<String>();
+    let (send, lines) = mpsc::unbounded_channel();
+    let mut editor = rustyline::DefaultEditor::new().context("starting the line editor")?;
+    let history = history_file();
+    if let Some(file) = &history {
+        let _ = editor.load_history(file);
+    }
+    std::thread::Builder::new()
+        .name("trellis-line-editor".into())
+        .spawn(move || {
+            while let Ok(prompt) = prompts.recv() {
+                match editor.readline(&prompt) {
+                    Ok(line) => {
+                        let _ = editor.add_history_entry(line.as_str());
+                        if let Some(file) = &history {
+                            if let Some(dir) = file.parent() {
+                                let _ = std::fs::create_dir_all(dir);
+                            }
+                            let _ = editor.save_history(file);
+                        }
+                        if send.send(line).is_err() {
+                            return;
+                        }
+                    }
+                    Err(rustyline::error::ReadlineError::Interrupted) => {
+                        if send.send(String::new()).is_err() {
+                            return;
+                        }
+                    }
+                    Err(_) => return,
+                }
+            }
+        })
+        .context("starting the line editor")?;
+    Ok((ask, lines))
+}
+
+/// `$XDG_STATE_HOME/trellis/builder_history`, else `~/.local/state/trellis/builder_history`.
+fn history_file() -> Option<PathBuf> {
+    let state = std::env::var_os("XDG_STATE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))?;
+    Some(state.join("trellis").join("builder_history"))
+}
+
+/// Prints events as they come: the agent's text, a line per tool call and per execution
+/// event.
+fn printer(interactive: bool) -> BuilderObserver {
+    let dim = interactive && std::io::stdout().is_terminal();
+    BuilderObserver::new(move |event| {
+        let mut out = std::io::stdout().lock();
+        let _ = match event {
+            BuilderEvent::AgentText(text) => writeln!(out, "{text}"),
+            BuilderEvent::ToolStarted {
+                name, arguments, ..
+            } => {
+                let args: String = arguments.to_string().chars().take(120).collect();
+                if dim {
+                    writeln!(out, "\x1b[2m  -> {name} {args}\x1b[0m")
+                } else {
+                    writeln!(out, "  -> {name} {args}")
+                }
+            }
+            BuilderEvent::ToolEnded {
+                name, ok, summary, ..
+            } => writeln!(
+                out,
+                "  {} {name}: {summary}",
+                if *ok { "ok" } else { "FAILED" }
+            ),
+            BuilderEvent::Execution { id, line } => writeln!(out, "  [{id}] {line}"),
+        };
+    })
+}
+
+/// Says how a turn ended when it did not end normally; whether it did.
+fn show_end(report: &TurnReport) -> bool {
+    if let Some(error) = &report.error {
+        eprintln!("the turn ended early: {error}");
+    }
+    report.ended_normally
+}
+
+fn print_json(value: &Value) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string())
+    );
+}
+
+/// `trellis builder tools --mode M`: the mode's row of the table.
+fn print_tools(mode: &str) -> Result<ExitCode> {
+    let mode: Mode = mode.parse().map_err(anyhow::Error::msg).context("--mode")?;
+    println!("{mode} mode: {}", mode.purpose());
+    if !mode.writable_folders().is_empty() {
+        println!(
+            "writes files under: {}",
+            mode.writable_folders()
+                .iter()
+                .map(|f| format!("{f}/"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    for spec in specs_of(mode) {
+        let first = spec.description.split(". ").next().unwrap_or_default();
+        println!("  {:<36} {}", spec.name, first.trim_end_matches('.'));
+    }
+    let missing: Vec<&str> = mode
+        .tools()
+        .into_iter()
+        .filter(|t| !specs_of(mode).iter().any(|s| s.name == *t))
+        .collect();
+    anyhow::ensure!(
+        missing.is_empty(),
+        "tools without a spec: {}",
+        missing.join(", ")
+    );
+    Ok(ExitCode::SUCCESS)
+}
