@@ -1,0 +1,282 @@
+//! `trellis builder` through the binary, against an OpenAI-compatible server on 127.0.0.1:
+//! turns, the conversation file and index, cost deltas, resume with the mode, mode gating
+//! both ways, one builder per workspace, the mode table printed.
+
+use crate::support;
+
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use support::fake_llm::{FakeServer, completion, result_of};
+use support::workspace::{read_json, write_file};
+use support::{trellis, trellis_command};
+
+/// A workspace with one regular step, whose models (the builder's too) are on `server`.
+fn workspace(root: &Path, server: &FakeServer) {
+    write_file(
+        root,
+        "planning/plan.json",
+        json!({"objective": "Say hello", "steps": [
+            {"id": "greet", "type": "regular", "title": "Greet", "description": "Say hello."}
+        ]})
+        .to_string(),
+    );
+    write_file(root, "planning/step_config.json", r#"{"steps": []}"#);
+    write_file(
+        root,
+        "workflow.json",
+        json!({"llm": {"provider": "openai", "model_id": "builder-model"},
+               "providers": server.providers(),
+               "pricing": {"builder-model": {"input": 2.0, "output": 10.0}}})
+        .to_string(),
+    );
+}
+
+/// A server answering each request with the next of `replies`, then plain text.
+fn scripted(replies: Vec<Value>) -> FakeServer {
+    let next = Arc::new(AtomicUsize::new(0));
+    FakeServer::start(Box::new(move |_| {
+        let n = next.fetch_add(1, Ordering::SeqCst);
+        (
+            200,
+            replies
+                .get(n)
+                .cloned()
+                .unwrap_or_else(|| completion("nothing more to do", &[])),
+        )
+    }))
+}
+
+fn builder(root: &Path, extra: &[&str]) -> std::process::Output {
+    let mut args = vec!["builder", root.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    trellis(&args)
+}
+
+fn stdout(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// The one conversation file of the workspace.
+fn conversation(root: &Path) -> Value {
+    let index = read_json(&root.join("builder/conversation/chat-index.json"));
+    let sessions = index["sessions"].as_array().unwrap();
+    assert_eq!(sessions.len(), 1, "{index}");
+    read_json(&root.join(sessions[0]["file"].as_str().unwrap()))
+}
+
+fn user_turns(conversation: &Value) -> Vec<String> {
+    conversation["conversation_history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .map(|m| m["content"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn turns_are_kept_costs_count_deltas_and_a_session_resumes_in_its_mode() {
+    let ws = tempfile::tempdir().unwrap();
+    let server = scripted(vec![
+        completion("Hello, what shall we build?", &[]),
+        completion("Noted.", &[]),
+        completion("Still in run mode.", &[]),
+    ]);
+    workspace(ws.path(), &server);
+
+    let out = builder(
+        ws.path(),
+        &["--mode", "ask", "-m", "hi", "-m", "remember this"],
+    );
+    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+    assert!(
+        stdout(&out).contains("Hello, what shall we build?"),
+        "{}",
+        stdout(&out)
+    );
+    let first = conversation(ws.path());
+    assert_eq!(user_turns(&first), ["hi", "remember this"]);
+    assert_eq!(first["workshop_mode"], "run");
+    assert_eq!(first["phase_id"], "workflow-builder");
+    assert_eq!(first["model"], "openai:builder-model");
+    let file = ws.path().join(
+        read_json(&ws.path().join("builder/conversation/chat-index.json"))["sessions"][0]["file"]
+            .as_str()
+            .unwrap(),
+    );
+    let date = file
+        .parent()
+        .unwrap()
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(date.len(), 10, "{date}");
+
+    // Two turns of 11 + 7 tokens each: 36 in all, not 18 + 36.
+    let usage = read_json(&ws.path().join("costs/phase/token_usage.json"));
+    let totals = &usage["by_phase_and_model"]["workflow-builder"]["openai:builder-model"];
+    assert_eq!(totals["prompt_tokens"], 22, "{usage}");
+    assert_eq!(totals["completion_tokens"], 14, "{usage}");
+    let cost = totals["cost_usd"].as_f64().unwrap();
+    assert!(
+        (cost - (22.0 * 2.0 + 14.0 * 10.0) / 1e6).abs() < 1e-12,
+        "{cost}"
+    );
+    let daily = read_json(&ws.path().join(format!("costs/phase/daily/{date}.json")));
+    assert_eq!(
+        daily["by_model"]["openai:builder-model"]["total_tokens"],
+        36
+    );
+
+    // Resumed without --mode: still run mode, and the model sees the whole history.
+    let id = first["session_id"].as_str().unwrap().to_string();
+    let out = builder(ws.path(), &["--session", &id, "-m", "and now?"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let last = server.seen().last().cloned().unwrap();
+    let messages = last["messages"].as_array().unwrap();
+    assert!(
+        messages[0]["content"]
+            .as_str()
+            .unwrap()
+            .contains("Mode: run"),
+        "{}",
+        messages[0]
+    );
+    let users: Vec<&str> = messages
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .map(|m| m["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(users, ["hi", "remember this", "and now?"]);
+    let resumed = conversation(ws.path());
+    assert_eq!(user_turns(&resumed).len(), 3);
+    let usage = read_json(&ws.path().join("costs/phase/token_usage.json"));
+    assert_eq!(
+        usage["by_model"]["openai:builder-model"]["total_tokens"], 54,
+        "{usage}"
+    );
+
+    // An unknown session is an error naming the known one.
+    let out = builder(ws.path(), &["--session", "nope", "-m", "x"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains(&id), "{}", stderr(&out));
+}
+
+#[test]
+fn a_mode_offers_only_its_tools_and_refuses_the_others() {
+    let ws = tempfile::tempdir().unwrap();
+    let server = scripted(vec![
+        completion(
+            "",
+            &[(
+                "add_scripted_step",
+                json!({"step_id": "x", "title": "X", "description": "d", "reason": "r",
+                       "script": "print(1)"}),
+            )],
+        ),
+        completion("I cannot edit in this mode.", &[]),
+    ]);
+    workspace(ws.path(), &server);
+    let plan_before = std::fs::read(ws.path().join("planning/plan.json")).unwrap();
+
+    let out = builder(ws.path(), &["--mode", "run", "-m", "add a step"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let seen = server.seen();
+    let offered: Vec<&str> = seen[0]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap())
+        .collect();
+    assert!(offered.contains(&"execute_step"), "{offered:?}");
+    assert!(!offered.contains(&"add_scripted_step"), "{offered:?}");
+    assert!(!offered.contains(&"update_step_config"), "{offered:?}");
+    let refusal = result_of(&server.tool_results(1), "call-0");
+    assert!(refusal.contains("not available in run mode"), "{refusal}");
+    assert!(refusal.contains("builder, optimizer"), "{refusal}");
+    assert_eq!(
+        std::fs::read(ws.path().join("planning/plan.json")).unwrap(),
+        plan_before
+    );
+    assert!(
+        stdout(&out).contains("FAILED add_scripted_step"),
+        "{}",
+        stdout(&out)
+    );
+}
+
+#[test]
+fn a_second_builder_on_the_workspace_is_refused_naming_the_session() {
+    let ws = tempfile::tempdir().unwrap();
+    let server = scripted(vec![]);
+    workspace(ws.path(), &server);
+    // An interactive session waiting for its first line holds the workspace.
+    let mut first = trellis_command(&["builder", ws.path().to_str().unwrap()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let active = ws.path().join("builder/active-session.json");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !active.exists() {
+        assert!(Instant::now() < deadline, "the first builder never started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let id = read_json(&active)["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    let out = builder(ws.path(), &["-m", "hello"]);
+    let _ = first.kill();
+    let _ = first.wait();
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("busy"), "{err}");
+    assert!(err.contains(&format!("builder session {id}")), "{err}");
+    assert!(
+        server.seen().is_empty(),
+        "the refused builder called its model"
+    );
+}
+
+#[test]
+fn builder_tools_prints_the_row_of_a_mode() {
+    let out = trellis(&["builder", "tools", "--mode", "debugger"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    for tool in ["read_plan", "query_step", "list_executions", "debug_step"] {
+        assert!(text.contains(tool), "{tool} missing:\n{text}");
+    }
+    for tool in ["execute_step", "add_scripted_step", "write_workspace_file"] {
+        assert!(!text.contains(tool), "{tool} listed:\n{text}");
+    }
+    let out = trellis(&["builder", "tools", "--mode", "editor"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("expected one of builder"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn a_builder_without_a_model_says_how_to_name_one() {
+    let ws = tempfile::tempdir().unwrap();
+    write_file(ws.path(), "planning/plan.json", r#"{"steps": []}"#);
+    let out = builder(ws.path(), &["-m", "hi"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("builder_llm"), "{}", stderr(&out));
+}
