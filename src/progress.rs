@@ -332,6 +332,7 @@ fn describe(state: &mut State, event: &RunEvent) -> Option<String> {
             tool,
             error,
             duration_ms,
+            ..
         } => {
             state.totals.tool_calls += 1;
             state.step_tools += 1;

@@ -6,6 +6,7 @@ mod support;
 
 mod agent_db_tools;
 mod builder_cli;
+mod builder_executions;
 mod cli;
 mod compat_access;
 mod compat_plans;

@@ -118,8 +118,12 @@ pub enum RunEvent {
     ToolCall {
         /// The step id.
         step_id: String,
+        /// The call's id, as the model gave it.
+        call_id: String,
         /// The full tool name (`server:tool`).
         tool: String,
+        /// Its arguments, as the model sent them (parsed; `null` when they were not JSON).
+        arguments: serde_json::Value,
         /// The error, when the tool failed.
         error: Option<String>,
         /// Milliseconds.

@@ -9,6 +9,11 @@
 //! needs nothing `Send` from the code it drives, and a slow event reader never slows another
 //! execution. Its events are kept for the execution's lifetime, so a reader that comes late
 //! sees them from the start.
+//!
+//! One process per workspace ([`crate::workspace_lock`]), but many executions in it: the
+//! executions of one runtime on one workspace share one OS lock, taken by the first and let
+//! go by the last (or by the last [`WorkspaceHold`], which a front end such as the builder
+//! keeps for a whole session). Another process still finds the workspace busy.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
@@ -134,6 +139,10 @@ pub struct StartOptions {
     /// When another process holds the workspace (see [`crate::workspace_lock`]): wait for
     /// it to let go, rather than fail at once.
     pub wait_for_workspace: bool,
+    /// A message for the step's agent, read with the user message of its first turn (the
+    /// builder's `execute_step` instructions). A step without an agent (a script, a routing
+    /// or human_input step) never reads it.
+    pub instructions: Option<String>,
 }
 
 impl StartOptions {
@@ -146,6 +155,7 @@ impl StartOptions {
             retry: RetryPolicy::default(),
             max_tool_rounds: crate::driver::DEFAULT_MAX_TOOL_ROUNDS,
             wait_for_workspace: false,
+            instructions: None,
         }
     }
 }
@@ -156,6 +166,90 @@ pub struct Runtime {
     registry: Arc<PluginRegistry>,
     executions: Arc<Mutex<BTreeMap<ExecutionId, Arc<Execution>>>>,
     next: Arc<AtomicU64>,
+    holds: Arc<Mutex<Holds>>,
+}
+
+/// The workspaces this runtime holds: the OS lock of each, and how many holders share it.
+type Holds = BTreeMap<PathBuf, (usize, WorkspaceLock)>;
+
+/// A share of this runtime's lock of one workspace: while any share lives, the runtime's
+/// executions on that workspace reuse the lock and other processes are refused. The last
+/// share dropped lets the OS lock go.
+#[derive(Debug)]
+pub struct WorkspaceHold {
+    holds: Arc<Mutex<Holds>>,
+    key: PathBuf,
+}
+
+impl Drop for WorkspaceHold {
+    fn drop(&mut self) {
+        // Counted and released under the map's lock: a holder arriving at the same moment
+        // either shares the lock or takes it afresh, never meets a lock being let go.
+        let mut holds = self.holds.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((count, _)) = holds.get_mut(&self.key) {
+            *count -= 1;
+            if *count == 0 {
+                holds.remove(&self.key);
+            }
+        }
+    }
+}
+
+/// How long a holder waiting for another process tries again.
+const HOLD_POLL: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// A share of the lock of `workspace` in `holds`: the runtime's own when it has one, else
+/// the OS lock taken now. With `wait`, waits for another process to let go until the flag
+/// it carries is set; without, fails at once naming the holder.
+fn share_workspace(
+    holds: &Arc<Mutex<Holds>>,
+    workspace: &Path,
+    wait: Option<&AtomicBool>,
+) -> anyhow::Result<WorkspaceHold> {
+    let key = workspace
+        .canonicalize()
+        .unwrap_or_else(|_| workspace.to_path_buf());
+    loop {
+        {
+            let mut map = holds.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some((count, _)) = map.get_mut(&key) {
+                *count += 1;
+                return Ok(WorkspaceHold {
+                    holds: holds.clone(),
+                    key,
+                });
+            }
+            match wait {
+                None => {
+                    let lock = WorkspaceLock::try_acquire(workspace)?;
+                    map.insert(key.clone(), (1, lock));
+                    return Ok(WorkspaceHold {
+                        holds: holds.clone(),
+                        key,
+                    });
+                }
+                Some(_) => {
+                    if let Some(lock) = WorkspaceLock::try_acquire_free(workspace)? {
+                        map.insert(key.clone(), (1, lock));
+                        return Ok(WorkspaceHold {
+                            holds: holds.clone(),
+                            key,
+                        });
+                    }
+                }
+            }
+        }
+        if wait.is_some_and(|cancel| cancel.load(Ordering::SeqCst)) {
+            let holder = crate::workspace_lock::holder_of(workspace)
+                .map(|h| h.to_string())
+                .unwrap_or_else(|| "another process".to_string());
+            anyhow::bail!(
+                "stopped while waiting for workspace {} (in use by {holder})",
+                workspace.display()
+            );
+        }
+        std::thread::sleep(HOLD_POLL);
+    }
 }
 
 /// Events kept per execution, at most: a run longer than this keeps its latest.
@@ -239,7 +333,15 @@ impl Runtime {
             registry,
             executions: Arc::default(),
             next: Arc::new(AtomicU64::new(1)),
+            holds: Arc::default(),
         }
+    }
+
+    /// Holds `workspace` for this runtime until the hold is dropped: its executions there
+    /// share the lock, and another process is refused (an error naming the holder when
+    /// another process has it now).
+    pub fn hold_workspace(&self, workspace: &Path) -> anyhow::Result<WorkspaceHold> {
+        share_workspace(&self.holds, workspace, None)
     }
 
     /// The plugins.
@@ -288,7 +390,10 @@ impl Runtime {
                 status: ExecutionStatus::Running,
             }),
             cancel: Arc::new(AtomicBool::new(false)),
-            steering: Arc::new(Steering::default()),
+            steering: Arc::new(match &options.instructions {
+                Some(text) => Steering::with_instructions(text.clone()),
+                None => Steering::default(),
+            }),
             log: Mutex::default(),
             sender,
             outcome: Mutex::new(None),
@@ -298,12 +403,13 @@ impl Runtime {
             .unwrap_or_else(|e| e.into_inner())
             .insert(id.clone(), execution.clone());
         let registry = self.registry.clone();
+        let holds = self.holds.clone();
         let workspace = workspace.to_path_buf();
         let spawned = std::thread::Builder::new()
             .name(format!("trellis-{id}"))
             .spawn({
                 let execution = execution.clone();
-                move || run_in_thread(registry, execution, workspace, options)
+                move || run_in_thread(registry, holds, execution, workspace, options)
             });
         if let Err(e) = spawned {
             finish(
@@ -412,6 +518,7 @@ fn same_folder(a: &Path, b: &Path) -> bool {
 /// The body of an execution's thread.
 fn run_in_thread(
     registry: Arc<PluginRegistry>,
+    holds: Arc<Mutex<Holds>>,
     execution: Arc<Execution>,
     workspace: PathBuf,
     options: StartOptions,
@@ -423,14 +530,12 @@ fn run_in_thread(
         Ok(runtime) => runtime,
         Err(e) => return finish(&execution, Err(format!("starting the execution: {e}"))),
     };
-    // One process per workspace: the lock is taken before the run changes anything, and
-    // held until the run ends; it is let go before the end is published, so whoever waited
-    // for the end finds the workspace free.
-    let lock = if options.wait_for_workspace {
-        WorkspaceLock::acquire_waiting(&workspace, &execution.cancel)
-    } else {
-        WorkspaceLock::try_acquire(&workspace)
-    };
+    // One process per workspace: the lock is taken (or shared with this runtime's other
+    // holders) before the run changes anything, and held until the run ends; this share is
+    // let go before the end is published, so whoever waited for the end finds the workspace
+    // free unless another holder of this runtime keeps it.
+    let wait = options.wait_for_workspace.then_some(&*execution.cancel);
+    let lock = share_workspace(&holds, &workspace, wait);
     let lock = match lock {
         Ok(lock) => lock,
         Err(e) => return finish(&execution, Err(format!("{e:#}"))),

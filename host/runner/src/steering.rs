@@ -5,7 +5,8 @@
 //! tool results and before the next LLM call, and a final answer that arrives with a message
 //! pending does not end the turn. Outside a turn (a script, a gate, between steps) there is
 //! no agent to tell, and the message is refused, never held for later: steering never starts
-//! or resumes work.
+//! or resumes work. The one exception is given at the start ([`Steering::with_instructions`]):
+//! instructions for the step's first turn, read with its user message.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -102,6 +103,14 @@ impl Default for Steering {
 }
 
 impl Steering {
+    /// An inbox holding `instructions` from the start: the agent reads them right after
+    /// the user message of its first turn, before its first LLM call.
+    pub fn with_instructions(instructions: String) -> Self {
+        let steering = Steering::default();
+        steering.state().queue.push_back(instructions);
+        steering
+    }
+
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }

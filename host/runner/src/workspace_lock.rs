@@ -68,6 +68,19 @@ impl WorkspaceLock {
         }
     }
 
+    /// Takes the lock of `workspace` when it is free; `None` while another holder (this
+    /// process included, through another open of the folder) has it.
+    pub fn try_acquire_free(workspace: &Path) -> Result<Option<WorkspaceLock>> {
+        let folder = open_folder(workspace)?;
+        match folder.try_lock() {
+            Ok(()) => Ok(Some(WorkspaceLock { _folder: folder })),
+            Err(TryLockError::WouldBlock) => Ok(None),
+            Err(TryLockError::Error(e)) => {
+                Err(e).with_context(|| format!("locking workspace {}", workspace.display()))
+            }
+        }
+    }
+
     /// Takes the lock of `workspace`, waiting for its holder to let go; gives up (with an
     /// error) once `cancel` is set.
     pub fn acquire_waiting(workspace: &Path, cancel: &AtomicBool) -> Result<WorkspaceLock> {

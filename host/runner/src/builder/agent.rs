@@ -23,8 +23,7 @@ use super::{
     reads,
 };
 use crate::llm_choice::{LlmSetup, StepLlm};
-use crate::runtime::Runtime;
-use crate::workspace_lock::WorkspaceLock;
+use crate::runtime::{ExecutionStatus, Runtime, WorkspaceHold};
 use trellis_sandbox::Limits;
 use trellis_sandbox::llm::{
     Message, Request, RetryPolicy, Target, ToolCall, Usage, complete_with_options,
@@ -116,7 +115,7 @@ pub struct BuilderSession {
 /// second builder's busy error (removed when the session ends).
 #[derive(Debug)]
 struct Hold {
-    _lock: WorkspaceLock,
+    _hold: WorkspaceHold,
     fs: WorkspaceFs,
 }
 
@@ -138,7 +137,7 @@ impl BuilderSession {
         let root = options.root.clone();
         let fs = WorkspaceFs::open(&root)
             .with_context(|| format!("opening workspace {}", root.display()))?;
-        let hold = hold(&root, &fs)?;
+        let hold = hold(runtime, &root, &fs)?;
         let (conversation, file) = match &options.session_id {
             Some(id) => {
                 let conversation = persist::load(&fs, id)?;
@@ -547,17 +546,17 @@ impl Agent {
                 let finished = match outcome {
                     Ok((report, _)) if report.ended_normally => Finished {
                         id: thread_id.clone(),
-                        status: "done".into(),
+                        status: ExecutionStatus::Done,
                         summary: report.text,
                     },
                     Ok((report, _)) => Finished {
                         id: thread_id.clone(),
-                        status: "failed".into(),
+                        status: ExecutionStatus::Failed,
                         summary: report.error.unwrap_or_default(),
                     },
                     Err(e) => Finished {
                         id: thread_id.clone(),
-                        status: "failed".into(),
+                        status: ExecutionStatus::Failed,
                         summary: format!("{e:#}"),
                     },
                 };
@@ -689,10 +688,10 @@ fn read_manifest(fs: &WorkspaceFs) -> Option<WorkflowManifest> {
 }
 
 /// Takes the workspace for a session, or fails naming who has it.
-fn hold(root: &Path, fs: &WorkspaceFs) -> Result<Hold> {
-    match WorkspaceLock::try_acquire(root) {
-        Ok(lock) => Ok(Hold {
-            _lock: lock,
+fn hold(runtime: &Runtime, root: &Path, fs: &WorkspaceFs) -> Result<Hold> {
+    match runtime.hold_workspace(root) {
+        Ok(hold) => Ok(Hold {
+            _hold: hold,
             fs: fs.clone(),
         }),
         Err(e) => {

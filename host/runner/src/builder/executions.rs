@@ -1,61 +1,482 @@
 //! Steps and whole workflows run in the background on the [`Runtime`]: started (at most once
 //! per step at a time), watched, steered and stopped; their ends announced to the session.
+//!
+//! The tools are thin clients of the runtime. What they answer about an execution comes
+//! from its [`crate::runtime::ExecutionEvent`]s, which a thread per execution reads as they
+//! come ([`tracked`]): it keeps the execution's state (item, turn, tool calls, result) for
+//! `query_step` and `list_executions`, reports a line per event to the session's observer,
+//! and records the end for [`Executions::take_finished`]. The builder always works in
+//! `iteration-0` (`iteration-0/<group>` with groups): a step runs there without rotating it,
+//! a full run rotates it first, as `trellis run` does.
+//!
+//! Poll guard: `query_step` and `list_executions` share a 60 s budget; the third of them
+//! in that window with nothing changed since (no event of any execution, no start) answers
+//! only that nothing changed and that the turn should end: the session announces every end.
 
-use serde_json::Value;
+mod debug;
+mod specs;
+mod tracked;
 
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use super::tool::{opt_str_arg, str_arg};
 use super::{ToolContext, ToolFailure, ToolResult, ToolSpec};
-use crate::runtime::{Runtime, StartOptions};
+use crate::runtime::{ExecutionKind, ExecutionStatus, Runtime, StartOptions};
+use crate::workflow_run::{RunOptions, input_key, missing_inputs, select_groups};
+use tracked::{Shared, Tracked};
+use trellis_workflow::{StepKind, Workspace};
+
+/// The time as the poll guard reads it; a test may move it on.
+pub type Clock = Arc<dyn Fn() -> Instant + Send + Sync>;
+
+/// The window the poll guard counts calls in.
+pub const POLL_WINDOW: Duration = Duration::from_secs(60);
+
+/// Polls with nothing changed a window allows before the guard answers instead.
+const UNCHANGED_POLLS: usize = 2;
+
+/// Tool-call arguments `query_step` shows, at most, in its list of calls (characters).
+pub const ARGUMENTS_SHOWN: usize = 200;
+
+/// An execution of the session that ended, for the synthetic turn announcing it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finished {
+    /// The builder's id (`exec-<step>-<n>`, `workflow-full-<n>`).
+    pub id: String,
+    /// `done`, `failed` or `cancelled`.
+    pub status: ExecutionStatus,
+    /// What it did or why it failed, in a line.
+    pub summary: String,
+}
+
+/// An execution of the session still running.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Running {
+    /// The builder's id.
+    pub id: String,
+    /// The step it runs, or `workflow` for a full run.
+    pub target: String,
+}
 
 /// The executions of one builder session.
-#[derive(Debug)]
 pub struct Executions {
-    #[allow(dead_code)]
     runtime: Runtime,
-    #[allow(dead_code)]
     template: StartOptions,
+    shared: Arc<Shared>,
+    clock: Clock,
+}
+
+impl std::fmt::Debug for Executions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Executions")
+            .field("runtime", &self.runtime)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Executions {
-    /// Executions started on `runtime` with the models, limits and retries of `template`.
+    /// Executions started on `runtime` with what `trellis run` would use (`template`: the
+    /// models, limits, retries and tool rounds; its selection is replaced per start). Each
+    /// step runs on its own models, as in `trellis run`.
     pub fn new(runtime: Runtime, template: StartOptions) -> Self {
-        Executions { runtime, template }
+        Executions {
+            runtime,
+            template,
+            shared: Arc::default(),
+            clock: Arc::new(Instant::now),
+        }
+    }
+
+    /// The same, with the poll guard reading `clock`.
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// The specs of the execution tools.
     pub fn specs() -> Vec<ToolSpec> {
-        Vec::new()
+        specs::specs()
     }
 
     /// Calls execution tool `name`.
-    pub async fn call(&self, _ctx: &ToolContext<'_>, name: &str, _args: &Value) -> ToolResult {
-        Err(ToolFailure::new(format!(
-            "tool {name:?} is not implemented"
-        )))
+    pub async fn call(&self, ctx: &ToolContext<'_>, name: &str, args: &Value) -> ToolResult {
+        let spec = Self::specs()
+            .into_iter()
+            .find(|s| s.name == name)
+            .ok_or_else(|| ToolFailure::new(format!("{name:?} is not an execution tool")))?;
+        specs::check_args(&spec, args)?;
+        match name {
+            "execute_step" => self.execute_step(ctx, args),
+            "query_step" => self.query_step(args),
+            "send_step_message" => self.send_step_message(args),
+            "stop_step" => self.stop_step(args),
+            "stop_all_executions" => Ok(self.stop_all()),
+            "list_executions" => Ok(self.list_executions(args)),
+            "run_full_workflow" => self.run_full_workflow(ctx, args),
+            "debug_step" => debug::debug_step(ctx.root, &self.shared, args),
+            _ => Err(ToolFailure::new(format!(
+                "{name:?} is not an execution tool"
+            ))),
+        }
     }
-}
 
-/// An execution that ended, announced to the session in a synthetic turn.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Finished {
-    /// The builder's id (`exec-<step>-<n>`).
-    pub id: String,
-    /// `done`, `failed` or `cancelled`.
-    pub status: String,
-    /// What it came to, in a line or two.
-    pub summary: String,
-}
-
-impl Executions {
     /// The executions that ended since the last call, oldest first.
     pub fn take_finished(&self) -> Vec<Finished> {
-        Vec::new()
+        self.shared.take_finished()
     }
 
     /// Waits until every execution this session started has ended.
-    pub async fn wait_all(&self) {}
+    pub async fn wait_all(&self) {
+        self.shared.wait_all().await
+    }
 
-    /// The ids of the executions still running.
-    pub fn running(&self) -> Vec<String> {
-        Vec::new()
+    /// The executions still running, oldest first.
+    pub fn running(&self) -> Vec<Running> {
+        self.shared.running()
+    }
+
+    fn execute_step(&self, ctx: &ToolContext<'_>, args: &Value) -> ToolResult {
+        let ws = open(ctx.root)?;
+        let step_id = str_arg(args, "step_id")?;
+        let step = known_step(&ws, step_id)?;
+        let group = opt_str_arg(args, "group_name")?;
+        check_group(&ws, group)?;
+        let instructions = opt_str_arg(args, "instructions")?;
+        let human_input = opt_str_arg(args, "human_input")?;
+        let mut run = RunOptions {
+            group: group.map(str::to_string),
+            ..RunOptions::default()
+        };
+        match (&step.kind, human_input) {
+            (StepKind::HumanInput(h), Some(answer)) => {
+                run.inputs
+                    .insert(input_key(step, h).to_string(), answer.to_string());
+            }
+            (StepKind::HumanInput(h), None) => {
+                return Err(ToolFailure::new(format!(
+                    "step {step_id:?} is a human_input step: give its answer in \
+                     \"human_input\"{}",
+                    h.question
+                        .as_deref()
+                        .map(|q| format!(" (it asks: {q})"))
+                        .unwrap_or_default()
+                )));
+            }
+            (kind, Some(_)) => {
+                return Err(ToolFailure::new(format!(
+                    "argument \"human_input\": step {step_id:?} is a {} step; only \
+                     human_input steps take an answer",
+                    kind.name()
+                )));
+            }
+            (_, None) => {}
+        }
+        if let Some(running) = self.shared.running_step(step_id) {
+            return Ok(already_running(&running, instructions.is_some()));
+        }
+        let mut options = self.template.clone();
+        options.run = run;
+        options.instructions = instructions.map(str::to_string);
+        let runtime_id = self.runtime.start_step(ctx.root, step_id, options);
+        let target = ExecutionKind::Step(step_id.to_string());
+        let (id, fresh) = self.shared.track(runtime_id, target, group);
+        if !fresh {
+            return Ok(already_running(&id, instructions.is_some()));
+        }
+        self.follow(ctx, &id);
+        Ok(json!({"execution_id": id, "status": "running"}))
+    }
+
+    fn run_full_workflow(&self, ctx: &ToolContext<'_>, args: &Value) -> ToolResult {
+        let ws = open(ctx.root)?;
+        let group = opt_str_arg(args, "group_name")?;
+        check_group(&ws, group)?;
+        let mut run = RunOptions {
+            group: group.map(str::to_string),
+            ..RunOptions::default()
+        };
+        let answers = string_map(args, "human_inputs");
+        let asking: Vec<&str> = ws
+            .plan
+            .steps
+            .iter()
+            .filter(|s| matches!(s.kind, StepKind::HumanInput(_)))
+            .map(|s| s.id.as_str())
+            .collect();
+        for (step_id, answer) in &answers {
+            match ws.plan.step(step_id).map(|s| (s, &s.kind)) {
+                Some((step, StepKind::HumanInput(h))) => {
+                    run.inputs
+                        .insert(input_key(step, h).to_string(), answer.clone());
+                }
+                _ => {
+                    return Err(ToolFailure::with_details(
+                        format!(
+                            "human_inputs: {step_id:?} is not a human_input step of the plan \
+                             (they are: {})",
+                            list_or_none(&asking)
+                        ),
+                        json!({"human_input_step_ids": asking}),
+                    ));
+                }
+            }
+        }
+        for (step_id, route) in string_map(args, "route_selections") {
+            let routes: Vec<&str> = match ws.plan.step(&step_id).map(|s| &s.kind) {
+                Some(StepKind::Routing(r)) => {
+                    r.routes.iter().map(|r| r.route_id.as_str()).collect()
+                }
+                _ => {
+                    let routing: Vec<&str> = ws
+                        .plan
+                        .steps
+                        .iter()
+                        .filter(|s| matches!(s.kind, StepKind::Routing(_)))
+                        .map(|s| s.id.as_str())
+                        .collect();
+                    return Err(ToolFailure::with_details(
+                        format!(
+                            "route_selections: {step_id:?} is not a routing step of the plan \
+                             (they are: {})",
+                            list_or_none(&routing)
+                        ),
+                        json!({"routing_step_ids": routing}),
+                    ));
+                }
+            };
+            if !routes.contains(&route.as_str()) {
+                return Err(ToolFailure::with_details(
+                    format!(
+                        "route_selections: step {step_id:?} has no route {route:?} (its routes: \
+                         {})",
+                        list_or_none(&routes)
+                    ),
+                    json!({"route_ids": routes}),
+                ));
+            }
+            run.route_selections.insert(step_id, route);
+        }
+        let missing: Vec<Value> = missing_inputs(&ws, &run)
+            .into_iter()
+            .map(|(step, h)| json!({"step_id": step.id, "question": h.question}))
+            .collect();
+        if !missing.is_empty() {
+            let ids: Vec<&str> = missing
+                .iter()
+                .filter_map(|m| m["step_id"].as_str())
+                .collect();
+            return Err(ToolFailure::with_details(
+                format!(
+                    "nothing started: human_input steps without an answer: {}; ask the \
+                     operator, then give every answer in \"human_inputs\" (step id -> answer)",
+                    ids.join(", ")
+                ),
+                json!({"missing_human_inputs": missing}),
+            ));
+        }
+        if let Some(running) = self.shared.running_workflow() {
+            return Ok(json!({
+                "execution_id": running,
+                "status": "running",
+                "already_running": true,
+                "message": "a full run of this session is already running: this is its id",
+            }));
+        }
+        let mut options = self.template.clone();
+        options.run = run;
+        options.instructions = None;
+        let runtime_id = self.runtime.start_workflow(ctx.root, options);
+        let (id, _) = self
+            .shared
+            .track(runtime_id, ExecutionKind::Workflow, group);
+        self.follow(ctx, &id);
+        Ok(json!({"execution_id": id, "status": "running"}))
+    }
+
+    /// Starts the thread that reads the events of execution `id`.
+    fn follow(&self, ctx: &ToolContext<'_>, id: &str) {
+        tracked::follow(
+            self.runtime.clone(),
+            self.shared.clone(),
+            id.to_string(),
+            ctx.observer.clone(),
+        );
+    }
+
+    fn query_step(&self, args: &Value) -> ToolResult {
+        let execution_id = opt_str_arg(args, "execution_id")?;
+        let step_id = opt_str_arg(args, "step_id")?;
+        let tool_call_id = opt_str_arg(args, "tool_call_id")?;
+        let tracked = match (execution_id, step_id) {
+            (Some(id), _) => self.shared.get(id).ok_or_else(|| self.unknown(id))?,
+            (None, Some(step)) => self.shared.latest_of_step(step).ok_or_else(|| {
+                ToolFailure::with_details(
+                    format!(
+                        "no execution of step {step:?} in this session; start one with \
+                         execute_step"
+                    ),
+                    json!({"execution_ids": self.shared.ids()}),
+                )
+            })?,
+            (None, None) => {
+                return Err(ToolFailure::new(
+                    "give \"execution_id\" (from execute_step or list_executions) or \"step_id\"",
+                ));
+            }
+        };
+        if let Some(call) = tool_call_id {
+            return tracked.tool_call(call);
+        }
+        if let Some(unchanged) = self.poll_guard() {
+            return Ok(unchanged);
+        }
+        Ok(tracked.report())
+    }
+
+    fn list_executions(&self, args: &Value) -> Value {
+        if let Some(unchanged) = self.poll_guard() {
+            return unchanged;
+        }
+        let wanted = args.get("status").and_then(Value::as_str);
+        let executions: Vec<Value> = self
+            .shared
+            .all()
+            .iter()
+            .filter(|t| wanted.is_none_or(|w| t.status.to_string() == w))
+            .map(Tracked::listing)
+            .collect();
+        json!({"executions": executions})
+    }
+
+    fn send_step_message(&self, args: &Value) -> ToolResult {
+        let id = str_arg(args, "execution_id")?;
+        let message = str_arg(args, "message")?;
+        let tracked = self.shared.get(id).ok_or_else(|| self.unknown(id))?;
+        let delivery = self.runtime.send_message(&tracked.runtime_id, message);
+        Ok(json!({
+            "execution_id": id,
+            "delivery_status": delivery.status.to_string(),
+            "phase": delivery.phase.to_string(),
+        }))
+    }
+
+    fn stop_step(&self, args: &Value) -> ToolResult {
+        let id = str_arg(args, "execution_id")?;
+        let tracked = self.shared.get(id).ok_or_else(|| self.unknown(id))?;
+        if self.runtime.stop(&tracked.runtime_id) {
+            Ok(json!({
+                "execution_id": id,
+                "status": "stopping",
+                "message": "asked to stop at its next boundary (an LLM call in flight ends \
+                            first); it ends as cancelled",
+            }))
+        } else {
+            Ok(json!({
+                "execution_id": id,
+                "status": self.runtime.status(&tracked.runtime_id).map(|s| s.to_string()),
+                "message": "it is not running: nothing to stop",
+            }))
+        }
+    }
+
+    fn stop_all(&self) -> Value {
+        let stopped: Vec<String> = self
+            .shared
+            .all()
+            .into_iter()
+            .filter(|t| self.runtime.stop(&t.runtime_id))
+            .map(|t| t.id)
+            .collect();
+        json!({"stopping": stopped})
+    }
+
+    /// The guard's answer when this poll is the third in the window with nothing changed.
+    fn poll_guard(&self) -> Option<Value> {
+        let now = (self.clock)();
+        self.shared.poll(now).then(|| {
+            json!({
+                "unchanged": true,
+                "message": "nothing changed since your last checks. End your turn now: when \
+                            an execution finishes, you get a message announcing it.",
+            })
+        })
+    }
+
+    fn unknown(&self, id: &str) -> ToolFailure {
+        let ids = self.shared.ids();
+        ToolFailure::with_details(
+            format!(
+                "no execution {id:?} in this session (its executions: {})",
+                list_or_none(&ids.iter().map(String::as_str).collect::<Vec<_>>())
+            ),
+            json!({"execution_ids": ids}),
+        )
+    }
+}
+
+fn already_running(id: &str, with_instructions: bool) -> Value {
+    let mut answer = json!({
+        "execution_id": id,
+        "status": "running",
+        "already_running": true,
+        "message": "this step is already running: this is its execution (nothing new started)",
+    });
+    if with_instructions {
+        answer["message"] = json!(
+            "this step is already running: this is its execution (nothing new started); \
+             the instructions were not delivered: send them with send_step_message"
+        );
+    }
+    answer
+}
+
+/// The workspace at `root`, or a failure with its diagnostics.
+pub(super) fn open(root: &Path) -> Result<Workspace, ToolFailure> {
+    Workspace::open(root).map_err(|d| ToolFailure::new(format!("the workspace has errors:\n{d}")))
+}
+
+/// Step `id` of the plan, or a failure listing the valid ids.
+fn known_step<'w>(ws: &'w Workspace, id: &str) -> Result<&'w trellis_workflow::Step, ToolFailure> {
+    ws.plan.step(id).ok_or_else(|| unknown_step(ws, id))
+}
+
+/// The failure for a step id the plan does not have: lists the valid ones.
+pub(super) fn unknown_step(ws: &Workspace, id: &str) -> ToolFailure {
+    let ids: Vec<&str> = ws.plan.steps.iter().map(|s| s.id.as_str()).collect();
+    ToolFailure::with_details(
+        format!(
+            "no step {id:?} in the plan; its steps are: {}",
+            list_or_none(&ids)
+        ),
+        json!({"valid_step_ids": ids}),
+    )
+}
+
+/// A failure when `group` is given and workflow.json has no such group.
+fn check_group(ws: &Workspace, group: Option<&str>) -> Result<(), ToolFailure> {
+    select_groups(ws, group)
+        .map(|_| ())
+        .map_err(|e| ToolFailure::new(format!("group_name: {e:#}")))
+}
+
+fn string_map(args: &Value, key: &str) -> BTreeMap<String, String> {
+    args.get(key)
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+        .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+        .collect()
+}
+
+fn list_or_none(items: &[&str]) -> String {
+    if items.is_empty() {
+        "none".to_string()
+    } else {
+        items.join(", ")
     }
 }

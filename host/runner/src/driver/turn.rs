@@ -146,6 +146,8 @@ impl StepRunner<'_> {
             None => message,
         };
         run.history.push(Message::user(message));
+        // Instructions given with the start wait in the inbox for the first turn.
+        self.take_steering(run);
         let mut conv = TurnConversation {
             step_id: run.step.id.clone(),
             item_id: item_id.to_string(),
@@ -279,7 +281,9 @@ impl StepRunner<'_> {
             for r in records {
                 self.observer.emit(RunEvent::ToolCall {
                     step_id: run.label.clone(),
+                    call_id: r.tool_call_id.clone(),
                     tool: r.tool_name.clone(),
+                    arguments: r.args.clone(),
                     error: r.error.clone(),
                     duration_ms: r.duration_ms,
                 });

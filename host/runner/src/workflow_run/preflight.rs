@@ -96,26 +96,38 @@ pub fn check_inputs(ws: &Workspace, opts: &RunOptions) -> Result<()> {
             }
         );
     }
-    let mut missing = Vec::new();
-    for step in reachable_in(ws, opts) {
-        if let StepKind::HumanInput(h) = &step.kind {
-            let key = input_key(step, h);
-            if !opts.inputs.contains_key(key) {
-                missing.push(format!(
-                    "step {:?} needs --input {key}=VALUE{}",
-                    step.id,
-                    h.question
-                        .as_deref()
-                        .map(|q| format!(" ({q})"))
-                        .unwrap_or_default()
-                ));
-            }
-        }
-    }
+    let missing: Vec<String> = missing_inputs(ws, opts)
+        .into_iter()
+        .map(|(step, h)| {
+            format!(
+                "step {:?} needs --input {}=VALUE{}",
+                step.id,
+                input_key(step, h),
+                h.question
+                    .as_deref()
+                    .map(|q| format!(" ({q})"))
+                    .unwrap_or_default()
+            )
+        })
+        .collect();
     if !missing.is_empty() {
         bail!("missing human input: {}", missing.join("; "));
     }
     Ok(())
+}
+
+/// The `human_input` steps the run `opts` can reach whose answer `opts.inputs` lacks, in the
+/// order they are reached.
+pub fn missing_inputs<'w>(ws: &'w Workspace, opts: &RunOptions) -> Vec<(&'w Step, &'w HumanInput)> {
+    reachable_in(ws, opts)
+        .into_iter()
+        .filter_map(|step| match &step.kind {
+            StepKind::HumanInput(h) if !opts.inputs.contains_key(input_key(step, h)) => {
+                Some((step, h))
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 /// Whether any reachable step needs a model (see [`llm_choice::needs_model`]).
