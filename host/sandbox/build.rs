@@ -21,7 +21,13 @@ use std::process::Command;
 use guests::{TARGET, build_workspace, ensure_target, target_dir};
 
 /// Components embedded in the `trellis` binary.
-const BUNDLED: &[&str] = &["workspace", "csv_validator", "openai", "replay"];
+const BUNDLED: &[&str] = &[
+    "workspace",
+    "csv_validator",
+    "openai",
+    "anthropic",
+    "replay",
+];
 /// The componentize-py release the Python script runner is built with.
 const COMPONENTIZE_PY_VERSION: &str = "0.25.1";
 /// The WIT package the Python script runner is built against (with its WASI WIT in `deps/`).

@@ -77,7 +77,7 @@ fn plugins_inspect_prints_every_tool_with_its_schema() {
     let out = trellis_in(&["plugins", "inspect", "nope"], &example());
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        text(&out.stderr).contains("no plugin `nope` (loaded: csv, "),
+        text(&out.stderr).contains("no plugin `nope` (loaded: anthropic, csv, "),
         "{}",
         text(&out.stderr)
     );

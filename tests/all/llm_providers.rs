@@ -260,7 +260,7 @@ fn valid_function_name(name: &str) -> bool {
 #[tokio::test]
 async fn bundled_providers_are_loaded_as_llm_providers() {
     let registry = registry().await;
-    for id in ["openai", "replay"] {
+    for id in ["openai", "anthropic", "replay"] {
         let plugin = registry.get(id).unwrap();
         assert_eq!(plugin.manifest().kind.as_str(), "llm-provider");
     }

@@ -5,6 +5,7 @@
 mod support;
 
 mod agent_db_tools;
+mod anthropic_provider;
 mod builder_cli;
 mod builder_executions;
 mod cli;

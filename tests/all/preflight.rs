@@ -74,7 +74,7 @@ fn an_unknown_or_miscased_provider_is_refused_before_anything_runs() {
         &[
             "step \"answer\"",
             "no LLM provider \"foo\"",
-            "loaded providers (openai, replay)",
+            "loaded providers (anthropic, openai, replay)",
         ],
     );
     refused(

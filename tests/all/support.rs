@@ -1,10 +1,11 @@
 //! Shared helpers of the integration tests: one engine per test binary, plugin
 //! folders for the test components, and tree digests for "nothing changed" checks. The
 //! submodules hold test workspaces on disk, turn grants, cassettes for the replay provider,
-//! and a fake OpenAI-compatible server.
+//! a fake OpenAI-compatible server and a fake Anthropic Messages API.
 
 #![allow(dead_code)]
 
+pub mod fake_anthropic;
 pub mod fake_llm;
 pub mod grants;
 pub mod tape;
@@ -94,8 +95,9 @@ fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
 
 /// Runs the `trellis` binary with a component cache under the target folder (through
 /// `TRELLIS_CACHE_DIR`, which every command reads), no `RUST_LOG` of the caller's, and
-/// none of the caller's LLM settings: no OpenAI key or base URL, and an empty user config
-/// folder (`XDG_CONFIG_HOME`), so a developer's `~/.config/trellis` never leaks in.
+/// none of the caller's LLM settings: no OpenAI or Anthropic key or base URL, and an empty
+/// user config folder (`XDG_CONFIG_HOME`), so a developer's `~/.config/trellis` never leaks
+/// in.
 pub fn trellis(args: &[&str]) -> std::process::Output {
     trellis_command(args)
         .output()
@@ -122,6 +124,8 @@ pub fn trellis_command(args: &[&str]) -> std::process::Command {
         .env_remove("RUST_LOG")
         .env_remove("OPENAI_API_KEY")
         .env_remove("OPENAI_BASE_URL")
+        .env_remove("ANTHROPIC_API_KEY")
+        .env_remove("ANTHROPIC_BASE_URL")
         .env(
             "XDG_CONFIG_HOME",
             PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("no-user-config"),

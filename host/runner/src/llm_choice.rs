@@ -12,9 +12,11 @@
 //! How a model is reached: `replay` answers from `<workspace>/cassettes/<model_id>.json`
 //! (the model id one plain name, the file inside the workspace; one shared position per
 //! cassette across the steps of a run); any other provider gets the `base_url` of its
-//! workflow.json `providers` entry (else `$OPENAI_BASE_URL`, else the public API) and the
-//! key from the variable named by `api_key_env` (else `$OPENAI_API_KEY`), provided the
-//! operator approved that origin for that variable ([`KeyApprovals`]). The `options` of a
+//! workflow.json `providers` entry (else its base URL variable, else its public API) and the
+//! key from the variable named by `api_key_env` (else its key variable), provided the
+//! operator approved that origin for that variable ([`KeyApprovals`]). Those defaults are
+//! `ANTHROPIC_BASE_URL`, `https://api.anthropic.com` and `ANTHROPIC_API_KEY` for
+//! `anthropic`, OpenAI's for every other provider ([`ProviderDefaults`]). The `options` of a
 //! model (`temperature`, `max_tokens`, anything else merged into the request body) go with
 //! it.
 
@@ -27,7 +29,7 @@ use serde_json::{Map, Value};
 
 use trellis_sandbox::llm::record::check_replay_model_id;
 use trellis_sandbox::llm::{
-    DEFAULT_KEY_ENV, Endpoint, KeyApprovals, Options, Recorder, ReplayCursor, Secret, Target,
+    Endpoint, KeyApprovals, Options, ProviderDefaults, Recorder, ReplayCursor, Secret, Target,
     is_loopback_base_url,
 };
 use trellis_workflow::step_config::{ExecutionTier, LlmRef};
@@ -450,13 +452,14 @@ pub fn cassette_path(root: &Path, model_id: &str) -> PathBuf {
 /// how to approve it) when the key would go to an origin the operator did not approve.
 fn remote_target(ws: &Workspace, model: &LlmRef, approvals: &KeyApprovals) -> Result<Target> {
     let settings = ws.manifest.providers.get(&model.provider);
+    let defaults = ProviderDefaults::of(&model.provider);
     let base_url = settings.and_then(|s| s.base_url.clone());
     let endpoint = match &base_url {
         Some(url) => Endpoint::new(url.clone()),
-        None => Endpoint::openai_from_env(),
+        None => defaults.endpoint_from_env(),
     };
     let named_key = settings.and_then(|s| s.api_key_env.as_deref());
-    let key_env = named_key.unwrap_or(DEFAULT_KEY_ENV);
+    let key_env = named_key.unwrap_or(defaults.key_env);
     let secret = Secret::from_env(key_env);
     if let Err(problem) = approvals.check(key_env, secret.is_set(), &endpoint.base_url) {
         let setting = match (named_key, &base_url) {

@@ -43,6 +43,12 @@ pub static PLUGINS: &[BundledPlugin] = &[
         component: components::OPENAI,
     },
     BundledPlugin {
+        id: "anthropic",
+        kind: PluginKind::LlmProvider,
+        description: "The Anthropic Messages API with tool use (Claude models).",
+        component: components::ANTHROPIC,
+    },
+    BundledPlugin {
         id: "replay",
         kind: PluginKind::LlmProvider,
         description: "Answers from a recorded cassette; shows the first difference when a request does not match.",

@@ -36,6 +36,65 @@ pub const DEFAULT_KEY_ENV: &str = "OPENAI_API_KEY";
 /// The environment variable overriding the base URL, as in the official SDKs.
 pub const BASE_URL_ENV: &str = "OPENAI_BASE_URL";
 
+/// How the host reaches a provider's API when workflow.json does not say otherwise, and
+/// how it hands over the key. `anthropic` has its own; every other provider (`openai`, and
+/// plugins loaded with `--plugins`) speaks with OpenAI's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProviderDefaults {
+    /// The base URL unless workflow.json or `base_url_env` sets one.
+    pub base_url: &'static str,
+    /// The environment variable overriding the base URL, as in the official SDKs.
+    pub base_url_env: &'static str,
+    /// The environment variable holding the key unless `api_key_env` names another.
+    pub key_env: &'static str,
+    /// The request header the host puts the key in.
+    pub key_header: KeyHeader,
+}
+
+/// The request header carrying an API key, set by the host (a guest may set neither).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyHeader {
+    /// `Authorization: Bearer <key>` (OpenAI and compatible servers).
+    Bearer,
+    /// `x-api-key: <key>` (Anthropic).
+    XApiKey,
+}
+
+/// OpenAI's public API, for `openai` and any provider without defaults of its own.
+pub const OPENAI: ProviderDefaults = ProviderDefaults {
+    base_url: DEFAULT_BASE_URL,
+    base_url_env: BASE_URL_ENV,
+    key_env: DEFAULT_KEY_ENV,
+    key_header: KeyHeader::Bearer,
+};
+
+/// Anthropic's public API, for `anthropic`.
+pub const ANTHROPIC: ProviderDefaults = ProviderDefaults {
+    base_url: "https://api.anthropic.com",
+    base_url_env: "ANTHROPIC_BASE_URL",
+    key_env: "ANTHROPIC_API_KEY",
+    key_header: KeyHeader::XApiKey,
+};
+
+impl ProviderDefaults {
+    /// Every provider with defaults of its own, by plugin id.
+    pub const ALL: [(&'static str, ProviderDefaults); 2] =
+        [("openai", OPENAI), ("anthropic", ANTHROPIC)];
+
+    /// The defaults of provider `provider`: its own, else OpenAI's.
+    pub fn of(provider: &str) -> ProviderDefaults {
+        ProviderDefaults::ALL
+            .iter()
+            .find(|(id, _)| *id == provider)
+            .map_or(OPENAI, |(_, defaults)| *defaults)
+    }
+
+    /// `$base_url_env`, else `base_url`.
+    pub fn endpoint_from_env(&self) -> Endpoint {
+        Endpoint::new(std::env::var(self.base_url_env).unwrap_or_else(|_| self.base_url.into()))
+    }
+}
+
 /// Who wrote a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -340,11 +399,6 @@ impl Endpoint {
             settings: serde_json::Value::Object(Default::default()),
             grant: Grant::none(),
         }
-    }
-
-    /// `$OPENAI_BASE_URL`, else the public OpenAI API.
-    pub fn openai_from_env() -> Self {
-        Endpoint::new(std::env::var(BASE_URL_ENV).unwrap_or_else(|_| DEFAULT_BASE_URL.into()))
     }
 
     /// The same endpoint with `settings`.

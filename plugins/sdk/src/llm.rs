@@ -21,6 +21,8 @@
 //! export_llm_provider!(Echo);
 //! ```
 
+pub mod names;
+
 use std::fmt;
 use std::marker::PhantomData;
 

@@ -4,7 +4,8 @@
 //! variable (`api_key_env`) and a `base_url`, and the run goes ahead only when the
 //! operator approved that origin for that variable. Approvals come from the defaults
 //! (`OPENAI_API_KEY` to the public OpenAI API and to `$OPENAI_BASE_URL`'s origin when
-//! set), the user config file (`$XDG_CONFIG_HOME/trellis/config.toml`, else
+//! set, `ANTHROPIC_API_KEY` to Anthropic's and to `$ANTHROPIC_BASE_URL`'s), the user
+//! config file (`$XDG_CONFIG_HOME/trellis/config.toml`, else
 //! `~/.config/trellis/config.toml`, used only when this user alone can write it) and
 //! `--allow-key VAR=ORIGIN`; never from the workspace. Plain `http://` to a host other
 //! than this machine needs the same approval, with or without a key, since anything on
@@ -22,8 +23,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 
+use super::ProviderDefaults;
 use super::http::Origin;
-use super::{BASE_URL_ENV, DEFAULT_BASE_URL, DEFAULT_KEY_ENV};
 
 /// The operator's approvals: variable name to the origins its key may go to.
 #[derive(Debug, Clone, Default)]
@@ -65,17 +66,22 @@ impl KeyApprovals {
         KeyApprovals::default()
     }
 
-    /// The defaults: `OPENAI_API_KEY` to the public OpenAI API, and to the origin of
-    /// `$OPENAI_BASE_URL` when the operator sets it.
+    /// The defaults of each provider that has its own ([`ProviderDefaults::ALL`]): its key
+    /// variable to its public API, and to the origin of its base URL variable when the
+    /// operator sets it (`OPENAI_API_KEY` to `https://api.openai.com` and
+    /// `$OPENAI_BASE_URL`, `ANTHROPIC_API_KEY` to `https://api.anthropic.com` and
+    /// `$ANTHROPIC_BASE_URL`).
     pub fn defaults() -> Self {
         let mut approvals = KeyApprovals::none();
-        if let Ok(origin) = Origin::parse(DEFAULT_BASE_URL) {
-            approvals.push(DEFAULT_KEY_ENV, origin);
-        }
-        if let Ok(url) = std::env::var(BASE_URL_ENV)
-            && let Ok(origin) = Origin::parse(&url)
-        {
-            approvals.push(DEFAULT_KEY_ENV, origin);
+        for (_, defaults) in ProviderDefaults::ALL {
+            if let Ok(origin) = Origin::parse(defaults.base_url) {
+                approvals.push(defaults.key_env, origin);
+            }
+            if let Ok(url) = std::env::var(defaults.base_url_env)
+                && let Ok(origin) = Origin::parse(&url)
+            {
+                approvals.push(defaults.key_env, origin);
+            }
         }
         approvals
     }
@@ -273,6 +279,18 @@ fn read_owner_only(path: &Path) -> std::io::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_providers_default_key_goes_to_its_own_api_only() {
+        let approvals = KeyApprovals::defaults();
+        let ok = |var: &str, url: &str| approvals.check(var, true, url).is_ok();
+        assert!(ok("OPENAI_API_KEY", "https://api.openai.com/v1"));
+        assert!(ok("ANTHROPIC_API_KEY", "https://api.anthropic.com"));
+        assert!(ok("ANTHROPIC_API_KEY", "https://api.anthropic.com/v1"));
+        assert!(!ok("ANTHROPIC_API_KEY", "https://api.openai.com/v1"));
+        assert!(!ok("OPENAI_API_KEY", "https://api.anthropic.com"));
+        assert!(!ok("ANTHROPIC_API_KEY", "http://api.anthropic.com"));
+    }
 
     #[test]
     fn a_key_goes_only_where_the_operator_approved_it() {

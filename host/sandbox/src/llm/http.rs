@@ -3,13 +3,12 @@
 //!
 //! [`HttpPolicy`] is the `wasi:http` hook of every provider call. It refuses any
 //! request whose scheme, host or port differ from the endpoint's base URL
-//! (recording what it refused, so the error can name it), replaces whatever
-//! `authorization` the request carries with the host-side secret, and bounds
-//! connect, first byte and the whole exchange by the call's timeout. It also
-//! bounds what one call attempt may open ([`RequestLimits`]: requests live at
-//! once, requests in all, bytes of a request body) and refuses an authority
-//! with userinfo (`x@host`), whose host the check and the connection could
-//! read differently.
+//! (recording what it refused, so the error can name it), puts the host-side secret in
+//! the provider's key header (`authorization` or `x-api-key`, neither of which a guest
+//! may set), and bounds connect, first byte and the whole exchange by the call's timeout.
+//! It also bounds what one call attempt may open ([`RequestLimits`]: requests live at
+//! once, requests in all, bytes of a request body) and refuses an authority with userinfo
+//! (`x@host`), whose host the check and the connection could read differently.
 //!
 //! The same hook gates a step script's requests ([`HttpPolicy::for_script`], a
 //! [`ScriptNet`]): instead of one origin, the hosts of its step's `allowed_hosts`;
@@ -33,7 +32,7 @@ use wasmtime_wasi_http::{
     WasiHttpHooks,
 };
 
-use super::Secret;
+use super::{KeyHeader, Secret};
 
 mod hosts;
 mod script_net;
@@ -194,9 +193,10 @@ impl http_body::Body for CountedBody {
 /// The `wasi:http` hooks of one provider call (or step script run).
 pub(crate) struct HttpPolicy {
     allowed: Option<Origin>,
-    /// Set for a step script: its hosts and secrets instead of `allowed` and `authorization`.
+    /// Set for a step script: its hosts and secrets instead of `allowed` and `credential`.
     script: Option<std::sync::Arc<ScriptNet>>,
-    authorization: Option<HeaderValue>,
+    /// The key header the host adds, and the key in it.
+    credential: Option<(HeaderName, HeaderValue, String)>,
     timeout: Duration,
     limits: RequestLimits,
     counts: Arc<Counts>,
@@ -209,13 +209,11 @@ impl HttpPolicy {
     /// (its log lines).
     pub(crate) fn secret_values(&self) -> Vec<String> {
         let mut values: Vec<String> = self
-            .authorization
-            .as_ref()
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
+            .credential
+            .iter()
+            .map(|(_, _, key)| key.clone())
             .filter(|key| !key.is_empty())
-            .map(|key| vec![key.to_string()])
-            .unwrap_or_default();
+            .collect();
         if let Some(net) = &self.script {
             values.extend(net.secret_values());
         }
@@ -227,7 +225,7 @@ impl HttpPolicy {
         HttpPolicy {
             allowed: None,
             script: None,
-            authorization: None,
+            credential: None,
             timeout: Duration::ZERO,
             limits: RequestLimits::default(),
             counts: Arc::default(),
@@ -236,11 +234,12 @@ impl HttpPolicy {
         }
     }
 
-    /// Allows `base_url`'s origin only (nothing when it is empty), adding
-    /// `Authorization: Bearer <secret>` when the secret is set.
+    /// Allows `base_url`'s origin only (nothing when it is empty), adding the secret in
+    /// `key_header` when it is set.
     pub(crate) fn for_endpoint(
         base_url: &str,
         secret: &Secret,
+        key_header: KeyHeader,
         timeout: Duration,
     ) -> Result<Self, String> {
         let allowed = if base_url.trim().is_empty() {
@@ -248,19 +247,23 @@ impl HttpPolicy {
         } else {
             Some(Origin::parse(base_url)?)
         };
-        let authorization = match secret.value() {
+        let credential = match secret.value() {
             Some(key) => {
-                let mut value = HeaderValue::from_str(&format!("Bearer {key}"))
+                let (name, text) = match key_header {
+                    KeyHeader::Bearer => (http::header::AUTHORIZATION, format!("Bearer {key}")),
+                    KeyHeader::XApiKey => (X_API_KEY, key.to_string()),
+                };
+                let mut value = HeaderValue::from_str(&text)
                     .map_err(|_| "the API key holds characters a header cannot".to_string())?;
                 value.set_sensitive(true);
-                Some(value)
+                Some((name, value, key.to_string()))
             }
             None => None,
         };
         Ok(HttpPolicy {
             allowed,
             script: None,
-            authorization,
+            credential,
             timeout,
             limits: RequestLimits::default(),
             counts: Arc::default(),
@@ -275,7 +278,7 @@ impl HttpPolicy {
         HttpPolicy {
             allowed: None,
             script: Some(std::sync::Arc::new(net)),
-            authorization: None,
+            credential: None,
             timeout,
             limits: SCRIPT_REQUEST_LIMITS,
             counts: Arc::default(),
@@ -408,9 +411,14 @@ impl HttpPolicy {
     }
 }
 
+/// Anthropic's key header.
+const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+
 fn forbidden(name: &HeaderName) -> bool {
     // The guest may not set credentials of its own, nor see ours echoed back.
-    *name == http::header::AUTHORIZATION || DEFAULT_FORBIDDEN_HEADERS.contains(name)
+    *name == http::header::AUTHORIZATION
+        || *name == X_API_KEY
+        || DEFAULT_FORBIDDEN_HEADERS.contains(name)
 }
 
 /// A script sets its own `Authorization` (with a secret's placeholder in it).
@@ -528,8 +536,9 @@ impl WasiHttpHooks for HttpPolicy {
         if script.is_none() {
             let headers = request.headers_mut();
             headers.remove(http::header::AUTHORIZATION);
-            if let Some(value) = &self.authorization {
-                headers.insert(http::header::AUTHORIZATION, value.clone());
+            headers.remove(X_API_KEY);
+            if let Some((name, value, _)) = &self.credential {
+                headers.insert(name.clone(), value.clone());
             }
         }
         let refused = self.refused.clone();
@@ -691,6 +700,7 @@ mod tests {
         HttpPolicy::for_endpoint(
             "http://127.0.0.1:9/v1",
             &Secret::none(),
+            KeyHeader::Bearer,
             Duration::from_secs(1),
         )
         .unwrap()
@@ -830,6 +840,7 @@ mod tests {
     #[test]
     fn the_guest_cannot_set_authorization() {
         assert!(forbidden(&http::header::AUTHORIZATION));
+        assert!(forbidden(&HeaderName::from_static("x-api-key")));
         assert!(forbidden(&http::header::HOST));
         assert!(!forbidden(&http::header::CONTENT_TYPE));
     }

@@ -12,10 +12,11 @@ impl PluginRegistry {
     ///
     /// The call runs in a fresh instance that sees only `endpoint.grant`'s
     /// folders and may send HTTP requests only to `endpoint.base_url`'s origin;
-    /// the host adds `Authorization: Bearer <secret>` to them, so the plugin
-    /// never holds the key. `limits.timeout` bounds each HTTP exchange; the
-    /// call as a whole gets a little more. No retries here: see
-    /// [`llm::complete_with_retries`].
+    /// the host adds the secret to them in the provider's key header
+    /// ([`llm::ProviderDefaults::key_header`]: `Authorization: Bearer <secret>`, or
+    /// `x-api-key` for `anthropic`), so the plugin never holds the key.
+    /// `limits.timeout` bounds each HTTP exchange; the call as a whole gets a
+    /// little more. No retries here: see [`llm::complete_with_retries`].
     #[tracing::instrument(skip_all, fields(provider = %provider, model = %request.model))]
     pub async fn complete(
         &self,
@@ -33,12 +34,17 @@ impl PluginRegistry {
                 provider: provider.to_string(),
                 loaded: self.ids_of(PluginKind::LlmProvider),
             })?;
-        let policy =
-            llm::http::HttpPolicy::for_endpoint(&endpoint.base_url, secret, limits.timeout)
-                .map_err(|message| LlmCallError::BadEndpoint {
-                    provider: provider.to_string(),
-                    message,
-                })?;
+        let defaults = llm::ProviderDefaults::of(provider);
+        let policy = llm::http::HttpPolicy::for_endpoint(
+            &endpoint.base_url,
+            secret,
+            defaults.key_header,
+            limits.timeout,
+        )
+        .map_err(|message| LlmCallError::BadEndpoint {
+            provider: provider.to_string(),
+            message,
+        })?;
         let refused = policy.refused();
         let limited = policy.limited();
         let allowed = policy.allowed().map(|o| o.to_string());
@@ -116,8 +122,7 @@ impl PluginRegistry {
                     error = LlmError::Transport(format!(
                         "{message} ({}: set by workflow.json providers.{provider}.base_url, \
                          else {})",
-                        endpoint.base_url,
-                        llm::BASE_URL_ENV
+                        endpoint.base_url, defaults.base_url_env
                     ));
                 }
                 Err(LlmCallError::Provider {

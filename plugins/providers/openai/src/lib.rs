@@ -7,16 +7,13 @@
 //! Settings (`endpoint.settings`, all optional): `headers`, an object of extra
 //! request headers (e.g. OpenRouter's `HTTP-Referer`).
 
-mod names;
-
 use serde_json::{Map, Value, json};
 use trellis_plugin_sdk::export_llm_provider;
 use trellis_plugin_sdk::llm::http::{self, HttpError, HttpResponse};
+use trellis_plugin_sdk::llm::names::NameMap;
 use trellis_plugin_sdk::llm::{
     Endpoint, LlmError, LlmProvider, Message, Request, Response, Role, StopReason, ToolCall, Usage,
 };
-
-use names::NameMap;
 
 /// How much of an error body goes into an error message.
 const BODY_EXCERPT: usize = 300;

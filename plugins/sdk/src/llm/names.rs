@@ -1,7 +1,7 @@
-//! Tool names as chat-completion APIs accept them, and back.
+//! Tool names as model APIs accept them, and back.
 //!
-//! Trellis names tools `server:tool`; OpenAI-style APIs want function names
-//! matching `^[a-zA-Z0-9_-]{1,64}$`. A name made of allowed characters and one
+//! Trellis names tools `server:tool`; OpenAI-style and Anthropic APIs want tool
+//! names matching `^[a-zA-Z0-9_-]{1,64}$`. A name made of allowed characters and one
 //! `:` becomes `server__tool`, which stays readable for the model. Any other
 //! name, and any name whose readable form is taken by another tool of the same
 //! request or is too long, becomes a sanitized prefix plus a hash of the full
