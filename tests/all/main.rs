@@ -5,6 +5,7 @@
 mod support;
 
 mod agent_db_tools;
+mod builder_edits;
 mod cli;
 mod compat_access;
 mod compat_plans;
