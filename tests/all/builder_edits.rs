@@ -221,6 +221,15 @@ fn a_workspace_built_with_the_tools_validates_and_every_edit_is_logged() {
         assert_eq!(pair[1]["before_sha256"], pair[0]["after_sha256"]);
     }
     let plan_bytes = std::fs::read(env.root().join("planning/plan.json")).unwrap();
+    // Written in a reading order, not with every key sorted.
+    let text = String::from_utf8_lossy(&plan_bytes);
+    let at = |needle: &str| {
+        text.find(needle)
+            .unwrap_or_else(|| panic!("{needle} in {text}"))
+    };
+    assert!(at("\"id\": \"fetch\"") < at("\"type\": \"regular\""));
+    assert!(at("\"type\": \"regular\"") < at("\"title\": \"Fetch\""));
+    assert!(at("\"title\": \"Fetch\"") < at("\"description\": \"Fetch prices"));
     assert_eq!(
         log.last().unwrap()["after_sha256"],
         json!(hex::encode(<sha2::Sha256 as sha2::Digest>::digest(

@@ -113,6 +113,78 @@ impl Committed {
     }
 }
 
+/// Keys written first, in this order; the others follow alphabetically. Without it the
+/// edited files would come out with every key sorted (`description` before `id`).
+const KEY_ORDER: &[&str] = &[
+    "contract_version",
+    "objective",
+    "success_criteria",
+    "id",
+    "name",
+    "type",
+    "title",
+    "description",
+    "steps",
+    "orphan_steps",
+    "context_dependencies",
+    "context_output",
+    "message",
+    "source_sql",
+    "max_iterations",
+    "items",
+    "messages",
+    "route_id",
+    "route_name",
+    "condition",
+    "routes",
+    "default_route_id",
+    "route_source_file",
+    "question",
+    "variable_name",
+    "response_type",
+    "options",
+    "if_yes_next_step_id",
+    "if_no_next_step_id",
+    "option_routes",
+    "predefined_routes",
+    "sub_agent_step",
+    "orphan_step_ref",
+    "agent_configs",
+    "validation_schema",
+    "next_step_id",
+];
+
+/// A JSON value serialized with [`KEY_ORDER`].
+struct Ordered<'a>(&'a Value);
+
+impl serde::Serialize for Ordered<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::{SerializeMap, SerializeSeq};
+        match self.0 {
+            Value::Object(m) => {
+                let mut keys: Vec<&String> = m.keys().collect();
+                keys.sort_by_key(|k| {
+                    let rank = KEY_ORDER.iter().position(|o| o == k);
+                    (rank.unwrap_or(KEY_ORDER.len()), k.as_str())
+                });
+                let mut map = serializer.serialize_map(Some(keys.len()))?;
+                for k in keys {
+                    map.serialize_entry(k, &Ordered(&m[k]))?;
+                }
+                map.end()
+            }
+            Value::Array(a) => {
+                let mut seq = serializer.serialize_seq(Some(a.len()))?;
+                for v in a {
+                    seq.serialize_element(&Ordered(v))?;
+                }
+                seq.end()
+            }
+            other => other.serialize(serializer),
+        }
+    }
+}
+
 fn diagnostic_json(d: &Diagnostic) -> Value {
     json!({"file": d.file, "json_path": d.json_path, "step_id": d.step_id, "message": d.message})
 }
@@ -165,7 +237,7 @@ impl Draft {
         let mut out = Vec::new();
         for f in [&self.plan, &self.config, &self.manifest, &self.variables] {
             if f.changed() {
-                let bytes = json_bytes(&f.value)
+                let bytes = json_bytes(&Ordered(&f.value))
                     .map_err(|e| ToolFailure::new(format!("{}: {e}", f.rel)))?;
                 out.push((PathBuf::from(f.rel), bytes));
             }
