@@ -379,6 +379,13 @@ pub fn workflow_schema() -> Value {
                                "variables": {"type": "object", "additionalProperties": {"type": "string"}}}
             }},
             "llm": llm_ref(),
+            "builder_llm": llm_ref(),
+            "pricing": {"type": "object", "description": "USD per million tokens, by model id or provider:model.",
+                        "additionalProperties": {
+                "type": "object", "additionalProperties": false,
+                "properties": {"input": {"type": "number", "minimum": 0},
+                               "output": {"type": "number", "minimum": 0}}
+            }},
             "tiers": {"type": "object", "propertyNames": {"enum": ["high", "medium", "low"]},
                       "additionalProperties": llm_ref()},
             "providers": {"type": "object", "additionalProperties": {

@@ -29,6 +29,7 @@ mod test_files {
     }
 }
 
+use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -73,7 +74,7 @@ impl Workspace {
     /// step_config.json` wins over the default one when it exists.
     pub fn open_run(root: impl AsRef<Path>, run_folder: Option<&str>) -> Result<Self, Diagnostics> {
         let root = root.as_ref();
-        let (loaded, diags) = load(root, run_folder);
+        let (loaded, diags) = load(root, run_folder, None);
         match loaded {
             Some(ws) if !diags.has_errors() => Ok(Self {
                 warnings: diags,
@@ -112,15 +113,76 @@ impl Workspace {
 /// Checks the plan, the step config in force and `workflow.json` of the workspace at `root`:
 /// every error and warning, in file order. Empty when all is well.
 pub fn validate_workspace(root: impl AsRef<Path>) -> Diagnostics {
-    load(root.as_ref(), None).1
+    load(root.as_ref(), None, None).1
+}
+
+/// Files a caller means to write, held in memory: the workspace as it would be once they are
+/// written can be checked ([`validate_candidate`]) before any of them touches the disk.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Candidate {
+    files: BTreeMap<PathBuf, Vec<u8>>,
+}
+
+impl Candidate {
+    /// No file replaced.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Replaces (or creates) the workspace-relative file `rel` with `bytes`.
+    pub fn set(&mut self, rel: impl Into<PathBuf>, bytes: Vec<u8>) {
+        self.files.insert(rel.into(), bytes);
+    }
+
+    /// The replaced files, workspace-relative, in path order.
+    pub fn files(&self) -> impl Iterator<Item = (&Path, &[u8])> {
+        self.files.iter().map(|(p, b)| (p.as_path(), b.as_slice()))
+    }
+
+    fn get(&self, rel: &Path) -> Option<&[u8]> {
+        self.files.get(rel).map(Vec::as_slice)
+    }
+}
+
+/// Checks the workspace at `root` as it would be with the files of `candidate` written (plan,
+/// default step config, `workflow.json`, `variables/variables.json`, scripts): the same
+/// diagnostics [`validate_workspace`] would give after the write, with nothing written.
+pub fn validate_candidate(root: impl AsRef<Path>, candidate: &Candidate) -> Diagnostics {
+    load(root.as_ref(), None, Some(candidate)).1
+}
+
+/// The workspace files as the loader sees them: the disk, with a candidate's files over it.
+#[derive(Clone, Copy)]
+struct Source<'a> {
+    fs: &'a WorkspaceFs,
+    overlay: Option<&'a Candidate>,
+}
+
+impl Source<'_> {
+    fn replaced(&self, rel: &Path) -> Option<&[u8]> {
+        self.overlay.and_then(|c| c.get(rel))
+    }
+
+    fn exists(&self, rel: impl AsRef<Path>) -> bool {
+        let rel = rel.as_ref();
+        self.replaced(rel).is_some() || self.fs.exists(rel)
+    }
+
+    fn is_file(&self, rel: impl AsRef<Path>) -> bool {
+        let rel = rel.as_ref();
+        self.replaced(rel).is_some() || self.fs.is_file(rel)
+    }
 }
 
 fn file_label(rel: &Path) -> String {
     rel.to_string_lossy().replace('\\', "/")
 }
 
-fn read(fs: &WorkspaceFs, rel: &Path, diags: &mut Diagnostics) -> Option<String> {
-    match fs.read_to_string(rel) {
+fn read(src: Source<'_>, rel: &Path, diags: &mut Diagnostics) -> Option<String> {
+    if let Some(bytes) = src.replaced(rel) {
+        return Some(String::from_utf8_lossy(bytes).into_owned());
+    }
+    match src.fs.read_to_string(rel) {
         Ok(text) => Some(text),
         Err(e) if e.kind() == io::ErrorKind::NotFound => None,
         Err(e) => {
@@ -136,7 +198,11 @@ fn read(fs: &WorkspaceFs, rel: &Path, diags: &mut Diagnostics) -> Option<String>
     }
 }
 
-fn load(root: &Path, run_folder: Option<&str>) -> (Option<Workspace>, Diagnostics) {
+fn load(
+    root: &Path,
+    run_folder: Option<&str>,
+    overlay: Option<&Candidate>,
+) -> (Option<Workspace>, Diagnostics) {
     let mut diags = Diagnostics::new();
     let fs = match WorkspaceFs::open(root) {
         Ok(fs) => fs,
@@ -163,13 +229,14 @@ fn load(root: &Path, run_folder: Option<&str>) -> (Option<Workspace>, Diagnostic
         });
         return (None, diags);
     }
+    let src = Source { fs: &fs, overlay };
 
-    let mut manifest = match read(&fs, Path::new(WORKFLOW_FILE), &mut diags) {
+    let mut manifest = match read(src, Path::new(WORKFLOW_FILE), &mut diags) {
         None => Some(WorkflowManifest::default()),
         Some(text) => keep(manifest::parse_manifest(&text, WORKFLOW_FILE), &mut diags),
     };
     if let Some(m) = &mut manifest
-        && let Some(text) = read(&fs, Path::new(manifest::VARIABLES_FILE), &mut diags)
+        && let Some(text) = read(src, Path::new(manifest::VARIABLES_FILE), &mut diags)
     {
         diags.extend(manifest::merge_variables_file(
             &text,
@@ -180,10 +247,14 @@ fn load(root: &Path, run_folder: Option<&str>) -> (Option<Workspace>, Diagnostic
 
     // The step config first (its diagnostics still come after the plan's): the steps it
     // gates may have prevalidation items without a schema in the plan.
-    let config_rel = step_config_location(&fs, run_folder);
+    let config_rel = match overlay {
+        // A candidate is always checked against the default step config it replaces.
+        Some(_) => PathBuf::from(STEP_CONFIG_FILE),
+        None => step_config_location(&fs, run_folder),
+    };
     let config_label = file_label(&config_rel);
     let mut config_diags = Diagnostics::new();
-    let step_configs = match read(&fs, &config_rel, &mut config_diags) {
+    let step_configs = match read(src, &config_rel, &mut config_diags) {
         None => Some(StepConfigFile::default()),
         Some(text) => keep(
             step_config::parse_step_config(&text, &config_label),
@@ -197,9 +268,9 @@ fn load(root: &Path, run_folder: Option<&str>) -> (Option<Workspace>, Diagnostic
         .map(|s| s.id.clone())
         .collect();
 
-    let plan = match read(&fs, Path::new(PLAN_FILE), &mut diags) {
+    let plan = match read(src, Path::new(PLAN_FILE), &mut diags) {
         None => {
-            if !fs.exists(PLAN_FILE) {
+            if !src.exists(Path::new(PLAN_FILE)) {
                 diags.push(Diagnostic {
                     file: PLAN_FILE.into(),
                     json_path: String::new(),
@@ -216,7 +287,7 @@ fn load(root: &Path, run_folder: Option<&str>) -> (Option<Workspace>, Diagnostic
 
     if let (Some(plan), Some(configs)) = (&plan, &step_configs) {
         diags.extend(configs.orphan_warnings(plan, &config_label));
-        check_configs_against_plan(&fs, plan, configs, &config_label, &mut diags);
+        check_configs_against_plan(src, plan, configs, &config_label, &mut diags);
     }
     if let Some(m) = &manifest
         && let Some(v) = m.contract()
@@ -288,7 +359,7 @@ fn keep<T>(parsed: diagnostics::Parsed<T>, diags: &mut Diagnostics) -> Option<T>
 /// What only plan and config together can tell: scripted settings on steps that cannot be
 /// scripted, scripts that are missing, prerequisite rules naming no step.
 fn check_configs_against_plan(
-    fs: &WorkspaceFs,
+    fs: Source<'_>,
     plan: &Plan,
     configs: &StepConfigFile,
     file: &str,

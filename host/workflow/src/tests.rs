@@ -649,3 +649,39 @@ fn plan_and_config_are_checked_together() {
         ]
     );
 }
+
+#[test]
+fn a_candidate_is_checked_as_if_written_and_nothing_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    std::fs::create_dir_all(root.join("planning")).unwrap();
+    let plan = r#"{"steps": [{"id": "a", "type": "regular", "title": "A", "description": "d"}]}"#;
+    std::fs::write(root.join(PLAN_FILE), plan).unwrap();
+    assert!(validate_workspace(root).is_empty());
+
+    // A scripted config whose script only the candidate holds: no warning.
+    let config =
+        br#"{"steps": [{"id": "a", "agent_configs": {"declared_execution_mode": "scripted"}}]}"#;
+    let mut candidate = Candidate::new();
+    candidate.set(STEP_CONFIG_FILE, config.to_vec());
+    candidate.set("code/a/main.py", b"print(1)\n".to_vec());
+    assert!(validate_candidate(root, &candidate).is_empty());
+    // Without the script the loader says it is missing.
+    let mut without = Candidate::new();
+    without.set(STEP_CONFIG_FILE, config.to_vec());
+    let lines = validate_candidate(root, &without).lines();
+    assert!(
+        lines[0].contains("code/a/main.py does not exist"),
+        "{lines:?}"
+    );
+
+    // A broken plan candidate is reported; the disk keeps the valid one.
+    let mut broken = Candidate::new();
+    broken.set(
+        PLAN_FILE,
+        br#"{"steps": [{"id": "a", "type": "regular", "next_step_id": "b"}]}"#.to_vec(),
+    );
+    assert!(validate_candidate(root, &broken).has_errors());
+    assert_eq!(std::fs::read_to_string(root.join(PLAN_FILE)).unwrap(), plan);
+    assert!(!root.join(STEP_CONFIG_FILE).exists() && !root.join("code").exists());
+}

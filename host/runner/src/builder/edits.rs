@@ -1,20 +1,69 @@
 //! Plan, step config, workflow config, variables and groups: every edit validated through
 //! the typed model before it is written, written atomically, and logged to
 //! `planning/changelog/changelog-<UTC date>.json`.
+//!
+//! Each edit works on the files as JSON values (keys the typed model does not hold survive),
+//! builds the candidate files in memory, checks the whole workspace as it would be with them
+//! ([`trellis_workflow::validate_candidate`]) and writes nothing unless that has no error.
+//!
+//! - [`specs`](self::specs()): the tools and their argument schemas (from the workflow
+//!   model's own JSON Schemas where it has them).
+//! - `draft`: the files of one edit, their validation, the write and the changelog entry.
+//! - `plan_tools`: the plan edits; `config_tools`: step config, workflow config, variables
+//!   and groups.
+
+mod args;
+mod changelog;
+mod config_tools;
+mod draft;
+mod plan_tools;
+mod tool_specs;
 
 use serde_json::Value;
 
 use super::{ToolContext, ToolFailure, ToolResult, ToolSpec};
 
+pub use changelog::{CHANGELOG_DIR, changelog_path};
+
 /// The specs of the plan and config tools ([`super::modes::PLAN_TOOLS`],
 /// [`super::modes::CONFIG_TOOLS`]).
 pub fn specs() -> Vec<ToolSpec> {
-    Vec::new()
+    tool_specs::all()
 }
 
-/// Calls plan or config tool `name`.
-pub fn call(_ctx: &ToolContext<'_>, name: &str, _args: &Value) -> ToolResult {
-    Err(ToolFailure::new(format!(
-        "tool {name:?} is not implemented"
-    )))
+/// Calls plan or config tool `name`: the arguments are checked against its schema first.
+pub fn call(ctx: &ToolContext<'_>, name: &str, args: &Value) -> ToolResult {
+    let Some(spec) = specs().into_iter().find(|s| s.name == name) else {
+        return Err(ToolFailure::new(format!(
+            "{name:?} is not a plan or config tool"
+        )));
+    };
+    args::check(&spec, args)?;
+    let root = ctx.root;
+    match name {
+        "add_message_sequence_step" => plan_tools::add(root, plan_tools::Kind::Sequence, args),
+        "add_scripted_step" => plan_tools::add(root, plan_tools::Kind::Scripted, args),
+        "add_routing_step" => plan_tools::add(root, plan_tools::Kind::Routing, args),
+        "add_human_input_step" => plan_tools::add(root, plan_tools::Kind::HumanInput, args),
+        "add_todo_task_step" => plan_tools::add(root, plan_tools::Kind::TodoTask, args),
+        "update_message_sequence_step" => {
+            plan_tools::update(root, plan_tools::Kind::Sequence, args)
+        }
+        "update_scripted_step" => plan_tools::update(root, plan_tools::Kind::Scripted, args),
+        "update_routing_step" => plan_tools::update(root, plan_tools::Kind::Routing, args),
+        "update_human_input_step" => plan_tools::update(root, plan_tools::Kind::HumanInput, args),
+        "update_todo_task_step" => plan_tools::update(root, plan_tools::Kind::TodoTask, args),
+        "delete_plan_steps" => plan_tools::delete(root, args),
+        "update_validation_schema" => plan_tools::update_validation_schema(root, args),
+        "migrate_message_sequence_code_items" => plan_tools::migrate(root, args),
+        "update_step_config" => config_tools::update_step_config(root, args),
+        "update_workflow_config" => config_tools::update_workflow_config(root, args),
+        "update_variable" => config_tools::update_variable(root, args),
+        "add_group" => config_tools::add_group(root, args),
+        "update_group" => config_tools::update_group(root, args),
+        "delete_group" => config_tools::delete_group(root, args),
+        _ => Err(ToolFailure::new(format!(
+            "tool {name:?} is not implemented"
+        ))),
+    }
 }
