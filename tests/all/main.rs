@@ -7,6 +7,7 @@ mod support;
 mod agent_db_tools;
 mod builder_cli;
 mod builder_executions;
+mod builder_reads;
 mod cli;
 mod compat_access;
 mod compat_plans;
