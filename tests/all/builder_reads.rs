@@ -1103,3 +1103,27 @@ async fn eval_and_output_modes_write_only_their_folder() {
         failure.message
     );
 }
+
+#[tokio::test]
+async fn a_mode_folder_that_is_a_link_is_neither_written_nor_granted() {
+    let ws = Ws::new();
+    let reg = registry().await;
+    symlink(&ws.outside(), &ws.root().join("reports"));
+    let before = ws.digest_except(&[]);
+    let failure = file_tool(
+        &reg,
+        &ws.root(),
+        Mode::Output,
+        "write_workspace_file",
+        json!({"path": "reports/weekly.md", "content": "x"}),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        failure.message.contains("symbolic link"),
+        "{}",
+        failure.message
+    );
+    assert_eq!(ws.digest_except(&[]), before);
+    assert!(!ws.outside().join("weekly.md").exists());
+}
