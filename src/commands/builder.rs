@@ -129,7 +129,7 @@ pub async fn run(engine: impl FnOnce() -> Result<Engine>, args: BuilderArgs) -> 
         .with_approvals(approvals)
         .with_providers(runtime.registry().llm_provider_ids());
     let mut template = StartOptions::new(RunOptions::default(), steps_llm);
-    template.retry = retry.clone();
+    template.retry = retry;
     let executions = Executions::new(runtime.clone(), template);
     let interactive = args.messages.is_empty();
     let observer = printer(interactive);

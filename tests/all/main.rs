@@ -9,6 +9,7 @@ mod anthropic_provider;
 mod builder_cli;
 mod builder_edits;
 mod builder_executions;
+mod builder_reads;
 mod cli;
 mod compat_access;
 mod compat_plans;
