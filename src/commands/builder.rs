@@ -355,12 +355,26 @@ fn printer(interactive: bool) -> BuilderObserver {
                 name, ok, summary, ..
             } => writeln!(
                 out,
-                "  {} {name}: {summary}",
-                if *ok { "ok" } else { "FAILED" }
+                "  {} {name}: {}",
+                if *ok { "ok" } else { "FAILED" },
+                first_line(summary)
             ),
-            BuilderEvent::Execution { id, line } => writeln!(out, "  [{id}] {line}"),
+            BuilderEvent::Execution { id, line } => {
+                writeln!(out, "  [{id}] {}", first_line(line))
+            }
         };
     })
+}
+
+/// The first line of `text`, marked as cut when there is more.
+fn first_line(text: &str) -> String {
+    let mut lines = text.lines();
+    let first = lines.next().unwrap_or_default();
+    if lines.next().is_some() {
+        format!("{first} ...")
+    } else {
+        first.to_string()
+    }
 }
 
 /// Says how a turn ended when it did not end normally; whether it did.

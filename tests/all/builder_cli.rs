@@ -280,3 +280,156 @@ fn a_builder_without_a_model_says_how_to_name_one() {
     assert!(!out.status.success());
     assert!(stderr(&out).contains("builder_llm"), "{}", stderr(&out));
 }
+
+/// The builder-demo example: its folder, and the message of its session.
+fn demo_example() -> std::path::PathBuf {
+    support::workspace::example_dir()
+        .join("..")
+        .join("builder-demo")
+}
+
+const DEMO_MESSAGE: &str = "Add a scripted step count-words that counts the words of each note \
+     in knowledgebase/notes into counts.json, run it, and fix it if it fails.";
+
+/// The script the demo's model writes first: it reads the wrong folder.
+const DEMO_BUGGY_SCRIPT: &str = r#"import json, os
+
+notes = "/knowledge/notes"
+counts = {}
+for name in sorted(os.listdir(notes)):
+    with open(os.path.join(notes, name)) as f:
+        counts[name] = len(f.read().split())
+with open(os.path.join(os.environ["STEP_OUTPUT_DIR"], "counts.json"), "w") as f:
+    json.dump({"notes": counts, "total": sum(counts.values())}, f, indent=2)
+print(f"counted {len(counts)} notes")
+"#;
+
+/// The model's side of the demo: add the step, run it, read why it failed, fix the
+/// script, run it again, read the result.
+fn demo_replies() -> Vec<Value> {
+    let fixed = DEMO_BUGGY_SCRIPT.replace("/knowledge/notes", "/knowledgebase/notes");
+    vec![
+        completion(
+            "",
+            &[(
+                "add_scripted_step",
+                json!({"id": "count-words", "title": "Count the words of each note",
+                       "description": "Counts the words of each note in knowledgebase/notes and writes counts.json with the count per note and the total.",
+                       "context_output": ["counts.json"],
+                       "validation_schema": {"files": [{"file_name": "counts.json", "must_exist": true,
+                           "json_checks": [{"path": "$.total", "value_type": "number"}]}]},
+                       "script": DEMO_BUGGY_SCRIPT,
+                       "reason": "The operator asked for a word count of the notes."}),
+            )],
+        ),
+        completion("", &[("execute_step", json!({"step_id": "count-words"}))]),
+        completion(
+            "I added the scripted step count-words and started it; I will tell you how it went.",
+            &[],
+        ),
+        completion(
+            "",
+            &[(
+                "read_workspace_file",
+                json!({"path": "runs/iteration-0/logs/count-words/script-stderr.txt"}),
+            )],
+        ),
+        completion(
+            "",
+            &[(
+                "write_workspace_file",
+                json!({"path": "code/count-words/main.py", "content": fixed}),
+            )],
+        ),
+        completion("", &[("execute_step", json!({"step_id": "count-words"}))]),
+        completion(
+            "The script looked in /knowledge/notes, which does not exist; I pointed it at \
+             /knowledgebase/notes and started the step again.",
+            &[],
+        ),
+        completion(
+            "",
+            &[(
+                "read_workspace_file",
+                json!({"path": "runs/iteration-0/execution/count-words/counts.json"}),
+            )],
+        ),
+        completion(
+            "count-words works now: escalation.md has 12 words, onboarding.md 10, 22 in all \
+             (runs/iteration-0/execution/count-words/counts.json).",
+            &[],
+        ),
+    ]
+}
+
+#[test]
+#[ignore = "re-records examples/builder-demo/cassettes/builder-demo.json"]
+fn record_builder_example_cassette() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ws");
+    support::workspace::copy_workspace(
+        &demo_example(),
+        &root,
+        &["cassettes", "runs", "builder", "costs"],
+    );
+    let server = scripted(demo_replies());
+    let mut manifest = read_json(&root.join("workflow.json"));
+    manifest["providers"] = server.providers();
+    write_file(&root, "workflow.json", manifest.to_string());
+    let cassette = demo_example().join("cassettes/builder-demo.json");
+    let out = builder(
+        &root,
+        &[
+            "--llm",
+            "openai:builder-demo",
+            "--record",
+            cassette.to_str().unwrap(),
+            "-m",
+            DEMO_MESSAGE,
+        ],
+    );
+    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+    assert_eq!(server.seen().len(), demo_replies().len());
+}
+
+#[test]
+fn the_builder_example_replays_offline_adding_running_and_fixing_a_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ws");
+    support::workspace::copy_workspace(&demo_example(), &root, &[]);
+    let out = builder(&root, &["--llm", "replay:builder-demo", "-m", DEMO_MESSAGE]);
+    let text = stdout(&out);
+    assert!(
+        out.status.success(),
+        "{text}\n{}\n(if the builder's requests changed, re-record with `cargo test --test all \
+         -- --ignored builder_cli::record_builder_example_cassette`)",
+        stderr(&out)
+    );
+    // The plan changed through the validated tool, the step ran twice (failed, then fixed),
+    // and the result was read back.
+    let plan = read_json(&root.join("planning/plan.json"));
+    assert_eq!(plan["steps"][0]["id"], "count-words", "{plan}");
+    let counts = read_json(&root.join("runs/iteration-0/execution/count-words/counts.json"));
+    assert_eq!(counts["total"], 22, "{counts}");
+    assert!(text.contains("[exec-count-words-1]"), "{text}");
+    assert!(text.contains("[exec-count-words-2]"), "{text}");
+    assert!(text.contains("22 in all"), "{text}");
+    let out = trellis(&["validate", root.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stdout(&out));
+    // The session's history holds the operator's message and the two completion turns.
+    let history = conversation(&root);
+    let users = user_turns(&history);
+    assert_eq!(users.len(), 3, "{users:?}");
+    assert!(
+        users[1].contains("exec-count-words-1 finished: failed"),
+        "{users:?}"
+    );
+    assert!(
+        users[2].contains("exec-count-words-2 finished: done"),
+        "{users:?}"
+    );
+    let changelog = std::fs::read_dir(root.join("planning/changelog"))
+        .unwrap()
+        .count();
+    assert_eq!(changelog, 1);
+}

@@ -764,7 +764,15 @@ fn summarize(value: &Value) -> String {
                 .iter()
                 .take(4)
                 .map(|(k, v)| match v {
-                    Value::String(s) => format!("{k}: {}", s.chars().take(60).collect::<String>()),
+                    Value::String(s) => format!(
+                        "{k}: {}",
+                        s.lines()
+                            .next()
+                            .unwrap_or_default()
+                            .chars()
+                            .take(60)
+                            .collect::<String>()
+                    ),
                     Value::Bool(_) | Value::Number(_) => format!("{k}: {v}"),
                     Value::Array(a) => format!("{k}: [{} items]", a.len()),
                     _ => k.clone(),
