@@ -433,3 +433,97 @@ fn the_builder_example_replays_offline_adding_running_and_fixing_a_step() {
         .count();
     assert_eq!(changelog, 1);
 }
+
+#[test]
+fn a_refused_edit_returns_its_diagnostics_to_the_model_and_writes_nothing() {
+    let ws = tempfile::tempdir().unwrap();
+    let server = scripted(vec![
+        completion(
+            "",
+            &[(
+                "add_message_sequence_step",
+                json!({"id": "ask", "title": "Ask", "description": "Ask.",
+                       "items": [{"id": "q", "type": "user_message"}],
+                       "reason": "a question step"}),
+            )],
+        ),
+        completion("That edit was refused.", &[]),
+    ]);
+    workspace(ws.path(), &server);
+    let before = support::tree_digest(ws.path());
+
+    let out = builder(ws.path(), &["-m", "add a question step"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let answer = result_of(&server.tool_results(1), "call-0");
+    assert!(answer.contains("\"diagnostics\""), "{answer}");
+    assert!(answer.contains("items[0]"), "{answer}");
+    // Only the session's own files are new: the plan, step config and changelog are not.
+    let after = support::tree_digest(ws.path());
+    for (file, digest) in &before {
+        assert_eq!(after.get(file), Some(digest), "{file} changed");
+    }
+    assert!(
+        after.keys().all(|f| before.contains_key(f)
+            || ["builder", "costs"]
+                .iter()
+                .any(|d| f == d || f.starts_with(&format!("{d}/")))),
+        "{:?}",
+        after
+            .keys()
+            .filter(|f| !before.contains_key(*f))
+            .collect::<Vec<_>>()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rewrite_that_would_shrink_the_history_is_refused() {
+    use trellis_runner::builder::executions::Executions;
+    use trellis_runner::builder::{BuilderObserver, BuilderSession, SessionOptions};
+    use trellis_runner::llm_choice::{LlmSetup, parse_llm_spec};
+    use trellis_runner::runtime::{Runtime, StartOptions};
+    use trellis_runner::workflow_run::RunOptions;
+
+    let ws = tempfile::tempdir().unwrap();
+    let server = scripted(vec![]);
+    workspace(ws.path(), &server);
+    let runtime = Runtime::new(Arc::new(support::registry().await));
+    let executions = Executions::new(
+        runtime.clone(),
+        StartOptions::new(RunOptions::default(), LlmSetup::new(None)),
+    );
+    let mut session = BuilderSession::open(
+        &runtime,
+        executions,
+        SessionOptions {
+            root: ws.path().to_path_buf(),
+            session_id: None,
+            mode: None,
+            llm: LlmSetup::new(Some(parse_llm_spec("openai:builder-model").unwrap())),
+            limits: Default::default(),
+            retry: Default::default(),
+            max_rounds: 5,
+            observer: BuilderObserver::none(),
+        },
+    )
+    .unwrap();
+    session.turn("first").await.unwrap();
+    // The file on disk gains turns this session does not have (another writer).
+    let file = ws.path().join(session.file());
+    let mut on_disk = read_json(&file);
+    for text in ["elsewhere 1", "elsewhere 2"] {
+        on_disk["conversation_history"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"role": "user", "content": text}));
+    }
+    write_file(
+        ws.path(),
+        session.file().to_str().unwrap(),
+        on_disk.to_string(),
+    );
+    let bytes = std::fs::read(&file).unwrap();
+
+    let err = session.turn("second").await.unwrap_err();
+    assert!(format!("{err:#}").contains("never shrinks"), "{err:#}");
+    assert_eq!(std::fs::read(&file).unwrap(), bytes);
+}
