@@ -527,3 +527,69 @@ async fn a_rewrite_that_would_shrink_the_history_is_refused() {
     assert!(format!("{err:#}").contains("never shrinks"), "{err:#}");
     assert_eq!(std::fs::read(&file).unwrap(), bytes);
 }
+
+#[test]
+fn a_side_agent_works_with_the_modes_tools_and_its_answer_is_announced() {
+    let ws = tempfile::tempdir().unwrap();
+    // Answers by what the conversation is, not by arrival order: the side agent and the
+    // session's own turn call the model at the same time.
+    let server = FakeServer::start(Box::new(|body| {
+        let messages = body["messages"].as_array().unwrap();
+        let last = messages.last().unwrap();
+        let first_user = messages
+            .iter()
+            .find(|m| m["role"] == "user")
+            .and_then(|m| m["content"].as_str())
+            .unwrap_or_default();
+        let reply = if first_user == "list the steps" {
+            if last["role"] == "tool" {
+                completion("The plan has one step: greet.", &[])
+            } else {
+                completion("", &[("read_plan", json!({}))])
+            }
+        } else if last["content"]
+            .as_str()
+            .is_some_and(|c| c.contains("bg-survey-1 finished"))
+        {
+            completion("The survey found one step, greet.", &[])
+        } else if last["role"] == "tool" {
+            completion("A side agent is surveying the plan.", &[])
+        } else {
+            completion(
+                "",
+                &[(
+                    "run_in_background",
+                    json!({"name": "Survey", "instruction": "list the steps"}),
+                )],
+            )
+        };
+        (200, reply)
+    }));
+    workspace(ws.path(), &server);
+
+    let out = builder(ws.path(), &["-m", "survey the plan in the background"]);
+    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+    let started = result_of(&server.tool_results(1), "call-0");
+    assert!(started.contains("bg-survey-1"), "{started}");
+    // The side agent was offered the session's tools and read the plan with one.
+    let side: Vec<Value> = server
+        .seen()
+        .into_iter()
+        .filter(|b| b["messages"][1]["content"] == "list the steps")
+        .collect();
+    assert_eq!(side.len(), 2, "{side:?}");
+    let plan = &side[1]["messages"].as_array().unwrap().last().unwrap()["content"];
+    assert!(plan.as_str().unwrap().contains("greet"), "{plan}");
+    // Its answer came back to the session as a turn of its own.
+    let users = user_turns(&conversation(ws.path()));
+    assert_eq!(users.len(), 2, "{users:?}");
+    assert!(
+        users[1].contains("The plan has one step: greet."),
+        "{users:?}"
+    );
+    assert!(
+        stdout(&out).contains("The survey found one step, greet."),
+        "{}",
+        stdout(&out)
+    );
+}
