@@ -367,8 +367,11 @@ impl Agent {
         let tools: Vec<_> = specs.iter().map(ToolSpec::definition).collect();
         let mut usage = Usage::default();
         let mut tool_calls = 0;
+        // Made once per turn, from the workspace as the turn finds it: what executions
+        // started in this turn do meanwhile is not the state the turn began in.
+        let system = system_prompt(&self.root, mode);
         for _ in 0..self.max_rounds {
-            let mut messages = vec![Message::system(system_prompt(&self.root, mode))];
+            let mut messages = vec![Message::system(system.clone())];
             messages.extend(history.iter().cloned());
             let request = Request {
                 model: primary.model.clone(),
