@@ -593,3 +593,39 @@ fn a_side_agent_works_with_the_modes_tools_and_its_answer_is_announced() {
         stdout(&out)
     );
 }
+
+#[test]
+fn the_chat_reads_lines_and_slash_commands_from_its_input() {
+    use std::io::Write as _;
+
+    let ws = tempfile::tempdir().unwrap();
+    let server = scripted(vec![completion("Hello from the builder.", &[])]);
+    workspace(ws.path(), &server);
+    let mut chat = trellis_command(&["builder", ws.path().to_str().unwrap()])
+        .env("XDG_STATE_HOME", ws.path().join("state"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    chat.stdin
+        .take()
+        .unwrap()
+        .write_all(b"/mode ask\nhello\n/cost\n/executions\n/nonsense\n/quit\n")
+        .unwrap();
+    let out = chat.wait_with_output().unwrap();
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}\n{}", stderr(&out));
+    assert!(text.contains("mode: run"), "{text}");
+    assert!(text.contains("Hello from the builder."), "{text}");
+    assert!(text.contains("tokens 11 in / 7 out"), "{text}");
+    assert!(text.contains("\"executions\""), "{text}");
+    assert!(text.contains("unknown command /nonsense"), "{text}");
+    // The turn ran in the mode chosen with /mode, and the session kept it.
+    let system = server.seen()[0]["messages"][0]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(system.contains("Mode: run"), "{system}");
+    assert_eq!(conversation(ws.path())["workshop_mode"], "run");
+}
