@@ -16,6 +16,7 @@ mod compat_plans;
 mod db_fences;
 mod docs_examples;
 mod host_files;
+mod kill_loop;
 mod llm_providers;
 mod plugin_loading;
 mod preflight;
