@@ -181,7 +181,11 @@ fn builder(c: &mut Criterion) {
         .enable_all()
         .build()
         .unwrap();
-    let registry = Arc::new(tokio.block_on(PluginRegistry::with_bundled(&engine)).unwrap());
+    let registry = Arc::new(
+        tokio
+            .block_on(PluginRegistry::with_bundled(&engine))
+            .unwrap(),
+    );
     let bench = Bench {
         root: root.clone(),
         runtime: Runtime::new(registry.clone()),
@@ -224,8 +228,14 @@ fn builder(c: &mut Criterion) {
     println!(
         "builder, {samples} interleaved sessions of {TURNS} turns (2 LLM calls + 1 read_plan call per turn):"
     );
-    println!("  session of 10 turns     p50 {:>9.1} ms", micros(s50) / 1e3);
-    println!("  direct calls, 10 turns  p50 {:>9.1} ms", micros(d50) / 1e3);
+    println!(
+        "  session of 10 turns     p50 {:>9.1} ms",
+        micros(s50) / 1e3
+    );
+    println!(
+        "  direct calls, 10 turns  p50 {:>9.1} ms",
+        micros(d50) / 1e3
+    );
     println!(
         "  host overhead           p50 {:>9.1} ms per session, {:.1} us per turn",
         micros(o50) / 1e3,
