@@ -21,6 +21,7 @@ mod llm_providers;
 mod plugin_loading;
 mod preflight;
 mod provider_faults;
+mod redteam_builder;
 mod redteam_db;
 mod redteam_net;
 mod routes;

@@ -740,8 +740,15 @@ fn new_session_id() -> String {
 }
 
 /// `YYYY-MM-DD` of an RFC 3339 time.
+/// The `YYYY-MM-DD` of a timestamp; today's when it has none (a planted `created_at` must not
+/// become a folder name).
 fn date_of(rfc3339: &str) -> String {
-    rfc3339.chars().take(10).collect()
+    let date: String = rfc3339.chars().take(10).collect();
+    if persist::is_date(&date) {
+        date
+    } else {
+        now_rfc3339().chars().take(10).collect()
+    }
 }
 
 fn slug(name: &str) -> String {
