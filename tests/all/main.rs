@@ -17,6 +17,7 @@ mod db_fences;
 mod docs_examples;
 mod host_files;
 mod llm_providers;
+mod load;
 mod plugin_loading;
 mod preflight;
 mod provider_faults;
