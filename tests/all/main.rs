@@ -18,6 +18,7 @@ mod docs_examples;
 mod host_files;
 mod kill_loop;
 mod llm_providers;
+mod load;
 mod plugin_loading;
 mod preflight;
 mod provider_faults;
