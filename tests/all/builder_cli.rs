@@ -569,7 +569,16 @@ fn a_side_agent_works_with_the_modes_tools_and_its_answer_is_announced() {
 
     let out = builder(ws.path(), &["-m", "survey the plan in the background"]);
     assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
-    let started = result_of(&server.tool_results(1), "call-0");
+    // The session's second request (the side agent's may come before it) holds the answer.
+    let seen = server.seen();
+    let second = seen
+        .iter()
+        .position(|b| {
+            b["messages"][1]["content"] == "survey the plan in the background"
+                && b["messages"].as_array().unwrap().last().unwrap()["role"] == "tool"
+        })
+        .expect("the session's second request");
+    let started = result_of(&server.tool_results(second), "call-0");
     assert!(started.contains("bg-survey-1"), "{started}");
     // The side agent was offered the session's tools and read the plan with one.
     let side: Vec<Value> = server
