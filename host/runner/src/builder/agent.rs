@@ -24,9 +24,7 @@ use super::{
 use crate::llm_choice::{LlmSetup, StepLlm};
 use crate::runtime::{Runtime, WorkspaceHold};
 use trellis_sandbox::Limits;
-use trellis_sandbox::llm::{
-    Message, Request, RetryPolicy, Target, ToolCall, Usage, complete_with_options,
-};
+use trellis_sandbox::llm::{Message, Request, RetryPolicy, ToolCall, Usage};
 use trellis_sandbox::plugins::PluginRegistry;
 use trellis_sandbox::store::{WorkspaceFs, now_rfc3339};
 use trellis_workflow::manifest::parse_manifest;
@@ -423,34 +421,19 @@ impl Agent {
         llm: &StepLlm,
         request: &Request,
     ) -> Result<trellis_sandbox::llm::Response, String> {
-        let targets: Vec<Target> = match &llm.replay {
-            Some(cursor) => {
-                let endpoint = cursor.next_endpoint().map_err(|e| format!("{e:#}"))?;
-                let first = llm.targets[0].clone();
-                vec![Target { endpoint, ..first }]
-            }
-            None => llm.targets.clone(),
-        };
-        let completion = complete_with_options(
+        crate::llm_choice::complete(
             &self.registry,
-            &targets,
+            &llm.targets,
             &llm.options,
+            llm.replay.as_ref(),
+            self.llm.recorder().map(|r| r.as_ref()),
             request,
             &self.retry,
             &self.limits,
         )
-        .await;
-        match completion.result {
-            Ok(response) => {
-                if let Some(recorder) = self.llm.recorder()
-                    && let Err(e) = recorder.record(request, &response)
-                {
-                    tracing::error!("{e:#}");
-                }
-                Ok(response)
-            }
-            Err(e) => Err(e.to_string()),
-        }
+        .await
+        .result
+        .map_err(|e| e.to_string())
     }
 
     /// One tool call, never failing: what the model reads back.
