@@ -4,6 +4,7 @@
 pub mod builder;
 pub mod check;
 pub mod migrate;
+pub mod plugin;
 pub mod plugins;
 pub mod run;
 pub mod runs;

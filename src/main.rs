@@ -14,7 +14,9 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 use trellis_sandbox::{CacheSetting, Engine};
 
-use commands::{builder, check, migrate, plugins, run, runs, schema, script, tool, validate};
+use commands::{
+    builder, check, migrate, plugin, plugins, run, runs, schema, script, tool, validate,
+};
 
 /// Trellis: a sandboxed runtime for agent workflows.
 ///
@@ -36,6 +38,9 @@ enum Command {
     /// List and inspect plugins.
     #[command(subcommand)]
     Plugins(plugins::PluginsCommand),
+    /// Start a plugin project (`new`) and build it into a loadable plugin (`build`).
+    #[command(subcommand)]
+    Plugin(plugin::PluginCommand),
     /// Call tools directly, outside a workflow.
     #[command(subcommand)]
     Tool(tool::ToolCommand),
@@ -213,6 +218,7 @@ impl Command {
     fn cache(&self) -> Option<&commands::CacheArgs> {
         match self {
             Command::Plugins(command) => Some(command.cache()),
+            Command::Plugin(command) => command.cache(),
             Command::Tool(command) => Some(command.cache()),
             Command::Script(args) => Some(&args.cache),
             Command::Check(args) => Some(&args.cache),
@@ -287,6 +293,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Migrate(args) => migrate::run(&args),
         Command::Runs(command) => runs::run(&command),
         Command::Plugins(command) => plugins::run(&engine()?, command).await,
+        Command::Plugin(command) => plugin::run(engine, command).await,
         Command::Tool(command) => tool::run(&engine()?, command).await,
         Command::Script(args) => script::run(&engine()?, args).await,
         Command::Check(args) => check::run(&engine()?, &args).await,

@@ -91,6 +91,14 @@ fn main() {
     }
     std::fs::write(out_dir.join("components.rs"), generated).unwrap();
 
+    // `trellis plugin build` builds Python tool plugins with the same componentize-py, and
+    // reuses this build's virtual environment for it when it is still there.
+    println!("cargo:rustc-env=TRELLIS_COMPONENTIZE_PY_VERSION={COMPONENTIZE_PY_VERSION}");
+    println!(
+        "cargo:rustc-env=TRELLIS_BUILD_PYTHON_VENV={}",
+        python_venv(&target_dir(&out_dir)).display()
+    );
+
     // A file of its own, included only by the script module.
     let runner = python_runner(&root, &target_dir(&out_dir));
     std::fs::write(
@@ -203,10 +211,15 @@ fn collect_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// The virtual environment componentize-py is installed in.
+fn python_venv(target_dir: &Path) -> PathBuf {
+    target_dir.join("python-tools").join("venv")
+}
+
 /// The `componentize-py` of `<target>/python-tools/venv`, installed there at
 /// [`COMPONENTIZE_PY_VERSION`] when missing, or a stop with one line saying what to run.
 fn componentize_py(target_dir: &Path) -> PathBuf {
-    let venv = target_dir.join("python-tools").join("venv");
+    let venv = python_venv(target_dir);
     let tool = venv.join("bin").join("componentize-py");
     let wanted = format!("componentize-py {COMPONENTIZE_PY_VERSION}");
     let installed = || {

@@ -58,6 +58,13 @@ mod components {
 /// place that uses it.
 pub use components::PYTHON_RUNNER;
 
+/// The componentize-py release the Python script runner was built with; `trellis plugin
+/// build` builds Python tool plugins with the same one.
+pub const COMPONENTIZE_PY_VERSION: &str = env!("TRELLIS_COMPONENTIZE_PY_VERSION");
+
+/// The virtual environment the build installed componentize-py in (it may be gone since).
+pub const BUILD_PYTHON_VENV: &str = env!("TRELLIS_BUILD_PYTHON_VENV");
+
 /// The Python script of a step, in `code/<step-id>/`.
 pub const PYTHON_SCRIPT: &str = "main.py";
 /// The WebAssembly script of a step, in `code/<step-id>/`; wins over `main.py`.

@@ -1,0 +1,204 @@
+//! `trellis plugin`: authoring third-party plugins. `new` starts a plugin project (Rust for
+//! every kind, Python for tools) outside this repository; `build` turns one into a loadable
+//! plugin folder (`dist/`: the component and its `plugin.json`) and loads it to prove it.
+//!
+//! The installed plugins are listed by `trellis plugins`, not here.
+
+mod python_build;
+mod rust_build;
+mod scaffold;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Subcommand, ValueEnum};
+use trellis_sandbox::plugins::manifest::MANIFEST_FILE;
+use trellis_sandbox::plugins::{Manifest, PluginKind};
+use trellis_sandbox::{Engine, PluginRegistry};
+
+use super::CacheArgs;
+
+/// Subcommands of `trellis plugin`.
+#[derive(Subcommand, Debug)]
+pub enum PluginCommand {
+    /// Create a plugin project in a new folder: sources, a test, a plugin.json.
+    ///
+    /// The folder's name is the plugin id. Build it with `trellis plugin build DIR`, test it
+    /// with `cargo test` (Rust) or `python3 -m unittest` (Python). A Rust plugin depends on
+    /// the plugin SDK of this Trellis checkout by path unless --sdk-path or --sdk-git says
+    /// otherwise. Python is offered for tool plugins only.
+    ///
+    /// Examples:
+    ///   trellis plugin new ../word-tools --kind tool
+    ///   trellis plugin new ../word-tools-py --kind tool --lang python
+    ///   trellis plugin new ../min-lines --kind validator --sdk-git https://example.com/trellis
+    #[command(verbatim_doc_comment)]
+    New(NewArgs),
+    /// Build a plugin project into DIR/dist: its component and plugin.json, then load it.
+    ///
+    /// A folder with a Cargo.toml is built with `cargo build --release --target
+    /// wasm32-wasip2`; one with a plugin.py (a Python tool plugin) with componentize-py
+    /// (see docs/plugins.md for where it comes from). The result is loaded as `--plugins
+    /// DIR/dist` would load it; a component that does not load is an error.
+    Build(BuildArgs),
+}
+
+/// The arguments of `trellis plugin new`.
+#[derive(Args, Debug)]
+pub struct NewArgs {
+    /// The folder to create; its name is the plugin id (a-z, 0-9, `_`, `-`).
+    pub dir: PathBuf,
+    /// What the plugin is.
+    #[arg(long, value_enum)]
+    pub kind: Kind,
+    /// The language of the project.
+    #[arg(long, value_enum, default_value_t = Lang::Rust)]
+    pub lang: Lang,
+    /// Depend on the plugin SDK at this folder (Rust) [default: this checkout's plugins/sdk].
+    #[arg(long, value_name = "DIR", conflicts_with = "sdk_git")]
+    pub sdk_path: Option<PathBuf>,
+    /// Depend on the plugin SDK in this git repository of Trellis (Rust).
+    #[arg(long, value_name = "URL")]
+    pub sdk_git: Option<String>,
+}
+
+/// The arguments of `trellis plugin build`.
+#[derive(Args, Debug)]
+pub struct BuildArgs {
+    /// The plugin project: a folder with plugin.json and Cargo.toml or plugin.py.
+    #[arg(default_value = ".")]
+    pub dir: PathBuf,
+    /// Where to put the component and plugin.json [default: DIR/dist].
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    #[command(flatten)]
+    pub cache: CacheArgs,
+}
+
+/// The kinds of plugin `new` creates.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Tools agents call (world `tool-plugin`).
+    Tool,
+    /// Checks of output files for a custom `validation_type` (world `validator-plugin`).
+    Validator,
+    /// A language model behind an API (world `llm-provider`).
+    LlmProvider,
+}
+
+impl Kind {
+    fn plugin_kind(self) -> PluginKind {
+        match self {
+            Kind::Tool => PluginKind::Tool,
+            Kind::Validator => PluginKind::Validator,
+            Kind::LlmProvider => PluginKind::LlmProvider,
+        }
+    }
+}
+
+/// The languages `new` writes.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lang {
+    /// A Rust crate using the plugin SDK (plugins/sdk).
+    Rust,
+    /// Python with the `trellis_plugin` module, built with componentize-py (tools only).
+    Python,
+}
+
+impl PluginCommand {
+    /// Its compile-cache options: `build` loads what it built.
+    pub fn cache(&self) -> Option<&CacheArgs> {
+        match self {
+            PluginCommand::New(_) => None,
+            PluginCommand::Build(args) => Some(&args.cache),
+        }
+    }
+}
+
+/// Runs a `trellis plugin` subcommand; `engine` is started only by `build`.
+pub async fn run(
+    engine: impl FnOnce() -> Result<Engine>,
+    command: PluginCommand,
+) -> Result<ExitCode> {
+    match command {
+        PluginCommand::New(args) => {
+            scaffold::create(&args)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        PluginCommand::Build(args) => {
+            build(&engine()?, &args).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// The language of the project at `dir`, from the file that marks it.
+fn project_lang(dir: &Path) -> Result<Lang> {
+    if dir.join("Cargo.toml").is_file() {
+        Ok(Lang::Rust)
+    } else if dir.join(python_build::ENTRY_FILE).is_file() {
+        Ok(Lang::Python)
+    } else {
+        bail!(
+            "{}: not a plugin project: expected a Cargo.toml (Rust) or a {} (Python) beside its {MANIFEST_FILE}",
+            dir.display(),
+            python_build::ENTRY_FILE
+        )
+    }
+}
+
+async fn build(engine: &Engine, args: &BuildArgs) -> Result<()> {
+    let dir = &args.dir;
+    let manifest_path = dir.join(MANIFEST_FILE);
+    anyhow::ensure!(
+        manifest_path.is_file(),
+        "{}: no {MANIFEST_FILE} (is this a plugin project? `trellis plugin new` starts one)",
+        dir.display()
+    );
+    let manifest = Manifest::read(&manifest_path)?;
+    let lang = project_lang(dir)?;
+    let out = args.out.clone().unwrap_or_else(|| dir.join("dist"));
+    let component = out.join(&manifest.component);
+    if let Some(parent) = component.parent() {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("cannot create {}", parent.display()))?;
+    }
+    match lang {
+        Lang::Rust => rust_build::build(dir, &component)?,
+        Lang::Python => {
+            anyhow::ensure!(
+                manifest.kind == PluginKind::Tool,
+                "{}: kind {:?}: Python plugins can only be tools (write validators and LLM providers in Rust)",
+                manifest_path.display(),
+                manifest.kind.as_str()
+            );
+            python_build::build(dir, &component)?
+        }
+    }
+    let out_manifest = out.join(MANIFEST_FILE);
+    std::fs::copy(&manifest_path, &out_manifest)
+        .with_context(|| format!("cannot write {}", out_manifest.display()))?;
+
+    // Load it as `--plugins OUT` would: a component that does not load is no build.
+    let mut registry = PluginRegistry::with_bundled(engine).await?;
+    let id = registry
+        .load_manifest(&out_manifest)
+        .await
+        .with_context(|| format!("the built plugin in {} does not load", out.display()))?;
+    let plugin = registry.get(&id).context("the plugin just loaded")?;
+    let size = std::fs::metadata(&component).map(|m| m.len()).unwrap_or(0);
+    println!(
+        "built {} ({:.1} MB): {} plugin `{id}` {}",
+        component.display(),
+        size as f64 / 1e6,
+        manifest.kind,
+        manifest.version
+    );
+    if manifest.kind == PluginKind::Tool {
+        let names: Vec<_> = plugin.tools().iter().map(|t| t.name.as_str()).collect();
+        println!("tools: {}", names.join(", "));
+    }
+    println!("load it with --plugins {}", out.display());
+    Ok(())
+}

@@ -1,0 +1,630 @@
+//! `trellis plugin new` and `trellis plugin build`: a project of every kind and language the
+//! command offers is scaffolded outside the repository, passes its own generated test,
+//! builds with one command and loads; the pairs it does not offer are refused. Python tool
+//! plugins (a scaffold, and the example in examples/plugins/csv-stats) are called through
+//! `trellis tool call` and by an agent in a run, sandboxed like every other plugin.
+//!
+//! Rust builds share one target folder under the test target folder, so a rerun is
+//! incremental; they run offline, from the crates the workspace build already fetched.
+
+use crate::support;
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::fake_llm::{FakeServer, completion};
+use support::workspace::write_files;
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn all_output(out: &Output) -> String {
+    format!("{}{}", text(&out.stdout), text(&out.stderr))
+}
+
+/// The target folder every Rust plugin build of the tests shares.
+fn plugin_target() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("plugin-authoring")
+}
+
+/// `command` with the settings of a plugin build: the shared target folder, offline, none
+/// of the outer build's flags.
+fn for_builds(mut command: Command) -> Command {
+    command
+        .env("CARGO_TARGET_DIR", plugin_target())
+        .env("CARGO_NET_OFFLINE", "true")
+        .env_remove("RUSTFLAGS")
+        .env_remove("VIRTUAL_ENV")
+        .env_remove("PYTHONPATH");
+    command
+}
+
+/// Runs `command` to its end; a build that runs past 15 minutes fails the test.
+fn bounded(mut command: Command) -> Output {
+    let child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the command starts");
+    let (send, receive) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = send.send(child.wait_with_output());
+    });
+    receive
+        .recv_timeout(Duration::from_secs(900))
+        .expect("the command ran past 15 minutes")
+        .expect("the command ran")
+}
+
+fn trellis(args: &[&str]) -> Output {
+    bounded(for_builds(support::trellis_command(args)))
+}
+
+fn path_str(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+/// `trellis plugin build DIR` (into DIR/dist), which must succeed.
+fn build(dir: &Path, extra: &[&str]) -> String {
+    let mut args = vec!["plugin", "build", path_str(dir)];
+    args.extend_from_slice(extra);
+    let out = trellis(&args);
+    let all = all_output(&out);
+    assert!(
+        out.status.success(),
+        "plugin build {}: {all}",
+        dir.display()
+    );
+    all
+}
+
+/// `trellis plugins list --plugins DIR --json`: the entry of `id`, which loaded.
+fn listed(dist: &Path, id: &str) -> Value {
+    let out = trellis(&["plugins", "list", "--plugins", path_str(dist), "--json"]);
+    assert!(out.status.success(), "{}", all_output(&out));
+    let list: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let entry = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == id)
+        .unwrap_or_else(|| panic!("no plugin {id} in {list:#}"))
+        .clone();
+    assert!(
+        !list
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p.get("error").is_some()),
+        "{list:#}"
+    );
+    entry
+}
+
+/// `trellis tool call NAME --plugins DIST --root ROOT grants... --args ARGS`.
+fn tool_call(dist: &Path, name: &str, root: &Path, grants: &[&str], args: Value) -> Output {
+    let args = args.to_string();
+    let mut all = vec![
+        "tool",
+        "call",
+        name,
+        "--plugins",
+        path_str(dist),
+        "--root",
+        path_str(root),
+        "--args",
+        &args,
+    ];
+    all.extend_from_slice(grants);
+    trellis(&all)
+}
+
+fn answer(out: &Output) -> Value {
+    assert!(out.status.success(), "{}", all_output(out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// A refused call: exit status 1 and `expected` in its error.
+fn refused(out: &Output, expected: &str) {
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{}", all_output(out));
+    assert!(stderr.contains(expected), "{expected:?} in {stderr}");
+}
+
+fn sdk() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("plugins/sdk")
+}
+
+// ------------------------------------------------------------------- plugin new, Rust
+
+#[test]
+fn rust_projects_of_every_kind_pass_their_tests_build_and_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let sdk = sdk();
+    for (kind, extra) in [
+        ("tool", vec![]),
+        ("validator", vec!["--sdk-path", path_str(&sdk)]),
+        ("llm-provider", vec!["--lang", "rust"]),
+    ] {
+        let id = format!("my-{kind}");
+        let project = dir.path().join(&id);
+        let mut args = vec!["plugin", "new", path_str(&project), "--kind", kind];
+        args.extend_from_slice(&extra);
+        let out = trellis(&args);
+        assert!(out.status.success(), "{kind}: {}", all_output(&out));
+        assert!(
+            text(&out.stdout).contains(&format!("created the Rust {kind} plugin `{id}`")),
+            "{}",
+            all_output(&out)
+        );
+        let manifest = std::fs::read_to_string(project.join("Cargo.toml")).unwrap();
+        assert!(
+            manifest.contains(&format!(
+                "trellis-plugin-sdk = {{ path = {:?} }}",
+                sdk.display().to_string()
+            )),
+            "{manifest}"
+        );
+
+        // Its own test, on this machine.
+        let mut test = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        test.arg("test").current_dir(&project);
+        let out = bounded(for_builds(test));
+        assert!(
+            out.status.success() && text(&out.stdout).contains("test result: ok"),
+            "{kind}: cargo test: {}",
+            all_output(&out)
+        );
+
+        // One command builds it; the result loads as the kind it says.
+        let built = build(&project, &[]);
+        assert!(built.contains(&format!("{kind} plugin `{id}`")), "{built}");
+        let dist = project.join("dist");
+        assert!(dist.join(format!("{id}.wasm")).is_file());
+        let entry = listed(&dist, &id);
+        assert_eq!(entry["kind"], kind, "{entry}");
+        assert_eq!(entry["source"].as_str().map(|s| s != "bundled"), Some(true));
+
+        if kind == "tool" {
+            assert_eq!(entry["tools"], json!(["count_words"]));
+            std::fs::write(project.join("words.txt"), "one two three\nfour\n").unwrap();
+            let out = tool_call(
+                &dist,
+                "my-tool:count_words",
+                &project,
+                &["--read", "."],
+                json!({"path": "words.txt"}),
+            );
+            assert_eq!(answer(&out), json!({"words": 4, "lines": 2}));
+        }
+    }
+}
+
+#[test]
+fn a_git_reference_to_the_sdk_is_written_as_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = dir.path().join("from-git");
+    let url = "https://example.invalid/trellis.git";
+    let out = trellis(&[
+        "plugin",
+        "new",
+        path_str(&project),
+        "--kind",
+        "validator",
+        "--sdk-git",
+        url,
+    ]);
+    assert!(out.status.success(), "{}", all_output(&out));
+    let manifest = std::fs::read_to_string(project.join("Cargo.toml")).unwrap();
+    assert!(
+        manifest.contains(&format!("trellis-plugin-sdk = {{ git = \"{url}\" }}")),
+        "{manifest}"
+    );
+    let plugin: Value =
+        serde_json::from_str(&std::fs::read_to_string(project.join("plugin.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        plugin,
+        json!({"id": "from-git", "kind": "validator", "version": "0.1.0",
+               "description": "Checks that a file has enough non-blank lines.",
+               "component": "from-git.wasm"})
+    );
+}
+
+#[test]
+fn pairs_and_folders_plugin_new_does_not_take_are_refused_and_nothing_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("keep.txt"), "mine").unwrap();
+    let taken = dir.path().join("taken");
+    write_files(&taken, &[("notes.md", "do not touch".to_string())]);
+    let before = support::tree_digest(dir.path());
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["py-check", "--kind", "validator", "--lang", "python"],
+            "--lang python offers --kind tool only: write validator plugins in Rust",
+        ),
+        (
+            vec!["py-model", "--kind", "llm-provider", "--lang", "python"],
+            "--lang python offers --kind tool only: write llm-provider plugins in Rust",
+        ),
+        (
+            vec![
+                "py-sdk",
+                "--kind",
+                "tool",
+                "--lang",
+                "python",
+                "--sdk-git",
+                "x",
+            ],
+            "--sdk-path and --sdk-git are for Rust projects",
+        ),
+        (
+            vec!["taken", "--kind", "tool"],
+            "the folder exists and is not empty",
+        ),
+        (
+            vec!["MyTool", "--kind", "tool"],
+            "the folder name is the plugin id, and it is not one",
+        ),
+        (
+            vec!["no-sdk", "--kind", "tool", "--sdk-path", "nowhere"],
+            "the plugin SDK is not at",
+        ),
+    ];
+    for (args, expected) in cases {
+        let project = dir.path().join(args[0]);
+        let mut all = vec![
+            "plugin".to_string(),
+            "new".into(),
+            path_str(&project).into(),
+        ];
+        all.extend(args[1..].iter().map(|s| s.to_string()));
+        let all: Vec<&str> = all.iter().map(String::as_str).collect();
+        let mut command = support::trellis_command(&all);
+        command.current_dir(dir.path());
+        let out = bounded(command);
+        refused(&out, expected);
+        assert_eq!(support::tree_digest(dir.path()), before, "{args:?}");
+    }
+}
+
+// ------------------------------------------------------------------- Python
+
+/// A tool appended to a scaffolded plugin.py that tries to leave its sandbox: read and
+/// write outside its grants, and open a socket.
+const ESCAPE_TOOL: &str = r#"
+
+@tool(schema={"type": "object", "properties": {
+    "action": {"enum": ["read", "write", "connect"]},
+    "path": {"type": "string"}, "port": {"type": "integer"}}, "required": ["action"]})
+def escape(action, path="", port=0):
+    """Tries to leave the sandbox."""
+    if action == "read":
+        with open(path) as file:
+            return {"read": file.read()}
+    if action == "write":
+        with open(path, "w") as file:
+            file.write("planted")
+        return {"wrote": path}
+    import socket
+    socket.create_connection(("127.0.0.1", port), timeout=2).sendall(b"hello")
+    return {"connected": port}
+"#;
+
+#[test]
+fn a_python_project_passes_its_test_builds_and_cannot_leave_its_sandbox() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = dir.path().join("py-words");
+    let out = trellis(&[
+        "plugin",
+        "new",
+        path_str(&project),
+        "--kind",
+        "tool",
+        "--lang",
+        "python",
+    ]);
+    assert!(out.status.success(), "{}", all_output(&out));
+
+    // Its own test, with CPython.
+    let mut test = Command::new("python3");
+    test.args(["-m", "unittest", "-v"]).current_dir(&project);
+    let out = bounded(for_builds(test));
+    assert!(
+        out.status.success() && text(&out.stderr).contains("Ran 3 tests"),
+        "{}",
+        all_output(&out)
+    );
+
+    let plugin = project.join("plugin.py");
+    let source = std::fs::read_to_string(&plugin).unwrap();
+    std::fs::write(&plugin, source + ESCAPE_TOOL).unwrap();
+    let built = build(&project, &[]);
+    assert!(built.contains("tool plugin `py-words`"), "{built}");
+    assert!(built.contains("tools: count_words, escape"), "{built}");
+    let dist = project.join("dist");
+
+    // A root with a granted folder, a read-only one and a secret beside them.
+    let root = dir.path().join("root");
+    write_files(
+        &root,
+        &[
+            ("notes/a.txt", "alpha beta\ngamma\n".to_string()),
+            ("docs/readme.md", "read only".to_string()),
+            ("secret.txt", "the secret".to_string()),
+        ],
+    );
+    let grants = ["--write", "notes", "--read", "docs"];
+    let out = tool_call(
+        &dist,
+        "py-words:count_words",
+        &root,
+        &grants,
+        json!({"path": "notes/a.txt"}),
+    );
+    assert_eq!(answer(&out), json!({"words": 3, "lines": 2}));
+    let before = support::tree_digest(&root);
+
+    let escape = |args: Value| tool_call(&dist, "py-words:escape", &root, &grants, args);
+    for path in ["secret.txt", "/secret.txt", "notes/../secret.txt"] {
+        refused(
+            &escape(json!({"action": "read", "path": path})),
+            "denied: `",
+        );
+    }
+    refused(
+        &escape(json!({"action": "write", "path": "docs/readme.md"})),
+        "denied: `docs/readme.md` is in a read-only folder",
+    );
+    refused(
+        &escape(json!({"action": "write", "path": "planted.txt"})),
+        "denied: `planted.txt` is outside the folders granted to this call",
+    );
+    refused(
+        &escape(json!({"action": "write", "path": "notes/../planted.txt"})),
+        "denied: `notes/../planted.txt` is outside the folders granted to this call",
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    refused(
+        &escape(json!({"action": "connect", "port": port})),
+        "py-words:escape: failed:",
+    );
+    assert!(
+        listener.accept().is_err(),
+        "the plugin reached a socket on this machine"
+    );
+    assert_eq!(support::tree_digest(&root), before);
+}
+
+#[test]
+fn an_error_in_plugin_py_fails_the_build_with_its_traceback_and_leaves_no_component() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = dir.path().join("broken");
+    let out = trellis(&[
+        "plugin",
+        "new",
+        path_str(&project),
+        "--kind",
+        "tool",
+        "--lang",
+        "python",
+    ]);
+    assert!(out.status.success(), "{}", all_output(&out));
+    let plugin = project.join("plugin.py");
+    let source = std::fs::read_to_string(&plugin).unwrap();
+    std::fs::write(&plugin, source + "\nraise RuntimeError('no config here')\n").unwrap();
+    let out = trellis(&["plugin", "build", path_str(&project)]);
+    refused(&out, "componentize-py could not build");
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("plugin.py") && stderr.contains("RuntimeError: no config here"),
+        "{stderr}"
+    );
+    let dist = project.join("dist");
+    let left: Vec<_> = std::fs::read_dir(&dist)
+        .map(|entries| entries.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+fn example() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/plugins/csv-stats")
+}
+
+const SALES: &str = "region,amount,note\nemea,10,ok\nus,30,\nemea,20,late\n";
+
+#[test]
+fn the_csv_stats_example_answers_tool_calls_and_an_agent_in_a_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let dist = dir.path().join("dist");
+    let source_before = support::tree_digest(&example());
+    // Its own tests, with CPython and the module of plugins/sdk-python.
+    let mut test = Command::new("python3");
+    test.args(["-m", "unittest", "-v"])
+        .current_dir(example())
+        .env(
+            "PYTHONPATH",
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("plugins/sdk-python"),
+        )
+        .env("PYTHONDONTWRITEBYTECODE", "1");
+    let out = bounded(test);
+    assert!(
+        out.status.success() && text(&out.stderr).contains("Ran 3 tests"),
+        "{}",
+        all_output(&out)
+    );
+    let built = build(&example(), &["--out", path_str(&dist)]);
+    assert!(built.contains("tools: csv_stats, write_stats"), "{built}");
+    // Built from a copy: the example folder gains no dist/ or __pycache__/.
+    assert_eq!(support::tree_digest(&example()), source_before);
+
+    // Through `trellis tool call`.
+    let root = dir.path().join("root");
+    write_files(
+        &root,
+        &[
+            ("knowledgebase/sales.csv", SALES.to_string()),
+            ("private/salaries.csv", "name,pay\nann,1\n".to_string()),
+        ],
+    );
+    std::fs::create_dir_all(root.join("out")).unwrap();
+    let grants = ["--read", "knowledgebase", "--write", "out"];
+    let stats = answer(&tool_call(
+        &dist,
+        "csv-stats:csv_stats",
+        &root,
+        &grants,
+        json!({"path": "knowledgebase/sales.csv", "columns": ["amount"]}),
+    ));
+    assert_eq!(
+        stats,
+        json!({"rows": 3, "columns": {"amount": {"filled": 3, "min": 10.0, "max": 30.0, "mean": 20.0}}})
+    );
+    let written = answer(&tool_call(
+        &dist,
+        "csv-stats:write_stats",
+        &root,
+        &grants,
+        json!({"path": "knowledgebase/sales.csv", "out": "out/sales.json"}),
+    ));
+    assert_eq!(written, json!({"written": "out/sales.json", "rows": 3}));
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(root.join("out/sales.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        report["columns"]["region"],
+        json!({"filled": 3, "distinct": 2})
+    );
+    // The schema is the host's to check; the tool's own errors reach the caller by kind.
+    refused(
+        &tool_call(
+            &dist,
+            "csv-stats:csv_stats",
+            &root,
+            &grants,
+            json!({"path": "knowledgebase/sales.csv", "columns": ["price"]}),
+        ),
+        "invalid arguments: columns: no column 'price'",
+    );
+
+    // Outside its grants, it is refused and nothing changes.
+    let before = support::tree_digest(&root);
+    for (tool, args, expected) in [
+        (
+            "csv_stats",
+            json!({"path": "private/salaries.csv"}),
+            "denied: `private/salaries.csv` is outside the folders granted to this call",
+        ),
+        (
+            "csv_stats",
+            json!({"path": "knowledgebase/../private/salaries.csv"}),
+            "denied: `knowledgebase/../private/salaries.csv` is outside the folders granted",
+        ),
+        (
+            "write_stats",
+            json!({"path": "knowledgebase/sales.csv", "out": "knowledgebase/planted.json"}),
+            "denied: `knowledgebase/planted.json` is in a read-only folder",
+        ),
+        (
+            "write_stats",
+            json!({"path": "knowledgebase/sales.csv", "out": "private/planted.json"}),
+            "denied: `private",
+        ),
+    ] {
+        refused(
+            &tool_call(&dist, &format!("csv-stats:{tool}"), &root, &grants, args),
+            expected,
+        );
+    }
+    assert_eq!(support::tree_digest(&root), before);
+
+    // An agent in a run calls it: once on the knowledgebase, once on the plan it may not see.
+    let server = FakeServer::start(Box::new(|body| {
+        let answered = body["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["role"] == "tool");
+        if answered {
+            (200, completion("The sales average 20.", &[]))
+        } else {
+            (
+                200,
+                completion(
+                    "",
+                    &[
+                        (
+                            "csv-stats__csv_stats",
+                            json!({"path": "knowledgebase/sales.csv"}),
+                        ),
+                        (
+                            "csv-stats__csv_stats",
+                            json!({"path": "planning/plan.json"}),
+                        ),
+                    ],
+                ),
+            )
+        }
+    }));
+    let ws = dir.path().join("ws");
+    write_files(
+        &ws,
+        &[
+            (
+                "planning/plan.json",
+                json!({"objective": "t", "steps": [
+                    {"id": "report", "type": "regular", "title": "Report",
+                     "description": "Summarize knowledgebase/sales.csv."}]})
+                .to_string(),
+            ),
+            ("planning/step_config.json", r#"{"steps": []}"#.to_string()),
+            (
+                "workflow.json",
+                json!({"llm": {"provider": "openai", "model_id": "m"},
+                       "providers": server.providers()})
+                .to_string(),
+            ),
+            ("knowledgebase/sales.csv", SALES.to_string()),
+        ],
+    );
+    let kept = |ws: &Path| {
+        let mut digest = support::tree_digest(&ws.join("knowledgebase"));
+        digest.extend(support::tree_digest(&ws.join("planning")));
+        digest
+    };
+    let before = kept(&ws);
+    let out = trellis(&["run", path_str(&ws), "--plugins", path_str(&dist)]);
+    assert!(out.status.success(), "{}", all_output(&out));
+    let offered: Vec<String> = server.seen()[0]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        offered.contains(&"csv-stats__write_stats".to_string()),
+        "{offered:?}"
+    );
+    let results = server.last_tool_results();
+    assert_eq!(results.len(), 2, "{results:?}");
+    let stats: Value = serde_json::from_str(&results[0].1)
+        .unwrap_or_else(|_| panic!("a JSON result: {}", results[0].1));
+    assert_eq!(stats["rows"], 3, "{stats}");
+    assert_eq!(stats["columns"]["amount"]["mean"], 20.0, "{stats}");
+    assert!(
+        results[1]
+            .1
+            .contains("outside the folders granted to this call"),
+        "{}",
+        results[1].1
+    );
+    assert_eq!(kept(&ws), before);
+}
