@@ -133,6 +133,16 @@ pub async fn run(
     }
 }
 
+/// Creates the folder `component` goes in; the builders call it once the build can start,
+/// so a build refused early leaves no empty `dist/` behind.
+fn create_parent(component: &Path) -> Result<()> {
+    if let Some(parent) = component.parent() {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("cannot create {}", parent.display()))?;
+    }
+    Ok(())
+}
+
 /// The language of the project at `dir`, from the file that marks it.
 fn project_lang(dir: &Path) -> Result<Lang> {
     if dir.join("Cargo.toml").is_file() {
@@ -160,10 +170,6 @@ async fn build(engine: &Engine, args: &BuildArgs) -> Result<()> {
     let lang = project_lang(dir)?;
     let out = args.out.clone().unwrap_or_else(|| dir.join("dist"));
     let component = out.join(&manifest.component);
-    if let Some(parent) = component.parent() {
-        std::fs::create_dir_all(parent)
-            .with_context(|| format!("cannot create {}", parent.display()))?;
-    }
     match lang {
         Lang::Rust => rust_build::build(dir, &component)?,
         Lang::Python => {

@@ -435,6 +435,35 @@ fn an_error_in_plugin_py_fails_the_build_with_its_traceback_and_leaves_no_compon
     assert!(left.is_empty(), "{left:?}");
 }
 
+#[test]
+fn a_componentize_py_that_is_not_the_pinned_release_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = dir.path().join("pinned");
+    let out = trellis(&[
+        "plugin",
+        "new",
+        path_str(&project),
+        "--kind",
+        "tool",
+        "--lang",
+        "python",
+    ]);
+    assert!(out.status.success(), "{}", all_output(&out));
+    // `python3 --version` answers, but not as componentize-py 0.25.1.
+    let mut command = for_builds(support::trellis_command(&[
+        "plugin",
+        "build",
+        path_str(&project),
+    ]));
+    command.env("TRELLIS_COMPONENTIZE_PY", "python3");
+    let out = bounded(command);
+    refused(
+        &out,
+        "TRELLIS_COMPONENTIZE_PY=python3: expected a command answering `componentize-py 0.25.1` to --version",
+    );
+    assert!(!project.join("dist").exists());
+}
+
 fn example() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/plugins/csv-stats")
 }

@@ -31,69 +31,21 @@ const APP: &str = include_str!("../../../plugins/sdk-python/trellis_plugin_app.p
 /// The world a Python plugin implements.
 const WORLD: &str = "tool-plugin";
 
-/// The WIT package of the plugin API, written to the staging folder for componentize-py.
-const WIT: &[(&str, &str)] = &[
-    (
-        "worlds.wit",
-        include_str!("../../../wit/trellis-plugin@0.1.0/worlds.wit"),
-    ),
-    (
-        "types.wit",
-        include_str!("../../../wit/trellis-plugin@0.1.0/types.wit"),
-    ),
-    (
-        "host.wit",
-        include_str!("../../../wit/trellis-plugin@0.1.0/host.wit"),
-    ),
-    (
-        "tool.wit",
-        include_str!("../../../wit/trellis-plugin@0.1.0/tool.wit"),
-    ),
-    (
-        "llm.wit",
-        include_str!("../../../wit/trellis-plugin@0.1.0/llm.wit"),
-    ),
-    (
-        "script.wit",
-        include_str!("../../../wit/trellis-plugin@0.1.0/script.wit"),
-    ),
-    (
-        "validator.wit",
-        include_str!("../../../wit/trellis-plugin@0.1.0/validator.wit"),
-    ),
-    (
-        "workflow-db.wit",
-        include_str!("../../../wit/trellis-plugin@0.1.0/workflow-db.wit"),
-    ),
-    (
-        "deps/cli.wit",
-        include_str!("../../../wit/trellis-plugin@0.1.0/deps/cli.wit"),
-    ),
-    (
-        "deps/clocks.wit",
-        include_str!("../../../wit/trellis-plugin@0.1.0/deps/clocks.wit"),
-    ),
-    (
-        "deps/filesystem.wit",
-        include_str!("../../../wit/trellis-plugin@0.1.0/deps/filesystem.wit"),
-    ),
-    (
-        "deps/http.wit",
-        include_str!("../../../wit/trellis-plugin@0.1.0/deps/http.wit"),
-    ),
-    (
-        "deps/io.wit",
-        include_str!("../../../wit/trellis-plugin@0.1.0/deps/io.wit"),
-    ),
-    (
-        "deps/random.wit",
-        include_str!("../../../wit/trellis-plugin@0.1.0/deps/random.wit"),
-    ),
-    (
-        "deps/sockets.wit",
-        include_str!("../../../wit/trellis-plugin@0.1.0/deps/sockets.wit"),
-    ),
-];
+/// The files of `wit/trellis-plugin@<version>/`, by path, with their text.
+macro_rules! wit_files {
+    ($version:literal: $($rel:literal),* $(,)?) => {
+        &[$(($rel, include_str!(concat!("../../../wit/trellis-plugin@", $version, "/", $rel)))),*]
+    };
+}
+
+/// The WIT package of the plugin API (0.1.0 is released and never edited), written to the
+/// staging folder for componentize-py.
+const WIT: &[(&str, &str)] = wit_files!("0.1.0":
+    "worlds.wit", "types.wit", "host.wit", "tool.wit", "llm.wit", "script.wit",
+    "validator.wit", "workflow-db.wit", "deps/cli.wit", "deps/clocks.wit",
+    "deps/filesystem.wit", "deps/http.wit", "deps/io.wit", "deps/random.wit",
+    "deps/sockets.wit",
+);
 
 /// The `trellis_plugin` module as `plugin new` writes it into a project: the same module,
 /// with a note that it is there for the tests.
@@ -106,6 +58,7 @@ pub fn sdk_copy_for_tests() -> String {
 /// Builds the Python tool plugin at `dir` into `component`.
 pub fn build(dir: &Path, component: &Path) -> Result<()> {
     let tool = componentize_py()?;
+    super::create_parent(component)?;
     let staging = std::env::temp_dir().join(format!("trellis-plugin-build-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&staging);
     let result = build_in(dir, component, &tool, &staging);

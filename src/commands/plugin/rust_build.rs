@@ -38,6 +38,7 @@ pub fn build(dir: &Path, component: &Path) -> Result<()> {
             dir.display()
         )
     })?;
+    super::create_parent(component)?;
     std::fs::copy(&built, component)
         .with_context(|| format!("cannot copy {} to {}", built.display(), component.display()))?;
     Ok(())
