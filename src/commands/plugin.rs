@@ -183,8 +183,12 @@ async fn build(engine: &Engine, args: &BuildArgs) -> Result<()> {
         }
     }
     let out_manifest = out.join(MANIFEST_FILE);
-    std::fs::copy(&manifest_path, &out_manifest)
-        .with_context(|| format!("cannot write {}", out_manifest.display()))?;
+    // `--out DIR` builds in place: copying the manifest onto itself would empty it.
+    let same = |a: &Path, b: &Path| a.canonicalize().ok() == b.canonicalize().ok();
+    if !same(&out, dir) {
+        std::fs::copy(&manifest_path, &out_manifest)
+            .with_context(|| format!("cannot write {}", out_manifest.display()))?;
+    }
 
     // Load it as `--plugins OUT` would: a component that does not load is no build.
     let mut registry = PluginRegistry::with_bundled(engine).await?;

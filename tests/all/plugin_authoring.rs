@@ -201,6 +201,15 @@ fn rust_projects_of_every_kind_pass_their_tests_build_and_load() {
                 json!({"path": "words.txt"}),
             );
             assert_eq!(answer(&out), json!({"words": 4, "lines": 2}));
+
+            // Built in place, the project folder is itself the plugin folder.
+            let manifest = std::fs::read(project.join("plugin.json")).unwrap();
+            build(&project, &["--out", path_str(&project)]);
+            assert_eq!(
+                std::fs::read(project.join("plugin.json")).unwrap(),
+                manifest
+            );
+            assert_eq!(listed(&project, &id)["kind"], "tool");
         }
     }
 }
