@@ -190,6 +190,85 @@ fn rust_projects_of_every_kind_pass_their_tests_build_and_load() {
         assert_eq!(entry["kind"], kind, "{entry}");
         assert_eq!(entry["source"].as_str().map(|s| s != "bundled"), Some(true));
 
+        if kind == "validator" {
+            // Its rule in a step's gate: too few lines fail, enough pass.
+            let ws = dir.path().join("ws");
+            let plan = json!({"objective": "t", "steps": [
+                {"id": "notes", "type": "regular", "title": "Notes", "description": "Write notes.",
+                 "validation_schema": {"files": [{"file_name": "notes.md", "must_exist": true,
+                                                  "validation_type": id, "min_lines": 3}]}}]});
+            let notes = "runs/iteration-0/execution/notes/notes.md";
+            write_files(
+                &ws,
+                &[
+                    ("planning/plan.json", plan.to_string()),
+                    ("planning/step_config.json", r#"{"steps": []}"#.to_string()),
+                    (notes, "one\n\ntwo\n".to_string()),
+                ],
+            );
+            let check = || {
+                trellis(&[
+                    "check",
+                    path_str(&ws),
+                    "--step",
+                    "notes",
+                    "--plugins",
+                    path_str(&dist),
+                ])
+            };
+            let out = check();
+            assert_eq!(out.status.code(), Some(1), "{}", all_output(&out));
+            assert!(
+                text(&out.stdout).contains("FAIL notes.md"),
+                "{}",
+                all_output(&out)
+            );
+            std::fs::write(ws.join(notes), "one\ntwo\nthree\n").unwrap();
+            let out = check();
+            assert!(out.status.success(), "{}", all_output(&out));
+        }
+        if kind == "llm-provider" {
+            // The model of a run: its requests reach the API at the workspace's base URL.
+            let server = FakeServer::start(Box::new(|body| {
+                (
+                    200,
+                    json!({"text": format!("{} read the notes", body["model"])}),
+                )
+            }));
+            let ws = dir.path().join("ws-llm");
+            write_files(
+                &ws,
+                &[
+                    (
+                        "planning/plan.json",
+                        json!({"objective": "t", "steps": [
+                            {"id": "answer", "type": "regular", "title": "Answer",
+                             "description": "Answer."}]})
+                        .to_string(),
+                    ),
+                    ("planning/step_config.json", r#"{"steps": []}"#.to_string()),
+                    (
+                        "workflow.json",
+                        json!({"llm": {"provider": id, "model_id": "m1"},
+                               "providers": {id.as_str(): {"base_url": server.base_url(),
+                                                           "api_key_env": "TRELLIS_TEST_NO_KEY"}}})
+                        .to_string(),
+                    ),
+                ],
+            );
+            let out = trellis(&["run", path_str(&ws), "--plugins", path_str(&dist)]);
+            assert!(out.status.success(), "{}", all_output(&out));
+            let seen = server.seen();
+            assert!(!seen.is_empty());
+            assert_eq!(seen[0]["model"], "m1", "{}", seen[0]);
+            assert!(
+                seen[0]["messages"]
+                    .as_array()
+                    .is_some_and(|m| m.iter().any(|m| m["role"] == "user")),
+                "{}",
+                seen[0]
+            );
+        }
         if kind == "tool" {
             assert_eq!(entry["tools"], json!(["count_words"]));
             std::fs::write(project.join("words.txt"), "one two three\nfour\n").unwrap();

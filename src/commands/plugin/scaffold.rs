@@ -193,7 +193,7 @@ fn readme(id: &str, args: &NewArgs) -> String {
             "trellis tool call {id}:count_words --plugins dist --read . --args '{{\"path\": \"README.md\"}}'"
         ),
         Kind::Validator => format!(
-            "# in a step's validation_schema: {{\"file\": \"notes.md\", \"validation_type\": \"{id}\", \"min_lines\": 3}}"
+            "# a file rule of a validation_schema: {{\"file_name\": \"notes.md\", \"validation_type\": \"{id}\", \"min_lines\": 3}}"
         ),
         Kind::LlmProvider => format!(
             "trellis run WS --plugins dist --llm {id}:MODEL   # workflow.json: \"providers\": {{\"{id}\": {{\"base_url\": ...}}}}"
