@@ -3,6 +3,7 @@
 
 pub mod builder;
 pub mod check;
+pub mod mcp;
 pub mod migrate;
 pub mod plugin;
 pub mod plugins;

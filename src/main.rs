@@ -15,7 +15,7 @@ use clap::{Parser, Subcommand};
 use trellis_sandbox::{CacheSetting, Engine};
 
 use commands::{
-    builder, check, migrate, plugin, plugins, run, runs, schema, script, tool, validate,
+    builder, check, mcp, migrate, plugin, plugins, run, runs, schema, script, tool, validate,
 };
 
 /// Trellis: a sandboxed runtime for agent workflows.
@@ -44,6 +44,9 @@ enum Command {
     /// Call tools directly, outside a workflow.
     #[command(subcommand)]
     Tool(tool::ToolCommand),
+    /// Serve tool plugins to MCP clients.
+    #[command(subcommand)]
+    Mcp(mcp::McpCommand),
     /// List past runs and inspect their steps.
     #[command(subcommand)]
     Runs(runs::RunsCommand),
@@ -208,6 +211,8 @@ impl Command {
             Command::Run(args) => Some(&args.workspace),
             Command::Validate(args) => Some(&args.workspace),
             Command::Builder(args) => args.workspace(),
+            // A long-lived server may grant folders of ROOT read-write: no cache there.
+            Command::Mcp(command) => Some(command.root()),
             _ => None,
         }
     }
@@ -220,6 +225,7 @@ impl Command {
             Command::Plugins(command) => Some(command.cache()),
             Command::Plugin(command) => command.cache(),
             Command::Tool(command) => Some(command.cache()),
+            Command::Mcp(command) => Some(command.cache()),
             Command::Script(args) => Some(&args.cache),
             Command::Check(args) => Some(&args.cache),
             Command::Run(args) => Some(&args.cache),
@@ -295,6 +301,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Plugins(command) => plugins::run(&engine()?, command).await,
         Command::Plugin(command) => plugin::run(engine, command).await,
         Command::Tool(command) => tool::run(&engine()?, command).await,
+        Command::Mcp(command) => mcp::run(&engine()?, command).await,
         Command::Script(args) => script::run(&engine()?, args).await,
         Command::Check(args) => check::run(&engine()?, &args).await,
         Command::Run(args) => run::run(&engine()?, args).await,

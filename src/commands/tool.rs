@@ -86,26 +86,12 @@ pub async fn run(engine: &Engine, command: ToolCommand) -> Result<ExitCode> {
             ..
         } => {
             let args = parse_args(&args)?;
-            match std::fs::metadata(&root) {
-                Ok(meta) if meta.is_dir() => {}
-                Ok(_) => anyhow::bail!("--root {}: expected a folder, got a file", root.display()),
-                Err(_) => anyhow::bail!("--root {}: the folder does not exist", root.display()),
-            }
+            check_root(&root)?;
             let mut grant = grant(&root, &read, &write)?;
             if let Some(db) = db {
                 grant = grant.with_db(db_file(&root, &db)?, db_write);
             }
-            anyhow::ensure!(
-                timeout.is_finite() && timeout > 0.0,
-                "--timeout: expected a positive number of seconds, found {timeout}"
-            );
-            let limits = Limits {
-                memory_bytes: memory
-                    .checked_mul(1 << 20)
-                    .context("--memory is too large")?,
-                timeout: Duration::from_secs_f64(timeout),
-                ..Limits::default()
-            };
+            let limits = limits(timeout, memory)?;
             let registry = registry(engine, &plugins).await?;
             match registry.call_tool(&name, &args, &grant, &limits).await {
                 Ok(result) => {
@@ -166,7 +152,32 @@ fn json_kind(value: &serde_json::Value) -> &'static str {
     }
 }
 
-fn grant(root: &Path, read: &[String], write: &[String]) -> Result<Grant> {
+/// Refuses a --root that is not a folder.
+pub(super) fn check_root(root: &Path) -> Result<()> {
+    match std::fs::metadata(root) {
+        Ok(meta) if meta.is_dir() => Ok(()),
+        Ok(_) => anyhow::bail!("--root {}: expected a folder, got a file", root.display()),
+        Err(_) => anyhow::bail!("--root {}: the folder does not exist", root.display()),
+    }
+}
+
+/// The limits of one call from --timeout (seconds) and --memory (MiB).
+pub(super) fn limits(timeout: f64, memory: usize) -> Result<Limits> {
+    anyhow::ensure!(
+        timeout.is_finite() && timeout > 0.0,
+        "--timeout: expected a positive number of seconds, found {timeout}"
+    );
+    Ok(Limits {
+        memory_bytes: memory
+            .checked_mul(1 << 20)
+            .context("--memory is too large")?,
+        timeout: Duration::from_secs_f64(timeout),
+        ..Limits::default()
+    })
+}
+
+/// The grant of --read and --write folders under ROOT (each resolved inside it).
+pub(super) fn grant(root: &Path, read: &[String], write: &[String]) -> Result<Grant> {
     let mut grant = Grant::none();
     for (dirs, access, flag) in [
         (read, Access::ReadOnly, "--read"),

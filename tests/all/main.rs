@@ -19,6 +19,7 @@ mod host_files;
 mod kill_loop;
 mod llm_providers;
 mod load;
+mod mcp_serve;
 mod plugin_authoring;
 mod plugin_loading;
 mod preflight;

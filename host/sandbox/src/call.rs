@@ -9,8 +9,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio_util::sync::CancellationToken;
 use wasmtime::component::{InstancePre, ResourceTable};
-use wasmtime::{Store, Trap};
+use wasmtime::{Store, Trap, UpdateDeadline};
 use wasmtime_wasi::WasiCtxBuilder;
 
 use super::output::OutputSink;
@@ -23,6 +24,10 @@ use crate::llm::http::HttpPolicy;
 /// How long past its deadline a call may take before the outer timeout drops it: the
 /// epoch deadline stops guest code, this also covers time spent in async host calls.
 const GRACE: Duration = Duration::from_millis(250);
+
+/// How often a call that can be cancelled looks at its token while guest code runs, in epoch
+/// ticks: a guest busy in a loop stops within this many ticks of the cancellation.
+const CANCEL_CHECK_TICKS: u64 = 2;
 
 /// The future of one call into an instance, as the caller's closure returns it.
 pub(crate) type CallFuture<'a, T> = Pin<Box<dyn Future<Output = wasmtime::Result<T>> + Send + 'a>>;
@@ -37,6 +42,8 @@ pub(crate) struct Call<'a> {
     pub(crate) limits: &'a Limits,
     /// The HTTP policy of a call that may send requests; `None` refuses them all.
     pub(crate) http: Option<HttpPolicy>,
+    /// Stops the call when cancelled (the guest's code and its host calls alike).
+    pub(crate) cancel: Option<&'a CancellationToken>,
 }
 
 /// Why a call into a guest did not return normally.
@@ -44,6 +51,8 @@ pub(crate) struct Call<'a> {
 pub(crate) enum CallFailure {
     /// The call ran past its deadline (guest code, a host call or a database statement).
     Timeout(Duration),
+    /// The caller cancelled the call before it finished.
+    Cancelled,
     /// The instance asked for more memory and tables than its limit.
     Memory {
         /// The limit, in bytes.
@@ -122,21 +131,56 @@ where
     };
     let mut store = Store::new(engine.wasmtime(), state);
     store.limiter(|s| &mut s.memory);
-    store.set_epoch_deadline(Engine::ticks_for(limits.timeout));
-    store.epoch_deadline_trap();
+    let ticks = Engine::ticks_for(limits.timeout);
+    match call.cancel {
+        None => {
+            store.set_epoch_deadline(ticks);
+            store.epoch_deadline_trap();
+        }
+        // The deadline is reached in steps, the token looked at on each: the same trap at the
+        // same deadline, and an earlier one once the token is cancelled.
+        Some(cancel) => {
+            let cancel = cancel.clone();
+            let first = ticks.min(CANCEL_CHECK_TICKS);
+            let mut left = ticks - first;
+            store.set_epoch_deadline(first);
+            store.epoch_deadline_callback(move |_| {
+                if cancel.is_cancelled() || left == 0 {
+                    return Ok(UpdateDeadline::Interrupt);
+                }
+                let next = left.min(CANCEL_CHECK_TICKS);
+                left -= next;
+                Ok(UpdateDeadline::Continue(next))
+            });
+        }
+    }
 
-    let outcome = tokio::time::timeout(limits.timeout + GRACE, f(pre, &mut store)).await;
+    let call_future = tokio::time::timeout(limits.timeout + GRACE, f(pre, &mut store));
+    // A cancelled call waiting in a host call is dropped there.
+    let outcome = match call.cancel {
+        None => Some(call_future.await),
+        Some(cancel) => tokio::select! {
+            outcome = call_future => Some(outcome),
+            () = cancel.cancelled() => None,
+        },
+    };
+    // A call that returned its value before the token was looked at stands.
+    let cancelled = outcome.is_none()
+        || (call.cancel.is_some_and(|c| c.is_cancelled()) && !matches!(outcome, Some(Ok(Ok(_)))));
     // Going over a limit is what ended the call, whatever the guest did after the error it
     // got.
-    let result = if let Some(exceeded) = store.data().fs.exceeded() {
+    let result = if cancelled {
+        Err(CallFailure::Cancelled)
+    } else if let Some(exceeded) = store.data().fs.exceeded() {
         Err(CallFailure::FsLimit(exceeded))
     } else if store.data().db.deadline_hit() {
         Err(CallFailure::Timeout(limits.timeout))
     } else {
         match outcome {
-            Err(_) => Err(CallFailure::Timeout(limits.timeout)),
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(err)) => Err(classify(err, limits, store.data(), &stderr)),
+            None => Err(CallFailure::Cancelled),
+            Some(Err(_)) => Err(CallFailure::Timeout(limits.timeout)),
+            Some(Ok(Ok(value))) => Ok(value),
+            Some(Ok(Err(err))) => Err(classify(err, limits, store.data(), &stderr)),
         }
     };
     finished(result)

@@ -391,6 +391,7 @@ fn call_error(failure: CallFailure, tool: String) -> ToolCallError {
             stderr,
         },
         CallFailure::Host(error) => ToolCallError::Host { tool, error },
+        CallFailure::Cancelled => ToolCallError::Cancelled { tool },
     }
 }
 
@@ -408,16 +409,18 @@ where
         &'a mut wasmtime::Store<CallState>,
     ) -> CallFuture<'a, T>,
 {
-    run_call_with_http(engine, plugin, grant, limits, None, f).await
+    run_call_with_http(engine, plugin, grant, limits, None, None, f).await
 }
 
-/// [`run_call`] for a call that may send HTTP requests as `http` allows.
+/// [`run_call`] for a call that may send HTTP requests as `http` allows, and that `cancel`
+/// may stop.
 async fn run_call_with_http<T, F>(
     engine: &Engine,
     plugin: &Plugin,
     grant: &Grant,
     limits: &Limits,
     http: Option<llm::http::HttpPolicy>,
+    cancel: Option<&tokio_util::sync::CancellationToken>,
     f: F,
 ) -> Result<T, CallFailure>
 where
@@ -431,6 +434,7 @@ where
         grant,
         limits,
         http,
+        cancel,
     };
     call::run(engine, &plugin.pre, call, |_| Ok(()), f)
         .await

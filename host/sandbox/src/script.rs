@@ -258,6 +258,7 @@ impl ScriptRunner {
                 .net
                 .clone()
                 .map(|net| HttpPolicy::for_script(net, limits.timeout)),
+            cancel: None,
         };
         let wasi = |builder: &mut wasmtime_wasi::WasiCtxBuilder| -> Result<()> {
             builder
@@ -464,6 +465,7 @@ fn script_failure(failure: CallFailure) -> (Option<i32>, Option<ScriptFailure>) 
         CallFailure::StackOverflow => crashed("wasm trap: stack overflow".to_string()),
         CallFailure::Trap { message, .. } => crashed(message),
         CallFailure::Host(err) => crashed(format!("{err:#}")),
+        CallFailure::Cancelled => crashed("the call was cancelled".to_string()),
     }
 }
 

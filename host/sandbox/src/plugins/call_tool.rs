@@ -17,6 +17,34 @@ impl PluginRegistry {
         grant: &Grant,
         limits: &Limits,
     ) -> Result<serde_json::Value, ToolCallError> {
+        self.call_tool_inner(full_name, args, grant, limits, None)
+            .await
+    }
+
+    /// [`PluginRegistry::call_tool`] that `cancel` stops: the guest is interrupted within a
+    /// few milliseconds of the cancellation, and the call ends with
+    /// [`ToolCallError::Cancelled`].
+    #[tracing::instrument(skip(self, args, grant, limits, cancel), fields(tool = full_name))]
+    pub async fn call_tool_cancellable(
+        &self,
+        full_name: &str,
+        args: &serde_json::Value,
+        grant: &Grant,
+        limits: &Limits,
+        cancel: &tokio_util::sync::CancellationToken,
+    ) -> Result<serde_json::Value, ToolCallError> {
+        self.call_tool_inner(full_name, args, grant, limits, Some(cancel))
+            .await
+    }
+
+    async fn call_tool_inner(
+        &self,
+        full_name: &str,
+        args: &serde_json::Value,
+        grant: &Grant,
+        limits: &Limits,
+        cancel: Option<&tokio_util::sync::CancellationToken>,
+    ) -> Result<serde_json::Value, ToolCallError> {
         let (plugin, spec) = self.resolve_tool(full_name)?;
         let tool = format!("{}:{}", plugin.manifest.id, spec.name);
         spec.check_arguments_within(args, limits.timeout)
@@ -25,19 +53,27 @@ impl PluginRegistry {
                 tool: tool.clone(),
                 details,
             })?;
-        let outcome = run_call(&self.engine, plugin, grant, limits, |pre, store| {
-            let name = spec.name.clone();
-            let args = args.to_string();
-            Box::pin(async move {
-                let bindings = bindings::tool::ToolPluginPre::new(pre.clone())?
-                    .instantiate_async(&mut *store)
-                    .await?;
-                bindings
-                    .trellis_plugin_tool()
-                    .call_call_tool(store, &name, &args)
-                    .await
-            })
-        })
+        let outcome = run_call_with_http(
+            &self.engine,
+            plugin,
+            grant,
+            limits,
+            None,
+            cancel,
+            |pre, store| {
+                let name = spec.name.clone();
+                let args = args.to_string();
+                Box::pin(async move {
+                    let bindings = bindings::tool::ToolPluginPre::new(pre.clone())?
+                        .instantiate_async(&mut *store)
+                        .await?;
+                    bindings
+                        .trellis_plugin_tool()
+                        .call_call_tool(store, &name, &args)
+                        .await
+                })
+            },
+        )
         .await;
         let text = match outcome {
             Ok(Ok(text)) => text,

@@ -60,6 +60,7 @@ impl PluginRegistry {
             &endpoint.grant,
             &call_limits,
             Some(policy),
+            None,
             |pre, store| {
                 Box::pin(async move {
                     let bindings = bindings::llm::LlmProviderPre::new(pre.clone())?

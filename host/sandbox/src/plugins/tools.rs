@@ -318,6 +318,12 @@ pub enum ToolCallError {
         /// The deadline.
         after: Duration,
     },
+    /// The caller cancelled the call, which was stopped.
+    #[error("{tool}: cancelled and stopped")]
+    Cancelled {
+        /// Full tool name.
+        tool: String,
+    },
     /// The guest asked for more memory than its limit.
     #[error("{tool}: stopped: memory limit of {limit} bytes exceeded")]
     MemoryLimit {
@@ -403,6 +409,7 @@ impl ToolCallError {
                 ToolErrorKind::Failed => "failed",
             },
             ToolCallError::Timeout { .. } => "timeout",
+            ToolCallError::Cancelled { .. } => "cancelled",
             ToolCallError::MemoryLimit { .. } => "memory-limit",
             ToolCallError::StackOverflow { .. } => "stack-overflow",
             ToolCallError::FsLimit { .. } => "fs-limit",

@@ -31,6 +31,10 @@ pub(super) fn validator_error(failure: CallFailure, validator: String) -> Valida
             stderr,
         },
         CallFailure::Host(error) => ValidatorError::Host { validator, error },
+        CallFailure::Cancelled => ValidatorError::Host {
+            validator,
+            error: anyhow::anyhow!("the call was cancelled"),
+        },
     }
 }
 

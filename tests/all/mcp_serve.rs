@@ -1,0 +1,519 @@
+//! `trellis mcp serve` driven by an independent client, the official Python MCP SDK
+//! (`tests/mcp/sdk_client.py`, run in a virtual environment under the target folder that
+//! these tests make when it is missing): tools listed and called over stdio and HTTP,
+//! denials as `isError` results with nothing outside the grant read or changed, the bearer
+//! token and the Host check of the HTTP transport, and cancellation.
+//!
+//! Without `python3` the SDK tests are skipped with a message; CI makes the environment
+//! first (`.ci/run`).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::support::{self, tree_digest};
+
+/// The pinned SDK release.
+const SDK_VERSION: &str = "2.3.0";
+
+/// The SDK's python, in `<target>/mcp-python/venv` (made here when missing), or `None` when
+/// this machine has no `python3`.
+fn sdk_python() -> Option<PathBuf> {
+    static PYTHON: OnceLock<Option<PathBuf>> = OnceLock::new();
+    PYTHON
+        .get_or_init(|| {
+            if Command::new("python3").arg("--version").output().is_err() {
+                return None;
+            }
+            let target = Path::new(env!("CARGO_BIN_EXE_trellis"))
+                .parent()
+                .and_then(Path::parent)
+                .expect("the target folder");
+            let venv = target.join("mcp-python").join("venv");
+            let python = venv.join("bin").join("python");
+            let has_sdk = |python: &Path| {
+                Command::new(python)
+                    .args([
+                        "-c",
+                        "import importlib.metadata as m, sys; print(m.version('mcp'))",
+                    ])
+                    .output()
+                    .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == SDK_VERSION)
+            };
+            if !has_sdk(&python) {
+                let made = Command::new("python3")
+                    .args(["-m", "venv"])
+                    .arg(&venv)
+                    .status()
+                    .is_ok_and(|s| s.success())
+                    && Command::new(venv.join("bin").join("pip"))
+                        .args(["install", "-q", &format!("mcp=={SDK_VERSION}")])
+                        .status()
+                        .is_ok_and(|s| s.success());
+                assert!(
+                    made && has_sdk(&python),
+                    "could not install the MCP Python SDK {SDK_VERSION} in {} (python3 with venv \
+                     and pip, and PyPI reachable, are needed)",
+                    venv.display()
+                );
+            }
+            Some(python)
+        })
+        .clone()
+}
+
+/// Runs the SDK client on `plan`; `None` (skipped, with a message) without python3.
+fn sdk_client(plan: Value) -> Option<Value> {
+    let Some(python) = sdk_python() else {
+        eprintln!("skipped: python3 is not installed, so the MCP Python SDK cannot run");
+        return None;
+    };
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/sdk_client.py");
+    let mut child = Command::new(python)
+        .arg(script)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(plan.to_string().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "the SDK client failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(serde_json::from_slice(&out.stdout).unwrap())
+}
+
+/// A tree with a granted folder, a secret beside it inside ROOT, a file outside ROOT and a
+/// link from the granted folder to the secret.
+struct Tree {
+    dir: tempfile::TempDir,
+}
+
+const SECRET: &str = "the-secret-42";
+
+impl Tree {
+    fn new() -> Tree {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        std::fs::create_dir_all(root.join("shared")).unwrap();
+        std::fs::create_dir_all(root.join("private")).unwrap();
+        std::fs::write(root.join("shared/notes.md"), "granted notes\n").unwrap();
+        std::fs::write(root.join("private/key.txt"), SECRET).unwrap();
+        std::fs::write(dir.path().join("outside.txt"), SECRET).unwrap();
+        std::os::unix::fs::symlink("../private/key.txt", root.join("shared/link.txt")).unwrap();
+        support::plugin_folder(
+            &dir.path().join("plugins"),
+            "adversary",
+            "adversary",
+            "tool",
+        );
+        Tree { dir }
+    }
+
+    fn root(&self) -> PathBuf {
+        self.dir.path().join("root")
+    }
+
+    fn plugins(&self) -> PathBuf {
+        self.dir.path().join("plugins")
+    }
+}
+
+/// What a client tries against a read-only grant of `shared`: one good read, then escapes.
+fn calls() -> Value {
+    json!([
+        {"name": "workspace__read_file", "arguments": {"path": "shared/notes.md"}},
+        {"name": "workspace__read_file", "arguments": {"path": "private/key.txt"}},
+        {"name": "workspace__read_file", "arguments": {"path": "../outside.txt"}},
+        {"name": "workspace__read_file", "arguments": {"path": "shared/../../outside.txt"}},
+        {"name": "workspace__read_file", "arguments": {"path": "shared/link.txt"}},
+        {"name": "adversary__read", "arguments": {"path": "/private/key.txt"}},
+        {"name": "workspace__write_file", "arguments": {"path": "shared/new.txt", "content": "x"}},
+        {"name": "workspace__read_file", "arguments": {"wrong": 1}},
+        {"name": "workspace:read_file", "arguments": {"path": "shared/notes.md"}},
+    ])
+}
+
+/// Checks the answers to [`calls`] and that nothing under the tree changed.
+fn check_answers(out: &Value) {
+    let results = out["results"].as_array().unwrap();
+    assert_eq!(results.len(), 9, "{out:#}");
+    assert_eq!(results[0]["is_error"], false, "{out:#}");
+    assert_eq!(results[0]["structured"]["content"], "granted notes\n");
+    for denied in &results[1..8] {
+        assert_eq!(denied["is_error"], true, "expected a denial: {denied:#}");
+        assert!(
+            !denied.to_string().contains(SECRET),
+            "leaked the secret: {denied:#}"
+        );
+    }
+    assert!(
+        results[7]["text"]
+            .as_str()
+            .unwrap()
+            .contains("invalid arguments"),
+        "{:#}",
+        results[7]
+    );
+    assert!(
+        results[8]["protocol_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("no tool")),
+        "{:#}",
+        results[8]
+    );
+}
+
+fn check_listing(out: &Value) {
+    assert_eq!(out["server"], "trellis");
+    let tools = out["tools"].as_array().unwrap();
+    let read = tools
+        .iter()
+        .find(|t| t["name"] == "workspace__read_file")
+        .expect("workspace__read_file is listed");
+    assert_eq!(read["annotations"]["readOnlyHint"], true, "{read:#}");
+    let write = tools
+        .iter()
+        .find(|t| t["name"] == "workspace__write_file")
+        .unwrap();
+    assert_eq!(write["annotations"]["destructiveHint"], true, "{write:#}");
+    assert!(tools.iter().any(|t| t["name"] == "adversary__spin"));
+    for tool in tools {
+        let name = tool["name"].as_str().unwrap();
+        assert!(
+            (1..=64).contains(&name.len())
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-'),
+            "{name} is not a name every client accepts"
+        );
+    }
+}
+
+fn cache_dir() -> String {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join("component-cache")
+        .display()
+        .to_string()
+}
+
+#[test]
+fn stdio_client_lists_and_calls_tools_and_cannot_leave_the_grant() {
+    let tree = Tree::new();
+    let plugins = tree.plugins();
+    let before = tree_digest(tree.dir.path());
+    let root = tree.root();
+    let command = [
+        env!("CARGO_BIN_EXE_trellis"),
+        "mcp",
+        "serve",
+        "--root",
+        root.to_str().unwrap(),
+        "--read",
+        "shared",
+        "--plugins",
+        plugins.to_str().unwrap(),
+    ];
+    let Some(out) = sdk_client(json!({
+        "transport": "stdio",
+        "command": command,
+        "env": {"TRELLIS_CACHE_DIR": cache_dir()},
+        "calls": calls(),
+    })) else {
+        return;
+    };
+    check_listing(&out);
+    check_answers(&out);
+    assert_eq!(tree_digest(tree.dir.path()), before);
+}
+
+#[test]
+fn tool_flag_narrows_what_is_offered() {
+    let tree = Tree::new();
+    let root = tree.root();
+    let command = [
+        env!("CARGO_BIN_EXE_trellis"),
+        "mcp",
+        "serve",
+        "--root",
+        root.to_str().unwrap(),
+        "--read",
+        "shared",
+        "--tool",
+        "workspace:read_file",
+    ];
+    let Some(out) = sdk_client(json!({
+        "transport": "stdio",
+        "command": command,
+        "env": {"TRELLIS_CACHE_DIR": cache_dir()},
+        "calls": [{"name": "workspace__list_dir", "arguments": {"path": "shared"}}],
+    })) else {
+        return;
+    };
+    let names: Vec<&str> = out["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["workspace__read_file"]);
+    assert!(out["results"][0]["protocol_error"].is_string(), "{out:#}");
+}
+
+/// A running `trellis mcp serve --http`, killed on drop.
+struct HttpServe {
+    child: Child,
+    addr: String,
+}
+
+impl HttpServe {
+    fn start(tree: &Tree, addr: &str, token: Option<&str>) -> HttpServe {
+        let mut command = support::trellis_command(&[
+            "-v",
+            "mcp",
+            "serve",
+            "--http",
+            addr,
+            "--root",
+            tree.root().to_str().unwrap(),
+            "--read",
+            "shared",
+            "--plugins",
+            tree.plugins().to_str().unwrap(),
+            "--timeout",
+            "600",
+        ]);
+        command.env_remove("TRELLIS_TOKEN");
+        if let Some(token) = token {
+            command.env("TRELLIS_TOKEN", token);
+        }
+        let mut child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        let addr = loop {
+            line.clear();
+            assert!(
+                stderr.read_line(&mut line).unwrap() > 0,
+                "the server ended before listening"
+            );
+            if let Some(url) = line.trim().strip_prefix("trellis: serving MCP at http://") {
+                break url.trim_end_matches("/mcp").to_string();
+            }
+        };
+        // The rest of its log goes to a thread, kept for the test to read.
+        let log = LOG.get_or_init(Default::default).clone();
+        let port = addr.clone();
+        std::thread::spawn(move || {
+            for line in stderr.lines().map_while(Result::ok) {
+                log.lock().unwrap().push((port.clone(), line));
+            }
+        });
+        HttpServe { child, addr }
+    }
+
+    fn port(&self) -> u16 {
+        self.addr.rsplit(':').next().unwrap().parse().unwrap()
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/mcp", self.port())
+    }
+
+    fn log(&self) -> Vec<String> {
+        LOG.get()
+            .unwrap()
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(addr, _)| *addr == self.addr)
+            .map(|(_, line)| line.clone())
+            .collect()
+    }
+}
+
+type Log = std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>;
+static LOG: OnceLock<Log> = OnceLock::new();
+
+impl Drop for HttpServe {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The status of an `initialize` POST to `port` with these Host and Authorization headers.
+fn raw_status(port: u16, host: &str, token: Option<&str>) -> u16 {
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    let request = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {host}\r\n{auth}Content-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut head = [0u8; 12];
+    stream.read_exact(&mut head).unwrap();
+    String::from_utf8_lossy(&head[9..12]).parse().unwrap()
+}
+
+#[test]
+fn http_client_lists_and_calls_tools_on_loopback() {
+    let tree = Tree::new();
+    let before = tree_digest(tree.dir.path());
+    let server = HttpServe::start(&tree, "0", None);
+    // DNS rebinding: a page of another name that resolves to 127.0.0.1 is refused.
+    assert_eq!(raw_status(server.port(), "evil.example", None), 403);
+    assert_eq!(
+        raw_status(
+            server.port(),
+            &format!("evil.example:{}", server.port()),
+            None
+        ),
+        403
+    );
+    assert_eq!(
+        raw_status(server.port(), &format!("localhost:{}", server.port()), None),
+        200
+    );
+    let Some(out) = sdk_client(json!({
+        "transport": "http",
+        "url": server.url(),
+        "calls": calls(),
+    })) else {
+        return;
+    };
+    check_listing(&out);
+    check_answers(&out);
+    assert_eq!(tree_digest(tree.dir.path()), before);
+}
+
+#[test]
+fn http_off_loopback_needs_the_token() {
+    let tree = Tree::new();
+    // Without a token the server does not start on a non-loopback address.
+    let out = support::trellis_command(&[
+        "mcp",
+        "serve",
+        "--http",
+        "0.0.0.0:0",
+        "--root",
+        tree.root().to_str().unwrap(),
+    ])
+    .env_remove("TRELLIS_TOKEN")
+    .output()
+    .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("TRELLIS_TOKEN"), "{stderr}");
+
+    let before = tree_digest(tree.dir.path());
+    let token = "s3cret-token";
+    let server = HttpServe::start(&tree, "0.0.0.0:0", Some(token));
+    let host = format!("localhost:{}", server.port());
+    assert_eq!(raw_status(server.port(), &host, None), 401);
+    assert_eq!(raw_status(server.port(), &host, Some("wrong")), 401);
+    assert_eq!(
+        raw_status(server.port(), &host, Some(&format!("{token}x"))),
+        401
+    );
+    assert_eq!(raw_status(server.port(), "evil.example", Some(token)), 403);
+    assert_eq!(raw_status(server.port(), &host, Some(token)), 200);
+    let Some(out) = sdk_client(json!({
+        "transport": "http",
+        "url": server.url(),
+        "token": token,
+        "calls": calls(),
+    })) else {
+        return;
+    };
+    check_answers(&out);
+    assert_eq!(tree_digest(tree.dir.path()), before);
+}
+
+#[test]
+fn a_client_cancellation_stops_the_call() {
+    let tree = Tree::new();
+    let server = HttpServe::start(&tree, "127.0.0.1:0", None);
+    let Some(out) = sdk_client(json!({
+        "transport": "http",
+        "url": server.url(),
+        "calls": [
+            {"name": "adversary__spin", "arguments": {}, "cancel_after": 1.0},
+            {"name": "workspace__read_file", "arguments": {"path": "shared/notes.md"}},
+        ],
+    })) else {
+        return;
+    };
+    assert_eq!(out["cancelled"], json!(["adversary__spin"]));
+    assert_eq!(out["results"][0]["is_error"], false, "{out:#}");
+    // The spinning guest was stopped (the call's own deadline is ten minutes away).
+    let mut stopped = false;
+    for _ in 0..200 {
+        if server
+            .log()
+            .iter()
+            .any(|l| l.contains("adversary:spin") && l.contains("cancelled"))
+        {
+            stopped = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        stopped,
+        "no cancelled call in the log:\n{:#?}",
+        server.log()
+    );
+}
+
+#[tokio::test]
+async fn a_cancelled_call_stops_a_busy_guest() {
+    let registry = support::registry_with_adversary().await;
+    let limits = trellis_sandbox::Limits {
+        timeout: Duration::from_secs(600),
+        ..Default::default()
+    };
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let trigger = cancel.clone();
+    // From another thread: the guest's loop holds this one until the epoch check stops it.
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        trigger.cancel();
+    });
+    let (args, grant) = (json!({}), trellis_sandbox::Grant::none());
+    let call = registry.call_tool_cancellable("adversary:spin", &args, &grant, &limits, &cancel);
+    // A generous bound that only a call left spinning reaches.
+    let outcome = tokio::time::timeout(Duration::from_secs(120), call)
+        .await
+        .expect("the cancelled call ended");
+    assert!(
+        matches!(
+            outcome,
+            Err(trellis_sandbox::ToolCallError::Cancelled { .. })
+        ),
+        "{outcome:?}"
+    );
+}
