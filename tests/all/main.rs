@@ -19,6 +19,7 @@ mod host_files;
 mod kill_loop;
 mod llm_providers;
 mod load;
+mod mcp_servers;
 mod plugin_loading;
 mod preflight;
 mod provider_faults;

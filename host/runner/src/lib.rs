@@ -23,6 +23,7 @@
 //! - [`routes`]: `call_sub_agent` and where a step's sub-agents keep their things.
 //! - [`builder`]: the interactive builder's agent, its tools and workshop modes.
 //! - [`llm_choice`]: the models of each step (`--llm`, `execution_llm`, tiers, default).
+//! - [`mcp_servers`]: external MCP servers the operator configured, as tool sources.
 
 pub mod builder;
 pub mod db_tools;
@@ -32,6 +33,7 @@ pub mod filters;
 pub mod foreach;
 pub mod grants;
 pub mod llm_choice;
+pub mod mcp_servers;
 pub mod prerequisites;
 pub mod routes;
 pub mod run_folder;
