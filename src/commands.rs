@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use clap::Args;
+use trellis_runner::mcp_servers::McpConfig;
 use trellis_runner::run_folder::ACTIVE_RUN;
 use trellis_sandbox::{CacheSetting, Engine, PluginRegistry};
 use trellis_workflow::Workspace;
@@ -28,6 +29,27 @@ pub struct PluginDirs {
     /// Also load third-party plugins from DIR: `DIR/plugin.json` or `DIR/*/plugin.json` (repeatable).
     #[arg(long = "plugins", value_name = "DIR")]
     pub dirs: Vec<PathBuf>,
+}
+
+/// The `--mcp-config` option of the commands that use external MCP servers.
+#[derive(Args, Debug, Default)]
+pub struct McpConfigArg {
+    /// The external MCP servers, `{"mcpServers": {KEY: {...}}}` [default:
+    /// mcp_servers.json and mcp_servers_user.json in $XDG_CONFIG_HOME/trellis, else
+    /// ~/.config/trellis]. They run outside the sandbox.
+    #[arg(long = "mcp-config", value_name = "FILE")]
+    pub file: Option<PathBuf>,
+}
+
+/// The operator's external MCP servers: their warnings printed, a server key that is also
+/// a plugin id of `registry` an error.
+fn mcp_config(arg: &McpConfigArg, registry: &PluginRegistry) -> Result<McpConfig> {
+    let config = McpConfig::load(arg.file.as_deref())?;
+    for warning in &config.warnings {
+        eprintln!("warning: {warning}");
+    }
+    config.check_collisions(registry.plugins().map(|p| p.manifest().id.as_str()))?;
+    Ok(config)
 }
 
 /// The compile-cache options of the commands that run plugins (the others compile nothing).

@@ -8,7 +8,8 @@ use clap::Subcommand;
 use trellis_sandbox::plugins::PluginSource;
 use trellis_sandbox::{Engine, PluginRegistry};
 
-use super::{CacheArgs, PluginDirs, registry};
+use super::{CacheArgs, McpConfigArg, PluginDirs, registry};
+use trellis_runner::mcp_servers::{McpConfig, ServerConfig, Transport};
 
 /// Subcommands of `trellis plugins`.
 #[derive(Subcommand, Debug)]
@@ -17,6 +18,8 @@ pub enum PluginsCommand {
     List {
         #[command(flatten)]
         plugins: PluginDirs,
+        #[command(flatten)]
+        mcp: McpConfigArg,
         #[command(flatten)]
         cache: CacheArgs,
         /// Print JSON instead of a table.
@@ -40,7 +43,9 @@ pub enum PluginsCommand {
 /// Runs a `trellis plugins` subcommand.
 pub async fn run(engine: &Engine, command: PluginsCommand) -> Result<ExitCode> {
     match command {
-        PluginsCommand::List { plugins, json, .. } => {
+        PluginsCommand::List {
+            plugins, mcp, json, ..
+        } => {
             // One bad plugin does not hide the others: it is listed with its error.
             let mut registry = PluginRegistry::with_bundled(engine).await?;
             let mut failures = Vec::new();
@@ -51,7 +56,8 @@ pub async fn run(engine: &Engine, command: PluginsCommand) -> Result<ExitCode> {
                     }
                 }
             }
-            list_plugins(&registry, &failures, json)?;
+            let mcp = super::mcp_config(&mcp, &registry)?;
+            list_plugins(&registry, &failures, &mcp, json)?;
             Ok(ExitCode::SUCCESS)
         }
         PluginsCommand::Inspect {
@@ -78,6 +84,7 @@ impl PluginsCommand {
 fn list_plugins(
     registry: &PluginRegistry,
     failures: &[(PathBuf, String)],
+    mcp: &McpConfig,
     json: bool,
 ) -> Result<()> {
     if json {
@@ -92,6 +99,14 @@ fn list_plugins(
                 })
             })
             .collect();
+        list.extend(mcp.servers().map(|(_, server)| {
+            let (transport, target) = server_target(server);
+            serde_json::json!({
+                "id": server.key, "kind": "mcp_server", "transport": transport,
+                "target": target, "description": server.description,
+                "source": server.file.display().to_string(), "sandboxed": false,
+            })
+        }));
         list.extend(failures.iter().map(|(manifest, error)| {
             serde_json::json!({"manifest": manifest.display().to_string(), "error": error})
         }));
@@ -118,10 +133,36 @@ fn list_plugins(
             m.description
         );
     }
+    // External MCP servers are not started here: they have no tool count until a run.
+    for (_, server) in mcp.servers() {
+        let (transport, target) = server_target(server);
+        let description = if server.description.is_empty() {
+            format!("{transport}: {target}")
+        } else {
+            format!("{} ({transport}: {target})", server.description)
+        };
+        println!(
+            "{:<16} {:<13} {:<9} {:<12} {:<6} {}",
+            server.key, "mcp-server", "-", "UNSANDBOXED", "-", description
+        );
+    }
     for (manifest, error) in failures {
         println!("{}  error: {error}", manifest.display());
     }
     Ok(())
+}
+
+/// The transport of an external server and what it reaches: the command line (without
+/// its environment) or the URL (without its headers).
+fn server_target(server: &ServerConfig) -> (&'static str, String) {
+    let target = match &server.transport {
+        Transport::Stdio { command, args, .. } => std::iter::once(command.as_str())
+            .chain(args.iter().map(String::as_str))
+            .collect::<Vec<_>>()
+            .join(" "),
+        Transport::Http { url, .. } => url.clone(),
+    };
+    (server.transport.name(), target)
 }
 
 fn inspect_plugin(registry: &PluginRegistry, id: &str, json: bool) -> Result<()> {

@@ -13,7 +13,7 @@ use trellis_runner::session::Status;
 use trellis_runner::workflow_run::RunOptions;
 use trellis_sandbox::Engine;
 
-use super::{CacheArgs, PluginDirs, plural, registry};
+use super::{CacheArgs, McpConfigArg, PluginDirs, plural, registry};
 use crate::progress::{Mode, Progress};
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -85,6 +85,8 @@ pub struct RunArgs {
     #[command(flatten)]
     plugins: PluginDirs,
     #[command(flatten)]
+    mcp: McpConfigArg,
+    #[command(flatten)]
     pub(crate) cache: CacheArgs,
 }
 
@@ -93,6 +95,7 @@ pub struct RunArgs {
 /// when a step fails.
 pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
     let runtime = Runtime::new(Arc::new(registry(engine, &args.plugins).await?));
+    let mcp = super::mcp_config(&args.mcp, runtime.registry())?;
     let root = args.workspace.as_path();
     let mut opts = RunOptions {
         step: args.step,
@@ -143,6 +146,7 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
         start.retry.attempt_timeout = Some(Duration::from_secs_f64(secs));
     }
     start.wait_for_workspace = args.wait;
+    start.mcp_config = Arc::new(mcp);
     let holder = trellis_runner::workspace_lock::holder_of(root);
     if holder.is_none() {
         // Nobody holds the workspace: a step still `running` was interrupted (its process

@@ -5,12 +5,14 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::Args;
-use trellis_runner::tool_check::check_step_tools;
+use trellis_runner::mcp_servers::workspace_server_files;
+use trellis_runner::tool_check::check_step_tools_with;
 use trellis_sandbox::Engine;
 use trellis_workflow::Workspace;
+use trellis_workflow::diagnostics::{Diagnostic, Severity};
 use trellis_workflow::foreach_sql::check_foreach_queries;
 
-use super::{CacheArgs, PluginDirs, plural, registry};
+use super::{CacheArgs, McpConfigArg, PluginDirs, plural, registry};
 
 /// Arguments of `trellis validate`.
 #[derive(Args, Debug)]
@@ -23,6 +25,10 @@ pub struct ValidateArgs {
     /// The plugins the step configs' tool names are checked against (with the bundled ones).
     #[command(flatten)]
     pub(crate) plugins: PluginDirs,
+    /// Server keys of the external MCP servers are accepted as tool servers (nothing is
+    /// started, so their tool names are checked by `trellis run`).
+    #[command(flatten)]
+    pub(crate) mcp: McpConfigArg,
     #[command(flatten)]
     pub(crate) cache: CacheArgs,
 }
@@ -39,7 +45,22 @@ pub async fn run(engine: &Engine, args: &ValidateArgs) -> Result<ExitCode> {
             // loaded only when a step config names tools.
             if names_tools(&ws) {
                 let registry = registry(engine, &args.plugins).await?;
-                all.0.extend(check_step_tools(&ws, &registry).0);
+                let mcp = super::mcp_config(&args.mcp, &registry)?;
+                let external = mcp
+                    .servers()
+                    .map(|(key, _)| (key.to_string(), None))
+                    .collect();
+                all.0
+                    .extend(check_step_tools_with(&ws, &registry, &external).0);
+            }
+            for warning in workspace_server_files(&ws) {
+                all.push(Diagnostic {
+                    file: ws.root.display().to_string(),
+                    json_path: String::new(),
+                    step_id: None,
+                    message: warning,
+                    severity: Severity::Warning,
+                });
             }
             all
         }

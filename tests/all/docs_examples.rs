@@ -11,6 +11,8 @@
 //!   of a step of a plan (the same parser reads it wherever it appears).
 //! - `<!-- example: plugin-manifest -->`: a `plugin.json`, read by [`Manifest::read`], what
 //!   `--plugins DIR` uses.
+//! - `<!-- example: mcp-servers -->`: an operator's MCP server file, read by
+//!   [`McpConfig::add_file`], what `--mcp-config FILE` uses.
 //! - `<!-- example: fragment PLACE -->`: a part of a file, wrapped into a whole one before
 //!   loading; `PLACE` is one of [`FRAGMENTS`]. Step ids a wrapped fragment refers to (next
 //!   steps, routes, answers) are added as stub `regular` steps.
@@ -27,6 +29,7 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
+use trellis_runner::mcp_servers::McpConfig;
 use trellis_sandbox::plugins::Manifest;
 use trellis_workflow::Workspace;
 
@@ -303,6 +306,13 @@ fn load(
     let root = dir.path();
     let pretty = |v: &Value| serde_json::to_string_pretty(v).unwrap();
     match kind {
+        "mcp-servers" => {
+            let mut config = McpConfig::empty();
+            return config
+                .add_file(Path::new("mcp_servers.json"), text)
+                .map(|()| config.warnings)
+                .map_err(|e| vec![format!("{e:#}")]);
+        }
         "plugin-manifest" => {
             write(root, "echo/plugin.json", text);
             return Manifest::read(&root.join("echo/plugin.json"))
@@ -393,11 +403,12 @@ fn check(ex: &Example) -> Result<(), String> {
             }
         }
         [
-            kind @ ("plan" | "step-config" | "workflow" | "validation-schema" | "plugin-manifest"),
+            kind @ ("plan" | "step-config" | "workflow" | "validation-schema" | "plugin-manifest"
+            | "mcp-servers"),
         ] => (*kind, parsed.ok(), false),
         _ => {
             return fail(
-                "unknown tag; expected `[invalid|warns] plan|step-config|workflow|validation-schema|plugin-manifest`, `[invalid|warns] fragment PLACE` or `other`"
+                "unknown tag; expected `[invalid|warns] plan|step-config|workflow|validation-schema|plugin-manifest|mcp-servers`, `[invalid|warns] fragment PLACE` or `other`"
                     .into(),
             );
         }
@@ -462,6 +473,7 @@ fn every_json_example_in_the_docs_loads_as_tagged() {
         "workflow",
         "validation-schema",
         "plugin-manifest",
+        "mcp-servers",
         "invalid",
     ] {
         assert!(kinds(kind) > 0, "no `{kind}` example found in the docs");

@@ -20,6 +20,7 @@ mod kill_loop;
 mod llm_providers;
 mod load;
 mod mcp_serve;
+mod mcp_servers;
 mod plugin_authoring;
 mod plugin_loading;
 mod preflight;

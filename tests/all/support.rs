@@ -8,6 +8,7 @@
 pub mod fake_anthropic;
 pub mod fake_llm;
 pub mod grants;
+pub mod mcp_fixture;
 pub mod tape;
 pub mod workspace;
 

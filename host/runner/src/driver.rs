@@ -44,6 +44,7 @@ use crate::grants::{
     AgentFolders, TurnAccess, TurnContext, TurnGrant, TurnPurpose, grant_for_access_in,
     reflection_due, turn_grant_in,
 };
+use crate::mcp_servers::{McpServers, UNSANDBOXED_MARK};
 use crate::prerequisites::{self, GoBack};
 use crate::routes::MAX_ROUTE_DEPTH;
 use crate::session::{FinalSummary, Session, Status, logs_dir, now_rfc3339};
@@ -145,6 +146,8 @@ pub struct StepRunner<'a> {
     recorder: Option<Arc<Recorder>>,
     scripts: Option<(Arc<ScriptRunner>, ScriptOptions)>,
     steering: Option<Arc<Steering>>,
+    /// The external MCP servers of the run (outside the sandbox).
+    mcp: Option<Arc<McpServers>>,
     /// How often the step run already sent the run back to a prerequisite.
     prerequisite_returns: u32,
 }
@@ -302,6 +305,7 @@ impl<'a> StepRunner<'a> {
             recorder: None,
             scripts: None,
             steering: None,
+            mcp: None,
             prerequisite_returns: 0,
         }
     }
@@ -310,6 +314,12 @@ impl<'a> StepRunner<'a> {
     /// its conversation before its next LLM call.
     pub fn with_steering(mut self, steering: Arc<Steering>) -> Self {
         self.steering = Some(steering);
+        self
+    }
+
+    /// Offers the tools of the run's external MCP servers to the steps that name them.
+    pub fn with_mcp_servers(mut self, servers: Arc<McpServers>) -> Self {
+        self.mcp = Some(servers);
         self
     }
 
@@ -467,8 +477,8 @@ impl<'a> StepRunner<'a> {
                 "step {step_id:?}: {field} entry {path:?} does not exist: the step runs without it"
             );
         }
-        run.history
-            .push(Message::system(system_prompt(&ws.plan, step, &step_grant)));
+        let system = unsandboxed_note(system_prompt(&ws.plan, step, &step_grant), &run.tools);
+        run.history.push(Message::system(system));
         run.save_session()?;
 
         let scripted = matches!(step.kind, StepKind::Regular) && run.configs.is_scripted();
@@ -690,4 +700,22 @@ fn entry_outcome<T>(result: &Result<T, TurnEnd>, done: Option<String>) -> (Statu
 
 fn failed(e: anyhow::Error) -> TurnEnd {
     TurnEnd::Failed(format!("{e:#}"))
+}
+
+/// `system` with, when the agent is offered tools of external MCP servers, a paragraph
+/// naming them as running outside the sandbox.
+fn unsandboxed_note(mut system: String, tools: &[ToolDefinition]) -> String {
+    let names: Vec<&str> = tools
+        .iter()
+        .filter(|t| t.description.starts_with(UNSANDBOXED_MARK))
+        .map(|t| t.name.as_str())
+        .collect();
+    if !names.is_empty() {
+        system.push_str(&format!(
+            "\n\nUnsandboxed tools (external MCP servers the operator configured; they run \
+             outside the sandbox, with no grant of this step): {}",
+            names.join(", ")
+        ));
+    }
+    system
 }

@@ -149,6 +149,16 @@ impl PluginToolFilter {
             .collect()
     }
 
+    /// Whether the step's settings name `server` itself: in `selected_servers`, as
+    /// `server:*` or with specific tools. External MCP servers are offered only then (no
+    /// filters at all does not let them in: they run outside the sandbox).
+    pub fn names_server(&self, server: &str) -> bool {
+        let server = norm(server);
+        self.servers.contains(&server)
+            || self.wildcard.contains(&server)
+            || self.specific.contains_key(&server)
+    }
+
     /// Whether `server:tool` (a full name) is offered; a name without a server is not.
     pub fn allows_full_name(&self, full: &str) -> bool {
         full.split_once(':')

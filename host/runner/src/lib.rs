@@ -24,6 +24,7 @@
 //! - [`builder`]: the interactive builder's agent, its tools and workshop modes.
 //! - [`llm_choice`]: the models of each step (`--llm`, `execution_llm`, tiers, default).
 //! - [`mcp_serve`]: tool plugins served to MCP clients (`trellis mcp serve`).
+//! - [`mcp_servers`]: external MCP servers the operator configured, as tool sources.
 
 pub mod builder;
 pub mod db_tools;
@@ -34,6 +35,7 @@ pub mod foreach;
 pub mod grants;
 pub mod llm_choice;
 pub mod mcp_serve;
+pub mod mcp_servers;
 pub mod prerequisites;
 pub mod routes;
 pub mod run_folder;

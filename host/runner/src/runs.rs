@@ -665,6 +665,7 @@ mod tests {
                     duration_ms: 1,
                     started_at: now.clone(),
                     completed_at: now.clone(),
+                    unsandboxed: false,
                 }],
             };
             let s = TurnSummary::from_calls(

@@ -143,6 +143,8 @@ pub struct StartOptions {
     /// builder's `execute_step` instructions). A step without an agent (a script, a routing
     /// or human_input step) never reads it.
     pub instructions: Option<String>,
+    /// The external MCP servers the operator configured.
+    pub mcp_config: Arc<crate::mcp_servers::McpConfig>,
 }
 
 impl StartOptions {
@@ -156,6 +158,7 @@ impl StartOptions {
             max_tool_rounds: crate::driver::DEFAULT_MAX_TOOL_ROUNDS,
             wait_for_workspace: false,
             instructions: None,
+            mcp_config: Arc::new(crate::mcp_servers::McpConfig::empty()),
         }
     }
 }
@@ -545,6 +548,7 @@ fn run_in_thread(
         env.limits = options.limits;
         env.retry = options.retry;
         env.max_tool_rounds = options.max_tool_rounds;
+        env.mcp_config = options.mcp_config.clone();
         env.cancel = execution.cancel.clone();
         env.steering = Some(execution.steering.clone());
         env.observer = {

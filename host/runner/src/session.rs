@@ -224,6 +224,9 @@ pub struct ToolCallRecord {
     pub started_at: String,
     /// When it ended.
     pub completed_at: String,
+    /// The tool is an external MCP server's, run outside the sandbox.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unsandboxed: bool,
 }
 
 /// A tool call the LLM asked for in one response.
@@ -564,6 +567,7 @@ mod tests {
                 duration_ms: 3,
                 started_at: now_rfc3339(),
                 completed_at: now_rfc3339(),
+                unsandboxed: false,
             }],
         };
         let summary = TurnSummary::from_calls(

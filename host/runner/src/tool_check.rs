@@ -8,6 +8,8 @@
 //!   entry) is a warning saying how to load it: the original skips unknown servers, and the
 //!   step runs with the tools it has.
 //! - A step whose config names tools but ends up with no plugin tool says so.
+//! - A configured external MCP server ([`crate::mcp_servers`]) counts as loaded: its tools
+//!   are checked when it runs (a run's preflight), not by `validate`, which starts nothing.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -37,7 +39,29 @@ fn servers(registry: &PluginRegistry) -> BTreeMap<String, Vec<String>> {
 /// The diagnostics of every step config entry's tool names against the plugins of
 /// `registry` (bundled and `--plugins`), each at its JSON path in the step config file.
 pub fn check_step_tools(ws: &Workspace, registry: &PluginRegistry) -> Diagnostics {
-    let servers = servers(registry);
+    check_step_tools_with(ws, registry, &BTreeMap::new())
+}
+
+/// [`check_step_tools`], with external MCP servers too: by key, the tools of a started one
+/// (checked like a plugin's), or `None` for one configured but not started (any tool name
+/// is accepted).
+pub fn check_step_tools_with(
+    ws: &Workspace,
+    registry: &PluginRegistry,
+    external: &BTreeMap<String, Option<Vec<String>>>,
+) -> Diagnostics {
+    let mut servers = servers(registry);
+    let mut unchecked = BTreeSet::new();
+    for (key, tools) in external {
+        match tools {
+            Some(tools) => {
+                servers.insert(key.clone(), tools.clone());
+            }
+            None => {
+                unchecked.insert(key.clone());
+            }
+        }
+    }
     let file = ws.step_config_file.display().to_string();
     let mut diags = Diagnostics::new();
     for (i, entry) in ws.step_configs.steps.iter().enumerate() {
@@ -49,10 +73,48 @@ pub fn check_step_tools(ws: &Workspace, registry: &PluginRegistry) -> Diagnostic
             step: &entry.id,
             base: JsonPath::root().key("steps").index(i).key("agent_configs"),
             servers: &servers,
+            unchecked: &unchecked,
+            external,
             diags: &mut diags,
             unloaded: BTreeSet::new(),
         };
         out.check(configs, registry);
+    }
+    diags
+}
+
+/// The errors of `selected_tools` entries naming a tool that a started external MCP server
+/// (`servers`: its tools by key) does not list.
+pub fn check_external_tools(
+    ws: &Workspace,
+    servers: &BTreeMap<String, Vec<String>>,
+) -> Diagnostics {
+    let file = ws.step_config_file.display().to_string();
+    let mut diags = Diagnostics::new();
+    let (unchecked, external) = (BTreeSet::new(), BTreeMap::new());
+    for (i, entry) in ws.step_configs.steps.iter().enumerate() {
+        let Some(configs) = &entry.agent_configs else {
+            continue;
+        };
+        let base = JsonPath::root().key("steps").index(i).key("agent_configs");
+        let mut out = StepChecks {
+            file: &file,
+            step: &entry.id,
+            base: base.clone(),
+            servers,
+            unchecked: &unchecked,
+            external: &external,
+            diags: &mut diags,
+            unloaded: BTreeSet::new(),
+        };
+        for (j, entry) in configs.selected_tools.iter().flatten().enumerate() {
+            if let Some((server, tool)) = entry.split_once(':')
+                && servers.contains_key(&normalize_tool_name(server.trim()))
+            {
+                let path = base.key("selected_tools").index(j);
+                out.tool_exists(server, tool, path, "selected_tools");
+            }
+        }
     }
     diags
 }
@@ -62,6 +124,9 @@ struct StepChecks<'a> {
     step: &'a str,
     base: JsonPath,
     servers: &'a BTreeMap<String, Vec<String>>,
+    /// External servers whose tools are not known (not started).
+    unchecked: &'a BTreeSet<String>,
+    external: &'a BTreeMap<String, Option<Vec<String>>>,
     diags: &'a mut Diagnostics,
     /// Unloaded servers already warned about for this step.
     unloaded: BTreeSet<String>,
@@ -129,7 +194,13 @@ impl StepChecks<'_> {
             let offered = registry
                 .plugins()
                 .flat_map(|p| p.tool_listings())
-                .any(|l| policy.plugins.allows_full_name(&l.name));
+                .any(|l| policy.plugins.allows_full_name(&l.name))
+                || self.external.iter().any(|(key, tools)| match tools {
+                    None => policy.plugins.names_server(key),
+                    Some(tools) => tools
+                        .iter()
+                        .any(|t| policy.plugins.names_server(key) && policy.plugins.allows(key, t)),
+                });
             if !offered {
                 self.push(
                     self.base.clone(),
@@ -144,7 +215,10 @@ impl StepChecks<'_> {
     /// Whether `server` is loaded; a warning saying how to load it when not (once per step).
     fn server_loaded(&mut self, server: &str, path: JsonPath) -> bool {
         let id = normalize_tool_name(server.trim());
-        if self.servers.contains_key(&id) || BUILTIN_TOOL_SERVERS.contains(&id.as_str()) {
+        if self.servers.contains_key(&id)
+            || self.unchecked.contains(&id)
+            || BUILTIN_TOOL_SERVERS.contains(&id.as_str())
+        {
             return true;
         }
         if self.unloaded.insert(id.clone()) {
@@ -166,6 +240,9 @@ impl StepChecks<'_> {
             return;
         }
         let id = normalize_tool_name(server.trim());
+        if self.unchecked.contains(&id) {
+            return;
+        }
         let tools = self.servers.get(&id).map(Vec::as_slice).unwrap_or_default();
         if tools
             .iter()

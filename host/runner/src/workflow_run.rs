@@ -29,7 +29,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Value, json};
@@ -37,6 +37,7 @@ use serde_json::{Value, json};
 use crate::driver::{AgentModels, ModelResolver, StepOutcome, StepRunner};
 use crate::events::{Observer, RunEvent};
 use crate::llm_choice::{self, LlmSetup, check_models};
+use crate::mcp_servers::{McpConfig, McpServers};
 use crate::run_folder::{ACTIVE_RUN, group_folder_name, open_group_run, start_full_run};
 use crate::session::Status;
 use crate::steering::Steering;
@@ -126,6 +127,10 @@ pub struct RunEnv<'a> {
     pub steering: Option<Arc<Steering>>,
     /// Tool rounds a turn may take before it must answer.
     pub max_tool_rounds: usize,
+    /// The external MCP servers the operator configured (none by default).
+    pub mcp_config: Arc<McpConfig>,
+    /// The servers the run started, while it runs.
+    mcp: Mutex<Option<Arc<McpServers>>>,
     /// Runs the scripts of scripted steps; made on the first one.
     scripts: OnceLock<Arc<ScriptRunner>>,
 }
@@ -144,6 +149,8 @@ impl<'a> RunEnv<'a> {
             llm,
             steering: None,
             max_tool_rounds: crate::driver::DEFAULT_MAX_TOOL_ROUNDS,
+            mcp_config: Arc::new(McpConfig::empty()),
+            mcp: Mutex::new(None),
             scripts: OnceLock::new(),
         }
     }
@@ -183,6 +190,10 @@ impl<'a> RunEnv<'a> {
         }
         if let Some(recorder) = self.llm.recorder() {
             runner = runner.with_recorder(recorder.clone());
+        }
+        let mcp = self.mcp.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(servers) = mcp {
+            runner = runner.with_mcp_servers(servers);
         }
         Ok(runner)
     }
@@ -301,7 +312,27 @@ pub async fn run_workflow(env: &RunEnv<'_>, root: &Path, opts: &RunOptions) -> R
             message: warning.to_string(),
         });
     }
-    let (groups, units) = preflight(env, root, &ws, opts)?;
+    let (groups, units, servers) = preflight(env, root, &ws, opts).await?;
+    // The run's external MCP servers go with it: stopped when it ends, whichever way.
+    let servers = Arc::new(servers);
+    *env.mcp.lock().unwrap_or_else(|e| e.into_inner()) = Some(servers.clone());
+    let result = run_prepared(env, root, &ws, opts, groups, units).await;
+    env.mcp.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if let Ok(mut servers) = Arc::try_unwrap(servers) {
+        servers.stop().await;
+    }
+    result
+}
+
+/// [`run_workflow`] once its preflight passed.
+async fn run_prepared(
+    env: &RunEnv<'_>,
+    root: &Path,
+    ws: &Workspace,
+    opts: &RunOptions,
+    groups: Vec<&Group>,
+    units: Vec<Unit<'_>>,
+) -> Result<WorkflowRun> {
     let full = opts.step.is_none() && opts.from.is_none() && opts.group.is_none();
     if seed_database(&ws.fs)? {
         env.observer.emit(RunEvent::DatabaseSeeded {

@@ -156,7 +156,10 @@ impl StepRunner<'_> {
                 TurnEnd::Failed(r) => r,
                 TurnEnd::Stopped => "stop requested".to_string(),
             })?;
-        let system = Message::system(system_prompt(&ws.plan, step, &grant));
+        let system = Message::system(super::unsandboxed_note(
+            system_prompt(&ws.plan, step, &grant),
+            &run.tools,
+        ));
         match run.history.first_mut() {
             Some(first) if first.role == trellis_sandbox::llm::Role::System => *first = system,
             _ => run.history.insert(0, system),

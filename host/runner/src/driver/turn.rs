@@ -65,9 +65,15 @@ impl StepRunner<'_> {
         (policy, tools)
     }
 
-    /// The plugin tools passing the policy, as the model is told about them.
+    /// The plugin tools passing the policy, as the model is told about them, then the tools
+    /// of the external MCP servers the step names (marked unsandboxed).
     pub(super) fn offered_tools(&self, policy: &ToolPolicy) -> Vec<ToolDefinition> {
         let mut tools = Vec::new();
+        if let Some(mcp) = &self.mcp {
+            tools.extend(mcp.definitions(|server, tool| {
+                policy.plugins.names_server(server) && policy.plugins.allows(server, tool)
+            }));
+        }
         for plugin in self.registry.plugins() {
             for listing in plugin.tool_listings() {
                 if policy.plugins.allows_full_name(&listing.name) {
@@ -390,8 +396,23 @@ impl StepRunner<'_> {
         let started_at = now_rfc3339();
         let t0 = Instant::now();
         let args = parse_arguments(&call.arguments);
+        let external = self
+            .mcp
+            .as_deref()
+            .and_then(|m| m.server_of(&call.name).map(|key| (m, key)));
         let outcome: Result<Value, String> = match &args {
             Err(e) => Err(e.clone()),
+            Ok(a) if let Some((mcp, key)) = external => {
+                let tool = call.name.split_once(':').map_or("", |(_, t)| t);
+                if policy.plugins.names_server(key) && policy.plugins.allows(key, tool) {
+                    mcp.call(&call.name, a.clone()).await
+                } else {
+                    Err(format!(
+                        "tool {:?} is not available in this step",
+                        call.name
+                    ))
+                }
+            }
             Ok(a) if let Some(tool) = db_tools::db_tool(&call.name) => {
                 db_tools::call(
                     tool,
@@ -412,7 +433,9 @@ impl StepRunner<'_> {
                 .await
                 .map_err(|e| e.to_string()),
         };
-        tool_record(call, args, outcome, started_at, t0)
+        let mut record = tool_record(call, args, outcome, started_at, t0);
+        record.unsandboxed = external.is_some();
+        record
     }
 }
 
@@ -433,6 +456,7 @@ pub(super) fn tool_record(
         duration_ms: t0.elapsed().as_millis() as u64,
         started_at,
         completed_at: now_rfc3339(),
+        unsandboxed: false,
     }
 }
 

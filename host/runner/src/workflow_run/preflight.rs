@@ -146,14 +146,16 @@ pub fn check_step_models(ws: &Workspace, opts: &RunOptions, llm: &LlmSetup) -> R
 /// The preflight of a run: every check that can be made before anything in the workspace
 /// changes (run-folder rotation, database creation). The step, group and inputs asked for,
 /// the models of every reachable step with their keys' approvals, and the workspace files
-/// the run will open first. Returns the groups and the units (group, run folder) to run.
+/// the run will open first; last, the external MCP servers the steps name are started and
+/// the tools named of them checked. Returns the groups, the units (group, run folder) to run
+/// and the started servers.
 #[allow(clippy::type_complexity)]
-pub(super) fn preflight<'w>(
+pub(super) async fn preflight<'w>(
     env: &RunEnv<'_>,
     root: &Path,
     ws: &'w Workspace,
     opts: &RunOptions,
-) -> Result<(Vec<&'w Group>, Vec<Unit<'w>>)> {
+) -> Result<(Vec<&'w Group>, Vec<Unit<'w>>, McpServers)> {
     if let Some(step) = &opts.step {
         ws.plan.step(step).with_context(|| {
             let ids: Vec<&str> = ws.plan.steps.iter().map(|s| s.id.as_str()).collect();
@@ -215,8 +217,21 @@ pub(super) fn preflight<'w>(
         units.push((None, ACTIVE_RUN.to_string()));
     }
     let full = opts.step.is_none() && opts.from.is_none() && opts.group.is_none();
-    // Tool names: one no loaded plugin has is an error; an unloaded server a warning.
-    let tools = crate::tool_check::check_step_tools(ws, env.registry);
+    // External MCP servers: the operator's, named (never defined) by the workspace; a key
+    // must not be a plugin id, or selected_servers could not tell them apart.
+    env.mcp_config
+        .check_collisions(env.registry.plugins().map(|p| p.manifest().id.as_str()))?;
+    for warning in crate::mcp_servers::workspace_server_files(ws) {
+        env.observer.emit(RunEvent::Warning { message: warning });
+    }
+    let configured: BTreeMap<String, Option<Vec<String>>> = env
+        .mcp_config
+        .servers()
+        .map(|(key, _)| (key.to_string(), None))
+        .collect();
+    // Tool names: one no loaded plugin has is an error; an unloaded server a warning. The
+    // tools of external servers are checked once they run, below.
+    let tools = crate::tool_check::check_step_tools_with(ws, env.registry, &configured);
     for warning in tools.warnings() {
         env.observer.emit(RunEvent::Warning {
             message: warning.to_string(),
@@ -227,6 +242,7 @@ pub(super) fn preflight<'w>(
         bail!("{}", errors.join("\n"));
     }
     check_inputs(ws, opts)?;
+    let mut mcp_keys = crate::mcp_servers::named_servers(ws, &env.mcp_config);
     for (_, folder) in &units {
         // A full run starts from fresh run folders: the default step config applies.
         let unit_ws = if full {
@@ -235,6 +251,7 @@ pub(super) fn preflight<'w>(
             open_workspace(root, Some(folder))?
         };
         check_step_models(&unit_ws, opts, &env.llm)?;
+        mcp_keys.extend(crate::mcp_servers::named_servers(&unit_ws, &env.mcp_config));
     }
     // Foreach queries that cannot run on the database (or the one the seed makes) when no
     // earlier step could change it.
@@ -252,5 +269,14 @@ pub(super) fn preflight<'w>(
             Some(_) => bail!("{path} is not a regular file"),
         }
     }
-    Ok((groups, units))
+    // Last: the external servers the steps name are started (they run outside the sandbox,
+    // and change nothing in the workspace by being started) and their tools checked.
+    let mut servers = McpServers::start(&env.mcp_config, &mcp_keys).await?;
+    let tools = crate::tool_check::check_external_tools(ws, &servers.tool_names());
+    if tools.has_errors() {
+        servers.stop().await;
+        let errors: Vec<String> = tools.errors().map(|d| d.to_string()).collect();
+        bail!("{}", errors.join("\n"));
+    }
+    Ok((groups, units, servers))
 }

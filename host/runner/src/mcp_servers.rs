@@ -1,0 +1,333 @@
+//! External MCP servers as tool sources: servers the operator configured
+//! ([`config`]: `--mcp-config FILE`, else `mcp_servers.json` of the user config folder),
+//! named by a workspace's `selected_servers` / `selected_tools` (never defined by it).
+//!
+//! These servers run **outside the sandbox**: a stdio server is a process of the operator's
+//! user started with a cleared environment plus its own `env`; a streamable HTTP server is
+//! reached with its own `headers`. A run starts the servers its steps name in its preflight,
+//! before anything in the workspace changes, checks the tools named against what they list,
+//! and stops them when it ends (a stdio server is killed with the run). Their tools are
+//! `KEY:TOOL`, offered only to the steps that name `KEY`, and marked unsandboxed in the
+//! tool list, the system prompt and every record of a call.
+
+pub mod config;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow};
+use rmcp::RoleClient;
+use rmcp::ServiceExt;
+use rmcp::model::{CallToolRequestParams, ContentBlock};
+use rmcp::service::RunningService;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use serde_json::Value;
+use tokio::io::AsyncBufReadExt;
+use trellis_sandbox::llm::ToolDefinition;
+use trellis_sandbox::plugins::normalize_tool_name;
+use trellis_workflow::Workspace;
+
+pub use config::{McpConfig, ServerConfig, Transport};
+
+/// How long a server may take to start and list its tools.
+pub const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long one tool call may take.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(300);
+/// How long a server is given to stop before it is killed.
+const STOP_TIMEOUT: Duration = Duration::from_secs(5);
+/// Put before the description of every tool of an external server, as the model sees it.
+pub const UNSANDBOXED_MARK: &str = "[unsandboxed: external MCP server]";
+
+/// One tool of a started server.
+#[derive(Debug, Clone)]
+pub struct McpTool {
+    /// `KEY:TOOL`, as the model calls it.
+    pub full_name: String,
+    /// The tool's own name, as the server calls it.
+    pub name: String,
+    /// The server's description of it.
+    pub description: String,
+    /// Its arguments' JSON Schema.
+    pub input_schema: Value,
+}
+
+struct Running {
+    service: RunningService<RoleClient, ()>,
+    tools: Vec<McpTool>,
+}
+
+/// The servers a run started, by normalized key.
+#[derive(Default)]
+pub struct McpServers {
+    running: BTreeMap<String, Running>,
+}
+
+impl std::fmt::Debug for McpServers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.running.keys()).finish()
+    }
+}
+
+/// The configured server keys a workspace's step configs name (normalized): in
+/// `selected_servers`, or as the server of a `selected_tools` entry.
+pub fn named_servers(ws: &Workspace, config: &McpConfig) -> BTreeSet<String> {
+    let mut keys = BTreeSet::new();
+    for configs in ws
+        .step_configs
+        .steps
+        .iter()
+        .filter_map(|s| s.agent_configs.as_ref())
+    {
+        let servers = configs
+            .selected_servers
+            .iter()
+            .flatten()
+            .map(String::as_str);
+        let tools = configs
+            .selected_tools
+            .iter()
+            .flatten()
+            .filter_map(|t| t.split_once(':').map(|(s, _)| s));
+        for server in servers.chain(tools) {
+            let key = normalize_tool_name(server.trim());
+            if config.get(&key).is_some() {
+                keys.insert(key);
+            }
+        }
+    }
+    keys
+}
+
+impl McpServers {
+    /// No server.
+    pub fn none() -> Self {
+        McpServers::default()
+    }
+
+    /// Starts (or connects to) the servers of `config` with the keys `keys`, and lists their
+    /// tools. Any that fails is an error naming it; those already started are stopped.
+    pub async fn start(config: &McpConfig, keys: &BTreeSet<String>) -> Result<Self> {
+        if !keys.is_empty() {
+            install_crypto_provider();
+        }
+        let mut servers = McpServers::none();
+        for key in keys {
+            let Some(server) = config.get(key) else {
+                continue;
+            };
+            let started = tokio::time::timeout(START_TIMEOUT, start_one(key, server)).await;
+            let started = match started {
+                Ok(Ok(running)) => running,
+                Ok(Err(e)) => {
+                    servers.stop().await;
+                    return Err(e.context(format!(
+                        "MCP server {:?} ({}) could not be started",
+                        server.key,
+                        server.file.display()
+                    )));
+                }
+                Err(_) => {
+                    servers.stop().await;
+                    anyhow::bail!(
+                        "MCP server {:?} ({}) did not answer within {} s",
+                        server.key,
+                        server.file.display(),
+                        START_TIMEOUT.as_secs()
+                    );
+                }
+            };
+            servers.running.insert(key.clone(), started);
+        }
+        Ok(servers)
+    }
+
+    /// Whether no server runs.
+    pub fn is_empty(&self) -> bool {
+        self.running.is_empty()
+    }
+
+    /// The tools of each started server, by key (for the preflight's tool checks).
+    pub fn tool_names(&self) -> BTreeMap<String, Vec<String>> {
+        self.running
+            .iter()
+            .map(|(k, r)| (k.clone(), r.tools.iter().map(|t| t.name.clone()).collect()))
+            .collect()
+    }
+
+    /// Every tool of every started server.
+    pub fn tools(&self) -> impl Iterator<Item = (&str, &McpTool)> {
+        self.running
+            .iter()
+            .flat_map(|(k, r)| r.tools.iter().map(move |t| (k.as_str(), t)))
+    }
+
+    /// The key of the started server a tool name `KEY:TOOL` belongs to.
+    pub fn server_of(&self, full_name: &str) -> Option<&str> {
+        let (server, _) = full_name.split_once(':')?;
+        let key = normalize_tool_name(server.trim());
+        self.running.get_key_value(&key).map(|(k, _)| k.as_str())
+    }
+
+    /// The definitions of the tools `offer(key, tool)` lets in, marked unsandboxed.
+    pub fn definitions(&self, offer: impl Fn(&str, &str) -> bool) -> Vec<ToolDefinition> {
+        self.tools()
+            .filter(|(key, tool)| offer(key, &tool.name))
+            .map(|(_, tool)| ToolDefinition {
+                name: tool.full_name.clone(),
+                description: format!("{UNSANDBOXED_MARK} {}", tool.description)
+                    .trim_end()
+                    .to_string(),
+                parameters: tool.input_schema.clone(),
+            })
+            .collect()
+    }
+
+    /// Calls tool `full_name` (`KEY:TOOL`) with `args`: the text of its result, or its error.
+    pub async fn call(&self, full_name: &str, args: Value) -> Result<Value, String> {
+        let (server, tool) = full_name
+            .split_once(':')
+            .ok_or_else(|| format!("{full_name:?} names no server"))?;
+        let key = normalize_tool_name(server.trim());
+        let running = self
+            .running
+            .get(&key)
+            .ok_or_else(|| format!("MCP server {server:?} is not running"))?;
+        let wanted = normalize_tool_name(tool.trim());
+        let tool = running
+            .tools
+            .iter()
+            .find(|t| normalize_tool_name(&t.name) == wanted)
+            .ok_or_else(|| format!("MCP server {server:?} has no tool {tool:?}"))?;
+        let arguments = match args {
+            Value::Object(map) => map,
+            Value::Null => Default::default(),
+            other => return Err(format!("the arguments must be a JSON object, not {other}")),
+        };
+        let params = CallToolRequestParams::new(tool.name.clone()).with_arguments(arguments);
+        let result = tokio::time::timeout(CALL_TIMEOUT, running.service.call_tool(params))
+            .await
+            .map_err(|_| {
+                format!(
+                    "MCP server {server:?}: no answer within {} s",
+                    CALL_TIMEOUT.as_secs()
+                )
+            })?
+            .map_err(|e| format!("MCP server {server:?}: {e}"))?;
+        let mut parts = Vec::new();
+        for block in &result.content {
+            match block {
+                ContentBlock::Text(t) => parts.push(t.text.clone()),
+                other => parts.push(serde_json::to_string(other).unwrap_or_default()),
+            }
+        }
+        let text = match (parts.is_empty(), &result.structured_content) {
+            (true, Some(structured)) => structured.to_string(),
+            _ => parts.join("\n"),
+        };
+        if result.is_error == Some(true) {
+            Err(text)
+        } else {
+            Ok(Value::String(text))
+        }
+    }
+
+    /// Stops every server: closes its connection, and a stdio server's process is killed
+    /// when it does not exit by itself.
+    pub async fn stop(&mut self) {
+        for (key, running) in std::mem::take(&mut self.running) {
+            if tokio::time::timeout(STOP_TIMEOUT, running.service.cancel())
+                .await
+                .is_err()
+            {
+                tracing::warn!("MCP server {key:?} did not stop in time: killed");
+            }
+        }
+    }
+}
+
+/// reqwest is built without a TLS provider of its own: rustls's ring provider, the one the
+/// rest of the host links, serves HTTPS servers.
+fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+async fn start_one(key: &str, server: &ServerConfig) -> Result<Running> {
+    let service = match &server.transport {
+        Transport::Stdio { command, args, env } => {
+            let mut cmd = tokio::process::Command::new(command);
+            cmd.args(args).env_clear().envs(env).kill_on_drop(true);
+            let (process, stderr) = TokioChildProcess::builder(cmd)
+                .stderr(Stdio::piped())
+                .spawn()
+                .with_context(|| format!("starting {command:?}"))?;
+            if let Some(stderr) = stderr {
+                let key = key.to_string();
+                tokio::spawn(async move {
+                    let mut lines = tokio::io::BufReader::new(stderr).lines();
+                    while let Ok(Some(line)) = lines.next_line().await {
+                        tracing::debug!(server = %key, "{line}");
+                    }
+                });
+            }
+            ().serve(process)
+                .await
+                .map_err(|e| anyhow!("initializing: {e}"))?
+        }
+        Transport::Http { url, headers } => {
+            let mut custom = std::collections::HashMap::new();
+            for (name, value) in headers {
+                let name = http::HeaderName::from_bytes(name.as_bytes())
+                    .with_context(|| format!("header {name:?}"))?;
+                let value = http::HeaderValue::from_str(value)
+                    .with_context(|| format!("the value of header {name}"))?;
+                custom.insert(name, value);
+            }
+            let transport = StreamableHttpClientTransport::from_config(
+                StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(custom),
+            );
+            ().serve(transport)
+                .await
+                .map_err(|e| anyhow!("connecting to {url}: {e}"))?
+        }
+    };
+    let listed = service
+        .list_all_tools()
+        .await
+        .map_err(|e| anyhow!("listing its tools: {e}"))?;
+    let tools = listed
+        .into_iter()
+        .map(|t| McpTool {
+            full_name: format!("{key}:{}", t.name),
+            name: t.name.to_string(),
+            description: t.description.as_deref().unwrap_or_default().to_string(),
+            input_schema: Value::Object((*t.input_schema).clone()),
+        })
+        .collect();
+    Ok(Running { service, tools })
+}
+
+/// Files a workspace may hold that look like MCP server definitions: never read.
+const WORKSPACE_LOOKALIKES: &[&str] = &[
+    config::SERVERS_FILE,
+    config::USER_SERVERS_FILE,
+    ".mcp.json",
+    "mcp.json",
+];
+
+/// A warning for each file at the top of the workspace that looks like an MCP server
+/// definition: a workspace may name servers, never define them, so it is ignored.
+pub fn workspace_server_files(ws: &Workspace) -> Vec<String> {
+    WORKSPACE_LOOKALIKES
+        .iter()
+        .filter(|name| ws.fs.kind(name).ok().flatten().is_some())
+        .map(|name| {
+            format!(
+                "{name} in the workspace is ignored: MCP servers are configured by the operator \
+                 (--mcp-config FILE, or {} in the user config folder), a workspace may only name them",
+                config::SERVERS_FILE
+            )
+        })
+        .collect()
+}

@@ -1,0 +1,50 @@
+"""An MCP server for the tests of external MCP servers (the `mcp` package from PyPI).
+
+    python mcp_fixture_server.py [--started FILE] [--http PORT]
+
+Serves over stdio, or streamable HTTP at http://127.0.0.1:PORT/mcp with --http. With
+--started it writes FILE first, so a test can tell whether the server was ever started.
+"""
+
+import argparse
+import json
+import os
+
+from mcp.server.mcpserver import Context, MCPServer
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--started")
+parser.add_argument("--http", type=int)
+opts = parser.parse_args()
+if opts.started:
+    with open(opts.started, "w") as f:
+        f.write(str(os.getpid()))
+
+server = MCPServer("fixture")
+
+
+@server.tool(description="Echoes the text back, prefixed with `echo:`.")
+def echo(text: str) -> str:
+    return f"echo: {text}"
+
+
+@server.tool(description="The names of the environment variables the server was started with.")
+def env_names() -> str:
+    return json.dumps(sorted(os.environ))
+
+
+@server.tool(description="The value of one request header (HTTP only).")
+def header(name: str, ctx: Context) -> str:
+    headers = ctx.headers or {}
+    return headers.get(name, "")
+
+
+@server.tool(description="Always fails.")
+def fail() -> str:
+    raise ValueError("the fixture tool failed on purpose")
+
+
+if opts.http:
+    server.run("streamable-http", host="127.0.0.1", port=opts.http)
+else:
+    server.run()
