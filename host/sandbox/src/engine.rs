@@ -38,6 +38,10 @@ pub const MAX_TABLES_PER_COMPONENT: u32 = 32;
 /// See [`MAX_MEMORIES_PER_COMPONENT`].
 pub const MAX_CORE_INSTANCES_PER_COMPONENT: u32 = 64;
 
+/// How much of each pooled linear memory and table may stay mapped between two instances
+/// of a slot when the kernel can tell which pages an instance wrote (`PAGEMAP_SCAN`).
+pub const KEEP_RESIDENT_BYTES: usize = 16 << 20;
+
 /// Guest stack: deep recursion traps cleanly long before the host stack is at risk.
 const MAX_WASM_STACK: usize = 1 << 20;
 
@@ -241,6 +245,19 @@ fn config() -> Config {
         .max_component_instance_size(1 << 20)
         .max_core_instance_size(1 << 20)
         .table_elements(100_000);
+    if PoolingAllocationConfig::is_pagemap_scan_available() {
+        // A fresh instance per call: without this, every page a call touches is given back
+        // to the kernel when its store drops, and the next call in the slot faults it in
+        // again. With PAGEMAP_SCAN (Linux 6.7+) the pool finds the pages a call wrote and
+        // copies them back from the image (or zeroes them), leaving them mapped: only the
+        // pages a call dirtied cost anything, and nothing faults on the next call. Without
+        // the ioctl, keeping memory resident would mean a `memset` of the whole region on
+        // every release, so it stays off.
+        pooling
+            .pagemap_scan(wasmtime::Enabled::Yes)
+            .linear_memory_keep_resident(KEEP_RESIDENT_BYTES)
+            .table_keep_resident(KEEP_RESIDENT_BYTES);
+    }
 
     let mut config = Config::new();
     config
