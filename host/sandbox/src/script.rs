@@ -466,12 +466,20 @@ fn workspace_relative(guest: &str) -> String {
 }
 
 /// Writes stdout, stderr and the result record of `outcome` into `dir` (a step's logs
-/// folder), each atomically.
+/// folder), each atomically, in one batch (one wait for the disk, not six).
 pub fn write_logs(fs: &store::WorkspaceFs, dir: &Path, outcome: &ScriptOutcome) -> Result<()> {
-    fs.write_atomic(dir.join(STDOUT_LOG), outcome.stdout.as_bytes())?;
-    fs.write_atomic(dir.join(STDERR_LOG), outcome.stderr.as_bytes())?;
     let completed = rfc3339(std::time::SystemTime::now());
-    fs.write_json_atomic(dir.join(RESULT_LOG), &outcome.record(&completed))?;
+    let record = store::json_bytes(&outcome.record(&completed))?;
+    let (stdout, stderr, result) = (
+        dir.join(STDOUT_LOG),
+        dir.join(STDERR_LOG),
+        dir.join(RESULT_LOG),
+    );
+    fs.write_all_atomic(&[
+        (&stdout, outcome.stdout.as_bytes()),
+        (&stderr, outcome.stderr.as_bytes()),
+        (&result, &record),
+    ])?;
     Ok(())
 }
 
