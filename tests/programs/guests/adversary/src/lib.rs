@@ -281,6 +281,10 @@ impl ToolPlugin for Adversary {
             .collect()
     }
 
+    fn has_tool(name: &str) -> bool {
+        TOOLS.iter().any(|(tool, _, _)| *tool == name)
+    }
+
     fn call(name: &str, args: Value) -> Result<Value, ToolError> {
         match name {
             "read" => {
