@@ -108,6 +108,11 @@ impl WorkspaceFs {
         })
     }
 
+    /// Whether `other` writes through the same opened folder (a clone of this one).
+    pub(crate) fn same_folder(&self, other: &WorkspaceFs) -> bool {
+        Arc::ptr_eq(&self.dir, &other.dir)
+    }
+
     /// The workspace folder, as it was given to [`WorkspaceFs::open`].
     pub fn root(&self) -> &Path {
         &self.root
