@@ -10,12 +10,16 @@
 //!   interpreter's real path (not a version-manager shim) so only Python itself is timed.
 //! - **native -S**: `python3 -S main.py`, the same without the `site` module (no
 //!   site-packages, no `.pth` files): the fastest a native interpreter starts.
+//! - **warm interpreter**: one `python3` process kept running, asked over a pipe to run
+//!   `main.py` again (`runpy.run_path`): what the script itself costs natively, with no
+//!   interpreter start-up at all.
 //!
 //! Besides criterion's report, prints p50/p99 of each from an interleaved sample and the
 //! ratios to native; `BENCHMARKS.md` records these figures.
 
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group};
@@ -75,6 +79,52 @@ fn native(python: &Path, root: &Path, output_dir: &Path, no_site: bool) {
     assert!(status.success());
 }
 
+/// A `python3` kept running that runs `main.py` each time it is asked to.
+struct WarmPython {
+    child: Child,
+    answers: BufReader<std::process::ChildStdout>,
+}
+
+/// Runs `main.py` (in the working directory) once per line read, answering each with a line.
+const WARM_LOOP: &str = "import runpy, sys\n\
+for line in sys.stdin:\n    \
+runpy.run_path('main.py', run_name='__main__')\n    \
+sys.stdout.write('done\\n')\n    \
+sys.stdout.flush()\n";
+
+impl WarmPython {
+    fn start(python: &Path, root: &Path, output_dir: &Path) -> WarmPython {
+        let mut child = Command::new(python)
+            .args(["-c", WARM_LOOP])
+            .current_dir(root.join("code").join(STEP))
+            .env_clear()
+            .env("STEP_OUTPUT_DIR", output_dir)
+            .env("STEP_EXECUTION_DIR", output_dir.parent().unwrap())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let answers = BufReader::new(child.stdout.take().unwrap());
+        WarmPython { child, answers }
+    }
+
+    fn run(&mut self) {
+        let stdin = self.child.stdin.as_mut().unwrap();
+        stdin.write_all(b"run\n").unwrap();
+        stdin.flush().unwrap();
+        let mut line = String::new();
+        self.answers.read_line(&mut line).unwrap();
+        assert_eq!(line, "done\n");
+    }
+}
+
+impl Drop for WarmPython {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        let _ = self.child.wait();
+    }
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[index]
@@ -120,6 +170,10 @@ fn script(c: &mut Criterion) {
     std::fs::remove_file(&out_file).unwrap();
     native(&python, &root, &output_dir, false);
     assert_eq!(std::fs::read_to_string(&out_file).unwrap(), from_trellis);
+    std::fs::remove_file(&out_file).unwrap();
+    let warm = std::cell::RefCell::new(WarmPython::start(&python, &root, &output_dir));
+    warm.borrow_mut().run();
+    assert_eq!(std::fs::read_to_string(&out_file).unwrap(), from_trellis);
 
     let mut group = c.benchmark_group("script");
     group.sample_size(30);
@@ -132,11 +186,12 @@ fn script(c: &mut Criterion) {
     group.bench_function("native_python3_no_site", |b| {
         b.iter(|| native(&python, &root, &output_dir, true))
     });
+    group.bench_function("warm_interpreter", |b| b.iter(|| warm.borrow_mut().run()));
     group.finish();
 
     // Interleaved sample for percentiles: drift in machine load hits all three alike.
     let samples = 300;
-    let mut times = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
+    let mut times = [(); 5].map(|()| Vec::new());
     for _ in 0..20 {
         sandboxed(&with_logs);
         native(&python, &root, &output_dir, false);
@@ -154,6 +209,9 @@ fn script(c: &mut Criterion) {
         let start = Instant::now();
         native(&python, &root, &output_dir, true);
         times[3].push(start.elapsed());
+        let start = Instant::now();
+        warm.borrow_mut().run();
+        times[4].push(start.elapsed());
     }
     for t in &mut times {
         t.sort();
@@ -169,6 +227,7 @@ fn script(c: &mut Criterion) {
         "trellis, no logs",
         "native python3",
         "native python3 -S",
+        "warm interpreter",
     ];
     for (i, name) in names.iter().enumerate() {
         println!(
@@ -177,7 +236,7 @@ fn script(c: &mut Criterion) {
             p(i, 0.99)
         );
     }
-    for (i, j) in [(0, 2), (1, 2), (0, 3), (1, 3)] {
+    for (i, j) in [(0, 2), (1, 2), (0, 3), (1, 3), (0, 4), (1, 4)] {
         println!(
             "  {:<18} / {:<18} p50 {:>5.2}   p99 {:>5.2}",
             names[i],

@@ -28,6 +28,9 @@ const BUNDLED: &[&str] = &[
     "anthropic",
     "replay",
 ];
+/// zstd level of the embedded Python script runner (the only level the pure-Rust encoder
+/// implements besides none).
+const ZSTD_LEVEL: ruzstd::encoding::CompressionLevel = ruzstd::encoding::CompressionLevel::Fastest;
 /// The componentize-py release the Python script runner is built with.
 const COMPONENTIZE_PY_VERSION: &str = "0.25.1";
 /// The WIT package the Python script runner is built against (with its WASI WIT in `deps/`).
@@ -104,26 +107,31 @@ fn main() {
     std::fs::write(
         out_dir.join("python_runner.rs"),
         format!(
-            "/// The Python script runner (world `{SCRIPT_WORLD}`), built from `plugins/runners/python`.\npub static PYTHON_RUNNER: &[u8] = include_bytes!({:?});\n",
+            "/// The Python script runner (world `{SCRIPT_WORLD}`), built from `plugins/runners/python`, zstd-compressed.\npub static PYTHON_RUNNER_ZSTD: &[u8] = include_bytes!({:?});\n",
             runner.display().to_string()
         ),
     )
     .unwrap();
 }
 
-/// Builds the Python script runner component and returns its path,
-/// `<target>/python-runner/script_runner.wasm`.
+/// Builds the Python script runner component and returns the path of its zstd-compressed
+/// copy, `<target>/python-runner/script_runner.wasm.zst`.
 ///
 /// componentize-py pre-initializes the component: the app's top level (which
 /// imports the standard library modules scripts commonly use) runs at build
 /// time and the interpreter's memory is snapshotted, so a script starts with
 /// them loaded. The build is skipped when a stamp of its inputs (the app, the
 /// WIT, the componentize-py version) matches the one beside the component.
+///
+/// The component (~26 MB, most of it the interpreter's memory snapshot) is embedded
+/// compressed (~7 MB): the host decompresses it only to compile it, when the compiled
+/// form is not in the component cache yet.
 fn python_runner(root: &Path, target_dir: &Path) -> PathBuf {
     let app = root.join("plugins/runners/python");
     let wit = root.join(WIT_PACKAGE);
     let out_dir = target_dir.join("python-runner");
     let component = out_dir.join("script_runner.wasm");
+    let compressed = out_dir.join("script_runner.wasm.zst");
     let stamp_file = out_dir.join("script_runner.stamp");
     let stamp = inputs_stamp(&[&app, &wit]);
     std::fs::create_dir_all(&out_dir)
@@ -133,7 +141,12 @@ fn python_runner(root: &Path, target_dir: &Path) -> PathBuf {
         .and_then(|f| f.lock().map(|()| f))
         .unwrap_or_else(|e| panic!("trellis build: cannot lock {}: {e}", out_dir.display()));
     if component.is_file() && std::fs::read_to_string(&stamp_file).is_ok_and(|s| s == stamp) {
-        return component;
+        // A copy older than the component (or none) is made again.
+        let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+        if modified(&compressed).is_none_or(|c| Some(c) < modified(&component)) {
+            compress(&component, &compressed);
+        }
+        return compressed;
     }
     let tool = componentize_py(target_dir);
 
@@ -170,9 +183,21 @@ fn python_runner(root: &Path, target_dir: &Path) -> PathBuf {
         );
     }
     std::fs::rename(&partial, &component).unwrap();
+    compress(&component, &compressed);
     std::fs::write(&stamp_file, &stamp).unwrap();
     drop(lock);
-    component
+    compressed
+}
+
+/// Writes `component` zstd-compressed to `compressed` (through a temporary file: a build
+/// stopped half-way leaves no truncated copy).
+fn compress(component: &Path, compressed: &Path) {
+    let bytes = std::fs::read(component)
+        .unwrap_or_else(|e| panic!("trellis build: cannot read {}: {e}", component.display()));
+    let packed = ruzstd::encoding::compress_to_vec(bytes.as_slice(), ZSTD_LEVEL);
+    let partial = compressed.with_extension("zst.partial");
+    std::fs::write(&partial, packed).unwrap();
+    std::fs::rename(&partial, compressed).unwrap();
 }
 
 /// A digest of every file under `dirs` (path and content) and of the tool version.

@@ -838,6 +838,40 @@ async fn no_state_survives_from_one_call_to_the_next() {
 }
 
 #[tokio::test]
+async fn no_memory_written_by_one_call_is_visible_to_the_next() {
+    let registry = registry_with_adversary().await;
+    let scribble = async |seed: u64, bytes: u64| {
+        let args = json!({"seed": seed, "bytes": bytes});
+        call(&registry, "scribble", args, &Grant::none()).await
+    };
+    let snoop = async |seed: u64| {
+        let args = json!({"seed": seed});
+        call(&registry, "snoop", args, &Grant::none()).await
+    };
+    // Heap (up to 8 MiB), static data and stack: the pages a pooled slot may keep mapped
+    // from one instance to the next must come back as the component's image or zeros.
+    for (seed, bytes) in [(7, 4096), (8, 1 << 20), (9, 8 << 20)] {
+        let seen = scribble(seed, bytes).await.unwrap();
+        assert!(
+            seen.as_u64().unwrap() > bytes / 32,
+            "the scan finds what the call wrote: {seen}"
+        );
+        for _ in 0..3 {
+            let left = snoop(seed).await.unwrap();
+            assert_eq!(left, json!(0), "a call read memory an earlier call wrote");
+        }
+    }
+    // A call that fills its memory up to the limit leaves nothing either.
+    assert!(
+        call(&registry, "memory_bomb", json!({}), &Grant::none())
+            .await
+            .is_err()
+    );
+    assert_eq!(snoop(9).await.unwrap(), json!(0));
+    still_serving(&registry).await;
+}
+
+#[tokio::test]
 async fn a_folder_swapped_for_a_link_after_the_grant_is_not_opened() {
     let registry = registry_with_adversary().await;
     let world = World::new();

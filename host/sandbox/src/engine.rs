@@ -38,6 +38,10 @@ pub const MAX_TABLES_PER_COMPONENT: u32 = 32;
 /// See [`MAX_MEMORIES_PER_COMPONENT`].
 pub const MAX_CORE_INSTANCES_PER_COMPONENT: u32 = 64;
 
+/// How much of each pooled linear memory and table may stay mapped between two instances
+/// of a slot when the kernel can tell which pages an instance wrote (`PAGEMAP_SCAN`).
+pub const KEEP_RESIDENT_BYTES: usize = 16 << 20;
+
 /// Guest stack: deep recursion traps cleanly long before the host stack is at risk.
 const MAX_WASM_STACK: usize = 1 << 20;
 
@@ -163,9 +167,35 @@ impl Engine {
         origin: &str,
         compile_deadline: Option<Duration>,
     ) -> Result<LoadedComponent> {
+        self.open_keyed(bytes, origin, |engine| {
+            compile(engine, bytes, origin, compile_deadline)
+        })
+    }
+
+    /// [`Engine::load_component`] for a zstd-compressed component the caller trusts (the
+    /// bundled Python runner): the cache is keyed by the compressed bytes, so a process
+    /// that finds the component compiled in the cache never decompresses it.
+    pub fn load_compressed_component(&self, zstd: &[u8], origin: &str) -> Result<Component> {
+        let loaded = self.open_keyed(zstd, origin, |engine| {
+            let bytes = decompress(zstd)
+                .with_context(|| format!("{origin}: decompressing the component"))?;
+            compile(engine, &bytes, origin, None)
+        })?;
+        self.keep(&loaded);
+        Ok(loaded.component)
+    }
+
+    /// The cache entry keyed by `key` (a component's bytes, or their compressed form), or
+    /// `compile`'s component and the entry to write for it.
+    fn open_keyed(
+        &self,
+        key: &[u8],
+        origin: &str,
+        compile: impl FnOnce(&wasmtime::Engine) -> Result<Component>,
+    ) -> Result<LoadedComponent> {
         let engine = &self.inner.wasmtime;
         let unsaved = match &self.inner.cache {
-            Some(cache) => match cache.lookup(engine, bytes, origin) {
+            Some(cache) => match cache.lookup(engine, key, origin) {
                 Lookup::Hit(component) => {
                     return Ok(LoadedComponent {
                         component,
@@ -177,7 +207,7 @@ impl Engine {
             },
             None => None,
         };
-        let component = compile(engine, bytes, origin, compile_deadline)?;
+        let component = compile(engine)?;
         Ok(LoadedComponent { component, unsaved })
     }
 
@@ -215,6 +245,19 @@ fn config() -> Config {
         .max_component_instance_size(1 << 20)
         .max_core_instance_size(1 << 20)
         .table_elements(100_000);
+    if PoolingAllocationConfig::is_pagemap_scan_available() {
+        // A fresh instance per call: without this, every page a call touches is given back
+        // to the kernel when its store drops, and the next call in the slot faults it in
+        // again. With PAGEMAP_SCAN (Linux 6.7+) the pool finds the pages a call wrote and
+        // copies them back from the image (or zeroes them), leaving them mapped: only the
+        // pages a call dirtied cost anything, and nothing faults on the next call. Without
+        // the ioctl, keeping memory resident would mean a `memset` of the whole region on
+        // every release, so it stays off.
+        pooling
+            .pagemap_scan(wasmtime::Enabled::Yes)
+            .linear_memory_keep_resident(KEEP_RESIDENT_BYTES)
+            .table_keep_resident(KEEP_RESIDENT_BYTES);
+    }
 
     let mut config = Config::new();
     config
@@ -227,6 +270,15 @@ fn config() -> Config {
         .memory_init_cow(true)
         .allocation_strategy(InstanceAllocationStrategy::Pooling(pooling));
     config
+}
+
+/// The content of a zstd frame.
+fn decompress(zstd: &[u8]) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let mut decoder = ruzstd::decoding::StreamingDecoder::new(zstd)?;
+    let mut bytes = Vec::new();
+    decoder.read_to_end(&mut bytes)?;
+    Ok(bytes)
 }
 
 /// Compiles `bytes`, giving up after `deadline` when there is one.
@@ -903,6 +955,39 @@ mod tests {
         let cache = cache(&engine);
         assert_ne!(cache.path_for(b"a"), cache.path_for(b"b"));
         assert_eq!(cache.path_for(b"a"), cache.path_for(b"a"));
+    }
+
+    #[test]
+    fn a_compressed_component_is_cached_under_its_compressed_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = cached_engine(dir.path());
+        let packed = ruzstd::encoding::compress_to_vec(
+            &with_custom_section(&wat_component(), "z")[..],
+            ruzstd::encoding::CompressionLevel::Fastest,
+        );
+        engine.load_compressed_component(&packed, "test").unwrap();
+        assert!(is_hit(&engine, &packed));
+        assert_eq!(entries(dir.path()), [cache(&engine).path_for(&packed)]);
+        // A hit compiles nothing: the entry's modification time is refreshed, no entry added.
+        engine.load_compressed_component(&packed, "test").unwrap();
+        assert_eq!(entries(dir.path()).len(), 1);
+    }
+
+    #[test]
+    fn a_corrupt_compressed_component_names_its_origin() {
+        let engine = Engine::new(CacheSetting::Disabled).unwrap();
+        let err = engine
+            .load_compressed_component(b"not zstd", "bundled:x")
+            .unwrap_err();
+        assert!(format!("{err:#}").contains("bundled:x: decompressing the component"));
+        let packed = ruzstd::encoding::compress_to_vec(
+            &b"not wasm"[..],
+            ruzstd::encoding::CompressionLevel::Fastest,
+        );
+        let err = engine
+            .load_compressed_component(&packed, "bundled:x")
+            .unwrap_err();
+        assert!(format!("{err:#}").contains("bundled:x: not a valid WebAssembly component"));
     }
 
     #[test]

@@ -259,6 +259,8 @@ pub trait Toolbox {
     fn tools() -> Vec<Tool>;
     /// Runs the tool named `name`; `unknown-tool` if none is.
     fn call(name: &str, args: Value) -> Result<Value, ToolError>;
+    /// Whether a tool of the set is named `name` (no schema is built).
+    fn has(name: &str) -> bool;
 }
 
 macro_rules! toolbox_for_tuples {
@@ -273,6 +275,10 @@ macro_rules! toolbox_for_tuples {
                     return $tool::call_json(args);
                 })+
                 Err(ToolError::UnknownTool(name.to_owned()))
+            }
+
+            fn has(name: &str) -> bool {
+                $(name == $tool::NAME)||+
             }
         }
     };
@@ -309,6 +315,10 @@ impl<T: Toolbox> ToolPlugin for Tools<T> {
     fn call(name: &str, args: Value) -> Result<Value, ToolError> {
         T::call(name, args)
     }
+
+    fn has_tool(name: &str) -> bool {
+        T::has(name)
+    }
 }
 
 impl From<Tool> for ToolInfo {
@@ -325,13 +335,20 @@ impl From<Tool> for ToolInfo {
 /// A tool plugin. Both functions are associated functions because every call runs
 /// in a fresh instance: there is no state to carry between calls.
 pub trait ToolPlugin {
-    /// Every tool the plugin offers. Called when the plugin is loaded, and by the
-    /// SDK on each call to reject names not listed here.
+    /// Every tool the plugin offers. Called when the plugin is loaded.
     fn tools() -> Vec<Tool>;
 
     /// Runs tool `name` with its arguments object, already validated by the host
     /// against the tool's schema. `name` is always one of [`tools`](Self::tools).
     fn call(name: &str, args: Value) -> Result<Value, ToolError>;
+
+    /// Whether one of [`tools`](Self::tools) is named `name`: the SDK asks on each call,
+    /// to reject other names before [`call`](Self::call). The default builds the whole
+    /// list, schemas included, in every call (each call is a fresh instance); a plugin
+    /// that knows its names without that should answer directly, as [`Tools`] does.
+    fn has_tool(name: &str) -> bool {
+        Self::tools().iter().any(|tool| tool.name == name)
+    }
 }
 
 /// Deserializes a tool's arguments object into a typed struct; a mismatch becomes
@@ -476,7 +493,7 @@ impl<P: ToolPlugin> Guest for Adapter<P> {
     }
 
     fn call_tool(name: String, arguments: String) -> Result<String, ToolError> {
-        if !P::tools().iter().any(|tool| tool.name == name) {
+        if !P::has_tool(&name) {
             return Err(ToolError::UnknownTool(name));
         }
         let args: Value = serde_json::from_str(&arguments).map_err(|e| {
@@ -675,6 +692,12 @@ mod tests {
         );
         let err = <Typed as ToolPlugin>::call("nope", json!({})).unwrap_err();
         assert!(matches!(err, ToolError::UnknownTool(name) if name == "nope"));
+        // An unknown name is refused before its arguments are even parsed.
+        let err = Adapter::<Typed>::call_tool("nope".into(), "not json".into()).unwrap_err();
+        assert!(matches!(err, ToolError::UnknownTool(name) if name == "nope"));
+        assert!(<Typed as ToolPlugin>::has_tool("greet"));
+        assert!(!<Typed as ToolPlugin>::has_tool("gree"));
+        assert!(Echo::has_tool("echo") && !Echo::has_tool("nope"));
     }
 
     #[test]

@@ -108,6 +108,11 @@ impl WorkspaceFs {
         })
     }
 
+    /// Whether `other` writes through the same opened folder (a clone of this one).
+    pub(crate) fn same_folder(&self, other: &WorkspaceFs) -> bool {
+        Arc::ptr_eq(&self.dir, &other.dir)
+    }
+
     /// The workspace folder, as it was given to [`WorkspaceFs::open`].
     pub fn root(&self) -> &Path {
         &self.root
@@ -482,6 +487,67 @@ impl WorkspaceFs {
         result
     }
 
+    /// [`WorkspaceFs::write_atomic`] of several files, with one wait for the disk rather
+    /// than two per file: every file is written to a temporary file first, then all are
+    /// flushed (on a journaling file system the first flush commits the others' data with
+    /// it), then each is renamed in place and each folder flushed once. A file that cannot
+    /// be written leaves every one of them as it was; each file is always whole, old or new.
+    pub fn write_all_atomic(&self, files: &[(&Path, &[u8])]) -> io::Result<()> {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let mut staged: Vec<(PathBuf, PathBuf)> = Vec::with_capacity(files.len());
+        let result = (|| {
+            let mut written = Vec::with_capacity(files.len());
+            for (path, bytes) in files {
+                let rel = self.relative(path)?;
+                let Some(name) = rel.file_name() else {
+                    return Err(refused(format!("{} names no file", path.display())));
+                };
+                let parent = rel.parent().unwrap_or(Path::new("")).to_path_buf();
+                if let Some(Kind::Dir) = self.check(&rel)? {
+                    return Err(refused(format!("{} is a folder", shown(&rel))));
+                }
+                self.create_dir_all(&parent)?;
+                let tmp = parent.join(format!(
+                    ".trellis-{}-batch-{}.tmp",
+                    std::process::id(),
+                    COUNTER.fetch_add(1, Ordering::Relaxed)
+                ));
+                let mut file = self.dir.open_with(
+                    &tmp,
+                    OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .custom_flags(libc::O_NOFOLLOW),
+                )?;
+                staged.push((tmp, parent.join(name)));
+                file.write_all(bytes)?;
+                written.push(file);
+            }
+            for file in &written {
+                file.sync_all()?;
+            }
+            let mut folders: Vec<PathBuf> = Vec::new();
+            // Renamed in order; what is left in `staged` is removed below if one fails.
+            staged.reverse();
+            while let Some((tmp, target)) = staged.last() {
+                self.dir.rename(tmp, &self.dir, target)?;
+                let parent = target.parent().unwrap_or(Path::new("")).to_path_buf();
+                staged.pop();
+                if !folders.contains(&parent) {
+                    folders.push(parent);
+                }
+            }
+            for folder in &folders {
+                self.sync_dir(folder)?;
+            }
+            Ok(())
+        })();
+        for (tmp, _) in &staged {
+            let _ = self.dir.remove_file(tmp);
+        }
+        result
+    }
+
     /// [`WorkspaceFs::write_atomic`] of `value` as 2-space indented JSON with a final newline.
     pub fn write_json_atomic<T: Serialize + ?Sized>(
         &self,
@@ -565,6 +631,47 @@ mod tests {
         assert_eq!(fs.read_to_string("a/b.json").unwrap(), "[]\n");
         let names: Vec<_> = fs.list("a").unwrap();
         assert_eq!(names, [("b.json".to_string(), Kind::File)]);
+    }
+
+    #[test]
+    fn a_batch_is_written_whole_or_not_at_all() {
+        let (ws, _o, fs) = setup();
+        fs.write_atomic("logs/a.txt", b"old").unwrap();
+        fs.write_all_atomic(&[
+            (Path::new("logs/a.txt"), b"new a"),
+            (&ws.path().join("logs/b.json"), b"{}"),
+            (Path::new("other/c.txt"), b"c"),
+        ])
+        .unwrap();
+        assert_eq!(fs.read_to_string("logs/a.txt").unwrap(), "new a");
+        assert_eq!(fs.read_to_string("logs/b.json").unwrap(), "{}");
+        assert_eq!(fs.read_to_string("other/c.txt").unwrap(), "c");
+        let names: Vec<_> = fs.list("logs").unwrap();
+        assert_eq!(
+            names,
+            [
+                ("a.txt".to_string(), Kind::File),
+                ("b.json".to_string(), Kind::File)
+            ]
+        );
+
+        // A folder where the last file goes: nothing is replaced, no temporary file is left.
+        std::fs::create_dir(ws.path().join("logs/d")).unwrap();
+        let err = fs
+            .write_all_atomic(&[
+                (Path::new("logs/a.txt"), b"newer"),
+                (Path::new("logs/d"), b"x"),
+            ])
+            .unwrap_err();
+        assert!(err.to_string().contains("is a folder"), "{err}");
+        assert_eq!(fs.read_to_string("logs/a.txt").unwrap(), "new a");
+        assert_eq!(fs.list("logs").unwrap().len(), 3);
+        // A path out of the workspace is refused like a single write.
+        assert!(
+            fs.write_all_atomic(&[(Path::new("../escape.txt"), b"x")])
+                .is_err()
+        );
+        assert!(!ws.path().parent().unwrap().join("escape.txt").exists());
     }
 
     #[test]

@@ -142,7 +142,7 @@ fn current() -> Option<Arc<Writer>> {
 fn write_loop(shared: &Shared) {
     let mut state = shared.state.lock().unwrap_or_else(|e| e.into_inner());
     loop {
-        let Some(path) = state.queue.pop_front() else {
+        if state.queue.is_empty() {
             if state.stop {
                 return;
             }
@@ -151,22 +151,56 @@ fn write_loop(shared: &Shared) {
                 .wait(state)
                 .unwrap_or_else(|e| e.into_inner());
             continue;
-        };
-        let Some((fs, bytes)) = state.latest.remove(&path) else {
-            continue;
-        };
+        }
+        // Everything queued goes in one batch per workspace: one wait for the disk for the
+        // lot (see `WorkspaceFs::write_all_atomic`) rather than two per file.
+        let mut batch: Vec<(PathBuf, WorkspaceFs, Vec<u8>)> = Vec::new();
+        while let Some(path) = state.queue.pop_front() {
+            if let Some((fs, bytes)) = state.latest.remove(&path) {
+                batch.push((path, fs, bytes));
+            }
+        }
         state.busy = true;
         drop(state);
-        let result = fs.write_atomic(&path, &bytes);
+        let failures = write_batch(batch);
         state = shared.state.lock().unwrap_or_else(|e| e.into_inner());
         state.busy = false;
-        if let Err(e) = result
+        if let Some(failure) = failures
             && state.error.is_none()
         {
-            state.error = Some((path, e));
+            state.error = Some(failure);
         }
         shared.changed.notify_all();
     }
+}
+
+/// Writes `batch` (oldest first), grouped by the workspace each file goes through; returns
+/// the first failure. A group that fails is written again file by file, so one bad file
+/// neither holds back the others nor goes unnamed.
+fn write_batch(mut batch: Vec<(PathBuf, WorkspaceFs, Vec<u8>)>) -> Option<(PathBuf, io::Error)> {
+    let mut first_failure = None;
+    while !batch.is_empty() {
+        let fs = batch[0].1.clone();
+        let (group, rest): (Vec<_>, Vec<_>) = batch
+            .into_iter()
+            .partition(|(_, other, _)| other.same_folder(&fs));
+        batch = rest;
+        let files: Vec<(&Path, &[u8])> = group
+            .iter()
+            .map(|(path, _, bytes)| (path.as_path(), bytes.as_slice()))
+            .collect();
+        if fs.write_all_atomic(&files).is_ok() {
+            continue;
+        }
+        for (path, _, bytes) in &group {
+            if let Err(e) = fs.write_atomic(path, bytes)
+                && first_failure.is_none()
+            {
+                first_failure = Some((path.clone(), e));
+            }
+        }
+    }
+    first_failure
 }
 
 fn take_error(state: &mut State) -> io::Result<()> {
@@ -243,6 +277,36 @@ mod tests {
         let err = flush().unwrap_err().to_string();
         assert!(err.contains("blocked/session.json"), "{err}");
         flush().expect("the error is reported once");
+    }
+
+    #[test]
+    fn a_batch_with_a_bad_file_still_writes_the_others_and_names_the_bad_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let other = tempfile::tempdir().unwrap();
+        let fs = WorkspaceFs::open(dir.path()).unwrap();
+        let other_fs = WorkspaceFs::open(other.path()).unwrap();
+        std::fs::write(dir.path().join("blocked"), "a file").unwrap();
+        let batch = vec![
+            (dir.path().join("a.json"), fs.clone(), b"a".to_vec()),
+            (other.path().join("b.json"), other_fs, b"b".to_vec()),
+            (dir.path().join("blocked/c.json"), fs.clone(), b"c".to_vec()),
+            (dir.path().join("logs/d.json"), fs, b"d".to_vec()),
+        ];
+        let (path, _) = write_batch(batch).expect("the bad file fails");
+        assert!(path.ends_with("blocked/c.json"), "{}", path.display());
+        assert_eq!(std::fs::read(dir.path().join("a.json")).unwrap(), b"a");
+        assert_eq!(std::fs::read(other.path().join("b.json")).unwrap(), b"b");
+        assert_eq!(std::fs::read(dir.path().join("logs/d.json")).unwrap(), b"d");
+        let mut names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            ["a.json", "blocked", "logs"],
+            "no temp file is left behind"
+        );
     }
 
     #[test]

@@ -11,7 +11,7 @@
 
 use std::hint::black_box;
 use std::io::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
 use serde_json::{Map, Value, json};
 use trellis_plugin_sdk::db;
@@ -173,6 +173,16 @@ const TOOLS: &[Spec] = &[
         &[("bytes", "integer")],
     ),
     (
+        "scribble",
+        "Writes a 32-byte pattern made from `seed` over `bytes` bytes of heap, into a static and on its stack; returns how many copies of it its memory then holds (see `snoop`).",
+        &[("seed", "integer"), ("bytes", "integer")],
+    ),
+    (
+        "snoop",
+        "Grows its memory by 8 MiB, then scans all of it for the 32-byte pattern `scribble` writes for `seed`; returns how many copies it found.",
+        &[("seed", "integer")],
+    ),
+    (
         "counter",
         "Adds one to a counter kept in the instance's memory and returns it.",
         &[],
@@ -181,6 +191,63 @@ const TOOLS: &[Spec] = &[
 
 /// State an instance would carry from one call to the next, if instances were reused.
 static CALLS: AtomicU64 = AtomicU64::new(0);
+
+/// Where `scribble` leaves a copy of its pattern in the module's static data.
+static STASH: [AtomicU8; 32] = [const { AtomicU8::new(0) }; 32];
+
+/// 32 bytes derived from `seed` (a linear congruential generator). What `scribble` writes is
+/// their complement, which `snoop` never holds: a copy it finds was written by someone else.
+fn pattern(seed: u64) -> [u8; 32] {
+    let mut x = seed | 1;
+    std::array::from_fn(|_| {
+        x = x
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (x >> 56) as u8
+    })
+}
+
+/// Leaves the complement of the pattern of `seed` in the heap (`bytes` of it), the static
+/// data and the stack, then counts the copies its memory holds (so a test knows the scan
+/// sees them).
+fn scribble(seed: u64, bytes: u64) -> u64 {
+    let written = pattern(seed).map(|b| !b);
+    let heap: Vec<u8> = written
+        .iter()
+        .copied()
+        .cycle()
+        .take(usize::try_from(bytes).unwrap_or(usize::MAX))
+        .collect();
+    for (slot, byte) in STASH.iter().zip(written) {
+        slot.store(byte, Ordering::Relaxed);
+    }
+    let on_stack = black_box(written);
+    let found = copies_in_memory(&pattern(seed));
+    black_box((&heap, &on_stack));
+    found
+}
+
+/// Grows the memory by 8 MiB (fresh pages must be zeros too), then counts the places in
+/// the whole linear memory that hold the complement of `needle`.
+fn copies_in_memory(needle: &[u8; 32]) -> u64 {
+    #[cfg(target_arch = "wasm32")]
+    let end = {
+        core::arch::wasm32::memory_grow(0, 128);
+        core::arch::wasm32::memory_size(0) * 65536
+    };
+    #[cfg(not(target_arch = "wasm32"))]
+    let end = 0;
+    let mut found = 0;
+    // Address 0 is the null pointer: start past it.
+    for addr in 8..end.saturating_sub(needle.len()) {
+        // SAFETY: every address below the memory's size is mapped in a wasm32 instance.
+        let here = unsafe { std::slice::from_raw_parts(addr as *const u8, needle.len()) };
+        if here.iter().zip(needle).all(|(m, n)| *m == !*n) {
+            found += 1;
+        }
+    }
+    found
+}
 
 impl ToolPlugin for Adversary {
     fn tools() -> Vec<Tool> {
@@ -212,6 +279,10 @@ impl ToolPlugin for Adversary {
                 )
             })
             .collect()
+    }
+
+    fn has_tool(name: &str) -> bool {
+        TOOLS.iter().any(|(tool, _, _)| *tool == name)
     }
 
     fn call(name: &str, args: Value) -> Result<Value, ToolError> {
@@ -358,6 +429,11 @@ impl ToolPlugin for Adversary {
                 string(&args, "how")?,
             ),
             "counter" => Ok(json!(CALLS.fetch_add(1, Ordering::Relaxed) + 1)),
+            "scribble" => Ok(json!(scribble(
+                number(&args, "seed")?,
+                number(&args, "bytes")?
+            ))),
+            "snoop" => Ok(json!(copies_in_memory(&pattern(number(&args, "seed")?)))),
             "long_error" => Err(ToolError::Failed(
                 "x".repeat(usize::try_from(number(&args, "bytes")?).unwrap_or(usize::MAX)),
             )),
