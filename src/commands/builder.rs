@@ -72,6 +72,8 @@ pub struct BuilderArgs {
     #[command(flatten)]
     plugins: PluginDirs,
     #[command(flatten)]
+    mcp: super::McpConfigArg,
+    #[command(flatten)]
     pub(crate) cache: CacheArgs,
 }
 
@@ -130,6 +132,7 @@ pub async fn run(engine: impl FnOnce() -> Result<Engine>, args: BuilderArgs) -> 
         .with_providers(runtime.registry().llm_provider_ids());
     let mut template = StartOptions::new(RunOptions::default(), steps_llm);
     template.retry = retry;
+    template.mcp_config = Arc::new(super::mcp_config(&args.mcp, runtime.registry())?);
     let executions = Executions::new(runtime.clone(), template);
     let interactive = args.messages.is_empty();
     let observer = printer(interactive);
