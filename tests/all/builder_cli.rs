@@ -569,7 +569,16 @@ fn a_side_agent_works_with_the_modes_tools_and_its_answer_is_announced() {
 
     let out = builder(ws.path(), &["-m", "survey the plan in the background"]);
     assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
-    let started = result_of(&server.tool_results(1), "call-0");
+    // The session's second request (the side agent's may come before it) holds the answer.
+    let seen = server.seen();
+    let second = seen
+        .iter()
+        .position(|b| {
+            b["messages"][1]["content"] == "survey the plan in the background"
+                && b["messages"].as_array().unwrap().last().unwrap()["role"] == "tool"
+        })
+        .expect("the session's second request");
+    let started = result_of(&server.tool_results(second), "call-0");
     assert!(started.contains("bg-survey-1"), "{started}");
     // The side agent was offered the session's tools and read the plan with one.
     let side: Vec<Value> = server
@@ -592,4 +601,40 @@ fn a_side_agent_works_with_the_modes_tools_and_its_answer_is_announced() {
         "{}",
         stdout(&out)
     );
+}
+
+#[test]
+fn the_chat_reads_lines_and_slash_commands_from_its_input() {
+    use std::io::Write as _;
+
+    let ws = tempfile::tempdir().unwrap();
+    let server = scripted(vec![completion("Hello from the builder.", &[])]);
+    workspace(ws.path(), &server);
+    let mut chat = trellis_command(&["builder", ws.path().to_str().unwrap()])
+        .env("XDG_STATE_HOME", ws.path().join("state"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    chat.stdin
+        .take()
+        .unwrap()
+        .write_all(b"/mode ask\nhello\n/cost\n/executions\n/nonsense\n/quit\n")
+        .unwrap();
+    let out = chat.wait_with_output().unwrap();
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}\n{}", stderr(&out));
+    assert!(text.contains("mode: run"), "{text}");
+    assert!(text.contains("Hello from the builder."), "{text}");
+    assert!(text.contains("tokens 11 in / 7 out"), "{text}");
+    assert!(text.contains("\"executions\""), "{text}");
+    assert!(text.contains("unknown command /nonsense"), "{text}");
+    // The turn ran in the mode chosen with /mode, and the session kept it.
+    let system = server.seen()[0]["messages"][0]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(system.contains("Mode: run"), "{system}");
+    assert_eq!(conversation(ws.path())["workshop_mode"], "run");
 }

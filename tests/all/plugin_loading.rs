@@ -217,7 +217,7 @@ async fn a_nested_ref_schema_is_refused_at_load() {
 }
 
 #[tokio::test]
-async fn an_argument_check_past_the_deadline_is_given_up() {
+async fn a_deep_argument_check_ends_without_listing_every_failed_branch() {
     let dir = tempfile::tempdir().unwrap();
     tool_folder(dir.path(), "recursive", &hostile_component("recursive"));
     let mut registry = PluginRegistry::with_bundled(engine()).await.unwrap();
@@ -242,9 +242,11 @@ async fn an_argument_check_past_the_deadline_is_given_up() {
         .await
         .unwrap_err();
     assert!(started.elapsed() < Duration::from_secs(20));
+    // The yes/no check is quick; listing the problems of arguments this deep would build
+    // every failed branch (gigabytes, still growing after the deadline), so it is not done.
     assert_eq!(
         err.to_string(),
-        "recursive:tree: invalid arguments: checking them against the tool's schema did not finish within the call's deadline of 300ms"
+        "recursive:tree: invalid arguments: they do not match the tool's schema (they nest 30 levels deep; the problems are listed only for arguments up to 12 levels)"
     );
     // Shallow arguments are checked as usual.
     let err = registry

@@ -346,3 +346,53 @@ fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+#[test]
+fn a_connection_refused_for_a_moment_is_retried_until_the_server_is_up() {
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    workspace(dir.path(), &format!("http://127.0.0.1:{port}/v1"));
+    let child = support::trellis_command(&[
+        "run",
+        dir.path().to_str().unwrap(),
+        "--llm-retries",
+        "6",
+        "--llm-retry-delay",
+        "200",
+    ])
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    // The server comes up only once the step has started calling its model.
+    let session = dir
+        .path()
+        .join("runs/iteration-0/execution/answer/session.json");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !session.is_file() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the step never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let server = FaultServer::listen(TcpListener::bind(("127.0.0.1", port)).unwrap(), vec![]);
+    let out = child.wait_with_output().unwrap();
+    let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{all}");
+    assert!(
+        all.contains("refused"),
+        "no refused attempt before the server came up:\n{all}"
+    );
+    assert!(
+        text(&out.stdout).contains("step answer: completed"),
+        "{all}"
+    );
+    assert_eq!(
+        server.requests(),
+        1,
+        "only the attempt after it came up reached it"
+    );
+    assert_runs_parse(dir.path());
+}

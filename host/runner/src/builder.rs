@@ -3,6 +3,7 @@
 //!
 //! - [`agent`]: a session and its agent loop (one turn = LLM calls and the mode's tools
 //!   until a plain reply), side agents, completion turns.
+//! - [`side_agents`]: `run_in_background`, a side agent on a thread of its own.
 //! - [`persist`]: the conversation file of each session and the index of sessions.
 //! - [`costs`]: token usage and prices by phase, model, session and day.
 //! - [`prompt`]: the system prompt, made from the workspace at each turn.
@@ -25,6 +26,7 @@ pub mod modes;
 pub mod persist;
 pub mod prompt;
 pub mod reads;
+pub mod side_agents;
 pub mod tool;
 
 use std::path::Path;

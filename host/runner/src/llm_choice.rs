@@ -443,6 +443,41 @@ impl LlmSetup {
     }
 }
 
+/// One LLM call to `targets` (primary, then fallbacks, each with its `options`): under
+/// replay, the primary at the cassette's next position. An answered call goes to `recorder`.
+#[allow(clippy::too_many_arguments)]
+pub async fn complete(
+    registry: &trellis_sandbox::PluginRegistry,
+    targets: &[Target],
+    options: &[Option<Options>],
+    replay: Option<&ReplayCursor>,
+    recorder: Option<&Recorder>,
+    request: &trellis_sandbox::llm::Request,
+    retry: &trellis_sandbox::llm::RetryPolicy,
+    limits: &trellis_sandbox::Limits,
+) -> trellis_sandbox::llm::Completion {
+    let targets = match replay {
+        Some(cursor) => match (targets.first(), cursor.next_endpoint()) {
+            (Some(first), Ok(endpoint)) => vec![Target {
+                endpoint,
+                ..first.clone()
+            }],
+            _ => targets.to_vec(),
+        },
+        None => targets.to_vec(),
+    };
+    let completion = trellis_sandbox::llm::complete_with_options(
+        registry, &targets, options, request, retry, limits,
+    )
+    .await;
+    if let (Some(recorder), Ok(response)) = (recorder, &completion.result)
+        && let Err(e) = recorder.record(request, response)
+    {
+        tracing::error!("{e:#}");
+    }
+    completion
+}
+
 /// `<root>/cassettes/<model_id>.json`.
 pub fn cassette_path(root: &Path, model_id: &str) -> PathBuf {
     root.join(CASSETTES_DIR).join(format!("{model_id}.json"))

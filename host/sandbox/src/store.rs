@@ -18,7 +18,8 @@ use cap_std::ambient_authority;
 use cap_std::fs::Dir;
 
 /// Replaces the file the user named on the command line (a cassette to record: anywhere, not
-/// necessarily in a workspace) atomically: temp file beside it, flushed, renamed over it.
+/// necessarily in a workspace) atomically: temp file beside it, flushed, renamed over it,
+/// then the folder flushed.
 /// Files under a workspace go through [`WorkspaceFs`] instead.
 pub fn write_named_file_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     use std::io::Write;
@@ -34,7 +35,8 @@ pub fn write_named_file_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     tmp.write_all(bytes)?;
     tmp.as_file().sync_all()?;
     tmp.persist(path).map_err(|e| e.error)?;
-    Ok(())
+    // The rename survives a power loss once the folder's entries are on disk too.
+    std::fs::File::open(dir)?.sync_all()
 }
 
 /// Checks that `name` is a relative path that stays inside the folder it is resolved in:

@@ -5,29 +5,26 @@
 //! executions run inside it), re-reads the workspace at every turn, and writes its
 //! conversation, the index and the costs after every turn, synthetic ones included.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
 use super::costs::{self, Tally};
-use super::executions::{Executions, Finished};
+use super::executions::Executions;
 use super::modes::{self, CONFIG_TOOLS, FILE_TOOLS, Mode, PLAN_TOOLS, READ_TOOLS};
 use super::persist::{self, ConversationFile};
 use super::prompt::system_prompt;
+use super::side_agents::{RUN_IN_BACKGROUND, SideAgents, run_in_background_spec};
 use super::{
     BuilderEvent, BuilderObserver, PHASE_ID, ToolContext, ToolFailure, ToolSpec, edits, files,
     reads,
 };
 use crate::llm_choice::{LlmSetup, StepLlm};
-use crate::runtime::{ExecutionStatus, Runtime, WorkspaceHold};
+use crate::runtime::{Runtime, WorkspaceHold};
 use trellis_sandbox::Limits;
-use trellis_sandbox::llm::{
-    Message, Request, RetryPolicy, Target, ToolCall, Usage, complete_with_options,
-};
+use trellis_sandbox::llm::{Message, Request, RetryPolicy, ToolCall, Usage};
 use trellis_sandbox::plugins::PluginRegistry;
 use trellis_sandbox::store::{WorkspaceFs, now_rfc3339};
 use trellis_workflow::manifest::parse_manifest;
@@ -90,14 +87,6 @@ struct Agent {
     observer: BuilderObserver,
     session_id: String,
     side: Arc<SideAgents>,
-}
-
-/// Side agents started with `run_in_background`.
-#[derive(Debug, Default)]
-struct SideAgents {
-    next: AtomicU64,
-    running: Mutex<BTreeMap<String, std::thread::JoinHandle<()>>>,
-    finished: Mutex<Vec<Finished>>,
 }
 
 /// One builder session on one workspace.
@@ -367,8 +356,11 @@ impl Agent {
         let tools: Vec<_> = specs.iter().map(ToolSpec::definition).collect();
         let mut usage = Usage::default();
         let mut tool_calls = 0;
+        // Made once per turn, from the workspace as the turn finds it: what executions
+        // started in this turn do meanwhile is not the state the turn began in.
+        let system = system_prompt(&self.root, mode);
         for _ in 0..self.max_rounds {
-            let mut messages = vec![Message::system(system_prompt(&self.root, mode))];
+            let mut messages = vec![Message::system(system.clone())];
             messages.extend(history.iter().cloned());
             let request = Request {
                 model: primary.model.clone(),
@@ -429,34 +421,19 @@ impl Agent {
         llm: &StepLlm,
         request: &Request,
     ) -> Result<trellis_sandbox::llm::Response, String> {
-        let targets: Vec<Target> = match &llm.replay {
-            Some(cursor) => {
-                let endpoint = cursor.next_endpoint().map_err(|e| format!("{e:#}"))?;
-                let first = llm.targets[0].clone();
-                vec![Target { endpoint, ..first }]
-            }
-            None => llm.targets.clone(),
-        };
-        let completion = complete_with_options(
+        crate::llm_choice::complete(
             &self.registry,
-            &targets,
+            &llm.targets,
             &llm.options,
+            llm.replay.as_ref(),
+            self.llm.recorder().map(|r| r.as_ref()),
             request,
             &self.retry,
             &self.limits,
         )
-        .await;
-        match completion.result {
-            Ok(response) => {
-                if let Some(recorder) = self.llm.recorder()
-                    && let Err(e) = recorder.record(request, &response)
-                {
-                    tracing::error!("{e:#}");
-                }
-                Ok(response)
-            }
-            Err(e) => Err(e.to_string()),
-        }
+        .await
+        .result
+        .map_err(|e| e.to_string())
     }
 
     /// One tool call, never failing: what the model reads back.
@@ -517,114 +494,22 @@ impl Agent {
     /// `run_in_background(name, instruction)`: a side agent with the mode's tools, on a
     /// thread of its own; its end is announced like an execution's.
     fn start_side_agent(&self, mode: Mode, args: &Value) -> super::ToolResult {
+        super::reads::check_args(&run_in_background_spec(), args)?;
         let name = super::tool::str_arg(args, "name")?;
-        let instruction = super::tool::str_arg(args, "instruction")?;
-        let slug = slug(name);
-        if slug.is_empty() {
-            return Err(ToolFailure::new(
-                "argument \"name\": expected a short name with letters or digits",
-            ));
-        }
-        let n = self.side.next.fetch_add(1, Ordering::SeqCst) + 1;
-        let id = format!("bg-{slug}-{n}");
+        let instruction = super::tool::str_arg(args, "instruction")?.to_string();
         let agent = self.clone();
-        let instruction = instruction.to_string();
-        let thread_id = id.clone();
-        let handle = std::thread::Builder::new()
-            .name(format!("trellis-{id}"))
-            .spawn(move || {
-                let outcome = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .map_err(anyhow::Error::from)
-                    .and_then(|rt| {
-                        rt.block_on(async {
-                            let mut history = vec![Message::user(instruction)];
-                            agent.run_turn(mode, &mut history).await
-                        })
-                    });
-                let finished = match outcome {
-                    Ok((report, _)) if report.ended_normally => Finished {
-                        id: thread_id.clone(),
-                        status: ExecutionStatus::Done,
-                        summary: report.text,
-                    },
-                    Ok((report, _)) => Finished {
-                        id: thread_id.clone(),
-                        status: ExecutionStatus::Failed,
-                        summary: report.error.unwrap_or_default(),
-                    },
-                    Err(e) => Finished {
-                        id: thread_id.clone(),
-                        status: ExecutionStatus::Failed,
-                        summary: format!("{e:#}"),
-                    },
-                };
-                agent.side.finish(finished);
+        self.side.start(name, move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(async {
+                let mut history = vec![Message::user(instruction)];
+                agent
+                    .run_turn(mode, &mut history)
+                    .await
+                    .map(|(report, _)| report)
             })
-            .map_err(|e| ToolFailure::new(format!("starting the side agent: {e}")))?;
-        self.side
-            .running
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id.clone(), handle);
-        Ok(json!({"execution_id": id, "status": "running"}))
-    }
-}
-
-impl SideAgents {
-    fn finish(&self, finished: Finished) {
-        self.finished
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(finished);
-    }
-
-    fn take_finished(&self) -> Vec<Finished> {
-        let finished =
-            std::mem::take(&mut *self.finished.lock().unwrap_or_else(|e| e.into_inner()));
-        let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
-        for f in &finished {
-            running.remove(&f.id);
-        }
-        finished
-    }
-
-    fn running_ids(&self) -> Vec<String> {
-        let running = self.running.lock().unwrap_or_else(|e| e.into_inner());
-        running
-            .iter()
-            .filter(|(_, h)| !h.is_finished())
-            .map(|(id, _)| id.clone())
-            .collect()
-    }
-
-    async fn wait_all(&self) {
-        while !self.running_ids().is_empty() {
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
-    }
-}
-
-/// The name of the side-agent tool.
-pub const RUN_IN_BACKGROUND: &str = "run_in_background";
-
-/// The spec of `run_in_background`.
-pub fn run_in_background_spec() -> ToolSpec {
-    ToolSpec {
-        name: RUN_IN_BACKGROUND,
-        description: "Start a side agent with the same tools as you, on an instruction of its \
-             own. Returns {execution_id: \"bg-<name>-<n>\", status: \"running\"} at once; you \
-             get a message with its answer when it finishes.",
-        parameters: json!({
-            "type": "object",
-            "properties": {
-                "name": {"type": "string", "description": "A short name for it."},
-                "instruction": {"type": "string", "description": "What it should do."}
-            },
-            "required": ["name", "instruction"],
-            "additionalProperties": false
-        }),
+        })
     }
 }
 
@@ -737,23 +622,15 @@ fn new_session_id() -> String {
 }
 
 /// `YYYY-MM-DD` of an RFC 3339 time.
+/// The `YYYY-MM-DD` of a timestamp; today's when it has none (a planted `created_at` must not
+/// become a folder name).
 fn date_of(rfc3339: &str) -> String {
-    rfc3339.chars().take(10).collect()
-}
-
-fn slug(name: &str) -> String {
-    let mut out = String::new();
-    for c in name.chars() {
-        if c.is_ascii_alphanumeric() {
-            out.push(c.to_ascii_lowercase());
-        } else if !out.ends_with('-') && !out.is_empty() {
-            out.push('-');
-        }
-        if out.len() >= 32 {
-            break;
-        }
+    let date: String = rfc3339.chars().take(10).collect();
+    if persist::is_date(&date) {
+        date
+    } else {
+        now_rfc3339().chars().take(10).collect()
     }
-    out.trim_end_matches('-').to_string()
 }
 
 /// A line saying what a tool answered.

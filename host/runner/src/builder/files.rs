@@ -181,6 +181,30 @@ fn check_patch_names(patch: &str, target: &str) -> Result<(), ToolFailure> {
         .lines()
         .map(|l| l.strip_suffix('\r').unwrap_or(l))
         .collect();
+    // Git's extended headers can name other files (`rename to planning/plan.json`); the
+    // tool never renames or copies, so those are refused, and a `diff --git` line must name
+    // `target` on both sides.
+    for line in &lines {
+        let extended = [
+            "rename from ",
+            "rename to ",
+            "copy from ",
+            "copy to ",
+            "similarity index ",
+            "dissimilarity index ",
+        ]
+        .iter()
+        .any(|p| line.starts_with(p));
+        let git_names_other = line
+            .strip_prefix("diff --git ")
+            .is_some_and(|rest| rest != format!("a/{target} b/{target}"));
+        if extended || git_names_other {
+            return Err(ToolFailure::new(format!(
+                "refused: the patch line {line:?} renames, copies or names another file; \
+                 patch_workspace_file changes only the content of {target:?}"
+            )));
+        }
+    }
     let mut headers = 0;
     for pair in lines.windows(2) {
         let (Some(old), Some(new)) = (pair[0].strip_prefix("--- "), pair[1].strip_prefix("+++ "))
@@ -235,6 +259,17 @@ mod tests {
         let two = format!("{ok}{other}");
         assert!(check_patch_names(&two, "code/s/main.py").is_err());
         assert!(check_patch_names("@@ -1 +1 @@\n-a\n+b\n", "code/s/main.py").is_err());
+        let git = "diff --git a/code/s/main.py b/code/s/main.py\n";
+        assert!(check_patch_names(&format!("{git}{ok}"), "code/s/main.py").is_ok());
+        let renamed = format!(
+            "diff --git a/code/s/main.py b/planning/plan.json\nrename from code/s/main.py\n\
+             rename to planning/plan.json\n{ok}"
+        );
+        assert!(check_patch_names(&renamed, "code/s/main.py").is_err());
+        let created = format!("{git}new file mode 100644\n{new}");
+        assert!(check_patch_names(&created, "code/s/new.py").is_err());
+        let created = "diff --git a/code/s/new.py b/code/s/new.py\nnew file mode 100644\n";
+        assert!(check_patch_names(&format!("{created}{new}"), "code/s/new.py").is_ok());
     }
 
     #[test]

@@ -107,8 +107,46 @@ pub fn read_index(fs: &WorkspaceFs) -> Result<ChatIndex> {
     serde_json::from_str(&text).with_context(|| format!("{INDEX_FILE}: not a session index"))
 }
 
-/// Reads the conversation of session `id`, found through the index.
+/// Refuses a session id that is not a plain name (letters, digits, `-`, `_`): the id names
+/// the conversation file, so a path in it (`../../x`) must never reach a file name.
+pub fn check_session_id(id: &str) -> Result<()> {
+    let plain = !id.is_empty()
+        && id.len() <= 128
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    if !plain {
+        bail!("{id:?} is not a builder session id: letters, digits, '-' and '_' only");
+    }
+    Ok(())
+}
+
+/// A `YYYY-MM-DD` date, the only folder name under [`CONVERSATION_DIR`].
+pub fn is_date(text: &str) -> bool {
+    let b = text.as_bytes();
+    b.len() == 10
+        && b.iter().enumerate().all(|(i, c)| match i {
+            4 | 7 => *c == b'-',
+            _ => c.is_ascii_digit(),
+        })
+}
+
+/// Whether `file` (from the index, which a hostile workspace may have written) is the
+/// conversation file of session `id`: `builder/conversation/<date>/session-<id>-conversation.json`.
+fn is_conversation_file_of(file: &str, id: &str) -> bool {
+    let parts: Vec<&str> = file.split('/').collect();
+    let prefix: Vec<&str> = CONVERSATION_DIR.split('/').collect();
+    parts.len() == prefix.len() + 2
+        && parts[..prefix.len()] == prefix[..]
+        && is_date(parts[prefix.len()])
+        && parts[prefix.len() + 1] == format!("session-{id}-conversation.json")
+}
+
+/// Reads the conversation of session `id`, found through the index. The index is the
+/// workspace's (possibly planted): the id must be a plain name and the file the index names
+/// must be that session's conversation file under [`CONVERSATION_DIR`], else nothing is read.
 pub fn load(fs: &WorkspaceFs, id: &str) -> Result<ConversationFile> {
+    check_session_id(id)?;
     let index = read_index(fs)?;
     let Some(entry) = index.sessions.iter().find(|s| s.session_id == id) else {
         let known: Vec<&str> = index
@@ -125,6 +163,13 @@ pub fn load(fs: &WorkspaceFs, id: &str) -> Result<ConversationFile> {
             }
         );
     };
+    if !is_conversation_file_of(&entry.file, id) {
+        bail!(
+            "{INDEX_FILE}: session {id:?} names {:?}, which is not a conversation file \
+             (builder/conversation/<date>/session-{id}-conversation.json); it is not read",
+            entry.file
+        );
+    }
     let text = fs
         .read_to_string(&entry.file)
         .with_context(|| format!("reading {}", entry.file))?;

@@ -5,7 +5,8 @@
 //! - Nothing here writes to the workspace.
 //! - Workspace files are read under the secret rule of [`refusal_for`]: no hidden file or
 //!   folder (`.env`, `.git/`, `.ssh/`), no key- or credential-looking name, no `..`, no
-//!   absolute path, no symbolic link anywhere on the way (whether it leads out or not).
+//!   absolute path, no symbolic link anywhere on the way (whether it leads out or not), no
+//!   file with other hard links.
 //! - `query_database` runs on the connection guests' `workflow-db` calls get, opened
 //!   read-only, with the same fences ([`crate::db_tools`]).
 //! - Each call's arguments are checked against its JSON Schema before anything is read.
@@ -280,15 +281,41 @@ fn looks_secret(name: &str) -> bool {
         || PARTS.iter().any(|p| lower.contains(p))
 }
 
+/// Whether the regular file `rel` has more than one name: a hard link made to a file outside
+/// the workspace reads as a plain file, and the grant of its folder cannot tell.
+pub fn has_other_links(fs: &WorkspaceFs, rel: &Path) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::symlink_metadata(fs.host_path(rel)).is_ok_and(|m| m.nlink() > 1)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (fs, rel);
+        false
+    }
+}
+
 fn open_fs(ctx: &ToolContext<'_>) -> Result<WorkspaceFs, ToolFailure> {
     WorkspaceFs::open(ctx.root).map_err(|e| ToolFailure::new(e.to_string()))
 }
 
+/// The text of a workspace file, `Ok(None)` when it does not exist; a file with other hard
+/// links is refused ([`has_other_links`] says why).
+fn read_text(fs: &WorkspaceFs, rel: &str) -> std::io::Result<Option<String>> {
+    if fs.is_file(rel) && has_other_links(fs, Path::new(rel)) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            "refused: it has other hard links; a file linked from elsewhere (perhaps outside \
+             the workspace) is never read",
+        ));
+    }
+    fs.read_optional(rel)
+}
+
 /// A JSON file of the workspace: `Ok(None)` when it does not exist.
 fn read_json_file(fs: &WorkspaceFs, rel: &str) -> Result<Option<Value>, ToolFailure> {
-    let Some(text) = fs
-        .read_optional(rel)
-        .map_err(|e| ToolFailure::new(format!("{rel}: {e}")))?
+    let Some(text) = read_text(fs, rel).map_err(|e| ToolFailure::new(format!("{rel}: {e}")))?
     else {
         return Ok(None);
     };
@@ -468,7 +495,7 @@ fn read_step_config(ctx: &ToolContext<'_>, args: &Value) -> ToolResult {
 /// the diagnostics of both. `None` when either file has an error.
 fn merged_manifest(fs: &WorkspaceFs) -> (Option<WorkflowManifest>, Diagnostics) {
     let mut diags = Diagnostics::new();
-    let mut manifest = match fs.read_optional(WORKFLOW_FILE) {
+    let mut manifest = match read_text(fs, WORKFLOW_FILE) {
         Ok(None) => Some(WorkflowManifest::default()),
         Ok(Some(text)) => match trellis_workflow::manifest::parse_manifest(&text, WORKFLOW_FILE) {
             Ok((m, d)) => {
@@ -486,7 +513,7 @@ fn merged_manifest(fs: &WorkspaceFs) -> (Option<WorkflowManifest>, Diagnostics) 
         }
     };
     if let Some(m) = &mut manifest {
-        match fs.read_optional(VARIABLES_FILE) {
+        match read_text(fs, VARIABLES_FILE) {
             Ok(None) => {}
             Ok(Some(text)) => {
                 let d = trellis_workflow::manifest::merge_variables_file(&text, VARIABLES_FILE, m);

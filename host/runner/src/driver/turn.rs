@@ -18,9 +18,7 @@ use crate::session::{
 };
 use crate::steering::Phase;
 use trellis_sandbox::capabilities::DbWriteBudget;
-use trellis_sandbox::llm::{
-    Message, Options, Request, Target, ToolCall, ToolDefinition, complete_with_options,
-};
+use trellis_sandbox::llm::{Message, Options, Request, ToolCall, ToolDefinition};
 use trellis_workflow::plan::Step;
 use trellis_workflow::{AgentConfigs, Workspace};
 
@@ -90,31 +88,17 @@ impl StepRunner<'_> {
         models: &AgentModels,
         request: &Request,
     ) -> trellis_sandbox::llm::Completion {
-        let targets = match &models.replay {
-            Some(cursor) => match (models.targets.first(), cursor.next_endpoint()) {
-                (Some(first), Ok(endpoint)) => vec![Target {
-                    endpoint,
-                    ..first.clone()
-                }],
-                _ => models.targets.clone(),
-            },
-            None => models.targets.clone(),
-        };
-        let completion = complete_with_options(
+        crate::llm_choice::complete(
             self.registry,
-            &targets,
+            &models.targets,
             &models.options,
+            models.replay.as_ref(),
+            self.recorder.as_deref(),
             request,
             &self.retry,
             &self.limits,
         )
-        .await;
-        if let (Some(recorder), Ok(response)) = (&self.recorder, &completion.result)
-            && let Err(e) = recorder.record(request, response)
-        {
-            tracing::error!("{e:#}");
-        }
-        completion
+        .await
     }
 
     /// One turn: user message, then rounds of LLM call and tool calls until a plain reply.

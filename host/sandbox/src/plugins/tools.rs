@@ -173,10 +173,40 @@ mod checkers {
 /// Violations listed in an error at most; the rest are counted.
 const MAX_LISTED_PROBLEMS: usize = 20;
 
+/// Nesting past which the problems of invalid arguments are not listed: listing them builds
+/// every failed branch of every `anyOf`/`oneOf` on the way, which grows exponentially with
+/// the depth (gigabytes for a 28-deep tree under a two-branch recursive schema).
+const MAX_LISTED_DEPTH: usize = 12;
+
+fn depth(value: &serde_json::Value) -> usize {
+    let mut deepest = 0;
+    let mut stack = vec![(value, 1)];
+    while let Some((v, d)) = stack.pop() {
+        deepest = deepest.max(d);
+        match v {
+            serde_json::Value::Array(items) => stack.extend(items.iter().map(|i| (i, d + 1))),
+            serde_json::Value::Object(fields) => stack.extend(fields.values().map(|f| (f, d + 1))),
+            _ => {}
+        }
+    }
+    deepest
+}
+
 fn check_arguments(
     validator: &jsonschema::Validator,
     args: &serde_json::Value,
 ) -> Result<(), String> {
+    // The yes/no check allocates nothing per branch; only invalid arguments are explained.
+    if validator.is_valid(args) {
+        return Ok(());
+    }
+    let nesting = depth(args);
+    if nesting > MAX_LISTED_DEPTH {
+        return Err(format!(
+            "they do not match the tool's schema (they nest {nesting} levels deep; the \
+             problems are listed only for arguments up to {MAX_LISTED_DEPTH} levels)"
+        ));
+    }
     let mut problems = Vec::new();
     let mut more = 0;
     for err in validator.iter_errors(args) {

@@ -18,7 +18,8 @@
 //!   block on a read; reads are capped ([`READ_CAP`]).
 //! - **Atomic writes.** A write goes to a temp file beside its target, is flushed to disk and
 //!   renamed over it, so a crash never leaves a truncated file and a link or FIFO at the
-//!   target is never written through.
+//!   target is never written through. The folder is flushed after every rename (of a write
+//!   or of [`WorkspaceFs::rename`]), so a power loss does not undo it either.
 //! - **Removals** never follow a link: removing a link removes the link.
 
 use std::io::{self, Read, Write};
@@ -297,7 +298,8 @@ impl WorkspaceFs {
         }
     }
 
-    /// Creates the folder `path` and its parents; refuses a link or a file on the way.
+    /// Creates the folder `path` and its parents, flushing each new entry to disk; refuses a
+    /// link or a file on the way.
     pub fn create_dir_all(&self, path: impl AsRef<Path>) -> io::Result<()> {
         let rel = self.relative(path.as_ref())?;
         match self.check(&rel)? {
@@ -307,17 +309,35 @@ impl WorkspaceFs {
                 shown(&rel)
             ))),
             None if rel.as_os_str().is_empty() => Ok(()),
-            None => self.dir.create_dir_all(&rel),
+            None => {
+                // The folders made here must survive a power loss with what is written into
+                // them: each new folder's entry is flushed in its parent, from the deepest
+                // folder that was already there down.
+                let mut base = rel.parent().unwrap_or(Path::new(""));
+                while !base.as_os_str().is_empty() && self.kind_rel(base)?.is_none() {
+                    base = base.parent().unwrap_or(Path::new(""));
+                }
+                self.dir.create_dir_all(&rel)?;
+                let mut folder = base.to_path_buf();
+                self.sync_dir(&folder)?;
+                for c in rel.strip_prefix(base).unwrap_or(&rel).components() {
+                    folder.push(c);
+                    if folder != rel {
+                        self.sync_dir(&folder)?;
+                    }
+                }
+                Ok(())
+            }
         }
     }
 
     /// Creates the folder `path`, whose parent must exist; `AlreadyExists` when it does.
     pub fn create_dir(&self, path: impl AsRef<Path>) -> io::Result<()> {
         let rel = self.relative(path.as_ref())?;
-        if let Some(parent) = rel.parent() {
-            self.check(parent)?;
-        }
-        self.dir.create_dir(&rel)
+        let parent = rel.parent().unwrap_or(Path::new(""));
+        self.check(parent)?;
+        self.dir.create_dir(&rel)?;
+        self.sync_dir(parent)
     }
 
     /// Removes `path`: a folder with everything in it, a file, or a link (the link itself,
@@ -362,7 +382,33 @@ impl WorkspaceFs {
         let to = self.relative(to.as_ref())?;
         self.check(&from)?;
         self.check(&to)?;
-        self.dir.rename(&from, &self.dir, &to)
+        self.dir.rename(&from, &self.dir, &to)?;
+        let from_parent = from.parent().unwrap_or(Path::new(""));
+        let to_parent = to.parent().unwrap_or(Path::new(""));
+        self.sync_dir(to_parent)?;
+        if from_parent != to_parent {
+            self.sync_dir(from_parent)?;
+        }
+        Ok(())
+    }
+
+    /// Flushes the entries of the folder `rel` to disk, so that a rename into it (or out of
+    /// it) survives a power loss: `fsync` of the file only makes its bytes durable, not the
+    /// name that points at them.
+    fn sync_dir(&self, rel: &Path) -> io::Result<()> {
+        let rel = if rel.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            rel
+        };
+        self.dir
+            .open_with(
+                rel,
+                OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW),
+            )?
+            .sync_all()
     }
 
     /// The entries of the folder `path`: name and kind (links are reported as links).
@@ -396,7 +442,8 @@ impl WorkspaceFs {
     }
 
     /// Replaces `path` with `bytes` atomically: a temp file beside it, flushed to disk, then
-    /// renamed over it. Parent folders are created; a link on the way or at `path` is refused.
+    /// renamed over it, and the folder flushed so the rename survives a power loss. Parent
+    /// folders are created; a link on the way or at `path` is refused.
     pub fn write_atomic(&self, path: impl AsRef<Path>, bytes: &[u8]) -> io::Result<()> {
         let rel = self.relative(path.as_ref())?;
         let Some(name) = rel.file_name() else {
@@ -426,7 +473,8 @@ impl WorkspaceFs {
             )?;
             file.write_all(bytes)?;
             file.sync_all()?;
-            self.dir.rename(&tmp, &self.dir, parent.join(name))
+            self.dir.rename(&tmp, &self.dir, parent.join(name))?;
+            self.sync_dir(parent)
         })();
         if result.is_err() {
             let _ = self.dir.remove_file(&tmp);
@@ -517,6 +565,22 @@ mod tests {
         assert_eq!(fs.read_to_string("a/b.json").unwrap(), "[]\n");
         let names: Vec<_> = fs.list("a").unwrap();
         assert_eq!(names, [("b.json".to_string(), Kind::File)]);
+    }
+
+    #[test]
+    fn folders_are_flushed_at_the_root_and_below() {
+        // The folder flushes after a rename and after creating folders open what they flush
+        // by relative path: the workspace itself (`.`), new and existing folders.
+        let (ws, _o, fs) = setup();
+        fs.write_atomic("top.json", b"{}").unwrap();
+        std::fs::create_dir(ws.path().join("old")).unwrap();
+        fs.create_dir_all("old/new/deeper").unwrap();
+        fs.write_atomic("old/new/deeper/x", b"x").unwrap();
+        fs.rename("old/new/deeper/x", "y").unwrap();
+        fs.rename("old", "moved").unwrap();
+        fs.create_dir("moved/made").unwrap();
+        assert_eq!(fs.read("y").unwrap(), b"x");
+        assert!(fs.is_dir("moved/new/deeper") && fs.is_dir("moved/made"));
     }
 
     #[test]

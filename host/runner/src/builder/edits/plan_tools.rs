@@ -837,7 +837,7 @@ pub(super) fn migrate(root: &Path, args: &Value) -> ToolResult {
                 "the migration was written but its changelog entry was not: {e}"
             ))
         })?;
-        logged = json!(log.to_string_lossy().replace('\\', "/"));
+        logged = json!(format!("{}/", super::changelog::CHANGELOG_DIR));
     }
     Ok(json!({
         "ok": true,

@@ -6,6 +6,7 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
+use super::super::reads::{has_other_links, refusal_for};
 use super::super::tool::{opt_str_arg, str_arg};
 use super::super::{ToolFailure, ToolResult};
 use super::tracked::{Shared, cut};
@@ -151,16 +152,20 @@ fn learnings(fs: &WorkspaceFs, step_id: &str) -> Value {
     json!({"folder": dir.to_string_lossy(), "files": shown, "total_files": files.len()})
 }
 
-/// The files under `dir` (links neither listed nor followed).
+/// The files under `dir` (links neither listed nor followed), under the read set's rules:
+/// no hidden or secret-looking file or folder, no file with other hard links.
 fn collect(fs: &WorkspaceFs, dir: &Path, out: &mut Vec<std::path::PathBuf>) {
     let Ok(entries) = fs.list(dir) else {
         return;
     };
     for (name, kind) in entries {
         let path = dir.join(name);
+        if refusal_for(&path).is_some() {
+            continue;
+        }
         match kind {
             Kind::Dir => collect(fs, &path, out),
-            Kind::File => out.push(path),
+            Kind::File if !has_other_links(fs, &path) => out.push(path),
             _ => {}
         }
     }

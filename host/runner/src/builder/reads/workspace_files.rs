@@ -5,7 +5,9 @@
 //! path: no `..`, not absolute, not hidden or secret-looking ([`super::refusal_for`]), no
 //! symbolic link on the way or at the file. The grant cannot say "this folder but not its
 //! `.env`", so the secret rule is the host's; the grant keeps the plugin read-only and inside
-//! that one folder, so a link swapped in after the check still cannot lead out.
+//! that one folder, so a link swapped in after the check still cannot lead out. A file with
+//! other hard links is refused too: one may be a name made for a file outside the workspace,
+//! which no grant can tell from a file of the workspace.
 //!
 //! Listing goes through [`WorkspaceFs`] instead of the plugin's `list_dir`: the plugin's
 //! recursive listing descends into hidden folders (`.git/` alone can spend its whole entry
@@ -21,7 +23,9 @@ use trellis_sandbox::Grant;
 use trellis_sandbox::capabilities::resolve_in_root;
 use trellis_sandbox::store::{Kind, WorkspaceFs};
 
-use super::{ToolContext, ToolFailure, ToolResult, open_fs, refusal_for, relative_path};
+use super::{
+    ToolContext, ToolFailure, ToolResult, has_other_links, open_fs, refusal_for, relative_path,
+};
 
 /// The deepest `max_depth` of a listing.
 pub const MAX_DEPTH: u64 = 8;
@@ -47,6 +51,11 @@ fn check_readable(fs: &WorkspaceFs, rel: &Path) -> Result<Option<Kind>, ToolFail
         ))),
         Ok(Some(Kind::Special)) => Err(ToolFailure::new(format!(
             "refused: {} is not a regular file (a FIFO, socket or device)",
+            shown(rel)
+        ))),
+        Ok(Some(Kind::File)) if has_other_links(fs, rel) => Err(ToolFailure::new(format!(
+            "refused: {} has other hard links; a file linked from elsewhere (perhaps outside \
+             the workspace) is never read",
             shown(rel)
         ))),
         Ok(kind) => Ok(kind),
