@@ -106,16 +106,22 @@ fn validate_rejects_legacy_code_items_naming_the_migration() {
 }
 
 #[test]
-fn validate_refuses_a_foreach_message_whose_action_is_left_open() {
+fn validate_refuses_foreach_messages_the_template_parser_hangs_or_panics_on() {
     // The template parser's lexer sent tokens for ever on these (an action still open at the
     // end of the message; found by the `plan` fuzz target): `validate` never returned and its
-    // memory grew. A non-ASCII character inside an action made that lexer panic.
+    // memory grew. A non-ASCII character inside an action made that lexer panic, and some
+    // escapes its parser, on validate's own thread.
     for (message, expected) in [
         ("Review finding {{.iproof.json.", "is not closed by `}}`"),
         ("Review finding {{ ", "is not closed by `}}`"),
         (
             "Review finding {{.id}} {{ é}}",
             "is not supported outside a quoted string",
+        ),
+        // A raw string ending in `\` made the parser panic (the `foreach_template` target).
+        (
+            "Review finding {{`a\\`}}",
+            "is not supported: a `\\` at the end",
         ),
     ] {
         let ws = workspace();

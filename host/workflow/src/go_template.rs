@@ -7,7 +7,8 @@
 //! returns while memory grows. After a character of several bytes it lands inside that
 //! character and the thread panics. Both happen only where Go would report an error or where
 //! a non-ASCII character stands outside the string literals of an action, so such templates
-//! are refused here, with a message, before gtmpl sees them.
+//! are refused here, with a message, before gtmpl sees them. Its parser unquotes string
+//! literals by byte offsets too: the escapes it would panic or loop on are refused as well.
 
 use gtmpl::Template;
 
@@ -82,6 +83,7 @@ fn action_end(source: &str, open: usize, mut at: usize) -> Result<usize, String>
                 // A literal; gtmpl reads it a character at a time, whatever they are, and
                 // (unlike Go) takes a `\` after a `\` as escaping the next one too.
                 let mut escaped = false;
+                let content = at;
                 loop {
                     let d = source[at..].chars().next().ok_or_else(unclosed)?;
                     at += d.len_utf8();
@@ -91,6 +93,7 @@ fn action_end(source: &str, open: usize, mut at: usize) -> Result<usize, String>
                         _ => escaped = false,
                     }
                 }
+                check_escapes(&source[content..at - 1], content)?;
             }
             c if !c.is_ascii() => {
                 return Err(format!(
@@ -102,6 +105,46 @@ fn action_end(source: &str, open: usize, mut at: usize) -> Result<usize, String>
             _ => {}
         }
     }
+}
+
+/// gtmpl unquotes a literal (a raw one too) by byte offsets from its first `\\` on: a
+/// non-ASCII character there or a `\\` at the end made it panic, and a `\\x` or `\\u` with
+/// too few characters after it made it loop for ever.
+fn check_escapes(content: &str, offset: usize) -> Result<(), String> {
+    let Some(first) = content.find('\\') else {
+        return Ok(());
+    };
+    let refuse = |what: &str| -> Result<(), String> {
+        Err(format!(
+            "byte {}: the string `{content}` is not supported: {what}",
+            offset + first
+        ))
+    };
+    let tail = content[first..].as_bytes();
+    if !tail.is_ascii() {
+        return refuse("a non-ASCII character after a `\\` escape");
+    }
+    let mut i = 0;
+    while i < tail.len() {
+        if tail[i] != b'\\' {
+            i += 1;
+            continue;
+        }
+        let needs = match tail.get(i + 1) {
+            Some(b'x') => 4,
+            Some(b'u') => 6,
+            _ => 2,
+        };
+        if tail.len() - i < needs {
+            return refuse(if needs == 2 {
+                "a `\\` at the end"
+            } else {
+                "an escape cut short by the end of the string"
+            });
+        }
+        i += 2;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -149,6 +192,28 @@ mod tests {
                 .err()
                 .unwrap_or_else(|| panic!("{source} parsed"));
             assert!(e.contains("not supported"), "{source}: {e}");
+        }
+    }
+
+    #[test]
+    fn escapes_gtmpl_would_panic_or_loop_on_are_refused() {
+        // Found by the fuzz target `foreach_template`: a raw string ending in `\` panicked
+        // inside the parser, on the caller's thread.
+        for source in [
+            "{{` .p}}}} {{.000\\` .p.p}} s",
+            "{{`\\`}}",
+            "{{\"\\x4\"}}",
+            "{{\"\\u12\"}}",
+            "{{\"\\né\"}}",
+            "{{\"\\x41é\"}}",
+        ] {
+            let e = parse(source)
+                .err()
+                .unwrap_or_else(|| panic!("{source} parsed"));
+            assert!(e.contains("is not supported"), "{source}: {e}");
+        }
+        for source in ["{{\"é\\n\"}}", "{{\"\\x41 \\t\"}}", "{{`a\\\\`}}"] {
+            assert!(parse(source).is_ok(), "{source}: {:?}", parse(source).err());
         }
     }
 
