@@ -106,6 +106,45 @@ fn validate_rejects_legacy_code_items_naming_the_migration() {
 }
 
 #[test]
+fn validate_refuses_foreach_messages_the_template_parser_hangs_or_panics_on() {
+    // The template parser's lexer sent tokens for ever on these (an action still open at the
+    // end of the message; found by the `plan` fuzz target): `validate` never returned and its
+    // memory grew. A non-ASCII character inside an action made that lexer panic, and some
+    // escapes its parser, on validate's own thread.
+    for (message, expected) in [
+        ("Review finding {{.iproof.json.", "is not closed by `}}`"),
+        ("Review finding {{ ", "is not closed by `}}`"),
+        (
+            "Review finding {{.id}} {{ é}}",
+            "is not supported outside a quoted string",
+        ),
+        // A raw string ending in `\` made the parser panic (the `foreach_template` target).
+        (
+            "Review finding {{`a\\`}}",
+            "is not supported: a `\\` at the end",
+        ),
+    ] {
+        let ws = workspace();
+        edit_json(&ws.path().join("planning/plan.json"), |plan| {
+            plan["steps"][2]["items"][1]["message"] = json!(message);
+        });
+        let out = trellis(&["validate", ws.path().to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(1), "{message}");
+        let stdout = text(&out.stdout);
+        assert!(
+            stdout.contains("steps[2].items[1].message") && stdout.contains(expected),
+            "{message}: {stdout}"
+        );
+        assert!(stdout.ends_with(": 1 error, 0 warnings\n"), "{stdout}");
+        assert!(
+            !text(&out.stderr).contains("panicked"),
+            "{}",
+            text(&out.stderr)
+        );
+    }
+}
+
+#[test]
 fn check_runs_the_gate_prints_each_check_and_writes_the_report() {
     let ws = workspace();
     let root = ws.path().to_str().unwrap();

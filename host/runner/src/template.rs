@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use anyhow::{Result, anyhow};
 use gtmpl::{Context, Template, Value as TValue};
 use serde_json::{Map, Value};
+use trellis_workflow::go_template;
 use trellis_workflow::template_fields::field_chains;
 
 /// What Go (and gtmpl) print for a missing map key.
@@ -28,8 +29,7 @@ pub struct MessageTemplate {
 impl MessageTemplate {
     /// Parses the `message` of foreach item `item_id`. A syntax error names the item.
     pub fn parse(item_id: &str, source: &str) -> Result<Self> {
-        let mut template = Template::default();
-        template.parse(source).map_err(|e| {
+        let template = go_template::parse(source).map_err(|e| {
             anyhow!("foreach item {item_id:?}: the message is not a valid Go template: {e}")
         })?;
         Ok(MessageTemplate {

@@ -20,7 +20,6 @@ mod validate;
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -488,26 +487,12 @@ async fn list_tools(plugin: &Plugin, engine: &Engine) -> Result<Vec<ToolSpec>> {
                 info.description.len()
             );
         }
-        let schema: serde_json::Value = serde_json::from_str(&info.input_schema)
-            .with_context(|| format!("list-tools: tool `{name}`: input-schema is not JSON"))?;
-        if schema.get("type").and_then(|t| t.as_str()) != Some("object") {
-            bail!("list-tools: tool `{name}`: input-schema must have \"type\": \"object\"");
-        }
-        schema::check_bounds(&info.input_schema, &schema)
-            .map_err(|e| anyhow::anyhow!("list-tools: tool `{name}`: {e}"))?;
-        let validator = jsonschema::validator_for(&schema)
-            .map_err(|e| anyhow::anyhow!("list-tools: tool `{name}`: invalid input-schema: {e}"))?;
-        tools.push(ToolSpec {
-            name,
-            description: info.description,
-            input_schema: schema,
-            read_only: info.hints.read_only,
-            destructive: info.hints.destructive,
-            idempotent: info.hints.idempotent,
-            inline_check: !info.input_schema.contains("\"$ref\"")
-                && !info.input_schema.contains("\"$dynamicRef\""),
-            validator: Arc::new(validator),
-        });
+        let mut tool = ToolSpec::new(name, info.description, &info.input_schema)
+            .map_err(|e| anyhow::anyhow!("list-tools: {e}"))?;
+        tool.read_only = info.hints.read_only;
+        tool.destructive = info.hints.destructive;
+        tool.idempotent = info.hints.idempotent;
+        tools.push(tool);
     }
     Ok(tools)
 }

@@ -7,6 +7,7 @@
 
 pub mod diagnostics;
 pub mod foreach_sql;
+pub mod go_template;
 pub mod json_schema;
 pub mod manifest;
 pub mod migrate;

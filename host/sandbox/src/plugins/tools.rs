@@ -50,6 +50,34 @@ fn at_most_values(value: &serde_json::Value, max: usize) -> bool {
 }
 
 impl ToolSpec {
+    /// A tool as a plugin lists it, without hints: `input_schema` (JSON text) must be a JSON
+    /// Schema of `"type": "object"` within the bounds of [`super::schema::check_bounds`];
+    /// it is compiled once here. The error names the tool.
+    pub fn new(name: String, description: String, input_schema: &str) -> Result<ToolSpec, String> {
+        let schema: serde_json::Value = serde_json::from_str(input_schema)
+            .map_err(|e| format!("tool `{name}`: input-schema is not JSON: {e}"))?;
+        if schema.get("type").and_then(|t| t.as_str()) != Some("object") {
+            return Err(format!(
+                "tool `{name}`: input-schema must have \"type\": \"object\""
+            ));
+        }
+        super::schema::check_bounds(input_schema, &schema)
+            .map_err(|e| format!("tool `{name}`: {e}"))?;
+        let validator = jsonschema::validator_for(&schema)
+            .map_err(|e| format!("tool `{name}`: invalid input-schema: {e}"))?;
+        Ok(ToolSpec {
+            name,
+            description,
+            input_schema: schema,
+            read_only: false,
+            destructive: false,
+            idempotent: false,
+            inline_check: !input_schema.contains("\"$ref\"")
+                && !input_schema.contains("\"$dynamicRef\""),
+            validator: Arc::new(validator),
+        })
+    }
+
     /// Checks `args` against the schema; every violation is listed, each with its JSON pointer.
     pub fn check_arguments(&self, args: &serde_json::Value) -> Result<(), String> {
         check_arguments(&self.validator, args)

@@ -268,7 +268,7 @@ pub(super) fn parse_item(
             let source_sql = obj.req_str(ctx, "source_sql", "read-only SQL against db/db.sqlite");
             let message = obj.req_str(ctx, "message", "the message template rendered per row");
             if let Some(message) = &message
-                && let Err(e) = gtmpl::Template::default().parse(message)
+                && let Err(e) = crate::go_template::parse(message)
             {
                 ctx.error(
                     &obj.path().key("message"),
