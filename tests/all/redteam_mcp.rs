@@ -215,6 +215,7 @@ fn serve_arguments_cannot_widen_the_grant() {
         "/private/key.txt",
         "/notes/link",
         "/notes/abs",
+        "/notes/hard",
         "/../outside.txt",
     ] {
         serve.call(
