@@ -10,7 +10,8 @@
 //!
 //! Over HTTP the server answers at `/mcp` only. It keeps rmcp's `Host` check against DNS
 //! rebinding, and when a bearer token is set (required off loopback) a request without it
-//! is refused before anything else looks at it.
+//! is refused before anything else looks at it. A request body is capped (rmcp's 4 MiB), and
+//! a connection that does not finish its headers within [`HEADER_READ_TIMEOUT`] is closed.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -33,6 +34,10 @@ pub const NAME_SEPARATOR: &str = "__";
 
 /// The path the HTTP transport answers at.
 pub const HTTP_PATH: &str = "/mcp";
+
+/// How long a connection may take to send a request's headers before it is closed, so a
+/// client that trickles them (slowloris) cannot hold connections open for ever.
+pub const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// What the server offers and with which grant; cheap to clone (one per HTTP session).
 #[derive(Clone)]
@@ -302,6 +307,8 @@ impl HttpServer {
                     }
                 });
                 let connection = hyper::server::conn::http1::Builder::new()
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .header_read_timeout(HEADER_READ_TIMEOUT)
                     .serve_connection(hyper_util::rt::TokioIo::new(stream), handler);
                 tokio::select! {
                     result = connection => {

@@ -185,7 +185,13 @@ impl McpServers {
     }
 
     /// Calls tool `full_name` (`KEY:TOOL`) with `args`: the text of its result, or its error.
-    pub async fn call(&self, full_name: &str, args: Value) -> Result<Value, String> {
+    /// A result (or error) longer than `max_bytes` is refused, as a plugin's larger output is.
+    pub async fn call(
+        &self,
+        full_name: &str,
+        args: Value,
+        max_bytes: usize,
+    ) -> Result<Value, String> {
         let (server, tool) = full_name
             .split_once(':')
             .ok_or_else(|| format!("{full_name:?} names no server"))?;
@@ -226,6 +232,12 @@ impl McpServers {
             (true, Some(structured)) => structured.to_string(),
             _ => parts.join("\n"),
         };
+        if text.len() > max_bytes {
+            return Err(format!(
+                "MCP server {server:?}: its result of {} bytes is larger than the limit of {max_bytes} bytes",
+                text.len()
+            ));
+        }
         if result.is_error == Some(true) {
             Err(text)
         } else {

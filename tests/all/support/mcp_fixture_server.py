@@ -44,6 +44,16 @@ def fail() -> str:
     raise ValueError("the fixture tool failed on purpose")
 
 
+@server.tool(description="A result of `size` bytes.")
+def huge(size: int) -> str:
+    return "x" * size
+
+
+@server.tool(description="Exits the server in the middle of the call.")
+def die() -> str:
+    os._exit(3)
+
+
 if opts.http:
     server.run("streamable-http", host="127.0.0.1", port=opts.http)
 else:

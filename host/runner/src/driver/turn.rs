@@ -405,7 +405,8 @@ impl StepRunner<'_> {
             Ok(a) if let Some((mcp, key)) = external => {
                 let tool = call.name.split_once(':').map_or("", |(_, t)| t);
                 if policy.plugins.names_server(key) && policy.plugins.allows(key, tool) {
-                    mcp.call(&call.name, a.clone()).await
+                    mcp.call(&call.name, a.clone(), self.limits.output_bytes)
+                        .await
                 } else {
                     Err(format!(
                         "tool {:?} is not available in this step",

@@ -1,0 +1,809 @@
+//! Attacks on the two MCP capabilities, as a hostile party would make them.
+//!
+//! `trellis mcp serve`: a client (or a web page) that tries to widen the operator's grant with
+//! the arguments it sends, to call a tool not offered, to get past the bearer token or the
+//! Host and Origin checks, to hold the server with huge or nested bodies and trickled
+//! headers, and to cancel another client's call. External MCP servers: a workspace that
+//! names paths and commands as servers, and a hostile server that answers with a huge
+//! result or dies in the middle of a call. Each attack asserts the denial and that nothing
+//! outside the grant changed.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::support::fake_llm::{FakeServer, completion, result_of};
+use crate::support::mcp_fixture;
+use crate::support::{self, tree_digest, trellis_command};
+
+const SECRET: &str = "the-secret-42";
+
+/// A tree with a read-only `shared`, a read-write `notes` holding links planted by someone
+/// outside (to the secret beside it, to a file outside ROOT, and a hard link to a read-only
+/// file), a `private` folder and a file outside ROOT.
+struct Tree {
+    dir: tempfile::TempDir,
+}
+
+impl Tree {
+    fn new() -> Tree {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        for sub in ["shared", "private", "notes"] {
+            std::fs::create_dir_all(root.join(sub)).unwrap();
+        }
+        std::fs::write(root.join("shared/notes.md"), "granted notes\n").unwrap();
+        std::fs::write(root.join("private/key.txt"), SECRET).unwrap();
+        std::fs::write(dir.path().join("outside.txt"), SECRET).unwrap();
+        std::os::unix::fs::symlink("../private/key.txt", root.join("notes/link")).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("outside.txt"), root.join("notes/abs")).unwrap();
+        std::fs::hard_link(root.join("shared/notes.md"), root.join("notes/hard")).unwrap();
+        support::plugin_folder(
+            &dir.path().join("plugins"),
+            "adversary",
+            "adversary",
+            "tool",
+        );
+        Tree { dir }
+    }
+
+    fn root(&self) -> PathBuf {
+        self.dir.path().join("root")
+    }
+
+    fn plugins(&self) -> PathBuf {
+        self.dir.path().join("plugins")
+    }
+
+    /// Everything outside the read-write grant, whose entries may change.
+    fn outside_grant(&self) -> Vec<(String, String)> {
+        tree_digest(self.dir.path())
+            .into_iter()
+            .filter(|(k, _)| !k.starts_with("root/notes"))
+            .collect()
+    }
+}
+
+fn cache_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("component-cache")
+}
+
+/// `trellis mcp serve` over stdio, spoken to line by line.
+struct StdioServe {
+    child: Child,
+    stdin: ChildStdin,
+    lines: mpsc::Receiver<String>,
+    next_id: u64,
+}
+
+impl StdioServe {
+    fn start(tree: &Tree, extra: &[&str]) -> StdioServe {
+        let (root, plugins) = (tree.root(), tree.plugins());
+        let mut args = vec![
+            "mcp",
+            "serve",
+            "--root",
+            root.to_str().unwrap(),
+            "--read",
+            "shared",
+            "--write",
+            "notes",
+        ];
+        args.extend_from_slice(extra);
+        args.extend(["--plugins", plugins.to_str().unwrap()]);
+        let mut child = trellis_command(&args)
+            .env("TRELLIS_CACHE_DIR", cache_dir())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in stdout.lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut serve = StdioServe {
+            child,
+            stdin,
+            lines,
+            next_id: 1,
+        };
+        let init = serve.request(
+            "initialize",
+            json!({"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "redteam", "version": "1"}}),
+        );
+        assert_eq!(init["result"]["serverInfo"]["name"], "trellis", "{init}");
+        serve.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}).to_string());
+        serve
+    }
+
+    fn send(&mut self, line: &str) {
+        writeln!(self.stdin, "{line}").unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    fn request(&mut self, method: &str, params: Value) -> Value {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.send(
+            &json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string(),
+        );
+        loop {
+            // A generous bound that only a server that stopped answering reaches.
+            let line = self
+                .lines
+                .recv_timeout(Duration::from_secs(120))
+                .expect("the server answered");
+            let Ok(message) = serde_json::from_str::<Value>(&line) else {
+                continue;
+            };
+            if message["id"] == json!(id) {
+                return message;
+            }
+        }
+    }
+
+    fn call(&mut self, name: &str, arguments: Value) -> Value {
+        self.request("tools/call", json!({"name": name, "arguments": arguments}))
+    }
+}
+
+impl Drop for StdioServe {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Whether an answer is a denial: a protocol error or a result with `isError`.
+fn denied(answer: &Value) -> bool {
+    answer.get("error").is_some() || answer["result"]["isError"] == json!(true)
+}
+
+#[test]
+fn serve_arguments_cannot_widen_the_grant() {
+    let tree = Tree::new();
+    let before = tree.outside_grant();
+    let mut serve = StdioServe::start(&tree, &[]);
+    let long = format!("shared/{}", "a".repeat(100_000));
+    let climb = format!("shared/{}outside.txt", "../".repeat(2_000));
+    let reads = [
+        "/private/key.txt",
+        "/shared/../private/key.txt",
+        "private/key.txt",
+        "../outside.txt",
+        "shared/notes.md\0/../../private/key.txt",
+        "notes/link",
+        "notes/abs",
+        "shared\\..\\private\\key.txt",
+        long.as_str(),
+        climb.as_str(),
+    ];
+    for path in reads {
+        let answer = serve.call("workspace__read_file", json!({"path": path}));
+        let shown: String = path.chars().take(60).collect();
+        assert!(denied(&answer), "read {shown:?}: {answer}");
+        assert!(
+            !answer.to_string().contains(SECRET),
+            "read {shown:?}: {answer}"
+        );
+    }
+    // The guest reads absolute paths itself: the grant still holds.
+    for path in [
+        "/private/key.txt",
+        "/notes/link",
+        "/notes/abs",
+        "/../outside.txt",
+    ] {
+        let answer = serve.call("adversary__read", json!({"path": path}));
+        assert!(!answer.to_string().contains(SECRET), "{path}: {answer}");
+    }
+    for path in [
+        "/shared/notes.md",
+        "/private/key.txt",
+        "/notes/link",
+        "/notes/abs",
+        "/notes/hard",
+        "/../outside.txt",
+    ] {
+        serve.call(
+            "adversary__write",
+            json!({"path": path, "content": "pwned"}),
+        );
+    }
+    let writes = [
+        "shared/new.txt",
+        "shared/notes.md",
+        "notes/../private/key.txt",
+        "/private/key.txt",
+        "notes/../../outside.txt",
+    ];
+    for path in writes {
+        let answer = serve.call(
+            "workspace__write_file",
+            json!({"path": path, "content": "pwned"}),
+        );
+        assert!(denied(&answer), "write {path:?}: {answer}");
+    }
+    // Writing through the links planted in the read-write grant changes nothing they point
+    // to (the results may differ; the files outside the grant may not).
+    for path in ["notes/link", "notes/abs", "notes/hard"] {
+        serve.call(
+            "workspace__write_file",
+            json!({"path": path, "content": "pwned"}),
+        );
+    }
+    // A message nested deeper than the parser takes does not stop the server.
+    serve.send(&format!(
+        r#"{{"jsonrpc":"2.0","id":999,"method":"tools/call","params":{{"name":"workspace__read_file","arguments":{{"path":{}"x"{}}}}}}}"#,
+        "[".repeat(100_000),
+        "]".repeat(100_000)
+    ));
+    let answer = serve.call("workspace__read_file", json!({"path": "shared/notes.md"}));
+    assert!(!denied(&answer), "{answer}");
+    assert!(answer.to_string().contains("granted notes"), "{answer}");
+    drop(serve);
+    assert_eq!(tree.outside_grant(), before);
+    assert_eq!(
+        std::fs::read_to_string(tree.root().join("shared/notes.md")).unwrap(),
+        "granted notes\n"
+    );
+}
+
+#[test]
+fn serve_offers_and_runs_only_the_tools_named() {
+    let tree = Tree::new();
+    let before = tree.outside_grant();
+    let mut serve = StdioServe::start(&tree, &["--tool", "workspace:read_file"]);
+    let listed = serve.request("tools/list", json!({}));
+    let names: Vec<&str> = listed["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["workspace__read_file"], "{listed}");
+    for name in [
+        "workspace__write_file",
+        "workspace:write_file",
+        "WORKSPACE__WRITE_FILE",
+        "Workspace__Write_File",
+        "workspace__write_file ",
+        "workspace__write_file\0",
+        "../workspace__write_file",
+        "adversary__read",
+        "adversary:read",
+        "workspace__",
+        "",
+    ] {
+        let answer = serve.call(name, json!({"path": "notes/x", "content": "pwned"}));
+        assert!(answer.get("error").is_some(), "{name:?}: {answer}");
+    }
+    let answer = serve.call(&"a".repeat(1 << 20), json!({}));
+    assert!(answer.get("error").is_some());
+    drop(serve);
+    assert_eq!(tree.outside_grant(), before);
+    assert!(!tree.root().join("notes/x").exists());
+}
+
+/// A running `trellis mcp serve --http`, killed on drop.
+struct HttpServe {
+    child: Child,
+    port: u16,
+    log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl HttpServe {
+    fn start(tree: &Tree, addr: &str, token: Option<&str>, timeout: &str) -> HttpServe {
+        let mut command = trellis_command(&[
+            "-v",
+            "mcp",
+            "serve",
+            "--http",
+            addr,
+            "--root",
+            tree.root().to_str().unwrap(),
+            "--read",
+            "shared",
+            "--write",
+            "notes",
+            "--plugins",
+            tree.plugins().to_str().unwrap(),
+            "--timeout",
+            timeout,
+        ]);
+        command.env_remove("TRELLIS_TOKEN");
+        command.env("TRELLIS_CACHE_DIR", cache_dir());
+        if let Some(token) = token {
+            command.env("TRELLIS_TOKEN", token);
+        }
+        let mut child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        let port = loop {
+            line.clear();
+            assert!(
+                stderr.read_line(&mut line).unwrap() > 0,
+                "the server ended before listening"
+            );
+            if let Some(url) = line.trim().strip_prefix("trellis: serving MCP at http://") {
+                break url
+                    .trim_end_matches("/mcp")
+                    .rsplit(':')
+                    .next()
+                    .unwrap()
+                    .parse()
+                    .unwrap();
+            }
+        };
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let kept = log.clone();
+        std::thread::spawn(move || {
+            for line in stderr.lines().map_while(Result::ok) {
+                kept.lock().unwrap().push(line);
+            }
+        });
+        HttpServe { child, port, log }
+    }
+
+    fn log(&self) -> Vec<String> {
+        self.log.lock().unwrap().clone()
+    }
+}
+
+impl Drop for HttpServe {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+const INIT: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;
+
+/// Sends one HTTP request (`head` lines without the final blank line) with `body`, and
+/// returns the status, the headers and the body of the answer.
+fn raw(port: u16, head: &str, body: &[u8]) -> (u16, String, String) {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(120)))
+        .unwrap();
+    let request = format!(
+        "{head}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
+         MCP-Protocol-Version: 2025-06-18\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    let mut writer = stream.try_clone().unwrap();
+    let body = body.to_vec();
+    // A server that answers before the body is in may close early: write errors are fine.
+    let sender = std::thread::spawn(move || {
+        let _ = writer.write_all(request.as_bytes());
+        let _ = writer.write_all(&body);
+    });
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    let _ = sender.join();
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    let status = answer.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let (headers, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    (status, headers.to_ascii_lowercase(), body.to_string())
+}
+
+fn post(port: u16, extra: &str, body: &str) -> u16 {
+    let head = format!("POST /mcp HTTP/1.1{extra}");
+    raw(port, &head, body.as_bytes()).0
+}
+
+#[test]
+fn serve_host_and_origin_tricks_are_refused() {
+    let tree = Tree::new();
+    let before = tree.outside_grant();
+    let serve = HttpServe::start(&tree, "127.0.0.1:0", None, "30");
+    let port = serve.port;
+    for host in [
+        "localhost.".to_string(),
+        format!("localhost.:{port}"),
+        "localhost.evil".into(),
+        format!("localhost.evil:{port}"),
+        format!("localhost.evil.example:{port}"),
+        format!("127.0.0.1.nip.io:{port}"),
+        format!("0.0.0.0:{port}"),
+        format!("[::ffff:127.0.0.1]:{port}"),
+        format!("evil.example:{port}"),
+        format!("[::2]:{port}"),
+    ] {
+        let status = post(port, &format!("\r\nHost: {host}"), INIT);
+        assert!(
+            status == 403 || status == 400,
+            "Host {host:?} was let in: {status}"
+        );
+    }
+    for host in [format!("[::1]:{port}"), format!("LocalHost:{port}")] {
+        assert_eq!(
+            post(port, &format!("\r\nHost: {host}"), INIT),
+            200,
+            "{host}"
+        );
+    }
+    let host = format!("\r\nHost: localhost:{port}");
+    for origin in [
+        "null".to_string(),
+        "http://evil.example".into(),
+        "http://localhost.evil.example".into(),
+        format!("http://127.0.0.1.evil.example:{port}"),
+        format!("http://localhost.:{port}"),
+        format!("file://localhost:{port}"),
+    ] {
+        let status = post(port, &format!("{host}\r\nOrigin: {origin}"), INIT);
+        assert_eq!(status, 403, "Origin {origin:?}");
+    }
+    assert_eq!(
+        post(
+            port,
+            &format!("{host}\r\nOrigin: http://localhost:{port}"),
+            INIT
+        ),
+        200
+    );
+    drop(serve);
+    assert_eq!(tree.outside_grant(), before);
+}
+
+#[test]
+fn serve_token_cannot_be_bypassed() {
+    let tree = Tree::new();
+    let before = tree.outside_grant();
+    let token = "s3cret-token";
+    let serve = HttpServe::start(&tree, "0.0.0.0:0", Some(token), "30");
+    let port = serve.port;
+    let host = format!("\r\nHost: localhost:{port}");
+    for auth in [
+        String::new(),
+        format!("\r\nAuthorization: Bearer  {token}"),
+        format!("\r\nAuthorization: Bearer {token}x"),
+        format!("\r\nAuthorization: Bearer {}", &token[..token.len() - 1]),
+        format!("\r\nAuthorization: Bearer {}", token.to_uppercase()),
+        format!("\r\nAuthorization: {token}"),
+        "\r\nAuthorization: Bearer".into(),
+        "\r\nAuthorization: Bearer ".into(),
+        "\r\nAuthorization: Basic czNjcmV0LXRva2VuOg==".into(),
+        format!("\r\nAuthorization: Basic {token}"),
+        format!("\r\nX-Authorization: Bearer {token}"),
+        format!("\r\nCookie: token={token}"),
+        format!("\r\nAuthorization: Bearer wrong\r\nAuthorization: Bearer {token}"),
+    ] {
+        assert_eq!(post(port, &format!("{host}{auth}"), INIT), 401, "{auth:?}");
+    }
+    // A token in the query is not a token.
+    for query in ["token", "access_token", "auth"] {
+        let head = format!("POST /mcp?{query}={token} HTTP/1.1{host}");
+        assert_eq!(raw(port, &head, INIT.as_bytes()).0, 401, "{query}");
+    }
+    // Other paths are not found, token or not.
+    let auth = format!("{host}\r\nAuthorization: Bearer {token}");
+    for path in ["/mcp/", "/MCP", "//mcp", "/mcp/../mcp2", "/"] {
+        let head = format!("POST {path} HTTP/1.1{auth}");
+        assert_eq!(raw(port, &head, INIT.as_bytes()).0, 404, "{path}");
+    }
+    // Without the token a huge body is refused before it is read: the answer comes while
+    // the client has sent only its headers.
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(120)))
+        .unwrap();
+    write!(
+        stream,
+        "POST /mcp HTTP/1.1{host}\r\nContent-Type: application/json\r\n\
+         Content-Length: 1073741824\r\n\r\n"
+    )
+    .unwrap();
+    let mut head = [0u8; 12];
+    stream.read_exact(&mut head).unwrap();
+    assert_eq!(&head[9..12], b"401");
+    assert_eq!(post(port, &auth, INIT), 200);
+    drop(serve);
+    assert_eq!(tree.outside_grant(), before);
+}
+
+#[test]
+fn serve_refuses_huge_and_nested_bodies_and_closes_trickled_headers() {
+    let tree = Tree::new();
+    let before = tree.outside_grant();
+    let serve = HttpServe::start(&tree, "127.0.0.1:0", None, "30");
+    let port = serve.port;
+    let host = format!("\r\nHost: localhost:{port}");
+    // A body over the cap is refused.
+    let huge = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"initialize","params":{{"pad":"{}"}}}}"#,
+        "x".repeat(8 << 20)
+    );
+    assert_eq!(post(port, &host, &huge), 413);
+    // Nesting deeper than the parser takes is a client error, not a crash.
+    let nested = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}{}}}"#,
+        "[".repeat(100_000),
+        "]".repeat(100_000)
+    );
+    let status = post(port, &host, &nested);
+    assert!((400..500).contains(&status), "{status}");
+    // A client that never finishes its headers is cut off (slowloris).
+    let mut slow = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(120)))
+        .unwrap();
+    write!(slow, "POST /mcp HTTP/1.1{host}\r\nX-Slow: 1").unwrap();
+    let mut buf = [0u8; 256];
+    match slow.read(&mut buf) {
+        Ok(_) => {}
+        Err(e) => assert!(
+            !matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+            "the server kept a connection that never sent its headers: {e}"
+        ),
+    }
+    // The server still serves.
+    assert_eq!(post(port, &host, INIT), 200);
+    drop(serve);
+    assert_eq!(tree.outside_grant(), before);
+}
+
+/// An MCP session over raw HTTP: its id after `initialize` and `initialized`.
+fn session(port: u16) -> String {
+    let host = format!("Host: localhost:{port}");
+    let (status, headers, _) = raw(
+        port,
+        &format!("POST /mcp HTTP/1.1\r\n{host}"),
+        INIT.as_bytes(),
+    );
+    assert_eq!(status, 200, "{headers}");
+    let id = headers
+        .lines()
+        .find_map(|l| l.strip_prefix("mcp-session-id:"))
+        .expect("a session id")
+        .trim()
+        .to_string();
+    let (status, _, _) = raw(
+        port,
+        &format!("POST /mcp HTTP/1.1\r\n{host}\r\nMcp-Session-Id: {id}"),
+        br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+    );
+    assert!(status == 202 || status == 200, "{status}");
+    id
+}
+
+#[test]
+fn serve_a_client_cannot_cancel_another_clients_call() {
+    let tree = Tree::new();
+    // Each call stops after 5 s: the victim's call ends by its deadline, not by the attack.
+    let serve = HttpServe::start(&tree, "127.0.0.1:0", None, "5");
+    let port = serve.port;
+    let victim = session(port);
+    let attacker = session(port);
+    let call = std::thread::spawn(move || {
+        raw(
+            port,
+            &format!("POST /mcp HTTP/1.1\r\nHost: localhost:{port}\r\nMcp-Session-Id: {victim}"),
+            br#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"adversary__spin","arguments":{}}}"#,
+        )
+    });
+    // The attacker cancels request 7 in its own session (the victim's id is not its to know),
+    // over and over while the victim's call runs.
+    for _ in 0..10 {
+        std::thread::sleep(Duration::from_millis(200));
+        raw(
+            port,
+            &format!("POST /mcp HTTP/1.1\r\nHost: localhost:{port}\r\nMcp-Session-Id: {attacker}"),
+            br#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":7,"reason":"attack"}}"#,
+        );
+    }
+    let (status, _, body) = call.join().unwrap();
+    assert_eq!(status, 200, "{body}");
+    let result = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+        .find(|m| m["id"] == json!(7))
+        .unwrap_or_else(|| panic!("no answer to the call: {body}"));
+    assert_eq!(result["result"]["isError"], json!(true), "{result}");
+    let text = result["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_lowercase();
+    assert!(
+        !text.contains("cancel"),
+        "cancelled by another client: {text}"
+    );
+    assert!(
+        !serve
+            .log()
+            .iter()
+            .any(|l| l.contains("adversary:spin") && l.contains("cancelled")),
+        "{:#?}",
+        serve.log()
+    );
+}
+
+/// A one-step workspace at `root` whose step config is `configs`, reaching `llm`.
+fn workspace(root: &Path, configs: Value, llm: &FakeServer) {
+    crate::run_cli::agent_workspace(
+        root,
+        &[("work", "Use the tools.")],
+        json!([{"id": "work", "agent_configs": configs}]),
+        json!({"llm": {"provider": "openai", "model_id": "m"}, "providers": llm.providers()}),
+    );
+}
+
+/// An LLM that asks for `calls` in its first answer, then ends.
+fn asking_for(calls: Vec<(&'static str, Value)>) -> FakeServer {
+    FakeServer::start(Box::new(move |body| {
+        let answered = body["messages"]
+            .as_array()
+            .is_some_and(|m| m.iter().any(|m| m["role"] == "tool"));
+        if answered {
+            (200, completion("done", &[]))
+        } else {
+            let calls: Vec<(&str, Value)> = calls.iter().map(|(n, a)| (*n, a.clone())).collect();
+            (200, completion("", &calls))
+        }
+    }))
+}
+
+fn server_file(dir: &Path, started: &Path) -> PathBuf {
+    let path = dir.join("servers.json");
+    std::fs::write(
+        &path,
+        json!({"mcpServers": {"fx": {
+            "command": mcp_fixture::python(),
+            "args": [mcp_fixture::script(), "--started", started],
+        }}})
+        .to_string(),
+    )
+    .unwrap();
+    path
+}
+
+fn outside_runs(root: &Path) -> Vec<(String, String)> {
+    tree_digest(root)
+        .into_iter()
+        .filter(|(k, _)| !k.starts_with("runs"))
+        .collect()
+}
+
+#[test]
+fn a_workspace_cannot_name_a_path_or_a_command_as_a_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let started = dir.path().join("started");
+    let config = server_file(dir.path(), &started);
+    let marker = dir.path().join("pwned");
+    let touch = format!("touch {}", marker.display());
+    let names = [
+        mcp_fixture::python().display().to_string(),
+        "/bin/sh".into(),
+        "../fx".into(),
+        "./fx".into(),
+        "fx/..".into(),
+        "~/fx".into(),
+        format!("fx; {touch}"),
+        format!("$({touch})"),
+        format!("`{touch}`"),
+        format!("fx && {touch}"),
+        "fx\0".into(),
+        mcp_fixture::script().display().to_string(),
+    ];
+    let tools: Vec<String> = names.iter().map(|n| format!("{n}:echo")).collect();
+    let llm = asking_for(vec![("fx__echo", json!({"text": "hi"}))]);
+    let ws = dir.path().join("ws");
+    workspace(
+        &ws,
+        json!({"selected_servers": names, "selected_tools": tools}),
+        &llm,
+    );
+    let before = outside_runs(&ws);
+    for command in ["validate", "run"] {
+        let out = trellis_command(&[
+            command,
+            ws.to_str().unwrap(),
+            "--mcp-config",
+            config.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+        let all = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!marker.exists(), "{command} ran a shell: {all}");
+        assert!(!started.exists(), "{command} started the server: {all}");
+    }
+    // The model's call of the server it never selected was refused.
+    let seen = llm.seen();
+    if seen.last().is_some_and(|last| {
+        last["messages"]
+            .as_array()
+            .is_some_and(|m| m.iter().any(|m| m["role"] == "tool"))
+    }) {
+        let result = result_of(&llm.last_tool_results(), "call-0");
+        assert!(result.starts_with("error:"), "{result}");
+    }
+    assert_eq!(outside_runs(&ws), before);
+}
+
+#[test]
+fn a_hostile_server_that_floods_or_dies_fails_its_calls_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let started = dir.path().join("started");
+    let config = server_file(dir.path(), &started);
+    // More than the 4 MiB a plugin's result may have.
+    let size = 5 << 20;
+    // One call a turn: the flood first, then the exit.
+    let llm = FakeServer::start(Box::new(move |body| {
+        let answered = body["messages"]
+            .as_array()
+            .map_or(0, |m| m.iter().filter(|m| m["role"] == "tool").count());
+        match answered {
+            0 => (200, completion("", &[("fx__huge", json!({"size": size}))])),
+            1 => (200, completion("", &[("fx__die", json!({}))])),
+            _ => (200, completion("done", &[])),
+        }
+    }));
+    let ws = dir.path().join("ws");
+    workspace(&ws, json!({"selected_servers": ["fx"]}), &llm);
+    let before = outside_runs(&ws);
+    let out = trellis_command(&[
+        "run",
+        ws.to_str().unwrap(),
+        "--mcp-config",
+        config.to_str().unwrap(),
+    ])
+    .output()
+    .unwrap();
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let results = llm.last_tool_results();
+    assert_eq!(results.len(), 2, "{all}");
+    let (huge, died) = (&results[0].1, &results[1].1);
+    assert!(
+        huge.starts_with("error:") && huge.contains("larger than the limit"),
+        "{}",
+        &huge[..huge.len().min(300)]
+    );
+    assert!(died.starts_with("error:"), "{died}");
+    // The flood reached neither the model nor any record.
+    let flood = "x".repeat(1 << 20);
+    for (rel, _) in tree_digest(&ws) {
+        let path = ws.join(&rel);
+        if path.is_file() {
+            let text = String::from_utf8_lossy(&std::fs::read(&path).unwrap()).into_owned();
+            assert!(!text.contains(&flood), "{rel} holds the flood");
+        }
+    }
+    assert!(
+        llm.seen().iter().all(|r| !r.to_string().contains(&flood)),
+        "the model saw the flood"
+    );
+    assert!(out.status.success(), "{all}");
+    let pid: u32 = std::fs::read_to_string(&started).unwrap().parse().unwrap();
+    assert!(mcp_fixture::process_gone(pid));
+    assert_eq!(outside_runs(&ws), before);
+}
