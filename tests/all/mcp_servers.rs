@@ -377,6 +377,34 @@ fn an_sse_server_is_refused_with_a_clear_message() {
     );
 }
 
+/// `trellis builder` reads the same operator file for the executions it starts: a refused
+/// server stops it before the session opens, with nothing written in the workspace.
+#[test]
+fn the_builder_reads_the_operators_servers_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = server_file(
+        &dir.path().join("servers.json"),
+        json!({"old": {"url": "http://127.0.0.1:9/sse", "protocol": "sse"}}),
+    );
+    let ws = dir.path().join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    let out = trellis(&[
+        "builder",
+        ws.to_str().unwrap(),
+        "--mcp-config",
+        config.to_str().unwrap(),
+        "-m",
+        "hello",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("mcpServers.old.protocol: \"sse\""),
+        "{}",
+        both(&out)
+    );
+    assert_eq!(std::fs::read_dir(&ws).unwrap().count(), 0, "{}", both(&out));
+}
+
 /// A workspace tries to define a server, in every file it has and in files of its own:
 /// nothing is started, and the run says why.
 #[test]
