@@ -69,6 +69,14 @@ fn main() {
     println!("cargo:rerun-if-env-changed=PYTHON");
 
     let out_dir = PathBuf::from(env::var("OUT_DIR").unwrap());
+    // `trellis plugin build` builds Python tool plugins with the same componentize-py, and
+    // reuses this build's virtual environment for it when it is still there.
+    println!("cargo:rustc-env=TRELLIS_COMPONENTIZE_PY_VERSION={COMPONENTIZE_PY_VERSION}");
+    println!(
+        "cargo:rustc-env=TRELLIS_BUILD_PYTHON_VENV={}",
+        python_venv(&target_dir(&out_dir)).display()
+    );
+
     // A fuzzing build (cargo-fuzz sets `--cfg fuzzing`; see fuzz/) runs parsers and never a
     // guest: it embeds empty components, so it needs neither the wasm target nor componentize-py.
     if env::var_os("CARGO_CFG_FUZZING").is_some() {
@@ -80,7 +88,11 @@ fn main() {
         };
         let components: String = BUNDLED.iter().map(|n| empty(n)).collect();
         std::fs::write(out_dir.join("components.rs"), components).unwrap();
-        std::fs::write(out_dir.join("python_runner.rs"), empty("python_runner")).unwrap();
+        std::fs::write(
+            out_dir.join("python_runner.rs"),
+            empty("python_runner_zstd"),
+        )
+        .unwrap();
         return;
     }
     ensure_target();
@@ -107,14 +119,6 @@ fn main() {
         ));
     }
     std::fs::write(out_dir.join("components.rs"), generated).unwrap();
-
-    // `trellis plugin build` builds Python tool plugins with the same componentize-py, and
-    // reuses this build's virtual environment for it when it is still there.
-    println!("cargo:rustc-env=TRELLIS_COMPONENTIZE_PY_VERSION={COMPONENTIZE_PY_VERSION}");
-    println!(
-        "cargo:rustc-env=TRELLIS_BUILD_PYTHON_VENV={}",
-        python_venv(&target_dir(&out_dir)).display()
-    );
 
     // A file of its own, included only by the script module.
     let runner = python_runner(&root, &target_dir(&out_dir));
