@@ -120,7 +120,7 @@ fn check_escapes(content: &str, offset: usize) -> Result<(), String> {
             offset + first
         ))
     };
-    let tail = content[first..].as_bytes();
+    let tail = &content.as_bytes()[first..];
     if !tail.is_ascii() {
         return refuse("a non-ASCII character after a `\\` escape");
     }
