@@ -377,6 +377,34 @@ fn an_sse_server_is_refused_with_a_clear_message() {
     );
 }
 
+/// A step with no tool filters gets every tool, an external server's too (as in the original
+/// system): the configured server is started and its tool is offered and called.
+#[test]
+fn a_step_with_no_tool_filters_gets_the_servers_tools_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let started = dir.path().join("started");
+    let config = server_file(
+        &dir.path().join("servers.json"),
+        json!({"fx": {
+            "command": mcp_fixture::python(),
+            "args": [mcp_fixture::script(), "--started", started],
+        }}),
+    );
+    let llm = asking_for(vec![("fx__echo", json!({"text": "open"}))]);
+    let ws = dir.path().join("ws");
+    workspace(&ws, json!({}), &llm);
+    let out = trellis(&[
+        "run",
+        ws.to_str().unwrap(),
+        "--mcp-config",
+        config.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", both(&out));
+    assert!(tool_named(&llm.seen()[0], "fx__echo").is_some());
+    let results = llm.last_tool_results();
+    assert_eq!(result_of(&results, "call-0"), "echo: open");
+}
+
 /// `trellis builder` reads the same operator file for the executions it starts: a refused
 /// server stops it before the session opens, with nothing written in the workspace.
 #[test]

@@ -37,6 +37,9 @@ trap cleanup EXIT
 
 mkdir -p "$work/root/shared"
 echo "conformance" > "$work/root/shared/notes.md"
+# The log exists before the server starts: the loop below may read it before the
+# background process has opened it.
+: > "$work/server.log"
 "$trellis" mcp serve --http 127.0.0.1:0 --root "$work/root" --read shared \
   2> "$work/server.log" &
 server_pid=$!

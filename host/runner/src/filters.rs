@@ -149,12 +149,18 @@ impl PluginToolFilter {
             .collect()
     }
 
-    /// Whether the step's settings name `server` itself: in `selected_servers`, as
-    /// `server:*` or with specific tools. External MCP servers are offered only then (no
-    /// filters at all does not let them in: they run outside the sandbox).
+    /// Whether the step has no tool filters at all (every tool is in).
+    pub fn is_open(&self) -> bool {
+        self.open
+    }
+
+    /// Whether an external MCP server's tools may be offered: the step has no filters (every
+    /// tool is in, as in the original system), or its settings name `server` itself, in
+    /// `selected_servers`, as `server:*` or with specific tools.
     pub fn names_server(&self, server: &str) -> bool {
         let server = norm(server);
-        self.servers.contains(&server)
+        self.open
+            || self.servers.contains(&server)
             || self.wildcard.contains(&server)
             || self.specific.contains_key(&server)
     }

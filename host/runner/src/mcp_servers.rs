@@ -28,6 +28,9 @@ use tokio::io::AsyncBufReadExt;
 use trellis_sandbox::llm::ToolDefinition;
 use trellis_sandbox::plugins::normalize_tool_name;
 use trellis_workflow::Workspace;
+use trellis_workflow::plan::StepKind;
+
+use crate::filters::PluginToolFilter;
 
 pub use config::{McpConfig, ServerConfig, Transport};
 
@@ -71,8 +74,28 @@ impl std::fmt::Debug for McpServers {
 }
 
 /// The configured server keys a workspace's step configs name (normalized): in
-/// `selected_servers`, or as the server of a `selected_tools` entry.
+/// `selected_servers`, or as the server of a `selected_tools` entry. Every configured key
+/// when an agent step has no tool filters: such a step gets every tool.
 pub fn named_servers(ws: &Workspace, config: &McpConfig) -> BTreeSet<String> {
+    let unfiltered = ws
+        .plan
+        .steps
+        .iter()
+        .filter(|s| {
+            matches!(
+                s.kind,
+                StepKind::MessageSequence(_) | StepKind::Regular | StepKind::TodoTask(_)
+            )
+        })
+        .any(|s| {
+            ws.step_configs
+                .get(&s.id)
+                .and_then(|c| c.agent_configs.as_ref())
+                .is_none_or(|c| PluginToolFilter::from_configs(c).is_open())
+        });
+    if unfiltered {
+        return config.servers().map(|(key, _)| key.to_string()).collect();
+    }
     let mut keys = BTreeSet::new();
     for configs in ws
         .step_configs
