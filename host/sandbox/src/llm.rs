@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::capabilities::Grant;
 
-pub use approval::KeyApprovals;
+pub use approval::{KeyApprovals, user_config_dir};
 pub use http::{HostRule, RequestLimits, ScriptNet, is_loopback_base_url, secret_placeholder};
 pub use record::{Cassette, Interaction, RecordedRequest, RecordedTool, Recorder, ReplayCursor};
 pub use retry::{

@@ -127,7 +127,7 @@ pub fn rfc3339(t: std::time::SystemTime) -> String {
 /// Why a file or folder is not this user's alone: the rule for what decides where code or
 /// keys go (the compile cache, the user config file).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum NotOwnerOnly {
+pub enum NotOwnerOnly {
     /// Another user owns it.
     Foreign { uid: u32, me: u32 },
     /// Group or others may write it.
@@ -148,7 +148,7 @@ impl std::fmt::Display for NotOwnerOnly {
 }
 
 /// Whether `meta` is owned by this process's user and writable by nobody else.
-pub(crate) fn check_owner_only(meta: &std::fs::Metadata) -> Result<(), NotOwnerOnly> {
+pub fn check_owner_only(meta: &std::fs::Metadata) -> Result<(), NotOwnerOnly> {
     use std::os::unix::fs::MetadataExt;
     // SAFETY: geteuid has no preconditions and cannot fail.
     let me = unsafe { libc::geteuid() };

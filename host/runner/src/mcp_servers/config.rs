@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 use trellis_sandbox::plugins::normalize_tool_name;
+use trellis_sandbox::store::{NotOwnerOnly, check_owner_only};
 
 /// The file of the user config folder.
 pub const SERVERS_FILE: &str = "mcp_servers.json";
@@ -82,15 +83,7 @@ impl McpConfig {
 
     /// The user config folder: `$XDG_CONFIG_HOME/trellis`, else `~/.config/trellis`.
     pub fn user_dir() -> Option<PathBuf> {
-        let base = std::env::var_os("XDG_CONFIG_HOME")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-            .or_else(|| {
-                std::env::var_os("HOME")
-                    .filter(|v| !v.is_empty())
-                    .map(|h| PathBuf::from(h).join(".config"))
-            })?;
-        Some(base.join("trellis"))
+        trellis_sandbox::llm::user_config_dir()
     }
 
     /// The servers of `explicit` (`--mcp-config`, which must exist), else those of the user
@@ -312,7 +305,7 @@ impl McpConfig {
 /// writable by nobody else.
 fn read_operator_file(path: &Path) -> Result<Option<String>> {
     use std::io::Read;
-    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    use std::os::unix::fs::OpenOptionsExt;
     let shown = path.display();
     let file = match std::fs::OpenOptions::new()
         .read(true)
@@ -329,13 +322,14 @@ fn read_operator_file(path: &Path) -> Result<Option<String>> {
     if !meta.is_file() {
         bail!("{shown}: refusing the MCP servers: it is not a regular file");
     }
-    // SAFETY: getuid has no preconditions and cannot fail.
-    let uid = unsafe { libc::getuid() };
-    if meta.uid() != uid {
-        bail!("{shown}: refusing the MCP servers: the file is not owned by you");
-    }
-    if meta.mode() & 0o022 != 0 {
-        bail!("{shown}: refusing the MCP servers: others can write it (chmod go-w)");
+    match check_owner_only(&meta) {
+        Ok(()) => {}
+        Err(NotOwnerOnly::Foreign { .. }) => {
+            bail!("{shown}: refusing the MCP servers: the file is not owned by you")
+        }
+        Err(NotOwnerOnly::Writable { .. }) => {
+            bail!("{shown}: refusing the MCP servers: others can write it (chmod go-w)")
+        }
     }
     if meta.len() > FILE_CAP {
         bail!("{shown}: larger than {FILE_CAP} bytes");

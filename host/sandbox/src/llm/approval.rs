@@ -138,15 +138,7 @@ impl KeyApprovals {
     /// Where the user config file is looked for: `$XDG_CONFIG_HOME/trellis/config.toml`,
     /// else `~/.config/trellis/config.toml`.
     pub fn user_config_path() -> Option<PathBuf> {
-        let base = std::env::var_os("XDG_CONFIG_HOME")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-            .or_else(|| {
-                std::env::var_os("HOME")
-                    .filter(|v| !v.is_empty())
-                    .map(|h| PathBuf::from(h).join(".config"))
-            })?;
-        Some(base.join("trellis").join("config.toml"))
+        Some(user_config_dir()?.join("config.toml"))
     }
 
     /// Adds the approvals of the config file at `path`; a missing file adds none. The
@@ -236,6 +228,19 @@ impl KeyApprovals {
             None => "~/.config/trellis/config.toml".to_string(),
         }
     }
+}
+
+/// The user config folder: `$XDG_CONFIG_HOME/trellis`, else `~/.config/trellis`.
+pub fn user_config_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CONFIG_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|v| !v.is_empty())
+                .map(|h| PathBuf::from(h).join(".config"))
+        })?;
+    Some(base.join("trellis"))
 }
 
 /// The largest config file read.
