@@ -915,6 +915,74 @@ async fn a_folder_swapped_for_a_link_after_the_grant_is_not_opened() {
     still_serving(&registry).await;
 }
 
+/// The later calls of a turn reuse the folder its first call opened and checked: a link or
+/// another folder put at the granted path in between is never what they see.
+#[tokio::test]
+async fn later_calls_under_a_grant_keep_the_folder_the_first_call_opened() {
+    let registry = registry_with_adversary().await;
+    let world = World::new();
+    let grant = world.grant();
+    call(
+        &registry,
+        "write",
+        json!({"path": "/granted/first.txt", "content": "first"}),
+        &grant,
+    )
+    .await
+    .unwrap();
+    std::fs::rename(world.path("ws/granted"), world.path("ws/was-granted")).unwrap();
+    std::os::unix::fs::symlink(world.path("outside"), world.path("ws/granted")).unwrap();
+    let before = tree_digest(world.path("outside").as_path());
+    call(
+        &registry,
+        "write",
+        json!({"path": "/granted/second.txt", "content": "second"}),
+        &grant,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        std::fs::read_to_string(world.path("ws/was-granted/second.txt")).unwrap(),
+        "second",
+        "the call wrote in the folder that was granted"
+    );
+    assert_eq!(
+        tree_digest(world.path("outside").as_path()),
+        before,
+        "nothing written through the link"
+    );
+    // A clone of the grant (a turn's tool calls run side by side) shares the opened folder.
+    let read = call(
+        &registry,
+        "read",
+        json!({"path": "/granted/first.txt"}),
+        &grant.clone(),
+    )
+    .await
+    .unwrap();
+    assert!(read.to_string().contains("first"), "{read}");
+    // A grant made after the swap is refused, as before.
+    let fresh = Grant::none()
+        .write(world.path("ws/was-granted"), "/granted")
+        .unwrap();
+    std::fs::rename(world.path("ws/was-granted"), world.path("ws/moved")).unwrap();
+    std::fs::create_dir(world.path("ws/was-granted")).unwrap();
+    let err = call(
+        &registry,
+        "write",
+        json!({"path": "/granted/third.txt", "content": "third"}),
+        &fresh,
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        format!("{err:#}").contains("the folder was replaced since it was granted"),
+        "{err:#}"
+    );
+    assert!(!world.path("ws/was-granted/third.txt").exists());
+    still_serving(&registry).await;
+}
+
 // ---- Red-team findings (branch `redteam`) ----
 
 /// A budget of 16 open descriptors, the rest as by default.

@@ -95,6 +95,19 @@ async fn files_are_read_written_and_listed_inside_the_grant() {
     .unwrap();
     assert_eq!(read["content"], "Escalate P1 tickets.\nNever wait.\n");
     assert_eq!(read["total_lines"], 2);
+    let err = call(
+        &registry,
+        &ws,
+        "read_file",
+        json!({"path": "knowledgebase/notes"}),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.kind(), "invalid-arguments", "{err}");
+    assert!(
+        err.to_string().contains("is a folder; use list_dir"),
+        "{err}"
+    );
 
     let window = call(
         &registry,

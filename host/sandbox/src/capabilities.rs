@@ -7,6 +7,7 @@
 //! time and output of one call.
 
 use std::path::{Component as PathComponent, Path, PathBuf};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use std::os::fd::AsRawFd;
@@ -30,7 +31,7 @@ pub enum Access {
 }
 
 /// One folder of a grant.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct FolderGrant {
     /// The folder on the host.
     pub host: PathBuf,
@@ -42,7 +43,20 @@ pub struct FolderGrant {
     /// Device and inode of the folder when it was granted: the folder preopened for a call
     /// must be this one, not something swapped in at its path since.
     identity: Option<(u64, u64)>,
+    /// The folder, opened and checked by the first call under this grant (or a clone of it):
+    /// the later calls of a turn preopen the same directory without opening and checking its
+    /// path again, and a folder put in its place since is never seen by them.
+    opened: Arc<OnceLock<std::fs::File>>,
 }
+
+impl PartialEq for FolderGrant {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.host, &self.guest, self.access, self.identity)
+            == (&other.host, &other.guest, other.access, other.identity)
+    }
+}
+
+impl Eq for FolderGrant {}
 
 /// Access to the workflow database through the `workflow-db` host interface.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,6 +104,7 @@ impl Grant {
             guest,
             access,
             identity,
+            opened: Arc::default(),
         });
         Ok(self)
     }
@@ -146,22 +161,11 @@ impl Grant {
                     folder.guest
                 )
             };
-            let opened = folder.open_checked().with_context(granting)?;
+            let opened = folder.opened().with_context(granting)?;
             // wasmtime-wasi opens preopens by path. Naming the folder through the descriptor
-            // just checked, rather than by its path again, leaves no moment in which another
-            // folder (or a link) could be put in its place.
-            // Without a descriptor path there is no such guarantee: refuse rather than reopen
-            // the folder by name.
-            let fd = opened.as_raw_fd();
-            let path = [format!("/proc/self/fd/{fd}"), format!("/dev/fd/{fd}")]
-                .into_iter()
-                .map(PathBuf::from)
-                .find(|p| p.exists())
-                .with_context(granting)
-                .context(
-                    "neither /proc/self/fd nor /dev/fd is available: Trellis opens granted \
-                     folders through them (mount /proc)",
-                )?;
+            // checked when it was opened, rather than by its path again, leaves no moment in
+            // which another folder (or a link) could be put in its place.
+            let path = descriptor_path(opened.as_raw_fd()).with_context(granting)?;
             builder
                 .preopened_dir(&path, &folder.guest, perms)
                 .map_err(anyhow::Error::from)
@@ -171,7 +175,36 @@ impl Grant {
     }
 }
 
+/// The path naming descriptor `fd` of this process: under `/proc/self/fd`, else `/dev/fd`
+/// (which one exists is looked up once). Without either there is no way to preopen a folder
+/// without naming it by its path again: refuse.
+fn descriptor_path(fd: std::os::fd::RawFd) -> Result<PathBuf> {
+    static FD_DIR: OnceLock<Option<&'static str>> = OnceLock::new();
+    let dir = FD_DIR.get_or_init(|| {
+        ["/proc/self/fd", "/dev/fd"]
+            .into_iter()
+            .find(|dir| Path::new(dir).is_dir())
+    });
+    match dir {
+        Some(dir) => Ok(PathBuf::from(format!("{dir}/{fd}"))),
+        None => bail!(
+            "neither /proc/self/fd nor /dev/fd is available: Trellis opens granted folders \
+             through them (mount /proc)"
+        ),
+    }
+}
+
 impl FolderGrant {
+    /// The folder opened and checked, by this call or an earlier one under the same grant.
+    fn opened(&self) -> Result<&std::fs::File> {
+        if let Some(file) = self.opened.get() {
+            return Ok(file);
+        }
+        let file = self.open_checked()?;
+        // Two calls may open it at once: one of the two checked descriptors is kept.
+        Ok(self.opened.get_or_init(|| file))
+    }
+
     /// Opens the folder, checking that it is still the one granted: a directory, not a
     /// symbolic link, with the device and inode it had when the grant was made.
     fn open_checked(&self) -> Result<std::fs::File> {

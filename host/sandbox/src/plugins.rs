@@ -69,6 +69,8 @@ pub struct Plugin {
     manifest: Manifest,
     source: PluginSource,
     pre: wasmtime::component::InstancePre<CallState>,
+    /// The tool world's exports looked up once in `pre` (a tool plugin's only).
+    tool_pre: Option<bindings::tool::ToolPluginPre<CallState>>,
     tools: Vec<ToolSpec>,
 }
 
@@ -83,6 +85,13 @@ impl std::fmt::Debug for Plugin {
 }
 
 impl Plugin {
+    /// The tool world's bindings of a tool plugin.
+    fn tool_pre(&self) -> wasmtime::Result<bindings::tool::ToolPluginPre<CallState>> {
+        self.tool_pre.clone().ok_or_else(|| {
+            wasmtime::Error::msg(format!("`{}` is not a tool plugin", self.manifest.id))
+        })
+    }
+
     /// The plugin's manifest.
     pub fn manifest(&self) -> &Manifest {
         &self.manifest
@@ -296,10 +305,15 @@ impl PluginRegistry {
                 manifest.kind
             )
         })?;
+        let tool_pre = match manifest.kind {
+            PluginKind::Tool => Some(bindings::tool::ToolPluginPre::new(pre.clone())?),
+            _ => None,
+        };
         let mut plugin = Plugin {
             manifest,
             source,
             pre,
+            tool_pre,
             tools: Vec::new(),
         };
         if plugin.manifest.kind == PluginKind::Tool {
@@ -441,20 +455,13 @@ where
 }
 
 async fn list_tools(plugin: &Plugin, engine: &Engine) -> Result<Vec<ToolSpec>> {
-    let listed = run_call(
-        engine,
-        plugin,
-        &Grant::none(),
-        &LOAD_LIMITS,
-        |pre, store| {
-            Box::pin(async move {
-                let bindings = bindings::tool::ToolPluginPre::new(pre.clone())?
-                    .instantiate_async(&mut *store)
-                    .await?;
-                bindings.trellis_plugin_tool().call_list_tools(store).await
-            })
-        },
-    )
+    let listed = run_call(engine, plugin, &Grant::none(), &LOAD_LIMITS, |_, store| {
+        let tool_pre = plugin.tool_pre();
+        Box::pin(async move {
+            let bindings = tool_pre?.instantiate_async(&mut *store).await?;
+            bindings.trellis_plugin_tool().call_list_tools(store).await
+        })
+    })
     .await
     .map_err(|failure| anyhow::anyhow!("{}", call_error(failure, "list-tools".into())))?;
 

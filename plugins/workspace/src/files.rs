@@ -41,7 +41,11 @@ pub struct ReadArgs {
 
 pub fn read_file(args: ReadArgs) -> Result<Value, ToolError> {
     let path = WsPath::parse(&args.path);
-    let meta = fs::metadata(path.guest()).map_err(|e| ToolError::from_io(path.display(), &e))?;
+    // Opened first and looked at through the descriptor: one lookup of the path, not two.
+    let file = fs::File::open(path.guest()).map_err(|e| ToolError::from_io(path.display(), &e))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| ToolError::from_io(path.display(), &e))?;
     if meta.is_dir() {
         return Err(ToolError::InvalidArguments(format!(
             "`{path}` is a folder; use list_dir to see what it contains"
@@ -55,7 +59,6 @@ pub fn read_file(args: ReadArgs) -> Result<Value, ToolError> {
             meta.len()
         )));
     }
-    let file = fs::File::open(path.guest()).map_err(|e| ToolError::from_io(path.display(), &e))?;
     let first = args.offset_line.unwrap_or(1).max(1);
     let (content, total_lines, truncated) = read_window(
         BufReader::new(file),

@@ -60,13 +60,12 @@ impl PluginRegistry {
             limits,
             None,
             cancel,
-            |pre, store| {
+            |_, store| {
                 let name = spec.name.clone();
                 let args = args.to_string();
+                let tool_pre = plugin.tool_pre();
                 Box::pin(async move {
-                    let bindings = bindings::tool::ToolPluginPre::new(pre.clone())?
-                        .instantiate_async(&mut *store)
-                        .await?;
+                    let bindings = tool_pre?.instantiate_async(&mut *store).await?;
                     bindings
                         .trellis_plugin_tool()
                         .call_call_tool(store, &name, &args)

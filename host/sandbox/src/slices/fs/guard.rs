@@ -414,8 +414,17 @@ impl HostDescriptor for GuardedFs<'_> {
                 FollowSymlinks::No
             };
             // The stat goes through the same capability resolution as the open: it cannot
-            // look outside the folder either.
-            match cap_primitives::fs::stat(&dir.dir, Path::new(&path), follow) {
+            // look outside the folder either. The last component is looked at without
+            // following it first (one `statx`): only a link needs the second, following
+            // look (an `O_PATH` open, a `statx` and a `close`).
+            let path_ref = Path::new(&path);
+            let stat = match cap_primitives::fs::stat(&dir.dir, path_ref, FollowSymlinks::No) {
+                Ok(meta) if follow == FollowSymlinks::Yes && meta.file_type().is_symlink() => {
+                    cap_primitives::fs::stat(&dir.dir, path_ref, follow)
+                }
+                other => other,
+            };
+            match stat {
                 Ok(meta) => {
                     let kind = meta.file_type();
                     if !(kind.is_file() || kind.is_dir() || kind.is_symlink()) {
