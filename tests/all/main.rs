@@ -27,6 +27,7 @@ mod preflight;
 mod provider_faults;
 mod redteam_builder;
 mod redteam_db;
+mod redteam_fastpath;
 mod redteam_mcp;
 mod redteam_net;
 mod routes;

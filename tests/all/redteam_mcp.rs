@@ -807,3 +807,38 @@ fn a_hostile_server_that_floods_or_dies_fails_its_calls_only() {
     assert!(mcp_fixture::process_gone(pid));
     assert_eq!(outside_runs(&ws), before);
 }
+
+/// The folder granted to a running server deleted and made again (a fresh checkout, a
+/// cleaned output folder): the client is told, for each call, that the folder was deleted
+/// since it was granted and that the server needs a restart; nothing is written in the new
+/// folder or anywhere else.
+#[test]
+fn serve_tells_the_client_its_folder_was_deleted_since_it_was_granted() {
+    let tree = Tree::new();
+    let mut serve = StdioServe::start(&tree, &[]);
+    let first = serve.call(
+        "workspace__write_file",
+        json!({"path": "notes/first.md", "content": "first\n"}),
+    );
+    assert!(!denied(&first), "{first}");
+    std::fs::remove_dir_all(tree.root().join("notes")).unwrap();
+    std::fs::create_dir(tree.root().join("notes")).unwrap();
+    let before = tree_digest(tree.dir.path());
+    for (tool, args) in [
+        (
+            "workspace__write_file",
+            json!({"path": "notes/second.md", "content": "second\n"}),
+        ),
+        ("workspace__read_file", json!({"path": "shared/notes.md"})),
+    ] {
+        let answer = serve.call(tool, args);
+        assert!(denied(&answer), "{tool}: {answer}");
+        let text = answer.to_string();
+        assert!(
+            text.contains("was deleted since it was granted")
+                && text.contains("`trellis mcp serve`'s needs a restart"),
+            "{tool}: {answer}"
+        );
+    }
+    assert_eq!(tree_digest(tree.dir.path()), before);
+}

@@ -87,9 +87,13 @@ fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
         } else if meta.is_dir() {
             out.insert(rel.clone(), "dir".into());
             walk(root, &path, out);
-        } else {
+        } else if meta.is_file() {
             let digest = Sha256::digest(std::fs::read(&path).unwrap());
             out.insert(rel, hex::encode(digest));
+        } else {
+            // A FIFO, socket or device: reading it could block or never end.
+            use std::os::unix::fs::MetadataExt;
+            out.insert(rel, format!("special {:o} {}", meta.mode(), meta.ino()));
         }
     }
 }

@@ -198,6 +198,15 @@ impl FolderGrant {
     /// The folder opened and checked, by this call or an earlier one under the same grant.
     fn opened(&self) -> Result<&std::fs::File> {
         if let Some(file) = self.opened.get() {
+            // A folder deleted since (one `fstat`): its calls would each fail on paths that
+            // cannot exist, or be told nothing is there. Say what happened instead.
+            if file.metadata()?.nlink() == 0 {
+                bail!(
+                    "the folder was deleted since it was granted (a folder made at its path \
+                     since is not the one granted); grant it again: a new turn does, a \
+                     long-lived grant such as `trellis mcp serve`'s needs a restart"
+                );
+            }
             return Ok(file);
         }
         let file = self.open_checked()?;

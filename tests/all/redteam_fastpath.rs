@@ -1,0 +1,604 @@
+//! Attacks on the per-call fast paths of tool calls: a grant's folders opened once and
+//! reused by its later calls and its clones, the filesystem guard's single look at a path
+//! that does not end in a link, and `workspace:read_file` opening before it looks. Each
+//! attack ends in a denial or a safe outcome, and nothing outside the grant changes.
+
+use crate::support;
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::{registry_with_adversary, tree_digest};
+use trellis_sandbox::plugins::ToolErrorKind;
+use trellis_sandbox::{Grant, Limits, PluginRegistry, ToolCallError};
+
+/// A workspace with one read-write and one read-only granted folder, a file beside them and
+/// a folder fully outside, whose secret a hostile workspace links to.
+struct World {
+    dir: tempfile::TempDir,
+}
+
+impl World {
+    fn new() -> World {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        for folder in ["ws/granted/sub", "ws/ro", "outside"] {
+            std::fs::create_dir_all(root.join(folder)).unwrap();
+        }
+        std::fs::write(root.join("ws/granted/inside.txt"), "inside").unwrap();
+        std::fs::write(root.join("ws/ro/keep.txt"), "read-only content").unwrap();
+        std::fs::write(root.join("outside/secret.txt"), "outside secret").unwrap();
+        World { dir }
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    fn grant(&self) -> Grant {
+        Grant::none()
+            .write(self.path("ws/granted"), "/granted")
+            .unwrap()
+            .read(self.path("ws/ro"), "/ro")
+            .unwrap()
+    }
+
+    /// Digest of everything but the read-write folder, which calls may change.
+    fn outside_grant(&self) -> BTreeMap<String, String> {
+        let mut digest = tree_digest(self.dir.path());
+        digest.retain(|k, _| !k.starts_with("ws/granted/"));
+        digest
+    }
+
+    /// How many of this process's descriptors name something under this world.
+    fn descriptors_into(&self) -> usize {
+        let root = std::fs::canonicalize(self.dir.path()).unwrap();
+        std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .flatten()
+            .filter_map(|entry| std::fs::read_link(entry.path()).ok())
+            .filter(|target| target.starts_with(&root))
+            .count()
+    }
+}
+
+fn mkfifo(path: &Path) {
+    let c_path = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o644) }, 0);
+}
+
+fn limits() -> Limits {
+    Limits {
+        memory_bytes: 64 << 20,
+        timeout: Duration::from_secs(20),
+        output_bytes: 1 << 20,
+        stdio_bytes: 16 << 10,
+        ..Limits::default()
+    }
+}
+
+async fn call(
+    registry: &PluginRegistry,
+    tool: &str,
+    args: Value,
+    grant: &Grant,
+) -> Result<Value, ToolCallError> {
+    registry
+        .call_tool(&format!("adversary:{tool}"), &args, grant, &limits())
+        .await
+}
+
+async fn still_serving(registry: &PluginRegistry) {
+    let echoed = call(registry, "echo", json!({"value": "after"}), &Grant::none())
+        .await
+        .expect("the host serves the next call");
+    assert_eq!(echoed, json!("after"));
+}
+
+/// The call ended in a tool error of kind `kind` (not a crash, timeout or host error).
+fn tool_error(result: Result<Value, ToolCallError>, what: &str) -> (ToolErrorKind, String) {
+    match result {
+        Ok(value) => panic!("{what}: expected a refusal, got {value}"),
+        Err(ToolCallError::Tool { kind, message, .. }) => (kind, message),
+        Err(other) => panic!("{what}: expected a tool error, got {other:?}"),
+    }
+}
+
+/// A granted folder deleted and made again at its path while a grant that already used it
+/// is alive (`trellis mcp serve` keeps one for its lifetime): the next calls are refused
+/// with a message naming what happened, and nothing is written in either folder.
+#[tokio::test]
+async fn a_folder_deleted_and_made_again_under_a_live_grant_is_refused_clearly() {
+    let registry = registry_with_adversary().await;
+    let world = World::new();
+    let grant = world.grant();
+    call(
+        &registry,
+        "write",
+        json!({"path": "/granted/first.txt", "content": "first"}),
+        &grant,
+    )
+    .await
+    .unwrap();
+    std::fs::remove_dir_all(world.path("ws/granted")).unwrap();
+    std::fs::create_dir(world.path("ws/granted")).unwrap();
+    let before = tree_digest(world.dir.path());
+    for (tool, args) in [
+        (
+            "write",
+            json!({"path": "/granted/second.txt", "content": "x"}),
+        ),
+        ("read", json!({"path": "/ro/keep.txt"})),
+        ("list", json!({"path": "/granted"})),
+    ] {
+        let err = call(&registry, tool, args, &grant.clone())
+            .await
+            .expect_err(tool);
+        let text = format!("{err:#}");
+        assert!(
+            text.contains("was deleted since it was granted"),
+            "{tool}: {text}"
+        );
+        assert!(
+            text.contains(&world.path("ws/granted").display().to_string()),
+            "{tool}: the message names the folder: {text}"
+        );
+    }
+    assert_eq!(tree_digest(world.dir.path()), before, "nothing written");
+    // A grant made now is of the new folder and works.
+    call(
+        &registry,
+        "write",
+        json!({"path": "/granted/third.txt", "content": "third"}),
+        &world.grant(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        std::fs::read_to_string(world.path("ws/granted/third.txt")).unwrap(),
+        "third"
+    );
+    still_serving(&registry).await;
+}
+
+/// Clones of one grant used side by side while the granted folder is swapped, again and
+/// again, for a link to a folder outside and back: every call either writes in the folder
+/// that was granted or is refused; nothing is ever written through the link.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn clones_of_a_grant_used_side_by_side_during_folder_swaps_stay_in_the_grant() {
+    let registry = registry_with_adversary().await;
+    let world = World::new();
+    let grant = world.grant();
+    let before = world.outside_grant();
+    let stop = Arc::new(AtomicBool::new(false));
+    let swapper = {
+        let stop = stop.clone();
+        let granted = world.path("ws/granted");
+        let parked = world.path("ws/parked");
+        let outside = world.path("outside");
+        std::thread::spawn(move || {
+            let mut swaps = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                std::fs::rename(&granted, &parked).unwrap();
+                symlink(&outside, &granted).unwrap();
+                std::thread::yield_now();
+                std::fs::remove_file(&granted).unwrap();
+                std::fs::rename(&parked, &granted).unwrap();
+                swaps += 1;
+            }
+            swaps
+        })
+    };
+    let registry = Arc::new(registry);
+    let mut calls = tokio::task::JoinSet::new();
+    for i in 0..24 {
+        let grant = grant.clone();
+        let registry = registry.clone();
+        calls.spawn(async move {
+            call(
+                &registry,
+                "write",
+                json!({"path": format!("/granted/w{i}.txt"), "content": "w"}),
+                &grant,
+            )
+            .await
+        });
+    }
+    let results = calls.join_all().await;
+    stop.store(true, Ordering::Relaxed);
+    let swaps = swapper.join().unwrap();
+    assert!(swaps > 0);
+    for result in &results {
+        if let Err(err) = result {
+            let text = format!("{err:#}");
+            assert!(
+                text.contains("replaced since it was granted")
+                    || text.contains("not a symbolic link"),
+                "{text}"
+            );
+        }
+    }
+    assert_eq!(world.outside_grant(), before, "nothing written outside");
+    let written = std::fs::read_dir(world.path("ws/granted"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with('w'))
+        .count();
+    assert_eq!(
+        written,
+        results.iter().filter(|r| r.is_ok()).count(),
+        "every call that succeeded wrote in the granted folder"
+    );
+    still_serving(&registry).await;
+}
+
+/// FIFOs, sockets and files with other hard links reached through a final link, a link on
+/// the way, `.`/`..` and trailing slashes: refused for reading (special files) and for
+/// writing (special files and hard-linked files); a link to a FIFO outside the grant is
+/// outside it.
+#[tokio::test]
+async fn special_and_hard_linked_files_reached_by_any_spelling_are_refused() {
+    let registry = registry_with_adversary().await;
+    let world = World::new();
+    mkfifo(&world.path("ws/granted/sub/pipe"));
+    mkfifo(&world.path("outside/pipe"));
+    let _socket = std::os::unix::net::UnixListener::bind(world.path("ws/granted/sub/sock"))
+        .expect("a socket in the grant");
+    std::fs::hard_link(
+        world.path("outside/secret.txt"),
+        world.path("ws/granted/sub/hard"),
+    )
+    .unwrap();
+    symlink("sub", world.path("ws/granted/subl")).unwrap();
+    symlink("sub/pipe", world.path("ws/granted/pipelink")).unwrap();
+    symlink("pipelink", world.path("ws/granted/pipelink2")).unwrap();
+    symlink("sub/sock", world.path("ws/granted/socklink")).unwrap();
+    symlink("sub/hard", world.path("ws/granted/hardlink")).unwrap();
+    symlink("../sub/hard", world.path("ws/granted/sub/uphard")).unwrap();
+    symlink(world.path("outside/pipe"), world.path("ws/granted/outpipe")).unwrap();
+    symlink("../../outside/pipe", world.path("ws/granted/outpipe_rel")).unwrap();
+    let before = world.outside_grant();
+    let grant = world.grant();
+    let limits = Limits {
+        timeout: Duration::from_secs(5),
+        ..limits()
+    };
+    let special = [
+        "/granted/sub/pipe",
+        "/granted/subl/pipe",
+        "/granted/pipelink",
+        "/granted/pipelink2",
+        "/granted/./subl/./pipe",
+        "/granted/sub/../subl/pipe",
+        "/granted/subl/pipe/",
+        "/granted/pipelink/",
+        "/granted/pipelink/.",
+        "/granted/sub/sock",
+        "/granted/subl/sock",
+        "/granted/socklink",
+        "/granted/outpipe",
+        "/granted/outpipe_rel",
+    ];
+    let hard = [
+        "/granted/sub/hard",
+        "/granted/subl/hard",
+        "/granted/hardlink",
+        "/granted/subl/../subl/hard",
+        "/granted/sub/uphard",
+        "/granted/hardlink/",
+    ];
+    for path in special {
+        for (tool, args) in [
+            ("read", json!({ "path": path })),
+            ("write", json!({ "path": path, "content": "x" })),
+        ] {
+            let result = registry
+                .call_tool(&format!("adversary:{tool}"), &args, &grant, &limits)
+                .await;
+            tool_error(result, &format!("{tool} {path}"));
+        }
+    }
+    for path in hard {
+        let result = registry
+            .call_tool(
+                "adversary:write",
+                &json!({ "path": path, "content": "overwritten" }),
+                &grant,
+                &limits,
+            )
+            .await;
+        tool_error(result, &format!("write {path}"));
+    }
+    assert_eq!(
+        std::fs::read_to_string(world.path("outside/secret.txt")).unwrap(),
+        "outside secret"
+    );
+    assert_eq!(world.outside_grant(), before);
+    still_serving(&registry).await;
+}
+
+/// A grant holds one descriptor per folder whatever the number of its calls and clones,
+/// gives it back when the last clone goes, and none of them reaches a child process.
+#[tokio::test]
+async fn a_grant_holds_one_descriptor_per_folder_and_children_inherit_none() {
+    let registry = registry_with_adversary().await;
+    let world = World::new();
+    assert_eq!(world.descriptors_into(), 0);
+    let grant = world.grant();
+    for i in 0..10 {
+        call(
+            &registry,
+            "read",
+            json!({"path": "/ro/keep.txt"}),
+            &grant.clone(),
+        )
+        .await
+        .unwrap();
+        call(
+            &registry,
+            "write",
+            json!({"path": format!("/granted/{i}.txt"), "content": "x"}),
+            &grant,
+        )
+        .await
+        .unwrap();
+    }
+    assert_eq!(world.descriptors_into(), 2, "one per granted folder");
+
+    // Many grants alive at once: one descriptor per folder each, all given back.
+    let many: Vec<Grant> = (0..50).map(|_| world.grant()).collect();
+    for grant in &many {
+        call(&registry, "list", json!({"path": "/ro"}), grant)
+            .await
+            .unwrap();
+    }
+    assert_eq!(world.descriptors_into(), 2 + 2 * many.len());
+
+    // A child started now (an external MCP server, a script's process) sees none of them.
+    let root = std::fs::canonicalize(world.dir.path()).unwrap();
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("for f in /proc/$$/fd/*; do readlink \"$f\"; done; true")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let seen = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !seen.contains(&root.display().to_string()),
+        "a child inherited a granted folder: {seen}"
+    );
+
+    drop(many);
+    drop(grant);
+    assert_eq!(world.descriptors_into(), 0, "every descriptor given back");
+    still_serving(&registry).await;
+}
+
+/// A regular file swapped for a FIFO, again and again, while calls read it: the check and
+/// the open are two looks at the path. A call that got past the check may open the FIFO
+/// and wait for a writer; the watchdog here plays that writer and counts the calls it
+/// had to free.
+#[tokio::test]
+#[ignore = "open hole: the guard checks the path, then wasmtime opens it by path again on the \
+            calling thread; a FIFO swapped in between blocks the call until a writer comes"]
+async fn a_file_swapped_for_a_fifo_between_the_check_and_the_open_never_blocks_a_call() {
+    let registry = registry_with_adversary().await;
+    let world = World::new();
+    std::fs::write(world.path("ws/granted/x"), "regular").unwrap();
+    std::fs::write(world.path("ws/granted/regular"), "regular").unwrap();
+    mkfifo(&world.path("ws/granted/fifo"));
+    let before = world.outside_grant();
+    let stop = Arc::new(AtomicBool::new(false));
+    let freed = Arc::new(AtomicUsize::new(0));
+    let swapper = {
+        let stop = stop.clone();
+        let x = world.path("ws/granted/x");
+        let regular = world.path("ws/granted/regular");
+        let fifo = world.path("ws/granted/fifo");
+        std::thread::spawn(move || {
+            let mut flip = false;
+            while !stop.load(Ordering::Relaxed) {
+                let source = if flip { &regular } else { &fifo };
+                // Swap `x` with the other: x -> tmp, source -> x, tmp -> source.
+                let tmp = x.with_extension("tmp");
+                std::fs::rename(&x, &tmp).unwrap();
+                std::fs::rename(source, &x).unwrap();
+                std::fs::rename(&tmp, source).unwrap();
+                flip = !flip;
+            }
+        })
+    };
+    let watchdog = {
+        let stop = stop.clone();
+        let freed = freed.clone();
+        let names = ["x", "x.tmp", "regular", "fifo"].map(|n| world.path("ws/granted").join(n));
+        std::thread::spawn(move || {
+            use std::os::unix::fs::OpenOptionsExt;
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(50));
+                for name in &names {
+                    // Succeeds only on a FIFO with a reader waiting: a blocked call.
+                    if std::fs::OpenOptions::new()
+                        .write(true)
+                        .custom_flags(libc::O_NONBLOCK)
+                        .open(name)
+                        .is_ok_and(|f| f.metadata().is_ok_and(|m| !m.is_file()))
+                    {
+                        freed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        })
+    };
+    let grant = world.grant();
+    let mut outcomes = [0usize; 2];
+    for _ in 0..2000 {
+        match call(&registry, "read", json!({"path": "/granted/x"}), &grant).await {
+            Ok(content) => {
+                assert_eq!(content, json!("regular"));
+                outcomes[0] += 1;
+            }
+            Err(err) => {
+                tool_error(Err(err), "read /granted/x");
+                outcomes[1] += 1;
+            }
+        }
+    }
+    eprintln!(
+        "swapped file: {} read, {} refused",
+        outcomes[0], outcomes[1]
+    );
+    stop.store(true, Ordering::Relaxed);
+    swapper.join().unwrap();
+    watchdog.join().unwrap();
+    assert_eq!(
+        freed.load(Ordering::Relaxed),
+        0,
+        "a call opened the FIFO and waited for a writer"
+    );
+    assert_eq!(world.outside_grant(), before);
+    still_serving(&registry).await;
+}
+
+// ---- The bundled `workspace:read_file`, which opens before it looks ----
+
+async fn read_file(
+    registry: &PluginRegistry,
+    grant: &Grant,
+    path: &str,
+) -> Result<Value, ToolCallError> {
+    registry
+        .call_tool(
+            "workspace:read_file",
+            &json!({ "path": path }),
+            grant,
+            &Limits {
+                timeout: Duration::from_secs(10),
+                ..Limits::default()
+            },
+        )
+        .await
+}
+
+/// `read_file` of a FIFO, a socket, a folder, a link to a FIFO outside the grant, and a
+/// hard link to a file outside it: refused, except the hard link, which is the same file
+/// and reads as it (and `write_file` to it replaces the link, never the file outside).
+#[tokio::test]
+async fn read_file_on_special_files_folders_and_hard_links() {
+    let registry = support::registry().await;
+    let world = World::new();
+    mkfifo(&world.path("ws/granted/pipe"));
+    mkfifo(&world.path("outside/pipe"));
+    let _socket =
+        std::os::unix::net::UnixListener::bind(world.path("ws/granted/sock")).expect("a socket");
+    symlink(world.path("outside/pipe"), world.path("ws/granted/outpipe")).unwrap();
+    symlink("pipe", world.path("ws/granted/pipelink")).unwrap();
+    std::fs::hard_link(
+        world.path("outside/secret.txt"),
+        world.path("ws/granted/hard"),
+    )
+    .unwrap();
+    let before = world.outside_grant();
+    let grant = Grant::none()
+        .write(world.path("ws/granted"), "granted")
+        .unwrap();
+    for path in [
+        "granted/pipe",
+        "granted/pipelink",
+        "granted/sock",
+        "granted/outpipe",
+    ] {
+        let (kind, message) = tool_error(read_file(&registry, &grant, path).await, path);
+        assert_eq!(kind, ToolErrorKind::Denied, "{path}: {message}");
+    }
+    let (kind, message) = tool_error(read_file(&registry, &grant, "granted/sub").await, "folder");
+    assert_eq!(kind, ToolErrorKind::InvalidArguments, "{message}");
+    assert!(message.contains("is a folder; use list_dir"), "{message}");
+
+    let read = read_file(&registry, &grant, "granted/hard").await.unwrap();
+    assert_eq!(read["content"], "outside secret");
+    let written = registry
+        .call_tool(
+            "workspace:write_file",
+            &json!({"path": "granted/hard", "content": "overwritten"}),
+            &grant,
+            &Limits::default(),
+        )
+        .await;
+    if written.is_ok() {
+        assert_eq!(
+            std::fs::read_to_string(world.path("ws/granted/hard")).unwrap(),
+            "overwritten"
+        );
+    }
+    assert_eq!(
+        std::fs::read_to_string(world.path("outside/secret.txt")).unwrap(),
+        "outside secret"
+    );
+    assert_eq!(world.outside_grant(), before);
+}
+
+/// A file that grows while `read_file` reads it (a log being written): the call ends with
+/// at most the 1 MiB it returns at once, whole lines only, or a clear refusal.
+#[tokio::test]
+async fn read_file_of_a_growing_file_ends_with_a_bounded_answer() {
+    let registry = support::registry().await;
+    let world = World::new();
+    let log = world.path("ws/granted/log.txt");
+    std::fs::write(&log, format!("{}\n", "l".repeat(99)).repeat(4)).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let stop = stop.clone();
+        let log = log.clone();
+        std::thread::spawn(move || {
+            use std::io::Write;
+            let mut file = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+            let line = format!("{}\n", "l".repeat(99));
+            let mut written = 0usize;
+            // At most 16 MiB: the disk is not the thing under test.
+            while !stop.load(Ordering::Relaxed) && written < 16 << 20 {
+                file.write_all(line.as_bytes()).unwrap();
+                written += line.len();
+            }
+        })
+    };
+    let grant = Grant::none()
+        .write(world.path("ws/granted"), "granted")
+        .unwrap();
+    for _ in 0..5 {
+        match read_file(&registry, &grant, "granted/log.txt").await {
+            Ok(read) => {
+                let content = read["content"].as_str().unwrap();
+                assert!(content.len() <= 1 << 20);
+                assert!(content.is_empty() || content.ends_with('\n'));
+                assert!(content.lines().all(|l| l.len() == 99), "whole lines only");
+            }
+            Err(ToolCallError::Tool { kind, message, .. }) => {
+                assert_eq!(kind, ToolErrorKind::InvalidArguments, "{message}");
+                assert!(
+                    message.contains("pass offset_line and max_lines"),
+                    "{message}"
+                );
+            }
+            Err(other) => panic!("expected an answer or a refusal, got {other:?}"),
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    writer.join().unwrap();
+    let window = registry
+        .call_tool(
+            "workspace:read_file",
+            &json!({"path": "granted/log.txt", "offset_line": 3, "max_lines": 2}),
+            &grant,
+            &Limits::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(window["content"], format!("{0}\n{0}\n", "l".repeat(99)));
+}
