@@ -57,13 +57,20 @@ impl World {
 
     /// How many of this process's descriptors name something under this world.
     fn descriptors_into(&self) -> usize {
+        self.descriptors().len()
+    }
+
+    /// This process's descriptors that name something under this world.
+    fn descriptors(&self) -> Vec<i32> {
         let root = std::fs::canonicalize(self.dir.path()).unwrap();
         std::fs::read_dir("/proc/self/fd")
             .unwrap()
             .flatten()
-            .filter_map(|entry| std::fs::read_link(entry.path()).ok())
-            .filter(|target| target.starts_with(&root))
-            .count()
+            .filter(|entry| {
+                std::fs::read_link(entry.path()).is_ok_and(|target| target.starts_with(&root))
+            })
+            .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
+            .collect()
     }
 }
 
@@ -360,7 +367,16 @@ async fn a_grant_holds_one_descriptor_per_folder_and_children_inherit_none() {
     }
     assert_eq!(world.descriptors_into(), 2 + 2 * many.len());
 
-    // A child started now (an external MCP server, a script's process) sees none of them.
+    // A child started now (an external MCP server, a script's process) sees none of them:
+    // every one is closed on exec.
+    for fd in world.descriptors() {
+        // SAFETY: F_GETFD on a descriptor number reads its flags and changes nothing.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+        assert!(
+            flags >= 0 && flags & libc::FD_CLOEXEC != 0,
+            "descriptor {fd} is not closed on exec"
+        );
+    }
     let root = std::fs::canonicalize(world.dir.path()).unwrap();
     let out = std::process::Command::new("sh")
         .arg("-c")
@@ -385,8 +401,6 @@ async fn a_grant_holds_one_descriptor_per_folder_and_children_inherit_none() {
 /// and wait for a writer; the watchdog here plays that writer and counts the calls it
 /// had to free.
 #[tokio::test]
-#[ignore = "open hole: the guard checks the path, then wasmtime opens it by path again on the \
-            calling thread; a FIFO swapped in between blocks the call until a writer comes"]
 async fn a_file_swapped_for_a_fifo_between_the_check_and_the_open_never_blocks_a_call() {
     let registry = registry_with_adversary().await;
     let world = World::new();
@@ -463,6 +477,69 @@ async fn a_file_swapped_for_a_fifo_between_the_check_and_the_open_never_blocks_a
         "a call opened the FIFO and waited for a writer"
     );
     assert_eq!(world.outside_grant(), before);
+    still_serving(&registry).await;
+}
+
+/// A regular file swapped, again and again, for a hard link to a file outside the grant while
+/// calls overwrite it: a call that got past the check on the regular file must not truncate
+/// or write the file outside when the link is what it opens.
+#[tokio::test]
+async fn a_file_swapped_for_a_hard_link_between_the_check_and_the_open_is_not_written() {
+    let registry = registry_with_adversary().await;
+    let world = World::new();
+    std::fs::write(world.path("ws/granted/y"), "regular").unwrap();
+    std::fs::write(world.path("ws/granted/regular"), "regular").unwrap();
+    std::fs::hard_link(
+        world.path("outside/secret.txt"),
+        world.path("ws/granted/hard"),
+    )
+    .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let swapper = {
+        let stop = stop.clone();
+        let y = world.path("ws/granted/y");
+        let regular = world.path("ws/granted/regular");
+        let hard = world.path("ws/granted/hard");
+        std::thread::spawn(move || {
+            let mut flip = false;
+            while !stop.load(Ordering::Relaxed) {
+                let source = if flip { &regular } else { &hard };
+                let tmp = y.with_extension("tmp");
+                std::fs::rename(&y, &tmp).unwrap();
+                std::fs::rename(source, &y).unwrap();
+                std::fs::rename(&tmp, source).unwrap();
+                flip = !flip;
+            }
+        })
+    };
+    let grant = world.grant();
+    let mut outcomes = [0usize; 2];
+    for _ in 0..2000 {
+        let result = call(
+            &registry,
+            "write",
+            json!({"path": "/granted/y", "content": "overwritten"}),
+            &grant,
+        )
+        .await;
+        match result {
+            Ok(_) => outcomes[0] += 1,
+            Err(err) => {
+                tool_error(Err(err), "write /granted/y");
+                outcomes[1] += 1;
+            }
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    swapper.join().unwrap();
+    eprintln!(
+        "swapped hard link: {} written, {} refused",
+        outcomes[0], outcomes[1]
+    );
+    assert_eq!(
+        std::fs::read_to_string(world.path("outside/secret.txt")).unwrap(),
+        "outside secret"
+    );
     still_serving(&registry).await;
 }
 

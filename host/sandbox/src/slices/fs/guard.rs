@@ -7,6 +7,8 @@
 //! - **No special files.** Opening a FIFO, socket or device is refused before the open: with
 //!   `allow_blocking_current_thread` a blocking open of a FIFO would hold the runtime thread
 //!   past every deadline. (Guests cannot create such files; a workspace may contain them.)
+//!   The open itself never waits and is checked again through its descriptor, so a FIFO or a
+//!   hard link put at the path after the check is refused too.
 //! - **No links made by guests.** `symlink-at` and `link-at` are refused: a link inside a
 //!   writable folder that points elsewhere only ever misleads a later reader, and no workflow
 //!   needs one.
@@ -34,6 +36,102 @@ use wasmtime_wasi::p2::{
     DynInputStream, DynOutputStream, FsError, FsResult, OutputStream, Pollable, ReaddirIterator,
     StreamError, StreamResult,
 };
+
+/// Opens `path` under `dir` as wasmtime-wasi's `open-at` does, but closes the gap between the
+/// check of the path in [`GuardedFs::open_at`] and the open (something else may be put at the
+/// path in between): the open never waits (`O_NONBLOCK`: a FIFO found there now is opened at
+/// once, not waited on, with the runtime thread held past every deadline), and what was
+/// opened is checked again through its descriptor, before any truncation, with the same rules.
+fn open_unblocking(
+    dir: &wasmtime_wasi::filesystem::Dir,
+    path_flags: types::PathFlags,
+    path: &str,
+    oflags: types::OpenFlags,
+    flags: types::DescriptorFlags,
+) -> Result<Descriptor, ErrorCode> {
+    use cap_primitives::fs::{OpenOptions, OpenOptionsExt};
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::MetadataExt;
+    use types::{DescriptorFlags, OpenFlags};
+    use wasmtime_wasi::OpenMode;
+
+    let mut opts = OpenOptions::new();
+    let mut mode = OpenMode::empty();
+    let create = oflags.contains(OpenFlags::CREATE);
+    let truncate = oflags.contains(OpenFlags::TRUNCATE);
+    if create {
+        if oflags.contains(OpenFlags::EXCLUSIVE) {
+            opts.create_new(true);
+        } else {
+            opts.create(true);
+        }
+    }
+    if create || truncate || flags.contains(DescriptorFlags::WRITE) {
+        opts.write(true);
+        mode |= OpenMode::WRITE;
+    }
+    if flags.contains(DescriptorFlags::READ) || !flags.contains(DescriptorFlags::WRITE) {
+        // As wasmtime-wasi: opened for reading unless only for writing.
+        opts.read(true);
+        mode |= OpenMode::READ;
+    }
+    // The `follow` of cap-fs-ext's `OpenOptionsFollowExt`, without that crate.
+    opts._cap_fs_ext_follow(if path_flags.contains(types::PathFlags::SYMLINK_FOLLOW) {
+        FollowSymlinks::Yes
+    } else {
+        FollowSymlinks::No
+    });
+    if flags.intersects(
+        DescriptorFlags::FILE_INTEGRITY_SYNC
+            | DescriptorFlags::DATA_INTEGRITY_SYNC
+            | DescriptorFlags::REQUESTED_WRITE_SYNC,
+    ) {
+        return Err(ErrorCode::Unsupported);
+    }
+    let directory = oflags.contains(OpenFlags::DIRECTORY);
+    if directory && (create || oflags.contains(OpenFlags::EXCLUSIVE) || truncate) {
+        return Err(ErrorCode::Invalid);
+    }
+    if dir.perms.write_not_permitted() && mode.contains(OpenMode::WRITE) {
+        return Err(ErrorCode::NotPermitted);
+    }
+    opts.custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY);
+    let file = cap_primitives::fs::open(&dir.dir, Path::new(path), &opts)?;
+    let meta = file.metadata()?;
+    let kind = meta.file_type();
+    if !(kind.is_file() || kind.is_dir()) {
+        return Err(ErrorCode::Access);
+    }
+    if directory && !kind.is_dir() {
+        return Err(ErrorCode::NotDirectory);
+    }
+    // Created now or not, a file with other hard links is not written in place.
+    if kind.is_file() && mode.contains(OpenMode::WRITE) && meta.nlink() > 1 {
+        return Err(ErrorCode::Access);
+    }
+    // SAFETY: F_GETFL and F_SETFL on a descriptor this function owns.
+    let cleared = unsafe {
+        let fl = libc::fcntl(file.as_raw_fd(), libc::F_GETFL);
+        fl >= 0 && libc::fcntl(file.as_raw_fd(), libc::F_SETFL, fl & !libc::O_NONBLOCK) == 0
+    };
+    if !cleared {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    if truncate && kind.is_file() {
+        file.set_len(0)?;
+    }
+    // Every context this guard fronts lets filesystem calls block the calling thread
+    // (`Grant::wasi_builder`), as the descriptors wasmtime-wasi opens itself do.
+    Ok(if kind.is_dir() {
+        Descriptor::Dir(wasmtime_wasi::filesystem::Dir::new(
+            file, dir.perms, mode, true,
+        ))
+    } else {
+        Descriptor::File(wasmtime_wasi::filesystem::File::new(
+            file, dir.perms, mode, true,
+        ))
+    })
+}
 
 /// How much one call may add to its read-write folders, and how many descriptors it may hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -453,8 +551,16 @@ impl HostDescriptor for GuardedFs<'_> {
             }
         }
         self.budget.check_open()?;
-        let opened =
-            HostDescriptor::open_at(&mut self.fs, fd, path_flags, path, oflags, flags).await?;
+        let opened = match self.fs.table.get(&fd)? {
+            Descriptor::Dir(dir) => {
+                let descriptor = open_unblocking(dir, path_flags, &path, oflags, flags)?;
+                self.fs.table.push(descriptor)?
+            }
+            // Not a folder: wasmtime-wasi refuses it.
+            Descriptor::File(_) => {
+                HostDescriptor::open_at(&mut self.fs, fd, path_flags, path, oflags, flags).await?
+            }
+        };
         match self.fs.table.get(&opened)? {
             Descriptor::File(f) => self.budget.track_open(&f.file),
             Descriptor::Dir(d) => self.budget.track_open(&d.dir),
