@@ -679,3 +679,50 @@ async fn read_file_of_a_growing_file_ends_with_a_bounded_answer() {
         .unwrap();
     assert_eq!(window["content"], format!("{0}\n{0}\n", "l".repeat(99)));
 }
+
+/// Out of descriptors (many folders granted, a low limit): the user is told so, not that
+/// the folder must be an existing directory.
+#[test]
+fn running_out_of_descriptors_is_reported_as_such() {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = vec![
+        "tool".to_string(),
+        "call".to_string(),
+        "workspace:read_file".to_string(),
+        "--args".to_string(),
+        json!({"path": "d0/f.txt"}).to_string(),
+        "--root".to_string(),
+        dir.path().display().to_string(),
+    ];
+    for i in 0..120 {
+        std::fs::create_dir(dir.path().join(format!("d{i}"))).unwrap();
+        args.extend(["--read".to_string(), format!("d{i}")]);
+    }
+    std::fs::write(dir.path().join("d0/f.txt"), "text\n").unwrap();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let before = tree_digest(dir.path());
+    let mut command = support::trellis_command(&args);
+    // SAFETY: only setrlimit, which is async-signal-safe, runs between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: 64,
+                rlim_max: 64,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = command.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("Too many open files"), "{stderr}");
+    assert!(
+        !stderr.contains("must be an existing directory"),
+        "the folder is not to blame: {stderr}"
+    );
+    assert_eq!(tree_digest(dir.path()), before);
+}

@@ -221,10 +221,12 @@ impl FolderGrant {
             .read(true)
             .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(&self.host)
-            .map_err(|e| {
-                anyhow::anyhow!(
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP) => anyhow::anyhow!(
                     "it must be an existing directory, not a symbolic link or a file: {e}"
-                )
+                ),
+                // Out of descriptors, say: the folder is not to blame.
+                _ => anyhow::anyhow!("opening it failed: {e}"),
             })?;
         let meta = file.metadata()?;
         if let Some(identity) = self.identity
