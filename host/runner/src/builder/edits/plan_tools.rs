@@ -136,6 +136,17 @@ fn step_list<'a>(plan: &'a Value, list: &str) -> &'a [Value] {
         .map_or(&[], Vec::as_slice)
 }
 
+/// The entries of a step config: its `steps`, or the array it is (either shape is read).
+fn step_config_entries(config: &Value) -> &[Value] {
+    match config {
+        Value::Array(a) => a.as_slice(),
+        v => v
+            .get("steps")
+            .and_then(Value::as_array)
+            .map_or(&[], Vec::as_slice),
+    }
+}
+
 fn id_of(step: &Value) -> Option<&str> {
     step.get("id").and_then(Value::as_str)
 }

@@ -7,7 +7,9 @@ use serde_json::{Value, json};
 
 use trellis_workflow::{PLAN_FILE, STEP_CONFIG_FILE};
 
-use super::{all_step_ids, id_of, step_list, steps_mut, top_ids, unknown_step};
+use super::{
+    all_step_ids, id_of, step_config_entries, step_list, steps_mut, top_ids, unknown_step,
+};
 use crate::builder::ToolFailure;
 use crate::builder::ToolResult;
 use crate::builder::edits::args::{req_str, str_list};
@@ -234,14 +236,7 @@ pub(in crate::builder::edits) fn delete(root: &Path, args: &Value) -> ToolResult
     for file in run_specific_configs(&draft.fs) {
         let text = draft.fs.read_to_string(&file).unwrap_or_default();
         let value: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
-        let entries = match &value {
-            Value::Array(a) => a.as_slice(),
-            v => v
-                .get("steps")
-                .and_then(Value::as_array)
-                .map_or(&[][..], Vec::as_slice),
-        };
-        let stale: Vec<&str> = entries
+        let stale: Vec<&str> = step_config_entries(&value)
             .iter()
             .filter_map(id_of)
             .filter(|i| gone.iter().any(|g| g == i))

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use trellis_sandbox::store::WorkspaceFs;
 use trellis_workflow::{STEP_CONFIG_FILE, step_config_location};
 
-use super::{id_of, locate, steps_mut, top_ids, unknown_step};
+use super::{id_of, locate, step_config_entries, steps_mut, top_ids, unknown_step};
 use crate::builder::ToolResult;
 use crate::builder::edits::args::req_str;
 use crate::builder::edits::changelog::Change;
@@ -23,14 +23,7 @@ fn config_schema_in_force(fs: &WorkspaceFs, draft_config: &Value, id: &str) -> O
     } else {
         serde_json::from_str(&fs.read_to_string(&rel).ok()?).ok()?
     };
-    let entries = match &text {
-        Value::Array(a) => a.as_slice(),
-        v => v
-            .get("steps")
-            .and_then(Value::as_array)
-            .map_or(&[][..], Vec::as_slice),
-    };
-    entries
+    step_config_entries(&text)
         .iter()
         .find(|e| id_of(e) == Some(id))
         .filter(|e| e.get("validation_schema").is_some_and(|v| !v.is_null()))
