@@ -160,7 +160,15 @@ pub async fn run_workflow(env: &RunEnv<'_>, root: &Path, opts: &RunOptions) -> R
     // The run's external MCP servers go with it: stopped when it ends, whichever way.
     let servers = Arc::new(servers);
     *env.mcp.lock().unwrap_or_else(|e| e.into_inner()) = Some(servers.clone());
-    let result = run_prepared(env, root, &ws, opts, groups, units).await;
+    let mut result = run_prepared(env, root, &ws, opts, groups, units).await;
+    // The steps' sessions, turn logs and final summaries are written behind the loop
+    // (`StepRunner::with_step_ends_behind`): all on disk before the run is reported over and
+    // its workspace lock let go.
+    let flushed = trellis_sandbox::store::write_behind::flush()
+        .context("writing the run's sessions, turn logs and step summaries");
+    if let (Ok(_), Err(err)) = (&result, flushed) {
+        result = Err(err);
+    }
     env.mcp.lock().unwrap_or_else(|e| e.into_inner()).take();
     if let Ok(mut servers) = Arc::try_unwrap(servers) {
         servers.stop().await;

@@ -81,7 +81,8 @@ impl<'a> RunEnv<'a> {
         .with_retry(self.retry)
         .with_max_tool_rounds(self.max_tool_rounds)
         .with_cancel(self.cancel.clone())
-        .with_observer(self.observer.clone());
+        .with_observer(self.observer.clone())
+        .with_step_ends_behind();
         if let Some(steering) = &self.steering {
             runner = runner.with_steering(steering.clone());
         }
