@@ -7,15 +7,15 @@
 //! Without `python3` the SDK tests are skipped with a message; CI makes the environment
 //! first (`.ci/run`).
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use crate::support::mcp_serve::{HttpServe, INIT, post};
 use crate::support::{self, tree_digest};
 
 /// The pinned SDK release.
@@ -273,117 +273,36 @@ fn tool_flag_narrows_what_is_offered() {
     assert!(out["results"][0]["protocol_error"].is_string(), "{out:#}");
 }
 
-/// A running `trellis mcp serve --http`, killed on drop.
-struct HttpServe {
-    child: Child,
-    addr: String,
-}
-
-impl HttpServe {
-    fn start(tree: &Tree, addr: &str, token: Option<&str>) -> HttpServe {
-        let mut command = support::trellis_command(&[
-            "-v",
-            "mcp",
-            "serve",
-            "--http",
-            addr,
+/// `trellis mcp serve --http ADDR` on the tree's `shared`, read-only, with its plugins.
+fn serve_http(tree: &Tree, addr: &str, token: Option<&str>) -> HttpServe {
+    let (root, plugins) = (tree.root(), tree.plugins());
+    HttpServe::start(
+        addr,
+        token,
+        &[
             "--root",
-            tree.root().to_str().unwrap(),
+            root.to_str().unwrap(),
             "--read",
             "shared",
             "--plugins",
-            tree.plugins().to_str().unwrap(),
+            plugins.to_str().unwrap(),
             "--timeout",
             "600",
-        ]);
-        command.env_remove("TRELLIS_TOKEN");
-        if let Some(token) = token {
-            command.env("TRELLIS_TOKEN", token);
-        }
-        let mut child = command
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut stderr = BufReader::new(child.stderr.take().unwrap());
-        let mut line = String::new();
-        let addr = loop {
-            line.clear();
-            assert!(
-                stderr.read_line(&mut line).unwrap() > 0,
-                "the server ended before listening"
-            );
-            if let Some(url) = line.trim().strip_prefix("trellis: serving MCP at http://") {
-                break url.trim_end_matches("/mcp").to_string();
-            }
-        };
-        // The rest of its log goes to a thread, kept for the test to read.
-        let log = LOG.get_or_init(Default::default).clone();
-        let port = addr.clone();
-        std::thread::spawn(move || {
-            for line in stderr.lines().map_while(Result::ok) {
-                log.lock().unwrap().push((port.clone(), line));
-            }
-        });
-        HttpServe { child, addr }
-    }
-
-    fn port(&self) -> u16 {
-        self.addr.rsplit(':').next().unwrap().parse().unwrap()
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}/mcp", self.port())
-    }
-
-    fn log(&self) -> Vec<String> {
-        LOG.get()
-            .unwrap()
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|(addr, _)| *addr == self.addr)
-            .map(|(_, line)| line.clone())
-            .collect()
-    }
-}
-
-type Log = std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>;
-static LOG: OnceLock<Log> = OnceLock::new();
-
-impl Drop for HttpServe {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+        ],
+    )
 }
 
 /// The status of an `initialize` POST to `port` with these Host and Authorization headers.
 fn raw_status(port: u16, host: &str, token: Option<&str>) -> u16 {
-    let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;
-    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
-    let request = format!(
-        "POST /mcp HTTP/1.1\r\nHost: {host}\r\n{auth}Content-Type: application/json\r\n\
-         Accept: application/json, text/event-stream\r\nContent-Length: {}\r\n\
-         Connection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .unwrap();
-    stream.write_all(request.as_bytes()).unwrap();
-    let mut head = [0u8; 12];
-    stream.read_exact(&mut head).unwrap();
-    String::from_utf8_lossy(&head[9..12]).parse().unwrap()
+    let auth = token.map_or(String::new(), |t| format!("\r\nAuthorization: Bearer {t}"));
+    post(port, &format!("\r\nHost: {host}{auth}"), INIT)
 }
 
 #[test]
 fn http_client_lists_and_calls_tools_on_loopback() {
     let tree = Tree::new();
     let before = tree_digest(tree.dir.path());
-    let server = HttpServe::start(&tree, "0", None);
+    let server = serve_http(&tree, "0", None);
     // DNS rebinding: a page of another name that resolves to 127.0.0.1 is refused.
     assert_eq!(raw_status(server.port(), "evil.example", None), 403);
     assert_eq!(
@@ -431,7 +350,7 @@ fn http_off_loopback_needs_the_token() {
 
     let before = tree_digest(tree.dir.path());
     let token = "s3cret-token";
-    let server = HttpServe::start(&tree, "0.0.0.0:0", Some(token));
+    let server = serve_http(&tree, "0.0.0.0:0", Some(token));
     let host = format!("localhost:{}", server.port());
     assert_eq!(raw_status(server.port(), &host, None), 401);
     assert_eq!(raw_status(server.port(), &host, Some("wrong")), 401);
@@ -456,7 +375,7 @@ fn http_off_loopback_needs_the_token() {
 #[test]
 fn a_client_cancellation_stops_the_call() {
     let tree = Tree::new();
-    let server = HttpServe::start(&tree, "127.0.0.1:0", None);
+    let server = serve_http(&tree, "127.0.0.1:0", None);
     let Some(out) = sdk_client(json!({
         "transport": "http",
         "url": server.url(),

@@ -6,12 +6,13 @@
 
 use crate::support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Output;
 
 use serde_json::{Value, json};
-use support::fake_llm::{FakeServer, completion, result_of};
+use support::fake_llm::result_of;
 use support::mcp_fixture::{self, HttpFixture};
+use support::mcp_servers::{asking_for, fixture_entry, server_file, with_servers, workspace};
 use support::{tree_digest, trellis, trellis_command};
 
 fn text(bytes: &[u8]) -> String {
@@ -22,46 +23,12 @@ fn both(out: &Output) -> String {
     format!("{}\n{}", text(&out.stdout), text(&out.stderr))
 }
 
-/// A one-step workspace (`work`) whose step config is `configs`, reaching `server`.
-fn workspace(root: &Path, configs: Value, server: &FakeServer) {
-    crate::run_cli::agent_workspace(
-        root,
-        &[("work", "Use the echo tool.")],
-        json!([{"id": "work", "agent_configs": configs}]),
-        json!({"llm": {"provider": "openai", "model_id": "m"}, "providers": server.providers()}),
-    );
-}
-
-/// A server file at `path` with `servers` as its `mcpServers`.
-fn server_file(path: &Path, servers: Value) -> PathBuf {
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    std::fs::write(path, json!({"mcpServers": servers}).to_string()).unwrap();
-    path.to_path_buf()
-}
-
 /// The stdio entry of the fixture, writing its pid to `started` when it starts.
 fn stdio_entry(started: &Path, env: Value) -> Value {
-    json!({
-        "command": mcp_fixture::python(),
-        "args": [mcp_fixture::script(), "--started", started],
-        "env": env,
-        "description": "the fixture",
-    })
-}
-
-/// An LLM that asks for `calls` (API names, `server__tool`) in its first answer, then ends.
-fn asking_for(calls: Vec<(&'static str, Value)>) -> FakeServer {
-    FakeServer::start(Box::new(move |body| {
-        let asked = body["messages"]
-            .as_array()
-            .is_some_and(|m| m.iter().any(|m| m["role"] == "tool"));
-        if asked {
-            (200, completion("done", &[]))
-        } else {
-            let calls: Vec<(&str, Value)> = calls.iter().map(|(n, a)| (*n, a.clone())).collect();
-            (200, completion("", &calls))
-        }
-    }))
+    let mut entry = fixture_entry(started);
+    entry["env"] = env;
+    entry["description"] = json!("the fixture");
+    entry
 }
 
 /// The files under `root` whose text contains `needle`.
@@ -86,30 +53,20 @@ fn tool_named<'a>(request: &'a Value, name: &str) -> Option<&'a Value> {
 fn a_step_calls_a_stdio_servers_tool_in_a_real_run() {
     let dir = tempfile::tempdir().unwrap();
     let started = dir.path().join("started");
-    let config = server_file(
-        &dir.path().join("servers.json"),
-        json!({"fx": {
-            "command": mcp_fixture::python(),
-            "args": [mcp_fixture::script(), "--started", started],
-            "env": {"FIXTURE_VAR": "1"},
-            "oauth": {"client_id": "x"},
-        }}),
-    );
+    let mut fx = fixture_entry(&started);
+    fx["env"] = json!({"FIXTURE_VAR": "1"});
+    fx["oauth"] = json!({"client_id": "x"});
+    let config = server_file(&dir.path().join("servers.json"), json!({"fx": fx}));
     let llm = asking_for(vec![
         ("fx__echo", json!({"text": "hello"})),
         ("fx__env_names", json!({})),
     ]);
     let ws = dir.path().join("ws");
     workspace(&ws, json!({"selected_servers": ["fx"]}), &llm);
-    let out = trellis_command(&[
-        "run",
-        ws.to_str().unwrap(),
-        "--mcp-config",
-        config.to_str().unwrap(),
-    ])
-    .env("TRELLIS_TEST_OPERATOR_SECRET", "s3cret")
-    .output()
-    .unwrap();
+    let out = with_servers(&["run", ws.to_str().unwrap()], &config)
+        .env("TRELLIS_TEST_OPERATOR_SECRET", "s3cret")
+        .output()
+        .unwrap();
     let all = both(&out);
     assert!(out.status.success(), "{all}");
     // An unsupported key of the server file is warned about.
@@ -187,12 +144,9 @@ fn a_step_calls_a_streamable_http_servers_tool_with_its_headers() {
         json!({"selected_tools": ["web:echo", "web:header"]}),
         &llm,
     );
-    let out = trellis(&[
-        "run",
-        ws.to_str().unwrap(),
-        "--mcp-config",
-        config.to_str().unwrap(),
-    ]);
+    let out = with_servers(&["run", ws.to_str().unwrap()], &config)
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", both(&out));
     let first = &llm.seen()[0];
     assert!(tool_named(first, "web__echo").is_some());
@@ -215,12 +169,9 @@ fn a_tool_the_server_lacks_is_an_error_before_anything_runs() {
     let ws = dir.path().join("ws");
     workspace(&ws, json!({"selected_tools": ["fx:ecko"]}), &llm);
     let before = tree_digest(&ws);
-    let out = trellis(&[
-        "run",
-        ws.to_str().unwrap(),
-        "--mcp-config",
-        config.to_str().unwrap(),
-    ]);
+    let out = with_servers(&["run", ws.to_str().unwrap()], &config)
+        .output()
+        .unwrap();
     let all = both(&out);
     assert!(!out.status.success(), "{all}");
     assert!(
@@ -252,12 +203,9 @@ fn validate_accepts_server_keys_without_starting_anything() {
         json!({"selected_servers": ["fx"], "selected_tools": ["fx:whatever"]}),
         &llm,
     );
-    let out = trellis(&[
-        "validate",
-        ws.to_str().unwrap(),
-        "--mcp-config",
-        config.to_str().unwrap(),
-    ]);
+    let out = with_servers(&["validate", ws.to_str().unwrap()], &config)
+        .output()
+        .unwrap();
     let all = both(&out);
     assert!(out.status.success(), "{all}");
     assert!(all.contains("0 errors, 0 warnings"), "{all}");
@@ -287,9 +235,7 @@ fn a_server_key_that_is_a_plugin_id_is_an_error() {
         &["run", ws.to_str().unwrap()],
         &["plugins", "list"],
     ] {
-        let mut args = command.to_vec();
-        args.extend(["--mcp-config", config.to_str().unwrap()]);
-        let out = trellis(&args);
+        let out = with_servers(command, &config).output().unwrap();
         let all = both(&out);
         assert!(!out.status.success(), "{command:?}: {all}");
         assert!(
@@ -366,7 +312,9 @@ fn an_sse_server_is_refused_with_a_clear_message() {
         &dir.path().join("servers.json"),
         json!({"old": {"url": "http://127.0.0.1:9/sse", "protocol": "sse"}}),
     );
-    let out = trellis(&["plugins", "list", "--mcp-config", config.to_str().unwrap()]);
+    let out = with_servers(&["plugins", "list"], &config)
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     assert!(
         text(&out.stderr).contains(
@@ -385,20 +333,14 @@ fn a_step_with_no_tool_filters_gets_the_servers_tools_too() {
     let started = dir.path().join("started");
     let config = server_file(
         &dir.path().join("servers.json"),
-        json!({"fx": {
-            "command": mcp_fixture::python(),
-            "args": [mcp_fixture::script(), "--started", started],
-        }}),
+        json!({"fx": fixture_entry(&started)}),
     );
     let llm = asking_for(vec![("fx__echo", json!({"text": "open"}))]);
     let ws = dir.path().join("ws");
     workspace(&ws, json!({}), &llm);
-    let out = trellis(&[
-        "run",
-        ws.to_str().unwrap(),
-        "--mcp-config",
-        config.to_str().unwrap(),
-    ]);
+    let out = with_servers(&["run", ws.to_str().unwrap()], &config)
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", both(&out));
     assert!(tool_named(&llm.seen()[0], "fx__echo").is_some());
     let results = llm.last_tool_results();
@@ -416,14 +358,9 @@ fn the_builder_reads_the_operators_servers_too() {
     );
     let ws = dir.path().join("ws");
     std::fs::create_dir(&ws).unwrap();
-    let out = trellis(&[
-        "builder",
-        ws.to_str().unwrap(),
-        "--mcp-config",
-        config.to_str().unwrap(),
-        "-m",
-        "hello",
-    ]);
+    let out = with_servers(&["builder", ws.to_str().unwrap(), "-m", "hello"], &config)
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     assert!(
         text(&out.stderr).contains("mcpServers.old.protocol: \"sse\""),

@@ -11,130 +11,15 @@ use crate::support;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::time::Duration;
+use std::process::Command;
 
 use serde_json::{Value, json};
 use support::fake_llm::{FakeServer, completion};
+use support::plugin_build::{
+    all_output, answer, bounded, build, for_builds, listed, new_python_tool, path_str, refused,
+    text, tool_call, trellis,
+};
 use support::workspace::write_files;
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-fn all_output(out: &Output) -> String {
-    format!("{}{}", text(&out.stdout), text(&out.stderr))
-}
-
-/// The target folder every Rust plugin build of the tests shares.
-fn plugin_target() -> PathBuf {
-    Path::new(env!("CARGO_TARGET_TMPDIR")).join("plugin-authoring")
-}
-
-/// `command` with the settings of a plugin build: the shared target folder, offline, none
-/// of the outer build's flags.
-fn for_builds(mut command: Command) -> Command {
-    command
-        .env("CARGO_TARGET_DIR", plugin_target())
-        .env("CARGO_NET_OFFLINE", "true")
-        .env_remove("RUSTFLAGS")
-        .env_remove("VIRTUAL_ENV")
-        .env_remove("PYTHONPATH");
-    command
-}
-
-/// Runs `command` to its end; a build that runs past 15 minutes fails the test.
-fn bounded(mut command: Command) -> Output {
-    let child = command
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the command starts");
-    let (send, receive) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = send.send(child.wait_with_output());
-    });
-    receive
-        .recv_timeout(Duration::from_secs(900))
-        .expect("the command ran past 15 minutes")
-        .expect("the command ran")
-}
-
-fn trellis(args: &[&str]) -> Output {
-    bounded(for_builds(support::trellis_command(args)))
-}
-
-fn path_str(path: &Path) -> &str {
-    path.to_str().unwrap()
-}
-
-/// `trellis plugin build DIR` (into DIR/dist), which must succeed.
-fn build(dir: &Path, extra: &[&str]) -> String {
-    let mut args = vec!["plugin", "build", path_str(dir)];
-    args.extend_from_slice(extra);
-    let out = trellis(&args);
-    let all = all_output(&out);
-    assert!(
-        out.status.success(),
-        "plugin build {}: {all}",
-        dir.display()
-    );
-    all
-}
-
-/// `trellis plugins list --plugins DIR --json`: the entry of `id`, which loaded.
-fn listed(dist: &Path, id: &str) -> Value {
-    let out = trellis(&["plugins", "list", "--plugins", path_str(dist), "--json"]);
-    assert!(out.status.success(), "{}", all_output(&out));
-    let list: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let entry = list
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["id"] == id)
-        .unwrap_or_else(|| panic!("no plugin {id} in {list:#}"))
-        .clone();
-    assert!(
-        !list
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|p| p.get("error").is_some()),
-        "{list:#}"
-    );
-    entry
-}
-
-/// `trellis tool call NAME --plugins DIST --root ROOT grants... --args ARGS`.
-fn tool_call(dist: &Path, name: &str, root: &Path, grants: &[&str], args: Value) -> Output {
-    let args = args.to_string();
-    let mut all = vec![
-        "tool",
-        "call",
-        name,
-        "--plugins",
-        path_str(dist),
-        "--root",
-        path_str(root),
-        "--args",
-        &args,
-    ];
-    all.extend_from_slice(grants);
-    trellis(&all)
-}
-
-fn answer(out: &Output) -> Value {
-    assert!(out.status.success(), "{}", all_output(out));
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
-/// A refused call: exit status 1 and `expected` in its error.
-fn refused(out: &Output, expected: &str) {
-    let stderr = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{}", all_output(out));
-    assert!(stderr.contains(expected), "{expected:?} in {stderr}");
-}
 
 fn sdk() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("plugins/sdk")
@@ -409,16 +294,7 @@ def escape(action, path="", port=0):
 fn a_python_project_passes_its_test_builds_and_cannot_leave_its_sandbox() {
     let dir = tempfile::tempdir().unwrap();
     let project = dir.path().join("py-words");
-    let out = trellis(&[
-        "plugin",
-        "new",
-        path_str(&project),
-        "--kind",
-        "tool",
-        "--lang",
-        "python",
-    ]);
-    assert!(out.status.success(), "{}", all_output(&out));
+    new_python_tool(&project);
 
     // Its own test, with CPython.
     let mut test = Command::new("python3");
@@ -496,16 +372,7 @@ fn a_python_project_passes_its_test_builds_and_cannot_leave_its_sandbox() {
 fn an_error_in_plugin_py_fails_the_build_with_its_traceback_and_leaves_no_component() {
     let dir = tempfile::tempdir().unwrap();
     let project = dir.path().join("broken");
-    let out = trellis(&[
-        "plugin",
-        "new",
-        path_str(&project),
-        "--kind",
-        "tool",
-        "--lang",
-        "python",
-    ]);
-    assert!(out.status.success(), "{}", all_output(&out));
+    new_python_tool(&project);
     let plugin = project.join("plugin.py");
     let source = std::fs::read_to_string(&plugin).unwrap();
     std::fs::write(&plugin, source + "\nraise RuntimeError('no config here')\n").unwrap();
@@ -527,16 +394,7 @@ fn an_error_in_plugin_py_fails_the_build_with_its_traceback_and_leaves_no_compon
 fn a_componentize_py_that_is_not_the_pinned_release_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let project = dir.path().join("pinned");
-    let out = trellis(&[
-        "plugin",
-        "new",
-        path_str(&project),
-        "--kind",
-        "tool",
-        "--lang",
-        "python",
-    ]);
-    assert!(out.status.success(), "{}", all_output(&out));
+    new_python_tool(&project);
     // `python3 --version` answers, but not as componentize-py 0.25.1.
     let mut command = for_builds(support::trellis_command(&[
         "plugin",

@@ -19,6 +19,10 @@ use serde_json::{Value, json};
 
 use crate::support::fake_llm::{FakeServer, completion, result_of};
 use crate::support::mcp_fixture;
+use crate::support::mcp_serve::{HttpServe, INIT, post, raw};
+use crate::support::mcp_servers::{
+    asking_for, fixture_entry, server_file, with_servers, workspace,
+};
 use crate::support::{self, tree_digest, trellis_command};
 
 const SECRET: &str = "the-secret-42";
@@ -298,124 +302,34 @@ fn serve_offers_and_runs_only_the_tools_named() {
     assert!(!tree.root().join("notes/x").exists());
 }
 
-/// A running `trellis mcp serve --http`, killed on drop.
-struct HttpServe {
-    child: Child,
-    port: u16,
-    log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
-}
-
-impl HttpServe {
-    fn start(tree: &Tree, addr: &str, token: Option<&str>, timeout: &str) -> HttpServe {
-        let mut command = trellis_command(&[
-            "-v",
-            "mcp",
-            "serve",
-            "--http",
-            addr,
+/// `trellis mcp serve --http ADDR` on the tree (`shared` read-only, `notes` read-write) with
+/// its plugins, each call stopped after `timeout` seconds.
+fn serve_http(tree: &Tree, addr: &str, token: Option<&str>, timeout: &str) -> HttpServe {
+    let (root, plugins) = (tree.root(), tree.plugins());
+    HttpServe::start(
+        addr,
+        token,
+        &[
             "--root",
-            tree.root().to_str().unwrap(),
+            root.to_str().unwrap(),
             "--read",
             "shared",
             "--write",
             "notes",
             "--plugins",
-            tree.plugins().to_str().unwrap(),
+            plugins.to_str().unwrap(),
             "--timeout",
             timeout,
-        ]);
-        command.env_remove("TRELLIS_TOKEN");
-        command.env("TRELLIS_CACHE_DIR", cache_dir());
-        if let Some(token) = token {
-            command.env("TRELLIS_TOKEN", token);
-        }
-        let mut child = command
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut stderr = BufReader::new(child.stderr.take().unwrap());
-        let mut line = String::new();
-        let port = loop {
-            line.clear();
-            assert!(
-                stderr.read_line(&mut line).unwrap() > 0,
-                "the server ended before listening"
-            );
-            if let Some(url) = line.trim().strip_prefix("trellis: serving MCP at http://") {
-                break url
-                    .trim_end_matches("/mcp")
-                    .rsplit(':')
-                    .next()
-                    .unwrap()
-                    .parse()
-                    .unwrap();
-            }
-        };
-        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let kept = log.clone();
-        std::thread::spawn(move || {
-            for line in stderr.lines().map_while(Result::ok) {
-                kept.lock().unwrap().push(line);
-            }
-        });
-        HttpServe { child, port, log }
-    }
-
-    fn log(&self) -> Vec<String> {
-        self.log.lock().unwrap().clone()
-    }
-}
-
-impl Drop for HttpServe {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-const INIT: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;
-
-/// Sends one HTTP request (`head` lines without the final blank line) with `body`, and
-/// returns the status, the headers and the body of the answer.
-fn raw(port: u16, head: &str, body: &[u8]) -> (u16, String, String) {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(120)))
-        .unwrap();
-    let request = format!(
-        "{head}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
-         MCP-Protocol-Version: 2025-06-18\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    let mut writer = stream.try_clone().unwrap();
-    let body = body.to_vec();
-    // A server that answers before the body is in may close early: write errors are fine.
-    let sender = std::thread::spawn(move || {
-        let _ = writer.write_all(request.as_bytes());
-        let _ = writer.write_all(&body);
-    });
-    let mut answer = Vec::new();
-    let _ = stream.read_to_end(&mut answer);
-    let _ = sender.join();
-    let answer = String::from_utf8_lossy(&answer).into_owned();
-    let status = answer.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
-    let (headers, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
-    (status, headers.to_ascii_lowercase(), body.to_string())
-}
-
-fn post(port: u16, extra: &str, body: &str) -> u16 {
-    let head = format!("POST /mcp HTTP/1.1{extra}");
-    raw(port, &head, body.as_bytes()).0
+        ],
+    )
 }
 
 #[test]
 fn serve_host_and_origin_tricks_are_refused() {
     let tree = Tree::new();
     let before = tree.outside_grant();
-    let serve = HttpServe::start(&tree, "127.0.0.1:0", None, "30");
-    let port = serve.port;
+    let serve = serve_http(&tree, "127.0.0.1:0", None, "30");
+    let port = serve.port();
     for host in [
         "localhost.".to_string(),
         format!("localhost.:{port}"),
@@ -470,8 +384,8 @@ fn serve_token_cannot_be_bypassed() {
     let tree = Tree::new();
     let before = tree.outside_grant();
     let token = "s3cret-token";
-    let serve = HttpServe::start(&tree, "0.0.0.0:0", Some(token), "30");
-    let port = serve.port;
+    let serve = serve_http(&tree, "0.0.0.0:0", Some(token), "30");
+    let port = serve.port();
     let host = format!("\r\nHost: localhost:{port}");
     for auth in [
         String::new(),
@@ -525,8 +439,8 @@ fn serve_token_cannot_be_bypassed() {
 fn serve_refuses_huge_and_nested_bodies_and_closes_trickled_headers() {
     let tree = Tree::new();
     let before = tree.outside_grant();
-    let serve = HttpServe::start(&tree, "127.0.0.1:0", None, "30");
-    let port = serve.port;
+    let serve = serve_http(&tree, "127.0.0.1:0", None, "30");
+    let port = serve.port();
     let host = format!("\r\nHost: localhost:{port}");
     // A body over the cap is refused.
     let huge = format!(
@@ -592,8 +506,8 @@ fn session(port: u16) -> String {
 fn serve_a_client_cannot_cancel_another_clients_call() {
     let tree = Tree::new();
     // Each call stops after 5 s: the victim's call ends by its deadline, not by the attack.
-    let serve = HttpServe::start(&tree, "127.0.0.1:0", None, "5");
-    let port = serve.port;
+    let serve = serve_http(&tree, "127.0.0.1:0", None, "5");
+    let port = serve.port();
     let victim = session(port);
     let attacker = session(port);
     let call = std::thread::spawn(move || {
@@ -640,43 +554,12 @@ fn serve_a_client_cannot_cancel_another_clients_call() {
     );
 }
 
-/// A one-step workspace at `root` whose step config is `configs`, reaching `llm`.
-fn workspace(root: &Path, configs: Value, llm: &FakeServer) {
-    crate::run_cli::agent_workspace(
-        root,
-        &[("work", "Use the tools.")],
-        json!([{"id": "work", "agent_configs": configs}]),
-        json!({"llm": {"provider": "openai", "model_id": "m"}, "providers": llm.providers()}),
-    );
-}
-
-/// An LLM that asks for `calls` in its first answer, then ends.
-fn asking_for(calls: Vec<(&'static str, Value)>) -> FakeServer {
-    FakeServer::start(Box::new(move |body| {
-        let answered = body["messages"]
-            .as_array()
-            .is_some_and(|m| m.iter().any(|m| m["role"] == "tool"));
-        if answered {
-            (200, completion("done", &[]))
-        } else {
-            let calls: Vec<(&str, Value)> = calls.iter().map(|(n, a)| (*n, a.clone())).collect();
-            (200, completion("", &calls))
-        }
-    }))
-}
-
-fn server_file(dir: &Path, started: &Path) -> PathBuf {
-    let path = dir.join("servers.json");
-    std::fs::write(
-        &path,
-        json!({"mcpServers": {"fx": {
-            "command": mcp_fixture::python(),
-            "args": [mcp_fixture::script(), "--started", started],
-        }}})
-        .to_string(),
+/// The operator's server file in `dir`, with the stdio fixture as `fx`.
+fn fixture_file(dir: &Path, started: &Path) -> PathBuf {
+    server_file(
+        &dir.join("servers.json"),
+        json!({"fx": fixture_entry(started)}),
     )
-    .unwrap();
-    path
 }
 
 fn outside_runs(root: &Path) -> Vec<(String, String)> {
@@ -690,7 +573,7 @@ fn outside_runs(root: &Path) -> Vec<(String, String)> {
 fn a_workspace_cannot_name_a_path_or_a_command_as_a_server() {
     let dir = tempfile::tempdir().unwrap();
     let started = dir.path().join("started");
-    let config = server_file(dir.path(), &started);
+    let config = fixture_file(dir.path(), &started);
     let marker = dir.path().join("pwned");
     let touch = format!("touch {}", marker.display());
     let names = [
@@ -717,14 +600,9 @@ fn a_workspace_cannot_name_a_path_or_a_command_as_a_server() {
     );
     let before = outside_runs(&ws);
     for command in ["validate", "run"] {
-        let out = trellis_command(&[
-            command,
-            ws.to_str().unwrap(),
-            "--mcp-config",
-            config.to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
+        let out = with_servers(&[command, ws.to_str().unwrap()], &config)
+            .output()
+            .unwrap();
         let all = format!(
             "{}{}",
             String::from_utf8_lossy(&out.stdout),
@@ -750,7 +628,7 @@ fn a_workspace_cannot_name_a_path_or_a_command_as_a_server() {
 fn a_hostile_server_that_floods_or_dies_fails_its_calls_only() {
     let dir = tempfile::tempdir().unwrap();
     let started = dir.path().join("started");
-    let config = server_file(dir.path(), &started);
+    let config = fixture_file(dir.path(), &started);
     // More than the 4 MiB a plugin's result may have.
     let size = 5 << 20;
     // One call a turn: the flood first, then the exit.
@@ -767,14 +645,9 @@ fn a_hostile_server_that_floods_or_dies_fails_its_calls_only() {
     let ws = dir.path().join("ws");
     workspace(&ws, json!({"selected_servers": ["fx"]}), &llm);
     let before = outside_runs(&ws);
-    let out = trellis_command(&[
-        "run",
-        ws.to_str().unwrap(),
-        "--mcp-config",
-        config.to_str().unwrap(),
-    ])
-    .output()
-    .unwrap();
+    let out = with_servers(&["run", ws.to_str().unwrap()], &config)
+        .output()
+        .unwrap();
     let all = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),

@@ -1,7 +1,9 @@
 //! Shared helpers of the integration tests: one engine per test binary, plugin
 //! folders for the test components, and tree digests for "nothing changed" checks. The
 //! submodules hold test workspaces on disk, turn grants, cassettes for the replay provider,
-//! a fake OpenAI-compatible server and a fake Anthropic Messages API.
+//! a fake OpenAI-compatible server and a fake Anthropic Messages API, the MCP fixture
+//! server, `trellis mcp serve --http` started for a test, the setup of runs with external
+//! MCP servers, and plugin builds.
 
 #![allow(dead_code)]
 
@@ -9,6 +11,9 @@ pub mod fake_anthropic;
 pub mod fake_llm;
 pub mod grants;
 pub mod mcp_fixture;
+pub mod mcp_serve;
+pub mod mcp_servers;
+pub mod plugin_build;
 pub mod tape;
 pub mod workspace;
 

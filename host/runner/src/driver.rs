@@ -150,6 +150,8 @@ pub struct StepRunner<'a> {
     mcp: Option<Arc<McpServers>>,
     /// How often the step run already sent the run back to a prerequisite.
     prerequisite_returns: u32,
+    /// The step's end does not wait for the disk ([`StepRunner::with_step_ends_behind`]).
+    ends_behind: bool,
 }
 
 /// Why a turn ended without a final reply.
@@ -307,6 +309,7 @@ impl<'a> StepRunner<'a> {
             steering: None,
             mcp: None,
             prerequisite_returns: 0,
+            ends_behind: false,
         }
     }
 
@@ -394,6 +397,16 @@ impl<'a> StepRunner<'a> {
     /// model with the cursor's next endpoint.
     pub fn with_replay(mut self, cursor: ReplayCursor) -> Self {
         self.models.replay = Some(cursor);
+        self
+    }
+
+    /// Lets a step end without waiting for the disk: its final summary is queued on the
+    /// writer thread behind its session and turn logs (a crash leaves it missing, never ahead
+    /// of them) instead of written once they are on disk. The caller flushes
+    /// ([`trellis_sandbox::store::write_behind::flush`]) before it reports the run over, as
+    /// [`crate::workflow_run::run_workflow`] does.
+    pub fn with_step_ends_behind(mut self) -> Self {
+        self.ends_behind = true;
         self
     }
 
@@ -523,11 +536,7 @@ impl<'a> StepRunner<'a> {
         };
         run.session.status = status;
         run.save_session()?;
-        // The session and the turn logs are written behind the loop: all on disk before the
-        // summary that says the step is over.
-        trellis_sandbox::store::write_behind::flush()
-            .context("writing the step's session and turn logs")?;
-        FinalSummary {
+        let summary = FinalSummary {
             schema_version: crate::session::FINAL_SUMMARY_SCHEMA_VERSION,
             step_id: step_id.to_string(),
             run_folder: run.run_folder.clone(),
@@ -535,8 +544,16 @@ impl<'a> StepRunner<'a> {
             execution_result: error.clone().or_else(|| run.final_text.clone()),
             concerns: run.concerns.clone(),
             completed_at: now_rfc3339(),
+        };
+        // The session and the turn logs are written behind the loop: the summary that says
+        // the step is over goes after them, queued behind them or once they are on disk.
+        if self.ends_behind {
+            summary.write_behind(&ws.fs, &run.output_dir)
+        } else {
+            trellis_sandbox::store::write_behind::flush()
+                .context("writing the step's session and turn logs")?;
+            summary.write(&ws.fs, &run.output_dir)
         }
-        .write(&ws.fs, &run.output_dir)
         .context("writing execution-final-summary.json")?;
         Ok(StepOutcome {
             status,

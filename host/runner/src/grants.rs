@@ -12,7 +12,7 @@ use std::path::{Component, Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 
-use trellis_sandbox::capabilities::{Access, Grant, resolve_in_root};
+use trellis_sandbox::capabilities::{Access, Grant, resolve_in};
 use trellis_workflow::plan::{Item, ItemKind, Step, WriteAccess};
 use trellis_workflow::step_config::{AgentConfigs, KnowledgebaseAccess, LearningsAccess};
 
@@ -340,7 +340,7 @@ impl Builder<'_> {
     }
 
     fn add(&mut self, rel: &str, access: Access, role: &str) -> Result<()> {
-        let host = resolve_in_root(self.root, rel)?;
+        let host = resolve_in(&self.fs, rel)?;
         check_not_hidden(self.root, rel, &host)?;
         self.grant = std::mem::take(&mut self.grant).folder(host, rel, access)?;
         self.folders.retain(|f| f.path != rel);
@@ -531,7 +531,7 @@ fn build(ctx: &TurnContext<'_>, access: TurnAccess, folders: &AgentFolders) -> R
                 "files that belong with the database (images, exports) you may add to",
             )?;
         }
-        let db_host = resolve_in_root(ctx.root, "db")?.join("db.sqlite");
+        let db_host = resolve_in(&b.fs, "db")?.join("db.sqlite");
         // SQLite opens by path and follows links: the database must be a regular file, or
         // nothing yet (SQLite then creates a regular file, refusing a link planted since:
         // SQLITE_OPEN_NOFOLLOW).
@@ -552,7 +552,7 @@ fn build(ctx: &TurnContext<'_>, access: TurnAccess, folders: &AgentFolders) -> R
     Ok(TurnGrant {
         grant: b.grant,
         access,
-        output_dir: resolve_in_root(ctx.root, &output)?,
+        output_dir: resolve_in(&b.fs, &output)?,
         folders: b.folders,
         db_writable,
         missing,

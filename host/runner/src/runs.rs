@@ -251,6 +251,8 @@ fn step_state(
     step_dir: &Path,
     held: bool,
 ) -> Result<(String, Option<String>, Vec<String>)> {
+    // A run of this process may still have the summary queued.
+    trellis_sandbox::store::write_behind::flush()?;
     let summary_path = step_dir.join(FINAL_SUMMARY_FILE);
     if fs.kind(&summary_path)?.is_some() {
         let summary: FinalSummary = read_json(fs, &summary_path)?;

@@ -203,6 +203,12 @@ impl FinalSummary {
     pub fn write(&self, fs: &WorkspaceFs, dir: &Path) -> io::Result<()> {
         fs.write_json_atomic(dir.join(FINAL_SUMMARY_FILE), self)
     }
+
+    /// Queues `dir/execution-final-summary.json` on the writer thread, after everything the
+    /// step queued before it ([`write_behind`]: [`write_behind::flush`] waits for it).
+    pub fn write_behind(&self, fs: &WorkspaceFs, dir: &Path) -> io::Result<()> {
+        write_behind::write_json(fs, &dir.join(FINAL_SUMMARY_FILE), self)
+    }
 }
 
 /// One tool call of a turn.

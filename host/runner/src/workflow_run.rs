@@ -25,6 +25,10 @@
 //! Prerequisites (spec section 3): a step whose outcome asks to go back
 //! ([`crate::prerequisites`], decided by the step runner before it writes the step's summary)
 //! sends the run back to that step.
+//!
+//! This module runs the units in order; `env` holds what the steps share, `unit` one unit's
+//! step loop, `report` what a run did, `preflight` the checks made before anything changes,
+//! `routing`, `loops`, `variables` and `seed` the rest.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -53,21 +57,27 @@ use trellis_workflow::manifest::Group;
 use trellis_workflow::plan::{HumanInput, Routing};
 use trellis_workflow::{Step, StepKind, Workspace};
 
+mod env;
 mod loops;
 mod preflight;
+mod report;
 mod routing;
 mod seed;
+mod unit;
 mod variables;
 
 pub use crate::prerequisites::{
     MAX_PREREQUISITE_RETURNS, PREREQUISITE_MISSING, matching_rule, prerequisite_missing,
 };
+pub use env::RunEnv;
 use loops::{archive_dir, archive_from, ordinal, steps_from};
 use preflight::preflight;
 pub use preflight::{check_inputs, check_step_models, missing_inputs, needs_llm};
+pub use report::{StepReport, UnitRun, WorkflowRun};
 use routing::present;
 pub use routing::{HumanAnswer, answer_human_input, human_input_file, input_key, select_route};
 pub use seed::seed_database;
+use unit::run_unit;
 pub use variables::{
     apply_variables, group_run_folder, select_groups, substitute, substitute_variables,
     unit_variables, unit_variables_with_answers, variables_block,
@@ -105,172 +115,6 @@ pub struct RunOptions {
     /// Resume from this step in the existing `iteration-0`: it and every later step (in
     /// plan order) start with empty output folders.
     pub from: Option<String>,
-}
-
-/// What the steps of a run share: the plugins, the bounds of every call, the stop flag, the
-/// observer of run events and how the models are reached.
-#[derive(Debug)]
-pub struct RunEnv<'a> {
-    /// The plugins.
-    pub registry: &'a PluginRegistry,
-    /// Bounds of every plugin call.
-    pub limits: Limits,
-    /// Retries of LLM calls.
-    pub retry: RetryPolicy,
-    /// Set to stop at the next boundary (the session records `stopped`).
-    pub cancel: Arc<AtomicBool>,
-    /// Receives the events of every step.
-    pub observer: Observer,
-    /// The models of the steps.
-    pub llm: LlmSetup,
-    /// Messages sent to the running step's agent from outside, if anyone may send them.
-    pub steering: Option<Arc<Steering>>,
-    /// Tool rounds a turn may take before it must answer.
-    pub max_tool_rounds: usize,
-    /// The external MCP servers the operator configured (none by default).
-    pub mcp_config: Arc<McpConfig>,
-    /// The servers the run started, while it runs.
-    mcp: Mutex<Option<Arc<McpServers>>>,
-    /// Runs the scripts of scripted steps; made on the first one.
-    scripts: OnceLock<Arc<ScriptRunner>>,
-}
-
-impl<'a> RunEnv<'a> {
-    /// Default limits and retries, no observer, a fresh stop flag; models may name only
-    /// the LLM providers of `registry`.
-    pub fn new(registry: &'a PluginRegistry, llm: LlmSetup) -> Self {
-        let llm = llm.with_providers(registry.llm_provider_ids());
-        RunEnv {
-            registry,
-            limits: Limits::default(),
-            retry: RetryPolicy::default(),
-            cancel: Arc::new(AtomicBool::new(false)),
-            observer: Observer::default(),
-            llm,
-            steering: None,
-            max_tool_rounds: crate::driver::DEFAULT_MAX_TOOL_ROUNDS,
-            mcp_config: Arc::new(McpConfig::empty()),
-            mcp: Mutex::new(None),
-            scripts: OnceLock::new(),
-        }
-    }
-
-    /// The script runner of the run's scripted steps (spec section 7).
-    pub fn scripts(&self) -> Result<Arc<ScriptRunner>> {
-        if let Some(scripts) = self.scripts.get() {
-            return Ok(scripts.clone());
-        }
-        let scripts = Arc::new(ScriptRunner::new(self.registry.engine())?);
-        Ok(self.scripts.get_or_init(|| scripts).clone())
-    }
-
-    /// The runner of step `step_id` of `ws`: its models (primary, then fallbacks, with their
-    /// options and the shared cassette position under replay), the models of its routes'
-    /// sub-agents ([`LlmSetup::own_step_llm`]), the stop flag, the observer and the recorder
-    /// of the run. A step with no model gets a runner with no target.
-    pub fn step_runner(&self, ws: &Workspace, step_id: &str) -> Result<StepRunner<'a>> {
-        let mut runner = match self.llm.step_llm(ws, step_id)? {
-            Some(llm) => {
-                let runner = StepRunner::new(self.registry, llm.targets, self.limits)
-                    .with_target_options(llm.options);
-                match llm.replay {
-                    Some(cursor) => runner.with_replay(cursor),
-                    None => runner,
-                }
-            }
-            None => StepRunner::new(self.registry, Vec::new(), self.limits),
-        }
-        .with_model_resolver(self.sub_agent_models())
-        .with_retry(self.retry)
-        .with_max_tool_rounds(self.max_tool_rounds)
-        .with_cancel(self.cancel.clone())
-        .with_observer(self.observer.clone());
-        if let Some(steering) = &self.steering {
-            runner = runner.with_steering(steering.clone());
-        }
-        if let Some(recorder) = self.llm.recorder() {
-            runner = runner.with_recorder(recorder.clone());
-        }
-        let mcp = self.mcp.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        if let Some(servers) = mcp {
-            runner = runner.with_mcp_servers(servers);
-        }
-        Ok(runner)
-    }
-
-    /// The models of a route's sub-agent step: its own when its step config chooses them,
-    /// else (`None`) its parent's. Cassette positions are shared with the steps'.
-    fn sub_agent_models(&self) -> ModelResolver {
-        let llm = self.llm.clone();
-        Arc::new(move |ws: &Workspace, step_id: &str| {
-            Ok(llm.own_step_llm(ws, step_id)?.map(|own| AgentModels {
-                targets: own.targets,
-                options: own.options,
-                replay: own.replay,
-            }))
-        })
-    }
-
-    fn cancelled(&self) -> bool {
-        self.cancel.load(Ordering::SeqCst)
-    }
-}
-
-/// How one step of the workflow ended.
-#[derive(Debug, Clone)]
-pub struct StepReport {
-    /// The step id.
-    pub step_id: String,
-    /// The step type.
-    pub step_type: &'static str,
-    /// `completed` or `failed` (or `stopped`).
-    pub status: Status,
-    /// One line: the route taken, the answer given, the agent's error.
-    pub detail: String,
-    /// The step output folder.
-    pub output_dir: PathBuf,
-    /// The agent loop's outcome, for agent steps.
-    pub outcome: Option<StepOutcome>,
-}
-
-/// One run unit: `iteration-0`, or `iteration-0/<group>`.
-#[derive(Debug, Clone)]
-pub struct UnitRun {
-    /// The group id, when the workflow has groups.
-    pub group: Option<String>,
-    /// Relative to `runs/`: `iteration-0` or `iteration-0/<group folder>`.
-    pub run_folder: String,
-    /// `runs/<run_folder>` on the host.
-    pub run_dir: PathBuf,
-    /// The steps run, in order (a step sent back to by a prerequisite appears again).
-    pub steps: Vec<StepReport>,
-}
-
-impl UnitRun {
-    /// Whether the last run of every step completed.
-    pub fn succeeded(&self) -> bool {
-        let mut last: BTreeMap<&str, Status> = BTreeMap::new();
-        for s in &self.steps {
-            last.insert(&s.step_id, s.status);
-        }
-        last.values().all(|s| *s == Status::Completed)
-    }
-}
-
-/// What a workflow run did.
-#[derive(Debug, Clone)]
-pub struct WorkflowRun {
-    /// Where the previous `iteration-0` went, if a full run rotated one.
-    pub archived: Option<String>,
-    /// The run units, in order.
-    pub units: Vec<UnitRun>,
-}
-
-impl WorkflowRun {
-    /// Whether every unit succeeded.
-    pub fn succeeded(&self) -> bool {
-        self.units.iter().all(UnitRun::succeeded)
-    }
 }
 
 /// `next_step_id`, else the next step in array order; `None` at the end.
@@ -316,7 +160,15 @@ pub async fn run_workflow(env: &RunEnv<'_>, root: &Path, opts: &RunOptions) -> R
     // The run's external MCP servers go with it: stopped when it ends, whichever way.
     let servers = Arc::new(servers);
     *env.mcp.lock().unwrap_or_else(|e| e.into_inner()) = Some(servers.clone());
-    let result = run_prepared(env, root, &ws, opts, groups, units).await;
+    let mut result = run_prepared(env, root, &ws, opts, groups, units).await;
+    // The steps' sessions, turn logs and final summaries are written behind the loop
+    // (`StepRunner::with_step_ends_behind`): all on disk before the run is reported over and
+    // its workspace lock let go.
+    let flushed = trellis_sandbox::store::write_behind::flush()
+        .context("writing the run's sessions, turn logs and step summaries");
+    if let (Ok(_), Err(err)) = (&result, flushed) {
+        result = Err(err);
+    }
     env.mcp.lock().unwrap_or_else(|e| e.into_inner()).take();
     if let Ok(mut servers) = Arc::try_unwrap(servers) {
         servers.stop().await;
@@ -390,284 +242,6 @@ async fn run_prepared(
         run.units.push(unit);
     }
     Ok(run)
-}
-
-/// Runs the steps of one unit in `runs/<folder>`.
-async fn run_unit(
-    env: &RunEnv<'_>,
-    root: &Path,
-    group: Option<&Group>,
-    folder: &str,
-    opts: &RunOptions,
-) -> Result<UnitRun> {
-    let mut ws = open_workspace(root, Some(folder))?;
-    let variables = unit_variables_with_answers(&ws, group, &opts.inputs);
-    substitute_variables(&mut ws, &variables);
-    apply_variables(&mut ws, group, &variables);
-    let mut unit = UnitRun {
-        group: group.map(|g| g.id.clone()),
-        run_folder: folder.to_string(),
-        run_dir: ws.run_dir(),
-        steps: Vec::new(),
-    };
-    apply_step_config_schemas(&mut ws);
-    let mut current = match (&opts.step, &opts.from) {
-        (Some(s), _) | (None, Some(s)) => Some(s.clone()),
-        (None, None) => ws.plan.steps.first().map(|s| s.id.clone()),
-    };
-    // A single-step run empties that step's output folder, a resume (and a group's run in
-    // the folder it keeps) that step's and every later one's: a gate must never pass on a
-    // file an earlier run left. Pre-selected routes go in after.
-    if let Some(first) = &current {
-        let emptied: Vec<String> = if opts.step.is_some() {
-            vec![first.clone()]
-        } else if opts.from.is_some() || opts.group.is_some() {
-            steps_from(&ws, first)
-        } else {
-            Vec::new()
-        };
-        for id in emptied {
-            let dir = ws.step_output_dir(&id);
-            // A link there is refused, as everywhere a run writes (never removed or followed).
-            if ws.fs.kind(&dir)? == Some(Kind::Link) {
-                bail!("{}", link_error(&ws.fs.relative(&dir)?));
-            }
-            ws.fs
-                .remove_all(&dir)
-                .with_context(|| format!("emptying {} before the step runs", dir.display()))?;
-        }
-    }
-    for (step_id, route) in &opts.route_selections {
-        write_json(
-            &ws.fs,
-            &ws.step_output_dir(step_id).join(ROUTE_SELECTION_FILE),
-            &json!({"select_route": route}),
-        )?;
-    }
-    let mut previous: Option<String> = None;
-    let mut returns: BTreeMap<String, u32> = BTreeMap::new();
-    let mut visited: BTreeSet<String> = BTreeSet::new();
-    let mut jumps: BTreeMap<(String, String), u32> = BTreeMap::new();
-    let mut chosen: BTreeMap<(String, String), u32> = BTreeMap::new();
-    let mut archives = 0u32;
-    while let Some(id) = current.take() {
-        if id == "end" {
-            break;
-        }
-        if unit.steps.len() >= MAX_STEPS {
-            bail!("more than {MAX_STEPS} steps run: is there a loop in next_step_id?");
-        }
-        // Going back to a step already run is a loop's jump: bounded per (source, target)
-        // pair, and the target's and every later step's outputs are archived first.
-        if let Some(from) = &previous
-            && visited.contains(&id)
-        {
-            let from_human = matches!(
-                ws.plan.step(from).map(|s| &s.kind),
-                Some(StepKind::HumanInput(_))
-            );
-            let cap = if from_human {
-                MAX_HUMAN_JUMPS
-            } else {
-                MAX_JUMPS
-            };
-            let count = jumps.entry((from.clone(), id.clone())).or_insert(0);
-            *count += 1;
-            if *count > cap {
-                bail!(
-                    "infinite loop: step {from:?} jumped back to step {id:?} more than {cap} times \
-                     (the cap for a jump from {} step)",
-                    if from_human {
-                        "a human_input"
-                    } else {
-                        "an agent or routing"
-                    }
-                );
-            }
-            // The next free number: a resume keeps the archives of the runs before it. A
-            // path that cannot be looked at (a link planted at `archived`) ends the run: every
-            // number would be taken.
-            archives += 1;
-            while ws
-                .fs
-                .kind(archive_dir(&ws, archives))
-                .with_context(|| format!("archiving the outputs of the jump to step {id:?}"))?
-                .is_some()
-            {
-                archives += 1;
-            }
-            let moved = archive_from(&ws, &id, archives)?;
-            // The archived steps start afresh: running them again in order is no jump.
-            let fresh = steps_from(&ws, &id);
-            visited.retain(|v| !fresh.contains(v));
-            env.observer.emit(RunEvent::Jump {
-                from: from.clone(),
-                to: id.clone(),
-                count: *count,
-                cap,
-                moved,
-                archive: format!("{ARCHIVED_DIR}/run-{archives}"),
-            });
-        }
-        visited.insert(id.clone());
-        let step = ws
-            .plan
-            .step(&id)
-            .with_context(|| format!("next step {id:?} is not in the plan"))?;
-        env.observer.emit(RunEvent::StepStarted {
-            step_id: id.clone(),
-            step_type: step.type_name().to_string(),
-        });
-        let output_dir = ws.step_output_dir(&id);
-        let mut went_back = false;
-        let (mut report, mut next) = match &step.kind {
-            StepKind::MessageSequence(_) | StepKind::Regular | StepKind::TodoTask(_) => {
-                let returned = returns.get(&id).copied().unwrap_or(0);
-                let mut runner = env
-                    .step_runner(&ws, &id)?
-                    .with_prerequisite_returns(returned);
-                if has_scripted(&ws, step) {
-                    let options = ScriptOptions {
-                        group: group.map(|g| g.id.clone()),
-                        variables: opts.inputs.clone(),
-                        approvals: env.llm.approvals(),
-                        ..ScriptOptions::default()
-                    };
-                    runner = runner.with_scripts(env.scripts()?, options);
-                }
-                let outcome = runner.run_step(&ws, &id).await?;
-                let detail = match (&outcome.error, &outcome.final_text) {
-                    (Some(e), _) => e.clone(),
-                    // A scripted step that needed no agent: what its script did.
-                    (None, Some(text)) if outcome.turns == 0 => {
-                        text.lines().next().unwrap_or_default().to_string()
-                    }
-                    (None, _) => format!("{} turn(s)", outcome.turns),
-                };
-                let report = StepReport {
-                    step_id: id.clone(),
-                    step_type: step.type_name(),
-                    status: outcome.status,
-                    detail,
-                    output_dir: outcome.output_dir.clone(),
-                    outcome: Some(outcome),
-                };
-                (report, default_next(&ws, step))
-            }
-            StepKind::Routing(routing) => {
-                let (route, next, how) = select_route(&ws, step, routing, previous.as_deref())?;
-                let times = chosen.entry((id.clone(), route.clone())).or_insert(0);
-                *times += 1;
-                let (status, detail, next) = if *times > MAX_SAME_ROUTE {
-                    (
-                        Status::Failed,
-                        format!(
-                            "infinite loop: routing step {id:?} selected route {route:?} (-> {next}) \
-                             a {} time; a route may be taken at most {MAX_SAME_ROUTE} times in a run",
-                            ordinal(*times)
-                        ),
-                        None,
-                    )
-                } else {
-                    (
-                        Status::Completed,
-                        format!("route {route} (from {how}) -> {next}"),
-                        Some(next),
-                    )
-                };
-                let report = StepReport {
-                    step_id: id.clone(),
-                    step_type: step.type_name(),
-                    status,
-                    detail,
-                    output_dir,
-                    outcome: None,
-                };
-                (report, next)
-            }
-            StepKind::HumanInput(h) => {
-                let key = input_key(step, h);
-                let answer = opts
-                    .inputs
-                    .get(key)
-                    .with_context(|| format!("step {id:?}: no --input {key}=VALUE"))?;
-                let decided = answer_human_input(h, answer);
-                let next = decided.next.clone().or_else(|| default_next(&ws, step));
-                let file = human_input_file(&ws, step);
-                // Joined to the output folder, an absolute path would replace it (a `..` is
-                // refused by the workspace handle).
-                if Path::new(&file).has_root() {
-                    bail!(
-                        "step {id:?}: the answer file (context_output) {file:?} is an absolute \
-                         path; expected a name in the step's output folder"
-                    );
-                }
-                write_json(
-                    &ws.fs,
-                    &output_dir.join(&file),
-                    &json!({
-                        "question": h.question,
-                        "response": decided.response,
-                        "response_type": h.response_type.map(|t| t.name()).unwrap_or("text"),
-                        "next_step_id": next,
-                    }),
-                )?;
-                let report = StepReport {
-                    step_id: id.clone(),
-                    step_type: step.type_name(),
-                    status: Status::Completed,
-                    detail: format!(
-                        "{key} = {answer:?}{}",
-                        next.as_deref()
-                            .map(|n| format!(" -> {n}"))
-                            .unwrap_or_default()
-                    ),
-                    output_dir,
-                    outcome: None,
-                };
-                (report, next)
-            }
-        };
-        if let Some(back) = report.outcome.as_ref().and_then(|o| o.go_back.clone()) {
-            returns.insert(id.clone(), back.count);
-            report.detail = format!(
-                "prerequisite missing: {} -> back to {} (return {} of {MAX_PREREQUISITE_RETURNS})",
-                back.missing, back.step, back.count
-            );
-            went_back = true;
-            next = Some(back.step);
-        }
-        env.observer.emit(RunEvent::StepEnded {
-            step_id: id.clone(),
-            status: report.status,
-            detail: report.detail.clone(),
-        });
-        let done = report.status != Status::Completed && !went_back;
-        unit.steps.push(report);
-        if done || env.cancelled() {
-            break;
-        }
-        if opts.step.as_deref() == Some(id.as_str()) && !went_back {
-            break;
-        }
-        previous = Some(id);
-        current = next;
-    }
-    Ok(unit)
-}
-
-/// Whether `step`, or a route's sub-agent step under it, is a scripted regular step: its
-/// runner then needs the script runner.
-fn has_scripted(ws: &Workspace, step: &Step) -> bool {
-    fn within(ws: &Workspace, step: &Step, depth: usize) -> bool {
-        (matches!(step.kind, StepKind::Regular) && ws.agent_configs(&step.id).is_scripted())
-            || (depth < 8
-                && step
-                    .predefined_routes()
-                    .iter()
-                    .any(|r| within(ws, &r.sub_agent_step, depth + 1)))
-    }
-    ws.agent_configs(&step.id).is_scripted() || within(ws, step, 0)
 }
 
 /// Puts each step's `validation_schema` from the step config over the plan's (the original

@@ -265,6 +265,14 @@ pub fn normalize_guest_path(guest: &str) -> Result<String> {
 /// The check goes through [`crate::store::WorkspaceFs`]; the canonical host path
 /// is returned for the grant.
 pub fn resolve_in_root(root: &Path, relative: &str) -> Result<PathBuf> {
+    let fs = crate::store::WorkspaceFs::open(root)?;
+    resolve_in(&fs, relative)
+}
+
+/// [`resolve_in_root`] through a workspace already opened (a turn's grant resolves several
+/// folders through one).
+pub fn resolve_in(fs: &crate::store::WorkspaceFs, relative: &str) -> Result<PathBuf> {
+    let root = fs.root();
     let rel = Path::new(relative);
     if rel.is_absolute() {
         bail!("{relative:?} must be a path relative to {}", root.display());
@@ -277,7 +285,6 @@ pub fn resolve_in_root(root: &Path, relative: &str) -> Result<PathBuf> {
     }
     // No link anywhere on the way, whether it leads out or stays inside: a grant names the
     // folder it shows.
-    let fs = crate::store::WorkspaceFs::open(root)?;
     match fs.kind(rel) {
         Ok(Some(crate::store::Kind::Dir)) => {}
         Ok(Some(crate::store::Kind::Link)) => bail!(
@@ -288,20 +295,8 @@ pub fn resolve_in_root(root: &Path, relative: &str) -> Result<PathBuf> {
         Ok(None) => bail!("{relative:?} is not a folder inside {}", root.display()),
         Err(e) => bail!("{relative:?}: {e}"),
     }
-    let canonical_root = root
-        .canonicalize()
-        .with_context(|| format!("resolving {}", root.display()))?;
-    let host = root
-        .join(rel)
-        .canonicalize()
-        .with_context(|| format!("resolving {relative:?} in {}", root.display()))?;
-    if !host.starts_with(&canonical_root) {
-        bail!(
-            "{relative:?} leaves {} through a symbolic link",
-            root.display()
-        );
-    }
-    Ok(host)
+    // With no link on the way, the folder's canonical path is the workspace's joined with it.
+    Ok(fs.canonical_path(&fs.relative(rel)?))
 }
 
 /// Bounds on one plugin call.

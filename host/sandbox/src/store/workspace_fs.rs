@@ -100,7 +100,12 @@ impl WorkspaceFs {
                 format!("opening the workspace {}: {e}", root.display()),
             )
         })?;
-        let canonical = root.canonicalize().unwrap_or_else(|_| root.to_path_buf());
+        let canonical = root.canonicalize().map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("resolving the workspace {}: {e}", root.display()),
+            )
+        })?;
         Ok(WorkspaceFs {
             root: root.to_path_buf(),
             canonical,
@@ -159,7 +164,7 @@ impl WorkspaceFs {
 
     /// The host path of `rel` under the canonical workspace folder: free of links when `rel`
     /// was checked, which SQLite's `SQLITE_OPEN_NOFOLLOW` requires of the whole path.
-    fn canonical_path(&self, rel: &Path) -> PathBuf {
+    pub(crate) fn canonical_path(&self, rel: &Path) -> PathBuf {
         self.canonical.join(rel)
     }
 
@@ -171,6 +176,10 @@ impl WorkspaceFs {
     }
 
     fn kind_rel(&self, rel: &Path) -> io::Result<Option<Kind>> {
+        if let Some(kind) = self.kind_at_once(rel) {
+            return Ok(Some(kind));
+        }
+        // Absent, or a link or a file on the way: the walk below says which, and where.
         let mut prefix = PathBuf::new();
         let mut comps = rel.components().peekable();
         if comps.peek().is_none() {
@@ -194,6 +203,34 @@ impl WorkspaceFs {
             }
         }
         Ok(None)
+    }
+
+    /// What is at `rel` when every folder on its way is a folder, found in one lookup: the
+    /// kernel resolves the whole path beneath the workspace refusing every link on the way
+    /// (`openat2` with `RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH`; the last component is not
+    /// followed, so a link there is seen as one). `None` when that lookup fails for any
+    /// reason (absent, a link or a file on the way, a kernel without `openat2`): the caller
+    /// walks the path component by component instead.
+    fn kind_at_once(&self, rel: &Path) -> Option<Kind> {
+        use rustix::fs::{FileType, Mode, OFlags, ResolveFlags};
+        if rel.as_os_str().is_empty() {
+            return None;
+        }
+        let fd = rustix::fs::openat2(
+            &*self.dir,
+            rel,
+            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+            ResolveFlags::NO_SYMLINKS | ResolveFlags::BENEATH,
+        )
+        .ok()?;
+        let stat = rustix::fs::fstat(&fd).ok()?;
+        Some(match FileType::from_raw_mode(stat.st_mode) {
+            FileType::Symlink => Kind::Link,
+            FileType::Directory => Kind::Dir,
+            FileType::RegularFile => Kind::File,
+            _ => Kind::Special,
+        })
     }
 
     /// Refuses `rel` when it or a folder on its way is a link, or when it is a FIFO, socket
@@ -348,6 +385,7 @@ impl WorkspaceFs {
     /// Removes `path`: a folder with everything in it, a file, or a link (the link itself,
     /// never what it points to). Nothing there is not an error.
     pub fn remove_all(&self, path: impl AsRef<Path>) -> io::Result<()> {
+        settle_queued_writes()?;
         let rel = self.relative(path.as_ref())?;
         if rel.as_os_str().is_empty() {
             return Err(refused(
@@ -363,6 +401,7 @@ impl WorkspaceFs {
 
     /// Removes the empty folder `path`.
     pub fn remove_dir(&self, path: impl AsRef<Path>) -> io::Result<()> {
+        settle_queued_writes()?;
         let rel = self.relative(path.as_ref())?;
         match self.kind_rel(&rel)? {
             Some(Kind::Dir) => self.dir.remove_dir(&rel),
@@ -373,6 +412,7 @@ impl WorkspaceFs {
 
     /// Removes the file (or link) `path`; nothing there is not an error.
     pub fn remove_file(&self, path: impl AsRef<Path>) -> io::Result<()> {
+        settle_queued_writes()?;
         let rel = self.relative(path.as_ref())?;
         match self.kind_rel(&rel)? {
             None => Ok(()),
@@ -383,6 +423,7 @@ impl WorkspaceFs {
 
     /// Moves `from` to `to`; neither may be (or go through) a link.
     pub fn rename(&self, from: impl AsRef<Path>, to: impl AsRef<Path>) -> io::Result<()> {
+        settle_queued_writes()?;
         let from = self.relative(from.as_ref())?;
         let to = self.relative(to.as_ref())?;
         self.check(&from)?;
@@ -603,6 +644,13 @@ pub fn json_bytes<T: Serialize + ?Sized>(value: &T) -> io::Result<Vec<u8>> {
     let mut bytes = serde_json::to_vec_pretty(value).map_err(io::Error::other)?;
     bytes.push(b'\n');
     Ok(bytes)
+}
+
+/// Waits for the writes queued on the writer thread ([`super::write_behind`]) before a file
+/// or folder is moved or removed: a queued write under it would otherwise land after the move
+/// (recreating what was moved) or fail.
+fn settle_queued_writes() -> io::Result<()> {
+    super::write_behind::flush()
 }
 
 fn is_absent(e: &io::Error) -> bool {

@@ -1,0 +1,115 @@
+//! What the steps of a run share ([`RunEnv`]): the plugins, the bounds and retries of every
+//! call, the stop flag, the observer, the models, and the script runner and external MCP
+//! servers a run starts, with the step runner made from them for each step.
+
+use super::*;
+
+/// What the steps of a run share: the plugins, the bounds of every call, the stop flag, the
+/// observer of run events and how the models are reached.
+#[derive(Debug)]
+pub struct RunEnv<'a> {
+    /// The plugins.
+    pub registry: &'a PluginRegistry,
+    /// Bounds of every plugin call.
+    pub limits: Limits,
+    /// Retries of LLM calls.
+    pub retry: RetryPolicy,
+    /// Set to stop at the next boundary (the session records `stopped`).
+    pub cancel: Arc<AtomicBool>,
+    /// Receives the events of every step.
+    pub observer: Observer,
+    /// The models of the steps.
+    pub llm: LlmSetup,
+    /// Messages sent to the running step's agent from outside, if anyone may send them.
+    pub steering: Option<Arc<Steering>>,
+    /// Tool rounds a turn may take before it must answer.
+    pub max_tool_rounds: usize,
+    /// The external MCP servers the operator configured (none by default).
+    pub mcp_config: Arc<McpConfig>,
+    /// The servers the run started, while it runs.
+    pub(super) mcp: Mutex<Option<Arc<McpServers>>>,
+    /// Runs the scripts of scripted steps; made on the first one.
+    scripts: OnceLock<Arc<ScriptRunner>>,
+}
+
+impl<'a> RunEnv<'a> {
+    /// Default limits and retries, no observer, a fresh stop flag; models may name only
+    /// the LLM providers of `registry`.
+    pub fn new(registry: &'a PluginRegistry, llm: LlmSetup) -> Self {
+        let llm = llm.with_providers(registry.llm_provider_ids());
+        RunEnv {
+            registry,
+            limits: Limits::default(),
+            retry: RetryPolicy::default(),
+            cancel: Arc::new(AtomicBool::new(false)),
+            observer: Observer::default(),
+            llm,
+            steering: None,
+            max_tool_rounds: crate::driver::DEFAULT_MAX_TOOL_ROUNDS,
+            mcp_config: Arc::new(McpConfig::empty()),
+            mcp: Mutex::new(None),
+            scripts: OnceLock::new(),
+        }
+    }
+
+    /// The script runner of the run's scripted steps (spec section 7).
+    pub fn scripts(&self) -> Result<Arc<ScriptRunner>> {
+        if let Some(scripts) = self.scripts.get() {
+            return Ok(scripts.clone());
+        }
+        let scripts = Arc::new(ScriptRunner::new(self.registry.engine())?);
+        Ok(self.scripts.get_or_init(|| scripts).clone())
+    }
+
+    /// The runner of step `step_id` of `ws`: its models (primary, then fallbacks, with their
+    /// options and the shared cassette position under replay), the models of its routes'
+    /// sub-agents ([`LlmSetup::own_step_llm`]), the stop flag, the observer and the recorder
+    /// of the run. A step with no model gets a runner with no target.
+    pub fn step_runner(&self, ws: &Workspace, step_id: &str) -> Result<StepRunner<'a>> {
+        let mut runner = match self.llm.step_llm(ws, step_id)? {
+            Some(llm) => {
+                let runner = StepRunner::new(self.registry, llm.targets, self.limits)
+                    .with_target_options(llm.options);
+                match llm.replay {
+                    Some(cursor) => runner.with_replay(cursor),
+                    None => runner,
+                }
+            }
+            None => StepRunner::new(self.registry, Vec::new(), self.limits),
+        }
+        .with_model_resolver(self.sub_agent_models())
+        .with_retry(self.retry)
+        .with_max_tool_rounds(self.max_tool_rounds)
+        .with_cancel(self.cancel.clone())
+        .with_observer(self.observer.clone())
+        .with_step_ends_behind();
+        if let Some(steering) = &self.steering {
+            runner = runner.with_steering(steering.clone());
+        }
+        if let Some(recorder) = self.llm.recorder() {
+            runner = runner.with_recorder(recorder.clone());
+        }
+        let mcp = self.mcp.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(servers) = mcp {
+            runner = runner.with_mcp_servers(servers);
+        }
+        Ok(runner)
+    }
+
+    /// The models of a route's sub-agent step: its own when its step config chooses them,
+    /// else (`None`) its parent's. Cassette positions are shared with the steps'.
+    fn sub_agent_models(&self) -> ModelResolver {
+        let llm = self.llm.clone();
+        Arc::new(move |ws: &Workspace, step_id: &str| {
+            Ok(llm.own_step_llm(ws, step_id)?.map(|own| AgentModels {
+                targets: own.targets,
+                options: own.options,
+                replay: own.replay,
+            }))
+        })
+    }
+
+    pub(super) fn cancelled(&self) -> bool {
+        self.cancel.load(Ordering::SeqCst)
+    }
+}

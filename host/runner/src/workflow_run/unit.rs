@@ -1,0 +1,283 @@
+//! One run unit's steps: the output folders a single-step, resume or group run empties
+//! first, then each step in turn (agent steps through their runner, routing and human_input
+//! steps decided here), loops' jumps capped and archived, prerequisite returns followed.
+
+use super::*;
+
+/// Runs the steps of one unit in `runs/<folder>`.
+pub(super) async fn run_unit(
+    env: &RunEnv<'_>,
+    root: &Path,
+    group: Option<&Group>,
+    folder: &str,
+    opts: &RunOptions,
+) -> Result<UnitRun> {
+    let mut ws = open_workspace(root, Some(folder))?;
+    let variables = unit_variables_with_answers(&ws, group, &opts.inputs);
+    substitute_variables(&mut ws, &variables);
+    apply_variables(&mut ws, group, &variables);
+    let mut unit = UnitRun {
+        group: group.map(|g| g.id.clone()),
+        run_folder: folder.to_string(),
+        run_dir: ws.run_dir(),
+        steps: Vec::new(),
+    };
+    apply_step_config_schemas(&mut ws);
+    let mut current = match (&opts.step, &opts.from) {
+        (Some(s), _) | (None, Some(s)) => Some(s.clone()),
+        (None, None) => ws.plan.steps.first().map(|s| s.id.clone()),
+    };
+    // A single-step run empties that step's output folder, a resume (and a group's run in
+    // the folder it keeps) that step's and every later one's: a gate must never pass on a
+    // file an earlier run left. Pre-selected routes go in after.
+    if let Some(first) = &current {
+        let emptied: Vec<String> = if opts.step.is_some() {
+            vec![first.clone()]
+        } else if opts.from.is_some() || opts.group.is_some() {
+            steps_from(&ws, first)
+        } else {
+            Vec::new()
+        };
+        for id in emptied {
+            let dir = ws.step_output_dir(&id);
+            // A link there is refused, as everywhere a run writes (never removed or followed).
+            if ws.fs.kind(&dir)? == Some(Kind::Link) {
+                bail!("{}", link_error(&ws.fs.relative(&dir)?));
+            }
+            ws.fs
+                .remove_all(&dir)
+                .with_context(|| format!("emptying {} before the step runs", dir.display()))?;
+        }
+    }
+    for (step_id, route) in &opts.route_selections {
+        write_json(
+            &ws.fs,
+            &ws.step_output_dir(step_id).join(ROUTE_SELECTION_FILE),
+            &json!({"select_route": route}),
+        )?;
+    }
+    let mut previous: Option<String> = None;
+    let mut returns: BTreeMap<String, u32> = BTreeMap::new();
+    let mut visited: BTreeSet<String> = BTreeSet::new();
+    let mut jumps: BTreeMap<(String, String), u32> = BTreeMap::new();
+    let mut chosen: BTreeMap<(String, String), u32> = BTreeMap::new();
+    let mut archives = 0u32;
+    while let Some(id) = current.take() {
+        if id == "end" {
+            break;
+        }
+        if unit.steps.len() >= MAX_STEPS {
+            bail!("more than {MAX_STEPS} steps run: is there a loop in next_step_id?");
+        }
+        // Going back to a step already run is a loop's jump: bounded per (source, target)
+        // pair, and the target's and every later step's outputs are archived first.
+        if let Some(from) = &previous
+            && visited.contains(&id)
+        {
+            let from_human = matches!(
+                ws.plan.step(from).map(|s| &s.kind),
+                Some(StepKind::HumanInput(_))
+            );
+            let cap = if from_human {
+                MAX_HUMAN_JUMPS
+            } else {
+                MAX_JUMPS
+            };
+            let count = jumps.entry((from.clone(), id.clone())).or_insert(0);
+            *count += 1;
+            if *count > cap {
+                bail!(
+                    "infinite loop: step {from:?} jumped back to step {id:?} more than {cap} times \
+                     (the cap for a jump from {} step)",
+                    if from_human {
+                        "a human_input"
+                    } else {
+                        "an agent or routing"
+                    }
+                );
+            }
+            // The next free number: a resume keeps the archives of the runs before it. A
+            // path that cannot be looked at (a link planted at `archived`) ends the run: every
+            // number would be taken.
+            archives += 1;
+            while ws
+                .fs
+                .kind(archive_dir(&ws, archives))
+                .with_context(|| format!("archiving the outputs of the jump to step {id:?}"))?
+                .is_some()
+            {
+                archives += 1;
+            }
+            let moved = archive_from(&ws, &id, archives)?;
+            // The archived steps start afresh: running them again in order is no jump.
+            let fresh = steps_from(&ws, &id);
+            visited.retain(|v| !fresh.contains(v));
+            env.observer.emit(RunEvent::Jump {
+                from: from.clone(),
+                to: id.clone(),
+                count: *count,
+                cap,
+                moved,
+                archive: format!("{ARCHIVED_DIR}/run-{archives}"),
+            });
+        }
+        visited.insert(id.clone());
+        let step = ws
+            .plan
+            .step(&id)
+            .with_context(|| format!("next step {id:?} is not in the plan"))?;
+        env.observer.emit(RunEvent::StepStarted {
+            step_id: id.clone(),
+            step_type: step.type_name().to_string(),
+        });
+        let output_dir = ws.step_output_dir(&id);
+        let mut went_back = false;
+        let (mut report, mut next) = match &step.kind {
+            StepKind::MessageSequence(_) | StepKind::Regular | StepKind::TodoTask(_) => {
+                let returned = returns.get(&id).copied().unwrap_or(0);
+                let mut runner = env
+                    .step_runner(&ws, &id)?
+                    .with_prerequisite_returns(returned);
+                if has_scripted(&ws, step) {
+                    let options = ScriptOptions {
+                        group: group.map(|g| g.id.clone()),
+                        variables: opts.inputs.clone(),
+                        approvals: env.llm.approvals(),
+                        ..ScriptOptions::default()
+                    };
+                    runner = runner.with_scripts(env.scripts()?, options);
+                }
+                let outcome = runner.run_step(&ws, &id).await?;
+                let detail = match (&outcome.error, &outcome.final_text) {
+                    (Some(e), _) => e.clone(),
+                    // A scripted step that needed no agent: what its script did.
+                    (None, Some(text)) if outcome.turns == 0 => {
+                        text.lines().next().unwrap_or_default().to_string()
+                    }
+                    (None, _) => format!("{} turn(s)", outcome.turns),
+                };
+                let report = StepReport {
+                    step_id: id.clone(),
+                    step_type: step.type_name(),
+                    status: outcome.status,
+                    detail,
+                    output_dir: outcome.output_dir.clone(),
+                    outcome: Some(outcome),
+                };
+                (report, default_next(&ws, step))
+            }
+            StepKind::Routing(routing) => {
+                let (route, next, how) = select_route(&ws, step, routing, previous.as_deref())?;
+                let times = chosen.entry((id.clone(), route.clone())).or_insert(0);
+                *times += 1;
+                let (status, detail, next) = if *times > MAX_SAME_ROUTE {
+                    (
+                        Status::Failed,
+                        format!(
+                            "infinite loop: routing step {id:?} selected route {route:?} (-> {next}) \
+                             a {} time; a route may be taken at most {MAX_SAME_ROUTE} times in a run",
+                            ordinal(*times)
+                        ),
+                        None,
+                    )
+                } else {
+                    (
+                        Status::Completed,
+                        format!("route {route} (from {how}) -> {next}"),
+                        Some(next),
+                    )
+                };
+                let report = StepReport {
+                    step_id: id.clone(),
+                    step_type: step.type_name(),
+                    status,
+                    detail,
+                    output_dir,
+                    outcome: None,
+                };
+                (report, next)
+            }
+            StepKind::HumanInput(h) => {
+                let key = input_key(step, h);
+                let answer = opts
+                    .inputs
+                    .get(key)
+                    .with_context(|| format!("step {id:?}: no --input {key}=VALUE"))?;
+                let decided = answer_human_input(h, answer);
+                let next = decided.next.clone().or_else(|| default_next(&ws, step));
+                let file = human_input_file(&ws, step);
+                // Joined to the output folder, an absolute path would replace it (a `..` is
+                // refused by the workspace handle).
+                if Path::new(&file).has_root() {
+                    bail!(
+                        "step {id:?}: the answer file (context_output) {file:?} is an absolute \
+                         path; expected a name in the step's output folder"
+                    );
+                }
+                write_json(
+                    &ws.fs,
+                    &output_dir.join(&file),
+                    &json!({
+                        "question": h.question,
+                        "response": decided.response,
+                        "response_type": h.response_type.map(|t| t.name()).unwrap_or("text"),
+                        "next_step_id": next,
+                    }),
+                )?;
+                let report = StepReport {
+                    step_id: id.clone(),
+                    step_type: step.type_name(),
+                    status: Status::Completed,
+                    detail: format!(
+                        "{key} = {answer:?}{}",
+                        next.as_deref()
+                            .map(|n| format!(" -> {n}"))
+                            .unwrap_or_default()
+                    ),
+                    output_dir,
+                    outcome: None,
+                };
+                (report, next)
+            }
+        };
+        if let Some(back) = report.outcome.as_ref().and_then(|o| o.go_back.clone()) {
+            returns.insert(id.clone(), back.count);
+            report.detail = format!(
+                "prerequisite missing: {} -> back to {} (return {} of {MAX_PREREQUISITE_RETURNS})",
+                back.missing, back.step, back.count
+            );
+            went_back = true;
+            next = Some(back.step);
+        }
+        env.observer.emit(RunEvent::StepEnded {
+            step_id: id.clone(),
+            status: report.status,
+            detail: report.detail.clone(),
+        });
+        let done = report.status != Status::Completed && !went_back;
+        unit.steps.push(report);
+        if done || env.cancelled() {
+            break;
+        }
+        if opts.step.as_deref() == Some(id.as_str()) && !went_back {
+            break;
+        }
+        previous = Some(id);
+        current = next;
+    }
+    Ok(unit)
+}
+
+/// Whether `step`, or a route's sub-agent step under it, is a scripted regular step: its
+/// runner then needs the script runner.
+fn has_scripted(ws: &Workspace, step: &Step) -> bool {
+    fn within(ws: &Workspace, step: &Step, depth: usize) -> bool {
+        (matches!(step.kind, StepKind::Regular) && ws.agent_configs(&step.id).is_scripted())
+            || (depth < 8
+                && step
+                    .predefined_routes()
+                    .iter()
+                    .any(|r| within(ws, &r.sub_agent_step, depth + 1)))
+    }
+    ws.agent_configs(&step.id).is_scripted() || within(ws, step, 0)
+}
