@@ -109,12 +109,10 @@ fn open_unblocking(
     if kind.is_file() && mode.contains(OpenMode::WRITE) && meta.nlink() > 1 {
         return Err(ErrorCode::Access);
     }
-    // SAFETY: F_GETFL and F_SETFL on a descriptor this function owns.
-    let cleared = unsafe {
-        let fl = libc::fcntl(file.as_raw_fd(), libc::F_GETFL);
-        fl >= 0 && libc::fcntl(file.as_raw_fd(), libc::F_SETFL, fl & !libc::O_NONBLOCK) == 0
-    };
-    if !cleared {
+    // Back to blocking I/O. Of the flags F_SETFL can change, only O_NONBLOCK was set (the
+    // open never asks for O_APPEND), so setting none clears it in one call.
+    // SAFETY: F_SETFL on a descriptor this function owns.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETFL, 0) } != 0 {
         return Err(std::io::Error::last_os_error().into());
     }
     if truncate && kind.is_file() {
