@@ -223,6 +223,29 @@ fn serve_arguments_cannot_widen_the_grant() {
             json!({"path": path, "content": "pwned"}),
         );
     }
+    // The tool is told why a file with other hard links cannot be written in place, and a
+    // read-only folder is still called one.
+    let text = |answer: &Value| {
+        answer["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let hard = serve.call(
+        "adversary__write",
+        json!({"path": "/notes/hard", "content": "pwned"}),
+    );
+    assert!(denied(&hard), "{hard}");
+    assert!(
+        text(&hard)
+            .contains("`/notes/hard` has other hard links, so it cannot be written in place"),
+        "{hard}"
+    );
+    let read_only = serve.call(
+        "adversary__write",
+        json!({"path": "/shared/new.txt", "content": "pwned"}),
+    );
+    assert!(text(&read_only).contains("read-only folder"), "{read_only}");
     let writes = [
         "shared/new.txt",
         "shared/notes.md",
