@@ -419,14 +419,29 @@ impl HttpServer {
                         if let Some(refused) = refuse(&request, token.as_deref()) {
                             return Ok::<_, std::convert::Infallible>(refused);
                         }
-                        if let Some(refused) = sessions.refuse_new(&request).await {
-                            return Ok(refused);
-                        }
                         let request = match read_body(request).await {
                             Ok(request) => request,
                             Err(refused) => return Ok(refused),
                         };
-                        tower_service::Service::call(&mut service, request).await
+                        let (response, refused) = SESSION_REFUSED
+                            .scope(std::cell::Cell::new(false), async {
+                                let response =
+                                    tower_service::Service::call(&mut service, request).await;
+                                (response, SESSION_REFUSED.with(std::cell::Cell::get))
+                            })
+                            .await;
+                        if refused {
+                            let mut response = plain_owned(
+                                hyper::StatusCode::SERVICE_UNAVAILABLE,
+                                sessions_full(sessions.max),
+                            );
+                            response.headers_mut().insert(
+                                hyper::header::RETRY_AFTER,
+                                hyper::header::HeaderValue::from_static("5"),
+                            );
+                            return Ok(response);
+                        }
+                        response
                     }
                 });
                 let connection = hyper::server::conn::http1::Builder::new()
@@ -499,6 +514,11 @@ async fn read_body(
     }
 }
 
+tokio::task_local! {
+    /// Set, within one request, when it was refused a new session for the cap.
+    static SESSION_REFUSED: std::cell::Cell<bool>;
+}
+
 /// rmcp's session manager with a cap on live sessions.
 struct CappedSessions {
     inner: LocalSessionManager,
@@ -527,27 +547,6 @@ impl CappedSessions {
     async fn live(&self) -> usize {
         self.inner.sessions.read().await.len()
     }
-
-    /// `503` for a request that would start a session (a POST without `Mcp-Session-Id`)
-    /// while the cap is reached. [`SessionManager::create_session`] holds the cap exactly;
-    /// this check gives the client a clear answer before its body is read.
-    async fn refuse_new<B>(&self, request: &hyper::Request<B>) -> Option<Response> {
-        if request.method() != hyper::Method::POST
-            || request.headers().contains_key("mcp-session-id")
-            || self.live().await < self.max
-        {
-            return None;
-        }
-        let mut response = plain_owned(
-            hyper::StatusCode::SERVICE_UNAVAILABLE,
-            sessions_full(self.max),
-        );
-        response.headers_mut().insert(
-            hyper::header::RETRY_AFTER,
-            hyper::header::HeaderValue::from_static("5"),
-        );
-        Some(response)
-    }
 }
 
 impl SessionManager for CappedSessions {
@@ -557,6 +556,8 @@ impl SessionManager for CappedSessions {
     async fn create_session(&self) -> Result<(SessionId, Self::Transport), Self::Error> {
         let _one_at_a_time = self.creating.lock().await;
         if self.live().await >= self.max {
+            // rmcp would answer 500 with this error: the handler answers 503 instead.
+            let _ = SESSION_REFUSED.try_with(|refused| refused.set(true));
             return Err(SessionsError::Full(self.max));
         }
         Ok(self.inner.create_session().await?)
