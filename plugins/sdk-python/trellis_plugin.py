@@ -31,6 +31,7 @@ import errno
 import inspect
 import json
 import os
+import stat
 import sys
 
 __all__ = [
@@ -178,6 +179,14 @@ def from_os_error(err, path=None):
         return Denied(f"`{path}` is outside the folders granted to this call (a `..` climbs out)")
     if err.errno == errno.EROFS:
         return Denied(f"`{path}` is in a read-only folder")
+    if isinstance(err, PermissionError) and _hard_links(path) > 1:
+        # The host never opens a file with other hard links for writing: another of its
+        # links may be a file of a read-only folder or outside every grant.
+        return Denied(
+            f"`{path}` has other hard links, so it cannot be written in place (another link "
+            f"may be a file of a read-only folder or outside the grants); in a writable "
+            f"folder, write a new file and rename it over `{path}` instead"
+        )
     if isinstance(err, PermissionError):
         return Denied(
             f"`{path}` is in a read-only folder, or outside the folders granted to this call"
@@ -185,6 +194,15 @@ def from_os_error(err, path=None):
     if isinstance(err, IsADirectoryError):
         return Failed(f"`{path}` is a folder, not a file")
     return Failed(f"`{path}`: {err.strerror or err}")
+
+
+def _hard_links(path):
+    # How many hard links the regular file at `path` has; 0 when it is not one.
+    try:
+        st = os.lstat(path)
+    except (OSError, ValueError):
+        return 0
+    return st.st_nlink if stat.S_ISREG(st.st_mode) else 0
 
 
 def _outside_grants(path):

@@ -7,7 +7,10 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::Subcommand;
-use trellis_runner::mcp_serve::{HTTP_PATH, HttpAccess, HttpServer, ToolServer};
+use trellis_runner::mcp_serve::{
+    DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_SESSIONS, HTTP_PATH, HttpAccess, HttpLimits, HttpServer,
+    ToolServer, default_max_concurrent_calls,
+};
 use trellis_sandbox::Engine;
 
 use super::{CacheArgs, PluginDirs, registry, tool};
@@ -35,6 +38,14 @@ pub enum McpCommand {
     /// which every request must then send (`Authorization: Bearer <token>`); on
     /// loopback the token is checked when it is set.
     ///
+    /// At most --max-concurrent-calls calls run at once (from every client together);
+    /// a call over it waits for a slot for up to --timeout seconds, then comes back
+    /// with `isError: true` saying the server is busy. Over HTTP at most
+    /// --max-sessions sessions live at once (a new one past it gets 503; a session
+    /// ends when its client deletes it or after 5 minutes idle) and at most
+    /// --max-connections connections are open (one past it gets 503). A request has
+    /// 10 s to send its headers and 30 s more for its body (408), of at most 4 MiB (413).
+    ///
     /// Examples:
     ///   trellis mcp serve --root examples/ticket-triage --read knowledgebase
     ///   trellis mcp serve --http 8808 --root . --write notes --tool workspace:write_file
@@ -61,6 +72,17 @@ pub enum McpCommand {
         /// Stop each call after this many seconds.
         #[arg(long, default_value_t = 30.0, value_name = "SECS")]
         timeout: f64,
+        /// Run at most N tool calls at once; more wait for a slot [default: the number of CPUs].
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        max_concurrent_calls: Option<u32>,
+        /// Keep at most N HTTP sessions alive at once.
+        #[arg(long, default_value_t = DEFAULT_MAX_SESSIONS as u32, value_name = "N",
+              value_parser = clap::value_parser!(u32).range(1..), requires = "http")]
+        max_sessions: u32,
+        /// Keep at most N HTTP connections open at once.
+        #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS as u32, value_name = "N",
+              value_parser = clap::value_parser!(u32).range(1..), requires = "http")]
+        max_connections: u32,
         /// Memory limit of each plugin instance (all its memories and tables together), in MiB.
         #[arg(long, default_value_t = 256, value_name = "MIB")]
         memory: usize,
@@ -98,6 +120,9 @@ pub async fn run(engine: &Engine, command: McpCommand) -> Result<ExitCode> {
             write,
             allow_hosts,
             timeout,
+            max_concurrent_calls,
+            max_sessions,
+            max_connections,
             memory,
             plugins,
             ..
@@ -106,7 +131,9 @@ pub async fn run(engine: &Engine, command: McpCommand) -> Result<ExitCode> {
             let grant = tool::grant(&root, &read, &write)?;
             let limits = tool::limits(timeout, memory)?;
             let registry = Arc::new(registry(engine, &plugins).await?);
-            let server = ToolServer::new(registry, grant, limits, &tools)?;
+            let server = ToolServer::new(registry, grant, limits, &tools)?.max_concurrent_calls(
+                max_concurrent_calls.map_or_else(default_max_concurrent_calls, |n| n as usize),
+            );
             anyhow::ensure!(
                 server.tool_names().next().is_some(),
                 "no tool to serve: no loaded tool plugin offers one"
@@ -119,7 +146,11 @@ pub async fn run(engine: &Engine, command: McpCommand) -> Result<ExitCode> {
                         token: std::env::var(TOKEN_VAR).ok(),
                         extra_hosts: allow_hosts,
                     };
-                    let server = HttpServer::bind(server, addr, access).await?;
+                    let limits = HttpLimits {
+                        max_sessions: max_sessions as usize,
+                        max_connections: max_connections as usize,
+                    };
+                    let server = HttpServer::bind(server, addr, access, limits).await?;
                     // Tests and scripts read the chosen port from this line.
                     eprintln!(
                         "trellis: serving MCP at http://{}{HTTP_PATH}",

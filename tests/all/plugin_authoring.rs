@@ -321,9 +321,12 @@ fn a_python_project_passes_its_test_builds_and_cannot_leave_its_sandbox() {
         &[
             ("notes/a.txt", "alpha beta\ngamma\n".to_string()),
             ("docs/readme.md", "read only".to_string()),
+            ("docs/linked.md", "read only too".to_string()),
             ("secret.txt", "the secret".to_string()),
         ],
     );
+    // Planted in the writable folder: a second name for a read-only file.
+    std::fs::hard_link(root.join("docs/linked.md"), root.join("notes/hard.md")).unwrap();
     let grants = ["--write", "notes", "--read", "docs"];
     let out = tool_call(
         &dist,
@@ -345,6 +348,10 @@ fn a_python_project_passes_its_test_builds_and_cannot_leave_its_sandbox() {
     refused(
         &escape(json!({"action": "write", "path": "docs/readme.md"})),
         "denied: `docs/readme.md` is in a read-only folder",
+    );
+    refused(
+        &escape(json!({"action": "write", "path": "notes/hard.md"})),
+        "denied: `notes/hard.md` has other hard links, so it cannot be written in place",
     );
     refused(
         &escape(json!({"action": "write", "path": "planted.txt"})),

@@ -227,6 +227,29 @@ fn serve_arguments_cannot_widen_the_grant() {
             json!({"path": path, "content": "pwned"}),
         );
     }
+    // The tool is told why a file with other hard links cannot be written in place, and a
+    // read-only folder is still called one.
+    let text = |answer: &Value| {
+        answer["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let hard = serve.call(
+        "adversary__write",
+        json!({"path": "/notes/hard", "content": "pwned"}),
+    );
+    assert!(denied(&hard), "{hard}");
+    assert!(
+        text(&hard)
+            .contains("`/notes/hard` has other hard links, so it cannot be written in place"),
+        "{hard}"
+    );
+    let read_only = serve.call(
+        "adversary__write",
+        json!({"path": "/shared/new.txt", "content": "pwned"}),
+    );
+    assert!(text(&read_only).contains("read-only folder"), "{read_only}");
     let writes = [
         "shared/new.txt",
         "shared/notes.md",
@@ -305,23 +328,32 @@ fn serve_offers_and_runs_only_the_tools_named() {
 /// `trellis mcp serve --http ADDR` on the tree (`shared` read-only, `notes` read-write) with
 /// its plugins, each call stopped after `timeout` seconds.
 fn serve_http(tree: &Tree, addr: &str, token: Option<&str>, timeout: &str) -> HttpServe {
+    serve_http_with(tree, addr, token, timeout, &[])
+}
+
+/// [`serve_http`] with `extra` arguments (limits).
+fn serve_http_with(
+    tree: &Tree,
+    addr: &str,
+    token: Option<&str>,
+    timeout: &str,
+    extra: &[&str],
+) -> HttpServe {
     let (root, plugins) = (tree.root(), tree.plugins());
-    HttpServe::start(
-        addr,
-        token,
-        &[
-            "--root",
-            root.to_str().unwrap(),
-            "--read",
-            "shared",
-            "--write",
-            "notes",
-            "--plugins",
-            plugins.to_str().unwrap(),
-            "--timeout",
-            timeout,
-        ],
-    )
+    let mut args = vec![
+        "--root",
+        root.to_str().unwrap(),
+        "--read",
+        "shared",
+        "--write",
+        "notes",
+        "--plugins",
+        plugins.to_str().unwrap(),
+        "--timeout",
+        timeout,
+    ];
+    args.extend_from_slice(extra);
+    HttpServe::start(addr, token, &args)
 }
 
 #[test]
@@ -474,6 +506,200 @@ fn serve_refuses_huge_and_nested_bodies_and_closes_trickled_headers() {
     }
     // The server still serves.
     assert_eq!(post(port, &host, INIT), 200);
+    drop(serve);
+    assert_eq!(tree.outside_grant(), before);
+}
+
+/// The resident memory of process `pid`, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+#[test]
+fn serve_caps_sessions_and_connections() {
+    let tree = Tree::new();
+    let before = tree.outside_grant();
+    let serve = serve_http_with(
+        &tree,
+        "127.0.0.1:0",
+        None,
+        "30",
+        &["--max-sessions", "2", "--max-connections", "4"],
+    );
+    let port = serve.port();
+    let host = format!("\r\nHost: localhost:{port}");
+    let first = session(port);
+    let second = session(port);
+    // A third session is refused, with the limit and its flag named.
+    let (status, headers, body) = raw(port, &format!("POST /mcp HTTP/1.1{host}"), INIT.as_bytes());
+    assert_eq!(status, 503, "{headers}{body}");
+    assert!(
+        body.contains("2 MCP sessions") && body.contains("--max-sessions"),
+        "{body}"
+    );
+    // Many more cost the server no memory to speak of: none of them is kept (each session
+    // kept would hold some 50 KiB).
+    let rss = rss_kib(serve.pid());
+    for _ in 0..2_000 {
+        assert_eq!(post(port, &host, INIT), 503);
+    }
+    let grown = rss_kib(serve.pid()).saturating_sub(rss);
+    assert!(grown < 32 << 10, "the server grew by {grown} KiB");
+    // The sessions in place still work, and closing one makes room for another.
+    let list = br#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#;
+    let in_session = |id: &str| format!("POST /mcp HTTP/1.1{host}\r\nMcp-Session-Id: {id}");
+    assert_eq!(raw(port, &in_session(&second), list).0, 200);
+    let (status, _, _) = raw(
+        port,
+        &format!("DELETE /mcp HTTP/1.1{host}\r\nMcp-Session-Id: {first}"),
+        b"",
+    );
+    assert!((200..300).contains(&status), "{status}");
+    let third = session(port);
+    assert_eq!(raw(port, &in_session(&third), list).0, 200);
+    // Connections: four held open that send nothing take every slot, and the next one is
+    // told why and closed.
+    let idle: Vec<TcpStream> = (0..4)
+        .map(|_| TcpStream::connect(("127.0.0.1", port)).unwrap())
+        .collect();
+    let (status, _, body) = raw(port, &in_session(&third), list);
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("--max-connections"), "{body}");
+    drop(idle);
+    // Once they are closed (the server notices in its own time), calls go through again.
+    let mut status = 0;
+    for _ in 0..600 {
+        status = raw(port, &in_session(&third), list).0;
+        if status == 200 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(status, 200);
+    drop(serve);
+    assert_eq!(tree.outside_grant(), before);
+}
+
+#[test]
+fn serve_answers_a_trickled_body_with_408() {
+    let tree = Tree::new();
+    let before = tree.outside_grant();
+    let serve = serve_http(&tree, "127.0.0.1:0", None, "30");
+    let port = serve.port();
+    // Complete headers, then a few bytes of the body, then nothing: the server answers
+    // once the body's time is up instead of waiting for ever.
+    let mut slow = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(300)))
+        .unwrap();
+    write!(
+        slow,
+        "POST /mcp HTTP/1.1\r\nHost: localhost:{port}\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nContent-Length: {}\r\n\r\n{}",
+        INIT.len(),
+        &INIT[..10]
+    )
+    .unwrap();
+    let mut answer = String::new();
+    let _ = slow.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("did not arrive"), "{answer}");
+    // The server still serves.
+    assert_eq!(
+        post(port, &format!("\r\nHost: localhost:{port}"), INIT),
+        200
+    );
+    drop(serve);
+    assert_eq!(tree.outside_grant(), before);
+}
+
+/// The `result` of the answer to request `id` in an SSE body.
+fn sse_result(body: &str, id: u64) -> Value {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+        .find(|m| m["id"] == json!(id))
+        .unwrap_or_else(|| panic!("no answer to request {id}: {body}"))["result"]
+        .clone()
+}
+
+#[test]
+fn serve_runs_at_most_the_calls_allowed_and_refuses_those_that_wait_too_long() {
+    let tree = Tree::new();
+    let before = tree.outside_grant();
+    // One call at a time, each stopped after 3 s.
+    let serve = serve_http_with(
+        &tree,
+        "127.0.0.1:0",
+        None,
+        "3",
+        &["--max-concurrent-calls", "1"],
+    );
+    let port = serve.port();
+    let spin = |id: u64| {
+        let session = session(port);
+        std::thread::spawn(move || {
+            let body = format!(
+                r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"adversary__spin","arguments":{{}}}}}}"#
+            );
+            let (status, _, answer) = raw(
+                port,
+                &format!(
+                    "POST /mcp HTTP/1.1\r\nHost: localhost:{port}\r\nMcp-Session-Id: {session}"
+                ),
+                body.as_bytes(),
+            );
+            assert_eq!(status, 200, "{answer}");
+            sse_result(&answer, id)
+        })
+    };
+    let first = spin(1);
+    // Once the first call holds the only slot, two more come: the slot it frees can go to
+    // one of them only, and the other's wait reaches its timeout while that one runs.
+    while !serve.log().iter().any(|l| l.contains("call started")) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (second, third) = (spin(2), spin(3));
+    let results = [
+        first.join().unwrap(),
+        second.join().unwrap(),
+        third.join().unwrap(),
+    ];
+    let text = |r: &Value| {
+        r["content"][0]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(
+        results.iter().all(|r| r["isError"] == json!(true)),
+        "{results:?}"
+    );
+    assert!(!text(&results[0]).contains("busy"), "{results:?}");
+    let refused: Vec<String> = results[1..]
+        .iter()
+        .map(text)
+        .filter(|t| t.contains("busy"))
+        .collect();
+    assert!(!refused.is_empty(), "{results:?}");
+    assert!(
+        refused
+            .iter()
+            .all(|t| t.contains("--max-concurrent-calls 1")),
+        "{refused:?}"
+    );
+    assert!(
+        serve
+            .log()
+            .iter()
+            .any(|l| l.contains("waiting for a call slot")),
+        "{:#?}",
+        serve.log()
+    );
     drop(serve);
     assert_eq!(tree.outside_grant(), before);
 }
@@ -714,4 +940,67 @@ fn serve_tells_the_client_its_folder_was_deleted_since_it_was_granted() {
         );
     }
     assert_eq!(tree_digest(tree.dir.path()), before);
+}
+
+#[test]
+fn a_server_message_over_the_cap_is_refused_unread() {
+    let dir = tempfile::tempdir().unwrap();
+    let started = dir.path().join("started");
+    let config = fixture_file(dir.path(), &started);
+    // A result past the 16 MiB a message from a server may have: the line is refused while
+    // it streams in, and the server is disconnected, so the next call fails too.
+    let size = 20 << 20;
+    let llm = FakeServer::start(Box::new(move |body| {
+        let answered = body["messages"]
+            .as_array()
+            .map_or(0, |m| m.iter().filter(|m| m["role"] == "tool").count());
+        match answered {
+            0 => (200, completion("", &[("fx__huge", json!({"size": size}))])),
+            1 => (200, completion("", &[("fx__echo", json!({"text": "hi"}))])),
+            _ => (200, completion("done", &[])),
+        }
+    }));
+    let ws = dir.path().join("ws");
+    workspace(&ws, json!({"selected_servers": ["fx"]}), &llm);
+    let before = outside_runs(&ws);
+    let out = trellis_command(&[
+        "run",
+        ws.to_str().unwrap(),
+        "--mcp-config",
+        config.to_str().unwrap(),
+    ])
+    .output()
+    .unwrap();
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let results = llm.last_tool_results();
+    assert_eq!(results.len(), 2, "{all}");
+    let (huge, next) = (&results[0].1, &results[1].1);
+    assert!(
+        huge.starts_with("error:")
+            && huge.contains(r#"MCP server "fx""#)
+            && huge.contains("longer than the limit of 16777216 bytes"),
+        "{}",
+        &huge[..huge.len().min(300)]
+    );
+    assert!(next.starts_with("error:") && next.contains("fx"), "{next}");
+    let flood = "x".repeat(1 << 20);
+    for (rel, _) in tree_digest(&ws) {
+        let path = ws.join(&rel);
+        if path.is_file() {
+            let text = String::from_utf8_lossy(&std::fs::read(&path).unwrap()).into_owned();
+            assert!(!text.contains(&flood), "{rel} holds the flood");
+        }
+    }
+    assert!(
+        llm.seen().iter().all(|r| !r.to_string().contains(&flood)),
+        "the model saw the flood"
+    );
+    assert!(out.status.success(), "{all}");
+    let pid: u32 = std::fs::read_to_string(&started).unwrap().parse().unwrap();
+    assert!(mcp_fixture::process_gone(pid));
+    assert_eq!(outside_runs(&ws), before);
 }

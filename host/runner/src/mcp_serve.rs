@@ -8,22 +8,35 @@
 //! and arguments that do not match its schema are results with `isError: true`; only a name
 //! that is not offered is a protocol error.
 //!
+//! Calls run at most [`ToolServer::max_concurrent_calls`] at a time, whichever transport and
+//! session they come from; a call over the cap waits for a slot, for at most its own timeout,
+//! and is then refused as a result with `isError: true` naming the limit.
+//!
 //! Over HTTP the server answers at `/mcp` only. It keeps rmcp's `Host` check against DNS
 //! rebinding, and when a bearer token is set (required off loopback) a request without it
-//! is refused before anything else looks at it. A request body is capped (rmcp's 4 MiB), and
-//! a connection that does not finish its headers within [`HEADER_READ_TIMEOUT`] is closed.
+//! is refused before anything else looks at it. Everything a client can make it hold is
+//! bounded ([`HttpLimits`]): open connections (`503` past the cap), live sessions (`503` to an
+//! `initialize` past the cap), a request's headers ([`HEADER_READ_TIMEOUT`], then closed) and
+//! its body ([`MAX_BODY_BYTES`], else `413`; [`BODY_READ_TIMEOUT`], else `408`).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
+use http_body_util::BodyExt;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
     ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
     ToolAnnotations,
 };
 use rmcp::service::RequestContext;
+use rmcp::transport::streamable_http_server::session::local::{
+    LocalSessionManager, LocalSessionManagerError,
+};
+use rmcp::transport::streamable_http_server::session::{
+    ServerSseMessage, SessionId, SessionManager,
+};
 use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
 use trellis_sandbox::plugins::PluginKind;
 use trellis_sandbox::{Grant, Limits, PluginRegistry};
@@ -39,6 +52,25 @@ pub const HTTP_PATH: &str = "/mcp";
 /// client that trickles them (slowloris) cannot hold connections open for ever.
 pub const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// How long a request may take to send its whole body once its headers are in, so a body
+/// trickled a byte at a time cannot hold a connection (and its session's slot) for ever.
+pub const BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The largest request body read (rmcp's own default cap, applied before rmcp sees it).
+pub const MAX_BODY_BYTES: usize = 4 << 20;
+
+/// The default cap on HTTP sessions alive at once (`--max-sessions`).
+pub const DEFAULT_MAX_SESSIONS: usize = 64;
+
+/// The default cap on open HTTP connections (`--max-connections`).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
+
+/// The default cap on tool calls running at once (`--max-concurrent-calls`): the number of
+/// CPUs, since each call is a busy sandboxed instance.
+pub fn default_max_concurrent_calls() -> usize {
+    std::thread::available_parallelism().map_or(4, usize::from)
+}
+
 /// What the server offers and with which grant; cheap to clone (one per HTTP session).
 #[derive(Clone)]
 pub struct ToolServer {
@@ -47,6 +79,9 @@ pub struct ToolServer {
     limits: Limits,
     /// MCP name to the tool's `server:tool` name and its listing.
     tools: Arc<BTreeMap<String, (String, Tool)>>,
+    /// One permit per call allowed to run at once, shared by every session.
+    calls: Arc<tokio::sync::Semaphore>,
+    max_calls: usize,
 }
 
 impl std::fmt::Debug for ToolServer {
@@ -117,7 +152,46 @@ impl ToolServer {
             grant: Arc::new(grant),
             limits,
             tools: Arc::new(tools),
+            calls: Arc::new(tokio::sync::Semaphore::new(default_max_concurrent_calls())),
+            max_calls: default_max_concurrent_calls(),
         })
+    }
+
+    /// Lets at most `max` calls run at once (at least one); the others wait for a slot.
+    pub fn max_concurrent_calls(mut self, max: usize) -> Self {
+        self.max_calls = max.max(1);
+        self.calls = Arc::new(tokio::sync::Semaphore::new(self.max_calls));
+        self
+    }
+
+    /// A slot to run a call in: at once when one is free, else the first to free up within
+    /// the call's timeout. `Err` is the refusal the client sees.
+    async fn call_slot(
+        &self,
+        tool: &str,
+        cancelled: &tokio_util::sync::CancellationToken,
+    ) -> Result<tokio::sync::OwnedSemaphorePermit, String> {
+        if let Ok(permit) = self.calls.clone().try_acquire_owned() {
+            return Ok(permit);
+        }
+        tracing::debug!(
+            tool,
+            max = self.max_calls,
+            "waiting for a call slot (--max-concurrent-calls)"
+        );
+        tokio::select! {
+            permit = self.calls.clone().acquire_owned() => {
+                permit.map_err(|_| "the server is stopping".to_string())
+            }
+            () = tokio::time::sleep(self.limits.timeout) => Err(format!(
+                "the server is busy: all {max} call slots stayed taken for {secs} s, the \
+                 call's timeout (`trellis mcp serve --max-concurrent-calls {max}` sets how \
+                 many calls run at once); try again later",
+                max = self.max_calls,
+                secs = self.limits.timeout.as_secs_f64(),
+            )),
+            () = cancelled.cancelled() => Err("cancelled before it started".to_string()),
+        }
     }
 
     /// The MCP names of the offered tools.
@@ -171,6 +245,14 @@ impl ServerHandler for ToolServer {
                 None,
             ));
         };
+        let _slot = match self.call_slot(full_name, &context.ct).await {
+            Ok(slot) => slot,
+            Err(refused) => {
+                tracing::info!(tool = %full_name, "call refused: {refused}");
+                return Ok(CallToolResult::error(vec![ContentBlock::text(refused)]).into());
+            }
+        };
+        tracing::debug!(tool = %full_name, "call started");
         let args = serde_json::Value::Object(request.arguments.unwrap_or_default());
         let outcome = self
             .registry
@@ -203,6 +285,25 @@ pub struct HttpAccess {
     pub extra_hosts: Vec<String>,
 }
 
+/// What one HTTP server holds at most at once.
+#[derive(Debug, Clone, Copy)]
+pub struct HttpLimits {
+    /// Live sessions; an `initialize` past it gets `503`. A session ends when its client
+    /// deletes it or after 5 minutes idle.
+    pub max_sessions: usize,
+    /// Open connections; one past it gets `503` and is closed.
+    pub max_connections: usize,
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        HttpLimits {
+            max_sessions: DEFAULT_MAX_SESSIONS,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+        }
+    }
+}
+
 /// The loopback names every HTTP server accepts in `Host`.
 const LOOPBACK_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
 
@@ -212,6 +313,7 @@ pub struct HttpServer {
     listener: tokio::net::TcpListener,
     server: ToolServer,
     access: HttpAccess,
+    limits: HttpLimits,
 }
 
 impl HttpServer {
@@ -221,6 +323,7 @@ impl HttpServer {
         server: ToolServer,
         addr: SocketAddr,
         mut access: HttpAccess,
+        limits: HttpLimits,
     ) -> Result<Self> {
         if access.token.as_deref().is_some_and(str::is_empty) {
             access.token = None;
@@ -242,6 +345,7 @@ impl HttpServer {
             listener,
             server,
             access,
+            limits,
         })
     }
 
@@ -256,7 +360,7 @@ impl HttpServer {
         let _stop_all = shutdown.clone().drop_guard();
         let mut stop = std::pin::pin!(stop);
         use rmcp::transport::streamable_http_server::{
-            StreamableHttpServerConfig, StreamableHttpService, session::local::LocalSessionManager,
+            StreamableHttpServerConfig, StreamableHttpService,
         };
         let hosts: Vec<String> = LOOPBACK_HOSTS
             .iter()
@@ -273,14 +377,19 @@ impl HttpServer {
             .with_allowed_hosts(hosts)
             .with_allowed_origins(origins)
             .enforce_origin_validation()
+            .with_max_request_body_bytes(MAX_BODY_BYTES)
             .with_cancellation_token(shutdown.child_token());
         let server = self.server.clone();
-        let service = StreamableHttpService::new(
-            move || Ok(server.clone()),
-            Arc::new(LocalSessionManager::default()),
-            config,
-        );
+        let sessions = Arc::new(CappedSessions {
+            inner: LocalSessionManager::default(),
+            max: self.limits.max_sessions.max(1),
+            creating: tokio::sync::Mutex::new(()),
+        });
+        let service =
+            StreamableHttpService::new(move || Ok(server.clone()), sessions.clone(), config);
         let token = self.access.token.map(Arc::<str>::from);
+        let max_connections = self.limits.max_connections.max(1);
+        let connections = Arc::new(tokio::sync::Semaphore::new(max_connections));
         loop {
             let (stream, _) = tokio::select! {
                 accepted = self.listener.accept() => match accepted {
@@ -292,18 +401,47 @@ impl HttpServer {
                 },
                 () = &mut stop => return Ok(()),
             };
+            let Ok(connection_slot) = connections.clone().try_acquire_owned() else {
+                tokio::spawn(refuse_connection(stream, max_connections));
+                continue;
+            };
             let service = service.clone();
             let token = token.clone();
             let shutdown = shutdown.clone();
+            let sessions = sessions.clone();
             tokio::spawn(async move {
+                let _slot = connection_slot;
                 let handler = hyper::service::service_fn(move |request| {
                     let mut service = service.clone();
                     let token = token.clone();
+                    let sessions = sessions.clone();
                     async move {
                         if let Some(refused) = refuse(&request, token.as_deref()) {
                             return Ok::<_, std::convert::Infallible>(refused);
                         }
-                        tower_service::Service::call(&mut service, request).await
+                        let request = match read_body(request).await {
+                            Ok(request) => request,
+                            Err(refused) => return Ok(refused),
+                        };
+                        let (response, refused) = SESSION_REFUSED
+                            .scope(std::cell::Cell::new(false), async {
+                                let response =
+                                    tower_service::Service::call(&mut service, request).await;
+                                (response, SESSION_REFUSED.with(std::cell::Cell::get))
+                            })
+                            .await;
+                        if refused {
+                            let mut response = plain_owned(
+                                hyper::StatusCode::SERVICE_UNAVAILABLE,
+                                sessions_full(sessions.max),
+                            );
+                            response.headers_mut().insert(
+                                hyper::header::RETRY_AFTER,
+                                hyper::header::HeaderValue::from_static("5"),
+                            );
+                            return Ok(response);
+                        }
+                        response
                     }
                 });
                 let connection = hyper::server::conn::http1::Builder::new()
@@ -325,6 +463,156 @@ impl HttpServer {
 
 type Response =
     hyper::Response<http_body_util::combinators::BoxBody<bytes::Bytes, std::convert::Infallible>>;
+
+/// Answers a connection past `--max-connections` with `503` and closes it.
+async fn refuse_connection(mut stream: tokio::net::TcpStream, max: usize) {
+    use tokio::io::AsyncWriteExt;
+    let text = format!(
+        "service unavailable: {max} connections are open, the limit \
+         (`trellis mcp serve --max-connections`); try again later\n"
+    );
+    let answer = format!(
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nRetry-After: 1\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{text}",
+        text.len()
+    );
+    // A client that does not read its answer does not hold the task.
+    let _ = tokio::time::timeout(HEADER_READ_TIMEOUT, async {
+        stream.write_all(answer.as_bytes()).await?;
+        stream.shutdown().await
+    })
+    .await;
+}
+
+/// Reads the whole body of `request` (at most [`MAX_BODY_BYTES`], within
+/// [`BODY_READ_TIMEOUT`]) before rmcp sees it.
+async fn read_body(
+    request: hyper::Request<hyper::body::Incoming>,
+) -> Result<hyper::Request<http_body_util::Full<bytes::Bytes>>, Response> {
+    let (parts, body) = request.into_parts();
+    let limited = http_body_util::Limited::new(body, MAX_BODY_BYTES);
+    match tokio::time::timeout(BODY_READ_TIMEOUT, limited.collect()).await {
+        Ok(Ok(collected)) => Ok(hyper::Request::from_parts(
+            parts,
+            http_body_util::Full::new(collected.to_bytes()),
+        )),
+        Ok(Err(err)) if err.is::<http_body_util::LengthLimitError>() => Err(plain_owned(
+            hyper::StatusCode::PAYLOAD_TOO_LARGE,
+            format!("payload too large: a request body may have {MAX_BODY_BYTES} bytes"),
+        )),
+        Ok(Err(err)) => Err(plain_owned(
+            hyper::StatusCode::BAD_REQUEST,
+            format!("bad request: reading the body: {err}"),
+        )),
+        Err(_) => Err(plain_owned(
+            hyper::StatusCode::REQUEST_TIMEOUT,
+            format!(
+                "request timeout: the body did not arrive within {} s of the headers",
+                BODY_READ_TIMEOUT.as_secs()
+            ),
+        )),
+    }
+}
+
+tokio::task_local! {
+    /// Set, within one request, when it was refused a new session for the cap.
+    static SESSION_REFUSED: std::cell::Cell<bool>;
+}
+
+/// rmcp's session manager with a cap on live sessions.
+struct CappedSessions {
+    inner: LocalSessionManager,
+    max: usize,
+    /// Held while a session is counted and made, so two at once cannot pass the cap.
+    creating: tokio::sync::Mutex<()>,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum SessionsError {
+    #[error(transparent)]
+    Local(#[from] LocalSessionManagerError),
+    #[error("{}", sessions_full(*.0))]
+    Full(usize),
+}
+
+fn sessions_full(max: usize) -> String {
+    format!(
+        "service unavailable: {max} MCP sessions are open, the limit \
+         (`trellis mcp serve --max-sessions`); close one (HTTP DELETE) or wait until one \
+         idles out (5 minutes)"
+    )
+}
+
+impl CappedSessions {
+    async fn live(&self) -> usize {
+        self.inner.sessions.read().await.len()
+    }
+}
+
+impl SessionManager for CappedSessions {
+    type Error = SessionsError;
+    type Transport = <LocalSessionManager as SessionManager>::Transport;
+
+    async fn create_session(&self) -> Result<(SessionId, Self::Transport), Self::Error> {
+        let _one_at_a_time = self.creating.lock().await;
+        if self.live().await >= self.max {
+            // rmcp would answer 500 with this error: the handler answers 503 instead.
+            let _ = SESSION_REFUSED.try_with(|refused| refused.set(true));
+            return Err(SessionsError::Full(self.max));
+        }
+        Ok(self.inner.create_session().await?)
+    }
+
+    async fn initialize_session(
+        &self,
+        id: &SessionId,
+        message: rmcp::model::ClientJsonRpcMessage,
+    ) -> Result<rmcp::model::ServerJsonRpcMessage, Self::Error> {
+        Ok(self.inner.initialize_session(id, message).await?)
+    }
+
+    async fn has_session(&self, id: &SessionId) -> Result<bool, Self::Error> {
+        Ok(self.inner.has_session(id).await?)
+    }
+
+    async fn close_session(&self, id: &SessionId) -> Result<(), Self::Error> {
+        Ok(self.inner.close_session(id).await?)
+    }
+
+    async fn create_stream(
+        &self,
+        id: &SessionId,
+        message: rmcp::model::ClientJsonRpcMessage,
+    ) -> Result<impl futures::Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error>
+    {
+        Ok(self.inner.create_stream(id, message).await?)
+    }
+
+    async fn accept_message(
+        &self,
+        id: &SessionId,
+        message: rmcp::model::ClientJsonRpcMessage,
+    ) -> Result<(), Self::Error> {
+        Ok(self.inner.accept_message(id, message).await?)
+    }
+
+    async fn create_standalone_stream(
+        &self,
+        id: &SessionId,
+    ) -> Result<impl futures::Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error>
+    {
+        Ok(self.inner.create_standalone_stream(id).await?)
+    }
+
+    async fn resume(
+        &self,
+        id: &SessionId,
+        last_event_id: String,
+    ) -> Result<impl futures::Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error>
+    {
+        Ok(self.inner.resume(id, last_event_id).await?)
+    }
+}
 
 /// The answer to a request that does not reach the MCP service: a path other than
 /// [`HTTP_PATH`] (404), a missing or wrong bearer token (401).
@@ -356,8 +644,11 @@ fn refuse<B>(request: &hyper::Request<B>, token: Option<&str>) -> Option<Respons
 }
 
 fn plain(status: hyper::StatusCode, text: &'static str) -> Response {
-    use http_body_util::BodyExt;
-    let body = http_body_util::Full::new(bytes::Bytes::from_static(text.as_bytes())).boxed();
+    plain_owned(status, text.to_string())
+}
+
+fn plain_owned(status: hyper::StatusCode, text: String) -> Response {
+    let body = http_body_util::Full::new(bytes::Bytes::from(text)).boxed();
     let mut response = hyper::Response::new(body);
     *response.status_mut() = status;
     response

@@ -9,11 +9,19 @@
 //! and stops them when it ends (a stdio server is killed with the run). Their tools are
 //! `KEY:TOOL`, offered only to the steps that name `KEY`, and marked unsandboxed in the
 //! tool list, the system prompt and every record of a call.
+//!
+//! What a stdio server sends is read a line (one message) at a time, each at most
+//! [`MAX_MESSAGE_BYTES`]: a longer one is not held but refused as it streams in, which
+//! closes that server's connection and fails its calls with an error naming it.
 
 pub mod config;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::pin::Pin;
 use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
@@ -21,10 +29,11 @@ use rmcp::RoleClient;
 use rmcp::ServiceExt;
 use rmcp::model::{CallToolRequestParams, ContentBlock};
 use rmcp::service::RunningService;
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::async_rw::AsyncRwTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use serde_json::Value;
-use tokio::io::AsyncBufReadExt;
+use tokio::io::{AsyncBufReadExt, AsyncRead, ReadBuf};
 use trellis_sandbox::llm::ToolDefinition;
 use trellis_sandbox::plugins::normalize_tool_name;
 use trellis_workflow::Workspace;
@@ -40,6 +49,10 @@ pub const START_TIMEOUT: Duration = Duration::from_secs(60);
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(300);
 /// How long a server is given to stop before it is killed.
 const STOP_TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest message (one line) read from a stdio server: four times a call's output
+/// limit (4 MiB), so a result at the limit fits twice (servers send it as text and as
+/// structured content) with its JSON escapes and framing.
+pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
 /// Put before the description of every tool of an external server, as the model sees it.
 pub const UNSANDBOXED_MARK: &str = "[unsandboxed: external MCP server]";
 
@@ -59,6 +72,10 @@ pub struct McpTool {
 struct Running {
     service: RunningService<RoleClient, ()>,
     tools: Vec<McpTool>,
+    /// A stdio server's process, killed when dropped.
+    process: Option<tokio::process::Child>,
+    /// Set when a stdio server sent a message over [`MAX_MESSAGE_BYTES`].
+    oversized: Arc<AtomicBool>,
 }
 
 /// The servers a run started, by normalized key.
@@ -243,7 +260,17 @@ impl McpServers {
                     CALL_TIMEOUT.as_secs()
                 )
             })?
-            .map_err(|e| format!("MCP server {server:?}: {e}"))?;
+            .map_err(|e| {
+                if running.oversized.load(Ordering::Relaxed) {
+                    format!(
+                        "MCP server {server:?} sent a message longer than the limit of \
+                         {MAX_MESSAGE_BYTES} bytes: it was not read, and the server is \
+                         disconnected for the rest of the run"
+                    )
+                } else {
+                    format!("MCP server {server:?}: {e}")
+                }
+            })?;
         let mut parts = Vec::new();
         for block in &result.content {
             match block {
@@ -272,10 +299,19 @@ impl McpServers {
     /// when it does not exit by itself.
     pub async fn stop(&mut self) {
         for (key, running) in std::mem::take(&mut self.running) {
-            if tokio::time::timeout(STOP_TIMEOUT, running.service.cancel())
+            let mut late = tokio::time::timeout(STOP_TIMEOUT, running.service.cancel())
                 .await
-                .is_err()
+                .is_err();
+            // Its stdin is closed now: a well-behaved server exits.
+            if let Some(mut process) = running.process
+                && tokio::time::timeout(STOP_TIMEOUT, process.wait())
+                    .await
+                    .is_err()
             {
+                late = true;
+                let _ = process.kill().await;
+            }
+            if late {
                 tracing::warn!("MCP server {key:?} did not stop in time: killed");
             }
         }
@@ -288,16 +324,71 @@ fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
+/// A stdio server's output, refused (an error, and `oversized` set) once a line grows past
+/// `max` bytes: nothing past the cap is kept.
+struct LineCap<R> {
+    inner: R,
+    max: usize,
+    line: usize,
+    oversized: Arc<AtomicBool>,
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for LineCap<R> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let too_long = || {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("a message longer than {MAX_MESSAGE_BYTES} bytes"),
+            )
+        };
+        if this.oversized.load(Ordering::Relaxed) {
+            return Poll::Ready(Err(too_long()));
+        }
+        let before = buf.filled().len();
+        match Pin::new(&mut this.inner).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {}
+            other => return other,
+        }
+        let mut parts = buf.filled()[before..].split(|&b| b == b'\n').peekable();
+        while let Some(part) = parts.next() {
+            this.line += part.len();
+            if this.line > this.max {
+                this.oversized.store(true, Ordering::Relaxed);
+                buf.set_filled(before);
+                return Poll::Ready(Err(too_long()));
+            }
+            if parts.peek().is_some() {
+                this.line = 0;
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
 async fn start_one(key: &str, server: &ServerConfig) -> Result<Running> {
+    let oversized = Arc::new(AtomicBool::new(false));
+    let mut process = None;
     let service = match &server.transport {
         Transport::Stdio { command, args, env } => {
-            let mut cmd = tokio::process::Command::new(command);
-            cmd.args(args).env_clear().envs(env).kill_on_drop(true);
-            let (process, stderr) = TokioChildProcess::builder(cmd)
+            let mut child = tokio::process::Command::new(command)
+                .args(args)
+                .env_clear()
+                .envs(env)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
+                .kill_on_drop(true)
                 .spawn()
                 .with_context(|| format!("starting {command:?}"))?;
-            if let Some(stderr) = stderr {
+            let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+                anyhow::bail!("starting {command:?}: its stdin or stdout was not piped");
+            };
+            if let Some(stderr) = child.stderr.take() {
                 let key = key.to_string();
                 tokio::spawn(async move {
                     let mut lines = tokio::io::BufReader::new(stderr).lines();
@@ -306,7 +397,17 @@ async fn start_one(key: &str, server: &ServerConfig) -> Result<Running> {
                     }
                 });
             }
-            ().serve(process)
+            process = Some(child);
+            let stdout = LineCap {
+                inner: stdout,
+                max: MAX_MESSAGE_BYTES,
+                line: 0,
+                oversized: oversized.clone(),
+            };
+            // The cap is LineCap's, which refuses a long line instead of skipping it.
+            let transport = AsyncRwTransport::<RoleClient, _, _>::new(stdout, stdin)
+                .with_max_line_length(usize::MAX);
+            ().serve(transport)
                 .await
                 .map_err(|e| anyhow!("initializing: {e}"))?
         }
@@ -340,7 +441,12 @@ async fn start_one(key: &str, server: &ServerConfig) -> Result<Running> {
             input_schema: Value::Object((*t.input_schema).clone()),
         })
         .collect();
-    Ok(Running { service, tools })
+    Ok(Running {
+        service,
+        tools,
+        process,
+        oversized,
+    })
 }
 
 /// Files a workspace may hold that look like MCP server definitions: never read.

@@ -377,7 +377,9 @@ impl ToolError {
 
     /// Like [`from_io`](Self::from_io) for an operation that creates, changes or
     /// removes `path`, where a refusal inside the granted folders means the folder is
-    /// read-only.
+    /// read-only, or that `path` is a file with other hard links: the host never opens
+    /// such a file for writing, since another of its links may be a file of a read-only
+    /// folder or outside every grant.
     pub fn from_io_write(path: &str, err: &io::Error) -> ToolError {
         Self::map_io(path, err, Access::Write)
     }
@@ -410,6 +412,16 @@ impl ToolError {
                 ));
             }
         }
+        if err.kind() == io::ErrorKind::PermissionDenied
+            && matches!(access, Access::Write)
+            && hard_links(path) > 1
+        {
+            return ToolError::Denied(format!(
+                "`{path}` has other hard links, so it cannot be written in place (another \
+                 link may be a file of a read-only folder or outside the grants); in a \
+                 writable folder, write a new file and rename it over `{path}` instead"
+            ));
+        }
         match (err.kind(), access) {
             (io::ErrorKind::NotFound, _) if outside_grants(path) => outside(),
             (io::ErrorKind::NotFound, _) => ToolError::NotFound(format!("`{path}` does not exist")),
@@ -439,6 +451,48 @@ impl ToolError {
 }
 
 /// Whether `path` or one of its folders is a symbolic link.
+/// How many hard links the regular file at `path` has; 0 when it is not a regular file
+/// or cannot be looked at. A path without a leading `/` is taken as workspace-relative.
+fn hard_links(path: &str) -> u64 {
+    let guest = if path.starts_with('/') {
+        path.to_string()
+    } else {
+        format!("/{path}")
+    };
+    if !std::fs::symlink_metadata(&guest).is_ok_and(|m| m.is_file()) {
+        return 0;
+    }
+    link_count(&guest)
+}
+
+/// The link count of `path`. std keeps WASI's `link-count` behind an unstable API, so
+/// this asks wasi-libc, which std itself is built on.
+#[cfg(target_os = "wasi")]
+fn link_count(path: &str) -> u64 {
+    let Ok(path) = std::ffi::CString::new(path) else {
+        return 0;
+    };
+    let mut stat = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: `path` is NUL-terminated and outlives the call; `stat` is only read after
+    // `lstat` reported that it filled it.
+    if unsafe { libc::lstat(path.as_ptr(), stat.as_mut_ptr()) } != 0 {
+        return 0;
+    }
+    // SAFETY: filled by the successful `lstat` above.
+    unsafe { stat.assume_init() }.st_nlink
+}
+
+#[cfg(unix)]
+fn link_count(path: &str) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path).map_or(0, |m| m.nlink())
+}
+
+#[cfg(not(any(unix, target_os = "wasi")))]
+fn link_count(_path: &str) -> u64 {
+    0
+}
+
 fn through_link(path: &str) -> bool {
     let mut prefix = String::new();
     for part in path.split('/').filter(|p| !p.is_empty()) {
@@ -713,6 +767,21 @@ mod tests {
         assert!(
             matches!(ToolError::from_io("a/b", &read_only), ToolError::Denied(m) if m.contains("read-only"))
         );
+        // A write refused on a file with other hard links says so; a read is not about it.
+        let dir = std::env::temp_dir().join(format!("trellis-sdk-links-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (file, link) = (dir.join("file"), dir.join("link"));
+        std::fs::write(&file, "x").unwrap();
+        let _ = std::fs::remove_file(&link);
+        std::fs::hard_link(&file, &link).unwrap();
+        let link = link.to_str().unwrap();
+        assert!(
+            matches!(ToolError::from_io_write(link, &denied), ToolError::Denied(m) if m.contains("has other hard links"))
+        );
+        assert!(
+            matches!(ToolError::from_io(link, &denied), ToolError::Denied(m) if !m.contains("hard links"))
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
         let not_capable = io::Error::from_raw_os_error(ENOTCAPABLE);
         assert!(matches!(
             ToolError::from_io("planning/plan.json", &not_capable),

@@ -65,6 +65,11 @@ impl HttpServe {
         self.port
     }
 
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The endpoint, on loopback whatever address it was started on.
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}/mcp", self.port)
