@@ -1,12 +1,15 @@
-//! The texts the step runner sends to the model: system prompts, the tool policy note,
-//! repair and reflection messages and the reference to an offloaded tool result.
+//! The texts the step runner sends to the model: system prompts (with the note naming the
+//! unsandboxed tools of external MCP servers), the tool policy note, repair and reflection
+//! messages and the reference to an offloaded tool result.
 
 use anyhow::{Context, Result, anyhow};
 
 use crate::grants::{
     AgentFolders, ReflectionDue, SOUL_DIR, TurnAccess, TurnContext, TurnGrant, grant_for_access_in,
 };
+use crate::mcp_servers::UNSANDBOXED_MARK;
 use crate::routes::{AgentHome, delegation_note};
+use trellis_sandbox::llm::ToolDefinition;
 use trellis_workflow::plan::{Plan, Step};
 use trellis_workflow::step_config::LearningDetailLevel;
 use trellis_workflow::validation::Report;
@@ -195,6 +198,24 @@ pub fn sub_agent_system_prompt(
         let _ = ws.fs.remove_dir(&output);
     }
     Ok(system_prompt(&ws.plan, step, &grant?))
+}
+
+/// `system` with, when the agent is offered tools of external MCP servers, a paragraph
+/// naming them as running outside the sandbox.
+pub(super) fn unsandboxed_note(mut system: String, tools: &[ToolDefinition]) -> String {
+    let names: Vec<&str> = tools
+        .iter()
+        .filter(|t| t.description.starts_with(UNSANDBOXED_MARK))
+        .map(|t| t.name.as_str())
+        .collect();
+    if !names.is_empty() {
+        system.push_str(&format!(
+            "\n\nUnsandboxed tools (external MCP servers the operator configured; they run \
+             outside the sandbox, with no grant of this step): {}",
+            names.join(", ")
+        ));
+    }
+    system
 }
 
 /// The message of a repair turn: every failing check with file, path, expected and actual.

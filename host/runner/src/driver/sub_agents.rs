@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use serde_json::Value;
 
-use super::prompts::system_prompt;
+use super::prompts::{system_prompt, unsandboxed_note};
 use super::turn::{parse_arguments, tool_record};
 use super::{AgentSetup, Resolver, Run, StepRunner, TurnEnd};
 use crate::events::RunEvent;
@@ -156,7 +156,7 @@ impl StepRunner<'_> {
                 TurnEnd::Failed(r) => r,
                 TurnEnd::Stopped => "stop requested".to_string(),
             })?;
-        let system = Message::system(super::unsandboxed_note(
+        let system = Message::system(unsandboxed_note(
             system_prompt(&ws.plan, step, &grant),
             &run.tools,
         ));

@@ -1,0 +1,241 @@
+//! The state of one agent's run ([`Run`]): a step's own agent or one call of a route's
+//! sub-agent. Here: its one constructor (`new_run`), the set-up of a step's own agent
+//! (`start_step`: its folders, its session and its system prompt), its grants, its entries in
+//! `session.json`, and how a turn ends ([`TurnEnd`], `entry_outcome`).
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use serde_json::Value;
+
+use super::prompts::{system_prompt, unsandboxed_note};
+use super::{AgentModels, StepRunner};
+use crate::filters::ToolPolicy;
+use crate::grants::{
+    AgentFolders, TurnAccess, TurnContext, TurnGrant, TurnPurpose, grant_for_access_in,
+    turn_grant_in,
+};
+use crate::session::{Session, Status, logs_dir};
+use trellis_sandbox::llm::{Message, ToolDefinition};
+use trellis_workflow::plan::Step;
+use trellis_workflow::{AgentConfigs, Workspace};
+
+/// Why a turn ended without a final reply.
+pub(super) enum TurnEnd {
+    Stopped,
+    Failed(String),
+}
+
+pub(super) struct TurnOk {
+    pub(super) text: String,
+}
+
+/// State of one agent's run: a step's own agent, or one call of a route's sub-agent.
+pub(super) struct Run<'w> {
+    pub(super) ws: &'w Workspace,
+    pub(super) step: &'w Step,
+    pub(super) configs: AgentConfigs,
+    pub(super) run_folder: String,
+    /// The output folder (and shared folder) the agent's turns write to.
+    pub(super) folders: AgentFolders,
+    /// `folders.output` on the host.
+    pub(super) output_dir: PathBuf,
+    /// Where `session.json` goes: the output folder of a step, the home of a route.
+    pub(super) session_dir: PathBuf,
+    /// Workspace-relative folder under which this agent's own routes have their homes.
+    pub(super) owner_rel: String,
+    /// The models this agent talks to.
+    pub(super) models: AgentModels,
+    pub(super) logs: PathBuf,
+    /// The name in events and messages: the step id, `<step>/<route>` for a sub-agent.
+    pub(super) label: String,
+    /// 0 for a step's agent, one more per level of sub-agents.
+    pub(super) depth: usize,
+    /// Prefix of session entry ids (`call-0001/` in a sub-agent's session).
+    pub(super) entry_prefix: String,
+    /// Text put before the next user message (a caller's instructions).
+    pub(super) preamble: Option<String>,
+    pub(super) session: Session,
+    pub(super) history: Vec<Message>,
+    pub(super) tools: Vec<ToolDefinition>,
+    pub(super) policy: ToolPolicy,
+    pub(super) concerns: Vec<String>,
+    pub(super) final_text: Option<String>,
+    pub(super) turns: u64,
+    /// Whether a `STATUS: FAILED` line in the next reply ends the step (not in a foreach
+    /// row or a gate's repair turn).
+    pub(super) status_marker_ends: bool,
+}
+
+/// What differs between a step's own agent and one call of a route's sub-agent; everything
+/// else of a [`Run`] starts the same way ([`StepRunner::new_run`]).
+pub(super) struct AgentSetup {
+    pub(super) configs: AgentConfigs,
+    pub(super) run_folder: String,
+    pub(super) folders: AgentFolders,
+    pub(super) output_dir: PathBuf,
+    pub(super) session_dir: PathBuf,
+    pub(super) owner_rel: String,
+    pub(super) models: AgentModels,
+    pub(super) logs: PathBuf,
+    pub(super) label: String,
+    pub(super) depth: usize,
+    pub(super) entry_prefix: String,
+    pub(super) preamble: Option<String>,
+    /// The agent's session and conversation so far (empty for a fresh agent).
+    pub(super) session: Session,
+    pub(super) history: Vec<Message>,
+}
+
+impl StepRunner<'_> {
+    /// The one constructor of a [`Run`], for steps and sub-agents alike: the tools its
+    /// config offers, no turn yet, nothing concluded.
+    pub(super) fn new_run<'w>(
+        &self,
+        ws: &'w Workspace,
+        step: &'w Step,
+        setup: AgentSetup,
+    ) -> Run<'w> {
+        let (policy, tools) = self.tools_of(ws, step, &setup.configs);
+        Run {
+            ws,
+            step,
+            configs: setup.configs,
+            run_folder: setup.run_folder,
+            folders: setup.folders,
+            output_dir: setup.output_dir,
+            session_dir: setup.session_dir,
+            owner_rel: setup.owner_rel,
+            models: setup.models,
+            logs: setup.logs,
+            label: setup.label,
+            depth: setup.depth,
+            entry_prefix: setup.entry_prefix,
+            preamble: setup.preamble,
+            session: setup.session,
+            history: setup.history,
+            tools,
+            policy,
+            concerns: Vec::new(),
+            final_text: None,
+            turns: 0,
+            status_marker_ends: true,
+        }
+    }
+
+    /// The [`Run`] of `step`'s own agent: its output and logs folders made afresh (the
+    /// routes' conversations and call folders of an earlier run of the step go), a new
+    /// session, and the system prompt as the first message, saved in `session.json`.
+    pub(super) fn start_step<'w>(&self, ws: &'w Workspace, step: &'w Step) -> Result<Run<'w>> {
+        let step_id = step.id.as_str();
+        let configs = ws.agent_configs(step_id);
+        let run_folder = ws
+            .run_folder
+            .clone()
+            .unwrap_or_else(|| "iteration-0".to_string());
+        let folders = AgentFolders::for_step(&run_folder, step);
+        let output_dir = ws.step_output_dir(step_id);
+        // Through the workspace handle: a link on the way to any of these folders (the run
+        // folder, the step's output or logs) is refused, and a link at `agents/` is removed
+        // as a link, never followed.
+        ws.fs
+            .create_dir_all(&output_dir)
+            .with_context(|| format!("creating {}", output_dir.display()))?;
+        // The routes' conversations and call folders belong to the step's conversation,
+        // which starts afresh: those of an earlier run of the step go with it.
+        let agents = output_dir.join(crate::routes::AGENTS_DIR);
+        ws.fs
+            .remove_all(&agents)
+            .with_context(|| format!("clearing {} of an earlier run", agents.display()))?;
+        let logs = logs_dir(&ws.run_dir(), step_id);
+        ws.fs
+            .remove_all(logs.join(crate::routes::AGENTS_DIR))
+            .with_context(|| format!("clearing {} of an earlier run", logs.display()))?;
+        ws.fs
+            .create_dir_all(&logs)
+            .with_context(|| format!("creating {}", logs.display()))?;
+        let mut run = self.new_run(
+            ws,
+            step,
+            AgentSetup {
+                session: Session::new(step_id, &run_folder),
+                configs,
+                run_folder,
+                owner_rel: folders.output.clone(),
+                models: self.models.clone(),
+                folders,
+                session_dir: output_dir.clone(),
+                output_dir,
+                logs,
+                label: step_id.to_string(),
+                depth: 0,
+                entry_prefix: String::new(),
+                preamble: None,
+                history: Vec::new(),
+            },
+        );
+        let step_grant =
+            grant_for_access_in(&run.ctx(), TurnAccess::for_step(&run.configs), &run.folders)?;
+        for (field, path) in &step_grant.missing {
+            tracing::warn!(
+                "step {step_id:?}: {field} entry {path:?} does not exist: the step runs without it"
+            );
+        }
+        let system = unsandboxed_note(system_prompt(&ws.plan, step, &step_grant), &run.tools);
+        run.history.push(Message::system(system));
+        run.save_session()?;
+        Ok(run)
+    }
+}
+
+impl<'w> Run<'w> {
+    pub(super) fn ctx(&self) -> TurnContext<'_> {
+        TurnContext {
+            root: &self.ws.root,
+            run_folder: &self.run_folder,
+            step: self.step,
+            configs: &self.configs,
+        }
+    }
+
+    pub(super) fn grant(&self, purpose: TurnPurpose<'_>) -> Result<TurnGrant, TurnEnd> {
+        turn_grant_in(&self.ctx(), purpose, &self.folders).map_err(failed)
+    }
+
+    pub(super) fn grant_for(&self, access: TurnAccess) -> Result<TurnGrant, TurnEnd> {
+        grant_for_access_in(&self.ctx(), access, &self.folders).map_err(failed)
+    }
+
+    pub(super) fn start_entry(&mut self, item_id: &str, item_type: &str) -> usize {
+        let entry_id = format!("{}{item_id}", self.entry_prefix);
+        self.session.start_entry(&entry_id, item_id, item_type)
+    }
+
+    pub(super) fn save_session(&mut self) -> Result<()> {
+        self.session.conversation_history = self
+            .history
+            .iter()
+            .map(|m| serde_json::to_value(m).unwrap_or(Value::Null))
+            .collect();
+        self.session
+            .write(&self.ws.fs, &self.session_dir)
+            .with_context(|| format!("writing session.json in {}", self.session_dir.display()))
+    }
+}
+
+/// How an item's entry (or a turn) ends for `result`: completed with `done` as its summary,
+/// stopped, or failed with the reason.
+pub(super) fn entry_outcome<T>(
+    result: &Result<T, TurnEnd>,
+    done: Option<String>,
+) -> (Status, Option<String>) {
+    match result {
+        Ok(_) => (Status::Completed, done),
+        Err(TurnEnd::Stopped) => (Status::Stopped, None),
+        Err(TurnEnd::Failed(reason)) => (Status::Failed, Some(reason.clone())),
+    }
+}
+
+pub(super) fn failed(e: anyhow::Error) -> TurnEnd {
+    TurnEnd::Failed(format!("{e:#}"))
+}
