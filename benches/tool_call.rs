@@ -1,6 +1,7 @@
 //! `workspace:read_file` on a small file: the full Trellis path (grant ->
-//! fresh instance -> schema check -> call -> JSON result) against bare
-//! wasmtime doing the same call on the same component (InstancePre + pooling,
+//! fresh instance -> schema check -> call -> JSON result) under the grant of a turn whose
+//! folder an earlier call opened, and as the first call of a turn (a new grant), against
+//! bare wasmtime doing the same call on the same component (InstancePre + pooling,
 //! no Trellis code), measured side by side in one run. The bare baseline runs
 //! twice: with wasmtime's default pool, and with the pool settings Trellis' engine
 //! adds where the kernel has `PAGEMAP_SCAN` (pages a call wrote are reset in place
@@ -31,10 +32,21 @@ struct Trellis {
 }
 
 impl Trellis {
+    /// A call under the turn's grant, whose folder an earlier call of the turn opened.
     async fn call(&self) -> serde_json::Value {
+        self.call_under(&self.grant).await
+    }
+
+    /// The first call of a turn: a grant made for it, its folder opened and checked.
+    async fn first_call(&self, notes: &Path) -> serde_json::Value {
+        let grant = Grant::none().read(notes, "/notes").unwrap();
+        self.call_under(&grant).await
+    }
+
+    async fn call_under(&self, grant: &Grant) -> serde_json::Value {
         let args: serde_json::Value = serde_json::from_str(ARGS).unwrap();
         self.registry
-            .call_tool("workspace:read_file", &args, &self.grant, &self.limits)
+            .call_tool("workspace:read_file", &args, grant, &self.limits)
             .await
             .unwrap()
     }
@@ -223,14 +235,15 @@ fn tool_call(c: &mut Criterion) {
 
     // Interleaved sample for percentiles: drift in machine load hits all alike.
     let samples = 5_000;
-    let mut times = [(); 3].map(|()| Vec::with_capacity(samples));
+    let mut times = [(); 4].map(|()| Vec::with_capacity(samples));
     for round in 0..samples + 200 {
         for (i, time) in times.iter_mut().enumerate() {
             let start = Instant::now();
             match i {
                 0 => drop(runtime.block_on(trellis.call())),
                 1 => drop(runtime.block_on(bare.call())),
-                _ => drop(runtime.block_on(resident.call())),
+                2 => drop(runtime.block_on(resident.call())),
+                _ => drop(runtime.block_on(trellis.first_call(&notes))),
             }
             // The first 200 rounds warm up.
             if round >= 200 {
@@ -238,7 +251,7 @@ fn tool_call(c: &mut Criterion) {
             }
         }
     }
-    let [t, w, r] = times.map(|mut all| {
+    let [t, w, r, f] = times.map(|mut all| {
         all.sort();
         (
             micros(percentile(&all, 0.5)),
@@ -249,6 +262,7 @@ fn tool_call(c: &mut Criterion) {
     println!("tool_call, {samples} interleaved calls each:");
     for (name, (p50, p99)) in [
         ("trellis", t),
+        ("trellis, new grant", f),
         ("bare wasmtime", w),
         ("bare, keep resident", r),
     ] {

@@ -150,6 +150,30 @@ enum Command {
     Builder(builder::BuilderArgs),
 }
 
+/// Raises the soft limit on open files to the hard limit: a turn's grant holds one descriptor
+/// per granted folder while the turn lasts, and many executions may run at once; the soft
+/// limit is often 1024 where the hard one is far higher.
+fn raise_open_file_limit() {
+    #[cfg(unix)]
+    {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit and setrlimit with a valid pointer to an rlimit this function owns.
+        unsafe {
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0
+                && limit.rlim_cur < limit.rlim_max
+            {
+                limit.rlim_cur = limit.rlim_max;
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                    tracing::debug!("could not raise the open-file limit");
+                }
+            }
+        }
+    }
+}
+
 fn main() -> ExitCode {
     // A CLI whose output is piped into `head` should end quietly when the pipe
     // closes, as other Unix tools do, not panic inside `println!`.
@@ -161,6 +185,7 @@ fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     init_tracing(cli.verbose);
+    raise_open_file_limit();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

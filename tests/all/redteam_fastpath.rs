@@ -653,8 +653,13 @@ async fn read_file_of_a_growing_file_ends_with_a_bounded_answer() {
             Ok(read) => {
                 let content = read["content"].as_str().unwrap();
                 assert!(content.len() <= 1 << 20);
-                assert!(content.is_empty() || content.ends_with('\n'));
-                assert!(content.lines().all(|l| l.len() == 99), "whole lines only");
+                // The writer may be mid-line at the moment the file's end is read: the last
+                // line may be cut there, every other one is whole.
+                let lines: Vec<&str> = content.lines().collect();
+                if let Some((last, whole)) = lines.split_last() {
+                    assert!(whole.iter().all(|l| l.len() == 99), "whole lines only");
+                    assert!(last.len() <= 99 && last.chars().all(|c| c == 'l'));
+                }
             }
             Err(ToolCallError::Tool { kind, message, .. }) => {
                 assert_eq!(kind, ToolErrorKind::InvalidArguments, "{message}");

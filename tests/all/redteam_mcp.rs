@@ -908,38 +908,54 @@ fn a_hostile_server_that_floods_or_dies_fails_its_calls_only() {
 }
 
 /// The folder granted to a running server deleted and made again (a fresh checkout, a
-/// cleaned output folder): the client is told, for each call, that the folder was deleted
-/// since it was granted and that the server needs a restart; nothing is written in the new
-/// folder or anywhere else.
+/// cleaned output folder), or renamed away with a new one made at its path: the client is
+/// told, for each call, that the folder was deleted, or replaced, since it was granted and
+/// that the server needs a restart; nothing is written in the new folder, the moved one or anywhere else.
 #[test]
-fn serve_tells_the_client_its_folder_was_deleted_since_it_was_granted() {
-    let tree = Tree::new();
-    let mut serve = StdioServe::start(&tree, &[]);
-    let first = serve.call(
-        "workspace__write_file",
-        json!({"path": "notes/first.md", "content": "first\n"}),
-    );
-    assert!(!denied(&first), "{first}");
-    std::fs::remove_dir_all(tree.root().join("notes")).unwrap();
-    std::fs::create_dir(tree.root().join("notes")).unwrap();
-    let before = tree_digest(tree.dir.path());
-    for (tool, args) in [
-        (
+fn serve_tells_the_client_its_folder_was_replaced_since_it_was_granted() {
+    for renamed in [false, true] {
+        let tree = Tree::new();
+        let mut serve = StdioServe::start(&tree, &[]);
+        let first = serve.call(
             "workspace__write_file",
-            json!({"path": "notes/second.md", "content": "second\n"}),
-        ),
-        ("workspace__read_file", json!({"path": "shared/notes.md"})),
-    ] {
-        let answer = serve.call(tool, args);
-        assert!(denied(&answer), "{tool}: {answer}");
-        let text = answer.to_string();
-        assert!(
-            text.contains("was deleted since it was granted")
-                && text.contains("`trellis mcp serve`'s needs a restart"),
-            "{tool}: {answer}"
+            json!({"path": "notes/first.md", "content": "first\n"}),
         );
+        assert!(!denied(&first), "{first}");
+        if renamed {
+            std::fs::rename(tree.root().join("notes"), tree.root().join("notes.bak")).unwrap();
+        } else {
+            std::fs::remove_dir_all(tree.root().join("notes")).unwrap();
+        }
+        std::fs::create_dir(tree.root().join("notes")).unwrap();
+        let before = tree_digest(tree.dir.path());
+        for (tool, args) in [
+            (
+                "workspace__write_file",
+                json!({"path": "notes/second.md", "content": "second\n"}),
+            ),
+            ("workspace__read_file", json!({"path": "shared/notes.md"})),
+        ] {
+            let answer = serve.call(tool, args);
+            assert!(denied(&answer), "{tool}: {answer}");
+            let text = answer.to_string();
+            let (what, restart) = if renamed {
+                (
+                    "was replaced since it was granted",
+                    "`trellis mcp serve` needs a restart",
+                )
+            } else {
+                (
+                    "was deleted since it was granted",
+                    "`trellis mcp serve`'s needs a restart",
+                )
+            };
+            assert!(
+                text.contains(what) && text.contains(restart),
+                "renamed {renamed}, {tool}: {answer}"
+            );
+        }
+        assert_eq!(tree_digest(tree.dir.path()), before, "renamed {renamed}");
     }
-    assert_eq!(tree_digest(tree.dir.path()), before);
 }
 
 #[test]

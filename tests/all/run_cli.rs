@@ -1342,3 +1342,35 @@ fn a_key_echoed_to_a_provider_is_hidden_from_its_log_lines() {
     assert!(!stderr.contains(KEY) && !stdout.contains(KEY));
     assert_eq!(files_containing(&ws, KEY), Vec::<String>::new());
 }
+
+/// The step summary is written behind the loop: an agent that made a folder where it goes
+/// (its output folder is writable) fails the run at its end, naming the file, with every other
+/// file of the run whole.
+#[test]
+fn a_folder_an_agent_made_where_its_step_summary_goes_fails_the_run_naming_it() {
+    let llm = support::mcp_servers::asking_for(vec![(
+        "workspace__write_file",
+        json!({"path": "runs/iteration-0/execution/work/execution-final-summary.json/x",
+               "content": "x"}),
+    )]);
+    let dir = tempfile::tempdir().unwrap();
+    agent_workspace(
+        dir.path(),
+        &[("work", "Write.")],
+        json!([]),
+        json!({"llm": {"provider": "openai", "model_id": "m"}, "providers": llm.providers()}),
+    );
+    let out = trellis(&["run", dir.path().to_str().unwrap()]);
+    let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(!out.status.success(), "{all}");
+    assert!(
+        all.contains("execution-final-summary.json") && all.contains("is a folder"),
+        "{all}"
+    );
+    let exec = dir.path().join("runs/iteration-0/execution/work");
+    assert!(exec.join("execution-final-summary.json/x").is_file());
+    let session = read_json(&exec.join("session.json"));
+    assert_eq!(session["status"], "completed", "{session}");
+    let listed = trellis(&["runs", "list", dir.path().to_str().unwrap()]);
+    assert!(listed.status.success(), "{}", text(&listed.stderr));
+}

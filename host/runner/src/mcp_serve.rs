@@ -149,7 +149,9 @@ impl ToolServer {
         }
         Ok(ToolServer {
             registry,
-            grant: Arc::new(grant),
+            // A long-lived grant: a folder moved away since the server started, another made at
+            // its path, is refused rather than served from where it went.
+            grant: Arc::new(grant.rechecked_every_call()),
             limits,
             tools: Arc::new(tools),
             calls: Arc::new(tokio::sync::Semaphore::new(default_max_concurrent_calls())),

@@ -254,7 +254,8 @@ fn step_state(
     // A run of this process may still have the summary queued.
     trellis_sandbox::store::write_behind::flush()?;
     let summary_path = step_dir.join(FINAL_SUMMARY_FILE);
-    if fs.kind(&summary_path)?.is_some() {
+    // A summary is a file: anything else there (a folder an agent made) is not read as one.
+    if fs.kind(&summary_path)? == Some(Kind::File) {
         let summary: FinalSummary = read_json(fs, &summary_path)?;
         return Ok((
             summary.status.to_string(),

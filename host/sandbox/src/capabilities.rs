@@ -72,6 +72,8 @@ pub struct DbGrant {
 pub struct Grant {
     folders: Vec<FolderGrant>,
     db: Option<DbGrant>,
+    /// Each call checks that each folder is still at its path ([`Grant::rechecked_every_call`]).
+    recheck: bool,
 }
 
 impl Grant {
@@ -118,6 +120,14 @@ impl Grant {
         self
     }
 
+    /// A grant whose every call also checks that each folder is still at its path (one
+    /// `lstat` per folder): for a long-lived grant, such as a server's, where a folder renamed
+    /// away and another made at its path must be refused rather than served from where it went.
+    pub fn rechecked_every_call(mut self) -> Grant {
+        self.recheck = true;
+        self
+    }
+
     /// The granted folders, in the order they were added.
     pub fn folders(&self) -> &[FolderGrant] {
         &self.folders
@@ -161,7 +171,7 @@ impl Grant {
                     folder.guest
                 )
             };
-            let opened = folder.opened().with_context(granting)?;
+            let opened = folder.opened(self.recheck).with_context(granting)?;
             // wasmtime-wasi opens preopens by path. Naming the folder through the descriptor
             // checked when it was opened, rather than by its path again, leaves no moment in
             // which another folder (or a link) could be put in its place.
@@ -174,6 +184,11 @@ impl Grant {
         Ok(builder)
     }
 }
+
+/// Why a folder is refused when another is at its path now.
+const REPLACED: &str = "the folder was replaced since it was granted (moved or deleted, and \
+                        something else put at its path); refusing to open what is there now: \
+                        grant it again (a new turn does; `trellis mcp serve` needs a restart)";
 
 /// The path naming descriptor `fd` of this process: under `/proc/self/fd`, else `/dev/fd`
 /// (which one exists is looked up once). Without either there is no way to preopen a folder
@@ -195,17 +210,27 @@ fn descriptor_path(fd: std::os::fd::RawFd) -> Result<PathBuf> {
 }
 
 impl FolderGrant {
-    /// The folder opened and checked, by this call or an earlier one under the same grant.
-    fn opened(&self) -> Result<&std::fs::File> {
+    /// The folder opened and checked, by this call or an earlier one under the same grant;
+    /// with `recheck`, also still the folder at its path.
+    fn opened(&self, recheck: bool) -> Result<&std::fs::File> {
         if let Some(file) = self.opened.get() {
+            let meta = file.metadata()?;
             // A folder deleted since (one `fstat`): its calls would each fail on paths that
             // cannot exist, or be told nothing is there. Say what happened instead.
-            if file.metadata()?.nlink() == 0 {
+            if meta.nlink() == 0 {
                 bail!(
                     "the folder was deleted since it was granted (a folder made at its path \
                      since is not the one granted); grant it again: a new turn does, a \
                      long-lived grant such as `trellis mcp serve`'s needs a restart"
                 );
+            }
+            if recheck {
+                let now = std::fs::symlink_metadata(&self.host).ok();
+                if !now
+                    .is_some_and(|m| m.is_dir() && (m.dev(), m.ino()) == (meta.dev(), meta.ino()))
+                {
+                    bail!(REPLACED);
+                }
             }
             return Ok(file);
         }
@@ -232,9 +257,7 @@ impl FolderGrant {
         if let Some(identity) = self.identity
             && identity != (meta.dev(), meta.ino())
         {
-            bail!(
-                "the folder was replaced since it was granted; refusing to open what is there now"
-            );
+            bail!(REPLACED);
         }
         Ok(file)
     }
