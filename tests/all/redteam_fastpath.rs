@@ -3,6 +3,7 @@
 //! that does not end in a link, and `workspace:read_file` opening before it looks. Each
 //! attack ends in a denial or a safe outcome, and nothing outside the grant changes.
 
+use crate::sandbox::{call, limits, still_serving};
 use crate::support;
 
 use std::collections::BTreeMap;
@@ -78,34 +79,6 @@ fn mkfifo(path: &Path) {
     let c_path = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
     // SAFETY: a valid NUL-terminated path.
     assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o644) }, 0);
-}
-
-fn limits() -> Limits {
-    Limits {
-        memory_bytes: 64 << 20,
-        timeout: Duration::from_secs(20),
-        output_bytes: 1 << 20,
-        stdio_bytes: 16 << 10,
-        ..Limits::default()
-    }
-}
-
-async fn call(
-    registry: &PluginRegistry,
-    tool: &str,
-    args: Value,
-    grant: &Grant,
-) -> Result<Value, ToolCallError> {
-    registry
-        .call_tool(&format!("adversary:{tool}"), &args, grant, &limits())
-        .await
-}
-
-async fn still_serving(registry: &PluginRegistry) {
-    let echoed = call(registry, "echo", json!({"value": "after"}), &Grant::none())
-        .await
-        .expect("the host serves the next call");
-    assert_eq!(echoed, json!("after"));
 }
 
 /// The call ended in a tool error of kind `kind` (not a crash, timeout or host error).

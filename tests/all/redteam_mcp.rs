@@ -858,16 +858,7 @@ fn a_hostile_server_that_floods_or_dies_fails_its_calls_only() {
     // More than the 4 MiB a plugin's result may have.
     let size = 5 << 20;
     // One call a turn: the flood first, then the exit.
-    let llm = FakeServer::start(Box::new(move |body| {
-        let answered = body["messages"]
-            .as_array()
-            .map_or(0, |m| m.iter().filter(|m| m["role"] == "tool").count());
-        match answered {
-            0 => (200, completion("", &[("fx__huge", json!({"size": size}))])),
-            1 => (200, completion("", &[("fx__die", json!({}))])),
-            _ => (200, completion("done", &[])),
-        }
-    }));
+    let llm = huge_then(size, "fx__die", json!({}));
     let ws = dir.path().join("ws");
     workspace(&ws, json!({"selected_servers": ["fx"]}), &llm);
     let before = outside_runs(&ws);
@@ -889,18 +880,7 @@ fn a_hostile_server_that_floods_or_dies_fails_its_calls_only() {
     );
     assert!(died.starts_with("error:"), "{died}");
     // The flood reached neither the model nor any record.
-    let flood = "x".repeat(1 << 20);
-    for (rel, _) in tree_digest(&ws) {
-        let path = ws.join(&rel);
-        if path.is_file() {
-            let text = String::from_utf8_lossy(&std::fs::read(&path).unwrap()).into_owned();
-            assert!(!text.contains(&flood), "{rel} holds the flood");
-        }
-    }
-    assert!(
-        llm.seen().iter().all(|r| !r.to_string().contains(&flood)),
-        "the model saw the flood"
-    );
+    assert_flood_kept_out(&ws, &llm);
     assert!(out.status.success(), "{all}");
     let pid: u32 = std::fs::read_to_string(&started).unwrap().parse().unwrap();
     assert!(mcp_fixture::process_gone(pid));
@@ -966,16 +946,7 @@ fn a_server_message_over_the_cap_is_refused_unread() {
     // A result past the 16 MiB a message from a server may have: the line is refused while
     // it streams in, and the server is disconnected, so the next call fails too.
     let size = 20 << 20;
-    let llm = FakeServer::start(Box::new(move |body| {
-        let answered = body["messages"]
-            .as_array()
-            .map_or(0, |m| m.iter().filter(|m| m["role"] == "tool").count());
-        match answered {
-            0 => (200, completion("", &[("fx__huge", json!({"size": size}))])),
-            1 => (200, completion("", &[("fx__echo", json!({"text": "hi"}))])),
-            _ => (200, completion("done", &[])),
-        }
-    }));
+    let llm = huge_then(size, "fx__echo", json!({"text": "hi"}));
     let ws = dir.path().join("ws");
     workspace(&ws, json!({"selected_servers": ["fx"]}), &llm);
     let before = outside_runs(&ws);
@@ -1003,8 +974,33 @@ fn a_server_message_over_the_cap_is_refused_unread() {
         &huge[..huge.len().min(300)]
     );
     assert!(next.starts_with("error:") && next.contains("fx"), "{next}");
+    assert_flood_kept_out(&ws, &llm);
+    assert!(out.status.success(), "{all}");
+    let pid: u32 = std::fs::read_to_string(&started).unwrap().parse().unwrap();
+    assert!(mcp_fixture::process_gone(pid));
+    assert_eq!(outside_runs(&ws), before);
+}
+
+/// An LLM that asks the `fx` fixture for a result of `size` bytes, then for `tool` with
+/// `args`, one call a turn, then ends.
+fn huge_then(size: usize, tool: &'static str, args: Value) -> FakeServer {
+    FakeServer::start(Box::new(move |body| {
+        let answered = body["messages"]
+            .as_array()
+            .map_or(0, |m| m.iter().filter(|m| m["role"] == "tool").count());
+        match answered {
+            0 => (200, completion("", &[("fx__huge", json!({"size": size}))])),
+            1 => (200, completion("", &[(tool, args.clone())])),
+            _ => (200, completion("done", &[])),
+        }
+    }))
+}
+
+/// Neither a file of the workspace nor a request to the model holds a MiB of the fixture's
+/// flood.
+fn assert_flood_kept_out(ws: &Path, llm: &FakeServer) {
     let flood = "x".repeat(1 << 20);
-    for (rel, _) in tree_digest(&ws) {
+    for (rel, _) in tree_digest(ws) {
         let path = ws.join(&rel);
         if path.is_file() {
             let text = String::from_utf8_lossy(&std::fs::read(&path).unwrap()).into_owned();
@@ -1015,8 +1011,4 @@ fn a_server_message_over_the_cap_is_refused_unread() {
         llm.seen().iter().all(|r| !r.to_string().contains(&flood)),
         "the model saw the flood"
     );
-    assert!(out.status.success(), "{all}");
-    let pid: u32 = std::fs::read_to_string(&started).unwrap().parse().unwrap();
-    assert!(mcp_fixture::process_gone(pid));
-    assert_eq!(outside_runs(&ws), before);
 }

@@ -63,7 +63,7 @@ impl World {
 
 /// Generous deadline for attacks that must end some other way (a loaded CI
 /// machine must not turn a memory error into a timeout); the loop test sets its own.
-fn limits() -> Limits {
+pub(crate) fn limits() -> Limits {
     Limits {
         memory_bytes: 64 << 20,
         timeout: Duration::from_secs(20),
@@ -73,7 +73,8 @@ fn limits() -> Limits {
     }
 }
 
-async fn call(
+/// Calls tool `tool` of the `adversary` test component under `grant` and [`limits`].
+pub(crate) async fn call(
     registry: &PluginRegistry,
     tool: &str,
     args: Value,
@@ -85,7 +86,7 @@ async fn call(
 }
 
 /// The host still serves a normal call after an attack.
-async fn still_serving(registry: &PluginRegistry) {
+pub(crate) async fn still_serving(registry: &PluginRegistry) {
     let echoed = call(registry, "echo", json!({"value": "after"}), &Grant::none())
         .await
         .expect("the host serves the next call");
