@@ -1374,3 +1374,47 @@ fn a_folder_an_agent_made_where_its_step_summary_goes_fails_the_run_naming_it() 
     let listed = trellis(&["runs", "list", dir.path().to_str().unwrap()]);
     assert!(listed.status.success(), "{}", text(&listed.stderr));
 }
+
+/// A step's session and final summary are written behind the loop, yet the next step's agent
+/// reads them as if they had been written at once: its first tool call waits for them.
+#[test]
+fn a_later_step_reads_the_summary_of_the_step_before_it() {
+    let server = FakeServer::start(Box::new(|body| {
+        let answered = body["messages"]
+            .as_array()
+            .is_some_and(|m| m.iter().any(|m| m["role"] == "tool"));
+        if !answered && system_of(body).contains("Read the summary of the first step.") {
+            let path = "runs/iteration-0/execution/first/execution-final-summary.json";
+            (
+                200,
+                completion("", &[("workspace__read_file", json!({"path": path}))]),
+            )
+        } else {
+            (200, completion("first answer", &[]))
+        }
+    }));
+    let dir = tempfile::tempdir().unwrap();
+    agent_workspace(
+        dir.path(),
+        &[
+            ("first", "Answer."),
+            ("second", "Read the summary of the first step."),
+        ],
+        json!([]),
+        json!({"llm": {"provider": "openai", "model_id": "m"}, "providers": server.providers()}),
+    );
+    let out = trellis(&["run", dir.path().to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let read: Vec<String> = server
+        .seen()
+        .iter()
+        .flat_map(support::fake_llm::tool_results_of)
+        .map(|(_, result)| result)
+        .collect();
+    assert_eq!(read.len(), 1, "{read:?}");
+    assert!(
+        read[0].contains("first answer") && read[0].contains("completed"),
+        "{}",
+        read[0]
+    );
+}

@@ -178,7 +178,7 @@ pub fn completion_of(response: &Response) -> Value {
 }
 
 /// The tool messages of a request body, as (tool call id, content).
-fn tool_results_of(request: &Value) -> Vec<(String, String)> {
+pub fn tool_results_of(request: &Value) -> Vec<(String, String)> {
     request["messages"]
         .as_array()
         .unwrap()

@@ -65,6 +65,9 @@ pub(super) struct Run<'w> {
     /// Whether a `STATUS: FAILED` line in the next reply ends the step (not in a foreach
     /// row or a gate's repair turn).
     pub(super) status_marker_ends: bool,
+    /// What the writer thread had queued before this agent's first sandboxed call is on disk
+    /// ([`Run::settle_earlier_writes`]).
+    pub(super) earlier_writes_on_disk: bool,
 }
 
 /// What differs between a step's own agent and one call of a route's sub-agent; everything
@@ -120,6 +123,7 @@ impl StepRunner<'_> {
             final_text: None,
             turns: 0,
             status_marker_ends: true,
+            earlier_writes_on_disk: false,
         }
     }
 
@@ -189,6 +193,20 @@ impl StepRunner<'_> {
 }
 
 impl<'w> Run<'w> {
+    /// Before this agent's first sandboxed call (a tool call, its script): the files earlier
+    /// steps left queued on the writer thread (sessions, turn logs, final summaries, which a
+    /// guest may read under `execution/`) are put on disk, so a guest reads them as if they
+    /// had been written at once. Later calls do not wait.
+    pub(super) fn settle_earlier_writes(&mut self) -> Result<(), TurnEnd> {
+        if !self.earlier_writes_on_disk {
+            trellis_sandbox::store::write_behind::flush().map_err(|e| {
+                TurnEnd::Failed(format!("writing the run's sessions and logs: {e}"))
+            })?;
+            self.earlier_writes_on_disk = true;
+        }
+        Ok(())
+    }
+
     pub(super) fn ctx(&self) -> TurnContext<'_> {
         TurnContext {
             root: &self.ws.root,

@@ -53,9 +53,12 @@ impl StepRunner<'_> {
             } else {
                 options
             };
-            let result = match crate::step_script::run(scripts, run.ws, &step_id, options).await {
-                Ok(outcome) => self.check_script(run, attempt, skip_gate, outcome).await,
-                Err(e) => Err(TurnEnd::Failed(format!("{e:#}"))),
+            let result = match run.settle_earlier_writes() {
+                Err(end) => Err(end),
+                Ok(()) => match crate::step_script::run(scripts, run.ws, &step_id, options).await {
+                    Ok(outcome) => self.check_script(run, attempt, skip_gate, outcome).await,
+                    Err(e) => Err(TurnEnd::Failed(format!("{e:#}"))),
+                },
             };
             let (status, summary) = match &result {
                 Ok(Ok(done)) => (Status::Completed, Some(done.clone())),

@@ -265,6 +265,10 @@ impl StepRunner<'_> {
                 continue;
             }
             self.steer_phase(run, Phase::ToolCalls);
+            if let Err(end) = run.settle_earlier_writes() {
+                result = Err(end);
+                break;
+            }
             let records = self
                 .tool_calls(run, &response.tool_calls, grant, &db_budget, parallel)
                 .await;

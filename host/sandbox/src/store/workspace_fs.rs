@@ -164,6 +164,21 @@ impl WorkspaceFs {
 
     /// The host path of `rel` under the canonical workspace folder: free of links when `rel`
     /// was checked, which SQLite's `SQLITE_OPEN_NOFOLLOW` requires of the whole path.
+    /// Waits for the writes queued on the writer thread ([`super::write_behind`]) that go to
+    /// `rel` or below it before it is moved or removed: one would otherwise land after the
+    /// move (recreating what was moved or removed) or fail.
+    fn settle_queued_writes(&self, rel: &Path) -> io::Result<()> {
+        super::write_behind::flush_if_pending_under(&self.canonical_path(rel))
+    }
+
+    /// Where `path` (relative to the workspace or a host path inside it) is under the
+    /// workspace's canonical folder; `None` outside it.
+    pub(crate) fn canonical_of(&self, path: &Path) -> Option<PathBuf> {
+        self.relative(path)
+            .ok()
+            .map(|rel| self.canonical_path(&rel))
+    }
+
     pub(crate) fn canonical_path(&self, rel: &Path) -> PathBuf {
         self.canonical.join(rel)
     }
@@ -385,8 +400,8 @@ impl WorkspaceFs {
     /// Removes `path`: a folder with everything in it, a file, or a link (the link itself,
     /// never what it points to). Nothing there is not an error.
     pub fn remove_all(&self, path: impl AsRef<Path>) -> io::Result<()> {
-        settle_queued_writes()?;
         let rel = self.relative(path.as_ref())?;
+        self.settle_queued_writes(&rel)?;
         if rel.as_os_str().is_empty() {
             return Err(refused(
                 "the workspace folder itself cannot be removed".into(),
@@ -401,8 +416,8 @@ impl WorkspaceFs {
 
     /// Removes the empty folder `path`.
     pub fn remove_dir(&self, path: impl AsRef<Path>) -> io::Result<()> {
-        settle_queued_writes()?;
         let rel = self.relative(path.as_ref())?;
+        self.settle_queued_writes(&rel)?;
         match self.kind_rel(&rel)? {
             Some(Kind::Dir) => self.dir.remove_dir(&rel),
             Some(_) => Err(refused(format!("{} is not a folder", shown(&rel)))),
@@ -412,8 +427,8 @@ impl WorkspaceFs {
 
     /// Removes the file (or link) `path`; nothing there is not an error.
     pub fn remove_file(&self, path: impl AsRef<Path>) -> io::Result<()> {
-        settle_queued_writes()?;
         let rel = self.relative(path.as_ref())?;
+        self.settle_queued_writes(&rel)?;
         match self.kind_rel(&rel)? {
             None => Ok(()),
             Some(Kind::Dir) => Err(refused(format!("{} is a folder", shown(&rel)))),
@@ -423,9 +438,10 @@ impl WorkspaceFs {
 
     /// Moves `from` to `to`; neither may be (or go through) a link.
     pub fn rename(&self, from: impl AsRef<Path>, to: impl AsRef<Path>) -> io::Result<()> {
-        settle_queued_writes()?;
         let from = self.relative(from.as_ref())?;
         let to = self.relative(to.as_ref())?;
+        self.settle_queued_writes(&from)?;
+        self.settle_queued_writes(&to)?;
         self.check(&from)?;
         self.check(&to)?;
         self.dir.rename(&from, &self.dir, &to)?;
@@ -644,13 +660,6 @@ pub fn json_bytes<T: Serialize + ?Sized>(value: &T) -> io::Result<Vec<u8>> {
     let mut bytes = serde_json::to_vec_pretty(value).map_err(io::Error::other)?;
     bytes.push(b'\n');
     Ok(bytes)
-}
-
-/// Waits for the writes queued on the writer thread ([`super::write_behind`]) before a file
-/// or folder is moved or removed: a queued write under it would otherwise land after the move
-/// (recreating what was moved) or fail.
-fn settle_queued_writes() -> io::Result<()> {
-    super::write_behind::flush()
 }
 
 fn is_absent(e: &io::Error) -> bool {

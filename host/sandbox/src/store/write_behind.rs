@@ -32,6 +32,8 @@ struct State {
     latest: HashMap<PathBuf, (WorkspaceFs, Vec<u8>)>,
     /// A write is being done by the writer thread.
     busy: bool,
+    /// Where the writes being done go, as host paths under their workspace's canonical folder.
+    in_flight: Vec<PathBuf>,
     /// The first failure since the last flush.
     error: Option<(PathBuf, io::Error)>,
     /// The owner is gone: the thread ends once the queue is empty.
@@ -102,6 +104,23 @@ impl Writer {
         take_error(&mut state)
     }
 
+    /// Whether a write submitted and not yet done goes to `target` or below it (a host path
+    /// under a workspace's canonical folder; a path that cannot be placed counts as pending).
+    fn pending_under(&self, target: &Path) -> bool {
+        let state = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        let queued = state
+            .latest
+            .iter()
+            .map(|(path, (fs, _))| fs.canonical_of(path));
+        state
+            .in_flight
+            .iter()
+            .cloned()
+            .map(Some)
+            .chain(queued)
+            .any(|path| path.is_none_or(|p| p.starts_with(target)))
+    }
+
     fn submit(&self, fs: &WorkspaceFs, path: &Path, bytes: Vec<u8>) -> io::Result<()> {
         let shared = &self.shared;
         let mut state = shared.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -161,10 +180,15 @@ fn write_loop(shared: &Shared) {
             }
         }
         state.busy = true;
+        state.in_flight = batch
+            .iter()
+            .filter_map(|(path, fs, _)| fs.canonical_of(path))
+            .collect();
         drop(state);
         let failures = write_batch(batch);
         state = shared.state.lock().unwrap_or_else(|e| e.into_inner());
         state.busy = false;
+        state.in_flight.clear();
         if let Some(failure) = failures
             && state.error.is_none()
         {
@@ -235,6 +259,16 @@ pub fn write_json<T: Serialize + ?Sized>(
     value: &T,
 ) -> io::Result<()> {
     write_bytes(fs, path, super::json_bytes(value)?)
+}
+
+/// [`flush`] when a write submitted and not yet done goes to `target` (a host path under a
+/// workspace's canonical folder) or below it: what moves or removes `target` waits for them,
+/// anything else goes on at once.
+pub(crate) fn flush_if_pending_under(target: &Path) -> io::Result<()> {
+    match current() {
+        Some(writer) if writer.pending_under(target) => writer.flush(),
+        _ => Ok(()),
+    }
 }
 
 /// Waits until every write submitted so far to the live [`Writer`] is on disk; returns the
