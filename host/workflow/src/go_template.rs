@@ -15,9 +15,84 @@ use gtmpl::Template;
 /// Parses `source` as a Go template; the error is one line.
 pub fn parse(source: &str) -> Result<Template, String> {
     check_lexable(source)?;
+    check_nesting(source)?;
     let mut template = Template::default();
     template.parse(source).map_err(|e| e.to_string())?;
     Ok(template)
+}
+
+/// How deep parentheses inside an action, and blocks (`if`, `range`, `with` ... `end`), may
+/// nest: gtmpl parses both by recursion, and a few thousand levels overflow the stack and end
+/// the process.
+pub const MAX_NESTING: usize = 100;
+
+/// Refuses templates nesting parentheses or blocks deeper than [`MAX_NESTING`], and named
+/// templates (one calling itself recurses until the stack overflows). String and raw-string
+/// literals are skipped; the count is an upper bound of what gtmpl recurses on.
+pub fn check_nesting(source: &str) -> Result<(), String> {
+    let (mut blocks, mut max_blocks) = (0usize, 0usize);
+    let mut rest = source;
+    while let Some(open) = rest.find("{{") {
+        let action = &rest[open + 2..];
+        let end = action.find("}}").unwrap_or(action.len());
+        let inner = action[..end].trim_start_matches('-').trim_start();
+        let word = inner
+            .split(|c: char| !c.is_ascii_alphabetic())
+            .next()
+            .unwrap_or("");
+        match word {
+            // A named template that calls itself recurses in gtmpl's renderer until the stack
+            // overflows (Go stops at a depth limit): named templates are not taken.
+            "define" | "template" | "block" => {
+                return Err(format!(
+                    "`{{{{{word}}}}}`: named templates (define, template, block) are not \
+                     supported in these messages"
+                ));
+            }
+            "if" | "range" | "with" => {
+                blocks += 1;
+                max_blocks = max_blocks.max(blocks);
+            }
+            "end" => blocks = blocks.saturating_sub(1),
+            _ => {}
+        }
+        let mut parens = 0usize;
+        let mut quote: Option<char> = None;
+        let mut escaped = false;
+        for c in action[..end].chars() {
+            match quote {
+                Some(q) => {
+                    if escaped {
+                        escaped = false;
+                    } else if c == '\\' && q == '"' {
+                        escaped = true;
+                    } else if c == q {
+                        quote = None;
+                    }
+                }
+                None => match c {
+                    '"' | '`' | '\'' => quote = Some(c),
+                    '(' => {
+                        parens += 1;
+                        if parens > MAX_NESTING {
+                            return Err(format!(
+                                "an action nests parentheses more than {MAX_NESTING} deep"
+                            ));
+                        }
+                    }
+                    ')' => parens = parens.saturating_sub(1),
+                    _ => {}
+                },
+            }
+        }
+        if max_blocks > MAX_NESTING {
+            return Err(format!(
+                "blocks (if, range, with) nest more than {MAX_NESTING} deep"
+            ));
+        }
+        rest = &action[end.min(action.len())..];
+    }
+    Ok(())
 }
 
 /// Refuses what would make gtmpl's lexer loop or panic (see the module header). Positions
@@ -150,6 +225,27 @@ fn check_escapes(content: &str, offset: usize) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by the `foreach_template` fuzz target: a few thousand nested parentheses
+    /// overflowed the stack in gtmpl's parser and ended the process.
+    #[test]
+    fn deep_nesting_is_refused_before_it_overflows_the_stack() {
+        let parens = |n: usize| format!("{{{{{}1{}}}}}", "(".repeat(n), ")".repeat(n));
+        assert!(parse(&parens(MAX_NESTING)).is_ok());
+        let err = parse(&parens(3000)).err().unwrap();
+        assert!(err.contains("parentheses"), "{err}");
+        let blocks = |n: usize| format!("{}x{}", "{{if 1}}".repeat(n), "{{end}}".repeat(n));
+        assert!(parse(&blocks(MAX_NESTING)).is_ok());
+        let err = parse(&blocks(3000)).err().unwrap();
+        assert!(err.contains("blocks"), "{err}");
+        // A named template calling itself recursed until the stack overflowed.
+        let err = parse(r#"{{define "a"}}{{template "a"}}{{end}}{{template "a"}}"#)
+            .err()
+            .unwrap();
+        assert!(err.contains("named templates"), "{err}");
+        // Parentheses inside a string are text, not nesting.
+        assert!(parse(&format!("{{{{\"{}\"}}}}", "(".repeat(3000))).is_ok());
+    }
 
     #[test]
     fn valid_templates_parse() {
