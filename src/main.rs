@@ -6,6 +6,7 @@
 
 mod commands;
 mod progress;
+mod terminal;
 
 use std::path::Path;
 use std::process::ExitCode;

@@ -203,6 +203,7 @@ impl Progress {
     }
 
     fn print(&self, state: &mut State, text: &str) {
+        let text = crate::terminal::shown(text);
         match self.mode {
             Mode::Quiet => {}
             Mode::Plain => println!("{text}"),
@@ -250,7 +251,10 @@ impl Progress {
             self.started.elapsed().as_secs_f64(),
         ));
         let width = terminal_width().saturating_sub(1).max(20);
-        let shown: String = status.chars().take(width).collect();
+        let shown: String = crate::terminal::shown(&status)
+            .chars()
+            .take(width)
+            .collect();
         let mut out = std::io::stdout().lock();
         let _ = write!(out, "\r\x1b[2K{shown}");
         let _ = out.flush();

@@ -339,15 +339,17 @@ fn history_file() -> Option<PathBuf> {
 /// Prints events as they come: the agent's text, a line per tool call and per execution
 /// event.
 fn printer(interactive: bool) -> BuilderObserver {
+    use crate::terminal::shown;
     let dim = interactive && std::io::stdout().is_terminal();
     BuilderObserver::new(move |event| {
         let mut out = std::io::stdout().lock();
         let _ = match event {
-            BuilderEvent::AgentText(text) => writeln!(out, "{text}"),
+            BuilderEvent::AgentText(text) => writeln!(out, "{}", shown(text)),
             BuilderEvent::ToolStarted {
                 name, arguments, ..
             } => {
                 let args: String = arguments.to_string().chars().take(120).collect();
+                let (name, args) = (shown(name), shown(&args));
                 if dim {
                     writeln!(out, "\x1b[2m  -> {name} {args}\x1b[0m")
                 } else {
@@ -360,10 +362,10 @@ fn printer(interactive: bool) -> BuilderObserver {
                 out,
                 "  {} {name}: {}",
                 if *ok { "ok" } else { "FAILED" },
-                first_line(summary)
+                shown(&first_line(summary))
             ),
             BuilderEvent::Execution { id, line } => {
-                writeln!(out, "  [{id}] {}", first_line(line))
+                writeln!(out, "  [{id}] {}", shown(&first_line(line)))
             }
         };
     })
@@ -382,8 +384,9 @@ fn first_line(text: &str) -> String {
 
 /// Says how a turn ended when it did not end normally; whether it did.
 fn show_end(report: &TurnReport) -> bool {
+    use crate::terminal::shown;
     if let Some(error) = &report.error {
-        eprintln!("the turn ended early: {error}");
+        eprintln!("the turn ended early: {}", shown(error));
     }
     report.ended_normally
 }

@@ -15,6 +15,7 @@ use trellis_sandbox::Engine;
 
 use super::{CacheArgs, McpConfigArg, PluginDirs, plural, registry};
 use crate::progress::{Mode, Progress};
+use crate::terminal::shown;
 use tokio::signal::unix::{SignalKind, signal};
 
 /// Arguments of `trellis run`.
@@ -62,6 +63,18 @@ pub struct RunArgs {
     /// `max_tool_rounds` in the user config file).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100_000))]
     max_tool_rounds: Option<u32>,
+    /// Tool calls of one model answer that run (default 64); the model is told the rest
+    /// were not run and why.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    max_calls_per_answer: Option<u32>,
+    /// Tool calls of one turn running at once (default: the number of CPUs).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    max_concurrent_calls: Option<u32>,
+    /// MiB of tool results one turn keeps, in its conversation and offloaded to
+    /// tool-results/ (default 256); a result past it is replaced by an error telling the
+    /// model so.
+    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=65_536))]
+    max_turn_result_mib: Option<u64>,
     /// Retries of a failed LLM call on the same provider and model before its
     /// fallbacks (default 3): after a rate limit, a 5xx, no answer in time or a
     /// connection refused, reset or cut mid-answer.
@@ -131,6 +144,15 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
     let mut start = StartOptions::new(opts, llm);
     if let Some(n) = max_tool_rounds {
         start.max_tool_rounds = n;
+    }
+    if let Some(n) = args.max_calls_per_answer {
+        start.turn_budgets.calls_per_answer = n as usize;
+    }
+    if let Some(n) = args.max_concurrent_calls {
+        start.turn_budgets.concurrent_calls = n as usize;
+    }
+    if let Some(mib) = args.max_turn_result_mib {
+        start.turn_budgets.result_bytes = mib << 20;
     }
     if let Some(n) = args.llm_retries {
         start.retry.max_retries = n;
@@ -247,16 +269,20 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
                 .map(|e| e.path())
                 .collect();
             files.sort();
+            // File names, concerns and details come from guests and models: shown escaped.
             for file in files {
-                println!("    {}", file.display());
+                println!("    {}", shown(&file.display().to_string()));
             }
             if let Some(outcome) = &step.outcome {
                 for concern in &outcome.concerns {
-                    println!("    CONCERNS: {concern}");
+                    println!("    CONCERNS: {}", shown(concern));
                 }
             }
             if step.status != Status::Completed {
-                println!("    {}", step.detail.lines().next().unwrap_or_default());
+                println!(
+                    "    {}",
+                    shown(step.detail.lines().next().unwrap_or_default())
+                );
             }
         }
     }

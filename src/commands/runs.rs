@@ -222,11 +222,7 @@ fn show_run_step(root: &Path, step: &str, run: Option<&str>) -> Result<()> {
             t.status,
             t.llm_calls,
             t.tool_calls,
-            if t.tool_names.is_empty() {
-                String::new()
-            } else {
-                format!(" ({})", t.tool_names.join(", "))
-            },
+            tool_list(&t.tool_names),
             t.prompt_tokens,
             t.completion_tokens,
             t.duration_ms
@@ -234,6 +230,19 @@ fn show_run_step(root: &Path, step: &str, run: Option<&str>) -> Result<()> {
         if t.tool_errors > 0 {
             println!("    {} tool calls failed", t.tool_errors);
         }
+        if let Some(why) = &t.conversation_unread {
+            println!("    conversation log not read: {why}");
+        }
     }
     Ok(())
+}
+
+/// The tool names of a turn as `runs show` lists them: the first 20, then how many more.
+fn tool_list(names: &[String]) -> String {
+    const SHOWN: usize = 20;
+    match names.len() {
+        0 => String::new(),
+        n if n <= SHOWN => format!(" ({})", names.join(", ")),
+        n => format!(" ({}, and {} more)", names[..SHOWN].join(", "), n - SHOWN),
+    }
 }

@@ -830,3 +830,37 @@ async fn a_held_workspace_is_shared_by_executions_and_refused_to_another_process
     drop(hold);
     assert!(!is_held(&root), "the last holder let the lock go");
 }
+
+/// While the full-workflow execution runs step `a`, `execute_step` of `a` is refused (both
+/// would use its one output folder); step `b`, which the full run has not reached, starts.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_step_the_full_run_is_running_is_not_started_again() {
+    let gate = Gate::default();
+    let server = server(&gate, |n| n == 0, |_| completion("done", &[]));
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    workspace(root, &server, &["a", "b"], json!([]));
+    let session = Session::new().await;
+    session.ok(root, "run_full_workflow", json!({})).await;
+    gate.arrived(1).await;
+    let refused = session
+        .refused(root, "execute_step", json!({"step_id": "a"}))
+        .await;
+    assert_eq!(
+        refused["error"],
+        "step \"a\" is running now in this workspace's full-workflow execution, in the same \
+         output folder: wait for that step to end (list_executions) or stop the execution \
+         first",
+        "{refused}"
+    );
+    gate.open();
+    session.executions.wait_all().await;
+    let finished = session.executions.take_finished();
+    assert_eq!(finished.len(), 1, "only the full run ran: {finished:?}");
+    assert_eq!(finished[0].status, ExecutionStatus::Done, "{finished:?}");
+    assert_eq!(
+        server.seen().len(),
+        2,
+        "one LLM call per step of the full run"
+    );
+}

@@ -370,6 +370,42 @@ fn a_full_run_keeps_run_retention_count_archived_runs() {
 
 // ---------------------------------------------------------------- unsafe ids
 
+/// A step id that is the name of a folder every run has beside the step output folders
+/// (`Downloads/`, `archived/`) is refused by `validate` and `run`, in any case.
+#[test]
+fn step_ids_naming_a_run_folder_are_refused() {
+    let server = FakeServer::start(Box::new(|_| (200, completion("done", &[]))));
+    for (id, folder) in [("Downloads", "Downloads"), ("ARCHIVED", "archived")] {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        workspace(
+            root,
+            &server,
+            json!([{"id": id, "type": "regular", "title": "T", "description": "d"}]),
+            json!([]),
+            json!({}),
+        );
+        let expected = format!(
+            "planning/plan.json: steps[0].id (step \"{id}\"): step id \"{id}\" is the name of a \
+             folder every run has (runs/<run>/execution/{folder}/), where the step's output \
+             folder would go: choose another id"
+        );
+        let out = trellis(&["validate", root.to_str().unwrap()]);
+        let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
+        assert!(!out.status.success(), "{all}");
+        assert!(all.contains(&expected), "{all}");
+        let before = support::tree_digest(root);
+        let out = trellis(&["run", root.to_str().unwrap()]);
+        assert!(!out.status.success());
+        assert_eq!(
+            support::tree_digest(root),
+            before,
+            "the run changed nothing"
+        );
+    }
+    assert_eq!(server.connections(), 0);
+}
+
 /// Step, item and route ids name folders: one that is not a plain path component is
 /// refused by `validate` and by `run` before anything in the workspace changes. A literal
 /// `api_key` in workflow.json names the environment variable to use instead.

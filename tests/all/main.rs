@@ -39,6 +39,7 @@ mod script_net;
 mod scripted_steps;
 mod scripts;
 mod sequence_driver;
+mod turn_budgets;
 mod turn_grants;
 mod validators;
 mod workflow_cli;

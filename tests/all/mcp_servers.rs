@@ -462,3 +462,64 @@ fn a_workspace_cannot_make_trellis_start_a_server() {
         both(&out)
     );
 }
+
+/// A server that writes 400 MB to stderr in one line before it serves: the run works, and
+/// the host keeps a bounded part of it (the rest read and dropped), not the line.
+#[test]
+fn a_servers_stderr_flood_is_capped_not_held() {
+    let dir = tempfile::tempdir().unwrap();
+    let started = dir.path().join("started");
+    let mut entry = fixture_entry(&started);
+    entry["args"]
+        .as_array_mut()
+        .unwrap()
+        .extend([json!("--stderr-flood"), json!(400_000_000)]);
+    let config = server_file(&dir.path().join("servers.json"), json!({"fx": entry}));
+    let llm = asking_for(vec![("fx__echo", json!({"text": "still here"}))]);
+    let ws = dir.path().join("ws");
+    workspace(&ws, json!({"selected_tools": ["fx:echo"]}), &llm);
+    let log = dir.path().join("out.log");
+    let (status, peak, out) =
+        support::measure::peak_memory(with_servers(&["run", ws.to_str().unwrap()], &config), &log);
+    assert_eq!(status, 0, "{out}");
+    assert_eq!(
+        result_of(&llm.last_tool_results(), "call-0"),
+        "echo: still here"
+    );
+    assert!(peak < 300 << 20, "peak resident memory {peak} bytes");
+}
+
+/// An HTTP server on loopback is reached directly although the environment names a proxy
+/// (which would see the server's headers, a token among them): the proxy gets no connection.
+#[test]
+fn an_http_server_on_loopback_is_not_reached_through_a_proxy() {
+    let proxy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let proxy_url = format!("http://{}", proxy.local_addr().unwrap());
+    proxy.set_nonblocking(true).unwrap();
+    let fixture = HttpFixture::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = server_file(
+        &dir.path().join("servers.json"),
+        json!({"web": {"url": fixture.url(), "headers": {"Authorization": "Bearer t-42"}}}),
+    );
+    let llm = asking_for(vec![("web__echo", json!({"text": "direct"}))]);
+    let ws = dir.path().join("ws");
+    workspace(&ws, json!({"selected_tools": ["web:echo"]}), &llm);
+    let out = with_servers(&["run", ws.to_str().unwrap()], &config)
+        .env("HTTP_PROXY", &proxy_url)
+        .env("http_proxy", &proxy_url)
+        .env("ALL_PROXY", &proxy_url)
+        .env_remove("NO_PROXY")
+        .env_remove("no_proxy")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", both(&out));
+    assert_eq!(
+        result_of(&llm.last_tool_results(), "call-0"),
+        "echo: direct"
+    );
+    assert!(
+        proxy.accept().is_err(),
+        "the proxy was connected to: the request (and its bearer) went through it"
+    );
+}

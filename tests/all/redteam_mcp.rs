@@ -510,6 +510,48 @@ fn serve_refuses_huge_and_nested_bodies_and_closes_trickled_headers() {
     assert_eq!(tree.outside_grant(), before);
 }
 
+/// The peak resident memory of process `pid` so far (VmHWM), in bytes.
+fn peak_memory(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .expect("VmHWM in /proc/PID/status");
+    let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kib * 1024
+}
+
+/// A body within the byte cap that is two million tiny JSON values (which a parse would
+/// make into two million allocations) is refused unparsed, and the server's memory stays
+/// where it was.
+#[test]
+fn serve_refuses_a_body_of_many_small_values_without_parsing_it() {
+    let tree = Tree::new();
+    let serve = serve_http(&tree, "127.0.0.1:0", None, "30");
+    let port = serve.port();
+    let host = format!("\r\nHost: localhost:{port}");
+    assert_eq!(post(port, &host, INIT), 200);
+    let digits = "1,".repeat(2_000_000 - 1) + "1";
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{{"name":"x","arguments":{{"v":[{digits}]}}}}}}"#
+    );
+    assert!(body.len() <= 4 << 20, "within the byte cap: {}", body.len());
+    let (status, _, text) = raw(port, &format!("POST /mcp HTTP/1.1{host}"), body.as_bytes());
+    assert_eq!(status, 413, "{text}");
+    assert!(
+        text.starts_with(
+            "payload too large: a request body may hold 100000 JSON values, this one holds about 2000015"
+        ),
+        "{text}"
+    );
+    assert!(
+        peak_memory(serve.pid()) < 200 << 20,
+        "peak {} bytes",
+        peak_memory(serve.pid())
+    );
+    assert_eq!(post(port, &host, INIT), 200, "the server still serves");
+}
+
 /// The resident memory of process `pid`, in KiB.
 fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))

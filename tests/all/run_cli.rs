@@ -1418,3 +1418,47 @@ fn a_later_step_reads_the_summary_of_the_step_before_it() {
         read[0]
     );
 }
+
+/// A model's `CONCERNS:` line with terminal escape sequences (retitle the window, clear the
+/// screen) is printed escaped: no control character of the model reaches the terminal.
+#[test]
+fn control_sequences_from_a_model_are_printed_escaped() {
+    let server = FakeServer::start(Box::new(|_| {
+        (
+            200,
+            completion("done\nCONCERNS: \u{1b}]0;pwned\u{7}\u{1b}[2J odd", &[]),
+        )
+    }));
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    support::workspace::write_files(
+        root,
+        &[
+            (
+                "planning/plan.json",
+                json!({"objective": "t", "steps": [
+                    {"id": "answer", "type": "regular", "title": "A", "description": "Answer."}
+                ]})
+                .to_string(),
+            ),
+            ("planning/step_config.json", r#"{"steps": []}"#.to_string()),
+            (
+                "workflow.json",
+                json!({"llm": {"provider": "openai", "model_id": "m"},
+                       "providers": server.providers()})
+                .to_string(),
+            ),
+        ],
+    );
+    let out = trellis(&["run", root.to_str().unwrap()]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    assert!(
+        stdout.contains("CONCERNS: \\x1b]0;pwned\\x07\\x1b[2J odd"),
+        "{stdout}"
+    );
+    assert!(
+        !out.stdout.contains(&0x1b) && !out.stderr.contains(&0x1b),
+        "{stdout}"
+    );
+}

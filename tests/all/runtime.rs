@@ -268,3 +268,38 @@ async fn starting_a_running_step_again_returns_its_execution() {
         "an id never given is unknown"
     );
 }
+
+/// A panic inside an execution (here in an observer of its events, when the step starts)
+/// ends it as failed with the panic's message: whoever waits for it is not left waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_in_an_execution_ends_it_as_failed() {
+    let server = FakeServer::start(Box::new(|_| (200, completion("done", &[]))));
+    let dir = tempfile::tempdir().unwrap();
+    agent_workspace(dir.path(), &server);
+    let runtime = runtime().await;
+    let mut start = options();
+    start.observer = trellis_runner::events::Observer::new(|event| {
+        if let RunEvent::StepStarted { .. } = event {
+            panic!("observer broke on purpose");
+        }
+    });
+    let id = runtime.start_workflow(dir.path(), start);
+    let outcome = tokio::time::timeout(Duration::from_secs(120), runtime.wait(&id))
+        .await
+        .expect("the execution ended instead of hanging")
+        .expect("the id is known");
+    assert_eq!(
+        outcome.err().as_deref(),
+        Some("the execution panicked: observer broke on purpose")
+    );
+    assert_eq!(runtime.status(&id), Some(ExecutionStatus::Failed));
+    assert!(server.seen().is_empty(), "the step never reached its model");
+    // The workspace was let go: the next execution on it runs.
+    let next = runtime.start_workflow(dir.path(), options());
+    let ended = tokio::time::timeout(Duration::from_secs(120), runtime.wait(&next))
+        .await
+        .expect("the next execution ended")
+        .expect("the id is known");
+    assert!(ended.is_ok(), "{ended:?}");
+    assert_eq!(runtime.status(&next), Some(ExecutionStatus::Done));
+}

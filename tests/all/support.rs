@@ -13,6 +13,7 @@ pub mod grants;
 pub mod mcp_fixture;
 pub mod mcp_serve;
 pub mod mcp_servers;
+pub mod measure;
 pub mod plugin_build;
 pub mod tape;
 pub mod workspace;

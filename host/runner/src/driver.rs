@@ -29,6 +29,7 @@
 //! - `reflection`: the closing `<step-id>-reflection` turn, writing only the stores due;
 //! - `prompts`: every text the runner sends to the model.
 
+mod budget;
 mod gate;
 mod items;
 mod prompts;
@@ -77,6 +78,10 @@ pub const NO_TURN_CONCERN: &str = "the step ran no agent turn";
 /// The session item type of the reflection turn.
 pub const REFLECTION_ITEM_TYPE: &str = "reflection";
 
+pub(crate) use budget::not_run;
+pub use budget::{
+    DEFAULT_CALLS_PER_ANSWER, DEFAULT_TURN_RESULT_BYTES, TurnBudgets, default_concurrent_calls,
+};
 pub use prompts::{
     TOOL_POLICY_NOTE, offload_reference, out_of_tool_rounds, reflection_message, repair_message,
     step_system_prompt, sub_agent_system_prompt, system_prompt,
@@ -85,6 +90,7 @@ pub use reflection::reflection_item_id;
 pub use turn::scan_reply;
 
 use run::{AgentSetup, Run, TurnEnd, TurnOk, entry_outcome, failed};
+use sub_agents::SubAgentSession;
 
 /// How a step ended.
 #[derive(Debug, Clone, PartialEq)]
@@ -140,6 +146,7 @@ pub struct StepRunner<'a> {
     retry: RetryPolicy,
     limits: Limits,
     max_tool_rounds: usize,
+    budgets: TurnBudgets,
     max_route_depth: usize,
     cancel: Arc<AtomicBool>,
     observer: Observer,
@@ -152,6 +159,10 @@ pub struct StepRunner<'a> {
     prerequisite_returns: u32,
     /// The step's end does not wait for the disk ([`StepRunner::with_step_ends_behind`]).
     ends_behind: bool,
+    /// Each route's conversation as the host last saved it, by its home folder. A later call
+    /// continues from this copy, not from `session.json`, which sits in a folder the
+    /// calling agent's tools can write.
+    sub_agent_sessions: std::sync::Mutex<std::collections::HashMap<PathBuf, SubAgentSession>>,
 }
 
 impl<'a> StepRunner<'a> {
@@ -167,6 +178,7 @@ impl<'a> StepRunner<'a> {
             retry: RetryPolicy::default(),
             limits,
             max_tool_rounds: DEFAULT_MAX_TOOL_ROUNDS,
+            budgets: TurnBudgets::default(),
             max_route_depth: MAX_ROUTE_DEPTH,
             cancel: Arc::new(AtomicBool::new(false)),
             observer: Observer::default(),
@@ -176,6 +188,7 @@ impl<'a> StepRunner<'a> {
             mcp: None,
             prerequisite_returns: 0,
             ends_behind: false,
+            sub_agent_sessions: Default::default(),
         }
     }
 
@@ -250,6 +263,12 @@ impl<'a> StepRunner<'a> {
     /// last LLM call without tools, whose reply ends it.
     pub fn with_max_tool_rounds(mut self, rounds: usize) -> Self {
         self.max_tool_rounds = rounds.max(1);
+        self
+    }
+
+    /// Sets the budgets of every turn: tool calls per answer, calls at once, result bytes.
+    pub fn with_turn_budgets(mut self, budgets: TurnBudgets) -> Self {
+        self.budgets = budgets;
         self
     }
 

@@ -620,7 +620,10 @@ fn check_dependency_path(rel: &str, access: &TurnAccess) -> Result<()> {
         first if NEVER_GRANTED.contains(&first) => {
             bail!("{first}/ is never visible to a turn")
         }
-        "runs" if !parts.contains(&"execution") => {
+        // `runs/<run>/execution/...` or `runs/<run>/<group>/execution/...`: the component
+        // after the run (or its group) folder, not any `execution` further down (a folder of
+        // that name inside `logs/` or `planning/` is still theirs).
+        "runs" if !is_execution_path(&parts) => {
             bail!("only the execution/ folders of runs can be granted (not run planning or logs)")
         }
         "knowledgebase" if !access.knowledgebase_read => {
@@ -628,6 +631,16 @@ fn check_dependency_path(rel: &str, access: &TurnAccess) -> Result<()> {
         }
         "learnings" if !access.learnings_read => bail!("the step's learnings_access is \"none\""),
         _ => Ok(()),
+    }
+}
+
+/// `runs/<run>/execution[/...]`, or `runs/<run>/<group>/execution[/...]` for a group folder
+/// that is not one of a run's own (`logs`, `planning`).
+fn is_execution_path(parts: &[&str]) -> bool {
+    match parts.get(2..) {
+        Some(["execution", ..]) => true,
+        Some([group, "execution", ..]) => !matches!(*group, "logs" | "planning" | "execution"),
+        _ => false,
     }
 }
 
@@ -1124,6 +1137,9 @@ mod tests {
             ("/etc", "absolute"),
             ("runs/iteration-0", "execution/"),
             ("runs/iteration-0/planning", "execution/"),
+            ("runs/iteration-0/logs/execution", "execution/"),
+            ("runs/iteration-0/planning/execution/x", "execution/"),
+            ("runs/iteration-0/logs/step/execution", "execution/"),
             ("escape", ""),
             ("alias", "symbolic link"),
         ] {

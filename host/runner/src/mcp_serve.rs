@@ -494,10 +494,25 @@ async fn read_body(
     let (parts, body) = request.into_parts();
     let limited = http_body_util::Limited::new(body, MAX_BODY_BYTES);
     match tokio::time::timeout(BODY_READ_TIMEOUT, limited.collect()).await {
-        Ok(Ok(collected)) => Ok(hyper::Request::from_parts(
-            parts,
-            http_body_util::Full::new(collected.to_bytes()),
-        )),
+        Ok(Ok(collected)) => {
+            let bytes = collected.to_bytes();
+            // Parsed, a body of many small values costs far more than its bytes (a 4 MiB
+            // array of digits is two million values): refused before anything parses it.
+            let values = json_values(&bytes);
+            if values > MAX_BODY_VALUES {
+                return Err(plain_owned(
+                    hyper::StatusCode::PAYLOAD_TOO_LARGE,
+                    format!(
+                        "payload too large: a request body may hold {MAX_BODY_VALUES} JSON \
+                         values, this one holds about {values}"
+                    ),
+                ));
+            }
+            Ok(hyper::Request::from_parts(
+                parts,
+                http_body_util::Full::new(bytes),
+            ))
+        }
         Ok(Err(err)) if err.is::<http_body_util::LengthLimitError>() => Err(plain_owned(
             hyper::StatusCode::PAYLOAD_TOO_LARGE,
             format!("payload too large: a request body may have {MAX_BODY_BYTES} bytes"),
@@ -514,6 +529,33 @@ async fn read_body(
             ),
         )),
     }
+}
+
+/// The JSON values a request body may hold (arrays, objects and scalars together).
+pub const MAX_BODY_VALUES: usize = 100_000;
+
+/// About how many JSON values `body` holds, counted without parsing: each `,` and `:` outside
+/// strings, plus each `[` and `{`, plus one. Exact for well-formed JSON up to the keys of
+/// objects (counted as values), which is the cost that matters: what a parse would allocate.
+fn json_values(body: &[u8]) -> usize {
+    let (mut count, mut in_string, mut escaped) = (1usize, false, false);
+    for &b in body {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+        } else {
+            match b {
+                b'"' => in_string = true,
+                b',' | b':' | b'[' | b'{' => count += 1,
+                _ => {}
+            }
+        }
+    }
+    count
 }
 
 tokio::task_local! {
@@ -664,6 +706,15 @@ fn same_secret(a: &[u8], b: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_values_are_counted_without_parsing() {
+        assert_eq!(json_values(b"1"), 1);
+        assert_eq!(json_values(b"[1,2,3]"), 4);
+        assert_eq!(json_values(br#"{"a":1,"b":[true,null]}"#), 7);
+        // Commas and colons inside strings, escaped quotes included, are not values.
+        assert_eq!(json_values(br#"{"a,b:c\",d":"x,y"}"#), 3);
+    }
 
     #[test]
     fn client_safe_names() {

@@ -33,7 +33,7 @@ use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::async_rw::AsyncRwTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, AsyncRead, ReadBuf};
+use tokio::io::{AsyncRead, ReadBuf};
 use trellis_sandbox::llm::ToolDefinition;
 use trellis_sandbox::plugins::normalize_tool_name;
 use trellis_workflow::Workspace;
@@ -370,6 +370,57 @@ impl<R: AsyncRead + Unpin> AsyncRead for LineCap<R> {
     }
 }
 
+/// What of a server's stderr is logged: each line up to `STDERR_LINE_BYTES` (the rest of it
+/// counted), and `STDERR_TOTAL_BYTES` in all; past that the output is read and dropped, so
+/// the server never blocks on a full pipe and never makes the host hold its output.
+const STDERR_LINE_BYTES: usize = 4096;
+const STDERR_TOTAL_BYTES: usize = 1 << 20;
+
+/// Logs the stderr of server `key` (at debug level) within the caps above.
+async fn log_stderr(key: String, mut stderr: impl tokio::io::AsyncRead + Unpin) {
+    use tokio::io::AsyncReadExt;
+    let mut chunk = vec![0u8; 8192];
+    let mut line: Vec<u8> = Vec::new();
+    let (mut cut, mut logged) = (0usize, 0usize);
+    let flush = |line: &mut Vec<u8>, cut: &mut usize, logged: &mut usize| {
+        if *logged < STDERR_TOTAL_BYTES {
+            *logged += line.len();
+            let text = String::from_utf8_lossy(line);
+            if *cut > 0 {
+                tracing::debug!(server = %key, "{text} [cut: {cut} more bytes]");
+            } else {
+                tracing::debug!(server = %key, "{text}");
+            }
+            if *logged >= STDERR_TOTAL_BYTES {
+                tracing::debug!(server = %key, "stderr: the rest is not logged");
+            }
+        }
+        line.clear();
+        *cut = 0;
+    };
+    loop {
+        let n = match stderr.read(&mut chunk).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        for part in chunk[..n].split_inclusive(|b| *b == b'\n') {
+            let (text, ends) = match part.strip_suffix(b"\n") {
+                Some(text) => (text, true),
+                None => (part, false),
+            };
+            let room = STDERR_LINE_BYTES.saturating_sub(line.len());
+            line.extend_from_slice(&text[..text.len().min(room)]);
+            cut += text.len().saturating_sub(room);
+            if ends {
+                flush(&mut line, &mut cut, &mut logged);
+            }
+        }
+    }
+    if !line.is_empty() || cut > 0 {
+        flush(&mut line, &mut cut, &mut logged);
+    }
+}
+
 async fn start_one(key: &str, server: &ServerConfig) -> Result<Running> {
     let oversized = Arc::new(AtomicBool::new(false));
     let mut process = None;
@@ -389,13 +440,7 @@ async fn start_one(key: &str, server: &ServerConfig) -> Result<Running> {
                 anyhow::bail!("starting {command:?}: its stdin or stdout was not piped");
             };
             if let Some(stderr) = child.stderr.take() {
-                let key = key.to_string();
-                tokio::spawn(async move {
-                    let mut lines = tokio::io::BufReader::new(stderr).lines();
-                    while let Ok(Some(line)) = lines.next_line().await {
-                        tracing::debug!(server = %key, "{line}");
-                    }
-                });
+                tokio::spawn(log_stderr(key.to_string(), stderr));
             }
             process = Some(child);
             let stdout = LineCap {
@@ -420,7 +465,8 @@ async fn start_one(key: &str, server: &ServerConfig) -> Result<Running> {
                     .with_context(|| format!("the value of header {name}"))?;
                 custom.insert(name, value);
             }
-            let transport = StreamableHttpClientTransport::from_config(
+            let transport = StreamableHttpClientTransport::with_client(
+                http_client(url)?,
                 StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(custom),
             );
             ().serve(transport)
@@ -447,6 +493,40 @@ async fn start_one(key: &str, server: &ServerConfig) -> Result<Running> {
         process,
         oversized,
     })
+}
+
+/// The HTTP client of a streamable HTTP server at `url`. A proxy from the environment
+/// (`HTTP_PROXY`, ...) is never used for a loopback host (a proxy cannot reach this
+/// machine's loopback, and would see what the operator meant to keep local) nor for a
+/// plain `http://` URL (the proxy would read the headers, a bearer token among them, in
+/// clear); an `https://` URL may go through one (a tunnel it cannot read). Redirects are
+/// followed only to the same origin, 307 and 308 alone (which keep the body), at most 10.
+fn http_client(url: &str) -> Result<reqwest::Client> {
+    let parsed = reqwest::Url::parse(url).with_context(|| format!("the url {url:?}"))?;
+    let host = parsed.host_str().unwrap_or_default();
+    let loopback = host.eq_ignore_ascii_case("localhost")
+        || host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    let origin = parsed.origin();
+    let mut builder = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .redirect(reqwest::redirect::Policy::custom(move |attempt| {
+            let keeps_body = matches!(attempt.status().as_u16(), 307 | 308);
+            if keeps_body && attempt.url().origin() == origin && attempt.previous().len() < 10 {
+                attempt.follow()
+            } else {
+                attempt.stop()
+            }
+        }));
+    if loopback || parsed.scheme() == "http" {
+        builder = builder.no_proxy();
+    }
+    builder
+        .build()
+        .with_context(|| format!("making the HTTP client of {url}"))
 }
 
 /// Files a workspace may hold that look like MCP server definitions: never read.

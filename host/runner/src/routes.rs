@@ -159,12 +159,22 @@ impl AgentHome {
                 highest = highest.max(n);
             }
         }
-        let mut n = highest + 1;
+        // The names are the caller's to plant (its folder is writable): a number with no
+        // successor is refused, never wrapped to an earlier call.
+        let past_last = || {
+            anyhow::anyhow!(
+                "{} holds call-{highest}, the last call number there can be: move it away",
+                calls.display()
+            )
+        };
+        let mut n = highest.checked_add(1).ok_or_else(past_last)?;
         loop {
             let id = call_id(n);
             match fs.create_dir(calls.join(&id)) {
                 Ok(()) => return Ok(id),
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => n += 1,
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    n = n.checked_add(1).ok_or_else(past_last)?;
+                }
                 Err(e) => {
                     return Err(e).with_context(|| format!("creating {}", calls.display()));
                 }
@@ -295,6 +305,24 @@ mod tests {
             "{}",
             tool.description
         );
+    }
+
+    #[test]
+    fn a_planted_last_call_number_is_refused_not_wrapped() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = AgentHome::new(dir.path(), "runs/iteration-0/execution/s", "refunds").unwrap();
+        let fs = WorkspaceFs::open(dir.path()).unwrap();
+        std::fs::create_dir_all(home.dir.join("calls/call-4294967295")).unwrap();
+        let err = home.next_call(&fs).unwrap_err().to_string();
+        assert!(
+            err.ends_with("holds call-4294967295, the last call number there can be: move it away"),
+            "{err}"
+        );
+        assert!(!home.dir.join("calls/call-0000").exists());
+        // A number past u32 is not a call name at all: numbering goes on from the others.
+        std::fs::remove_dir(home.dir.join("calls/call-4294967295")).unwrap();
+        std::fs::create_dir_all(home.dir.join("calls/call-99999999999")).unwrap();
+        assert_eq!(home.next_call(&fs).unwrap(), "call-0001");
     }
 
     #[test]

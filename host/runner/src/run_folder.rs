@@ -90,7 +90,12 @@ pub fn rotate_active_run(root: &Path) -> Result<Option<String>> {
             highest = highest.max(n);
         }
     }
-    let target = format!("iteration-{}", highest + 1);
+    // Folder names are anyone's to plant: a number with no successor is refused, never
+    // wrapped (to `iteration-0` itself).
+    let next = highest.checked_add(1).with_context(|| {
+        format!("runs/iteration-{highest} is the last run number there can be: move it away")
+    })?;
+    let target = format!("iteration-{next}");
     ws.rename(format!("runs/{ACTIVE_RUN}"), format!("runs/{target}"))
         .with_context(|| format!("moving runs/{ACTIVE_RUN} to runs/{target}"))?;
     Ok(Some(target))
@@ -141,6 +146,22 @@ fn prepare(root: &Path, run_folder: &str) -> Result<RunFolder> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_planted_last_run_number_is_refused_not_wrapped() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("runs/iteration-0/step")).unwrap();
+        std::fs::create_dir_all(dir.path().join("runs/iteration-18446744073709551615")).unwrap();
+        let err = rotate_active_run(dir.path()).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "runs/iteration-18446744073709551615 is the last run number there can be: move it away"
+        );
+        assert!(
+            dir.path().join("runs/iteration-0/step").is_dir(),
+            "nothing moved"
+        );
+    }
 
     #[test]
     fn group_names_are_sanitized() {

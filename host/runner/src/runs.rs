@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 
 use super::session::{
-    FINAL_SUMMARY_FILE, FinalSummary, Session, SessionEntry, Status, TurnConversation, TurnSummary,
-    logs_dir, turn_log_paths,
+    FINAL_SUMMARY_FILE, FinalSummary, Session, SessionEntry, Status, TurnSummary, logs_dir,
+    turn_log_paths,
 };
 use trellis_sandbox::store::{Kind, WorkspaceFs};
 
@@ -57,6 +57,9 @@ pub struct TurnLog {
     pub tool_errors: u64,
     /// The names of the tool calls, in order (from the conversation file, when there is one).
     pub tool_names: Vec<String>,
+    /// Why the conversation file was not read (too large, not JSON): the turn is still
+    /// shown from its summary.
+    pub conversation_unread: Option<String>,
     /// Prompt tokens of all LLM calls.
     pub prompt_tokens: u64,
     /// Completion tokens of all LLM calls.
@@ -473,11 +476,18 @@ fn turn_logs(fs: &WorkspaceFs, logs: &Path) -> Result<Vec<TurnLog>> {
     for (attempt, iteration) in keys {
         let (summary_path, conversation_path) = turn_log_paths(logs, attempt, iteration);
         let s: TurnSummary = read_json(fs, &summary_path)?;
-        let tool_names = if fs.kind(&conversation_path)?.is_some() {
-            let c: TurnConversation = read_json(fs, &conversation_path)?;
-            c.tool_calls.into_iter().map(|t| t.tool_name).collect()
+        // Only the tool names are read; a log that cannot be read (larger than the host
+        // reads at once, not what Trellis writes) leaves the turn shown from its summary.
+        let (tool_names, conversation_unread) = if fs.kind(&conversation_path)?.is_some() {
+            match read_json::<ToolNames>(fs, &conversation_path) {
+                Ok(c) => (
+                    c.tool_calls.into_iter().map(|t| t.tool_name).collect(),
+                    None,
+                ),
+                Err(e) => (Vec::new(), Some(format!("{e:#}"))),
+            }
         } else {
-            Vec::new()
+            (Vec::new(), None)
         };
         turns.push(TurnLog {
             item_id: s.item_id,
@@ -490,12 +500,25 @@ fn turn_logs(fs: &WorkspaceFs, logs: &Path) -> Result<Vec<TurnLog>> {
             tool_calls: s.tool_call_count,
             tool_errors: s.tool_error_count,
             tool_names,
+            conversation_unread,
             prompt_tokens: s.prompt_tokens,
             completion_tokens: s.completion_tokens,
             duration_ms: s.duration_ms,
         });
     }
     Ok(turns)
+}
+
+/// What `runs show` reads of a conversation log: the names of its tool calls.
+#[derive(serde::Deserialize)]
+struct ToolNames {
+    #[serde(default)]
+    tool_calls: Vec<ToolName>,
+}
+
+#[derive(serde::Deserialize)]
+struct ToolName {
+    tool_name: String,
 }
 
 /// `execution-attempt-<A>-iteration-<I>.json` -> (A, I); `None` for anything else
@@ -531,7 +554,9 @@ fn read_json<T: serde::de::DeserializeOwned>(fs: &WorkspaceFs, path: &Path) -> R
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::session::{LlmCallRecord, Status, ToolCallRecord, now_rfc3339, write_turn_logs};
+    use crate::session::{
+        LlmCallRecord, Status, ToolCallRecord, TurnConversation, now_rfc3339, write_turn_logs,
+    };
     use serde_json::json;
 
     fn summary(step: &str, run: &str, status: Status) -> FinalSummary {

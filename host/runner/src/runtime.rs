@@ -15,7 +15,7 @@
 //! go by the last (or by the last [`WorkspaceHold`], which a front end such as the builder
 //! keeps for a whole session). Another process still finds the workspace busy.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -136,6 +136,10 @@ pub struct StartOptions {
     pub retry: RetryPolicy,
     /// Tool rounds a turn may take before it must answer.
     pub max_tool_rounds: usize,
+    /// The budgets of every turn (tool calls per answer, calls at once, result bytes).
+    pub turn_budgets: crate::driver::TurnBudgets,
+    /// Sees the run's events too, as they happen (after the execution's own event stream).
+    pub observer: Observer,
     /// When another process holds the workspace (see [`crate::workspace_lock`]): wait for
     /// it to let go, rather than fail at once.
     pub wait_for_workspace: bool,
@@ -156,6 +160,8 @@ impl StartOptions {
             limits: Limits::default(),
             retry: RetryPolicy::default(),
             max_tool_rounds: crate::driver::DEFAULT_MAX_TOOL_ROUNDS,
+            turn_budgets: crate::driver::TurnBudgets::default(),
+            observer: Observer::default(),
             wait_for_workspace: false,
             instructions: None,
             mcp_config: Arc::new(crate::mcp_servers::McpConfig::empty()),
@@ -266,6 +272,8 @@ struct Execution {
     log: Mutex<EventLog>,
     sender: broadcast::Sender<ExecutionEvent>,
     outcome: Mutex<Option<Result<WorkflowRun, String>>>,
+    /// The steps started and not yet ended (kept from the events, which the log may drop).
+    steps: Mutex<BTreeSet<String>>,
 }
 
 #[derive(Debug, Default)]
@@ -276,6 +284,17 @@ struct EventLog {
 
 impl Execution {
     fn publish(&self, event: ExecutionEvent) {
+        match &event {
+            ExecutionEvent::Run(RunEvent::StepStarted { step_id, .. }) => {
+                let mut steps = self.steps.lock().unwrap_or_else(|e| e.into_inner());
+                steps.insert(step_id.clone());
+            }
+            ExecutionEvent::Run(RunEvent::StepEnded { step_id, .. }) => {
+                let mut steps = self.steps.lock().unwrap_or_else(|e| e.into_inner());
+                steps.remove(step_id);
+            }
+            _ => {}
+        }
         let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
         if log.kept.len() == KEPT_EVENTS {
             log.kept.pop_front();
@@ -400,6 +419,7 @@ impl Runtime {
             log: Mutex::default(),
             sender,
             outcome: Mutex::new(None),
+            steps: Mutex::default(),
         });
         self.executions
             .lock()
@@ -421,6 +441,24 @@ impl Runtime {
             );
         }
         id
+    }
+
+    /// The running whole-workflow execution of `workspace` that is running step `step` now.
+    pub fn workflow_running_step(&self, workspace: &Path, step: &str) -> Option<ExecutionId> {
+        let executions = self.executions.lock().unwrap_or_else(|e| e.into_inner());
+        executions
+            .values()
+            .find(|e| {
+                let info = e.info.lock().unwrap_or_else(|p| p.into_inner());
+                info.status == ExecutionStatus::Running
+                    && info.kind == ExecutionKind::Workflow
+                    && same_folder(&info.workspace, workspace)
+                    && e.steps
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .contains(step)
+            })
+            .map(|e| e.info.lock().unwrap_or_else(|p| p.into_inner()).id.clone())
     }
 
     /// Where execution `id` is; `None` for an id this runtime never gave.
@@ -518,7 +556,9 @@ fn same_folder(a: &Path, b: &Path) -> bool {
     }
 }
 
-/// The body of an execution's thread.
+/// The body of an execution's thread: the run, then its end, which is published whatever
+/// happens (a panic in the run ends the execution as failed with the panic's message, so
+/// no one waiting for the end waits forever).
 fn run_in_thread(
     registry: Arc<PluginRegistry>,
     holds: Arc<Mutex<Holds>>,
@@ -526,43 +566,66 @@ fn run_in_thread(
     workspace: PathBuf,
     options: StartOptions,
 ) {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
+    let run = std::panic::AssertUnwindSafe(|| {
+        run_execution(&registry, &holds, &execution, &workspace, options)
+    });
+    let result = std::panic::catch_unwind(run).unwrap_or_else(|panic| {
+        Err(format!(
+            "the execution panicked: {}",
+            panic_message(&*panic)
+        ))
+    });
+    finish(&execution, result);
+}
+
+/// The message a panic was raised with (`panic!("...")`'s text).
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".to_string())
+}
+
+/// Runs the workflow of an execution, holding its workspace.
+fn run_execution(
+    registry: &Arc<PluginRegistry>,
+    holds: &Arc<Mutex<Holds>>,
+    execution: &Arc<Execution>,
+    workspace: &Path,
+    options: StartOptions,
+) -> Result<WorkflowRun, String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-    {
-        Ok(runtime) => runtime,
-        Err(e) => return finish(&execution, Err(format!("starting the execution: {e}"))),
-    };
+        .map_err(|e| format!("starting the execution: {e}"))?;
     // One process per workspace: the lock is taken (or shared with this runtime's other
     // holders) before the run changes anything, and held until the run ends; this share is
     // let go before the end is published, so whoever waited for the end finds the workspace
     // free unless another holder of this runtime keeps it.
     let wait = options.wait_for_workspace.then_some(&*execution.cancel);
-    let lock = share_workspace(&holds, &workspace, wait);
-    let lock = match lock {
-        Ok(lock) => lock,
-        Err(e) => return finish(&execution, Err(format!("{e:#}"))),
-    };
-    let result = runtime.block_on(async {
-        let mut env = RunEnv::new(&registry, options.llm);
+    let _lock = share_workspace(holds, workspace, wait).map_err(|e| format!("{e:#}"))?;
+    runtime.block_on(async {
+        let mut env = RunEnv::new(registry, options.llm);
         env.limits = options.limits;
         env.retry = options.retry;
         env.max_tool_rounds = options.max_tool_rounds;
+        env.turn_budgets = options.turn_budgets;
         env.mcp_config = options.mcp_config.clone();
         env.cancel = execution.cancel.clone();
         env.steering = Some(execution.steering.clone());
         env.observer = {
             let execution = execution.clone();
+            let also = options.observer.clone();
             Observer::new(move |event: &RunEvent| {
-                execution.publish(ExecutionEvent::Run(event.clone()))
+                execution.publish(ExecutionEvent::Run(event.clone()));
+                also.emit(event.clone());
             })
         };
-        run_workflow(&env, &workspace, &options.run)
+        run_workflow(&env, workspace, &options.run)
             .await
             .map_err(|e| format!("{e:#}"))
-    });
-    drop(lock);
-    finish(&execution, result);
+    })
 }
 
 /// Records how an execution ended and publishes its last event.

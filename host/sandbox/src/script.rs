@@ -231,8 +231,10 @@ impl ScriptRunner {
                         bail!("{script} is {size} bytes, over the limit of {MAX_WASM_BYTES}")
                     }
                 };
-                // Cached only once it proved to be a runnable script.
-                let loaded = self.engine.open_component(&bytes, script, None)?;
+                // A workspace's component: compiled under a third-party plugin's deadline, and
+                // cached only once it proved to be a runnable script.
+                let deadline = Some(crate::plugins::COMPILE_DEADLINE);
+                let loaded = self.engine.open_component(&bytes, script, deadline)?;
                 let pre = self.instance_pre(loaded.component(), script)?;
                 self.engine.keep(&loaded);
                 Ok(pre)

@@ -372,12 +372,29 @@ enum Nesting {
     Route,
 }
 
+/// The folders of `runs/<run>/execution/` that are not a step's output folder: no step id
+/// may name one (in any case, for file systems that ignore it).
+pub const RUN_FOLDER_NAMES: &[&str] = &["Downloads", "archived"];
+
 fn parse_step(ctx: &mut Ctx, value: &Value, path: JsonPath, nesting: Nesting) -> Option<Step> {
     let mut obj = Obj::new(ctx, value, path, "a step")?;
     let id = obj.str(ctx, "id").filter(|s| !s.trim().is_empty());
     let outer = ctx.set_step(id.clone());
     if let Some(id) = &id {
         super::diagnostics::check_plain_id(ctx, &obj.path().key("id"), "step id", id);
+        if let Some(folder) = RUN_FOLDER_NAMES
+            .iter()
+            .find(|name| name.eq_ignore_ascii_case(id))
+        {
+            ctx.error(
+                &obj.path().key("id"),
+                format!(
+                    "step id {id:?} is the name of a folder every run has \
+                     (runs/<run>/execution/{folder}/), where the step's output folder would \
+                     go: choose another id"
+                ),
+            );
+        }
     }
     let step = parse_step_body(ctx, &mut obj, id, nesting);
     obj.finish(ctx);

@@ -21,6 +21,7 @@ use super::{
     BuilderEvent, BuilderObserver, PHASE_ID, ToolContext, ToolFailure, ToolSpec, edits, files,
     reads,
 };
+use crate::driver::{DEFAULT_CALLS_PER_ANSWER, not_run};
 use crate::llm_choice::{LlmSetup, StepLlm};
 use crate::runtime::{Runtime, WorkspaceHold};
 use trellis_sandbox::Limits;
@@ -87,6 +88,8 @@ struct Agent {
     observer: BuilderObserver,
     session_id: String,
     side: Arc<SideAgents>,
+    /// This agent is a side agent: it cannot start side agents of its own.
+    is_side: bool,
 }
 
 /// One builder session on one workspace.
@@ -177,6 +180,7 @@ impl BuilderSession {
             observer: options.observer,
             session_id: conversation.session_id.clone(),
             side: Arc::default(),
+            is_side: false,
         };
         Ok(BuilderSession {
             agent,
@@ -352,7 +356,10 @@ impl Agent {
             .first()
             .context("the builder's model has no target")?;
         let model = format!("{}:{}", primary.provider, primary.model);
-        let specs = specs_of(mode);
+        let mut specs = specs_of(mode);
+        if self.is_side {
+            specs.retain(|s| s.name != RUN_IN_BACKGROUND);
+        }
         let tools: Vec<_> = specs.iter().map(ToolSpec::definition).collect();
         let mut usage = Usage::default();
         let mut tool_calls = 0;
@@ -397,9 +404,15 @@ impl Agent {
                 };
                 return Ok((report, model));
             }
-            for call in &response.tool_calls {
-                tool_calls += 1;
-                let content = self.tool_call(mode, call).await;
+            // One answer runs at most the per-answer budget of calls, as a step's agent does.
+            let asked = response.tool_calls.len();
+            for (i, call) in response.tool_calls.iter().enumerate() {
+                let content = if i < DEFAULT_CALLS_PER_ANSWER {
+                    tool_calls += 1;
+                    self.tool_call(mode, call).await
+                } else {
+                    format!("error: {}", not_run(asked, DEFAULT_CALLS_PER_ANSWER))
+                };
                 history.push(Message::tool_result(call.id.clone(), content));
             }
         }
@@ -484,6 +497,10 @@ impl Agent {
             edits::call(&ctx, name, args)
         } else if FILE_TOOLS.contains(&name) {
             files::call(&ctx, name, args).await
+        } else if name == RUN_IN_BACKGROUND && self.is_side {
+            Err(super::ToolFailure::new(
+                "a side agent cannot start side agents; do the work yourself",
+            ))
         } else if name == RUN_IN_BACKGROUND {
             self.start_side_agent(mode, args)
         } else {
@@ -497,7 +514,10 @@ impl Agent {
         super::reads::check_args(&run_in_background_spec(), args)?;
         let name = super::tool::str_arg(args, "name")?;
         let instruction = super::tool::str_arg(args, "instruction")?.to_string();
-        let agent = self.clone();
+        let agent = Agent {
+            is_side: true,
+            ..self.clone()
+        };
         self.side.start(name, move || {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()

@@ -61,10 +61,13 @@ impl Tally {
         }
     }
 
+    /// Adds `delta`, saturating: the totals are read from a file anyone may have written.
     fn add(&mut self, delta: &Tally) {
-        self.prompt_tokens += delta.prompt_tokens;
-        self.completion_tokens += delta.completion_tokens;
-        self.total_tokens += delta.total_tokens;
+        self.prompt_tokens = self.prompt_tokens.saturating_add(delta.prompt_tokens);
+        self.completion_tokens = self
+            .completion_tokens
+            .saturating_add(delta.completion_tokens);
+        self.total_tokens = self.total_tokens.saturating_add(delta.total_tokens);
         if let Some(c) = delta.cost_usd {
             self.cost_usd = Some(self.cost_usd.unwrap_or(0.0) + c);
         }
@@ -213,6 +216,25 @@ mod tests {
             completion_tokens: completion,
             total_tokens: prompt + completion,
         }
+    }
+
+    #[test]
+    fn totals_read_from_a_file_saturate_instead_of_wrapping() {
+        let mut total = Tally {
+            prompt_tokens: u64::MAX - 1,
+            completion_tokens: u64::MAX,
+            total_tokens: u64::MAX,
+            cost_usd: None,
+        };
+        total.add(&Tally::of(usage(5, 7), None));
+        assert_eq!(
+            (
+                total.prompt_tokens,
+                total.completion_tokens,
+                total.total_tokens
+            ),
+            (u64::MAX, u64::MAX, u64::MAX)
+        );
     }
 
     #[test]

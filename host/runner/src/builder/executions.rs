@@ -179,6 +179,19 @@ impl Executions {
         if let Some(running) = self.shared.running_step(step_id) {
             return Ok(already_running(&running, instructions.is_some()));
         }
+        // The step's output folder is the full run's now: a second run of it there would
+        // empty and write it under the first.
+        if self
+            .runtime
+            .workflow_running_step(ctx.root, step_id)
+            .is_some()
+        {
+            return Err(ToolFailure::new(format!(
+                "step {step_id:?} is running now in this workspace's full-workflow execution, \
+                 in the same output folder: wait for that step to end (list_executions) or \
+                 stop the execution first"
+            )));
+        }
         let mut options = self.template.clone();
         options.run = run;
         options.instructions = instructions.map(str::to_string);

@@ -10,7 +10,12 @@ use serde_json::json;
 use super::agent::TurnReport;
 use super::executions::Finished;
 use super::{ToolFailure, ToolResult, ToolSpec};
-use crate::runtime::ExecutionStatus;
+use crate::runtime::{ExecutionStatus, panic_message};
+
+/// Side agents of one session running at once.
+pub const MAX_RUNNING: usize = 4;
+/// Side agents one session may start in all.
+pub const MAX_PER_SESSION: u64 = 32;
 
 /// The name of the side-agent tool.
 pub const RUN_IN_BACKGROUND: &str = "run_in_background";
@@ -55,6 +60,23 @@ impl SideAgents {
                 "argument \"name\": expected a short name with letters or digits",
             ));
         }
+        // Held while the count is checked and the thread started: two calls at once cannot
+        // both take the last place.
+        let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        let busy = running.values().filter(|h| !h.is_finished()).count();
+        if busy >= MAX_RUNNING {
+            return Err(ToolFailure::new(format!(
+                "{busy} side agents are running, the most a session runs at once \
+                 ({MAX_RUNNING}); wait for one to finish"
+            )));
+        }
+        let started = self.next.load(Ordering::SeqCst);
+        if started >= MAX_PER_SESSION {
+            return Err(ToolFailure::new(format!(
+                "this session started {started} side agents, the most one session may \
+                 ({MAX_PER_SESSION}); do the rest of the work yourself"
+            )));
+        }
         let n = self.next.fetch_add(1, Ordering::SeqCst) + 1;
         let id = format!("bg-{slug}-{n}");
         let side = self.clone();
@@ -62,10 +84,16 @@ impl SideAgents {
         let handle = std::thread::Builder::new()
             .name(format!("trellis-{id}"))
             .spawn(move || {
-                let (status, summary) = match work() {
-                    Ok(report) if report.ended_normally => (ExecutionStatus::Done, report.text),
-                    Ok(report) => (ExecutionStatus::Failed, report.error.unwrap_or_default()),
-                    Err(e) => (ExecutionStatus::Failed, format!("{e:#}")),
+                // A panic ends the side agent as failed, announced like any other end.
+                let ended = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work));
+                let (status, summary) = match ended {
+                    Ok(Ok(report)) if report.ended_normally => (ExecutionStatus::Done, report.text),
+                    Ok(Ok(report)) => (ExecutionStatus::Failed, report.error.unwrap_or_default()),
+                    Ok(Err(e)) => (ExecutionStatus::Failed, format!("{e:#}")),
+                    Err(panic) => (
+                        ExecutionStatus::Failed,
+                        format!("the side agent panicked: {}", panic_message(&*panic)),
+                    ),
                 };
                 side.finished
                     .lock()
@@ -77,10 +105,7 @@ impl SideAgents {
                     });
             })
             .map_err(|e| ToolFailure::new(format!("starting the side agent: {e}")))?;
-        self.running
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id.clone(), handle);
+        running.insert(id.clone(), handle);
         Ok(json!({"execution_id": id, "status": "running"}))
     }
 
@@ -127,4 +152,81 @@ fn slug(name: &str) -> String {
         }
     }
     out.trim_end_matches('-').to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::mpsc;
+
+    fn report(text: &str) -> TurnReport {
+        TurnReport {
+            text: text.to_string(),
+            ended_normally: true,
+            error: None,
+            tool_calls: 0,
+            usage: Default::default(),
+        }
+    }
+
+    async fn ended(side: &SideAgents, n: usize) -> Vec<Finished> {
+        let mut out = Vec::new();
+        while out.len() < n {
+            out.extend(side.take_finished());
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn a_session_runs_a_few_side_agents_at_once_and_a_bounded_number_in_all() {
+        let side = Arc::new(SideAgents::default());
+        let (release, held) = mpsc::channel::<()>();
+        let held = Arc::new(Mutex::new(held));
+        for i in 0..MAX_RUNNING {
+            let held = held.clone();
+            side.start(&format!("w{i}"), move || {
+                let _ = held.lock().unwrap().recv();
+                Ok(report("ok"))
+            })
+            .unwrap();
+        }
+        let refused = side.start("one-more", || Ok(report("never"))).unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            "4 side agents are running, the most a session runs at once (4); wait for one to \
+             finish"
+        );
+        for _ in 0..MAX_RUNNING {
+            release.send(()).unwrap();
+        }
+        ended(&side, MAX_RUNNING).await;
+        for i in MAX_RUNNING as u64..MAX_PER_SESSION {
+            side.start(&format!("w{i}"), || Ok(report("ok"))).unwrap();
+            ended(&side, 1).await;
+        }
+        let refused = side
+            .start("past-the-total", || Ok(report("never")))
+            .unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            "this session started 32 side agents, the most one session may (32); do the rest \
+             of the work yourself"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_side_agent_that_panics_ends_as_failed_with_the_message() {
+        let side = Arc::new(SideAgents::default());
+        side.start("breaks", || panic!("broken on purpose"))
+            .unwrap();
+        let finished = ended(&side, 1).await;
+        assert_eq!(finished[0].status, ExecutionStatus::Failed);
+        assert_eq!(
+            finished[0].summary,
+            "the side agent panicked: broken on purpose"
+        );
+        assert!(side.running_ids().is_empty());
+    }
 }

@@ -11,7 +11,7 @@ use super::{AgentSetup, Resolver, Run, StepRunner, TurnEnd};
 use crate::events::RunEvent;
 use crate::grants::{AgentFolders, TurnAccess};
 use crate::routes::{AgentHome, CallResult, call_preamble, files_written};
-use crate::session::{Session, Status, ToolCallRecord, now_rfc3339};
+use crate::session::{SESSION_FILE, Session, Status, ToolCallRecord, now_rfc3339};
 use trellis_sandbox::llm::{Message, ToolCall};
 use trellis_workflow::plan::{Item, ItemBody, Step, StepKind};
 
@@ -113,20 +113,26 @@ impl StepRunner<'_> {
         ws.fs
             .create_dir_all(&logs)
             .map_err(|e| format!("creating {}: {e}", logs.display()))?;
-        let (session, history) = match Session::read(&ws.fs, &home.dir) {
-            Ok(Some(s)) => {
-                let history = s
-                    .conversation_history
-                    .iter()
-                    .map(|m| serde_json::from_value::<Message>(m.clone()))
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| {
-                        format!("{}/session.json: unreadable conversation: {e}", home.rel)
-                    })?;
-                (s, history)
+        // The route's conversation so far is the host's own copy: `session.json` is in a
+        // folder the caller's tools can write, so what is there is never read back.
+        let kept = self
+            .sub_agent_sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&home.dir)
+            .cloned();
+        let (session, history) = match kept {
+            Some(kept) => (kept.session, kept.history),
+            None => {
+                if matches!(ws.fs.kind(home.dir.join(SESSION_FILE)), Ok(Some(_))) {
+                    tracing::warn!(
+                        "{}/{SESSION_FILE} was not written by this run: the route's \
+                         conversation starts afresh",
+                        home.rel
+                    );
+                }
+                (Session::new(route_id, &parent.run_folder), Vec::new())
             }
-            Ok(None) => (Session::new(route_id, &parent.run_folder), Vec::new()),
-            Err(e) => return Err(format!("{}/session.json: {e}", home.rel)),
         };
         let mut run = self.new_run(
             ws,
@@ -206,6 +212,16 @@ impl StepRunner<'_> {
         if let Err(e) = run.save_session() {
             tracing::warn!("{label}: {e:#}");
         }
+        self.sub_agent_sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(
+                home.dir.clone(),
+                SubAgentSession {
+                    session: run.session.clone(),
+                    history: run.history.clone(),
+                },
+            );
         self.observer.emit(RunEvent::SubAgentEnded {
             step_id: parent.label.clone(),
             route_id: route_id.to_string(),
@@ -223,4 +239,11 @@ impl StepRunner<'_> {
         }
         .to_value())
     }
+}
+
+/// A route's conversation as the host saved it at the end of its last call.
+#[derive(Debug, Clone)]
+pub(super) struct SubAgentSession {
+    session: Session,
+    history: Vec<Message>,
 }

@@ -5,6 +5,9 @@ use std::time::Instant;
 
 use serde_json::Value;
 
+use tokio::sync::Semaphore;
+
+use super::budget::ResultBytes;
 use super::prompts::{offload_reference, out_of_tool_rounds};
 use super::{AgentModels, OFFLOAD_THRESHOLD, Run, StepRunner, TurnEnd, TurnOk, entry_outcome};
 use crate::db_tools;
@@ -121,6 +124,10 @@ impl StepRunner<'_> {
         run.session.execution_turn_count += 1;
         // What the database may grow by, for the whole turn: its database tool calls share it.
         let db_budget = DbWriteBudget::new(self.limits.fs);
+        // What one model answer can make the host do (see `budget`): calls at once, and the
+        // bytes of results the turn keeps, shared by all its rounds.
+        let slots = Semaphore::new(self.budgets.concurrent_calls.max(1));
+        let result_bytes = ResultBytes::new(self.budgets.result_bytes);
         let turn_no = run.session.execution_turn_count;
         self.observer.emit(RunEvent::TurnStarted {
             step_id: run.label.clone(),
@@ -269,10 +276,14 @@ impl StepRunner<'_> {
                 result = Err(end);
                 break;
             }
-            let records = self
-                .tool_calls(run, &response.tool_calls, grant, &db_budget, parallel)
-                .await;
-            for r in records {
+            let calls = TurnCalls {
+                grant,
+                db_budget: &db_budget,
+                parallel,
+                slots: &slots,
+                result_bytes: &result_bytes,
+            };
+            for (r, content) in self.tool_calls(run, &response.tool_calls, &calls).await {
                 self.observer.emit(RunEvent::ToolCall {
                     step_id: run.label.clone(),
                     call_id: r.tool_call_id.clone(),
@@ -281,22 +292,6 @@ impl StepRunner<'_> {
                     error: r.error.clone(),
                     duration_ms: r.duration_ms,
                 });
-                let content = match (&r.result, &r.error) {
-                    (_, Some(e)) => format!("error: {e}"),
-                    (Some(v), None) => match v {
-                        Value::String(s) => s.clone(),
-                        other => other.to_string(),
-                    },
-                    (None, None) => String::new(),
-                };
-                let content = if run.configs.enable_context_offloading != Some(false)
-                    && r.error.is_none()
-                    && content.len() > OFFLOAD_THRESHOLD
-                {
-                    offload(run, &r, content)
-                } else {
-                    content
-                };
                 run.history
                     .push(Message::tool_result(r.tool_call_id.clone(), content));
                 conv.tool_calls.push(r);
@@ -349,26 +344,42 @@ impl StepRunner<'_> {
         });
     }
 
-    /// The tool calls of one LLM response, records in the order asked. Plugin tools run in
-    /// parallel unless `parallel` is off; `call_sub_agent` calls run after them, one at a
-    /// time (a route's conversation is one conversation).
+    /// The tool calls of one LLM response, with the content each gives the model, in the
+    /// order asked. The first `calls_per_answer` run; the rest are answered with an error
+    /// saying so. Plugin tools run in parallel (at most `concurrent_calls` at once) unless
+    /// `parallel` is off; `call_sub_agent` calls run after them, one at a time (a route's
+    /// conversation is one conversation). Each result is made the model's content as its
+    /// call ends (offloaded, or refused past the turn's result bytes), so a large result is
+    /// not held while the others run.
     pub(super) async fn tool_calls(
         &self,
         run: &Run<'_>,
         calls: &[ToolCall],
-        grant: &TurnGrant,
-        db_budget: &DbWriteBudget,
-        parallel: bool,
-    ) -> Vec<ToolCallRecord> {
+        turn: &TurnCalls<'_>,
+    ) -> Vec<(ToolCallRecord, String)> {
+        let budget = self.budgets.calls_per_answer.max(1);
+        let (to_run, refused) = calls.split_at(calls.len().min(budget));
+        if !refused.is_empty() {
+            tracing::warn!(
+                "{}: one answer asked for {} tool calls: {} not run (--max-calls-per-answer {budget})",
+                run.label,
+                calls.len(),
+                refused.len()
+            );
+        }
         let is_delegation = |c: &ToolCall| {
             trellis_sandbox::plugins::normalize_tool_name(c.name.trim()) == CALL_SUB_AGENT
                 && run.policy.host.allows(DELEGATION_CATEGORY, CALL_SUB_AGENT)
         };
-        let plugin_calls = calls
-            .iter()
-            .filter(|c| !is_delegation(c))
-            .map(|c| self.tool_call(&run.policy, c, grant, db_budget));
-        let mut plugin_records = if parallel {
+        let plugin_calls = to_run.iter().filter(|c| !is_delegation(c)).map(|c| async {
+            let record = {
+                let _slot = turn.slots.acquire().await;
+                self.tool_call(&run.policy, c, turn.grant, turn.db_budget)
+                    .await
+            };
+            kept(run, record, turn.result_bytes)
+        });
+        let mut plugin_records = if turn.parallel {
             futures::future::join_all(plugin_calls).await
         } else {
             let mut out = Vec::new();
@@ -379,12 +390,29 @@ impl StepRunner<'_> {
         }
         .into_iter();
         let mut records = Vec::with_capacity(calls.len());
-        for c in calls {
+        for c in to_run {
             if is_delegation(c) {
-                records.push(self.sub_agent_call(run, c).await);
+                let record = self.sub_agent_call(run, c).await;
+                records.push(kept(run, record, turn.result_bytes));
             } else if let Some(r) = plugin_records.next() {
                 records.push(r);
             }
+        }
+        for c in refused {
+            let error = super::budget::not_run(calls.len(), budget);
+            let now = now_rfc3339();
+            let record = ToolCallRecord {
+                tool_call_id: c.id.clone(),
+                tool_name: c.name.clone(),
+                args: Value::Null,
+                result: None,
+                error: Some(error.clone()),
+                duration_ms: 0,
+                started_at: now.clone(),
+                completed_at: now,
+                unsandboxed: false,
+            };
+            records.push((record, format!("error: {error}")));
         }
         records
     }
@@ -465,25 +493,70 @@ pub(super) fn tool_record(
     }
 }
 
+/// What the tool calls of one round share: the turn's grant and budgets.
+pub(super) struct TurnCalls<'t> {
+    pub(super) grant: &'t TurnGrant,
+    pub(super) db_budget: &'t DbWriteBudget,
+    pub(super) parallel: bool,
+    pub(super) slots: &'t Semaphore,
+    pub(super) result_bytes: &'t ResultBytes,
+}
+
+/// The record of an ended call as the turn keeps it, with the content the model gets. A
+/// result over the offload threshold goes to `tool-results/` (when the step offloads) and
+/// the record keeps the reference in its place; a result that does not fit what is left of
+/// the turn's result bytes is dropped, and the model told why.
+pub(super) fn kept(
+    run: &Run<'_>,
+    mut record: ToolCallRecord,
+    result_bytes: &ResultBytes,
+) -> (ToolCallRecord, String) {
+    if let Some(e) = &record.error {
+        let content = format!("error: {e}");
+        return (record, content);
+    }
+    let content = match &record.result {
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => other.to_string(),
+        None => String::new(),
+    };
+    if !result_bytes.take(content.len()) {
+        let error = result_bytes.exceeded(content.len());
+        record.result = None;
+        record.error = Some(error.clone());
+        return (record, format!("error: {error}"));
+    }
+    if run.configs.enable_context_offloading != Some(false) && content.len() > OFFLOAD_THRESHOLD {
+        let value = record.result.take().unwrap_or(Value::Null);
+        match offload(run, &record.tool_call_id, &value, content.len()) {
+            Some(reference) => {
+                record.result = Some(Value::String(reference.clone()));
+                return (record, reference);
+            }
+            None => record.result = Some(value),
+        }
+    }
+    (record, content)
+}
+
 /// Writes a large tool result to `<output>/tool-results/<tool-call-id>.json` and returns the
-/// short reference that replaces it in the conversation. When the file cannot be written the
-/// result stays in the conversation as it was.
-pub(super) fn offload(run: &Run<'_>, record: &ToolCallRecord, content: String) -> String {
-    let name = format!("{}.json", file_safe(&record.tool_call_id));
+/// short reference that replaces it in the conversation; `None` when the file cannot be
+/// written (the result then stays in the conversation as it was).
+fn offload(run: &Run<'_>, call_id: &str, value: &Value, len: usize) -> Option<String> {
+    let name = format!("{}.json", file_safe(call_id));
     let path = run.output_dir.join(TOOL_RESULTS_DIR).join(&name);
-    let value = record.result.clone().unwrap_or(Value::Null);
-    match run.ws.fs.write_json_atomic(&path, &value) {
-        Ok(()) => offload_reference(
+    match run.ws.fs.write_json_atomic(&path, value) {
+        Ok(()) => Some(offload_reference(
             &format!("{}/{TOOL_RESULTS_DIR}/{name}", run.folders.output),
-            content.len(),
-        ),
+            len,
+        )),
         Err(e) => {
             tracing::warn!(
                 "{}: offloading a tool result to {}: {e}",
                 run.label,
                 path.display()
             );
-            content
+            None
         }
     }
 }

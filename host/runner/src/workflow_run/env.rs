@@ -24,6 +24,8 @@ pub struct RunEnv<'a> {
     pub steering: Option<Arc<Steering>>,
     /// Tool rounds a turn may take before it must answer.
     pub max_tool_rounds: usize,
+    /// The budgets of every turn (tool calls per answer, calls at once, result bytes).
+    pub turn_budgets: crate::driver::TurnBudgets,
     /// The external MCP servers the operator configured (none by default).
     pub mcp_config: Arc<McpConfig>,
     /// The servers the run started, while it runs.
@@ -46,6 +48,7 @@ impl<'a> RunEnv<'a> {
             llm,
             steering: None,
             max_tool_rounds: crate::driver::DEFAULT_MAX_TOOL_ROUNDS,
+            turn_budgets: crate::driver::TurnBudgets::default(),
             mcp_config: Arc::new(McpConfig::empty()),
             mcp: Mutex::new(None),
             scripts: OnceLock::new(),
@@ -80,6 +83,7 @@ impl<'a> RunEnv<'a> {
         .with_model_resolver(self.sub_agent_models())
         .with_retry(self.retry)
         .with_max_tool_rounds(self.max_tool_rounds)
+        .with_turn_budgets(self.turn_budgets)
         .with_cancel(self.cancel.clone())
         .with_observer(self.observer.clone())
         .with_step_ends_behind();

@@ -78,6 +78,12 @@ const TOOLS: &[Spec] = &[
     ),
     ("echo", "Returns `value` unchanged.", &[("value", "")]),
     (
+        "overlap",
+        "Marks itself running with a file `running-*` in folder `dir`, waits until `peers` \
+         calls are marked there or `ms` milliseconds pass, and returns the most it saw at once.",
+        &[("dir", "string"), ("peers", "integer"), ("ms", "integer")],
+    ),
+    (
         "db_query",
         "Runs `sql` as a query on the workflow database.",
         &[("sql", "string")],
@@ -337,6 +343,11 @@ impl ToolPlugin for Adversary {
             "panic" => panic!("{}", string(&args, "message")?),
             "stderr_flood" => stderr_flood(number(&args, "bytes")?),
             "echo" => Ok(args.get("value").cloned().unwrap_or(Value::Null)),
+            "overlap" => overlap(
+                string(&args, "dir")?,
+                number(&args, "peers")?,
+                number(&args, "ms")?,
+            ),
             "db_query" => db::query(string(&args, "sql")?, &[])
                 .map(Value::Array)
                 .map_err(db_failure),
@@ -595,6 +606,36 @@ fn sparse_write(path: &str, offset: u64, how: &str) -> Result<Value, ToolError> 
     }
     let len = std::fs::metadata(path).map_err(failed)?.len();
     Ok(json!({ "len": len }))
+}
+
+/// How many calls run at once, seen from inside: each marks itself with a file of its
+/// own in `dir`, counts the marks while it waits (a sleep yields to the host, so calls
+/// the host runs at once overlap here), and removes its mark.
+fn overlap(dir: &str, peers: u64, ms: u64) -> Result<Value, ToolError> {
+    use std::hash::{BuildHasher, Hasher};
+    let unique = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    let mark = format!("{dir}/running-{unique:016x}");
+    std::fs::write(&mark, b"").map_err(|e| ToolError::from_io_write(&mark, &e))?;
+    let start = std::time::Instant::now();
+    let mut most = 0;
+    loop {
+        let now = std::fs::read_dir(dir)
+            .map_err(|e| ToolError::from_io(dir, &e))?
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("running-"))
+            .count();
+        most = most.max(now);
+        if most as u64 >= peers || start.elapsed().as_millis() >= u128::from(ms) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    // Seen long enough for the others to count it too.
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    std::fs::remove_file(&mark).map_err(|e| ToolError::from_io_write(&mark, &e))?;
+    Ok(json!(most))
 }
 
 fn spin() -> ! {

@@ -1,0 +1,127 @@
+//! The budgets of one turn: what a single model answer can make the host do. A model answer
+//! is untrusted input (one answer can ask for tens of thousands of tool calls), so the tool
+//! calls an answer runs, the calls that run at once and the bytes of results the host keeps
+//! for a turn (in the conversation, the turn log and `tool-results/`) are all bounded.
+//! A call over a budget is not run or its result not kept: the model gets an error saying
+//! which limit it met and how to go on, and the turn goes on.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Tool calls of one model answer that run by default; the rest are answered with an error.
+pub const DEFAULT_CALLS_PER_ANSWER: usize = 64;
+/// Bytes of tool results one turn keeps by default (256 MiB).
+pub const DEFAULT_TURN_RESULT_BYTES: u64 = 256 << 20;
+
+/// The budgets of every turn of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TurnBudgets {
+    /// Tool calls of one model answer that run (`--max-calls-per-answer`).
+    pub calls_per_answer: usize,
+    /// Tool calls of one turn running at once (`--max-concurrent-calls`).
+    pub concurrent_calls: usize,
+    /// Bytes of tool results one turn keeps, offloaded or in the conversation
+    /// (`--max-turn-result-mib`).
+    pub result_bytes: u64,
+}
+
+impl Default for TurnBudgets {
+    fn default() -> Self {
+        TurnBudgets {
+            calls_per_answer: DEFAULT_CALLS_PER_ANSWER,
+            concurrent_calls: default_concurrent_calls(),
+            result_bytes: DEFAULT_TURN_RESULT_BYTES,
+        }
+    }
+}
+
+/// The default of calls at once: the CPUs this process may use (guest calls are CPU-bound).
+pub fn default_concurrent_calls() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get())
+}
+
+/// What is left of one turn's result bytes, shared by its calls as they end.
+#[derive(Debug)]
+pub(super) struct ResultBytes {
+    left: AtomicU64,
+    total: u64,
+}
+
+impl ResultBytes {
+    pub(super) fn new(total: u64) -> Self {
+        ResultBytes {
+            left: AtomicU64::new(total),
+            total,
+        }
+    }
+
+    /// Takes `n` bytes; `false` (and nothing taken) when fewer are left.
+    pub(super) fn take(&self, n: usize) -> bool {
+        let n = u64::try_from(n).unwrap_or(u64::MAX);
+        self.left
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+                left.checked_sub(n)
+            })
+            .is_ok()
+    }
+
+    /// The error a result gets in place of its `len` bytes when the turn has no room left.
+    pub(super) fn exceeded(&self, len: usize) -> String {
+        format!(
+            "result not kept: it is {len} bytes and this turn's tool results already reached \
+             its budget of {} (--max-turn-result-mib); end this turn with what you have, or \
+             ask for smaller results (a line range, a narrower query)",
+            mib(self.total)
+        )
+    }
+}
+
+/// The error of a call an answer asked for past the per-answer budget.
+pub(crate) fn not_run(asked: usize, budget: usize) -> String {
+    format!(
+        "not run: this answer asked for {asked} tool calls and at most {budget} run per \
+         answer (--max-calls-per-answer); ask again for the calls you still need, at most \
+         {budget} at a time"
+    )
+}
+
+fn mib(bytes: u64) -> String {
+    if bytes % (1 << 20) == 0 {
+        format!("{} MiB", bytes >> 20)
+    } else {
+        format!("{bytes} bytes")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn result_bytes_are_taken_until_none_is_left() {
+        let bytes = ResultBytes::new(10);
+        assert!(bytes.take(6));
+        assert!(!bytes.take(5), "6 + 5 is over 10");
+        assert!(bytes.take(4));
+        assert!(!bytes.take(1));
+        assert!(bytes.take(0));
+        assert!(!bytes.take(usize::MAX));
+    }
+
+    #[test]
+    fn the_errors_name_the_budget_and_its_flag() {
+        assert_eq!(
+            not_run(100, 64),
+            "not run: this answer asked for 100 tool calls and at most 64 run per answer \
+             (--max-calls-per-answer); ask again for the calls you still need, at most 64 at \
+             a time"
+        );
+        let bytes = ResultBytes::new(256 << 20);
+        assert!(
+            bytes
+                .exceeded(7)
+                .starts_with("result not kept: it is 7 bytes and this turn's tool results already reached its budget of 256 MiB (--max-turn-result-mib)"),
+            "{}",
+            bytes.exceeded(7)
+        );
+    }
+}

@@ -1,0 +1,36 @@
+//! Text from guests, models and workspaces as the CLI prints it: control characters (an
+//! escape sequence can retitle the terminal, clear it, move the cursor over earlier lines
+//! or, on some terminals, answer with input) are shown escaped, never sent to the terminal.
+
+use std::borrow::Cow;
+
+/// `text` with every control character but newline and tab written as `\xNN` (`\u{NNNN}`
+/// for the C1 controls).
+pub fn shown(text: &str) -> Cow<'_, str> {
+    let escaped = |c: char| c.is_control() && c != '\n' && c != '\t';
+    if !text.chars().any(escaped) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            c if !escaped(c) => out.push(c),
+            c if (c as u32) < 0x80 => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c => out.push_str(&format!("\\u{{{:04x}}}", c as u32)),
+        }
+    }
+    Cow::Owned(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_characters_are_escaped_and_plain_text_is_not_copied() {
+        assert!(matches!(shown("plain\ttext\nnext"), Cow::Borrowed(_)));
+        assert_eq!(shown("\x1b]0;title\x07"), "\\x1b]0;title\\x07");
+        assert_eq!(shown("a\rb\x7f"), "a\\x0db\\x7f");
+        assert_eq!(shown("\u{9b}2J é"), "\\u{009b}2J é");
+    }
+}

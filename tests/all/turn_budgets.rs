@@ -1,0 +1,237 @@
+//! The budgets of a turn through the `trellis` binary, against a fake model on 127.0.0.1
+//! that answers with far more tool calls than a turn runs: the calls of one answer, the
+//! bytes of results a turn keeps, and the host's own memory and disk while it does.
+
+use crate::support;
+
+use std::path::Path;
+
+use serde_json::{Value, json};
+use support::fake_llm::{FakeServer, completion, tool_results_of};
+use support::workspace::write_file;
+
+/// The calls the model asks for in its first answer.
+const ASKED: usize = 10_000;
+
+/// The name of the offered tool whose API name contains `part`.
+fn tool_named(body: &Value, part: &str) -> String {
+    body["tools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t["function"]["name"].as_str())
+        .find(|n| n.contains(part))
+        .unwrap_or_else(|| panic!("a {part} tool is offered"))
+        .to_string()
+}
+
+/// A model that, for the user message `FIRST`, asks for `ASKED` reads of the 1 MB file in
+/// one answer; for any other user message, one read; after tool results, `done`.
+fn flooding_model() -> FakeServer {
+    FakeServer::start(Box::new(|body| {
+        let messages = body["messages"].as_array().cloned().unwrap_or_default();
+        let last = messages.last().cloned().unwrap_or(Value::Null);
+        if last["role"] == "tool" {
+            return (200, completion("done", &[]));
+        }
+        let read = tool_named(body, "read_file");
+        let args = json!({"path": "knowledgebase/big.txt"});
+        let asked = if last["content"].as_str().unwrap_or("").contains("FIRST") {
+            ASKED
+        } else {
+            1
+        };
+        let calls = vec![(read.as_str(), args); asked];
+        (200, completion("", &calls))
+    }))
+}
+
+/// A two-item message sequence reading `knowledgebase/big.txt` (1,000,000 bytes: 10,000
+/// lines of 99 characters and a newline).
+fn workspace(root: &Path, server: &FakeServer) {
+    write_file(
+        root,
+        "planning/plan.json",
+        json!({"objective": "t", "steps": [
+            {"id": "desk", "type": "message_sequence", "title": "Desk",
+             "description": "You read files.",
+             "items": [
+                {"id": "first", "type": "user_message", "message": "FIRST: read big.txt."},
+                {"id": "second", "type": "user_message", "message": "Read it once more."}
+             ]}
+        ]})
+        .to_string(),
+    );
+    write_file(root, "planning/step_config.json", r#"{"steps": []}"#);
+    write_file(
+        root,
+        "workflow.json",
+        json!({"llm": {"provider": "openai", "model_id": "m"}, "providers": server.providers()})
+            .to_string(),
+    );
+    let line = format!("{}\n", "x".repeat(99));
+    write_file(root, "knowledgebase/big.txt", line.repeat(10_000));
+}
+
+/// The bytes of the files under `dir`.
+fn bytes_under(dir: &Path) -> u64 {
+    let mut total = 0;
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(dir) = todo.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            let meta = entry.metadata().unwrap();
+            if meta.is_dir() {
+                todo.push(entry.path());
+            } else {
+                total += meta.len();
+            }
+        }
+    }
+    total
+}
+
+#[test]
+fn one_answer_of_ten_thousand_reads_ends_within_the_turn_budgets() {
+    let server = flooding_model();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    workspace(root, &server);
+    let output = tempfile::NamedTempFile::new().unwrap();
+    let (status, peak, out) = support::measure::peak_memory(
+        support::trellis_command(&[
+            "run",
+            root.to_str().unwrap(),
+            "--max-turn-result-mib",
+            "16",
+            "--quiet",
+        ]),
+        output.path(),
+    );
+    assert_eq!(status, 0, "wait status {status}: {out}");
+
+    let seen = server.seen();
+    // The first item's answer to the flood, then the second item's one read and answer.
+    assert_eq!(seen.len(), 4, "{out}");
+    let results = tool_results_of(&seen[1]);
+    assert_eq!(results.len(), ASKED, "every call asked for is answered");
+    let not_run = results
+        .iter()
+        .filter(|(_, c)| {
+            c == "error: not run: this answer asked for 10000 tool calls and at most 64 run \
+                  per answer (--max-calls-per-answer); ask again for the calls you still \
+                  need, at most 64 at a time"
+        })
+        .count();
+    assert_eq!(not_run, ASKED - 64);
+    // One result is a little over 1,010,000 bytes (the content with its 10,000 newlines
+    // escaped, and the path and counts): 16 fit in 16 MiB (16,777,216 bytes), 17 do not.
+    let offloaded: Vec<_> = results
+        .iter()
+        .filter(|(_, c)| c.contains("tool-results/"))
+        .collect();
+    let not_kept = results
+        .iter()
+        .filter(|(_, c)| {
+            c.starts_with("error: result not kept: it is ")
+                && c.contains("this turn's tool results already reached its budget of 16 MiB")
+        })
+        .count();
+    assert_eq!(offloaded.len(), 16, "{:?}", &results[..3]);
+    assert_eq!(not_kept, 64 - 16);
+
+    // The next turn has a budget of its own: its one read is kept.
+    let second = tool_results_of(&seen[3]);
+    let last = &second.last().expect("a tool result").1;
+    assert!(last.contains("tool-results/"), "{last}");
+
+    // What the host wrote for the run: the kept results and small logs, not a copy of
+    // every result.
+    let written = bytes_under(&root.join("runs"));
+    assert!(
+        written < 24 << 20,
+        "{written} bytes under runs/ (16 MiB of results kept, the rest logs)"
+    );
+    assert!(peak < 300 << 20, "peak resident memory {peak} bytes");
+}
+
+/// `runs show` on a step whose conversation log is larger than the host reads at once
+/// shows the step (its turns from their summaries) instead of refusing it.
+#[test]
+fn runs_show_reads_a_step_with_a_huge_conversation_log() {
+    let server = FakeServer::start(Box::new(|_| (200, completion("done", &[]))));
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    workspace(root, &server);
+    let out = support::trellis(&["run", root.to_str().unwrap(), "--quiet"]);
+    assert!(out.status.success(), "{out:?}");
+    let logs = root.join("runs/iteration-0/logs/desk");
+    let conversation = std::fs::read_dir(&logs)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.to_string_lossy().contains("conversation"))
+        .expect("a conversation log");
+    // 65 MiB of padding in a valid JSON document.
+    let mut huge = String::from("{\"pad\": \"");
+    huge.push_str(&" ".repeat(65 << 20));
+    huge.push_str("\"}");
+    std::fs::write(&conversation, huge).unwrap();
+    let out = support::trellis(&["runs", "show", root.to_str().unwrap(), "desk"]);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("first"), "the turns are listed: {text}");
+    assert!(
+        text.contains("conversation log not read: ")
+            && text.contains("more than the 67108864 Trellis reads"),
+        "the log left unread is named: {text}"
+    );
+}
+
+/// A model that asks for four `adversary:overlap` calls in one answer, each waiting for the
+/// four to run at once (or two seconds), then ends the turn.
+fn overlapping_model() -> FakeServer {
+    FakeServer::start(Box::new(|body| {
+        let messages = body["messages"].as_array().cloned().unwrap_or_default();
+        if messages.last().is_some_and(|m| m["role"] == "tool") {
+            return (200, completion("done", &[]));
+        }
+        let overlap = tool_named(body, "overlap");
+        let args = json!({"dir": "/runs/iteration-0/execution/desk", "peers": 4, "ms": 2000});
+        (200, completion("", &vec![(overlap.as_str(), args); 4]))
+    }))
+}
+
+/// The most calls each of the four saw running at once, with `--max-concurrent-calls N`.
+fn overlaps_with(limit: &str) -> Vec<String> {
+    let server = overlapping_model();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ws");
+    workspace(&root, &server);
+    let plugins = support::plugin_folder(dir.path(), "adversary", "adversary", "tool");
+    let out = support::trellis(&[
+        "run",
+        root.to_str().unwrap(),
+        "--plugins",
+        plugins.to_str().unwrap(),
+        "--max-concurrent-calls",
+        limit,
+        "--quiet",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let seen = server.seen();
+    tool_results_of(&seen[1])
+        .into_iter()
+        .map(|(_, content)| content)
+        .collect()
+}
+
+#[test]
+fn the_calls_of_a_turn_run_at_most_max_concurrent_calls_at_once() {
+    assert_eq!(overlaps_with("1"), ["1", "1", "1", "1"]);
+    // Without the cap in the way the four meet (each waits for the others).
+    assert_eq!(overlaps_with("4"), ["4", "4", "4", "4"]);
+}
