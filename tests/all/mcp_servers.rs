@@ -473,7 +473,7 @@ fn a_servers_stderr_flood_is_capped_not_held() {
     entry["args"]
         .as_array_mut()
         .unwrap()
-        .extend([json!("--stderr-flood"), json!(400_000_000)]);
+        .extend([json!("--stderr-flood"), json!("400000000")]);
     let config = server_file(&dir.path().join("servers.json"), json!({"fx": entry}));
     let llm = asking_for(vec![("fx__echo", json!({"text": "still here"}))]);
     let ws = dir.path().join("ws");

@@ -144,12 +144,16 @@ fn one_answer_of_ten_thousand_reads_ends_within_the_turn_budgets() {
     let last = &second.last().expect("a tool result").1;
     assert!(last.contains("tool-results/"), "{last}");
 
-    // What the host wrote for the run: the kept results and small logs, not a copy of
-    // every result.
+    // What the host wrote for the run: the kept results (16 of the first turn, 1 of the
+    // second) and the logs, which hold the ten thousand calls of the answer (about 1 KiB
+    // each over the turn log and session.json), not a copy of any result.
+    let results = bytes_under(&root.join("runs/iteration-0/execution/desk/tool-results"));
+    assert!(results < 17 * 1_020_000, "{results} bytes of kept results");
     let written = bytes_under(&root.join("runs"));
     assert!(
-        written < 24 << 20,
-        "{written} bytes under runs/ (16 MiB of results kept, the rest logs)"
+        written - results < 16 << 20,
+        "{} bytes under runs/ besides the kept results",
+        written - results
     );
     assert!(peak < 300 << 20, "peak resident memory {peak} bytes");
 }
