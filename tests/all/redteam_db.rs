@@ -813,7 +813,7 @@ fn retention_removes_links_and_odd_entries_as_themselves() {
     }
     let outside_before = tree_digest(outside.path());
     let before = outside_the_run(root);
-    let out = run(root, &[]);
+    let out = run(root, &["--allow-host", &server.allow_host()]);
     let all = format!("{}\n{}", text(&out.stdout), text(&out.stderr));
     assert!(out.status.success(), "{all}");
     let mut left: Vec<String> = std::fs::read_dir(root.join("runs"))
