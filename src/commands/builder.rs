@@ -58,8 +58,8 @@ pub struct BuilderArgs {
     /// Let the key in environment variable VAR go to ORIGIN (repeatable), as for `trellis run`.
     #[arg(long = "allow-key", value_name = "VAR=ORIGIN")]
     allow_keys: Vec<String>,
-    /// Let step scripts reach HOST although it is loopback or private (repeatable), as for
-    /// `trellis run`.
+    /// Let step scripts, and LLM providers at workflow.json's base_url, reach HOST although
+    /// it is loopback or private (repeatable), as for `trellis run`.
     #[arg(long = "allow-host", value_name = "HOST")]
     allow_hosts: Vec<String>,
     /// Tool rounds a builder turn may take before it must answer.

@@ -52,8 +52,8 @@ pub struct RunArgs {
     #[arg(long = "allow-key", value_name = "VAR=ORIGIN")]
     allow_keys: Vec<String>,
     /// Let step scripts reach HOST (listed in their step's allowed_hosts) although it is,
-    /// or resolves to, a loopback or private address; HOST:PORT, that port only
-    /// (repeatable).
+    /// or resolves to, a loopback or private address, and LLM providers reach it when
+    /// workflow.json's base_url names it; HOST:PORT, that port only (repeatable).
     #[arg(long = "allow-host", value_name = "HOST")]
     allow_hosts: Vec<String>,
     /// The answer of a human_input step, by its variable_name (repeatable).

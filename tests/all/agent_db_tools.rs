@@ -53,8 +53,9 @@ pub(crate) fn workspace(root: &Path, server: &FakeServer, items: Value, configs:
     );
 }
 
+/// `trellis run ROOT`; the operator approves loopback, where the fake LLM is.
 fn run(root: &Path) -> std::process::Output {
-    trellis(&["run", root.to_str().unwrap()])
+    trellis(&["run", root.to_str().unwrap(), "--allow-host", "127.0.0.1"])
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -539,7 +540,14 @@ fn a_turn_out_of_tool_rounds_answers_in_a_last_call_without_tools() {
         json!([{"id": "go", "type": "user_message", "message": "Look around."}]),
         json!({}),
     );
-    let out = trellis(&["run", root.to_str().unwrap(), "--max-tool-rounds", "3"]);
+    let out = trellis(&[
+        "run",
+        root.to_str().unwrap(),
+        "--max-tool-rounds",
+        "3",
+        "--allow-host",
+        "127.0.0.1",
+    ]);
     assert!(
         out.status.success(),
         "{}\n{}",
@@ -564,7 +572,8 @@ fn a_turn_out_of_tool_rounds_answers_in_a_last_call_without_tools() {
     // The user config file sets it too.
     let config = dir.path().join("config");
     support::workspace::write_file(&config, "trellis/config.toml", "max_tool_rounds = 2\n");
-    let mut command = support::trellis_command(&["run", root.to_str().unwrap()]);
+    let mut command =
+        support::trellis_command(&["run", root.to_str().unwrap(), "--allow-host", "127.0.0.1"]);
     command.env("XDG_CONFIG_HOME", &config);
     let out = command.output().unwrap();
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -572,7 +581,8 @@ fn a_turn_out_of_tool_rounds_answers_in_a_last_call_without_tools() {
 
     // A value out of range names the file and the key.
     support::workspace::write_file(&config, "trellis/config.toml", "max_tool_rounds = 0\n");
-    let mut command = support::trellis_command(&["run", root.to_str().unwrap()]);
+    let mut command =
+        support::trellis_command(&["run", root.to_str().unwrap(), "--allow-host", "127.0.0.1"]);
     command.env("XDG_CONFIG_HOME", &config);
     let out = command.output().unwrap();
     let stderr = text(&out.stderr);

@@ -53,6 +53,8 @@ fn run(root: &Path, args: &[&str], vars: &[(&str, &str)]) -> Output {
     let mut all = vec![
         "run",
         root.to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
         "--llm-retries",
         "2",
         "--llm-retry-delay",

@@ -52,7 +52,12 @@ fn scripted(replies: Vec<Value>) -> FakeServer {
 }
 
 fn builder(root: &Path, extra: &[&str]) -> std::process::Output {
-    let mut args = vec!["builder", root.to_str().unwrap()];
+    let mut args = vec![
+        "builder",
+        root.to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
+    ];
     args.extend_from_slice(extra);
     trellis(&args)
 }
@@ -222,12 +227,17 @@ fn a_second_builder_on_the_workspace_is_refused_naming_the_session() {
     let server = scripted(vec![]);
     workspace(ws.path(), &server);
     // An interactive session waiting for its first line holds the workspace.
-    let mut first = trellis_command(&["builder", ws.path().to_str().unwrap()])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut first = trellis_command(&[
+        "builder",
+        ws.path().to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
+    ])
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
     let active = ws.path().join("builder/active-session.json");
     let deadline = Instant::now() + Duration::from_secs(60);
     while !active.exists() {
@@ -479,7 +489,7 @@ fn a_refused_edit_returns_its_diagnostics_to_the_model_and_writes_nothing() {
 async fn a_rewrite_that_would_shrink_the_history_is_refused() {
     use trellis_runner::builder::executions::Executions;
     use trellis_runner::builder::{BuilderObserver, BuilderSession, SessionOptions};
-    use trellis_runner::llm_choice::{LlmSetup, parse_llm_spec};
+    use trellis_runner::llm_choice::parse_llm_spec;
     use trellis_runner::runtime::{Runtime, StartOptions};
     use trellis_runner::workflow_run::RunOptions;
 
@@ -489,7 +499,7 @@ async fn a_rewrite_that_would_shrink_the_history_is_refused() {
     let runtime = Runtime::new(Arc::new(support::registry().await));
     let executions = Executions::new(
         runtime.clone(),
-        StartOptions::new(RunOptions::default(), LlmSetup::new(None)),
+        StartOptions::new(RunOptions::default(), support::fake_llm::loopback_llm(None)),
     );
     let mut session = BuilderSession::open(
         &runtime,
@@ -498,7 +508,9 @@ async fn a_rewrite_that_would_shrink_the_history_is_refused() {
             root: ws.path().to_path_buf(),
             session_id: None,
             mode: None,
-            llm: LlmSetup::new(Some(parse_llm_spec("openai:builder-model").unwrap())),
+            llm: support::fake_llm::loopback_llm(Some(
+                parse_llm_spec("openai:builder-model").unwrap(),
+            )),
             limits: Default::default(),
             retry: Default::default(),
             max_rounds: 5,
@@ -610,13 +622,18 @@ fn the_chat_reads_lines_and_slash_commands_from_its_input() {
     let ws = tempfile::tempdir().unwrap();
     let server = scripted(vec![completion("Hello from the builder.", &[])]);
     workspace(ws.path(), &server);
-    let mut chat = trellis_command(&["builder", ws.path().to_str().unwrap()])
-        .env("XDG_STATE_HOME", ws.path().join("state"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut chat = trellis_command(&[
+        "builder",
+        ws.path().to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
+    ])
+    .env("XDG_STATE_HOME", ws.path().join("state"))
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
     chat.stdin
         .take()
         .unwrap()

@@ -18,7 +18,6 @@ use support::tree_digest;
 use support::workspace::write_file;
 use trellis_runner::builder::executions::{Executions, Finished};
 use trellis_runner::builder::{BuilderEvent, BuilderObserver, Mode, ToolContext};
-use trellis_runner::llm_choice::LlmSetup;
 use trellis_runner::runtime::{ExecutionStatus, Runtime, StartOptions};
 use trellis_runner::workflow_run::RunOptions;
 use trellis_runner::workspace_lock::is_held;
@@ -102,7 +101,8 @@ struct Session {
 impl Session {
     async fn new() -> Session {
         let runtime = Runtime::new(Arc::new(support::registry().await));
-        let template = StartOptions::new(RunOptions::default(), LlmSetup::new(None));
+        let template =
+            StartOptions::new(RunOptions::default(), support::fake_llm::loopback_llm(None));
         let executions = Executions::new(runtime.clone(), template);
         let lines = Arc::new(Mutex::new(Vec::new()));
         let seen = lines.clone();
@@ -583,7 +583,7 @@ async fn the_third_poll_in_a_minute_with_nothing_changed_ends_the_turn() {
     let mut session = Session::new().await;
     session.executions = Executions::new(
         session.runtime.clone(),
-        StartOptions::new(RunOptions::default(), LlmSetup::new(None)),
+        StartOptions::new(RunOptions::default(), support::fake_llm::loopback_llm(None)),
     )
     .with_clock(clock);
 
@@ -811,7 +811,7 @@ async fn a_held_workspace_is_shared_by_executions_and_refused_to_another_process
     gate.arrived(2).await;
 
     // Another process finds the workspace busy, held by this one.
-    let other = support::trellis(&["run", root.to_str().unwrap()]);
+    let other = support::trellis(&["run", root.to_str().unwrap(), "--allow-host", "127.0.0.1"]);
     let stderr = String::from_utf8_lossy(&other.stderr);
     assert!(!other.status.success());
     assert!(

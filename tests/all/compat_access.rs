@@ -114,7 +114,7 @@ fn a_db_only_item_writes_the_database_and_nothing_else() {
             "db_access": "read"}}]),
         json!({}),
     );
-    let out = trellis(&["run", root.to_str().unwrap()]);
+    let out = trellis(&["run", root.to_str().unwrap(), "--allow-host", "127.0.0.1"]);
     let all = format!("{}\n{}", text(&out.stdout), text(&out.stderr));
     assert!(out.status.success(), "{all}");
     assert!(
@@ -170,7 +170,14 @@ fn a_missing_context_entry_is_a_warning_not_a_failed_step() {
         json!({}),
     );
     write_files(root, &[("knowledgebase/facts.md", "facts")]);
-    let out = trellis(&["run", root.to_str().unwrap(), "--step", "second"]);
+    let out = trellis(&[
+        "run",
+        root.to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
+        "--step",
+        "second",
+    ]);
     let all = format!("{}\n{}", text(&out.stdout), text(&out.stderr));
     assert!(out.status.success(), "{all}");
     for entry in [
@@ -201,7 +208,14 @@ fn a_missing_context_entry_is_a_warning_not_a_failed_step() {
             .to_string(),
         )],
     );
-    let out = trellis(&["run", root.to_str().unwrap(), "--step", "second"]);
+    let out = trellis(&[
+        "run",
+        root.to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
+        "--step",
+        "second",
+    ]);
     assert!(!out.status.success());
 }
 
@@ -235,7 +249,14 @@ fn the_originals_keys_load_and_the_workflow_runs() {
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
     assert!(stdout.contains("0 errors"), "{stdout}");
-    let out = trellis(&["run", root.to_str().unwrap(), "--input", "CHOICE=a"]);
+    let out = trellis(&[
+        "run",
+        root.to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
+        "--input",
+        "CHOICE=a",
+    ]);
     assert!(
         out.status.success(),
         "{}\n{}",
@@ -270,7 +291,7 @@ fn large_tool_results_are_offloaded_unless_the_step_turns_it_off() {
             json!({}),
         );
         write_files(root, &[("knowledgebase/big.md", "x".repeat(40_000))]);
-        let out = trellis(&["run", root.to_str().unwrap()]);
+        let out = trellis(&["run", root.to_str().unwrap(), "--allow-host", "127.0.0.1"]);
         assert!(out.status.success(), "{}", text(&out.stderr));
         let result = result_of(&server.tool_results(1), "big");
         let file = root.join("runs/iteration-0/execution/work/tool-results/big.json");
@@ -319,7 +340,7 @@ fn a_full_run_keeps_run_retention_count_archived_runs() {
         );
     }
     write_files(root, &[("runs/notes.txt", "not a run")]);
-    let out = trellis(&["run", root.to_str().unwrap()]);
+    let out = trellis(&["run", root.to_str().unwrap(), "--allow-host", "127.0.0.1"]);
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
     assert_eq!(archived(root), ["iteration-4", "iteration-5", "notes.txt"]);
@@ -341,7 +362,7 @@ fn a_full_run_keeps_run_retention_count_archived_runs() {
             &[(&format!("runs/iteration-{n}/marker") as &str, "x")],
         );
     }
-    let out = trellis(&["run", root.to_str().unwrap()]);
+    let out = trellis(&["run", root.to_str().unwrap(), "--allow-host", "127.0.0.1"]);
     let all = format!("{}\n{}", text(&out.stdout), text(&out.stderr));
     assert!(out.status.success(), "{all}");
     assert!(
@@ -446,7 +467,7 @@ fn unsafe_ids_and_literal_keys_are_refused_before_anything_runs() {
             "{at}: {stdout}"
         );
         let before = support::tree_digest(root);
-        let out = trellis(&["run", root.to_str().unwrap()]);
+        let out = trellis(&["run", root.to_str().unwrap(), "--allow-host", "127.0.0.1"]);
         assert!(!out.status.success());
         assert!(
             text(&out.stderr).contains("not a plain name"),
@@ -539,7 +560,14 @@ fn variables_json_variables_groups_and_answers_reach_the_run() {
             ("reference/no/sales.md", "sales in the north".to_string()),
         ],
     );
-    let out = trellis(&["run", root.to_str().unwrap(), "--input", "TOPIC=sales"]);
+    let out = trellis(&[
+        "run",
+        root.to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
+        "--input",
+        "TOPIC=sales",
+    ]);
     let all = format!("{}\n{}", text(&out.stdout), text(&out.stderr));
     assert!(out.status.success(), "{all}");
     assert!(root.join("runs/iteration-0/north").is_dir(), "{all}");
@@ -583,7 +611,7 @@ fn a_script_modifies_the_database_and_writes_db_assets() {
         )],
     );
     let mut before = support::tree_digest(root);
-    let out = trellis(&["run", root.to_str().unwrap()]);
+    let out = trellis(&["run", root.to_str().unwrap(), "--allow-host", "127.0.0.1"]);
     assert!(
         out.status.success(),
         "{}\n{}",

@@ -38,9 +38,10 @@ fn workspace(root: &Path, plan: Value, configs: Value, server: Option<&FakeServe
     write_file(root, "workflow.json", manifest.to_string());
 }
 
+/// `trellis run ROOT ARGS`; the operator approves loopback, where the fake LLM is.
 fn run(root: &Path, args: &[&str]) -> Output {
     let root = root.to_str().unwrap();
-    trellis(&[&["run", root][..], args].concat())
+    trellis(&[&["run", root, "--allow-host", "127.0.0.1"][..], args].concat())
 }
 
 fn ok(out: &Output) -> String {

@@ -259,7 +259,7 @@ fn a_foreach_source_sql_cannot_attach() {
         json!({"llm": {"provider": "openai", "model_id": "m"}, "providers": server.providers()})
             .to_string(),
     );
-    let out = trellis(&["run", &world.root_str()]);
+    let out = trellis(&["run", &world.root_str(), "--allow-host", "127.0.0.1"]);
     let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
     assert_eq!(out.status.code(), Some(1), "{all}");
     // Refused by the preflight, which prepares the query through the same fence.
@@ -313,7 +313,7 @@ fn a_seed_sql_cannot_attach_and_leaves_no_database_behind() {
             evil.display()
         ),
     );
-    let out = trellis(&["run", &world.root_str()]);
+    let out = trellis(&["run", &world.root_str(), "--allow-host", "127.0.0.1"]);
     let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
     assert_eq!(out.status.code(), Some(1), "{all}");
     assert!(all.contains("running db/seed.sql: not authorized"), "{all}");
@@ -389,7 +389,7 @@ fn a_foreach_source_sql_does_not_read_a_database_behind_a_linked_db_folder() {
             .to_string(),
     );
     let before = tree_digest(&world.dir.path().join("outside"));
-    let out = trellis(&["run", &world.root_str()]);
+    let out = trellis(&["run", &world.root_str(), "--allow-host", "127.0.0.1"]);
     let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
     assert!(
         !serde_json::to_string(&server.seen())

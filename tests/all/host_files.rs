@@ -192,7 +192,7 @@ const SPECIAL: &str = "is not a regular file";
 fn a_partial_run_with_a_linked_run_folder_removes_nothing_outside() {
     let w = World::scripted("print('hi')\n");
     w.link("runs/iteration-0", &w.outside);
-    let out = bounded(&["run", w.root(), "--step", STEP]);
+    let out = bounded(&["run", w.root(), "--allow-host", "127.0.0.1", "--step", STEP]);
     w.refused(&out, &format!("runs/iteration-0 {LINK}"));
 }
 
@@ -203,7 +203,7 @@ fn a_partial_run_with_a_linked_step_folder_removes_nothing_outside() {
         &format!("runs/iteration-0/execution/{STEP}"),
         w.outside.join("execution/fetch"),
     );
-    let out = bounded(&["run", w.root(), "--step", STEP]);
+    let out = bounded(&["run", w.root(), "--allow-host", "127.0.0.1", "--step", STEP]);
     w.refused(&out, &format!("runs/iteration-0/execution/{STEP} {LINK}"));
 }
 
@@ -259,7 +259,7 @@ fn a_dangling_db_link_is_refused_before_the_guest_runs() {
         "the guest created a database outside"
     );
     w.refused(&out, &format!("db/db.sqlite {LINK}"));
-    let out = bounded(&["run", w.root()]);
+    let out = bounded(&["run", w.root(), "--allow-host", "127.0.0.1"]);
     w.refused(&out, &format!("db/db.sqlite {LINK}"));
 }
 
@@ -267,7 +267,7 @@ fn a_dangling_db_link_is_refused_before_the_guest_runs() {
 fn a_linked_seed_sql_is_not_loaded_or_printed() {
     let w = World::scripted("print('hi')\n");
     w.link("db/seed.sql", w.outside.join("seed.sql"));
-    let out = bounded(&["run", w.root()]);
+    let out = bounded(&["run", w.root(), "--allow-host", "127.0.0.1"]);
     assert!(
         !w.ws.join("db/db.sqlite").exists(),
         "the outside seed was loaded into the workspace db"
@@ -343,6 +343,8 @@ fn a_linked_route_source_file_is_not_read() {
     let out = bounded(&[
         "run",
         w.root(),
+        "--allow-host",
+        "127.0.0.1",
         "--step",
         "pick",
         "--input",
@@ -364,6 +366,8 @@ fn a_linked_human_input_target_is_not_written_through() {
     let out = bounded(&[
         "run",
         w.root(),
+        "--allow-host",
+        "127.0.0.1",
         "--step",
         "left",
         "--input",
@@ -411,7 +415,10 @@ fn a_fifo_plan_does_not_hang_validate() {
 fn a_fifo_workflow_json_does_not_hang_run() {
     let w = World::scripted("print('hi')\n");
     w.fifo("workflow.json");
-    refused(&bounded(&["run", w.root()]), SPECIAL);
+    refused(
+        &bounded(&["run", w.root(), "--allow-host", "127.0.0.1"]),
+        SPECIAL,
+    );
 }
 
 #[test]
@@ -496,7 +503,14 @@ fn offloading_a_large_result_does_not_write_through_a_planted_tool_results_link(
         w.ws.join("runs/iteration-0/execution/desk/tool-results"),
     )
     .unwrap();
-    let out = bounded(&["run", w.root(), "--step", "desk"]);
+    let out = bounded(&[
+        "run",
+        w.root(),
+        "--allow-host",
+        "127.0.0.1",
+        "--step",
+        "desk",
+    ]);
     assert!(server.seen().len() >= 2, "the turn ran: {}", both(&out));
     w.outside_unchanged();
 }
@@ -581,7 +595,14 @@ fn a_guest_planted_agents_link_is_not_followed_by_a_sub_agent_call() {
         w.ws.join("runs/iteration-0/execution/desk/planted"),
     )
     .unwrap();
-    let out = bounded(&["run", w.root(), "--step", "desk"]);
+    let out = bounded(&[
+        "run",
+        w.root(),
+        "--allow-host",
+        "127.0.0.1",
+        "--step",
+        "desk",
+    ]);
     assert!(server.seen().len() >= 3, "the turns ran: {}", both(&out));
     w.outside_unchanged();
     let sent = serde_json::to_string(&server.seen()).unwrap();
@@ -614,7 +635,7 @@ fn a_workspace_reached_through_a_link_still_runs() {
     );
     let ws = dir.path().join("ws");
     symlink(&real, &ws).unwrap();
-    let out = bounded(&["run", ws.to_str().unwrap()]);
+    let out = bounded(&["run", ws.to_str().unwrap(), "--allow-host", "127.0.0.1"]);
     assert!(out.status.success(), "{}", both(&out));
     let out = bounded(&["check", ws.to_str().unwrap(), "--step", "digest"]);
     assert!(out.status.success(), "{}", both(&out));

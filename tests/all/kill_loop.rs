@@ -115,7 +115,8 @@ fn text(bytes: &[u8]) -> String {
 }
 
 fn spawn_run(root: &Path) -> Child {
-    support::trellis_command(&["run", root.to_str().unwrap()])
+    // The operator approves loopback, where the workspace's fake LLM is.
+    support::trellis_command(&["run", root.to_str().unwrap(), "--allow-host", "127.0.0.1"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

@@ -21,7 +21,6 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use support::fake_llm::{FakeServer, completion};
 use support::workspace::write_file;
-use trellis_runner::llm_choice::LlmSetup;
 use trellis_runner::runtime::{ExecutionId, ExecutionStatus, Runtime, StartOptions};
 use trellis_runner::session::{Session, Status, TurnConversation, TurnSummary};
 use trellis_runner::workflow_run::RunOptions;
@@ -219,7 +218,8 @@ async fn two_hundred_executions_over_twenty_workspaces_all_complete() {
     for (w, dir) in dirs.iter().enumerate() {
         for s in 0..STEPS_PER_WORKSPACE {
             let step = format!("s{s}");
-            let options = StartOptions::new(RunOptions::default(), LlmSetup::new(None));
+            let options =
+                StartOptions::new(RunOptions::default(), support::fake_llm::loopback_llm(None));
             let id = runtime.start_step(dir.path(), &step, options);
             executions.push((id, w, step));
         }

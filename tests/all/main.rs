@@ -25,6 +25,7 @@ mod plugin_authoring;
 mod plugin_loading;
 mod preflight;
 mod provider_faults;
+mod provider_fences;
 mod redteam_builder;
 mod redteam_db;
 mod redteam_fastpath;

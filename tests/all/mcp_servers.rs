@@ -426,7 +426,7 @@ fn a_workspace_cannot_make_trellis_start_a_server() {
         std::fs::write(ws.join(name), json!({"mcpServers": evil}).to_string()).unwrap();
     }
     let before = tree_digest(&ws);
-    let out = trellis(&["run", ws.to_str().unwrap()]);
+    let out = trellis(&["run", ws.to_str().unwrap(), "--allow-host", "127.0.0.1"]);
     let all = both(&out);
     assert!(out.status.success(), "{all}");
     assert!(

@@ -141,7 +141,14 @@ fn rust_projects_of_every_kind_pass_their_tests_build_and_load() {
                     ),
                 ],
             );
-            let out = trellis(&["run", path_str(&ws), "--plugins", path_str(&dist)]);
+            let out = trellis(&[
+                "run",
+                path_str(&ws),
+                "--plugins",
+                path_str(&dist),
+                "--allow-host",
+                &server.allow_host(),
+            ]);
             assert!(out.status.success(), "{}", all_output(&out));
             let seen = server.seen();
             assert!(!seen.is_empty());
@@ -583,7 +590,14 @@ fn the_csv_stats_example_answers_tool_calls_and_an_agent_in_a_run() {
         digest
     };
     let before = kept(&ws);
-    let out = trellis(&["run", path_str(&ws), "--plugins", path_str(&dist)]);
+    let out = trellis(&[
+        "run",
+        path_str(&ws),
+        "--plugins",
+        path_str(&dist),
+        "--allow-host",
+        &server.allow_host(),
+    ]);
     assert!(out.status.success(), "{}", all_output(&out));
     let offered: Vec<String> = server.seen()[0]["tools"]
         .as_array()

@@ -40,7 +40,14 @@ fn workspace(root: &Path, configs: Value, manifest: Value) {
 
 /// `trellis run root --input mood=fine args...` with `vars` set.
 fn run(root: &Path, args: &[&str], vars: &[(&str, &str)]) -> Output {
-    let mut all = vec!["run", root.to_str().unwrap(), "--input", "mood=fine"];
+    let mut all = vec![
+        "run",
+        root.to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
+        "--input",
+        "mood=fine",
+    ];
     all.extend_from_slice(args);
     let mut command = support::trellis_command(&all);
     for (k, v) in vars {
@@ -225,7 +232,7 @@ fn a_file_given_for_the_workspace_folder_names_its_workspace() {
         ws.display()
     );
     for args in [
-        vec!["run", plan],
+        vec!["run", plan, "--allow-host", "127.0.0.1"],
         vec!["validate", plan],
         vec!["check", plan, "--step", "answer"],
         vec!["script", plan, "--step", "answer"],
@@ -391,7 +398,14 @@ fn a_bad_template_or_query_is_refused_before_the_run_folder_rotates() {
         foreach_workspace(ws, &[], sql, message);
         write_files(ws, &[("cassettes/t.json", r#"{"interactions": []}"#)]);
         let before = support::tree_digest(ws);
-        let out = trellis(&["run", ws.to_str().unwrap(), "--llm", "replay:t"]);
+        let out = trellis(&[
+            "run",
+            ws.to_str().unwrap(),
+            "--allow-host",
+            "127.0.0.1",
+            "--llm",
+            "replay:t",
+        ]);
         let stderr = text(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{stderr}");
         assert!(stderr.contains(expected), "{stderr}");
@@ -411,7 +425,7 @@ fn runs_show_tells_gates_sub_agents_outputs_and_turns_by_item() {
         &["runs", "db.sqlite"],
     );
     let root = ws.to_str().unwrap();
-    let out = trellis(&["run", root]);
+    let out = trellis(&["run", root, "--allow-host", "127.0.0.1"]);
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{}", text(&out.stderr));
     // The step line and the total count the same turns.
@@ -461,7 +475,7 @@ fn runs_show_gives_a_failed_gates_checks_in_full_and_list_keeps_plan_order() {
         ],
     );
     let root = ws.to_str().unwrap();
-    let out = trellis(&["run", root]);
+    let out = trellis(&["run", root, "--allow-host", "127.0.0.1"]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
     let out = trellis(&["runs", "list", root]);
     let listed = text(&out.stdout);

@@ -200,11 +200,14 @@ fn workspace(root: &Path, base_url: &str) {
     );
 }
 
-/// `trellis run` with two quick retries, and attempts that may stall for a second.
+/// `trellis run` with two quick retries, and attempts that may stall for a second; the
+/// operator approves loopback, where the workspace's `base_url` is.
 fn run(root: &Path) -> Output {
     support::trellis(&[
         "run",
         root.to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
         "--llm-retries",
         "2",
         "--llm-retry-delay",
@@ -355,6 +358,8 @@ fn a_connection_refused_for_a_moment_is_retried_until_the_server_is_up() {
     let child = support::trellis_command(&[
         "run",
         dir.path().to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
         "--llm-retries",
         "6",
         "--llm-retry-delay",

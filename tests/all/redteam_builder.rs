@@ -585,6 +585,8 @@ fn a_planted_session_index_cannot_lead_the_builder_outside_its_folder() {
         let out = support::trellis(&[
             "builder",
             ws.to_str().unwrap(),
+            "--allow-host",
+            "127.0.0.1",
             "--session",
             id,
             "--llm",
@@ -612,6 +614,8 @@ fn a_planted_session_index_cannot_lead_the_builder_outside_its_folder() {
     let out = support::trellis(&[
         "builder",
         ws.to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
         "--session",
         "date",
         "--llm",
@@ -668,6 +672,8 @@ fn planted_active_session_and_costs_files_are_not_trusted() {
     let out = support::trellis(&[
         "builder",
         ws.to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
         "--llm",
         "openai:m",
         "-m",
@@ -773,7 +779,6 @@ fn an_edited_base_url_does_not_receive_the_operators_key() {
 #[tokio::test]
 async fn executions_refuse_path_like_ids_and_other_sessions_executions() {
     use trellis_runner::builder::executions::Executions;
-    use trellis_runner::llm_choice::LlmSetup;
     use trellis_runner::runtime::{Runtime, StartOptions};
     use trellis_runner::workflow_run::RunOptions;
 
@@ -783,7 +788,7 @@ async fn executions_refuse_path_like_ids_and_other_sessions_executions() {
     builder_ws(&ws, server.providers());
     write_file(dir.path(), "outside/keep.txt", "keep");
     let runtime = Runtime::new(Arc::new(support::registry().await));
-    let template = StartOptions::new(RunOptions::default(), LlmSetup::new(None));
+    let template = StartOptions::new(RunOptions::default(), support::fake_llm::loopback_llm(None));
     let mine = Executions::new(runtime.clone(), template.clone());
     let other = Executions::new(runtime.clone(), template);
     let limits = Limits::default();
@@ -907,6 +912,8 @@ fn the_builders_own_files_planted_as_links_out_change_nothing_outside() {
         let out = support::trellis(&[
             "builder",
             ws.to_str().unwrap(),
+            "--allow-host",
+            "127.0.0.1",
             "--llm",
             "openai:m",
             "-m",

@@ -995,6 +995,8 @@ fn a_server_message_over_the_cap_is_refused_unread() {
     let out = trellis_command(&[
         "run",
         ws.to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
         "--mcp-config",
         config.to_str().unwrap(),
     ])

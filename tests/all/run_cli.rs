@@ -303,7 +303,12 @@ fn each_step_reaches_the_server_with_its_own_model_and_options() {
                "tiers": {"low": {"provider": "openai", "model_id": "model-b"}},
                "providers": server.providers()}),
     );
-    let out = trellis(&["run", dir.path().to_str().unwrap()]);
+    let out = trellis(&[
+        "run",
+        dir.path().to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
+    ]);
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
     assert_eq!(server.models(), ["model-a", "model-b", "model-default"]);
@@ -328,6 +333,8 @@ fn each_step_reaches_the_server_with_its_own_model_and_options() {
     let out = trellis(&[
         "run",
         dir.path().to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
         "--llm",
         "openai:forced",
     ]);
@@ -385,7 +392,7 @@ fn a_sub_agent_uses_its_own_model_when_its_step_config_names_one() {
     let manifest = json!({"llm": {"provider": "openai", "model_id": "generalist"},
                           "providers": server.providers()});
     route_workspace(dir.path(), json!({}), specialist, manifest);
-    let out = trellis(&["run", root]);
+    let out = trellis(&["run", root, "--allow-host", "127.0.0.1"]);
     let stdout = text(&out.stdout);
     assert!(
         out.status.success(),
@@ -409,7 +416,14 @@ fn a_sub_agent_uses_its_own_model_when_its_step_config_names_one() {
     assert_eq!(summary["execution_result"], "all handled");
 
     // --llm overrides the sub-agent's model too.
-    let out = trellis(&["run", root, "--llm", "openai:forced"]);
+    let out = trellis(&[
+        "run",
+        root,
+        "--allow-host",
+        "127.0.0.1",
+        "--llm",
+        "openai:forced",
+    ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(server.models()[3..], ["forced", "forced", "forced"]);
 
@@ -424,7 +438,12 @@ fn a_sub_agent_uses_its_own_model_when_its_step_config_names_one() {
                "llm": {"provider": "openai", "model_id": "default"},
                "providers": server.providers()}),
     );
-    let out = trellis(&["run", dir.path().to_str().unwrap()]);
+    let out = trellis(&[
+        "run",
+        dir.path().to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
+    ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(server.models(), ["generalist", "generalist", "generalist"]);
 }
@@ -440,7 +459,12 @@ fn a_sub_agent_with_an_unknown_tier_is_an_error_before_anything_runs() {
         json!({"llm": {"provider": "openai", "model_id": "generalist"},
                "providers": server.providers()}),
     );
-    let out = trellis(&["run", dir.path().to_str().unwrap()]);
+    let out = trellis(&[
+        "run",
+        dir.path().to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
+    ]);
     assert_eq!(out.status.code(), Some(1));
     let stderr = text(&out.stderr);
     assert!(
@@ -454,6 +478,8 @@ fn a_sub_agent_with_an_unknown_tier_is_an_error_before_anything_runs() {
     let out = trellis(&[
         "run",
         dir.path().to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
         "--llm",
         "openai:forced",
     ]);
@@ -478,7 +504,12 @@ fn a_failing_primary_falls_back_in_order() {
                            "options": {"max_tokens": 50}}]}}}]),
         json!({"providers": server.providers()}),
     );
-    let out = trellis(&["run", dir.path().to_str().unwrap()]);
+    let out = trellis(&[
+        "run",
+        dir.path().to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
+    ]);
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
     assert_eq!(server.models(), ["primary", "fallback-1", "fallback-2"]);
@@ -501,7 +532,12 @@ fn a_failing_primary_falls_back_in_order() {
 fn a_step_needing_a_model_without_one_is_an_error_before_anything_runs() {
     let dir = tempfile::tempdir().unwrap();
     agent_workspace(dir.path(), &[("lonely", "Think.")], json!([]), json!({}));
-    let out = trellis(&["run", dir.path().to_str().unwrap()]);
+    let out = trellis(&[
+        "run",
+        dir.path().to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
+    ]);
     assert_eq!(out.status.code(), Some(1));
     let stderr = text(&out.stderr);
     assert!(stderr.contains("step \"lonely\""), "{stderr}");
@@ -520,6 +556,8 @@ fn a_step_needing_a_model_without_one_is_an_error_before_anything_runs() {
     let out = trellis(&[
         "run",
         switch.path().to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
         "--input",
         "left_answer=L",
         "--input",
@@ -561,7 +599,14 @@ fn a_recorded_run_replays_offline_with_the_same_outputs() {
     let root = ws.to_str().unwrap();
     let cassette = ws.join("cassettes/taped.json");
     std::fs::create_dir_all(cassette.parent().unwrap()).unwrap();
-    let out = trellis(&["run", root, "--record", cassette.to_str().unwrap()]);
+    let out = trellis(&[
+        "run",
+        root,
+        "--allow-host",
+        "127.0.0.1",
+        "--record",
+        cassette.to_str().unwrap(),
+    ]);
     let recorded_stdout = text(&out.stdout);
     assert!(
         out.status.success(),
@@ -580,7 +625,14 @@ fn a_recorded_run_replays_offline_with_the_same_outputs() {
     assert_eq!(live_report, "{\"answer\": 42}");
 
     // Replay: no server involved (the override replaces the openai model everywhere).
-    let out = trellis(&["run", root, "--llm", "replay:taped"]);
+    let out = trellis(&[
+        "run",
+        root,
+        "--allow-host",
+        "127.0.0.1",
+        "--llm",
+        "replay:taped",
+    ]);
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
     assert_eq!(server.seen().len(), 2, "the replay reached the server");
@@ -598,6 +650,8 @@ fn a_recorded_run_replays_offline_with_the_same_outputs() {
     let out = trellis(&[
         "run",
         root,
+        "--allow-host",
+        "127.0.0.1",
         "--llm",
         "replay:taped",
         "--record",
@@ -633,7 +687,7 @@ fn groups_run_in_their_own_folders_with_their_variables() {
         )))["execution_result"]
             .clone()
     };
-    let out = trellis(&["run", root]);
+    let out = trellis(&["run", root, "--allow-host", "127.0.0.1"]);
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
     assert_eq!(result("US_market"), "region us-east-1");
@@ -644,25 +698,41 @@ fn groups_run_in_their_own_folders_with_their_variables() {
     assert!(stdout.contains("outputs of group us:"), "{stdout}");
 
     // One group again: iteration-0 is reused, the other group's outputs stay.
-    let out = trellis(&["run", root, "--group", "US market"]);
+    let out = trellis(&[
+        "run",
+        root,
+        "--allow-host",
+        "127.0.0.1",
+        "--group",
+        "US market",
+    ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(!dir.path().join("runs/iteration-1").exists(), "no rotation");
     assert_eq!(result("eu"), "region eu-west-1");
-    let out = trellis(&["run", root, "--group", "eu", "--step", "report"]);
+    let out = trellis(&[
+        "run",
+        root,
+        "--allow-host",
+        "127.0.0.1",
+        "--group",
+        "eu",
+        "--step",
+        "report",
+    ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(server.seen().len(), 4);
 
-    let out = trellis(&["run", root, "--group", "apac"]);
+    let out = trellis(&["run", root, "--allow-host", "127.0.0.1", "--group", "apac"]);
     assert_eq!(out.status.code(), Some(1));
     let stderr = text(&out.stderr);
     assert!(stderr.contains("no group \"apac\""), "{stderr}");
     assert!(stderr.contains("us (US market), eu"), "{stderr}");
-    let out = trellis(&["run", root, "--step", "report"]);
+    let out = trellis(&["run", root, "--allow-host", "127.0.0.1", "--step", "report"]);
     assert!(!out.status.success(), "--step needs --group here");
     assert!(text(&out.stderr).contains("--group"));
 
     // A full run rotates the whole iteration-0.
-    let out = trellis(&["run", root]);
+    let out = trellis(&["run", root, "--allow-host", "127.0.0.1"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(
         dir.path()
@@ -699,7 +769,12 @@ fn prerequisite_run(misses: usize) -> (tempfile::TempDir, Output, FakeServer) {
             "prerequisite_rules": [{"depends_on_step": "fetch", "description": "the fetched data"}]}}]),
         json!({"llm": {"provider": "openai", "model_id": "m"}, "providers": server.providers()}),
     );
-    let out = trellis(&["run", dir.path().to_str().unwrap()]);
+    let out = trellis(&[
+        "run",
+        dir.path().to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
+    ]);
     (dir, out, server)
 }
 
@@ -772,11 +847,16 @@ fn ctrl_c_stops_at_the_next_boundary_and_the_session_records_stopped() {
         json!({"llm": {"provider": "openai", "model_id": "slow"},
                "providers": server.providers()}),
     );
-    let mut child = support::trellis_command(&["run", dir.path().to_str().unwrap()])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = support::trellis_command(&[
+        "run",
+        dir.path().to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
+    ])
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
     let waited = std::time::Instant::now();
     while server.seen().is_empty() {
         assert!(
@@ -1098,7 +1178,16 @@ fn a_provider_call_opens_a_bounded_number_of_requests() {
                "providers": {"snoop": {"base_url": server.base_url(),
                                        "api_key_env": "TRELLIS_TEST_NO_KEY"}}}),
     );
-    let out = run_with(&ws, &["--plugins", plugins.to_str().unwrap()], &[]);
+    let out = run_with(
+        &ws,
+        &[
+            "--plugins",
+            plugins.to_str().unwrap(),
+            "--allow-host",
+            &server.allow_host(),
+        ],
+        &[],
+    );
     let stdout = text(&out.stdout);
     assert!(!out.status.success(), "{stdout}");
     assert!(
@@ -1360,7 +1449,12 @@ fn a_folder_an_agent_made_where_its_step_summary_goes_fails_the_run_naming_it() 
         json!([]),
         json!({"llm": {"provider": "openai", "model_id": "m"}, "providers": llm.providers()}),
     );
-    let out = trellis(&["run", dir.path().to_str().unwrap()]);
+    let out = trellis(&[
+        "run",
+        dir.path().to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
+    ]);
     let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
     assert!(!out.status.success(), "{all}");
     assert!(
@@ -1403,7 +1497,12 @@ fn a_later_step_reads_the_summary_of_the_step_before_it() {
         json!([]),
         json!({"llm": {"provider": "openai", "model_id": "m"}, "providers": server.providers()}),
     );
-    let out = trellis(&["run", dir.path().to_str().unwrap()]);
+    let out = trellis(&[
+        "run",
+        dir.path().to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
+    ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let read: Vec<String> = server
         .seen()

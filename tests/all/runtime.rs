@@ -14,7 +14,6 @@ use serde_json::{Value, json};
 use support::fake_llm::{FakeServer, completion};
 use support::workspace::write_file;
 use trellis_runner::events::RunEvent;
-use trellis_runner::llm_choice::LlmSetup;
 use trellis_runner::runtime::{
     ExecutionEvent, ExecutionId, ExecutionKind, ExecutionStatus, Runtime, StartOptions,
 };
@@ -45,7 +44,7 @@ async fn runtime() -> Runtime {
 }
 
 fn options() -> StartOptions {
-    StartOptions::new(RunOptions::default(), LlmSetup::new(None))
+    StartOptions::new(RunOptions::default(), support::fake_llm::loopback_llm(None))
 }
 
 /// Holds the server's answers back until the test lets them go, and counts the requests

@@ -89,7 +89,12 @@ fn run_scenario(dir: &Path) -> Result<Vec<String>, String> {
     let server = serve(replies);
     use_server(&ws, &server)?;
 
-    let mut args = vec!["run".to_string(), ws.display().to_string()];
+    let mut args = vec![
+        "run".to_string(),
+        ws.display().to_string(),
+        "--allow-host".to_string(),
+        server.allow_host(),
+    ];
     args.extend(
         spec["args"]
             .as_array()

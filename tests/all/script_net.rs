@@ -790,7 +790,7 @@ fn a_scripted_step_with_no_script_gets_a_turn_that_writes_it() {
     manifest["providers"] = agent.providers();
     write_file(root, "workflow.json", manifest.to_string());
 
-    let out = run(root, &[], &[]);
+    let out = run(root, &["--allow-host", &agent.allow_host()], &[]);
     assert!(
         out.status.success(),
         "{}\n{}",
@@ -836,7 +836,7 @@ fn lock_code_with_a_failing_script_runs_the_step_agentically() {
     manifest["providers"] = agent.providers();
     write_file(root, "workflow.json", manifest.to_string());
 
-    let out = run(root, &[], &[]);
+    let out = run(root, &["--allow-host", &agent.allow_host()], &[]);
     assert!(
         out.status.success(),
         "{}\n{}",

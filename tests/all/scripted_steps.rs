@@ -107,7 +107,7 @@ fn a_passing_script_ends_the_step_with_no_llm_and_no_provider() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     workspace(root, GOOD_SCRIPT, json!({}), json!({}));
-    let out = trellis(&["run", root.to_str().unwrap()]);
+    let out = trellis(&["run", root.to_str().unwrap(), "--allow-host", "127.0.0.1"]);
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
     assert_eq!(
@@ -158,7 +158,7 @@ fn a_failing_script_is_repaired_by_the_agent_and_run_again() {
         json!({"llm": {"provider": "openai", "model_id": "fixer"},
                "providers": server.providers()}),
     );
-    let out = trellis(&["run", root.to_str().unwrap()]);
+    let out = trellis(&["run", root.to_str().unwrap(), "--allow-host", "127.0.0.1"]);
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
 
@@ -213,7 +213,7 @@ fn a_locked_script_is_not_repaired_and_the_step_runs_agentically() {
         json!({"llm": {"provider": "openai", "model_id": "fixer"},
                "providers": server.providers()}),
     );
-    let out = trellis(&["run", root.to_str().unwrap()]);
+    let out = trellis(&["run", root.to_str().unwrap(), "--allow-host", "127.0.0.1"]);
     let stdout = text(&out.stdout);
     // The agent here writes nothing: the gate still fails.
     assert!(!out.status.success(), "{stdout}");
@@ -251,7 +251,7 @@ fn a_failing_script_without_a_model_says_how_to_give_one() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     workspace(root, BROKEN_SCRIPT, json!({}), json!({}));
-    let out = trellis(&["run", root.to_str().unwrap()]);
+    let out = trellis(&["run", root.to_str().unwrap(), "--allow-host", "127.0.0.1"]);
     let stdout = text(&out.stdout);
     assert!(!out.status.success(), "{stdout}");
     let summary = read_json(&root.join(OUT).join("execution-final-summary.json"));
@@ -270,7 +270,7 @@ fn the_digest_example_runs_its_scripts_offline_with_no_model() {
     let root = dir.path().join("ws");
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/ticket-digest");
     support::workspace::copy_workspace(&example, &root, &["runs", "db.sqlite"]);
-    let out = trellis(&["run", root.to_str().unwrap()]);
+    let out = trellis(&["run", root.to_str().unwrap(), "--allow-host", "127.0.0.1"]);
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
     assert!(

@@ -46,7 +46,7 @@ fn workspace(root: &Path, server: &FakeServer) {
 
 /// Starts `trellis run ROOT EXTRA...`, its output piped.
 fn spawn_run(root: &Path, extra: &[&str]) -> Child {
-    let mut args = vec!["run", root.to_str().unwrap()];
+    let mut args = vec!["run", root.to_str().unwrap(), "--allow-host", "127.0.0.1"];
     args.extend_from_slice(extra);
     trellis_command(&args)
         .stdout(Stdio::piped())
@@ -97,7 +97,7 @@ fn a_second_run_is_refused_at_once_naming_the_holder_and_changes_nothing() {
     wait_for_requests(&server, 1);
 
     let before = settled_tree(&ws);
-    let second = trellis(&["run", ws.to_str().unwrap()]);
+    let second = trellis(&["run", ws.to_str().unwrap(), "--allow-host", "127.0.0.1"]);
     let stderr = text(&second.stderr);
     assert!(!second.status.success(), "{}", text(&second.stdout));
     assert!(stderr.contains("is in use by"), "{stderr}");
@@ -120,7 +120,7 @@ fn a_second_run_is_refused_at_once_naming_the_holder_and_changes_nothing() {
         text(&out.stderr)
     );
     // Free again once the first run ended.
-    let again = trellis(&["run", ws.to_str().unwrap()]);
+    let again = trellis(&["run", ws.to_str().unwrap(), "--allow-host", "127.0.0.1"]);
     assert!(again.status.success(), "{}", text(&again.stderr));
 }
 
@@ -182,7 +182,7 @@ fn a_killed_run_leaves_no_lock_and_its_step_shows_interrupted() {
     assert!(shown.contains("status: interrupted"), "{shown}");
 
     // The OS dropped the lock: the next run takes it and completes.
-    let next = trellis(&["run", ws.to_str().unwrap()]);
+    let next = trellis(&["run", ws.to_str().unwrap(), "--allow-host", "127.0.0.1"]);
     let stdout = text(&next.stdout);
     assert!(next.status.success(), "{stdout}\n{}", text(&next.stderr));
     assert!(
@@ -197,7 +197,7 @@ fn a_killed_run_leaves_no_lock_and_its_step_shows_interrupted() {
         "the rotated run: {listed}"
     );
     // Said once: the run after that finds nothing interrupted in iteration-0.
-    let after = trellis(&["run", ws.to_str().unwrap()]);
+    let after = trellis(&["run", ws.to_str().unwrap(), "--allow-host", "127.0.0.1"]);
     let stdout = text(&after.stdout);
     assert!(after.status.success(), "{stdout}");
     assert!(!stdout.contains("was interrupted"), "{stdout}");

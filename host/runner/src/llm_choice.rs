@@ -14,11 +14,13 @@
 //! cassette across the steps of a run); any other provider gets the `base_url` of its
 //! workflow.json `providers` entry (else its base URL variable, else its public API) and the
 //! key from the variable named by `api_key_env` (else its key variable), provided the
-//! operator approved that origin for that variable ([`KeyApprovals`]). Those defaults are
+//! operator approved that origin for that variable ([`KeyApprovals`]); a workspace's
+//! `base_url` at `localhost` or an address off the public internet needs the operator's
+//! approval too, key or not ([`KeyApprovals::check_workspace_host`]). Those defaults are
 //! `ANTHROPIC_BASE_URL`, `https://api.anthropic.com` and `ANTHROPIC_API_KEY` for
 //! `anthropic`, OpenAI's for every other provider ([`ProviderDefaults`]). The `options` of a
-//! model (`temperature`, `max_tokens`, anything else merged into the request body) go with
-//! it.
+//! model (`temperature`, `max_tokens`, anything else merged into the request body but the
+//! fields the host writes, [`RESERVED_OPTIONS`]) go with it.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -180,8 +182,14 @@ pub fn needs_model(ws: &Workspace, step: &Step) -> bool {
     }
 }
 
+/// The fields of a request body that the host writes and `options` may not: the model,
+/// the conversation (`messages`, and `system`, where Anthropic's API puts the system
+/// prompt), the tools and whether the answer streams (the providers read whole answers).
+pub const RESERVED_OPTIONS: [&str; 5] = ["model", "messages", "system", "tools", "stream"];
+
 /// The request options of a model's `options` object: `temperature` (a number) and
-/// `max_tokens` (a whole number) by name, everything else merged into the request body.
+/// `max_tokens` (a whole number) by name, everything else merged into the request body
+/// but the fields the host writes ([`RESERVED_OPTIONS`]), which are refused.
 pub fn request_options(options: Option<&Map<String, Value>>, at: &str) -> Result<Option<Options>> {
     let Some(options) = options else {
         return Ok(None);
@@ -189,6 +197,12 @@ pub fn request_options(options: Option<&Map<String, Value>>, at: &str) -> Result
     let mut out = Options::default();
     let mut extra = Map::new();
     for (key, value) in options {
+        if RESERVED_OPTIONS.contains(&key.as_str()) {
+            bail!(
+                "{at}.{key}: the host writes {key:?} in the request body, options cannot \
+                 replace it; remove it"
+            );
+        }
         match key.as_str() {
             "temperature" => {
                 let t = value.as_f64().with_context(|| {
@@ -507,6 +521,14 @@ fn remote_target(ws: &Workspace, model: &LlmRef, approvals: &KeyApprovals) -> Re
             model.provider
         );
     }
+    if let Some(url) = &base_url
+        && let Err(problem) = approvals.check_workspace_host(key_env, url)
+    {
+        bail!(
+            "workflow.json: providers.{}.base_url: {problem}",
+            model.provider
+        );
+    }
     if !secret.is_set() && !is_loopback_base_url(&endpoint.base_url) {
         let named = match named_key {
             Some(_) => format!(
@@ -634,7 +656,15 @@ mod tests {
         Workspace::open(root).unwrap()
     }
 
-    /// A provider on this machine whose key variable is unset: reachable without a key.
+    /// The models of a run whose operator approved this machine (`--allow-host 127.0.0.1`).
+    fn local(override_llm: Option<LlmRef>) -> LlmSetup {
+        let mut approvals = KeyApprovals::defaults();
+        approvals.allow_host("127.0.0.1").unwrap();
+        LlmSetup::new(override_llm).with_approvals(approvals)
+    }
+
+    /// A provider on this machine whose key variable is unset: reachable without a key once
+    /// the operator approves the machine ([`local`]).
     static LOCAL_KEYLESS: std::sync::LazyLock<Value> = std::sync::LazyLock::new(
         || json!({"base_url": "http://127.0.0.1:9/v1", "api_key_env": "TRELLIS_UNIT_TEST_NO_KEY"}),
     );
@@ -658,14 +688,111 @@ mod tests {
             json!({"llm": {"provider": "openai", "model_id": "m"},
                    "providers": {"openai": LOCAL_KEYLESS.clone()}}),
         );
-        assert!(LlmSetup::new(None).step_llm(&ws, "a").unwrap().is_some());
-        let only = LlmSetup::new(None).with_providers(vec!["openai".into()]);
+        assert!(local(None).step_llm(&ws, "a").unwrap().is_some());
+        let only = local(None).with_providers(vec!["openai".into()]);
         only.step_llm(&ws, "a").unwrap();
-        let err = LlmSetup::new(Some(parse_llm_spec("OpenAI:m").unwrap()))
+        let err = local(Some(parse_llm_spec("OpenAI:m").unwrap()))
             .with_providers(vec!["openai".into()])
             .step_llm(&ws, "a")
             .unwrap_err();
         assert!(format!("{err:#}").contains("write \"openai\""), "{err:#}");
+    }
+
+    #[test]
+    fn a_workspace_base_url_off_the_public_internet_needs_the_operators_approval() {
+        let dir = tempfile::tempdir().unwrap();
+        let at = |url: &str| {
+            workspace(
+                dir.path(),
+                json!([]),
+                json!({"llm": {"provider": "openai", "model_id": "m"},
+                       "providers": {"openai": {"base_url": url,
+                                                "api_key_env": "TRELLIS_UNIT_TEST_NO_KEY"}}}),
+            )
+        };
+        let ws = at("http://127.0.0.1:9/v1");
+        let err = format!("{:#}", LlmSetup::new(None).step_llm(&ws, "a").unwrap_err());
+        assert!(
+            err.contains(
+                "workflow.json: providers.openai.base_url: http://127.0.0.1:9/v1 is 127.0.0.1 \
+                 (loopback, RFC 1122), off the public internet, which a workspace cannot \
+                 choose alone; the operator approves it with --allow-host 127.0.0.1:9 (or \
+                 allow_host in "
+            ),
+            "{err}"
+        );
+        // The host on that port, the host on any port, or the origin for the key approve it.
+        let approved = |edit: &dyn Fn(&mut KeyApprovals)| {
+            let mut approvals = KeyApprovals::none();
+            edit(&mut approvals);
+            LlmSetup::new(None)
+                .with_approvals(approvals)
+                .step_llm(&ws, "a")
+                .map(|llm| llm.is_some())
+                .map_err(|e| format!("{e:#}"))
+        };
+        assert_eq!(
+            approved(&|a| a.allow_host("127.0.0.1:9").unwrap()),
+            Ok(true)
+        );
+        assert_eq!(approved(&|a| a.allow_host("127.0.0.1").unwrap()), Ok(true));
+        let spec = "TRELLIS_UNIT_TEST_NO_KEY=http://127.0.0.1:9";
+        assert_eq!(approved(&|a| a.allow_spec(spec).unwrap()), Ok(true));
+        let other_port = approved(&|a| a.allow_host("127.0.0.1:10").unwrap()).unwrap_err();
+        assert!(
+            other_port.contains("--allow-host 127.0.0.1:9"),
+            "{other_port}"
+        );
+        // Other spellings of this machine, and the private ranges, need it too.
+        for (url, what) in [
+            ("http://localhost:9/v1", "is this machine"),
+            ("https://app.localhost:9/v1", "is this machine"),
+            ("http://[::1]:9/v1", "is ::1 (loopback, RFC 4291)"),
+            ("http://127.1.2.3:9", "is 127.1.2.3 (loopback, RFC 1122)"),
+            ("HTTP://127.0.0.1:9/v1", "is 127.0.0.1 (loopback, RFC 1122)"),
+            ("https://10.0.0.5/v1", "is 10.0.0.5 (private use, RFC 1918)"),
+            (
+                "https://[fd00::1]/v1",
+                "is fd00::1 (unique local, RFC 4193)",
+            ),
+        ] {
+            let ws = at(url);
+            let err = format!("{:#}", LlmSetup::new(None).step_llm(&ws, "a").unwrap_err());
+            assert!(
+                err.contains(&format!("providers.openai.base_url: {url} {what}, off")),
+                "{url}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn options_cannot_replace_what_the_host_writes_in_the_request() {
+        for key in RESERVED_OPTIONS {
+            let map = json!({"temperature": 0, key: "x"});
+            let err = request_options(map.as_object(), "execution_llm.options")
+                .unwrap_err()
+                .to_string();
+            assert_eq!(
+                err,
+                format!(
+                    "execution_llm.options.{key}: the host writes \"{key}\" in the request \
+                     body, options cannot replace it; remove it"
+                )
+            );
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let ws = workspace(
+            dir.path(),
+            json!([{"id": "a", "agent_configs": {"execution_llm": {"provider": "openai",
+                "model_id": "m", "options": {"model": "gpt-4-32k"}}}}]),
+            json!({"providers": {"openai": LOCAL_KEYLESS.clone()}}),
+        );
+        let err = check_models(&ws, &ws.plan.steps[..1], &local(None)).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "step \"a\": execution_llm.options.model: the host writes \"model\" in the \
+             request body, options cannot replace it; remove it"
+        );
     }
 
     fn names(models: &StepModels) -> Vec<String> {
@@ -705,7 +832,7 @@ mod tests {
         let a = step_models(&ws, "a", Some(&over)).unwrap().unwrap();
         assert_eq!(names(&a), ["replay:demo"], "no fallbacks under --llm");
 
-        let setup = LlmSetup::new(None);
+        let setup = local(None);
         let llm = setup.step_llm(&ws, "a").unwrap().unwrap();
         assert_eq!(llm.targets.len(), 3);
         assert_eq!(llm.options[0].as_ref().unwrap().temperature, Some(0.5));
@@ -733,7 +860,7 @@ mod tests {
         assert!(err.contains("\"llm\" in workflow.json"), "{err}");
         assert!(err.contains("step \"b\""), "{err}");
         assert!(err.contains("no tiers.high"), "{err}");
-        let over = LlmSetup::new(Some(parse_llm_spec("openai:x").unwrap()));
+        let over = local(Some(parse_llm_spec("openai:x").unwrap()));
         check_models(&ws, &ws.plan.steps, &over).unwrap();
         assert!(parse_llm_spec("openai").is_err());
         assert!(parse_llm_spec(":x").is_err());

@@ -11,6 +11,7 @@
 pub mod approval;
 pub(crate) mod http;
 pub mod record;
+pub mod redact;
 mod retry;
 pub(crate) mod wit;
 
@@ -24,6 +25,7 @@ use crate::capabilities::Grant;
 pub use approval::{KeyApprovals, user_config_dir};
 pub use http::{HostRule, RequestLimits, ScriptNet, is_loopback_base_url, secret_placeholder};
 pub use record::{Cassette, Interaction, RecordedRequest, RecordedTool, Recorder, ReplayCursor};
+pub use redact::{MIN_SECRET_CHARS, REDACTED, redact_secrets};
 pub use retry::{
     Attempt, AttemptStatus, Completion, RetryPolicy, Target, complete_with_options,
     complete_with_retries,
@@ -392,10 +394,12 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
-    /// An endpoint at `base_url` with no settings.
+    /// An endpoint at `base_url` with no settings. The scheme is written in lower case
+    /// (`HTTP://h` as `http://h`): a URL's scheme is case-insensitive, and the plugin's
+    /// own URL handling need not be.
     pub fn new(base_url: impl Into<String>) -> Self {
         Endpoint {
-            base_url: base_url.into(),
+            base_url: lower_scheme(base_url.into()),
             settings: serde_json::Value::Object(Default::default()),
             grant: Grant::none(),
         }
@@ -443,6 +447,16 @@ impl Endpoint {
             grant: Grant::none(),
         }
     }
+}
+
+/// `url` with its scheme (what comes before `://`, when that is letters only) in lower case.
+fn lower_scheme(mut url: String) -> String {
+    if let Some(end) = url.find("://")
+        && url[..end].bytes().all(|b| b.is_ascii_alphabetic())
+    {
+        url[..end].make_ascii_lowercase();
+    }
+    url
 }
 
 /// An API key held by the host. The plugin never sees it: the host adds it to
@@ -498,20 +512,16 @@ impl Secret {
         self.value.as_deref()
     }
 
-    /// `text` with the key (and `Bearer <key>`) replaced by `[REDACTED]`: what a
-    /// provider call returns may echo the request's credentials.
+    /// `text` with every piece of the key of [`MIN_SECRET_CHARS`] or more bytes replaced
+    /// by [`REDACTED`] ([`redact_secrets`]): what a provider call returns may echo the
+    /// request's credentials, whole or cut. A key shorter than that is left in.
     pub fn redact(&self, text: &str) -> String {
         match self.value() {
-            Some(key) if text.contains(key) => text
-                .replace(&format!("Bearer {key}"), REDACTED)
-                .replace(key, REDACTED),
-            _ => text.to_string(),
+            Some(key) => redact_secrets(text, &[key]),
+            None => text.to_string(),
         }
     }
 }
-
-/// What stands in for a key in anything a provider call returns.
-pub const REDACTED: &str = "[REDACTED]";
 
 impl Response {
     /// The answer with `secret` redacted from every text in it.

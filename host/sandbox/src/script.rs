@@ -303,11 +303,7 @@ impl ScriptRunner {
             .as_ref()
             .map(ScriptNet::secret_values)
             .unwrap_or_default();
-        let hide = |text: String| {
-            secrets.iter().fold(text, |text, secret| {
-                text.replace(secret.as_str(), "[REDACTED]")
-            })
-        };
+        let hide = |text: String| crate::llm::redact_secrets(&text, &secrets);
         let stdout_text = hide(stdout.text());
         let stderr_text = hide(stderr.text());
         let failure = match failure {

@@ -8,7 +8,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
-use trellis_sandbox::llm::{Response, StopReason};
+use trellis_runner::llm_choice::LlmSetup;
+use trellis_sandbox::llm::{KeyApprovals, Response, StopReason};
+use trellis_workflow::step_config::LlmRef;
 
 /// What the server answers: status and JSON body, from the request body.
 pub type Handler = Box<dyn Fn(&Value) -> (u16, Value) + Send + Sync>;
@@ -125,10 +127,26 @@ impl FakeServer {
         tool_results_of(self.seen().last().expect("a request was seen"))
     }
 
-    /// workflow.json `providers` reaching this server as `openai`, with no key.
+    /// This server's `--allow-host` (`127.0.0.1:PORT`): a workspace's `base_url` on
+    /// loopback needs the operator's approval.
+    pub fn allow_host(&self) -> String {
+        self.addr.to_string()
+    }
+
+    /// workflow.json `providers` reaching this server as `openai`, with no key (a run
+    /// needs [`FakeServer::allow_host`] to reach it).
     pub fn providers(&self) -> Value {
         json!({"openai": {"base_url": self.base_url(), "api_key_env": "TRELLIS_TEST_NO_KEY"}})
     }
+}
+
+/// The models of an in-process run whose workspace reaches fake servers on this machine:
+/// the workspace's own choices, with the operator's approval of loopback
+/// (`--allow-host 127.0.0.1`).
+pub fn loopback_llm(override_llm: Option<LlmRef>) -> LlmSetup {
+    let mut approvals = KeyApprovals::defaults();
+    approvals.allow_host("127.0.0.1").unwrap();
+    LlmSetup::new(override_llm).with_approvals(approvals)
 }
 
 /// A chat completion answering `text`, or asking for `calls` (API tool name, arguments).

@@ -49,9 +49,13 @@ pub fn asking_for(calls: Vec<(&'static str, Value)>) -> FakeServer {
     }))
 }
 
-/// `trellis ARGS --mcp-config CONFIG`, ready to run.
+/// `trellis ARGS --mcp-config CONFIG`, ready to run; `run` and `builder` with the
+/// operator's approval of loopback, where the workspace's LLM is ([`workspace`]).
 pub fn with_servers(args: &[&str], config: &Path) -> std::process::Command {
     let mut all = args.to_vec();
     all.extend(["--mcp-config", config.to_str().unwrap()]);
+    if matches!(args.first(), Some(&"run" | &"builder")) {
+        all.extend(["--allow-host", "127.0.0.1"]);
+    }
     super::trellis_command(&all)
 }

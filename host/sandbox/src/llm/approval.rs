@@ -212,6 +212,32 @@ impl KeyApprovals {
         ))
     }
 
+    /// Whether a provider may reach `base_url`, a base URL the workspace chose (its
+    /// `providers.<id>.base_url`), with the key in `var` or none. A host that is plainly
+    /// off the public internet (`localhost`, or an address in a special-purpose range)
+    /// needs the operator's approval, key or not: `--allow-host` (or `allow_host` in the
+    /// config file) for that host, or that origin approved for `var`'s key (`--allow-key`,
+    /// `$OPENAI_BASE_URL`). A name is left to [`KeyApprovals::check`] and the key rule:
+    /// plain `http://` to it, or any key, needs its origin approved, and `https://`
+    /// without a key goes nowhere but a loopback address. The error names the URL, what
+    /// its host is and the flag that approves it.
+    pub fn check_workspace_host(&self, var: &str, base_url: &str) -> Result<(), String> {
+        let origin = Origin::parse(base_url)?;
+        if self.is_host_approved(&origin) || self.is_approved(var, &origin) {
+            return Ok(());
+        }
+        match origin.local_host() {
+            Some(what) => Err(format!(
+                "{base_url} is {what}, off the public internet, which a workspace cannot \
+                 choose alone; the operator approves it with --allow-host {} (or allow_host \
+                 in {})",
+                origin.host_port(),
+                self.config_file_shown()
+            )),
+            None => Ok(()),
+        }
+    }
+
     fn config_file_shown(&self) -> String {
         let path = self
             .config_file

@@ -50,10 +50,7 @@ impl host::Host for LogState {
             return;
         }
         // Hidden before the cut, so that no part of a key survives at the cut either.
-        let mut message = message;
-        for secret in &self.secrets {
-            message = message.replace(secret.as_str(), "[REDACTED]");
-        }
+        let message = crate::llm::redact_secrets(&message, &self.secrets);
         let message = truncate(&message, LOG_LINE_BYTES);
         let plugin = &*self.label;
         match level {
