@@ -416,7 +416,7 @@ fn step_ids_naming_a_run_folder_are_refused() {
         assert!(!out.status.success(), "{all}");
         assert!(all.contains(&expected), "{all}");
         let before = support::tree_digest(root);
-        let out = trellis(&["run", root.to_str().unwrap()]);
+        let out = trellis(&["run", root.to_str().unwrap(), "--allow-host", "127.0.0.1"]);
         assert!(!out.status.success());
         assert_eq!(
             support::tree_digest(root),

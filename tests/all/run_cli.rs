@@ -1549,7 +1549,7 @@ fn control_sequences_from_a_model_are_printed_escaped() {
             ),
         ],
     );
-    let out = trellis(&["run", root.to_str().unwrap()]);
+    let out = trellis(&["run", root.to_str().unwrap(), "--allow-host", "127.0.0.1"]);
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
     assert!(

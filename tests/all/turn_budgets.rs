@@ -103,6 +103,8 @@ fn one_answer_of_ten_thousand_reads_ends_within_the_turn_budgets() {
             root.to_str().unwrap(),
             "--max-turn-result-mib",
             "16",
+            "--allow-host",
+            "127.0.0.1",
             "--quiet",
         ]),
         output.path(),
@@ -166,7 +168,13 @@ fn runs_show_reads_a_step_with_a_huge_conversation_log() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     workspace(root, &server);
-    let out = support::trellis(&["run", root.to_str().unwrap(), "--quiet"]);
+    let out = support::trellis(&[
+        "run",
+        root.to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
+        "--quiet",
+    ]);
     assert!(out.status.success(), "{out:?}");
     let logs = root.join("runs/iteration-0/logs/desk");
     let conversation = std::fs::read_dir(&logs)
@@ -223,6 +231,8 @@ fn overlaps_with(limit: &str) -> Vec<String> {
         plugins.to_str().unwrap(),
         "--max-concurrent-calls",
         limit,
+        "--allow-host",
+        "127.0.0.1",
         "--quiet",
     ]);
     assert!(out.status.success(), "{out:?}");
