@@ -223,7 +223,11 @@ for what, attempt in attempts:
         let bytes = world.plant(name);
         let out = trellis(&["script", &world.root_str(), "--step", "fetch"]);
         let stdout = text(&out.stdout);
-        assert!(out.status.success(), "{name}: {stdout}\n{}", text(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{name}: {stdout}\n{}",
+            text(&out.stderr)
+        );
         for what in ["query", "execute"] {
             let line = stdout
                 .lines()
@@ -361,9 +365,7 @@ fn an_agent_does_not_read_through_a_hard_link() {
     assert!(out.status.success(), "{all}");
     let result = result_of(&server.last_tool_results(), "r");
     assert!(
-        result.contains(
-            "`knowledgebase/notes/hard.md` has other hard links, so it is not read"
-        ),
+        result.contains("`knowledgebase/notes/hard.md` has other hard links, so it is not read"),
         "{result}"
     );
     let seen = serde_json::to_string(&server.seen()).unwrap();

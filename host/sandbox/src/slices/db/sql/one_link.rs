@@ -63,7 +63,8 @@ pub(crate) fn install() -> Result<(), String> {
                         "SQLite's default VFS ({name}) does not let its open be checked"
                     ));
                 };
-                let checked = open_checked as unsafe extern "C" fn(*const c_char, c_int, c_int) -> c_int;
+                let checked =
+                    open_checked as unsafe extern "C" fn(*const c_char, c_int, c_int) -> c_int;
                 // The table holds every entry as `void (*)(void)`, cast back at each use.
                 let entry: ffi::sqlite3_syscall_ptr = Some(std::mem::transmute::<
                     unsafe extern "C" fn(*const c_char, c_int, c_int) -> c_int,
@@ -98,10 +99,7 @@ pub(crate) fn take_refusal() -> Option<String> {
 
 /// The file as a message names it: its folder and its name (`db/db.sqlite-journal`).
 fn shown(path: &Path) -> String {
-    match (
-        path.parent().and_then(Path::file_name),
-        path.file_name(),
-    ) {
+    match (path.parent().and_then(Path::file_name), path.file_name()) {
         (Some(dir), Some(name)) => Path::new(dir).join(name).display().to_string(),
         _ => path.display().to_string(),
     }
@@ -143,11 +141,17 @@ unsafe extern "C" fn open_checked(path: *const c_char, flags: c_int, mode: c_int
     let mut stat: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: fstat of a descriptor this function owns into a local.
     if unsafe { libc::fstat(fd, &mut stat) } != 0 {
-        return fail(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO));
+        return fail(
+            std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO),
+        );
     }
     let writes = flags & libc::O_ACCMODE != libc::O_RDONLY;
     // SAFETY: as above, a NUL-terminated path.
-    let name = Path::new(OsStr::from_bytes(unsafe { CStr::from_ptr(path) }.to_bytes()));
+    let name = Path::new(OsStr::from_bytes(
+        unsafe { CStr::from_ptr(path) }.to_bytes(),
+    ));
     if let Some(message) = refusal(name, stat.st_mode, stat.st_nlink, writes) {
         let errno = if stat.st_mode & libc::S_IFMT == libc::S_IFREG {
             libc::EMLINK
@@ -167,7 +171,11 @@ unsafe extern "C" fn open_checked(path: *const c_char, flags: c_int, mode: c_int
         // SAFETY: as above.
         if status < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, status & !libc::O_NONBLOCK) } != 0
         {
-            return fail(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO));
+            return fail(
+                std::io::Error::last_os_error()
+                    .raw_os_error()
+                    .unwrap_or(libc::EIO),
+            );
         }
     }
     fd
@@ -286,13 +294,9 @@ mod tests {
     fn a_fifo_at_the_journal_is_refused_without_waiting() {
         let dir = tempfile::tempdir().unwrap();
         let path = database(dir.path(), false);
-        let fifo = std::ffi::CString::new(
-            dir.path()
-                .join("db/db.sqlite-journal")
-                .to_str()
-                .unwrap(),
-        )
-        .unwrap();
+        let fifo =
+            std::ffi::CString::new(dir.path().join("db/db.sqlite-journal").to_str().unwrap())
+                .unwrap();
         // SAFETY: a plain libc call on a valid C string.
         assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
         for access in [SqlAccess::ReadOnly, SqlAccess::ReadWrite] {
@@ -333,7 +337,9 @@ mod tests {
         };
         assert_eq!(
             current.map(|f| f as usize),
-            Some(open_checked as unsafe extern "C" fn(*const c_char, c_int, c_int) -> c_int as usize)
+            Some(
+                open_checked as unsafe extern "C" fn(*const c_char, c_int, c_int) -> c_int as usize
+            )
         );
     }
 
