@@ -537,8 +537,8 @@ async fn read_file(
 }
 
 /// `read_file` of a FIFO, a socket, a folder, a link to a FIFO outside the grant, and a
-/// hard link to a file outside it: refused, except the hard link, which is the same file
-/// and reads as it (and `write_file` to it replaces the link, never the file outside).
+/// hard link to a file outside it: all refused, the hard link with a message saying why
+/// (and `write_file` to it replaces the link, never the file outside).
 #[tokio::test]
 async fn read_file_on_special_files_folders_and_hard_links() {
     let registry = support::registry().await;
@@ -571,8 +571,19 @@ async fn read_file_on_special_files_folders_and_hard_links() {
     assert_eq!(kind, ToolErrorKind::InvalidArguments, "{message}");
     assert!(message.contains("is a folder; use list_dir"), "{message}");
 
-    let read = read_file(&registry, &grant, "granted/hard").await.unwrap();
-    assert_eq!(read["content"], "outside secret");
+    let (kind, message) = tool_error(
+        read_file(&registry, &grant, "granted/hard").await,
+        "hard link",
+    );
+    assert_eq!(kind, ToolErrorKind::Denied, "{message}");
+    assert!(
+        message.contains(
+            "`granted/hard` has other hard links, so it is not read (another link may be a \
+             file outside the grants)"
+        ),
+        "{message}"
+    );
+    assert!(!message.contains("outside secret"), "{message}");
     let written = registry
         .call_tool(
             "workspace:write_file",

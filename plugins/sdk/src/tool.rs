@@ -378,8 +378,8 @@ impl ToolError {
     /// Like [`from_io`](Self::from_io) for an operation that creates, changes or
     /// removes `path`, where a refusal inside the granted folders means the folder is
     /// read-only, or that `path` is a file with other hard links: the host never opens
-    /// such a file for writing, since another of its links may be a file of a read-only
-    /// folder or outside every grant.
+    /// such a file (for reading either), since another of its links may be a file of a
+    /// read-only folder or outside every grant.
     pub fn from_io_write(path: &str, err: &io::Error) -> ToolError {
         Self::map_io(path, err, Access::Write)
     }
@@ -412,15 +412,18 @@ impl ToolError {
                 ));
             }
         }
-        if err.kind() == io::ErrorKind::PermissionDenied
-            && matches!(access, Access::Write)
-            && hard_links(path) > 1
-        {
-            return ToolError::Denied(format!(
-                "`{path}` has other hard links, so it cannot be written in place (another \
-                 link may be a file of a read-only folder or outside the grants); in a \
-                 writable folder, write a new file and rename it over `{path}` instead"
-            ));
+        if err.kind() == io::ErrorKind::PermissionDenied && hard_links(path) > 1 {
+            return ToolError::Denied(match access {
+                Access::Write => format!(
+                    "`{path}` has other hard links, so it cannot be written in place (another \
+                     link may be a file of a read-only folder or outside the grants); in a \
+                     writable folder, write a new file and rename it over `{path}` instead"
+                ),
+                Access::Read => format!(
+                    "`{path}` has other hard links, so it is not read (another link may be a \
+                     file outside the grants): a file linked from elsewhere is never opened"
+                ),
+            });
         }
         match (err.kind(), access) {
             (io::ErrorKind::NotFound, _) if outside_grants(path) => outside(),
@@ -767,7 +770,7 @@ mod tests {
         assert!(
             matches!(ToolError::from_io("a/b", &read_only), ToolError::Denied(m) if m.contains("read-only"))
         );
-        // A write refused on a file with other hard links says so; a read is not about it.
+        // A read or a write refused on a file with other hard links says so.
         let dir = std::env::temp_dir().join(format!("trellis-sdk-links-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let (file, link) = (dir.join("file"), dir.join("link"));
@@ -779,7 +782,7 @@ mod tests {
             matches!(ToolError::from_io_write(link, &denied), ToolError::Denied(m) if m.contains("has other hard links"))
         );
         assert!(
-            matches!(ToolError::from_io(link, &denied), ToolError::Denied(m) if !m.contains("hard links"))
+            matches!(ToolError::from_io(link, &denied), ToolError::Denied(m) if m.contains("has other hard links, so it is not read"))
         );
         std::fs::remove_dir_all(&dir).unwrap();
         let not_capable = io::Error::from_raw_os_error(ENOTCAPABLE);

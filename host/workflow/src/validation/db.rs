@@ -46,6 +46,11 @@ pub(crate) fn run_rule(db: &GuardedDb, rule: &DbRule, sink: &mut Sink) -> Result
     let mut stmt = match db.conn().prepare(&rule.sql) {
         Ok(s) => s,
         Err(e) => {
+            // A file SQLite was refused (a hard link at the database or its journal) is no
+            // fault of the rule or the step.
+            if let Some(refused) = sql::take_refusal() {
+                return Err(GateError::Db(format!("db rule {label:?}: {refused}")));
+            }
             let msg = e.to_string();
             // A missing table or column is something the step may still have to create: a
             // failed check the agent can repair. Anything else is a broken schema.
@@ -73,7 +78,7 @@ pub(crate) fn run_rule(db: &GuardedDb, rule: &DbRule, sink: &mut Sink) -> Result
     let names: Vec<String> = stmt.column_names().map(|s| s.to_string()).collect();
     let mut rows = stmt
         .query([])
-        .map_err(|e| GateError::Db(format!("db rule {label:?}: {e}")))?;
+        .map_err(|e| GateError::Db(format!("db rule {label:?}: {}", db.describe(&e))))?;
     let mut count: u64 = 0;
     let mut first: Option<Value> = None;
     let cap = rule
@@ -86,7 +91,10 @@ pub(crate) fn run_rule(db: &GuardedDb, rule: &DbRule, sink: &mut Sink) -> Result
         let row = match rows.next() {
             Ok(Some(r)) => r,
             Ok(None) => break,
-            Err(e) if e.sqlite_error_code() == Some(ErrorCode::OperationInterrupted) => {
+            Err(e)
+                if e.sqlite_error_code() == Some(ErrorCode::OperationInterrupted)
+                    || e.sqlite_error_code() == Some(ErrorCode::CannotOpen) =>
+            {
                 return Err(GateError::Db(format!(
                     "db rule {label:?}: {}",
                     db.describe(&e)

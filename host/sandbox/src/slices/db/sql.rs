@@ -16,12 +16,17 @@
 //! - bounded value and statement sizes, an in-memory temp store, and a process-wide heap ceiling
 //!   for SQLite as a whole;
 //! - a ceiling on how far a read-write connection may grow the file (`max_page_count`): bytes
-//!   a guest puts in the database reach the disk as surely as bytes it writes to a folder.
+//!   a guest puts in the database reach the disk as surely as bytes it writes to a folder;
+//! - no file SQLite opens for the database (the database, `-journal`, `-wal`, `-shm`) may be
+//!   a link: symbolic links are refused by `SQLITE_OPEN_NOFOLLOW` and SQLite's `O_NOFOLLOW`,
+//!   hard links and special files by the checked open of [`one_link`], whose refusal
+//!   [`describe`] turns into a message naming the file.
 //!
 //! The read-only open flag and the statement read-only check of the callers stay as a second
 //! layer.
 
 mod linear;
+mod one_link;
 
 use std::path::Path;
 use std::sync::{Arc, Mutex, Once};
@@ -103,8 +108,12 @@ impl GuardedDb {
     }
 }
 
-/// The message of `err`; an interruption by the deadline says so, with the time allowed.
+/// The message of `err`; an interruption by the deadline says so, with the time allowed, and
+/// a file SQLite was refused (a hard link at the `-journal`, say) is named with the reason.
 pub fn describe(err: &rusqlite::Error, timeout: Duration) -> String {
+    if let Some(refused) = one_link::take_refusal() {
+        return refused;
+    }
     match err.sqlite_error_code() {
         Some(ErrorCode::OperationInterrupted) => {
             format!(
@@ -142,12 +151,42 @@ pub fn open_with_growth(
             rusqlite::ffi::sqlite3_hard_heap_limit64(HEAP_CEILING_BYTES);
         }
     });
+    one_link::forget_refusal();
+    one_link::install().map_err(|message| {
+        rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CANTOPEN),
+            Some(message),
+        )
+    })?;
+    open_fenced(path, access, timeout, max_growth).map_err(|err| {
+        // A file refused by the checked open (the database, or a hot journal or WAL file it
+        // looked at) is named, instead of SQLite's "unable to open database file".
+        match (one_link::take_refusal(), err) {
+            (Some(refused), rusqlite::Error::SqliteFailure(code, _)) => {
+                rusqlite::Error::SqliteFailure(code, Some(refused))
+            }
+            (Some(refused), _) => rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CANTOPEN),
+                Some(refused),
+            ),
+            (None, err) => err,
+        }
+    })
+}
+
+fn open_fenced(
+    path: &Path,
+    access: SqlAccess,
+    timeout: Duration,
+    max_growth: u64,
+) -> rusqlite::Result<GuardedDb> {
     let flags = match access {
         SqlAccess::ReadOnly => OpenFlags::SQLITE_OPEN_READ_ONLY,
         SqlAccess::ReadWrite => OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE,
     } | OpenFlags::SQLITE_OPEN_NO_MUTEX
-        // A link at the database's path (a dangling one a guest planted, say) is refused
-        // rather than followed out of the workspace.
+        // A symbolic link at the database's path (a dangling one a guest planted, say) is
+        // refused rather than followed out of the workspace; a hard link at it or at a file
+        // beside it, by the checked open of `one_link`.
         | OpenFlags::SQLITE_OPEN_NOFOLLOW;
     let mut conn = Connection::open_with_flags(path, flags)?;
     conn.set_limit(Limit::SQLITE_LIMIT_ATTACHED, 0)?;
@@ -185,6 +224,13 @@ pub fn open_with_growth(
         deadline,
         timeout,
     })
+}
+
+/// Why SQLite was refused a file on this thread since the last open or [`describe`] (a hard
+/// link at the database or a file beside it), naming the file: for callers that tell some
+/// errors of a statement apart before describing them.
+pub fn take_refusal() -> Option<String> {
+    one_link::take_refusal()
 }
 
 /// Refuses statements the authorizer never sees: `VACUUM` (whose `INTO` form writes a new

@@ -12,9 +12,10 @@
 //! - **No links made by guests.** `symlink-at` and `link-at` are refused: a link inside a
 //!   writable folder that points elsewhere only ever misleads a later reader, and no workflow
 //!   needs one.
-//! - **No writes through hard links.** A file that has other hard links is not opened for
-//!   writing: one planted in a writable folder may be a file of a read-only folder or from
-//!   outside every grant. (It can still be replaced, by renaming a new file over it.)
+//! - **No reads or writes through hard links.** A file that has other hard links is not
+//!   opened: one planted in a granted folder may be a file of a read-only folder or from
+//!   outside every grant, which reading would disclose and writing would change. (In a
+//!   writable folder it can still be replaced, by renaming a new file over it.)
 //! - **A disk budget per call** ([`FsBudget`]): bytes written and files or folders created in
 //!   read-write folders, and descriptors open at once. Going over it fails the operation with
 //!   `quota` and is recorded, so the host reports the call as over its limit.
@@ -437,10 +438,9 @@ impl HostDescriptor for GuardedFs<'_> {
                         return Err(ErrorCode::Access.into());
                     }
                     // A file with other hard links may be one outside the folder or in a
-                    // read-only one: writing it in place would change that file too.
-                    let writes = flags.contains(types::DescriptorFlags::WRITE)
-                        || oflags.contains(types::OpenFlags::TRUNCATE);
-                    if writes && kind.is_file() && {
+                    // read-only one: reading it would disclose that file, writing it in
+                    // place would change it.
+                    if kind.is_file() && {
                         use cap_primitives::fs::MetadataExt;
                         meta.nlink() > 1
                     } {

@@ -75,8 +75,8 @@ pub(super) fn open_unblocking(
     if directory && !kind.is_dir() {
         return Err(ErrorCode::NotDirectory);
     }
-    // Created now or not, a file with other hard links is not written in place.
-    if kind.is_file() && mode.contains(OpenMode::WRITE) && meta.nlink() > 1 {
+    // Created now or not, a file with other hard links is neither read nor written.
+    if kind.is_file() && meta.nlink() > 1 {
         return Err(ErrorCode::Access);
     }
     // Back to blocking I/O. Of the flags F_SETFL can change, only O_NONBLOCK was set (the
