@@ -25,6 +25,7 @@ mod plugin_authoring;
 mod plugin_loading;
 mod preflight;
 mod provider_faults;
+mod redteam_budgets;
 mod redteam_builder;
 mod redteam_db;
 mod redteam_fastpath;

@@ -57,6 +57,13 @@ def huge(size: int) -> str:
     return "x" * size
 
 
+@server.tool(description="Fails with an error message of `size` bytes.")
+def huge_error(size: int) -> str:
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    raise ToolError("x" * size)
+
+
 @server.tool(description="Exits the server in the middle of the call.")
 def die() -> str:
     os._exit(3)

@@ -512,7 +512,14 @@ pub(super) fn kept(
     result_bytes: &ResultBytes,
 ) -> (ToolCallRecord, String) {
     if let Some(e) = &record.error {
+        // An error is content the model gets too (an external MCP server's `isError`
+        // result is as long as its results may be): it counts against the same bytes.
         let content = format!("error: {e}");
+        if !result_bytes.take(content.len()) {
+            let error = result_bytes.exceeded(content.len());
+            record.error = Some(error.clone());
+            return (record, format!("error: {error}"));
+        }
         return (record, content);
     }
     let content = match &record.result {
