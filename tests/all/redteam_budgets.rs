@@ -174,3 +174,38 @@ fn runs_show_escapes_what_the_model_wrote() {
         "{stdout:?}"
     );
 }
+
+/// A server writing millions of empty lines to stderr gets a bounded number of them logged:
+/// the 1 MiB cap counted only the bytes of each line, so empty lines were logged one record
+/// each without end (3,000,000 records here, at debug level).
+#[test]
+fn a_servers_flood_of_empty_stderr_lines_is_capped() {
+    let dir = tempfile::tempdir().unwrap();
+    let started = dir.path().join("started");
+    let mut entry = fixture_entry(&started);
+    entry["args"]
+        .as_array_mut()
+        .unwrap()
+        .extend([json!("--stderr-newlines"), json!("3000000")]);
+    let config = server_file(&dir.path().join("servers.json"), json!({"fx": entry}));
+    let llm = asking_for(vec![("fx__echo", json!({"text": "still here"}))]);
+    let ws = dir.path().join("ws");
+    workspace(&ws, json!({"selected_tools": ["fx:echo"]}), &llm);
+    let out = with_servers(&["run", ws.to_str().unwrap(), "--quiet"], &config)
+        .env("RUST_LOG", "trellis_runner::mcp_servers=debug")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let records = String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter(|l| l.contains("server=fx"))
+        .count();
+    assert!(
+        records <= 20_000,
+        "{records} log records of the server's stderr"
+    );
+}
