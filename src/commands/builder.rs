@@ -360,8 +360,9 @@ fn printer(interactive: bool) -> BuilderObserver {
                 name, ok, summary, ..
             } => writeln!(
                 out,
-                "  {} {name}: {}",
+                "  {} {}: {}",
                 if *ok { "ok" } else { "FAILED" },
+                shown(name),
                 shown(&first_line(summary))
             ),
             BuilderEvent::Execution { id, line } => {

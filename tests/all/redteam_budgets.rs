@@ -209,3 +209,49 @@ fn a_servers_flood_of_empty_stderr_lines_is_capped() {
         "{records} log records of the server's stderr"
     );
 }
+
+/// The builder prints the tool name a model asked for escaped when the call ends, as it does
+/// when it starts: the `FAILED <name>` line sent the model's escape sequence to the terminal.
+#[test]
+fn the_builder_prints_a_models_tool_name_escaped() {
+    let answered = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let llm = FakeServer::start(Box::new(move |_| {
+        if answered.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            (200, support::fake_llm::completion("done", &[]))
+        } else {
+            (
+                200,
+                support::fake_llm::completion("", &[("\x1b]0;owned\x07x\x1b[2J", json!({}))]),
+            )
+        }
+    }));
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path();
+    support::workspace::write_file(
+        ws,
+        "planning/plan.json",
+        json!({"objective": "o", "steps": [
+            {"id": "greet", "type": "regular", "title": "Greet", "description": "Say hello."}
+        ]})
+        .to_string(),
+    );
+    support::workspace::write_file(ws, "planning/step_config.json", r#"{"steps": []}"#);
+    support::workspace::write_file(
+        ws,
+        "workflow.json",
+        json!({"llm": {"provider": "openai", "model_id": "m"}, "providers": llm.providers()})
+            .to_string(),
+    );
+    let out = support::trellis(&["builder", ws.to_str().unwrap(), "-m", "hi"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("FAILED \\x1b]0;owned"), "{stdout:?}");
+    assert!(
+        !stdout.contains('\x1b') && !stdout.contains('\x07'),
+        "{stdout:?}"
+    );
+}
