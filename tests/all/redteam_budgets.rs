@@ -255,3 +255,69 @@ fn the_builder_prints_a_models_tool_name_escaped() {
         "{stdout:?}"
     );
 }
+
+/// Two calls of one answer with the same id (a model chooses ids) each get their own
+/// offloaded result: both were written to `tool-results/<id>.json`, so one call's reference
+/// pointed at the other call's result.
+#[test]
+fn offloaded_results_of_calls_with_the_same_id_do_not_overwrite_each_other() {
+    let llm = FakeServer::start(Box::new(|body| {
+        let messages = body["messages"].as_array().cloned().unwrap_or_default();
+        if messages.iter().any(|m| m["role"] == "tool") {
+            return (200, support::fake_llm::completion("done", &[]));
+        }
+        let read = body["tools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t["function"]["name"].as_str())
+            .find(|n| n.contains("read_file"))
+            .expect("a read_file tool is offered")
+            .to_string();
+        let calls: Vec<Value> = ["a", "b"]
+            .iter()
+            .map(|f| {
+                json!({"id": "dup", "type": "function", "function": {"name": read,
+                       "arguments": json!({"path": format!("knowledgebase/{f}.txt")}).to_string()}})
+            })
+            .collect();
+        (
+            200,
+            json!({"id": "c", "object": "chat.completion",
+                   "choices": [{"index": 0, "finish_reason": "tool_calls",
+                                "message": {"role": "assistant", "content": "", "tool_calls": calls}}]}),
+        )
+    }));
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    crate::run_cli::agent_workspace(
+        &ws,
+        &[("work", "Read.")],
+        json!([]),
+        json!({"llm": {"provider": "openai", "model_id": "m"}, "providers": llm.providers()}),
+    );
+    support::workspace::write_file(&ws, "knowledgebase/a.txt", "A".repeat(40_000));
+    support::workspace::write_file(&ws, "knowledgebase/b.txt", "B".repeat(40_000));
+    let out = support::trellis_command(&["run", ws.to_str().unwrap(), "--quiet"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let results = llm.last_tool_results();
+    assert_eq!(results.len(), 2, "{results:?}");
+    for ((_, content), letter) in results.iter().zip(["AAAA", "BBBB"]) {
+        let rel = content
+            .split_whitespace()
+            .find(|w| w.contains("tool-results/"))
+            .unwrap_or_else(|| panic!("an offload reference: {content}"))
+            .trim_end_matches([':', '.', ',']);
+        let file = std::fs::read_to_string(ws.join(rel)).unwrap();
+        assert!(
+            file.contains(letter),
+            "{rel} holds another call's result: {content}"
+        );
+    }
+}
