@@ -321,3 +321,66 @@ fn offloaded_results_of_calls_with_the_same_id_do_not_overwrite_each_other() {
         );
     }
 }
+
+/// The builder's own turn keeps a bounded amount of tool results, as a step's turn does:
+/// three reads of a 600 KB file under `--max-turn-result-mib 1` are not all kept. The
+/// builder had no such budget: 40 rounds of 64 reads of 4 MiB went into its conversation
+/// (and its conversation file, and every later request).
+#[test]
+fn the_builders_turn_keeps_a_bounded_amount_of_tool_results() {
+    let llm = FakeServer::start(Box::new(|body| {
+        let messages = body["messages"].as_array().cloned().unwrap_or_default();
+        if messages.iter().any(|m| m["role"] == "tool") {
+            return (200, support::fake_llm::completion("done", &[]));
+        }
+        let args = json!({"path": "knowledgebase/big.txt"});
+        let calls = vec![("read_workspace_file", args); 3];
+        (200, support::fake_llm::completion("", &calls))
+    }));
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path();
+    support::workspace::write_file(
+        ws,
+        "planning/plan.json",
+        json!({"objective": "o", "steps": [
+            {"id": "greet", "type": "regular", "title": "Greet", "description": "Say hello."}
+        ]})
+        .to_string(),
+    );
+    support::workspace::write_file(ws, "planning/step_config.json", r#"{"steps": []}"#);
+    support::workspace::write_file(
+        ws,
+        "workflow.json",
+        json!({"llm": {"provider": "openai", "model_id": "m"}, "providers": llm.providers()})
+            .to_string(),
+    );
+    let line = format!("{}\n", "x".repeat(999));
+    support::workspace::write_file(ws, "knowledgebase/big.txt", line.repeat(600));
+    let out = support::trellis(&[
+        "builder",
+        ws.to_str().unwrap(),
+        "--mode",
+        "debugger",
+        "--max-turn-result-mib",
+        "1",
+        "-m",
+        "read it",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let results = llm.last_tool_results();
+    assert_eq!(results.len(), 3, "{results:?}");
+    let sizes: Vec<usize> = results.iter().map(|(_, c)| c.len()).collect();
+    assert!(sizes[0] > 500_000, "the first read is kept: {sizes:?}");
+    assert!(
+        sizes.iter().sum::<usize>() <= (1 << 20) + 4096,
+        "the model got {sizes:?} bytes of results under a 1 MiB budget"
+    );
+    assert!(
+        results.iter().any(|(_, c)| c.contains("result not kept")),
+        "{sizes:?}"
+    );
+}
