@@ -83,6 +83,7 @@ impl Bench {
                 limits: Limits::default(),
                 retry: RetryPolicy::default(),
                 max_rounds: 10,
+                max_turn_result_bytes: trellis_runner::builder::DEFAULT_TURN_RESULT_BYTES,
                 observer: BuilderObserver::none(),
             },
         )

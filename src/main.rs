@@ -200,7 +200,7 @@ fn main() -> ExitCode {
     match runtime.block_on(run(cli)) {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("error: {err:#}");
+            eprintln!("error: {}", terminal::shown(&format!("{err:#}")));
             ExitCode::FAILURE
         }
     }

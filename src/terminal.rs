@@ -22,6 +22,29 @@ pub fn shown(text: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// `println!` whose text goes through [`shown`], for the commands that print what models,
+/// guests and workspaces wrote (`use crate::terminal::println_shown as println;`).
+macro_rules! println_shown {
+    () => {
+        std::println!()
+    };
+    ($($arg:tt)*) => {
+        std::println!("{}", $crate::terminal::shown(&format!($($arg)*)))
+    };
+}
+pub(crate) use println_shown;
+
+/// `eprintln!` whose text goes through [`shown`].
+macro_rules! eprintln_shown {
+    () => {
+        std::eprintln!()
+    };
+    ($($arg:tt)*) => {
+        std::eprintln!("{}", $crate::terminal::shown(&format!($($arg)*)))
+    };
+}
+pub(crate) use eprintln_shown;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -66,6 +66,10 @@ pub struct BuilderArgs {
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_ROUNDS as u32,
           value_parser = clap::value_parser!(u32).range(1..=10_000))]
     max_rounds: u32,
+    /// MiB of tool results one builder turn keeps in its conversation (default 256), as for
+    /// `trellis run`; a result past it is replaced by an error telling the model so.
+    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=65_536))]
+    max_turn_result_mib: Option<u64>,
     /// Retries of a failed LLM call (default 3), as for `trellis run`.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=100))]
     llm_retries: Option<u32>,
@@ -148,6 +152,11 @@ pub async fn run(engine: impl FnOnce() -> Result<Engine>, args: BuilderArgs) -> 
             limits: Default::default(),
             retry,
             max_rounds: args.max_rounds as usize,
+            max_turn_result_bytes: args
+                .max_turn_result_mib
+                .map_or(trellis_runner::builder::DEFAULT_TURN_RESULT_BYTES, |mib| {
+                    mib << 20
+                }),
             observer,
         },
     )?;
@@ -360,8 +369,9 @@ fn printer(interactive: bool) -> BuilderObserver {
                 name, ok, summary, ..
             } => writeln!(
                 out,
-                "  {} {name}: {}",
+                "  {} {}: {}",
                 if *ok { "ok" } else { "FAILED" },
+                shown(name),
                 shown(&first_line(summary))
             ),
             BuilderEvent::Execution { id, line } => {

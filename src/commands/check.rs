@@ -1,5 +1,7 @@
 //! `trellis check`: runs a step's validation gate on its current outputs.
 
+// What is printed here was written by models, guests or workspaces: escaped.
+use crate::terminal::{eprintln_shown as eprintln, println_shown as println};
 use std::path::PathBuf;
 use std::process::ExitCode;
 

@@ -1,5 +1,7 @@
 //! `trellis migrate`: converts legacy `code` items of message sequences into scripted steps.
 
+// What is printed here was written by models, guests or workspaces: escaped.
+use crate::terminal::eprintln_shown as eprintln;
 use std::path::PathBuf;
 use std::process::ExitCode;
 

@@ -1,5 +1,7 @@
 //! `trellis plugins`: lists and inspects plugins.
 
+// What is printed here was written by models, guests or workspaces: escaped.
+use crate::terminal::println_shown as println;
 use std::path::PathBuf;
 use std::process::ExitCode;
 

@@ -1,5 +1,7 @@
 //! `trellis runs`: lists past runs and inspects their steps.
 
+// What is printed here was written by models, guests or workspaces: escaped.
+use crate::terminal::println_shown as println;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 

@@ -1,5 +1,7 @@
 //! `trellis script`: runs one step's script in its sandbox, outside a workflow run.
 
+// What is printed here was written by models, guests or workspaces: escaped.
+use crate::terminal::eprintln_shown as eprintln;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -78,9 +80,23 @@ pub async fn run(engine: &Engine, args: ScriptArgs) -> Result<ExitCode> {
     let runner = ScriptRunner::new(engine)?;
     let outcome = step_script::run(&runner, &ws, &args.step, &options).await?;
 
-    std::io::stdout().write_all(outcome.stdout.as_bytes())?;
-    std::io::stdout().flush()?;
-    std::io::stderr().write_all(outcome.stderr.as_bytes())?;
+    // The script's own output as it wrote it into a pipe or a file, escaped at a terminal.
+    let for_terminal = |text: &str, terminal: bool| {
+        if terminal {
+            crate::terminal::shown(text).into_owned()
+        } else {
+            text.to_string()
+        }
+    };
+    {
+        use std::io::IsTerminal;
+        let (stdout, stderr) = (std::io::stdout(), std::io::stderr());
+        let out = for_terminal(&outcome.stdout, stdout.is_terminal());
+        let err = for_terminal(&outcome.stderr, stderr.is_terminal());
+        stdout.lock().write_all(out.as_bytes())?;
+        stdout.lock().flush()?;
+        stderr.lock().write_all(err.as_bytes())?;
+    }
     let logs = outcome
         .log_dir
         .as_ref()

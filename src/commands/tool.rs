@@ -1,5 +1,7 @@
 //! `trellis tool`: calls tools directly, outside a workflow.
 
+// What is printed here was written by models, guests or workspaces: escaped.
+use crate::terminal::eprintln_shown as eprintln;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;

@@ -1,5 +1,7 @@
 //! `trellis validate`: checks a workspace's plan.json, step_config.json and workflow.json.
 
+// What is printed here was written by models, guests or workspaces: escaped.
+use crate::terminal::println_shown as println;
 use std::path::PathBuf;
 use std::process::ExitCode;
 

@@ -514,6 +514,7 @@ async fn a_rewrite_that_would_shrink_the_history_is_refused() {
             limits: Default::default(),
             retry: Default::default(),
             max_rounds: 5,
+            max_turn_result_bytes: trellis_runner::builder::DEFAULT_TURN_RESULT_BYTES,
             observer: BuilderObserver::none(),
         },
     )

@@ -145,7 +145,7 @@ fn the_db_tools_of_an_agent_refuse_a_hard_link_at_any_database_file() {
             world.database_mode_wal();
         }
         let bytes = world.plant(name);
-        let out = trellis(&["run", &world.root_str()]);
+        let out = trellis(&["run", &world.root_str(), "--allow-host", "127.0.0.1"]);
         let all = format!("{}\n{}", text(&out.stdout), text(&out.stderr));
         assert!(out.status.success(), "{name}: {all}");
         let results = server.last_tool_results();
@@ -264,7 +264,7 @@ fn a_foreach_source_sql_refuses_a_hard_link_at_any_database_file() {
         let server = foreach_world(&world);
         world.database(name == "db.sqlite-shm");
         let bytes = world.plant(name);
-        let out = trellis(&["run", &world.root_str()]);
+        let out = trellis(&["run", &world.root_str(), "--allow-host", "127.0.0.1"]);
         let all = format!("{}\n{}", text(&out.stdout), text(&out.stderr));
         assert_eq!(out.status.code(), Some(1), "{name}: {all}");
         assert!(all.contains(&refusal(name)), "{name}: {all}");
@@ -316,7 +316,7 @@ fn a_seeded_database_refuses_a_hard_link_at_any_database_file() {
             "db/seed.sql",
             "CREATE TABLE t(x); INSERT INTO t VALUES (1), (2);",
         );
-        let out = trellis(&["run", &world.root_str()]);
+        let out = trellis(&["run", &world.root_str(), "--allow-host", "127.0.0.1"]);
         let all = format!("{}\n{}", text(&out.stdout), text(&out.stderr));
         if name == "db.sqlite-shm" {
             assert!(out.status.success(), "{name}: {all}");
@@ -360,7 +360,7 @@ fn an_agent_does_not_read_through_a_hard_link() {
         world.root().join("knowledgebase/notes/hard.md"),
     )
     .unwrap();
-    let out = trellis(&["run", &world.root_str()]);
+    let out = trellis(&["run", &world.root_str(), "--allow-host", "127.0.0.1"]);
     let all = format!("{}\n{}", text(&out.stdout), text(&out.stderr));
     assert!(out.status.success(), "{all}");
     let result = result_of(&server.last_tool_results(), "r");

@@ -27,6 +27,7 @@ mod plugin_loading;
 mod preflight;
 mod provider_faults;
 mod provider_fences;
+mod redteam_budgets;
 mod redteam_builder;
 mod redteam_db;
 mod redteam_fastpath;

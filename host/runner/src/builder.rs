@@ -37,7 +37,7 @@ use serde_json::Value;
 use trellis_sandbox::Limits;
 use trellis_sandbox::plugins::PluginRegistry;
 
-pub use agent::{BuilderSession, SessionOptions, TurnReport};
+pub use agent::{BuilderSession, DEFAULT_TURN_RESULT_BYTES, SessionOptions, TurnReport};
 pub use modes::Mode;
 pub use tool::{ToolFailure, ToolResult, ToolSpec};
 

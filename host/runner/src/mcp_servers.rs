@@ -374,6 +374,9 @@ impl<R: AsyncRead + Unpin> AsyncRead for LineCap<R> {
 /// counted), and `STDERR_TOTAL_BYTES` in all; past that the output is read and dropped, so
 /// the server never blocks on a full pipe and never makes the host hold its output.
 const STDERR_LINE_BYTES: usize = 4096;
+/// What each logged line counts against `STDERR_TOTAL_BYTES` beyond its bytes, so a flood of
+/// empty lines is not logged line by line without end.
+const STDERR_LINE_COST: usize = 64;
 const STDERR_TOTAL_BYTES: usize = 1 << 20;
 
 /// Logs the stderr of server `key` (at debug level) within the caps above.
@@ -384,7 +387,8 @@ async fn log_stderr(key: String, mut stderr: impl tokio::io::AsyncRead + Unpin) 
     let (mut cut, mut logged) = (0usize, 0usize);
     let flush = |line: &mut Vec<u8>, cut: &mut usize, logged: &mut usize| {
         if *logged < STDERR_TOTAL_BYTES {
-            *logged += line.len();
+            // A line costs a log record whatever its length: empty lines count too.
+            *logged += line.len() + STDERR_LINE_COST;
             let text = String::from_utf8_lossy(line);
             if *cut > 0 {
                 tracing::debug!(server = %key, "{text} [cut: {cut} more bytes]");

@@ -1,10 +1,11 @@
 """An MCP server for the tests of external MCP servers (the `mcp` package from PyPI).
 
-    python mcp_fixture_server.py [--started FILE] [--http PORT] [--stderr-flood BYTES]
+    python mcp_fixture_server.py [--started FILE] [--http PORT] [--stderr-flood BYTES] [--stderr-newlines N]
 
 Serves over stdio, or streamable HTTP at http://127.0.0.1:PORT/mcp with --http. With
 --started it writes FILE first, so a test can tell whether the server was ever started.
-With --stderr-flood it first writes BYTES bytes to stderr in one line (no newline).
+With --stderr-flood it first writes BYTES bytes to stderr in one line (no newline); with
+--stderr-newlines N, N empty lines.
 """
 
 import argparse
@@ -17,6 +18,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--started")
 parser.add_argument("--http", type=int)
 parser.add_argument("--stderr-flood", type=int, default=0)
+parser.add_argument("--stderr-newlines", type=int, default=0)
 opts = parser.parse_args()
 if opts.stderr_flood:
     chunk = b"x" * (1 << 20)
@@ -24,6 +26,8 @@ if opts.stderr_flood:
     while left > 0:
         os.write(2, chunk[: min(left, len(chunk))])
         left -= len(chunk)
+if opts.stderr_newlines:
+    os.write(2, b"\n" * opts.stderr_newlines)
 if opts.started:
     with open(opts.started, "w") as f:
         f.write(str(os.getpid()))
@@ -55,6 +59,13 @@ def fail() -> str:
 @server.tool(description="A result of `size` bytes.")
 def huge(size: int) -> str:
     return "x" * size
+
+
+@server.tool(description="Fails with an error message of `size` bytes.")
+def huge_error(size: int) -> str:
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    raise ToolError("x" * size)
 
 
 @server.tool(description="Exits the server in the middle of the call.")

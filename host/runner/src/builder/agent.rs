@@ -21,6 +21,7 @@ use super::{
     BuilderEvent, BuilderObserver, PHASE_ID, ToolContext, ToolFailure, ToolSpec, edits, files,
     reads,
 };
+pub use crate::driver::DEFAULT_TURN_RESULT_BYTES;
 use crate::driver::{DEFAULT_CALLS_PER_ANSWER, not_run};
 use crate::llm_choice::{LlmSetup, StepLlm};
 use crate::runtime::{Runtime, WorkspaceHold};
@@ -56,6 +57,9 @@ pub struct SessionOptions {
     pub retry: RetryPolicy,
     /// Tool rounds per turn.
     pub max_rounds: usize,
+    /// Bytes of tool results one turn keeps in the conversation, as for a step's agent
+    /// (`--max-turn-result-mib`; default [`DEFAULT_TURN_RESULT_BYTES`]).
+    pub max_turn_result_bytes: u64,
     /// Where the turn's events go.
     pub observer: BuilderObserver,
 }
@@ -85,6 +89,7 @@ struct Agent {
     limits: Limits,
     retry: RetryPolicy,
     max_rounds: usize,
+    max_turn_result_bytes: u64,
     observer: BuilderObserver,
     session_id: String,
     side: Arc<SideAgents>,
@@ -177,6 +182,7 @@ impl BuilderSession {
             limits: options.limits,
             retry: options.retry,
             max_rounds: options.max_rounds,
+            max_turn_result_bytes: options.max_turn_result_bytes,
             observer: options.observer,
             session_id: conversation.session_id.clone(),
             side: Arc::default(),
@@ -366,6 +372,8 @@ impl Agent {
         // Made once per turn, from the workspace as the turn finds it: what executions
         // started in this turn do meanwhile is not the state the turn began in.
         let system = system_prompt(&self.root, mode);
+        // What the turn's tool results may add to the conversation, all rounds together.
+        let mut result_bytes_left = self.max_turn_result_bytes;
         for _ in 0..self.max_rounds {
             let mut messages = vec![Message::system(system.clone())];
             messages.extend(history.iter().cloned());
@@ -409,7 +417,21 @@ impl Agent {
             for (i, call) in response.tool_calls.iter().enumerate() {
                 let content = if i < DEFAULT_CALLS_PER_ANSWER {
                     tool_calls += 1;
-                    self.tool_call(mode, call).await
+                    let content = self.tool_call(mode, call).await;
+                    let len = u64::try_from(content.len()).unwrap_or(u64::MAX);
+                    match result_bytes_left.checked_sub(len) {
+                        Some(left) => {
+                            result_bytes_left = left;
+                            content
+                        }
+                        None => format!(
+                            "error: result not kept: it is {len} bytes and this turn's tool \
+                             results already reached their budget of {} MiB \
+                             (--max-turn-result-mib); end this turn with what you have, or \
+                             ask for smaller results (a line range, a narrower query)",
+                            self.max_turn_result_bytes >> 20
+                        ),
+                    }
                 } else {
                     format!("error: {}", not_run(asked, DEFAULT_CALLS_PER_ANSWER))
                 };

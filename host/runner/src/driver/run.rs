@@ -68,6 +68,9 @@ pub(super) struct Run<'w> {
     /// What the writer thread had queued before this agent's first sandboxed call is on disk
     /// ([`Run::settle_earlier_writes`]).
     pub(super) earlier_writes_on_disk: bool,
+    /// The file names under `tool-results/` this agent has offloaded to: a model chooses
+    /// call ids, and two calls with one id must not share a file.
+    pub(super) offloaded: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 /// What differs between a step's own agent and one call of a route's sub-agent; everything
@@ -124,6 +127,7 @@ impl StepRunner<'_> {
             turns: 0,
             status_marker_ends: true,
             earlier_writes_on_disk: false,
+            offloaded: Default::default(),
         }
     }
 

@@ -512,7 +512,14 @@ pub(super) fn kept(
     result_bytes: &ResultBytes,
 ) -> (ToolCallRecord, String) {
     if let Some(e) = &record.error {
+        // An error is content the model gets too (an external MCP server's `isError`
+        // result is as long as its results may be): it counts against the same bytes.
         let content = format!("error: {e}");
+        if !result_bytes.take(content.len()) {
+            let error = result_bytes.exceeded(content.len());
+            record.error = Some(error.clone());
+            return (record, format!("error: {error}"));
+        }
         return (record, content);
     }
     let content = match &record.result {
@@ -543,7 +550,7 @@ pub(super) fn kept(
 /// short reference that replaces it in the conversation; `None` when the file cannot be
 /// written (the result then stays in the conversation as it was).
 fn offload(run: &Run<'_>, call_id: &str, value: &Value, len: usize) -> Option<String> {
-    let name = format!("{}.json", file_safe(call_id));
+    let name = offload_name(run, call_id);
     let path = run.output_dir.join(TOOL_RESULTS_DIR).join(&name);
     match run.ws.fs.write_json_atomic(&path, value) {
         Ok(()) => Some(offload_reference(
@@ -559,6 +566,28 @@ fn offload(run: &Run<'_>, call_id: &str, value: &Value, len: usize) -> Option<St
             None
         }
     }
+}
+
+/// The file under `tool-results/` for call `call_id`: `<id>.json`, or `<id>-N.json` when
+/// this agent already wrote that name or a file is there (a model may give two calls one
+/// id, and ids that differ may map to one file name), the id cut to [`MAX_ID_CHARS`].
+fn offload_name(run: &Run<'_>, call_id: &str) -> String {
+    const MAX_ID_CHARS: usize = 100;
+    let base: String = file_safe(call_id).chars().take(MAX_ID_CHARS).collect();
+    let mut taken = run.offloaded.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = run.output_dir.join(TOOL_RESULTS_DIR);
+    let free = |name: &String| {
+        // An error (a planted link on the way) is not a file there: the write fails on it.
+        !taken.contains(name) && !matches!(run.ws.fs.kind(dir.join(name)), Ok(Some(_)))
+    };
+    let mut name = format!("{base}.json");
+    let mut n = 2u64;
+    while !free(&name) {
+        name = format!("{base}-{n}.json");
+        n += 1;
+    }
+    taken.insert(name.clone());
+    name
 }
 
 /// A tool call id as a file name: characters other than letters, digits, `-`, `_` and `.`

@@ -7,6 +7,28 @@ use super::*;
 /// ends as the provider's own `timeout` error rather than an interrupted call.
 pub(super) const LLM_CALL_GRACE: Duration = Duration::from_secs(2);
 
+/// What a tool call of an answer counts beyond its id, name and arguments: the host answers
+/// each call (a `not run` error past the calls an answer runs) and records it, so an answer
+/// of many empty calls is not an answer of no size.
+const TOOL_CALL_OVERHEAD_BYTES: usize = 256;
+
+/// The size of an answer against the call's `output_bytes`: every string the host keeps
+/// (text, each tool call's id, name and arguments, the model reported) and
+/// [`TOOL_CALL_OVERHEAD_BYTES`] a call.
+fn answer_size(response: &llm::Response) -> usize {
+    let calls = response.tool_calls.iter().fold(0usize, |n, c| {
+        n.saturating_add(TOOL_CALL_OVERHEAD_BYTES)
+            .saturating_add(c.id.len())
+            .saturating_add(c.name.len())
+            .saturating_add(c.arguments.len())
+    });
+    response
+        .text
+        .len()
+        .saturating_add(response.model.as_ref().map_or(0, String::len))
+        .saturating_add(calls)
+}
+
 impl PluginRegistry {
     /// Asks LLM provider `provider` for a completion of `request` at `endpoint`.
     ///
@@ -83,12 +105,7 @@ impl PluginRegistry {
             Ok(Ok(response)) => {
                 // A server may echo the credentials it got: nothing returned keeps them.
                 let response = llm::wit::response(response).redacted(secret);
-                let size = response.text.len()
-                    + response
-                        .tool_calls
-                        .iter()
-                        .map(|c| c.arguments.len() + c.name.len())
-                        .sum::<usize>();
+                let size = answer_size(&response);
                 if size > limits.output_bytes {
                     return Err(provider_error(LlmError::MalformedResponse(format!(
                         "the answer is {size} bytes, over the limit of {}",
@@ -139,5 +156,30 @@ impl PluginRegistry {
                     .redact(&call_error(failure, format!("llm `{provider}`")).to_string()),
             }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_answers_size_counts_ids_the_model_and_each_call() {
+        let call = |id: &str| llm::ToolCall {
+            id: id.to_string(),
+            name: "a:b".to_string(),
+            arguments: "{}".to_string(),
+        };
+        let response = llm::Response {
+            text: "hi".to_string(),
+            tool_calls: vec![call("1234"), call("")],
+            stop_reason: llm::StopReason::ToolCalls,
+            usage: Default::default(),
+            model: Some("model".to_string()),
+        };
+        assert_eq!(
+            answer_size(&response),
+            2 + 5 + 2 * (TOOL_CALL_OVERHEAD_BYTES + 3 + 2) + 4
+        );
     }
 }
