@@ -2,6 +2,13 @@
 //! every kind, Python for tools) outside this repository; `build` turns one into a loadable
 //! plugin folder (`dist/`: the component and its `plugin.json`) and loads it to prove it.
 //!
+//! A project may come from anyone: its files are read through a handle on its folder that
+//! refuses links (a link to a file elsewhere is never read into the plugin), the build's
+//! staging folder is a private one with an unpredictable name, and `dist/` is written
+//! through the same handle, atomically: a link planted at a file of `dist/` is refused and
+//! a hard link replaced, neither written through. A Rust project is built by cargo, which runs its
+//! build scripts: building one is running its code.
+//!
 //! The installed plugins are listed by `trellis plugins`, not here.
 
 mod python_build;
@@ -15,6 +22,8 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand, ValueEnum};
 use trellis_sandbox::plugins::manifest::MANIFEST_FILE;
 use trellis_sandbox::plugins::{Manifest, PluginKind};
+use trellis_sandbox::store::workspace_fs::link_error;
+use trellis_sandbox::store::{Kind as EntryKind, WorkspaceFs};
 use trellis_sandbox::{Engine, PluginRegistry};
 
 use super::CacheArgs;
@@ -133,21 +142,19 @@ pub async fn run(
     }
 }
 
-/// Creates the folder `component` goes in; the builders call it once the build can start,
-/// so a build refused early leaves no empty `dist/` behind.
-fn create_parent(component: &Path) -> Result<()> {
-    if let Some(parent) = component.parent() {
-        std::fs::create_dir_all(parent)
-            .with_context(|| format!("cannot create {}", parent.display()))?;
+/// Whether the project has the regular file `name`; a link there is an error naming it.
+fn has_file(project: &WorkspaceFs, name: &str) -> Result<bool> {
+    match project.kind(name)? {
+        Some(EntryKind::Link) => bail!("{}", link_error(Path::new(name))),
+        kind => Ok(kind == Some(EntryKind::File)),
     }
-    Ok(())
 }
 
-/// The language of the project at `dir`, from the file that marks it.
-fn project_lang(dir: &Path) -> Result<Lang> {
-    if dir.join("Cargo.toml").is_file() {
+/// The language of the project, from the file that marks it.
+fn project_lang(project: &WorkspaceFs, dir: &Path) -> Result<Lang> {
+    if has_file(project, "Cargo.toml")? {
         Ok(Lang::Rust)
-    } else if dir.join(python_build::ENTRY_FILE).is_file() {
+    } else if has_file(project, python_build::ENTRY_FILE)? {
         Ok(Lang::Python)
     } else {
         bail!(
@@ -158,20 +165,88 @@ fn project_lang(dir: &Path) -> Result<Lang> {
     }
 }
 
+/// Where a build puts the plugin: a folder under a handle, `rel` in it.
+struct Dist {
+    fs: WorkspaceFs,
+    rel: PathBuf,
+    /// Under the project's handle.
+    in_project: bool,
+}
+
+impl Dist {
+    /// `DIR/dist` (or `--out` inside the project) under the project's handle; `--out`
+    /// elsewhere under a handle on that folder, which is created.
+    fn new(project: &WorkspaceFs, dir: &Path, out: Option<&Path>) -> Result<Dist> {
+        let Some(out) = out else {
+            return Ok(Dist {
+                fs: project.clone(),
+                rel: PathBuf::from("dist"),
+                in_project: true,
+            });
+        };
+        if let Ok(rel) = out.strip_prefix(dir) {
+            return Ok(Dist {
+                fs: project.clone(),
+                rel: project.relative(rel)?,
+                in_project: true,
+            });
+        }
+        // A folder the operator named outside the project: it may be reached through links.
+        std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+        Ok(Dist {
+            fs: WorkspaceFs::open(out)?,
+            rel: PathBuf::new(),
+            in_project: false,
+        })
+    }
+
+    /// The folder on the host.
+    fn dir(&self) -> PathBuf {
+        self.fs.host_path(&self.rel)
+    }
+
+    /// The host path of `name` in it.
+    fn path(&self, name: impl AsRef<Path>) -> PathBuf {
+        self.fs.host_path(&self.rel.join(name))
+    }
+
+    /// Writes `bytes` to `name` in it atomically: a link there is refused, a hard link
+    /// replaced, neither written through.
+    fn write(&self, name: impl AsRef<Path>, bytes: &[u8]) -> Result<()> {
+        let name = name.as_ref();
+        self.fs
+            .write_atomic(self.rel.join(name), bytes)
+            .with_context(|| format!("cannot write {}", self.path(name).display()))
+    }
+}
+
 async fn build(engine: &Engine, args: &BuildArgs) -> Result<()> {
     let dir = &args.dir;
     let manifest_path = dir.join(MANIFEST_FILE);
-    anyhow::ensure!(
-        manifest_path.is_file(),
-        "{}: no {MANIFEST_FILE} (is this a plugin project? `trellis plugin new` starts one)",
-        dir.display()
-    );
-    let manifest = Manifest::read(&manifest_path)?;
-    let lang = project_lang(dir)?;
-    let out = args.out.clone().unwrap_or_else(|| dir.join("dist"));
-    let component = out.join(&manifest.component);
-    match lang {
-        Lang::Rust => rust_build::build(dir, &component)?,
+    let no_manifest = || {
+        anyhow::anyhow!(
+            "{}: no {MANIFEST_FILE} (is this a plugin project? `trellis plugin new` starts one)",
+            dir.display()
+        )
+    };
+    if !dir.is_dir() {
+        return Err(no_manifest());
+    }
+    // Every file of the project is read through this handle: links are refused.
+    let project = WorkspaceFs::open(dir)?;
+    if !has_file(&project, MANIFEST_FILE)? {
+        return Err(no_manifest());
+    }
+    let manifest_text = project
+        .read_to_string(MANIFEST_FILE)
+        .with_context(|| format!("{}: cannot read", manifest_path.display()))?;
+    let manifest =
+        Manifest::parse(&manifest_text).with_context(|| format!("{}", manifest_path.display()))?;
+    let lang = project_lang(&project, dir)?;
+    let dist = Dist::new(&project, dir, args.out.as_deref())?;
+    let component = dist.path(&manifest.component);
+    let bytes = match lang {
+        Lang::Rust => rust_build::build(dir)?,
         Lang::Python => {
             anyhow::ensure!(
                 manifest.kind == PluginKind::Tool,
@@ -179,15 +254,15 @@ async fn build(engine: &Engine, args: &BuildArgs) -> Result<()> {
                 manifest_path.display(),
                 manifest.kind.as_str()
             );
-            python_build::build(dir, &component)?
+            python_build::build(&project, dir)?
         }
-    }
-    let out_manifest = out.join(MANIFEST_FILE);
-    // `--out DIR` builds in place: copying the manifest onto itself would empty it.
-    let same = |a: &Path, b: &Path| a.canonicalize().ok() == b.canonicalize().ok();
-    if !same(&out, dir) {
-        std::fs::copy(&manifest_path, &out_manifest)
-            .with_context(|| format!("cannot write {}", out_manifest.display()))?;
+    };
+    dist.write(&manifest.component, &bytes)?;
+    let out = dist.dir();
+    let out_manifest = dist.path(MANIFEST_FILE);
+    // `--out DIR` builds in place: the manifest is already there.
+    if !(dist.in_project && dist.rel.as_os_str().is_empty()) {
+        dist.write(MANIFEST_FILE, manifest_text.as_bytes())?;
     }
 
     // Load it as `--plugins OUT` would: a component that does not load is no build.
@@ -197,7 +272,7 @@ async fn build(engine: &Engine, args: &BuildArgs) -> Result<()> {
         .await
         .with_context(|| format!("the built plugin in {} does not load", out.display()))?;
     let plugin = registry.get(&id).context("the plugin just loaded")?;
-    let size = std::fs::metadata(&component).map(|m| m.len()).unwrap_or(0);
+    let size = bytes.len();
     println!(
         "built {} ({:.1} MB): {} plugin `{id}` {}",
         component.display(),

@@ -1,4 +1,7 @@
 //! `trellis script`: runs one step's script in its sandbox, outside a workflow run.
+//!
+//! The workspace's database is seeded first, as `trellis run` seeds it: a script run on a
+//! fresh workspace would otherwise leave an empty `db/db.sqlite`, which no run seeds after.
 
 // What is printed here was written by models, guests or workspaces: escaped.
 use crate::terminal::eprintln_shown as eprintln;
@@ -9,7 +12,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use trellis_runner::events::RunEvent;
 use trellis_runner::step_script::{self, ScriptOptions};
+use trellis_runner::workflow_run::{DB_FILE, SEED_SQL, seed_database};
 use trellis_sandbox::Engine;
 use trellis_sandbox::script::ScriptRunner;
 
@@ -77,6 +82,15 @@ pub async fn run(engine: &Engine, args: ScriptArgs) -> Result<ExitCode> {
             .insert(name.to_string(), value.to_string());
     }
     let ws = open_workspace(&args.workspace, args.run.as_deref())?;
+    if seed_database(&ws.fs)? {
+        let seeded = RunEvent::DatabaseSeeded {
+            database: DB_FILE.to_string(),
+            seed: SEED_SQL.to_string(),
+        };
+        if let Some(line) = seeded.run_line() {
+            eprintln!("{line}");
+        }
+    }
     let runner = ScriptRunner::new(engine)?;
     let outcome = step_script::run(&runner, &ws, &args.step, &options).await?;
 

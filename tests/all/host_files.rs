@@ -678,3 +678,159 @@ fn a_guest_reading_a_fifo_in_its_grant_is_refused_not_hung() {
         );
     }
 }
+
+// ------------------------------------------------------------------------------- depth
+
+/// Deeper than a recursive walk or removal survives, and far deeper than any path the
+/// system takes (`PATH_MAX`).
+const DEEP: usize = 30_000;
+
+/// Makes a chain of `depth` folders named `d` in the folder `top`, one `mkdirat` at a time
+/// (no path to the bottom would fit in `PATH_MAX`), with a file at the bottom.
+fn deep_chain(top: &Path, depth: usize) {
+    use std::os::unix::ffi::OsStrExt;
+    let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC;
+    let top = std::ffi::CString::new(top.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    let mut fd = unsafe { libc::open(top.as_ptr(), flags) };
+    assert!(fd >= 0, "{}", std::io::Error::last_os_error());
+    for _ in 0..depth {
+        // SAFETY: `fd` is an open folder this loop owns, the names are NUL-terminated.
+        let next = unsafe {
+            assert_eq!(libc::mkdirat(fd, c"d".as_ptr(), 0o755), 0);
+            let next = libc::openat(fd, c"d".as_ptr(), flags);
+            libc::close(fd);
+            next
+        };
+        assert!(next >= 0, "{}", std::io::Error::last_os_error());
+        fd = next;
+    }
+    // SAFETY: as above.
+    unsafe {
+        let file = libc::openat(
+            fd,
+            c"bottom.txt".as_ptr(),
+            libc::O_WRONLY | libc::O_CREAT | libc::O_CLOEXEC,
+            0o644,
+        );
+        assert!(file >= 0);
+        libc::close(file);
+        libc::close(fd);
+    }
+}
+
+/// A chain of folders 30,000 deep put (outside the sandbox) in a run's `Downloads/` and in
+/// a step's output folder: `runs show` still lists the step, a single-step run empties the
+/// step's folder, and the full runs after it archive the run and then delete it, each as if
+/// the chain were not there.
+#[test]
+fn a_chain_of_folders_deeper_than_any_stack_does_not_stop_later_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    support::workspace::copy_workspace(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/ticket-digest"),
+        &ws,
+        &["runs", "db.sqlite"],
+    );
+    // One archived run kept: the third full run deletes the run the chain is in.
+    let manifest = ws.join("workflow.json");
+    let mut workflow = support::workspace::read_json(&manifest);
+    workflow["run_retention_count"] = json!(1);
+    std::fs::write(&manifest, workflow.to_string()).unwrap();
+    let root = ws.to_str().unwrap();
+    let ran = |args: &[&str]| {
+        let out = bounded(args);
+        let text = both(&out);
+        assert!(out.status.success(), "trellis {args:?}: {text}");
+        text
+    };
+
+    ran(&["run", root]);
+    let exec = ws.join("runs/iteration-0/execution");
+    deep_chain(&exec.join("Downloads"), DEEP);
+    deep_chain(&exec.join("export-open"), DEEP);
+
+    let shown = ran(&["runs", "show", root, "export-open"]);
+    assert!(shown.contains("open_tickets.json"), "{shown}");
+
+    ran(&["run", root, "--step", "export-open"]);
+    assert!(!exec.join("export-open/d").exists());
+    assert!(exec.join("export-open/open_tickets.json").is_file());
+
+    ran(&["run", root]);
+    assert!(ws.join("runs/iteration-1/execution/Downloads/d").is_dir());
+    let third = ran(&["run", root]);
+    assert!(
+        third.contains(
+            "deleted 1 archived run past the 1 kept (run_retention_count): runs/iteration-1"
+        ),
+        "{third}"
+    );
+    assert!(!ws.join("runs/iteration-1").exists());
+    assert!(
+        ws.join("runs/iteration-2/execution/digest/digest.md")
+            .is_file()
+    );
+}
+
+/// A guest makes folders at most 256 levels below its granted folder, and cannot join two
+/// chains within the limit into a deeper one by moving one into the other.
+#[test]
+fn a_guest_cannot_make_or_move_folders_past_the_depth_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir_all(root.join("granted/x")).unwrap();
+    let plugins = support::plugin_folder(dir.path(), "adversary", "adversary", "tool");
+    let call = |tool: &str, args: serde_json::Value| {
+        bounded(&[
+            "tool",
+            "call",
+            tool,
+            "--root",
+            root.to_str().unwrap(),
+            "--write",
+            "granted",
+            "--args",
+            &args.to_string(),
+            "--plugins",
+            plugins.to_str().unwrap(),
+        ])
+    };
+    let depth_of = |top: &Path| {
+        let (mut path, mut depth) = (top.to_path_buf(), 0);
+        while path.join("d").is_dir() {
+            path.push("d");
+            depth += 1;
+        }
+        depth
+    };
+    const LIMIT: &str = "stopped: the plugin made a folder more than 256 levels below its granted folder (the depth limit)";
+
+    let out = call(
+        "adversary:deep_dirs",
+        json!({"dir": "/granted", "depth": 1000}),
+    );
+    refused(&out, &format!("adversary:deep_dirs: {LIMIT}"));
+    assert_eq!(depth_of(&root.join("granted")), 256);
+    std::fs::remove_dir_all(root.join("granted/d")).unwrap();
+
+    for top in ["/granted", "/granted/x"] {
+        let out = call("adversary:deep_dirs", json!({"dir": top, "depth": 200}));
+        assert!(out.status.success(), "{}", both(&out));
+    }
+    let before = tree_digest(&root);
+    let into_the_other = format!("/granted/{}joined", "d/".repeat(200));
+    let out = call(
+        "adversary:rename",
+        json!({"from": "/granted/x/d", "to": into_the_other}),
+    );
+    refused(&out, &format!("adversary:rename: {LIMIT}"));
+    assert_eq!(tree_digest(&root), before);
+    // A move that takes no folder past the limit is the guest's to make.
+    let out = call(
+        "adversary:rename",
+        json!({"from": "/granted/x/d", "to": "/granted/y"}),
+    );
+    assert!(out.status.success(), "{}", both(&out));
+    assert_eq!(depth_of(&root.join("granted/y")), 199);
+}

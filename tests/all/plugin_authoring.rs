@@ -624,3 +624,180 @@ fn the_csv_stats_example_answers_tool_calls_and_an_agent_in_a_run() {
     );
     assert_eq!(kept(&ws), before);
 }
+
+// ------------------------------------------------------------- plugin build, hostile projects
+
+/// A tool manifest whose component is `<id>.wasm`.
+fn tool_manifest(id: &str) -> String {
+    json!({
+        "id": id, "kind": "tool", "version": "0.1.0", "description": "a planted project",
+        "component": format!("{id}.wasm"),
+    })
+    .to_string()
+}
+
+/// Writes the executable shell script `name` in `dir` and returns its path.
+fn shell_script(dir: &Path, name: &str, body: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join(name);
+    std::fs::write(&path, format!("#!/bin/sh\n{body}")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+/// `trellis plugin build PROJECT` with `env` set.
+fn build_with(project: &Path, env: &[(&str, &Path)]) -> std::process::Output {
+    let mut command = for_builds(support::trellis_command(&[
+        "plugin",
+        "build",
+        path_str(project),
+    ]));
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    bounded(command)
+}
+
+/// A Python project with a link among its modules, to a file elsewhere on the machine: the
+/// build refuses it, naming it, before anything is staged. Without it the build stages the
+/// project in a folder only its user can enter, which is gone afterwards. (componentize-py is
+/// a stand-in that records what it was given and answers with a test component.)
+#[test]
+fn a_python_build_reads_no_linked_source_and_stages_in_a_private_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = dir.path().join("hostile");
+    write_files(
+        &project,
+        &[
+            ("plugin.json", tool_manifest("hostile")),
+            ("plugin.py", "VALUE = 1\n".to_string()),
+        ],
+    );
+    let secret = dir.path().join("secret.py");
+    std::fs::write(&secret, "SECRET = 'the secret'\n").unwrap();
+    std::os::unix::fs::symlink(&secret, project.join("secrets.py")).unwrap();
+    let record = dir.path().join("record.txt");
+    let component = trellis_test_programs::path("adversary");
+    let tool = shell_script(
+        dir.path(),
+        "componentize-py",
+        &format!(
+            r#"if [ "$1" = "--version" ]; then echo "componentize-py {version}"; exit 0; fi
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -p) app="$2"; shift ;;
+    -o) out="$2"; shift ;;
+  esac
+  shift
+done
+staging=$(dirname "$app")
+stat -c '%a %n' "$staging" > '{record}'
+LC_ALL=C ls "$app" >> '{record}'
+cp '{component}' "$out"
+"#,
+            version = trellis_sandbox::script::COMPONENTIZE_PY_VERSION,
+            record = record.display(),
+            component = component.display(),
+        ),
+    );
+    let env = [("TRELLIS_COMPONENTIZE_PY", tool.as_path())];
+
+    let out = build_with(&project, &env);
+    refused(
+        &out,
+        "secrets.py is a symbolic link; Trellis does not read or write through links",
+    );
+    assert!(!record.exists(), "nothing was staged");
+    assert!(!project.join("dist").exists());
+
+    std::fs::remove_file(project.join("secrets.py")).unwrap();
+    let out = build_with(&project, &env);
+    assert!(out.status.success(), "{}", all_output(&out));
+    let recorded = std::fs::read_to_string(&record).unwrap();
+    let (first, staged) = recorded.split_once('\n').unwrap();
+    let (mode, staging) = first.split_once(' ').unwrap();
+    assert_eq!(mode, "700", "{recorded}");
+    let name = Path::new(staging).file_name().unwrap().to_string_lossy();
+    assert!(name.starts_with("trellis-plugin-build-"), "{staging}");
+    assert!(
+        !Path::new(staging).exists(),
+        "the staging folder is removed"
+    );
+    assert_eq!(
+        staged.lines().collect::<Vec<_>>(),
+        ["plugin.py", "trellis_plugin.py", "trellis_plugin_app.py"]
+    );
+    assert_eq!(
+        std::fs::read(project.join("dist/hostile.wasm")).unwrap(),
+        std::fs::read(&component).unwrap()
+    );
+}
+
+/// Links planted in `dist/` to files outside the project: a symbolic link at the component
+/// is refused, naming it; hard links at the component and at plugin.json are replaced by
+/// the build, never written through. A project whose plugin.json is a link is refused. (cargo
+/// is a stand-in that reports a test component as what it built.)
+#[test]
+fn a_build_replaces_links_planted_in_dist_and_reads_no_linked_manifest() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let project = dir.path().join("planted");
+    let outside = dir.path().join("outside");
+    write_files(
+        &project,
+        &[
+            ("plugin.json", tool_manifest("planted")),
+            ("Cargo.toml", "[package]\nname = \"planted\"\n".to_string()),
+        ],
+    );
+    write_files(
+        &outside,
+        &[
+            ("victim.wasm", "precious bytes".to_string()),
+            ("manifest.json", tool_manifest("planted")),
+        ],
+    );
+    let dist = project.join("dist");
+    std::fs::create_dir(&dist).unwrap();
+    std::os::unix::fs::symlink(outside.join("victim.wasm"), dist.join("planted.wasm")).unwrap();
+    let before = support::tree_digest(&outside);
+    let component = trellis_test_programs::path("adversary");
+    let artifact = json!({
+        "reason": "compiler-artifact",
+        "target": {"kind": ["cdylib"]},
+        "filenames": [component],
+    });
+    let cargo = shell_script(dir.path(), "cargo", &format!("echo '{artifact}'\n"));
+    let env = [("CARGO", cargo.as_path())];
+
+    let out = build_with(&project, &env);
+    refused(
+        &out,
+        "dist/planted.wasm is a symbolic link; Trellis does not read or write through links",
+    );
+    assert_eq!(support::tree_digest(&outside), before);
+
+    std::fs::remove_file(dist.join("planted.wasm")).unwrap();
+    std::fs::hard_link(outside.join("victim.wasm"), dist.join("planted.wasm")).unwrap();
+    std::fs::hard_link(outside.join("manifest.json"), dist.join("plugin.json")).unwrap();
+    let out = build_with(&project, &env);
+    assert!(out.status.success(), "{}", all_output(&out));
+    assert_eq!(support::tree_digest(&outside), before);
+    for name in ["planted.wasm", "plugin.json"] {
+        let meta = std::fs::symlink_metadata(dist.join(name)).unwrap();
+        assert!(meta.is_file() && meta.nlink() == 1, "{name}");
+    }
+    assert_eq!(
+        std::fs::read(dist.join("planted.wasm")).unwrap(),
+        std::fs::read(&component).unwrap()
+    );
+
+    std::fs::remove_file(project.join("plugin.json")).unwrap();
+    std::os::unix::fs::symlink(outside.join("manifest.json"), project.join("plugin.json")).unwrap();
+    let out = build_with(&project, &env);
+    refused(
+        &out,
+        "plugin.json is a symbolic link; Trellis does not read or write through links",
+    );
+    assert_eq!(support::tree_digest(&outside), before);
+}

@@ -877,3 +877,55 @@ fn the_cli_runs_a_step_script_and_fails_with_its_error() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--timeout: expected a positive number"));
 }
+
+/// A newcomer's first steps: `trellis script` on a fresh copy of an example with a
+/// `db/seed.sql`, then `trellis run`. The script must find the seeded tables (it reads the
+/// open tickets), and so must the run after it: an empty database left by the script would
+/// never be seeded.
+#[test]
+fn a_script_on_a_fresh_workspace_seeds_the_database_as_a_run_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ws");
+    let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/ticket-digest");
+    support::workspace::copy_workspace(&example, &root, &["runs", "db.sqlite"]);
+    let ws = root.to_str().unwrap();
+
+    let out = support::trellis(&["script", ws, "--step", "export-open"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.starts_with("created db/db.sqlite from db/seed.sql\n"),
+        "{stderr}"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "exported 4 open tickets\n"
+    );
+
+    let out = support::trellis(&["run", ws]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let digest =
+        std::fs::read_to_string(root.join("runs/iteration-0/execution/digest/digest.md")).unwrap();
+    assert!(digest.contains("## High (2)"), "{digest}");
+
+    // Seeded once: a second script finds the database there and says nothing of it.
+    let out = support::trellis(&["script", ws, "--step", "export-open"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains("created db/db.sqlite"), "{stderr}");
+
+    // The empty database an earlier release's script left holds nothing: it is seeded over.
+    std::fs::write(root.join("db/db.sqlite"), "").unwrap();
+    let out = support::trellis(&["run", ws]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("created db/db.sqlite from db/seed.sql"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -193,31 +193,28 @@ pub fn call_id(n: u32) -> String {
     format!("call-{n:04}")
 }
 
-/// The files under `dir` (recursively, symbolic links not followed), as paths relative to
-/// `root` with `/` separators, sorted; `tool-results/` at the top of `dir` is left out.
+/// The files under `dir` (symbolic links not followed, at most
+/// [`trellis_sandbox::store::workspace_fs::MAX_WALK_DEPTH`] folders down), as paths
+/// relative to `root` with `/` separators, sorted; `tool-results/` at the top of `dir` is
+/// left out.
 pub fn files_written(fs: &WorkspaceFs, root: &Path, dir: &Path) -> Vec<String> {
-    fn walk(fs: &WorkspaceFs, root: &Path, dir: &Path, top: bool, out: &mut Vec<String>) {
-        let Ok(entries) = fs.list(dir) else {
-            return;
-        };
-        for (name, kind) in entries {
-            let path = dir.join(&name);
-            if kind == Kind::Dir {
-                if !(top && name == TOOL_RESULTS_DIR) {
-                    walk(fs, root, &path, false, out);
-                }
-            } else if let Ok(rel) = path.strip_prefix(root) {
-                out.push(
-                    rel.components()
-                        .map(|c| c.as_os_str().to_string_lossy())
-                        .collect::<Vec<_>>()
-                        .join("/"),
-                );
-            }
-        }
-    }
     let mut out = Vec::new();
-    walk(fs, root, dir, true, &mut out);
+    let tool_results = dir.join(TOOL_RESULTS_DIR);
+    // A folder that cannot be listed ends the listing with what was found before it.
+    let _ = fs.walk(dir, |path, kind| {
+        if kind == Kind::Dir {
+            return path != tool_results;
+        }
+        if let Ok(rel) = path.strip_prefix(root) {
+            out.push(
+                rel.components()
+                    .map(|c| c.as_os_str().to_string_lossy())
+                    .collect::<Vec<_>>()
+                    .join("/"),
+            );
+        }
+        false
+    });
     out.sort();
     out
 }

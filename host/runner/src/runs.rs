@@ -341,23 +341,21 @@ pub fn show_step(root: &Path, run: &str, step: &str) -> Result<StepReport> {
 }
 
 /// The files under `dir`, workspace-relative, sorted; session and summary files left out,
-/// links neither listed nor followed.
+/// links neither listed nor followed, at most [`MAX_WALK_DEPTH`] folders down.
+///
+/// [`MAX_WALK_DEPTH`]: trellis_sandbox::store::workspace_fs::MAX_WALK_DEPTH
 fn files_under(fs: &WorkspaceFs, root: &Path, dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
-    let mut entries = fs
-        .list(dir)
-        .with_context(|| format!("reading {}", dir.display()))?;
-    entries.sort();
-    for (name, kind) in entries {
-        let path = dir.join(&name);
-        match kind {
-            Kind::Dir => files_under(fs, root, &path, out)?,
-            Kind::File if name != "session.json" && name != FINAL_SUMMARY_FILE => {
-                out.push(path.strip_prefix(root).unwrap_or(&path).to_path_buf());
-            }
-            _ => {}
+    fs.walk(dir, |path, kind| {
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        if kind == Kind::File && name != "session.json" && name != FINAL_SUMMARY_FILE {
+            out.push(path.strip_prefix(root).unwrap_or(path).to_path_buf());
         }
-    }
-    Ok(())
+        kind == Kind::Dir
+    })
+    .with_context(|| format!("reading {}", dir.display()))
 }
 
 /// The last attempt of each gate logged in `logs/<step>/`.

@@ -420,5 +420,17 @@ mod tests {
         let x: i64 = conn.query_row("SELECT x FROM t", [], |r| r.get(0)).unwrap();
         assert_eq!(x, 7);
         assert!(!seed_database(&fs).unwrap(), "an existing db is kept");
+
+        // An empty file holds no data: it is seeded over, unless a write-ahead log beside it
+        // may hold some.
+        drop(conn);
+        std::fs::write(dir.path().join(DB_FILE), "").unwrap();
+        std::fs::write(dir.path().join("db/db.sqlite-wal"), "").unwrap();
+        assert!(!seed_database(&fs).unwrap());
+        std::fs::remove_file(dir.path().join("db/db.sqlite-wal")).unwrap();
+        assert!(seed_database(&fs).unwrap());
+        let conn = rusqlite::Connection::open(dir.path().join(DB_FILE)).unwrap();
+        let x: i64 = conn.query_row("SELECT x FROM t", [], |r| r.get(0)).unwrap();
+        assert_eq!(x, 7);
     }
 }

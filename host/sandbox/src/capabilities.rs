@@ -133,6 +133,21 @@ impl Grant {
         &self.folders
     }
 
+    /// Device and inode of each granted folder: of the folder preopened for the calls when
+    /// one was, else of the folder the grant was made with.
+    pub(crate) fn folder_identities(&self) -> Vec<(u64, u64)> {
+        self.folders
+            .iter()
+            .filter_map(|f| {
+                f.opened
+                    .get()
+                    .and_then(|file| file.metadata().ok())
+                    .map(|m| (m.dev(), m.ino()))
+                    .or(f.identity)
+            })
+            .collect()
+    }
+
     /// The database grant, if any.
     pub fn db(&self) -> Option<&DbGrant> {
         self.db.as_ref()

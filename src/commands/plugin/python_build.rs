@@ -3,6 +3,12 @@
 //! the release the bundled Python script runner is built with) turns them into a component
 //! of world `tool-plugin` of `wit/trellis-plugin@0.1.0`.
 //!
+//! The modules are read through the project's handle, so a link among them (to a file
+//! anywhere on the machine) is refused, naming it, rather than built into the plugin; the
+//! staging folder is private to the user (`0700`, an unpredictable name under the temporary
+//! folder), so nobody else can plant or read anything in it; the component is written there
+//! and handed back, never into `dist/` by componentize-py.
+//!
 //! componentize-py pre-initializes the component: `plugin.py` is imported at build time,
 //! so its `@tool` decorators have run and the tool list is in the snapshot.
 //!
@@ -12,11 +18,14 @@
 //! `python3 -m venv` and `pip install componentize-py==<version>`.
 
 use std::ffi::OsString;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result, bail};
 use trellis_sandbox::script::{BUILD_PYTHON_VENV, COMPONENTIZE_PY_VERSION};
+use trellis_sandbox::store::workspace_fs::link_error;
+use trellis_sandbox::store::{Kind, WorkspaceFs};
 
 /// The module of a project that defines its tools.
 pub const ENTRY_FILE: &str = "plugin.py";
@@ -55,20 +64,38 @@ pub fn sdk_copy_for_tests() -> String {
     )
 }
 
-/// Builds the Python tool plugin at `dir` into `component`.
-pub fn build(dir: &Path, component: &Path) -> Result<()> {
+/// Builds the Python tool plugin at `dir` (opened as `project`) and returns its component.
+pub fn build(project: &WorkspaceFs, dir: &Path) -> Result<Vec<u8>> {
+    let sources = find_sources(project)?;
     let tool = componentize_py()?;
-    super::create_parent(component)?;
-    let staging = std::env::temp_dir().join(format!("trellis-plugin-build-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&staging);
-    let result = build_in(dir, component, &tool, &staging);
-    let _ = std::fs::remove_dir_all(&staging);
-    result
+    // Removed when it goes out of scope, whichever way the build ends.
+    let staging = tempfile::Builder::new()
+        .prefix("trellis-plugin-build-")
+        .permissions(std::fs::Permissions::from_mode(0o700))
+        .tempdir()
+        .context("cannot create a staging folder for the build")?;
+    build_in(project, &sources, dir, &tool, staging.path())
 }
 
-fn build_in(dir: &Path, component: &Path, tool: &PythonTool, staging: &Path) -> Result<()> {
+fn build_in(
+    project: &WorkspaceFs,
+    sources: &[PathBuf],
+    dir: &Path,
+    tool: &PythonTool,
+    staging: &Path,
+) -> Result<Vec<u8>> {
     let app = staging.join("app");
-    copy_sources(dir, &app)?;
+    std::fs::create_dir(&app)?;
+    for rel in sources {
+        let to = app.join(rel);
+        if let Some(parent) = to.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        let bytes = project
+            .read(rel)
+            .with_context(|| format!("cannot read {}", dir.join(rel).display()))?;
+        std::fs::write(&to, bytes)?;
+    }
     std::fs::write(app.join(SDK_FILE), SDK)?;
     std::fs::write(app.join(format!("{APP_MODULE}.py")), APP)?;
     let wit = staging.join("wit");
@@ -77,7 +104,7 @@ fn build_in(dir: &Path, component: &Path, tool: &PythonTool, staging: &Path) -> 
         std::fs::create_dir_all(path.parent().unwrap())?;
         std::fs::write(&path, text)?;
     }
-    let partial = component.with_extension("wasm.partial");
+    let built = staging.join("plugin.wasm");
     let output = tool
         .command()
         .arg("-d")
@@ -86,7 +113,7 @@ fn build_in(dir: &Path, component: &Path, tool: &PythonTool, staging: &Path) -> 
         .arg(&app)
         .arg(APP_MODULE)
         .arg("-o")
-        .arg(&partial)
+        .arg(&built)
         // The plugin must not pick up packages of whatever virtual environment is active.
         .env_remove("VIRTUAL_ENV")
         .env_remove("PYTHONPATH")
@@ -97,7 +124,6 @@ fn build_in(dir: &Path, component: &Path, tool: &PythonTool, staging: &Path) -> 
         .output()
         .context("cannot run componentize-py")?;
     if !output.status.success() {
-        let _ = std::fs::remove_file(&partial);
         bail!(
             "componentize-py could not build {} (an error in plugin.py is raised at build time, when the module is imported):\n{}{}",
             dir.display(),
@@ -105,34 +131,45 @@ fn build_in(dir: &Path, component: &Path, tool: &PythonTool, staging: &Path) -> 
             String::from_utf8_lossy(&output.stderr).trim_end()
         );
     }
-    std::fs::rename(&partial, component)
-        .with_context(|| format!("cannot write {}", component.display()))?;
-    Ok(())
+    std::fs::read(&built).context("cannot read the component componentize-py built")
 }
 
-/// Copies the project's Python modules and packages to `to`, leaving out its tests and
-/// its copy of the SDK module.
-fn copy_sources(from: &Path, to: &Path) -> Result<()> {
-    std::fs::create_dir_all(to)?;
-    let entries =
-        std::fs::read_dir(from).with_context(|| format!("cannot read {}", from.display()))?;
-    for entry in entries.flatten() {
-        let path = entry.path();
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let is_package = path.join("__init__.py").is_file();
-        if is_package && name != "dist" && !name.starts_with('.') {
-            copy_sources(&path, &to.join(&name))?;
-        } else if path.is_file()
-            && name.ends_with(".py")
-            && !name.starts_with("test_")
-            && name != SDK_FILE
-            && name != format!("{APP_MODULE}.py")
-        {
-            std::fs::copy(&path, to.join(&name))
-                .with_context(|| format!("cannot copy {}", path.display()))?;
-        }
+/// The project's Python modules and packages, relative to it: its `.py` files but its tests
+/// and its copy of the SDK module, at the top and in every package (a folder with an
+/// `__init__.py`) not hidden and not `dist`. A link where these are looked for is refused.
+fn find_sources(project: &WorkspaceFs) -> Result<Vec<PathBuf>> {
+    let mut sources = Vec::new();
+    let mut link = None;
+    project
+        .walk("", |rel, kind| {
+            let name = rel.file_name().unwrap_or_default().to_string_lossy();
+            let looked_at = !name.starts_with('.') && name != "dist";
+            match kind {
+                Kind::Link if looked_at => {
+                    link.get_or_insert_with(|| rel.to_path_buf());
+                    false
+                }
+                Kind::Dir => looked_at && project.exists(rel.join("__init__.py")),
+                Kind::File
+                    if name.ends_with(".py")
+                        && !name.starts_with("test_")
+                        && name != SDK_FILE
+                        && name != format!("{APP_MODULE}.py") =>
+                {
+                    sources.push(rel.to_path_buf());
+                    false
+                }
+                _ => false,
+            }
+        })
+        .context("cannot read the plugin project")?;
+    if let Some(link) = link {
+        bail!(
+            "{} (plugin sources are read without following links: put the file itself there)",
+            link_error(&link)
+        );
     }
-    Ok(())
+    Ok(sources)
 }
 
 /// A way to run componentize-py.

@@ -1,6 +1,6 @@
 //! Building a Rust plugin project: `cargo build --release --target wasm32-wasip2` in its
-//! folder (cargo's own output on stderr, `CARGO_TARGET_DIR` honoured), then the crate's
-//! `.wasm` copied to where its plugin.json says.
+//! folder (cargo's own output on stderr, `CARGO_TARGET_DIR` honoured); the crate's `.wasm`
+//! is read back for the caller to write where its plugin.json says.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -10,8 +10,8 @@ use anyhow::{Context, Result, bail};
 /// The target plugins are built for.
 const TARGET: &str = "wasm32-wasip2";
 
-/// Builds the crate at `dir` and copies its component to `component`.
-pub fn build(dir: &Path, component: &Path) -> Result<()> {
+/// Builds the crate at `dir` and returns its component.
+pub fn build(dir: &Path) -> Result<Vec<u8>> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let output = Command::new(&cargo)
         .current_dir(dir)
@@ -38,10 +38,7 @@ pub fn build(dir: &Path, component: &Path) -> Result<()> {
             dir.display()
         )
     })?;
-    super::create_parent(component)?;
-    std::fs::copy(&built, component)
-        .with_context(|| format!("cannot copy {} to {}", built.display(), component.display()))?;
-    Ok(())
+    std::fs::read(&built).with_context(|| format!("cannot read {}", built.display()))
 }
 
 /// The `.wasm` file of the last `cdylib` artifact in cargo's JSON messages.

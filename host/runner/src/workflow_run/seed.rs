@@ -5,12 +5,19 @@ use super::*;
 /// How long `db/seed.sql` may run.
 const SEED_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
 
-/// Creates `db/db.sqlite` from `db/seed.sql` when the database is missing and the seed
-/// exists: a workspace may ship SQL instead of a binary database. Returns whether it did.
+/// Creates `db/db.sqlite` from `db/seed.sql` when the database is missing (or an empty file
+/// with no write-ahead log beside it: what opening a database that was not there leaves, and
+/// no data) and the seed exists: a workspace may ship SQL instead of a binary database.
+/// Returns whether it did. `trellis run` and `trellis script` call it before anything opens
+/// the database.
 pub fn seed_database(fs: &WorkspaceFs) -> Result<bool> {
     // A link or a FIFO at either path is refused, not followed (see `store::workspace_fs`).
     match fs.kind(DB_FILE)? {
         None => {}
+        // A read capped at 0 bytes succeeds only on an empty file.
+        Some(Kind::File)
+            if fs.read_capped(DB_FILE, 0).is_ok()
+                && fs.kind(format!("{DB_FILE}-wal"))?.is_none() => {}
         Some(Kind::File) => return Ok(false),
         Some(Kind::Link) => bail!("{}", link_error(Path::new(DB_FILE))),
         Some(_) => bail!("{DB_FILE} is not a regular file"),

@@ -42,7 +42,7 @@ impl FsState {
         extra(&mut builder)?;
         Ok(FsState {
             wasi: builder.build(),
-            budget: FsBudget::new(limits.fs),
+            budget: FsBudget::for_folders(limits.fs, grant.folder_identities()),
         })
     }
 

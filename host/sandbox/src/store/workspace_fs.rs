@@ -21,6 +21,9 @@
 //!   target is never written through. The folder is flushed after every rename (of a write
 //!   or of [`WorkspaceFs::rename`]), so a power loss does not undo it either.
 //! - **Removals** never follow a link: removing a link removes the link.
+//! - **Any depth.** Removals and walks keep the path they are on in a list, not on the call
+//!   stack ([`tree`]): a chain of folders tens of thousands deep is removed like any other
+//!   folder, and a walk stops [`MAX_WALK_DEPTH`] levels down.
 
 use std::io::{self, Read, Write};
 use std::path::{Component, Path, PathBuf};
@@ -29,6 +32,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use cap_std::fs::{Dir, OpenOptions, OpenOptionsExt};
 use serde::Serialize;
+
+mod tree;
+
+pub use tree::MAX_WALK_DEPTH;
 
 /// The largest file the host reads from a workspace (plans, configs, sessions, logs, seeds).
 pub const READ_CAP: u64 = 64 << 20;
@@ -409,7 +416,13 @@ impl WorkspaceFs {
         }
         match self.kind_rel(&rel)? {
             None => Ok(()),
-            Some(Kind::Dir) => self.dir.remove_dir_all(&rel),
+            Some(Kind::Dir) => {
+                let name = rel.file_name().unwrap_or(rel.as_os_str());
+                match rel.parent().filter(|p| !p.as_os_str().is_empty()) {
+                    Some(parent) => tree::remove_dir_all(&self.dir.open_dir(parent)?, name),
+                    None => tree::remove_dir_all(&*self.dir, name),
+                }
+            }
             Some(_) => self.dir.remove_file(&rel),
         }
     }
@@ -501,6 +514,37 @@ impl WorkspaceFs {
         }
         out.sort();
         Ok(out)
+    }
+
+    /// Visits what is under the folder `path`, depth first in name order, without recursion:
+    /// `visit` gets each entry's path (`path` joined with the names below it) and kind (a
+    /// link as a link, never followed) and answers whether to go into it, when it is a
+    /// folder. Folders more than [`MAX_WALK_DEPTH`] levels below `path` are not entered. A
+    /// folder that cannot be listed ends the walk with its error.
+    pub fn walk(
+        &self,
+        path: impl AsRef<Path>,
+        mut visit: impl FnMut(&Path, Kind) -> bool,
+    ) -> io::Result<()> {
+        // Entries still to visit, the next one last, with how deep each is.
+        let mut pending: Vec<(PathBuf, Kind, usize)> = Vec::new();
+        let enter = |pending: &mut Vec<(PathBuf, Kind, usize)>, dir: &Path, depth| {
+            let entries = self.list(dir)?;
+            pending.extend(
+                entries
+                    .into_iter()
+                    .rev()
+                    .map(|(name, kind)| (dir.join(name), kind, depth)),
+            );
+            io::Result::Ok(())
+        };
+        enter(&mut pending, path.as_ref(), 1)?;
+        while let Some((entry, kind, depth)) = pending.pop() {
+            if visit(&entry, kind) && kind == Kind::Dir && depth < MAX_WALK_DEPTH {
+                enter(&mut pending, &entry, depth + 1)?;
+            }
+        }
+        Ok(())
     }
 
     /// Replaces `path` with `bytes` atomically: a temp file beside it, flushed to disk, then

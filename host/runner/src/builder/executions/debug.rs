@@ -155,18 +155,18 @@ fn learnings(fs: &WorkspaceFs, step_id: &str) -> Value {
 /// The files under `dir` (links neither listed nor followed), under the read set's rules:
 /// no hidden or secret-looking file or folder, no file with other hard links.
 fn collect(fs: &WorkspaceFs, dir: &Path, out: &mut Vec<std::path::PathBuf>) {
-    let Ok(entries) = fs.list(dir) else {
-        return;
-    };
-    for (name, kind) in entries {
-        let path = dir.join(name);
-        if refusal_for(&path).is_some() {
-            continue;
+    // A folder that cannot be listed ends the listing with what was found before it.
+    let _ = fs.walk(dir, |path, kind| {
+        if refusal_for(path).is_some() {
+            return false;
         }
         match kind {
-            Kind::Dir => collect(fs, &path, out),
-            Kind::File if !has_other_links(fs, &path) => out.push(path),
-            _ => {}
+            Kind::Dir => true,
+            Kind::File if !has_other_links(fs, path) => {
+                out.push(path.to_path_buf());
+                false
+            }
+            _ => false,
         }
-    }
+    });
 }

@@ -19,6 +19,10 @@
 //! - **A disk budget per call** ([`FsBudget`]): bytes written and files or folders created in
 //!   read-write folders, and descriptors open at once. Going over it fails the operation with
 //!   `quota` and is recorded, so the host reports the call as over its limit.
+//! - **A depth limit** ([`FsLimits::folder_depth`]): no folder is made, or moved, more than
+//!   that many levels below the granted folder it is in ([`depth`]), so a guest cannot grow
+//!   a chain of folders deeper than the host's walks go, not even over many calls. Going past
+//!   it is recorded and reported like the budget.
 //!
 //! Everything else is passed through unchanged.
 
@@ -38,8 +42,10 @@ use wasmtime_wasi::p2::{
     StreamError, StreamResult,
 };
 
+mod depth;
 mod open;
 
+use depth::{FolderId, deeper_than, depth_below};
 use open::open_unblocking;
 
 /// How much one call may add to its read-write folders, and how many descriptors it may hold.
@@ -51,14 +57,19 @@ pub struct FsLimits {
     pub created_entries: u64,
     /// Files and folders open at once.
     pub open_descriptors: u64,
+    /// How many levels below its granted folder a folder may be (a folder made directly in
+    /// it is one level below). Not per call: it bounds the tree, whoever made the rest.
+    pub folder_depth: u64,
 }
 
 impl FsLimits {
-    /// 1 GiB written, 10,000 files and folders created, 256 open at once.
+    /// 1 GiB written, 10,000 files and folders created, 256 open at once, folders at most
+    /// 256 levels below their granted folder.
     pub const DEFAULT: FsLimits = FsLimits {
         write_bytes: 1 << 30,
         created_entries: 10_000,
         open_descriptors: 256,
+        folder_depth: 256,
     };
 }
 
@@ -80,6 +91,9 @@ pub enum FsLimitExceeded {
     /// [`FsLimits::open_descriptors`].
     #[error("held more than {0} files open at once (the per-call limit)")]
     OpenDescriptors(u64),
+    /// [`FsLimits::folder_depth`].
+    #[error("made a folder more than {0} levels below its granted folder (the depth limit)")]
+    FolderDepth(u64),
 }
 
 /// What one call has used of its [`FsLimits`]; shared with the output streams it opens.
@@ -93,16 +107,25 @@ pub(crate) struct FsBudget {
     /// the handle is still alive, not which resources the guest has dropped.
     open: Mutex<Vec<Weak<std::fs::File>>>,
     exceeded: Mutex<Option<FsLimitExceeded>>,
+    /// The granted folders, which [`FsLimits::folder_depth`] counts from.
+    roots: Vec<FolderId>,
 }
 
 impl FsBudget {
+    /// A budget for a call that is granted no folder (its database writes, say).
     pub(crate) fn new(limits: FsLimits) -> Arc<Self> {
+        FsBudget::for_folders(limits, Vec::new())
+    }
+
+    /// The budget of a call granted the folders `roots` (device and inode of each).
+    pub(crate) fn for_folders(limits: FsLimits, roots: Vec<FolderId>) -> Arc<Self> {
         Arc::new(FsBudget {
             limits,
             written: AtomicU64::new(0),
             created: AtomicU64::new(0),
             open: Mutex::new(Vec::new()),
             exceeded: Mutex::new(None),
+            roots,
         })
     }
 
@@ -160,6 +183,10 @@ impl FsBudget {
     /// A write outside the filesystem (the workflow database) ran into the write budget.
     pub(crate) fn note_write_limit(&self) {
         let _ = self.over(FsLimitExceeded::WriteBytes(self.limits.write_bytes));
+    }
+
+    fn too_deep(&self) -> ErrorCode {
+        self.over(FsLimitExceeded::FolderDepth(self.limits.folder_depth))
     }
 
     /// Whether one more file may be opened: the handles still alive are under the limit.
@@ -240,6 +267,56 @@ impl GuardedFs<'_> {
             budget: self.budget.clone(),
         });
         Ok(self.fs.table.push(counted)?)
+    }
+
+    /// Refuses a folder made at `path` under `fd` deeper than [`FsLimits::folder_depth`].
+    fn check_new_folder(&mut self, fd: &Resource<Descriptor>, path: &str) -> FsResult<()> {
+        let Descriptor::Dir(dir) = self.fs.table.get(fd)? else {
+            return Ok(());
+        };
+        match folder_depth(&dir.dir, path, &self.budget) {
+            Depth::Beyond => Err(self.budget.too_deep().into()),
+            Depth::Within(_) | Depth::Unknown => Ok(()),
+        }
+    }
+
+    /// Refuses a rename of the folder `old_path` under `fd` to `new_path` under `new_fd` that
+    /// takes a folder in it deeper than [`FsLimits::folder_depth`].
+    fn check_moved_folder(
+        &mut self,
+        fd: &Resource<Descriptor>,
+        old_path: &str,
+        new_fd: &Resource<Descriptor>,
+        new_path: &str,
+    ) -> FsResult<()> {
+        let (Descriptor::Dir(from), Descriptor::Dir(to)) =
+            (self.fs.table.get(fd)?, self.fs.table.get(new_fd)?)
+        else {
+            return Ok(());
+        };
+        // Not a folder (a file, a link) or not there: nothing gets deeper, or the rename
+        // itself fails and says why.
+        let Ok(moved) = cap_primitives::fs::open_dir_nofollow(&from.dir, Path::new(old_path))
+        else {
+            return Ok(());
+        };
+        let limit = self.budget.limits.folder_depth;
+        let target = match folder_depth(&to.dir, new_path, &self.budget) {
+            Depth::Unknown => return Ok(()),
+            Depth::Beyond => return Err(self.budget.too_deep().into()),
+            Depth::Within(target) => target,
+        };
+        use std::os::fd::AsFd;
+        if depth_below(moved.as_fd(), &self.budget.roots, limit).is_some_and(|now| target <= now) {
+            // No folder in it goes deeper than it already is.
+            return Ok(());
+        }
+        match deeper_than(moved.as_fd(), limit - target) {
+            Ok(true) => Err(self.budget.too_deep().into()),
+            Ok(false) => Ok(()),
+            // A tree that cannot be read through is not moved deeper.
+            Err(_) => Err(ErrorCode::Access.into()),
+        }
     }
 
     /// Growth of the file `fd` that writing at `offset` makes before the first byte lands
@@ -366,6 +443,7 @@ impl HostDescriptor for GuardedFs<'_> {
         path: String,
     ) -> FsResult<()> {
         if self.writable(&fd) {
+            self.check_new_folder(&fd, &path)?;
             self.budget.charge_entry()?;
         }
         HostDescriptor::create_directory_at(&mut self.fs, fd, path).await
@@ -499,6 +577,9 @@ impl HostDescriptor for GuardedFs<'_> {
         new_fd: Resource<Descriptor>,
         new_path: String,
     ) -> FsResult<()> {
+        if self.writable(&new_fd) {
+            self.check_moved_folder(&fd, &old_path, &new_fd, &new_path)?;
+        }
         HostDescriptor::rename_at(&mut self.fs, fd, old_path, new_fd, new_path).await
     }
 
@@ -567,6 +648,39 @@ impl HostDescriptor for GuardedFs<'_> {
     }
 }
 
+/// How deep a folder at some path would be ([`folder_depth`]).
+enum Depth {
+    /// This many levels below its granted folder, within the limit.
+    Within(u64),
+    /// Past the limit.
+    Beyond,
+    /// The path names nothing that could be made (`.`, `..`) or its parent cannot be opened:
+    /// the operation fails on its own and says why.
+    Unknown,
+}
+
+/// The depth a folder at `path` under `dir` has: one more than its parent's, counted by
+/// [`depth_below`] from the parent itself.
+fn folder_depth(dir: &std::fs::File, path: &str, budget: &FsBudget) -> Depth {
+    use std::os::fd::AsFd;
+    let path = Path::new(path);
+    if path.file_name().is_none() {
+        return Depth::Unknown;
+    }
+    let parent = match path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        Some(parent) => match cap_primitives::fs::open_dir(dir, parent) {
+            Ok(opened) => Some(opened),
+            Err(_) => return Depth::Unknown,
+        },
+        None => None,
+    };
+    let limit = budget.limits.folder_depth;
+    match depth_below(parent.as_ref().unwrap_or(dir).as_fd(), &budget.roots, limit) {
+        Some(depth) if depth < limit => Depth::Within(depth + 1),
+        _ => Depth::Beyond,
+    }
+}
+
 /// A file's output stream whose writes are charged to the call's budget.
 struct CountedStream {
     inner: DynOutputStream,
@@ -623,6 +737,7 @@ mod tests {
             write_bytes: 10,
             created_entries: 1,
             open_descriptors: 1,
+            folder_depth: 1,
         });
         budget.charge_bytes(6).unwrap();
         assert_eq!(budget.charge_bytes(5), Err(ErrorCode::Quota));
