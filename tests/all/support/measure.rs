@@ -1,45 +1,58 @@
-//! The peak memory of a process a test runs, read from the kernel's accounting of that one
-//! child (wait4), not from the test process's other children.
+//! The peak memory of a process a test runs, read from that process's own accounting
+//! (`VmHWM` in `/proc/PID/status`, which counts only what the program touched after its
+//! exec: a child's rusage would also count the test process it was forked from).
 
 use std::path::Path;
 use std::process::Command;
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// The peak resident memory of process `pid` so far, in bytes; `None` once it has exited.
+fn high_water(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
 
 /// Runs `command` to its end (killed after 10 minutes), its output to `out_file`, and
-/// returns its wait status, the peak resident memory of that process in bytes, and what it
-/// printed.
+/// returns its exit code (-1 when killed by a signal), the peak resident memory of that
+/// process in bytes (read every 5 ms while it runs), and what it printed.
 pub fn peak_memory(mut command: Command, out_file: &Path) -> (i32, u64, String) {
     let log = std::fs::File::create(out_file).unwrap();
-    let child = command
+    let mut child = command
         .stdout(log.try_clone().unwrap())
         .stderr(log)
         .spawn()
         .unwrap();
-    let pid = child.id() as libc::pid_t;
-    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let watchdog = {
-        let done = done.clone();
+    let pid = child.id();
+    let done = Arc::new(AtomicBool::new(false));
+    let peak = Arc::new(AtomicU64::new(0));
+    let poller = {
+        let (done, peak) = (done.clone(), peak.clone());
         std::thread::spawn(move || {
-            for _ in 0..600 {
-                std::thread::sleep(Duration::from_secs(1));
-                if done.load(std::sync::atomic::Ordering::SeqCst) {
+            let started = Instant::now();
+            while !done.load(Ordering::SeqCst) {
+                if let Some(bytes) = high_water(pid) {
+                    peak.fetch_max(bytes, Ordering::SeqCst);
+                }
+                if started.elapsed() > Duration::from_secs(600) {
+                    // SAFETY: kill(2) on the child, which is not reaped until `wait` returns.
+                    unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
                     return;
                 }
+                std::thread::sleep(Duration::from_millis(5));
             }
-            // SAFETY: kill(2) on the child, which is not reaped until wait4 below returns.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
         })
     };
-    let mut status = 0;
-    // SAFETY: an all-zero rusage is a valid value of the plain C struct wait4 fills.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: wait4(2) on our own child, with valid pointers; it reaps the child, so the
-    // `Child` is dropped without being waited for again.
-    let reaped = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
-    done.store(true, std::sync::atomic::Ordering::SeqCst);
-    watchdog.join().unwrap();
-    drop(child);
-    assert_eq!(reaped, pid);
+    let status = child.wait().unwrap();
+    done.store(true, Ordering::SeqCst);
+    poller.join().unwrap();
     let text = std::fs::read_to_string(out_file).unwrap_or_default();
-    (status, usage.ru_maxrss as u64 * 1024, text)
+    (
+        status.code().unwrap_or(-1),
+        peak.load(Ordering::SeqCst),
+        text,
+    )
 }
