@@ -14,6 +14,7 @@ mod cli;
 mod compat_access;
 mod compat_plans;
 mod db_fences;
+mod docs_citations;
 mod docs_examples;
 mod host_files;
 mod kill_loop;
