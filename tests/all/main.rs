@@ -15,6 +15,7 @@ mod compat_access;
 mod compat_plans;
 mod db_fences;
 mod db_links;
+mod docs_citations;
 mod docs_examples;
 mod host_files;
 mod kill_loop;

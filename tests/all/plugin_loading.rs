@@ -265,6 +265,47 @@ async fn a_deep_argument_check_ends_without_listing_every_failed_branch() {
 }
 
 #[tokio::test]
+async fn an_argument_check_past_the_deadline_is_given_up() {
+    let dir = tempfile::tempdir().unwrap();
+    tool_folder(dir.path(), "wide", &hostile_component("wide_schema"));
+    let mut registry = PluginRegistry::with_bundled(engine()).await.unwrap();
+    registry.load_dir(dir.path()).await.unwrap();
+    // Valid rows, each matching only the last of the 3,000 branches: the check tries every
+    // branch for every row (300 million tries, 1.6 s on a core of a CI machine, thirty times
+    // the deadline), and it would answer `Ok` if it were waited for.
+    let rows = serde_json::json!({"rows": vec![2_999; 100_000]});
+    let limits = Limits {
+        timeout: Duration::from_millis(50),
+        ..Limits::default()
+    };
+    // A bound that only tells a hang (a check waited for) from an answer.
+    let err = tokio::time::timeout(
+        Duration::from_secs(120),
+        registry.call_tool("wide:pick", &rows, &Grant::none(), &limits),
+    )
+    .await
+    .expect("the call came back")
+    .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "wide:pick: invalid arguments: checking them against the tool's schema did not finish \
+         within the call's deadline of 50ms"
+    );
+    // The abandoned check keeps its thread; the next check gets another one (2,000 rows go
+    // to a checker thread too) and the call reaches the plugin.
+    let called = registry
+        .call_tool(
+            "wide:pick",
+            &serde_json::json!({"rows": vec![0; 2_000]}),
+            &Grant::none(),
+            &Limits::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(called, serde_json::json!({"called": "pick"}));
+}
+
+#[tokio::test]
 async fn a_plugin_with_too_many_tools_is_refused() {
     let err = hostile_load_error("manytools", &hostile_component("many_tools")).await;
     assert!(err.contains("loading plugin `manytools`"), "{err}");

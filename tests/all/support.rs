@@ -3,7 +3,8 @@
 //! submodules hold test workspaces on disk, turn grants, cassettes for the replay provider,
 //! a fake OpenAI-compatible server and a fake Anthropic Messages API, the MCP fixture
 //! server, `trellis mcp serve --http` started for a test, the setup of runs with external
-//! MCP servers, and plugin builds.
+//! MCP servers, plugin builds, and [`skip`], through which a test that cannot run here
+//! says so.
 
 #![allow(dead_code)]
 
@@ -15,8 +16,11 @@ pub mod mcp_serve;
 pub mod mcp_servers;
 pub mod measure;
 pub mod plugin_build;
+mod skip;
 pub mod tape;
 pub mod workspace;
+
+pub use skip::skip;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -33,6 +33,11 @@ pub mod script;
 pub(crate) mod slices;
 pub(crate) mod state;
 pub mod store;
+// The skip of the integration tests (`tests/all/support/skip.rs`), for unit tests that
+// cannot run as another user.
+#[cfg(test)]
+#[path = "../../../tests/all/support/skip.rs"]
+mod test_skip;
 
 pub(crate) use call::{CallFailure, CallFuture};
 pub use capabilities::{Access, Grant, Limits};

@@ -12,6 +12,8 @@
 //!   `$ref`s, whose check costs 2^16 evaluations per argument;
 //! - `recursive`: a legitimate-looking recursive schema (`anyOf` of two `$ref`s back
 //!   to itself) whose check is exponential in the *arguments'* depth;
+//! - `wide_schema`: rows checked against an `anyOf` of 3,000 `const`s, within every load
+//!   bound, so that many rows (the arguments' size) make a slow check;
 //! - `many_tools`: 80,000 tools;
 //! - `huge_description`: one tool with an 8 MiB description.
 
@@ -64,6 +66,15 @@ impl ToolPlugin for Hostile {
                     {"type": "array", "items": {"$ref": "#/$defs/node"}}
                 ]}});
                 vec![Tool::new("tree", "Takes a tree of arrays.", schema)]
+            }
+            "wide_schema" => {
+                let branches: Vec<Value> = (0..3_000).map(|i| json!({"const": i})).collect();
+                let rows = json!({"type": "array", "items": {"anyOf": branches}});
+                vec![Tool::new(
+                    "pick",
+                    "Takes rows of numbers below 3000.",
+                    args_schema(json!({"rows": rows})),
+                )]
             }
             "many_tools" => (0..80_000)
                 .map(|i| Tool::new(format!("t{i}"), "d", json!({"type": "object"})))
