@@ -12,7 +12,7 @@ use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use support::fake_llm::{FakeServer, completion};
+use support::fake_llm::{FakeServer, completion, tool_named};
 use support::tree_digest;
 use support::workspace::write_file;
 
@@ -513,18 +513,6 @@ fn offloading_a_large_result_does_not_write_through_a_planted_tool_results_link(
     ]);
     assert!(server.seen().len() >= 2, "the turn ran: {}", both(&out));
     w.outside_unchanged();
-}
-
-/// The name of the offered tool whose API name contains `part`.
-fn tool_named(body: &serde_json::Value, part: &str) -> String {
-    body["tools"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|t| t["function"]["name"].as_str())
-        .find(|n| n.contains(part))
-        .unwrap_or_else(|| panic!("a {part} tool is offered"))
-        .to_string()
 }
 
 /// A guest moves a link it finds in its output folder to `<output>/agents`, then delegates:

@@ -7,23 +7,11 @@ use crate::support;
 use std::path::Path;
 
 use serde_json::{Value, json};
-use support::fake_llm::{FakeServer, completion, tool_results_of};
+use support::fake_llm::{FakeServer, completion, tool_named, tool_results_of};
 use support::workspace::write_file;
 
 /// The calls the model asks for in its first answer.
 const ASKED: usize = 10_000;
-
-/// The name of the offered tool whose API name contains `part`.
-fn tool_named(body: &Value, part: &str) -> String {
-    body["tools"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|t| t["function"]["name"].as_str())
-        .find(|n| n.contains(part))
-        .unwrap_or_else(|| panic!("a {part} tool is offered"))
-        .to_string()
-}
 
 /// A model that, for the user message `FIRST`, asks for `ASKED` reads of the 1 MB file in
 /// one answer; for any other user message, one read; after tool results, `done`.

@@ -220,3 +220,15 @@ pub fn result_of(results: &[(String, String)], id: &str) -> String {
         .1
         .clone()
 }
+
+/// The name of the offered tool whose API name contains `part`.
+pub fn tool_named(body: &Value, part: &str) -> String {
+    body["tools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t["function"]["name"].as_str())
+        .find(|n| n.contains(part))
+        .unwrap_or_else(|| panic!("a {part} tool is offered"))
+        .to_string()
+}
