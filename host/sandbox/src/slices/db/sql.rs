@@ -371,14 +371,79 @@ mod tests {
             .unwrap();
         assert_eq!(n, 1);
         conn.execute_batch("PRAGMA table_info(t)").unwrap();
+        // The authorizer's own denials, told apart from SQLite's refusal of a disabled
+        // feature (which says just "not authorized"): a pragma by its SQLITE_AUTH code, a
+        // function by the message naming it.
         for sql in [
             "PRAGMA temp_store_directory = '/tmp'",
             "PRAGMA journal_mode = OFF",
             "PRAGMA query_only = OFF",
-            "SELECT load_extension('/tmp/x.so')",
         ] {
             let err = conn.execute_batch(sql).unwrap_err();
-            assert!(err.to_string().contains("not authorized"), "{sql}: {err}");
+            assert_eq!(
+                err.sqlite_error_code(),
+                Some(ErrorCode::AuthorizationForStatementDenied),
+                "{sql}: {err}"
+            );
+        }
+        let err = conn
+            .execute_batch("SELECT load_extension('/tmp/x.so')")
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("not authorized to use function: load_extension"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_authorizer_denies_each_action_it_names_and_allows_the_rest() {
+        let judged = |action| {
+            authorize(AuthContext {
+                action,
+                database_name: None,
+                accessor: None,
+            })
+        };
+        for denied in [
+            AuthAction::Attach { filename: "x.db" },
+            AuthAction::Detach {
+                database_name: "aux",
+            },
+            AuthAction::Function {
+                function_name: "load_extension",
+            },
+            AuthAction::Function {
+                function_name: "LOAD_EXTENSION",
+            },
+            AuthAction::Function {
+                function_name: "fts3_tokenizer",
+            },
+            AuthAction::Pragma {
+                pragma_name: "journal_mode",
+                pragma_value: Some("OFF"),
+            },
+            AuthAction::Pragma {
+                pragma_name: "writable_schema",
+                pragma_value: Some("1"),
+            },
+        ] {
+            assert_eq!(judged(denied), Authorization::Deny, "{denied:?}");
+        }
+        for allowed in [
+            AuthAction::Function {
+                function_name: "upper",
+            },
+            AuthAction::Pragma {
+                pragma_name: "table_info",
+                pragma_value: Some("t"),
+            },
+            AuthAction::Pragma {
+                pragma_name: "FOREIGN_KEYS",
+                pragma_value: None,
+            },
+        ] {
+            assert_eq!(judged(allowed), Authorization::Allow, "{allowed:?}");
         }
     }
 
