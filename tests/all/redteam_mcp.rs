@@ -23,6 +23,7 @@ use crate::support::mcp_serve::{HttpServe, INIT, post, raw};
 use crate::support::mcp_servers::{
     asking_for, fixture_entry, server_file, with_servers, workspace,
 };
+use crate::support::measure::high_water;
 use crate::support::{self, tree_digest, trellis_command};
 
 const SECRET: &str = "the-secret-42";
@@ -510,17 +511,6 @@ fn serve_refuses_huge_and_nested_bodies_and_closes_trickled_headers() {
     assert_eq!(tree.outside_grant(), before);
 }
 
-/// The peak resident memory of process `pid` so far (VmHWM), in bytes.
-fn peak_memory(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = status
-        .lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .expect("VmHWM in /proc/PID/status");
-    let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
-    kib * 1024
-}
-
 /// A body within the byte cap that is two million tiny JSON values (which a parse would
 /// make into two million allocations) is refused unparsed, and the server's memory stays
 /// where it was.
@@ -544,11 +534,8 @@ fn serve_refuses_a_body_of_many_small_values_without_parsing_it() {
         ),
         "{text}"
     );
-    assert!(
-        peak_memory(serve.pid()) < 200 << 20,
-        "peak {} bytes",
-        peak_memory(serve.pid())
-    );
+    let peak = high_water(serve.pid()).expect("the server runs");
+    assert!(peak < 200 << 20, "peak {peak} bytes");
     assert_eq!(post(port, &host, INIT), 200, "the server still serves");
 }
 
