@@ -208,8 +208,19 @@ impl ToolServer {
 
     /// Serves one client on the process's stdin and stdout until it closes them.
     pub async fn serve_stdio(self) -> Result<()> {
+        let (stdin, stdout) = rmcp::transport::stdio_pipes();
+        self.serve_pipes(stdin, stdout).await
+    }
+
+    /// Serves one client that sends newline-delimited JSON-RPC on `reader` and reads the
+    /// answers on `writer`, as over stdio, until it closes `reader`.
+    pub async fn serve_pipes<R, W>(self, reader: R, writer: W) -> Result<()>
+    where
+        R: tokio::io::AsyncRead + Send + Unpin + 'static,
+        W: tokio::io::AsyncWrite + Send + Unpin + 'static,
+    {
         let running = self
-            .serve(rmcp::transport::stdio_pipes())
+            .serve((reader, writer))
             .await
             .context("starting the MCP session on stdio")?;
         running.waiting().await.context("serving MCP on stdio")?;

@@ -183,6 +183,23 @@ impl McpServers {
         Ok(servers)
     }
 
+    /// One server `key` that speaks on `reader` and `writer` as a stdio server does on its
+    /// pipes (no process is started), initialized and with its tools listed: what reading a
+    /// server's answers does, for the fuzz targets.
+    #[doc(hidden)]
+    pub async fn over_pipes<R, W>(key: &str, reader: R, writer: W) -> Result<Self>
+    where
+        R: AsyncRead + Send + Unpin + 'static,
+        W: tokio::io::AsyncWrite + Send + Unpin + 'static,
+    {
+        let oversized = Arc::new(AtomicBool::new(false));
+        let service = over_lines(reader, writer, &oversized).await?;
+        let running = listed(key, service, None, oversized).await?;
+        let mut servers = McpServers::none();
+        servers.running.insert(normalize_tool_name(key), running);
+        Ok(servers)
+    }
+
     /// Whether no server runs.
     pub fn is_empty(&self) -> bool {
         self.running.is_empty()
@@ -447,18 +464,7 @@ async fn start_one(key: &str, server: &ServerConfig) -> Result<Running> {
                 tokio::spawn(log_stderr(key.to_string(), stderr));
             }
             process = Some(child);
-            let stdout = LineCap {
-                inner: stdout,
-                max: MAX_MESSAGE_BYTES,
-                line: 0,
-                oversized: oversized.clone(),
-            };
-            // The cap is LineCap's, which refuses a long line instead of skipping it.
-            let transport = AsyncRwTransport::<RoleClient, _, _>::new(stdout, stdin)
-                .with_max_line_length(usize::MAX);
-            ().serve(transport)
-                .await
-                .map_err(|e| anyhow!("initializing: {e}"))?
+            over_lines(stdout, stdin, &oversized).await?
         }
         Transport::Http { url, headers } => {
             let mut custom = std::collections::HashMap::new();
@@ -478,6 +484,41 @@ async fn start_one(key: &str, server: &ServerConfig) -> Result<Running> {
                 .map_err(|e| anyhow!("connecting to {url}: {e}"))?
         }
     };
+    listed(key, service, process, oversized).await
+}
+
+/// The client side of a stdio server's pipes: what it sends read a line at a time, each at
+/// most [`MAX_MESSAGE_BYTES`] (`oversized` set past that), and the session initialized.
+async fn over_lines<R, W>(
+    reader: R,
+    writer: W,
+    oversized: &Arc<AtomicBool>,
+) -> Result<RunningService<RoleClient, ()>>
+where
+    R: AsyncRead + Send + Unpin + 'static,
+    W: tokio::io::AsyncWrite + Send + Unpin + 'static,
+{
+    let reader = LineCap {
+        inner: reader,
+        max: MAX_MESSAGE_BYTES,
+        line: 0,
+        oversized: oversized.clone(),
+    };
+    // The cap is LineCap's, which refuses a long line instead of skipping it.
+    let transport =
+        AsyncRwTransport::<RoleClient, _, _>::new(reader, writer).with_max_line_length(usize::MAX);
+    ().serve(transport)
+        .await
+        .map_err(|e| anyhow!("initializing: {e}"))
+}
+
+/// A started server with the tools it lists.
+async fn listed(
+    key: &str,
+    service: RunningService<RoleClient, ()>,
+    process: Option<tokio::process::Child>,
+    oversized: Arc<AtomicBool>,
+) -> Result<Running> {
     let listed = service
         .list_all_tools()
         .await

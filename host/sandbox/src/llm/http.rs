@@ -49,6 +49,13 @@ pub fn is_loopback_base_url(base_url: &str) -> bool {
     Origin::parse(base_url).is_ok_and(|o| o.is_loopback())
 }
 
+/// The scheme (`true` for `https`), host and port a base URL is checked as, or why it is
+/// refused: for the fuzz target that compares them with a URL parser's.
+#[doc(hidden)]
+pub fn origin_parts(base_url: &str) -> Result<(bool, String, u16), String> {
+    Origin::parse(base_url).map(|o| (o.https, o.host, o.port))
+}
+
 /// Scheme, host and port: what a provider may reach.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Origin {

@@ -48,6 +48,12 @@ impl HostRule {
         })
     }
 
+    /// The host (compared form) and port of the rule: for the fuzz targets.
+    #[doc(hidden)]
+    pub fn parts(&self) -> (&str, Option<u16>) {
+        (&self.host, self.port)
+    }
+
     pub(crate) fn matches(&self, origin: &Origin) -> bool {
         self.host == normal_host(&origin.host) && self.port.is_none_or(|p| p == origin.port)
     }
