@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use tokio::sync::Semaphore;
 
-use super::budget::ResultBytes;
+use super::budget::{ResultBytes, out_of_model_calls};
 use super::prompts::{offload_reference, out_of_tool_rounds};
 use super::{AgentModels, OFFLOAD_THRESHOLD, Run, StepRunner, TurnEnd, TurnOk, entry_outcome};
 use crate::db_tools;
@@ -191,6 +191,12 @@ impl StepRunner<'_> {
                 },
                 options: Options::default(),
             };
+            if !self.model_calls.take(self.budgets.run_model_calls) {
+                let why = out_of_model_calls(self.budgets.run_model_calls);
+                tracing::warn!("{}: turn {item_id}: {why}", run.label);
+                result = Err(TurnEnd::Failed(format!("turn {item_id}: {why}")));
+                break;
+            }
             let call_started = now_rfc3339();
             let t0 = Instant::now();
             let completion = self.call_llm(&run.models, &request).await;
