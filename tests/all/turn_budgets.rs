@@ -148,6 +148,41 @@ fn one_answer_of_ten_thousand_reads_ends_within_the_turn_budgets() {
     assert!(peak < 300 << 20, "peak resident memory {peak} bytes");
 }
 
+#[test]
+fn the_calls_not_run_of_an_answer_are_one_event_not_one_each() {
+    let server = flooding_model();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    workspace(root, &server);
+    // Plain progress (stdout is not a terminal): a line per event.
+    let out = support::trellis(&[
+        "run",
+        root.to_str().unwrap(),
+        "--max-turn-result-mib",
+        "16",
+        "--allow-host",
+        "127.0.0.1",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    let not_run: Vec<&str> = stdout.lines().filter(|l| l.contains("not run")).collect();
+    assert_eq!(
+        not_run,
+        [
+            "    tools: 9936 of the 10000 calls of one answer not run (at most 64 run per \
+          answer, --max-calls-per-answer)"
+        ]
+    );
+    // The calls that ran have a line each: 64 of the first answer, one of the second.
+    let ran = stdout
+        .lines()
+        .filter(|l| l.trim_start().starts_with("tool "))
+        .count();
+    assert_eq!(ran, 65, "{stdout}");
+    // The model still got an answer to every call it asked for.
+    assert_eq!(tool_results_of(&server.seen()[1]).len(), ASKED);
+}
+
 /// A desk whose every answer delegates eight times to the route `refunds`, whose sub-agent
 /// answers every call with a call of a tool that is not there: each sub-agent call would
 /// take its 500 tool rounds, eight per round of the desk.

@@ -289,18 +289,32 @@ impl StepRunner<'_> {
                 slots: &slots,
                 result_bytes: &result_bytes,
             };
-            for (r, content) in self.tool_calls(run, &response.tool_calls, &calls).await {
-                self.observer.emit(RunEvent::ToolCall {
-                    step_id: run.label.clone(),
-                    call_id: r.tool_call_id.clone(),
-                    tool: r.tool_name.clone(),
-                    arguments: r.args.clone(),
-                    error: r.error.clone(),
-                    duration_ms: r.duration_ms,
-                });
+            let (records, refused) = self.tool_calls(run, &response.tool_calls, &calls).await;
+            let ran = records.len() - refused;
+            for (n, (r, content)) in records.into_iter().enumerate() {
+                // The calls not run are one event, so an answer of many cannot flood the
+                // observers (and the lines printed for them).
+                if n < ran {
+                    self.observer.emit(RunEvent::ToolCall {
+                        step_id: run.label.clone(),
+                        call_id: r.tool_call_id.clone(),
+                        tool: r.tool_name.clone(),
+                        arguments: r.args.clone(),
+                        error: r.error.clone(),
+                        duration_ms: r.duration_ms,
+                    });
+                }
                 run.history
                     .push(Message::tool_result(r.tool_call_id.clone(), content));
                 conv.tool_calls.push(r);
+            }
+            if refused > 0 {
+                self.observer.emit(RunEvent::ToolCallsRefused {
+                    step_id: run.label.clone(),
+                    asked: response.tool_calls.len(),
+                    refused,
+                    budget: self.budgets.calls_per_answer.max(1),
+                });
             }
             self.take_steering(run);
         }
@@ -351,8 +365,8 @@ impl StepRunner<'_> {
     }
 
     /// The tool calls of one LLM response, with the content each gives the model, in the
-    /// order asked. The first `calls_per_answer` run; the rest are answered with an error
-    /// saying so. Plugin tools run in parallel (at most `concurrent_calls` at once) unless
+    /// order asked, and how many of them (the last ones) were not run. The first
+    /// `calls_per_answer` run; the rest are answered with an error saying so. Plugin tools run in parallel (at most `concurrent_calls` at once) unless
     /// `parallel` is off; `call_sub_agent` calls run after them, one at a time (a route's
     /// conversation is one conversation). Each result is made the model's content as its
     /// call ends (offloaded, or refused past the turn's result bytes), so a large result is
@@ -362,7 +376,7 @@ impl StepRunner<'_> {
         run: &Run<'_>,
         calls: &[ToolCall],
         turn: &TurnCalls<'_>,
-    ) -> Vec<(ToolCallRecord, String)> {
+    ) -> (Vec<(ToolCallRecord, String)>, usize) {
         let budget = self.budgets.calls_per_answer.max(1);
         let (to_run, refused) = calls.split_at(calls.len().min(budget));
         if !refused.is_empty() {
@@ -420,7 +434,7 @@ impl StepRunner<'_> {
             };
             records.push((record, format!("error: {error}")));
         }
-        records
+        (records, refused.len())
     }
 
     /// One tool call, never failing: errors land in the record.
