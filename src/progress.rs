@@ -167,6 +167,7 @@ impl Progress {
                     RunEvent::Gate { .. }
                         | RunEvent::SubAgentEnded { .. }
                         | RunEvent::ToolCall { error: Some(_), .. }
+                        | RunEvent::ToolCallsRefused { .. }
                         | RunEvent::LlmCall { error: Some(_), .. }
                 );
                 if lasting {
@@ -348,6 +349,18 @@ fn describe(state: &mut State, event: &RunEvent) -> Option<String> {
                 }
                 None => format!("{indent}    {label}tool {tool}: ok, {duration_ms} ms"),
             }
+        }
+        RunEvent::ToolCallsRefused {
+            step_id,
+            asked,
+            refused,
+            budget,
+        } => {
+            let (indent, label) = agent_of(step_id);
+            format!(
+                "{indent}    {label}tools: {refused} of the {asked} calls of one answer not run \
+                 (at most {budget} run per answer, --max-calls-per-answer)"
+            )
         }
         RunEvent::Gate {
             step_id,

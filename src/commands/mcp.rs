@@ -42,7 +42,8 @@ pub enum McpCommand {
     /// a call over it waits for a slot for up to --timeout seconds, then comes back
     /// with `isError: true` saying the server is busy. Over HTTP at most
     /// --max-sessions sessions live at once (a new one past it gets 503; a session
-    /// ends when its client deletes it or after 5 minutes idle) and at most
+    /// ends when its client deletes it or after 5 minutes idle), as many requests
+    /// without a session in progress (503 past it), and at most
     /// --max-connections connections are open (one past it gets 503). A request has
     /// 10 s to send its headers and 30 s more for its body (408), of at most 4 MiB (413).
     ///
@@ -75,7 +76,8 @@ pub enum McpCommand {
         /// Run at most N tool calls at once; more wait for a slot [default: the number of CPUs].
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
         max_concurrent_calls: Option<u32>,
-        /// Keep at most N HTTP sessions alive at once.
+        /// Keep at most N HTTP sessions alive at once, and at most N requests without a
+        /// session in progress.
         #[arg(long, default_value_t = DEFAULT_MAX_SESSIONS as u32, value_name = "N",
               value_parser = clap::value_parser!(u32).range(1..), requires = "http")]
         max_sessions: u32,

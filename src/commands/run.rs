@@ -75,6 +75,10 @@ pub struct RunArgs {
     /// model so.
     #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=65_536))]
     max_turn_result_mib: Option<u64>,
+    /// Model calls of the whole run, every step, turn and sub-agent together (default
+    /// 10000); past it no call is made and the run ends, failed.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    max_model_calls: Option<u64>,
     /// Retries of a failed LLM call on the same provider and model before its
     /// fallbacks (default 3): after a rate limit, a 5xx, no answer in time or a
     /// connection refused, reset or cut mid-answer.
@@ -153,6 +157,9 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
     }
     if let Some(mib) = args.max_turn_result_mib {
         start.turn_budgets.result_bytes = mib << 20;
+    }
+    if let Some(n) = args.max_model_calls {
+        start.turn_budgets.run_model_calls = n;
     }
     if let Some(n) = args.llm_retries {
         start.retry.max_retries = n;

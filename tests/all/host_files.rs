@@ -447,6 +447,30 @@ fn a_fifo_turn_log_does_not_hang_runs_show() {
     refused(&bounded(&["runs", "show", w.root(), STEP]), SPECIAL);
 }
 
+/// `text` (JSON) followed by spaces, `len` bytes in all: the same JSON, a larger file.
+fn padded(text: &str, len: usize) -> String {
+    format!("{text}{}", " ".repeat(len - text.len()))
+}
+
+#[test]
+fn workspace_json_files_past_the_cap_are_refused_naming_their_size() {
+    for rel in [
+        "planning/plan.json",
+        "planning/step_config.json",
+        "workflow.json",
+        "variables/variables.json",
+    ] {
+        let w = World::scripted("print('hi')\n");
+        let text = std::fs::read_to_string(w.ws.join(rel)).unwrap_or_else(|_| "{}".into());
+        write_file(&w.ws, rel, padded(&text, (16 << 20) + 1));
+        let refusal =
+            format!("{rel} is 16777217 bytes, more than the 16777216 Trellis reads of a JSON file");
+        w.refused(&bounded(&["validate", w.root()]), &refusal);
+        w.refused(&bounded(&["run", w.root()]), &refusal);
+        assert!(!w.ws.join("runs").exists(), "{rel}: the run started");
+    }
+}
+
 // ------------------------------------------------------------------ guest-planted links
 
 /// A message sequence step `desk` answered by a fake server: its first turn reads

@@ -126,6 +126,39 @@ fn a_workspace_base_url_on_this_machine_needs_the_operators_allow_host() {
 }
 
 #[test]
+fn a_base_url_at_loopback_mapped_into_ipv6_needs_the_operators_allow_host() {
+    let server = FakeServer::start(Box::new(|_| (200, completion("done", &[]))));
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    let port = server.allow_host().rsplit(':').next().unwrap().to_string();
+    let url = format!("http://[::ffff:127.0.0.1]:{port}/v1");
+    let flag = format!("[::ffff:127.0.0.1]:{port}");
+    workspace(&ws, &url, "TRELLIS_TEST_NO_KEY", None);
+    // Refused as this machine (not as plain http elsewhere), naming the flag; nothing sent.
+    let out = run(&ws, &["--allow-host", &server.allow_host()], &[]);
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&refusal(
+            &url,
+            "::ffff:127.0.0.1 (loopback, RFC 1122)",
+            &flag
+        )),
+        "{stderr}"
+    );
+    assert_eq!(server.connections(), 0, "a request went out");
+    assert_untouched(&ws);
+    // Approved in that spelling, the run reaches the server: loopback needs no key.
+    if std::net::TcpStream::connect(format!("[::ffff:127.0.0.1]:{port}")).is_err() {
+        support::skip("this machine cannot reach IPv4 loopback through an IPv6 socket");
+        return;
+    }
+    let out = run(&ws, &["--allow-host", &flag], &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(server.seen().len(), 1);
+}
+
+#[test]
 fn a_scheme_in_capitals_is_checked_and_reaches_the_server_in_lower_case() {
     let server = FakeServer::start(Box::new(|_| (200, completion("done", &[]))));
     let dir = tempfile::tempdir().unwrap();

@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 
 use crate::support::fake_llm::{FakeServer, completion, result_of};
 use crate::support::mcp_fixture;
-use crate::support::mcp_serve::{HttpServe, INIT, post, raw};
+use crate::support::mcp_serve::{HttpServe, INIT, post, raw, sessionless_post};
 use crate::support::mcp_servers::{
     asking_for, fixture_entry, server_file, with_servers, workspace,
 };
@@ -610,6 +610,70 @@ fn serve_caps_sessions_and_connections() {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert_eq!(status, 200);
+    drop(serve);
+    assert_eq!(tree.outside_grant(), before);
+}
+
+#[test]
+fn serve_caps_requests_without_a_session_like_sessions() {
+    let tree = Tree::new();
+    let before = tree.outside_grant();
+    // Two requests without a session at once, one call at a time, each stopped after 3 s.
+    let serve = serve_http_with(
+        &tree,
+        "127.0.0.1:0",
+        None,
+        "3",
+        &["--max-sessions", "2", "--max-concurrent-calls", "1"],
+    );
+    let port = serve.port();
+    let list = || sessionless_post(port, 1, "tools/list", json!({}));
+    // rmcp answers such a request on its own, no session opened.
+    let (status, body) = list();
+    assert_eq!(status, 200, "{body}");
+    assert!(sse_result(&body, 1)["tools"].is_array(), "{body}");
+    // Two calls without a session hold both places until their answers are sent: one runs,
+    // the other waits for the call slot.
+    let spins: Vec<_> = (10..12)
+        .map(|id| {
+            let call = json!({"name": "adversary__spin", "arguments": {}});
+            std::thread::spawn(move || sessionless_post(port, id, "tools/call", call))
+        })
+        .collect();
+    while !serve
+        .log()
+        .iter()
+        .any(|l| l.contains("waiting for a call slot"))
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // A third is refused, naming the cap and its flag.
+    let (status, body) = list();
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(
+        body,
+        "service unavailable: 2 requests without an MCP session are in progress, the limit \
+         (`trellis mcp serve --max-sessions`, which caps them apart from the sessions); wait \
+         for one to end, or open a session (`initialize`)"
+    );
+    // A session still opens and is served meanwhile.
+    let id = session(port);
+    let in_session =
+        format!("POST /mcp HTTP/1.1\r\nHost: localhost:{port}\r\nMcp-Session-Id: {id}");
+    let (status, _, body) = raw(
+        port,
+        &in_session,
+        br#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
+    );
+    assert_eq!(status, 200, "{body}");
+    // The calls end at their deadline; then requests without a session are answered again.
+    for spin in spins {
+        let (status, body) = spin.join().unwrap();
+        assert_eq!(status, 200, "{body}");
+    }
+    let (status, body) = list();
+    assert_eq!(status, 200, "{body}");
+    assert!(sse_result(&body, 1)["tools"].is_array(), "{body}");
     drop(serve);
     assert_eq!(tree.outside_grant(), before);
 }

@@ -752,6 +752,28 @@ async fn a_wasm_command_runs_the_same_way_and_wins_over_main_py() {
 }
 
 #[tokio::test]
+async fn a_main_wasm_past_its_compile_deadline_is_not_run() {
+    let world = World::new();
+    install_probe(&world);
+    let before = world.outside_grant();
+    // No cache: a compiled copy of the probe found there would need no compile.
+    let engine = trellis_sandbox::Engine::new(trellis_sandbox::CacheSetting::Disabled).unwrap();
+    let runner = ScriptRunner::new(&engine)
+        .unwrap()
+        .with_compile_deadline(Duration::ZERO);
+    let err = step_script::run(&runner, &world.workspace(), STEP, &options())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        format!("{err:#}"),
+        "code/fetch/main.wasm: compiling took longer than the limit of 0 s; gave up (the \
+         component is too large or too complex to load)"
+    );
+    assert!(!world.output("probe.json").exists());
+    assert_eq!(world.outside_grant(), before);
+}
+
+#[tokio::test]
 async fn a_wasm_command_reports_its_exit_status_and_times_out() {
     let world = World::new();
     install_probe(&world);

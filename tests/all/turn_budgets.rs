@@ -148,6 +148,109 @@ fn one_answer_of_ten_thousand_reads_ends_within_the_turn_budgets() {
     assert!(peak < 300 << 20, "peak resident memory {peak} bytes");
 }
 
+#[test]
+fn the_calls_not_run_of_an_answer_are_one_event_not_one_each() {
+    let server = flooding_model();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    workspace(root, &server);
+    // Plain progress (stdout is not a terminal): a line per event.
+    let out = support::trellis(&[
+        "run",
+        root.to_str().unwrap(),
+        "--max-turn-result-mib",
+        "16",
+        "--allow-host",
+        "127.0.0.1",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    let not_run: Vec<&str> = stdout.lines().filter(|l| l.contains("not run")).collect();
+    assert_eq!(
+        not_run,
+        [
+            "    tools: 9936 of the 10000 calls of one answer not run (at most 64 run per \
+          answer, --max-calls-per-answer)"
+        ]
+    );
+    // The calls that ran have a line each: 64 of the first answer, one of the second.
+    let ran = stdout
+        .lines()
+        .filter(|l| l.trim_start().starts_with("tool "))
+        .count();
+    assert_eq!(ran, 65, "{stdout}");
+    // The model still got an answer to every call it asked for.
+    assert_eq!(tool_results_of(&server.seen()[1]).len(), ASKED);
+}
+
+/// A desk whose every answer delegates eight times to the route `refunds`, whose sub-agent
+/// answers every call with a call of a tool that is not there: each sub-agent call would
+/// take its 500 tool rounds, eight per round of the desk.
+fn fanning_out_model() -> FakeServer {
+    FakeServer::start(Box::new(|body| {
+        let system = body["messages"][0]["content"].as_str().unwrap_or_default();
+        if system.starts_with("You decide refunds.") {
+            return (200, completion("", &[("nothing_here", json!({}))]));
+        }
+        let args = json!({"route_id": "refunds", "instructions": "Refund order 1."});
+        (200, completion("", &vec![("call_sub_agent", args); 8]))
+    }))
+}
+
+#[test]
+fn the_model_calls_of_a_run_and_its_sub_agents_stop_at_the_runs_budget() {
+    let server = fanning_out_model();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let refunds = json!({"id": "refunds", "type": "message_sequence", "title": "Refunds",
+        "description": "You decide refunds.",
+        "items": [{"id": "decide", "type": "user_message", "message": "Decide."}]});
+    write_file(
+        root,
+        "planning/plan.json",
+        json!({"objective": "t", "steps": [
+            {"id": "desk", "type": "message_sequence", "title": "Desk",
+             "description": "You coordinate the desk.", "next_step_id": "after",
+             "items": [{"id": "work", "type": "user_message", "message": "Handle it."}],
+             "predefined_routes": [{"route_id": "refunds", "route_name": "Refunds",
+                 "condition": "money back", "sub_agent_step": refunds}]},
+            {"id": "after", "type": "message_sequence", "title": "After",
+             "description": "You close.",
+             "items": [{"id": "close", "type": "user_message", "message": "Close."}]}
+        ]})
+        .to_string(),
+    );
+    write_file(root, "planning/step_config.json", r#"{"steps": []}"#);
+    write_file(
+        root,
+        "workflow.json",
+        json!({"llm": {"provider": "openai", "model_id": "m"}, "providers": server.providers()})
+            .to_string(),
+    );
+    let out = support::trellis(&[
+        "run",
+        root.to_str().unwrap(),
+        "--max-model-calls",
+        "20",
+        "--allow-host",
+        "127.0.0.1",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    // The desk's first answer, then the first sub-agent's nineteen rounds: no call more,
+    // from the other sub-agents, the desk or the next step.
+    assert_eq!(server.seen().len(), 20, "{stdout}");
+    assert!(
+        stdout.contains(
+            "step desk: failed (turn work: the run made its 20 model calls, the limit of one \
+             run (`trellis run --max-model-calls N` sets it); no more are made, and the run \
+             ends here; 8 more by its sub-agents)"
+        ),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("step after"), "{stdout}");
+}
+
 /// `runs show` on a step whose conversation log is larger than the host reads at once
 /// shows the step (its turns from their summaries) instead of refusing it.
 #[test]

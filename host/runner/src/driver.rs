@@ -80,7 +80,8 @@ pub const REFLECTION_ITEM_TYPE: &str = "reflection";
 
 pub(crate) use budget::not_run;
 pub use budget::{
-    DEFAULT_CALLS_PER_ANSWER, DEFAULT_TURN_RESULT_BYTES, TurnBudgets, default_concurrent_calls,
+    DEFAULT_CALLS_PER_ANSWER, DEFAULT_RUN_MODEL_CALLS, DEFAULT_TURN_RESULT_BYTES, ModelCalls,
+    TurnBudgets, default_concurrent_calls,
 };
 pub use prompts::{
     TOOL_POLICY_NOTE, offload_reference, out_of_tool_rounds, reflection_message, repair_message,
@@ -147,6 +148,8 @@ pub struct StepRunner<'a> {
     limits: Limits,
     max_tool_rounds: usize,
     budgets: TurnBudgets,
+    /// The model calls of the run this step belongs to ([`StepRunner::with_model_calls`]).
+    model_calls: Arc<ModelCalls>,
     max_route_depth: usize,
     cancel: Arc<AtomicBool>,
     observer: Observer,
@@ -179,6 +182,7 @@ impl<'a> StepRunner<'a> {
             limits,
             max_tool_rounds: DEFAULT_MAX_TOOL_ROUNDS,
             budgets: TurnBudgets::default(),
+            model_calls: Arc::default(),
             max_route_depth: MAX_ROUTE_DEPTH,
             cancel: Arc::new(AtomicBool::new(false)),
             observer: Observer::default(),
@@ -269,6 +273,14 @@ impl<'a> StepRunner<'a> {
     /// Sets the budgets of every turn: tool calls per answer, calls at once, result bytes.
     pub fn with_turn_budgets(mut self, budgets: TurnBudgets) -> Self {
         self.budgets = budgets;
+        self
+    }
+
+    /// Counts the model calls of this runner's steps (and their sub-agents) in `calls`, the
+    /// count of the whole run, against [`TurnBudgets::run_model_calls`]; without it the
+    /// runner counts its own.
+    pub fn with_model_calls(mut self, calls: Arc<ModelCalls>) -> Self {
+        self.model_calls = calls;
         self
     }
 

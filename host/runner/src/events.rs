@@ -129,6 +129,18 @@ pub enum RunEvent {
         /// Milliseconds.
         duration_ms: u64,
     },
+    /// The tool calls one answer asked for past the per-answer budget were not run: one
+    /// event for all of them, however many (each still gets its error as a tool result).
+    ToolCallsRefused {
+        /// The step id.
+        step_id: String,
+        /// Tool calls the answer asked for.
+        asked: usize,
+        /// How many of them were not run.
+        refused: usize,
+        /// Tool calls that run per answer (`--max-calls-per-answer`).
+        budget: usize,
+    },
     /// A validation gate ran.
     Gate {
         /// The step id.

@@ -16,13 +16,19 @@
 //! rebinding, and when a bearer token is set (required off loopback) a request without it
 //! is refused before anything else looks at it. Everything a client can make it hold is
 //! bounded ([`HttpLimits`]): open connections (`503` past the cap), live sessions (`503` to an
-//! `initialize` past the cap), a request's headers ([`HEADER_READ_TIMEOUT`], then closed) and
-//! its body ([`MAX_BODY_BYTES`], else `413`; [`BODY_READ_TIMEOUT`], else `408`).
+//! `initialize` past the cap), requests without a session in progress (rmcp serves a request
+//! that names its protocol version itself without one: `503` past the same cap, until its
+//! answer is sent), a request's headers ([`HEADER_READ_TIMEOUT`], then closed) and its body
+//! ([`MAX_BODY_BYTES`], else `413`; [`BODY_READ_TIMEOUT`], else `408`).
 
 mod body_values;
+mod sessions;
 
 pub use body_values::MAX_BODY_VALUES;
 use body_values::json_values;
+use sessions::{
+    CappedSessions, SESSION_HEADER, SESSION_REFUSED, opens_session, sessionless_full, sessions_full,
+};
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -36,12 +42,7 @@ use rmcp::model::{
     ToolAnnotations,
 };
 use rmcp::service::RequestContext;
-use rmcp::transport::streamable_http_server::session::local::{
-    LocalSessionManager, LocalSessionManagerError,
-};
-use rmcp::transport::streamable_http_server::session::{
-    ServerSseMessage, SessionId, SessionManager,
-};
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
 use trellis_sandbox::plugins::PluginKind;
 use trellis_sandbox::{Grant, Limits, PluginRegistry};
@@ -307,7 +308,8 @@ pub struct HttpAccess {
 #[derive(Debug, Clone, Copy)]
 pub struct HttpLimits {
     /// Live sessions; an `initialize` past it gets `503`. A session ends when its client
-    /// deletes it or after 5 minutes idle.
+    /// deletes it or after 5 minutes idle. Requests without a session in progress at once
+    /// (each a session of one request) have the same cap, counted apart.
     pub max_sessions: usize,
     /// Open connections; one past it gets `503` and is closed.
     pub max_connections: usize,
@@ -408,6 +410,7 @@ impl HttpServer {
         let token = self.access.token.map(Arc::<str>::from);
         let max_connections = self.limits.max_connections.max(1);
         let connections = Arc::new(tokio::sync::Semaphore::new(max_connections));
+        let sessionless = Arc::new(tokio::sync::Semaphore::new(sessions.max));
         loop {
             let (stream, _) = tokio::select! {
                 accepted = self.listener.accept() => match accepted {
@@ -427,19 +430,35 @@ impl HttpServer {
             let token = token.clone();
             let shutdown = shutdown.clone();
             let sessions = sessions.clone();
+            let sessionless = sessionless.clone();
             tokio::spawn(async move {
                 let _slot = connection_slot;
                 let handler = hyper::service::service_fn(move |request| {
                     let mut service = service.clone();
                     let token = token.clone();
                     let sessions = sessions.clone();
+                    let sessionless = sessionless.clone();
                     async move {
                         if let Some(refused) = refuse(&request, token.as_deref()) {
                             return Ok::<_, std::convert::Infallible>(refused);
                         }
-                        let request = match read_body(request).await {
-                            Ok(request) => request,
+                        let (request, body) = match read_body(request).await {
+                            Ok(read) => read,
                             Err(refused) => return Ok(refused),
+                        };
+                        // A request without a session holds a slot until its answer is sent
+                        // (a tool call's stream included): rmcp serves such a request with
+                        // an instance of its own, which the session cap does not count. An
+                        // `initialize` is the session cap's.
+                        let sessionless_slot = if request.headers().contains_key(SESSION_HEADER)
+                            || opens_session(&body)
+                        {
+                            None
+                        } else {
+                            match sessionless.clone().try_acquire_owned() {
+                                Ok(slot) => Some(slot),
+                                Err(_) => return Ok(sessionless_full(sessions.max)),
+                            }
                         };
                         let (response, refused) = SESSION_REFUSED
                             .scope(std::cell::Cell::new(false), async {
@@ -459,7 +478,17 @@ impl HttpServer {
                             );
                             return Ok(response);
                         }
-                        response
+                        Ok(match (response, sessionless_slot) {
+                            (Ok(response), Some(slot)) => response.map(|body| {
+                                body.map_frame(move |frame| {
+                                    let _held = &slot;
+                                    frame
+                                })
+                                .boxed()
+                            }),
+                            (Ok(response), None) => response,
+                            (Err(never), _) => match never {},
+                        })
                     }
                 });
                 let connection = hyper::server::conn::http1::Builder::new()
@@ -503,10 +532,16 @@ async fn refuse_connection(mut stream: tokio::net::TcpStream, max: usize) {
 }
 
 /// Reads the whole body of `request` (at most [`MAX_BODY_BYTES`], within
-/// [`BODY_READ_TIMEOUT`]) before rmcp sees it.
+/// [`BODY_READ_TIMEOUT`]) before rmcp sees it: the request to hand on, and its body.
 async fn read_body(
     request: hyper::Request<hyper::body::Incoming>,
-) -> Result<hyper::Request<http_body_util::Full<bytes::Bytes>>, Response> {
+) -> Result<
+    (
+        hyper::Request<http_body_util::Full<bytes::Bytes>>,
+        bytes::Bytes,
+    ),
+    Response,
+> {
     let (parts, body) = request.into_parts();
     let limited = http_body_util::Limited::new(body, MAX_BODY_BYTES);
     match tokio::time::timeout(BODY_READ_TIMEOUT, limited.collect()).await {
@@ -524,9 +559,9 @@ async fn read_body(
                     ),
                 ));
             }
-            Ok(hyper::Request::from_parts(
-                parts,
-                http_body_util::Full::new(bytes),
+            Ok((
+                hyper::Request::from_parts(parts, http_body_util::Full::new(bytes.clone())),
+                bytes,
             ))
         }
         Ok(Err(err)) if err.is::<http_body_util::LengthLimitError>() => Err(plain_owned(
@@ -544,106 +579,6 @@ async fn read_body(
                 BODY_READ_TIMEOUT.as_secs()
             ),
         )),
-    }
-}
-
-tokio::task_local! {
-    /// Set, within one request, when it was refused a new session for the cap.
-    static SESSION_REFUSED: std::cell::Cell<bool>;
-}
-
-/// rmcp's session manager with a cap on live sessions.
-struct CappedSessions {
-    inner: LocalSessionManager,
-    max: usize,
-    /// Held while a session is counted and made, so two at once cannot pass the cap.
-    creating: tokio::sync::Mutex<()>,
-}
-
-#[derive(Debug, thiserror::Error)]
-enum SessionsError {
-    #[error(transparent)]
-    Local(#[from] LocalSessionManagerError),
-    #[error("{}", sessions_full(*.0))]
-    Full(usize),
-}
-
-fn sessions_full(max: usize) -> String {
-    format!(
-        "service unavailable: {max} MCP sessions are open, the limit \
-         (`trellis mcp serve --max-sessions`); close one (HTTP DELETE) or wait until one \
-         idles out (5 minutes)"
-    )
-}
-
-impl CappedSessions {
-    async fn live(&self) -> usize {
-        self.inner.sessions.read().await.len()
-    }
-}
-
-impl SessionManager for CappedSessions {
-    type Error = SessionsError;
-    type Transport = <LocalSessionManager as SessionManager>::Transport;
-
-    async fn create_session(&self) -> Result<(SessionId, Self::Transport), Self::Error> {
-        let _one_at_a_time = self.creating.lock().await;
-        if self.live().await >= self.max {
-            // rmcp would answer 500 with this error: the handler answers 503 instead.
-            let _ = SESSION_REFUSED.try_with(|refused| refused.set(true));
-            return Err(SessionsError::Full(self.max));
-        }
-        Ok(self.inner.create_session().await?)
-    }
-
-    async fn initialize_session(
-        &self,
-        id: &SessionId,
-        message: rmcp::model::ClientJsonRpcMessage,
-    ) -> Result<rmcp::model::ServerJsonRpcMessage, Self::Error> {
-        Ok(self.inner.initialize_session(id, message).await?)
-    }
-
-    async fn has_session(&self, id: &SessionId) -> Result<bool, Self::Error> {
-        Ok(self.inner.has_session(id).await?)
-    }
-
-    async fn close_session(&self, id: &SessionId) -> Result<(), Self::Error> {
-        Ok(self.inner.close_session(id).await?)
-    }
-
-    async fn create_stream(
-        &self,
-        id: &SessionId,
-        message: rmcp::model::ClientJsonRpcMessage,
-    ) -> Result<impl futures::Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error>
-    {
-        Ok(self.inner.create_stream(id, message).await?)
-    }
-
-    async fn accept_message(
-        &self,
-        id: &SessionId,
-        message: rmcp::model::ClientJsonRpcMessage,
-    ) -> Result<(), Self::Error> {
-        Ok(self.inner.accept_message(id, message).await?)
-    }
-
-    async fn create_standalone_stream(
-        &self,
-        id: &SessionId,
-    ) -> Result<impl futures::Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error>
-    {
-        Ok(self.inner.create_standalone_stream(id).await?)
-    }
-
-    async fn resume(
-        &self,
-        id: &SessionId,
-        last_event_id: String,
-    ) -> Result<impl futures::Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error>
-    {
-        Ok(self.inner.resume(id, last_event_id).await?)
     }
 }
 

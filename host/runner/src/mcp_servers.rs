@@ -548,13 +548,6 @@ async fn listed(
 /// followed only to the same origin, 307 and 308 alone (which keep the body), at most 10.
 fn http_client(url: &str) -> Result<reqwest::Client> {
     let parsed = reqwest::Url::parse(url).with_context(|| format!("the url {url:?}"))?;
-    let host = parsed.host_str().unwrap_or_default();
-    let loopback = host.eq_ignore_ascii_case("localhost")
-        || host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback());
     let origin = parsed.origin();
     let mut builder = reqwest::Client::builder()
         .pool_max_idle_per_host(0)
@@ -566,12 +559,19 @@ fn http_client(url: &str) -> Result<reqwest::Client> {
                 attempt.stop()
             }
         }));
-    if loopback || parsed.scheme() == "http" {
+    if bypasses_proxy(&parsed) {
         builder = builder.no_proxy();
     }
     builder
         .build()
         .with_context(|| format!("making the HTTP client of {url}"))
+}
+
+/// Whether the client of `url` leaves out a proxy from the environment: a loopback host in
+/// any spelling (`localhost.`, `127.1`, `[::ffff:127.0.0.1]`), or plain `http://`.
+fn bypasses_proxy(url: &reqwest::Url) -> bool {
+    url.scheme() == "http"
+        || trellis_sandbox::llm::is_loopback_host(url.host_str().unwrap_or_default())
 }
 
 /// Files a workspace may hold that look like MCP server definitions: never read.
@@ -596,4 +596,36 @@ pub fn workspace_server_files(ws: &Workspace) -> Vec<String> {
             )
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_spelling_of_loopback_and_plain_http_bypass_the_environment_proxy() {
+        for url in [
+            "https://localhost/mcp",
+            "https://localhost./mcp",
+            "https://LOCALHOST:8443/mcp",
+            "https://127.0.0.1/mcp",
+            "https://127.1:8443/mcp",
+            "https://0x7f.1/mcp",
+            "https://[::1]:8443/mcp",
+            "https://[::ffff:127.0.0.1]:8443/mcp",
+            "http://mcp.example.com/mcp",
+        ] {
+            let parsed = reqwest::Url::parse(url).unwrap();
+            assert!(bypasses_proxy(&parsed), "{url}");
+        }
+        for url in [
+            "https://mcp.example.com/mcp",
+            "https://10.0.0.1/mcp",
+            "https://[::ffff:10.0.0.1]/mcp",
+            "https://localhost.example.com/mcp",
+        ] {
+            let parsed = reqwest::Url::parse(url).unwrap();
+            assert!(!bypasses_proxy(&parsed), "{url}");
+        }
+    }
 }

@@ -195,9 +195,9 @@ pub fn list_runs(root: &Path) -> Result<Vec<RunListing>> {
 
 /// The step ids of `planning/plan.json` in plan order (empty when it cannot be read).
 fn plan_order(fs: &WorkspaceFs, root: &Path) -> Vec<String> {
-    fs.read(root.join(trellis_workflow::PLAN_FILE))
+    fs.read_json_text(root.join(trellis_workflow::PLAN_FILE))
         .ok()
-        .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
+        .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
         .and_then(|plan| {
             plan["steps"].as_array().map(|steps| {
                 steps

@@ -229,7 +229,7 @@ async fn run_prepared(
         units: Vec::new(),
     };
     for (group, folder) in units {
-        if env.cancelled() {
+        if env.cancelled() || env.out_of_model_calls() {
             break;
         }
         if let Some(g) = group {

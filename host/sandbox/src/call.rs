@@ -26,7 +26,9 @@ use crate::llm::http::HttpPolicy;
 const GRACE: Duration = Duration::from_millis(250);
 
 /// How often a call that can be cancelled looks at its token while guest code runs, in epoch
-/// ticks: a guest busy in a loop stops within this many ticks of the cancellation.
+/// ticks: a guest busy in a loop stops within this many ticks of the cancellation. It also
+/// yields to the executor then, so calls busy on every worker thread of a server cannot keep
+/// it from accepting and answering other requests.
 const CANCEL_CHECK_TICKS: u64 = 2;
 
 /// The future of one call into an instance, as the caller's closure returns it.
@@ -138,7 +140,8 @@ where
             store.epoch_deadline_trap();
         }
         // The deadline is reached in steps, the token looked at on each: the same trap at the
-        // same deadline, and an earlier one once the token is cancelled.
+        // same deadline, and an earlier one once the token is cancelled. Each step yields, so
+        // the thread runs the server's other tasks in between.
         Some(cancel) => {
             let cancel = cancel.clone();
             let first = ticks.min(CANCEL_CHECK_TICKS);
@@ -150,7 +153,7 @@ where
                 }
                 let next = left.min(CANCEL_CHECK_TICKS);
                 left -= next;
-                Ok(UpdateDeadline::Continue(next))
+                Ok(UpdateDeadline::Yield(next))
             });
         }
     }

@@ -25,7 +25,9 @@ use crate::capabilities::Grant;
 pub use approval::{KeyApprovals, user_config_dir};
 #[doc(hidden)]
 pub use http::origin_parts;
-pub use http::{HostRule, RequestLimits, ScriptNet, is_loopback_base_url, secret_placeholder};
+pub use http::{
+    HostRule, RequestLimits, ScriptNet, is_loopback_base_url, is_loopback_host, secret_placeholder,
+};
 pub use record::{Cassette, Interaction, RecordedRequest, RecordedTool, Recorder, ReplayCursor};
 pub use redact::{MIN_SECRET_CHARS, REDACTED, redact_secrets};
 pub use retry::{

@@ -111,6 +111,8 @@ pub struct ScriptRunner {
     engine: Engine,
     linker: Linker<CallState>,
     python: tokio::sync::OnceCell<InstancePre<CallState>>,
+    /// How long a `main.wasm` may take to compile ([`crate::plugins::COMPILE_DEADLINE`]).
+    compile_deadline: std::time::Duration,
 }
 
 impl std::fmt::Debug for ScriptRunner {
@@ -155,7 +157,15 @@ impl ScriptRunner {
             engine: engine.clone(),
             linker,
             python: tokio::sync::OnceCell::new(),
+            compile_deadline: crate::plugins::COMPILE_DEADLINE,
         })
+    }
+
+    /// Gives a `main.wasm` `deadline` to compile instead of a third-party plugin's
+    /// ([`crate::plugins::COMPILE_DEADLINE`]); past it the script is not run.
+    pub fn with_compile_deadline(mut self, deadline: std::time::Duration) -> Self {
+        self.compile_deadline = deadline;
+        self
     }
 
     /// Compiles the Python runner (or reads it from the component cache) now rather than
@@ -233,7 +243,7 @@ impl ScriptRunner {
                 };
                 // A workspace's component: compiled under a third-party plugin's deadline, and
                 // cached only once it proved to be a runnable script.
-                let deadline = Some(crate::plugins::COMPILE_DEADLINE);
+                let deadline = Some(self.compile_deadline);
                 let loaded = self.engine.open_component(&bytes, script, deadline)?;
                 let pre = self.instance_pre(loaded.component(), script)?;
                 self.engine.keep(&loaded);

@@ -183,7 +183,7 @@ fn read(src: Source<'_>, rel: &Path, diags: &mut Diagnostics) -> Option<String> 
     if let Some(bytes) = src.replaced(rel) {
         return Some(String::from_utf8_lossy(bytes).into_owned());
     }
-    match src.fs.read_to_string(rel) {
+    match src.fs.read_json_text(rel) {
         Ok(text) => Some(text),
         Err(e) if e.kind() == io::ErrorKind::NotFound => None,
         Err(e) => {

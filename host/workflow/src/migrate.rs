@@ -107,7 +107,7 @@ fn invalid(file: &str, message: String) -> MigrationError {
 
 fn read_json(fs: &WorkspaceFs, rel: &str) -> Result<Option<Value>, MigrationError> {
     let path = fs.host_path(Path::new(rel));
-    match fs.read_to_string(rel) {
+    match fs.read_json_text(rel) {
         Ok(text) => {
             let mut d = Diagnostics::new();
             match parse_json(&text, rel, &mut d) {

@@ -94,13 +94,50 @@ pub const INIT: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params"
 /// Sends one HTTP request (`head` lines without the final blank line) with `body`, and
 /// returns the status, the headers and the body of the answer.
 pub fn raw(port: u16, head: &str, body: &[u8]) -> (u16, String, String) {
+    raw_at_version(port, head, body, "2025-06-18")
+}
+
+/// The protocol version a request names itself, which rmcp serves without a session.
+pub const SESSIONLESS_VERSION: &str = "2026-07-28";
+
+/// Sends request `id` of `method` with `params` to `/mcp` of `port`, naming its protocol
+/// version itself ([`SESSIONLESS_VERSION`], with the `Mcp-Method` and `Mcp-Name` headers
+/// it asks for), which rmcp serves without a session: the status and body of the answer.
+pub fn sessionless_post(
+    port: u16,
+    id: u64,
+    method: &str,
+    params: serde_json::Value,
+) -> (u16, String) {
+    let mut params = params;
+    params["_meta"] = serde_json::json!({
+        "io.modelcontextprotocol/protocolVersion": SESSIONLESS_VERSION,
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
+    });
+    let mut head = format!("POST /mcp HTTP/1.1\r\nHost: localhost:{port}\r\nMcp-Method: {method}");
+    if let Some(name) = params["name"].as_str() {
+        head.push_str(&format!("\r\nMcp-Name: {name}"));
+    }
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+    let (status, _, body) = raw_at_version(
+        port,
+        &head,
+        body.to_string().as_bytes(),
+        SESSIONLESS_VERSION,
+    );
+    (status, body)
+}
+
+/// [`raw`] with `MCP-Protocol-Version: VERSION`.
+pub fn raw_at_version(port: u16, head: &str, body: &[u8], version: &str) -> (u16, String, String) {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(120)))
         .unwrap();
     let request = format!(
         "{head}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
-         MCP-Protocol-Version: 2025-06-18\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+         MCP-Protocol-Version: {version}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
     let mut writer = stream.try_clone().unwrap();

@@ -581,7 +581,7 @@ fn workspace_for_model(root: &Path) -> Result<Workspace> {
         return Ok(ws);
     }
     let fs = WorkspaceFs::open(root).with_context(|| format!("opening {}", root.display()))?;
-    let manifest = match fs.read_optional(WORKFLOW_FILE)? {
+    let manifest = match fs.read_json_optional(WORKFLOW_FILE)? {
         None => WorkflowManifest::default(),
         Some(text) => parse_manifest(&text, WORKFLOW_FILE)
             .map(|(m, _)| m)
@@ -610,7 +610,7 @@ fn workspace_for_model(root: &Path) -> Result<Workspace> {
 }
 
 fn read_manifest(fs: &WorkspaceFs) -> Option<WorkflowManifest> {
-    let text = fs.read_optional(WORKFLOW_FILE).ok()??;
+    let text = fs.read_json_optional(WORKFLOW_FILE).ok()??;
     parse_manifest(&text, WORKFLOW_FILE).ok().map(|(m, _)| m)
 }
 
@@ -624,7 +624,7 @@ fn hold(runtime: &Runtime, root: &Path, fs: &WorkspaceFs) -> Result<Hold> {
         Err(e) => {
             let holder = crate::workspace_lock::holder_of(root);
             let session = fs
-                .read_optional(ACTIVE_SESSION_FILE)
+                .read_json_optional(ACTIVE_SESSION_FILE)
                 .ok()
                 .flatten()
                 .and_then(|text| serde_json::from_str::<Value>(&text).ok())

@@ -130,7 +130,7 @@ fn read_or_default<T: Default + for<'de> Deserialize<'de>>(
         return Ok(T::default());
     }
     let text = fs
-        .read_to_string(rel)
+        .read_json_text(rel)
         .with_context(|| format!("reading {rel}"))?;
     serde_json::from_str(&text).with_context(|| format!("{rel}: not a token usage file"))
 }

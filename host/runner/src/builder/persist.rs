@@ -102,7 +102,7 @@ pub fn read_index(fs: &WorkspaceFs) -> Result<ChatIndex> {
         return Ok(ChatIndex::default());
     }
     let text = fs
-        .read_to_string(INDEX_FILE)
+        .read_json_text(INDEX_FILE)
         .with_context(|| format!("reading {INDEX_FILE}"))?;
     serde_json::from_str(&text).with_context(|| format!("{INDEX_FILE}: not a session index"))
 }

@@ -4,6 +4,10 @@
 //! for a turn (in the conversation, the turn log and `tool-results/`) are all bounded.
 //! A call over a budget is not run or its result not kept: the model gets an error saying
 //! which limit it met and how to go on, and the turn goes on.
+//!
+//! One budget is the whole run's: the model calls of every step, turn and sub-agent
+//! together ([`ModelCalls`]), since sub-agents each with their own tool rounds would
+//! otherwise multiply them without end. Past it no call is made and the run ends.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -11,6 +15,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub const DEFAULT_CALLS_PER_ANSWER: usize = 64;
 /// Bytes of tool results one turn keeps by default (256 MiB).
 pub const DEFAULT_TURN_RESULT_BYTES: u64 = 256 << 20;
+/// Model calls one run makes by default, all its steps, turns and sub-agents together.
+pub const DEFAULT_RUN_MODEL_CALLS: u64 = 10_000;
 
 /// The budgets of every turn of a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,6 +28,9 @@ pub struct TurnBudgets {
     /// Bytes of tool results one turn keeps, offloaded or in the conversation
     /// (`--max-turn-result-mib`).
     pub result_bytes: u64,
+    /// Model calls of the whole run, every turn of every step and sub-agent counted in one
+    /// [`ModelCalls`] (`--max-model-calls`).
+    pub run_model_calls: u64,
 }
 
 impl Default for TurnBudgets {
@@ -30,6 +39,7 @@ impl Default for TurnBudgets {
             calls_per_answer: DEFAULT_CALLS_PER_ANSWER,
             concurrent_calls: default_concurrent_calls(),
             result_bytes: DEFAULT_TURN_RESULT_BYTES,
+            run_model_calls: DEFAULT_RUN_MODEL_CALLS,
         }
     }
 }
@@ -75,6 +85,37 @@ impl ResultBytes {
     }
 }
 
+/// The model calls a run made, shared by the step runners of its steps (and so by their
+/// sub-agents).
+#[derive(Debug, Default)]
+pub struct ModelCalls {
+    made: AtomicU64,
+}
+
+impl ModelCalls {
+    /// Counts one more call; `false` (nothing counted) once `max` were made.
+    pub(super) fn take(&self, max: u64) -> bool {
+        self.made
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |made| {
+                (made < max).then_some(made + 1)
+            })
+            .is_ok()
+    }
+
+    /// Whether `max` calls were made: the run makes no more.
+    pub fn spent(&self, max: u64) -> bool {
+        self.made.load(Ordering::SeqCst) >= max
+    }
+}
+
+/// Why a turn ends when its run made all the model calls it may.
+pub(super) fn out_of_model_calls(max: u64) -> String {
+    format!(
+        "the run made its {max} model calls, the limit of one run (`trellis run \
+         --max-model-calls N` sets it); no more are made, and the run ends here"
+    )
+}
+
 /// The error of a call an answer asked for past the per-answer budget.
 pub(crate) fn not_run(asked: usize, budget: usize) -> String {
     format!(
@@ -105,6 +146,18 @@ mod tests {
         assert!(!bytes.take(1));
         assert!(bytes.take(0));
         assert!(!bytes.take(usize::MAX));
+    }
+
+    #[test]
+    fn model_calls_are_counted_until_the_runs_limit() {
+        let calls = ModelCalls::default();
+        assert!(calls.take(2));
+        assert!(!calls.spent(2));
+        assert!(calls.take(2));
+        assert!(calls.spent(2));
+        assert!(!calls.take(2), "a third of two");
+        assert!(calls.take(3), "a higher limit lets one more through");
+        assert!(!calls.take(0));
     }
 
     #[test]

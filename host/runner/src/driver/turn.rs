@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use tokio::sync::Semaphore;
 
-use super::budget::ResultBytes;
+use super::budget::{ResultBytes, out_of_model_calls};
 use super::prompts::{offload_reference, out_of_tool_rounds};
 use super::{AgentModels, OFFLOAD_THRESHOLD, Run, StepRunner, TurnEnd, TurnOk, entry_outcome};
 use crate::db_tools;
@@ -191,6 +191,12 @@ impl StepRunner<'_> {
                 },
                 options: Options::default(),
             };
+            if !self.model_calls.take(self.budgets.run_model_calls) {
+                let why = out_of_model_calls(self.budgets.run_model_calls);
+                tracing::warn!("{}: turn {item_id}: {why}", run.label);
+                result = Err(TurnEnd::Failed(format!("turn {item_id}: {why}")));
+                break;
+            }
             let call_started = now_rfc3339();
             let t0 = Instant::now();
             let completion = self.call_llm(&run.models, &request).await;
@@ -283,18 +289,32 @@ impl StepRunner<'_> {
                 slots: &slots,
                 result_bytes: &result_bytes,
             };
-            for (r, content) in self.tool_calls(run, &response.tool_calls, &calls).await {
-                self.observer.emit(RunEvent::ToolCall {
-                    step_id: run.label.clone(),
-                    call_id: r.tool_call_id.clone(),
-                    tool: r.tool_name.clone(),
-                    arguments: r.args.clone(),
-                    error: r.error.clone(),
-                    duration_ms: r.duration_ms,
-                });
+            let (records, refused) = self.tool_calls(run, &response.tool_calls, &calls).await;
+            let ran = records.len() - refused;
+            for (n, (r, content)) in records.into_iter().enumerate() {
+                // The calls not run are one event, so an answer of many cannot flood the
+                // observers (and the lines printed for them).
+                if n < ran {
+                    self.observer.emit(RunEvent::ToolCall {
+                        step_id: run.label.clone(),
+                        call_id: r.tool_call_id.clone(),
+                        tool: r.tool_name.clone(),
+                        arguments: r.args.clone(),
+                        error: r.error.clone(),
+                        duration_ms: r.duration_ms,
+                    });
+                }
                 run.history
                     .push(Message::tool_result(r.tool_call_id.clone(), content));
                 conv.tool_calls.push(r);
+            }
+            if refused > 0 {
+                self.observer.emit(RunEvent::ToolCallsRefused {
+                    step_id: run.label.clone(),
+                    asked: response.tool_calls.len(),
+                    refused,
+                    budget: self.budgets.calls_per_answer.max(1),
+                });
             }
             self.take_steering(run);
         }
@@ -345,8 +365,8 @@ impl StepRunner<'_> {
     }
 
     /// The tool calls of one LLM response, with the content each gives the model, in the
-    /// order asked. The first `calls_per_answer` run; the rest are answered with an error
-    /// saying so. Plugin tools run in parallel (at most `concurrent_calls` at once) unless
+    /// order asked, and how many of them (the last ones) were not run. The first
+    /// `calls_per_answer` run; the rest are answered with an error saying so. Plugin tools run in parallel (at most `concurrent_calls` at once) unless
     /// `parallel` is off; `call_sub_agent` calls run after them, one at a time (a route's
     /// conversation is one conversation). Each result is made the model's content as its
     /// call ends (offloaded, or refused past the turn's result bytes), so a large result is
@@ -356,7 +376,7 @@ impl StepRunner<'_> {
         run: &Run<'_>,
         calls: &[ToolCall],
         turn: &TurnCalls<'_>,
-    ) -> Vec<(ToolCallRecord, String)> {
+    ) -> (Vec<(ToolCallRecord, String)>, usize) {
         let budget = self.budgets.calls_per_answer.max(1);
         let (to_run, refused) = calls.split_at(calls.len().min(budget));
         if !refused.is_empty() {
@@ -414,7 +434,7 @@ impl StepRunner<'_> {
             };
             records.push((record, format!("error: {error}")));
         }
-        records
+        (records, refused.len())
     }
 
     /// One tool call, never failing: errors land in the record.

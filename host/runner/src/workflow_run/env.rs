@@ -24,8 +24,11 @@ pub struct RunEnv<'a> {
     pub steering: Option<Arc<Steering>>,
     /// Tool rounds a turn may take before it must answer.
     pub max_tool_rounds: usize,
-    /// The budgets of every turn (tool calls per answer, calls at once, result bytes).
+    /// The budgets of every turn (tool calls per answer, calls at once, result bytes) and
+    /// the model calls of the whole run.
     pub turn_budgets: crate::driver::TurnBudgets,
+    /// The model calls the run made, all its steps together.
+    model_calls: Arc<crate::driver::ModelCalls>,
     /// The external MCP servers the operator configured (none by default).
     pub mcp_config: Arc<McpConfig>,
     /// The servers the run started, while it runs.
@@ -49,6 +52,7 @@ impl<'a> RunEnv<'a> {
             steering: None,
             max_tool_rounds: crate::driver::DEFAULT_MAX_TOOL_ROUNDS,
             turn_budgets: crate::driver::TurnBudgets::default(),
+            model_calls: Arc::default(),
             mcp_config: Arc::new(McpConfig::empty()),
             mcp: Mutex::new(None),
             scripts: OnceLock::new(),
@@ -84,6 +88,7 @@ impl<'a> RunEnv<'a> {
         .with_retry(self.retry)
         .with_max_tool_rounds(self.max_tool_rounds)
         .with_turn_budgets(self.turn_budgets)
+        .with_model_calls(self.model_calls.clone())
         .with_cancel(self.cancel.clone())
         .with_observer(self.observer.clone())
         .with_step_ends_behind();
@@ -115,5 +120,10 @@ impl<'a> RunEnv<'a> {
 
     pub(super) fn cancelled(&self) -> bool {
         self.cancel.load(Ordering::SeqCst)
+    }
+
+    /// Whether the run made all the model calls it may: no later step or group starts.
+    pub(super) fn out_of_model_calls(&self) -> bool {
+        self.model_calls.spent(self.turn_budgets.run_model_calls)
     }
 }

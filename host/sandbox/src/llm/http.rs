@@ -37,14 +37,14 @@ use super::{KeyHeader, Secret};
 mod hosts;
 mod script_net;
 
-pub use hosts::HostRule;
 use hosts::check_address;
+pub use hosts::{HostRule, is_loopback_host};
 use script_net::PLACEHOLDER_PREFIX;
 pub(crate) use script_net::{SCRIPT_REQUEST_LIMITS, SCRIPT_RESPONSE_BYTES};
 pub use script_net::{ScriptNet, secret_placeholder};
 
-/// Whether `base_url` names this machine (`localhost`, 127.0.0.0/8, `::1`): a local server
-/// may answer without a key; any other origin gets none sent without one.
+/// Whether `base_url` names this machine's loopback, in any spelling ([`is_loopback_host`]):
+/// a local server may answer without a key; any other origin gets none sent without one.
 pub fn is_loopback_base_url(base_url: &str) -> bool {
     Origin::parse(base_url).is_ok_and(|o| o.is_loopback())
 }
@@ -85,13 +85,9 @@ impl Origin {
         !self.https
     }
 
-    /// Whether the host is this machine (`localhost`, 127.0.0.0/8, `::1`).
+    /// Whether the host is this machine's loopback, in any spelling ([`is_loopback_host`]).
     pub fn is_loopback(&self) -> bool {
-        let host = self.host.trim_start_matches('[').trim_end_matches(']');
-        host == "localhost"
-            || host
-                .parse::<std::net::IpAddr>()
-                .is_ok_and(|ip| ip.is_loopback())
+        is_loopback_host(&self.host)
     }
 
     fn of(uri: &Uri) -> Option<Origin> {

@@ -40,6 +40,11 @@ pub use tree::MAX_WALK_DEPTH;
 /// The largest file the host reads from a workspace (plans, configs, sessions, logs, seeds).
 pub const READ_CAP: u64 = 64 << 20;
 
+/// The largest workspace JSON file of settings the host parses whole (`planning/plan.json`,
+/// the step config, `workflow.json`, `variables/variables.json`, the builder's state files):
+/// parsed, a file of many small values costs many times its bytes in memory.
+pub const JSON_READ_CAP: u64 = 16 << 20;
+
 /// What is at a path, without following links.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Kind {
@@ -305,9 +310,37 @@ impl WorkspaceFs {
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
     }
 
+    /// Reads the workspace JSON file at `path` as UTF-8: at most [`JSON_READ_CAP`] bytes, a
+    /// larger file refused naming itself, its size and the cap. Every file of settings the
+    /// host parses whole is read through it.
+    pub fn read_json_text(&self, path: impl AsRef<Path>) -> io::Result<String> {
+        let bytes = self.read_capped_as(path.as_ref(), JSON_READ_CAP, "of a JSON file")?;
+        String::from_utf8(bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+    }
+
+    /// `Ok(None)` when `path` does not exist, else [`WorkspaceFs::read_json_text`].
+    pub fn read_json_optional(&self, path: impl AsRef<Path>) -> io::Result<Option<String>> {
+        match self.read_json_text(path) {
+            Ok(s) => Ok(Some(s)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Reads the regular file at `path`; a file larger than `cap` is an error.
     pub fn read_capped(&self, path: impl AsRef<Path>, cap: u64) -> io::Result<Vec<u8>> {
-        let rel = self.relative(path.as_ref())?;
+        self.read_capped_as(path.as_ref(), cap, "")
+    }
+
+    /// [`WorkspaceFs::read_capped`], the cap named as the one Trellis reads `what` (`of a JSON
+    /// file`) in the error.
+    fn read_capped_as(&self, path: &Path, cap: u64, what: &str) -> io::Result<Vec<u8>> {
+        let what = if what.is_empty() {
+            String::new()
+        } else {
+            format!(" {what}")
+        };
+        let rel = self.relative(path)?;
         match self.check(&rel)? {
             Some(Kind::File) => {}
             Some(Kind::Dir) => return Err(refused(format!("{} is a folder", shown(&rel)))),
@@ -337,7 +370,7 @@ impl WorkspaceFs {
         }
         if meta.len() > cap {
             return Err(refused(format!(
-                "{} is {} bytes, more than the {cap} Trellis reads",
+                "{} is {} bytes, more than the {cap} Trellis reads{what}",
                 shown(&rel),
                 meta.len()
             )));
@@ -346,7 +379,7 @@ impl WorkspaceFs {
         file.take(cap + 1).read_to_end(&mut bytes)?;
         if bytes.len() as u64 > cap {
             return Err(refused(format!(
-                "{} is more than the {cap} bytes Trellis reads",
+                "{} is more than the {cap} bytes Trellis reads{what}",
                 shown(&rel)
             )));
         }

@@ -32,8 +32,8 @@ impl JsonFile {
         empty: Value,
         create: bool,
     ) -> Result<Self, ToolFailure> {
-        let before = match fs.read(rel) {
-            Ok(bytes) => Some(bytes),
+        let before = match fs.read_json_text(rel) {
+            Ok(text) => Some(text.into_bytes()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(ToolFailure::new(format!("{rel} cannot be read: {e}"))),
         };

@@ -358,6 +358,15 @@ fn line(event: &RunEvent) -> String {
                 format!("{step_id}: gate {item_id} failed {failures} check(s) (attempt {attempt})")
             }
         }
+        RunEvent::ToolCallsRefused {
+            step_id,
+            asked,
+            refused,
+            budget,
+        } => format!(
+            "{step_id}: {refused} of the {asked} tool calls of one answer not run (at most \
+             {budget} per answer)"
+        ),
         RunEvent::SubAgentStarted {
             step_id, route_id, ..
         } => format!("{step_id}: sub-agent {route_id} started"),

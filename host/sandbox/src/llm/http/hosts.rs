@@ -68,6 +68,70 @@ pub(crate) fn normal_host(host: &str) -> String {
         .to_ascii_lowercase()
 }
 
+/// The IP address a host names without a lookup: an address as Rust reads it, else an IPv4
+/// address in a form the C library's `inet_aton` reads (`127.1`, `2130706433`, `0x7f.1`,
+/// `0177.0.0.1`), which a connection made by name reaches as that address.
+pub(crate) fn ip_of(host: &str) -> Option<std::net::IpAddr> {
+    let host = normal_host(host);
+    host.parse::<std::net::IpAddr>()
+        .ok()
+        .or_else(|| inet_aton(&host).map(std::net::IpAddr::V4))
+}
+
+/// `host` read as `inet_aton` reads it: one to four parts, each decimal, octal (a leading
+/// `0`) or hex (`0x`), the last filling the bytes the others leave. `None` when it is not
+/// such a number (a name).
+fn inet_aton(host: &str) -> Option<std::net::Ipv4Addr> {
+    let parts: Vec<&str> = host.split('.').collect();
+    if parts.len() > 4 {
+        return None;
+    }
+    let mut values = Vec::with_capacity(parts.len());
+    for part in &parts {
+        let (digits, radix) = match part.strip_prefix("0x").or(part.strip_prefix("0X")) {
+            Some(hex) => (hex, 16),
+            None if part.len() > 1 && part.starts_with('0') => (&part[1..], 8),
+            None => (*part, 10),
+        };
+        if digits.is_empty() || !digits.chars().all(|c| c.is_digit(radix)) {
+            return None;
+        }
+        let value = u32::from_str_radix(digits, radix).ok()?;
+        values.push(value);
+    }
+    let (last, leading) = values.split_last()?;
+    if leading.iter().any(|&v| v > 255) {
+        return None;
+    }
+    let last_bits = 8 * (4 - leading.len() as u32);
+    if last_bits < 32 && *last >> last_bits != 0 {
+        return None;
+    }
+    let high = leading
+        .iter()
+        .enumerate()
+        .fold(0u32, |acc, (i, &v)| acc | (v << (24 - 8 * i)));
+    Some(std::net::Ipv4Addr::from(high | last))
+}
+
+/// Whether `host` is this machine's loopback in any spelling: `localhost` (any case, a
+/// final dot), an address in 127.0.0.0/8 however written (`127.1`, `0x7f.1`), `::1`, or
+/// 127.0.0.0/8 mapped into IPv6 (`::ffff:127.0.0.1`), with or without brackets. The one
+/// judgment of the provider rules, the `--allow-host` checks and the HTTP clients that
+/// leave an environment proxy out for loopback.
+pub fn is_loopback_host(host: &str) -> bool {
+    if normal_host(host) == "localhost" {
+        return true;
+    }
+    match ip_of(host) {
+        Some(std::net::IpAddr::V4(v4)) => v4.is_loopback(),
+        Some(std::net::IpAddr::V6(v6)) => {
+            v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+        }
+        None => false,
+    }
+}
+
 /// One range of a special-purpose registry: its first address, prefix length and name.
 type Special<T> = (T, u8, &'static str);
 
@@ -218,7 +282,7 @@ impl Origin {
         if host == "localhost" || host.ends_with(".localhost") {
             return Some("this machine".to_string());
         }
-        let ip = host.parse::<std::net::IpAddr>().ok()?;
+        let ip = ip_of(&host)?;
         special_range(ip).map(|range| format!("{ip} ({range})"))
     }
 
@@ -238,9 +302,9 @@ pub(super) async fn check_address(
 ) -> Result<Option<std::net::SocketAddr>, String> {
     let host = normal_host(&target.host);
     let approved = approvals.is_host_approved(target);
-    let addresses: Vec<std::net::SocketAddr> = match host.parse::<std::net::IpAddr>() {
-        Ok(ip) => vec![std::net::SocketAddr::new(ip, target.port)],
-        Err(_) => tokio::net::lookup_host((host.as_str(), target.port))
+    let addresses: Vec<std::net::SocketAddr> = match ip_of(&host) {
+        Some(ip) => vec![std::net::SocketAddr::new(ip, target.port)],
+        None => tokio::net::lookup_host((host.as_str(), target.port))
             .await
             .map_err(|e| format!("{target}: cannot resolve {host}: {e}"))?
             .collect(),
@@ -270,6 +334,99 @@ pub(super) async fn check_address(
 mod tests {
     use super::*;
     use std::net::IpAddr;
+
+    #[test]
+    fn localhost_with_a_final_dot_or_in_capitals_is_loopback() {
+        for host in ["localhost", "localhost.", "LOCALHOST", "LocalHost."] {
+            assert!(is_loopback_host(host), "{host}");
+        }
+        for host in ["localhost.example.com", "mylocalhost", "127.0.0.1.nip.io"] {
+            assert!(!is_loopback_host(host), "{host}");
+        }
+    }
+
+    #[test]
+    fn ipv4_loopback_in_the_forms_inet_aton_reads_is_loopback() {
+        for host in [
+            "127.0.0.1",
+            "127.1",
+            "127.0.1",
+            "127.255.255.254",
+            "2130706433",
+            "0x7f.1",
+            "0X7F.0.0.1",
+            "0177.0.0.1",
+            "0x7f000001",
+            "127.0.0.1.",
+        ] {
+            assert!(is_loopback_host(host), "{host}");
+        }
+        for host in [
+            "128.0.0.1",
+            "10.1",
+            "0x80.1",
+            "127.256.0.0.1",
+            "127.0.0.0.1",
+            "127.16777216",
+            "0x",
+            "08.0.0.1",
+            "127.-1",
+            "",
+        ] {
+            assert!(!is_loopback_host(host), "{host}");
+        }
+        assert_eq!(ip_of("127.1"), Some("127.0.0.1".parse().unwrap()));
+        assert_eq!(ip_of("0x7f.1"), Some("127.0.0.1".parse().unwrap()));
+        assert_eq!(ip_of("0177.0.0.1"), Some("127.0.0.1".parse().unwrap()));
+        assert_eq!(ip_of("2130706433"), Some("127.0.0.1".parse().unwrap()));
+        assert_eq!(ip_of("10.1.0x10"), Some("10.1.0.16".parse().unwrap()));
+        assert_eq!(ip_of("api.example.com"), None);
+    }
+
+    #[test]
+    fn ipv6_loopback_and_ipv4_loopback_mapped_into_ipv6_are_loopback() {
+        for host in [
+            "::1",
+            "[::1]",
+            "[0:0:0:0:0:0:0:1]",
+            "[::ffff:127.0.0.1]",
+            "::ffff:127.0.0.1",
+            "[::ffff:7f00:1]",
+            "[::FFFF:127.1.2.3]",
+        ] {
+            assert!(is_loopback_host(host), "{host}");
+        }
+        // Carried through NAT64 or the deprecated compatible form, 127.0.0.1 is not this
+        // machine's: no system routes them to its loopback.
+        for host in [
+            "[::2]",
+            "[::ffff:10.0.0.1]",
+            "[64:ff9b::127.0.0.1]",
+            "[fe80::1]",
+        ] {
+            assert!(!is_loopback_host(host), "{host}");
+        }
+    }
+
+    #[test]
+    fn a_base_url_of_an_inet_aton_form_is_judged_as_its_address() {
+        let local = |url: &str| Origin::parse(url).unwrap().local_host();
+        assert_eq!(
+            local("http://127.1:9/v1").as_deref(),
+            Some("127.0.0.1 (loopback, RFC 1122)")
+        );
+        assert_eq!(
+            local("https://0x0a.1/v1").as_deref(),
+            Some("10.0.0.1 (private use, RFC 1918)")
+        );
+        assert!(
+            Origin::parse("http://[::ffff:127.0.0.1]:9")
+                .unwrap()
+                .is_loopback()
+        );
+        assert!(Origin::parse("http://localhost.:9").unwrap().is_loopback());
+        assert!(Origin::parse("http://127.1:9").unwrap().is_loopback());
+    }
 
     /// Each range of the registries: its first address, an address inside, its last
     /// address, and the range it must be judged in. Written out by hand from the IANA

@@ -234,7 +234,7 @@ pub(in crate::builder::edits) fn delete(root: &Path, args: &Value) -> ToolResult
         ));
     }
     for file in run_specific_configs(&draft.fs) {
-        let text = draft.fs.read_to_string(&file).unwrap_or_default();
+        let text = draft.fs.read_json_text(&file).unwrap_or_default();
         let value: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
         let stale: Vec<&str> = step_config_entries(&value)
             .iter()

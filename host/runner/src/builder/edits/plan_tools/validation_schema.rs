@@ -21,7 +21,7 @@ fn config_schema_in_force(fs: &WorkspaceFs, draft_config: &Value, id: &str) -> O
     let text = if rel == Path::new(STEP_CONFIG_FILE) {
         draft_config.clone()
     } else {
-        serde_json::from_str(&fs.read_to_string(&rel).ok()?).ok()?
+        serde_json::from_str(&fs.read_json_text(&rel).ok()?).ok()?
     };
     step_config_entries(&text)
         .iter()
