@@ -1,0 +1,118 @@
+//! Red-team tests of what a hostile workspace, model or guest can make the host itself do
+//! (its memory, its process), through the real binary: files planted in a workspace the
+//! builder reads, and plans whose queries the host runs. Each asserts the safe outcome and
+//! that nothing outside the workspace changed.
+
+use crate::support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use serde_json::{Value, json};
+use support::fake_llm::{FakeServer, completion, result_of};
+use support::tree_digest;
+use support::workspace::{write_file, write_files};
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// A fake model answering `replies` in order, then `done`.
+fn scripted(replies: Vec<Value>) -> FakeServer {
+    let next = Arc::new(AtomicUsize::new(0));
+    FakeServer::start(Box::new(move |_| {
+        let n = next.fetch_add(1, Ordering::SeqCst);
+        (
+            200,
+            replies
+                .get(n)
+                .cloned()
+                .unwrap_or_else(|| completion("done", &[])),
+        )
+    }))
+}
+
+/// A one-step workspace whose model is `providers`' fake server.
+fn one_step_ws(root: &std::path::Path, providers: Value) {
+    write_file(
+        root,
+        "planning/plan.json",
+        json!({"objective": "Say hello", "steps": [
+            {"id": "greet", "type": "regular", "title": "Greet", "description": "Say hello."}
+        ]})
+        .to_string(),
+    );
+    write_file(root, "planning/step_config.json", r#"{"steps": []}"#);
+    write_file(
+        root,
+        "workflow.json",
+        json!({"llm": {"provider": "openai", "model_id": "m"}, "providers": providers}).to_string(),
+    );
+}
+
+/// A turn log summary as the host writes it, with `tokens` prompt and completion tokens.
+fn turn_summary(iteration: u32, tokens: u64) -> String {
+    json!({"step_id": "greet", "item_id": "i", "entry_id": "e", "attempt": 1,
+           "iteration": iteration, "provider": "openai", "model_id": "m",
+           "status": "completed", "error": null, "started_at": "2026-11-30T00:00:00Z",
+           "completed_at": "2026-11-30T00:00:01Z", "duration_ms": 1, "llm_duration_ms": 1,
+           "tool_duration_ms": 0, "llm_call_count": 1, "tool_call_count": 0,
+           "tool_error_count": 0, "prompt_tokens": tokens, "completion_tokens": tokens,
+           "total_tokens": tokens})
+    .to_string()
+}
+
+/// Turn logs planted in a workspace with token counts near `u64::MAX`: the builder's
+/// `get_cost_summary` adds them up without panicking (which ended the whole builder
+/// process, its session with it) and answers the saturated total.
+#[test]
+fn planted_token_counts_do_not_crash_the_builders_cost_summary() {
+    let server = scripted(vec![completion("", &[("get_cost_summary", json!({}))])]);
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    one_step_ws(&ws, server.providers());
+    let huge = u64::MAX - 1;
+    write_files(
+        &ws,
+        &[
+            ("runs/iteration-0/execution/greet/out.txt", "hi".to_string()),
+            (
+                "runs/iteration-0/logs/greet/execution-attempt-1-iteration-1.json",
+                turn_summary(1, huge),
+            ),
+            (
+                "runs/iteration-0/logs/greet/execution-attempt-1-iteration-2.json",
+                turn_summary(2, huge),
+            ),
+        ],
+    );
+    write_file(dir.path(), "outside/keep.txt", "keep");
+    let outside_before = tree_digest(&dir.path().join("outside"));
+    let out = support::trellis(&[
+        "builder",
+        ws.to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
+        "--llm",
+        "openai:m",
+        "-m",
+        "how much did the runs cost?",
+    ]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let answer: Value = serde_json::from_str(&result_of(&server.tool_results(1), "call-0"))
+        .unwrap_or_else(|e| panic!("{e}: {:?}", server.tool_results(1)));
+    assert_eq!(answer["runs"]["prompt_tokens"], json!(u64::MAX), "{answer}");
+    assert_eq!(
+        answer["runs"]["completion_tokens"],
+        json!(u64::MAX),
+        "{answer}"
+    );
+    assert_eq!(
+        answer["runs"]["by_run_folder"][0]["steps"][0]["prompt_tokens"],
+        json!(u64::MAX),
+        "{answer}"
+    );
+    assert_eq!(tree_digest(&dir.path().join("outside")), outside_before);
+}
