@@ -116,3 +116,60 @@ fn planted_token_counts_do_not_crash_the_builders_cost_summary() {
     );
     assert_eq!(tree_digest(&dir.path().join("outside")), outside_before);
 }
+
+/// A foreach whose `source_sql` yields millions of tiny rows (one two-byte field each, or a
+/// few hundred one-byte fields), with a `max_iterations` high enough to keep them all:
+/// the rows are held as JSON objects, several hundred bytes of memory for each byte the
+/// limit of kept rows counted, so 64 MiB of "kept rows" took gigabytes of the host's
+/// memory before the first turn. The limit now counts what a row and a field hold, so the
+/// query is refused at it, the host stays small, and no turn runs.
+#[test]
+fn a_foreach_of_millions_of_tiny_rows_is_refused_within_the_row_limit() {
+    let tiny_rows = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c \
+                     LIMIT 30000000) SELECT 1 AS \"\" FROM c";
+    let columns: Vec<String> = (0..300).map(|i| format!("0 AS c{i}")).collect();
+    let wide_rows = format!(
+        "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 1000000) \
+         SELECT {} FROM c",
+        columns.join(", ")
+    );
+    for source_sql in [tiny_rows, wide_rows.as_str()] {
+        let server = scripted(vec![]);
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().join("ws");
+        write_file(
+            &ws,
+            "planning/plan.json",
+            json!({"objective": "rows", "steps": [
+                {"id": "each", "type": "message_sequence", "title": "Each", "description": "d",
+                 "items": [{"id": "rows", "type": "foreach", "max_iterations": 1_000_000_000u64,
+                            "source_sql": source_sql, "message": "Row"}]}
+            ]})
+            .to_string(),
+        );
+        write_file(&ws, "planning/step_config.json", r#"{"steps": []}"#);
+        write_file(
+            &ws,
+            "workflow.json",
+            json!({"llm": {"provider": "openai", "model_id": "m"},
+                   "providers": server.providers()})
+            .to_string(),
+        );
+        support::workspace::create_db(&ws, "CREATE TABLE t (a INTEGER);");
+        write_file(dir.path(), "outside/keep.txt", "keep");
+        let outside_before = tree_digest(&dir.path().join("outside"));
+        let log = dir.path().join("out.log");
+        let (status, peak, out) = support::measure::peak_memory(
+            support::trellis_command(&["run", ws.to_str().unwrap(), "--allow-host", "127.0.0.1"]),
+            &log,
+        );
+        assert_eq!(status, 1, "{out}");
+        assert!(
+            out.contains("source_sql returned more than 67108864 bytes"),
+            "{out}"
+        );
+        assert!(server.seen().is_empty(), "a turn ran");
+        assert!(peak < 1 << 30, "peak resident memory {peak} bytes: {out}");
+        assert_eq!(tree_digest(&dir.path().join("outside")), outside_before);
+    }
+}
