@@ -173,3 +173,81 @@ fn a_foreach_of_millions_of_tiny_rows_is_refused_within_the_row_limit() {
         assert_eq!(tree_digest(&dir.path().join("outside")), outside_before);
     }
 }
+
+/// A stdio MCP server speaking just enough JSON-RPC to start, then answering `tools/list`
+/// with `PAGES` pages of `PER_PAGE` tools, each with a 1 KB description, every page but
+/// the last with a cursor to the next (argv: PAGES PER_PAGE). It counts the pages it was
+/// asked for in the file given as the third argument.
+const FLOODING_SERVER: &str = r#"
+import json, sys
+pages, per_page, asked = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+n = 0
+for line in sys.stdin:
+    msg = json.loads(line)
+    if "id" not in msg:
+        continue
+    if msg["method"] == "initialize":
+        result = {"protocolVersion": msg["params"]["protocolVersion"],
+                  "capabilities": {"tools": {}}, "serverInfo": {"name": "flood", "version": "1"}}
+    elif msg["method"] == "tools/list":
+        n += 1
+        with open(asked, "w") as f:
+            f.write(str(n))
+        tools = [{"name": "t%d_%d" % (n, i), "description": "d" * 1000,
+                  "inputSchema": {"type": "object"}} for i in range(per_page)]
+        result = {"tools": tools}
+        if n < pages:
+            result["nextCursor"] = str(n)
+    else:
+        result = {}
+    sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": result}) + "\n")
+    sys.stdout.flush()
+"#;
+
+/// An external MCP server whose tool list never ends: page after page of tools (300 MB in
+/// all here), or empty pages each with a cursor to the next. The run holds what a plugin may
+/// list (256 tools, 1 MiB of them, in at most 256 pages) and no more, refuses the server
+/// naming the limit, asks for no further page and starts nothing. Before, every page was
+/// added to one list in memory until the server stopped sending them (2.9 GB of the host's
+/// memory for these 300 pages).
+#[test]
+fn an_external_servers_endless_tool_list_is_cut_at_a_plugins_limits() {
+    for (pages, per_page, refusal, asked_for) in [
+        ("300", "1000", "listing its tools: more than 256 tools", "1"),
+        (
+            "100000",
+            "0",
+            "listing its tools: more than 256 pages of tools",
+            "256",
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("flood.py");
+        std::fs::write(&script, FLOODING_SERVER).unwrap();
+        let asked = dir.path().join("asked");
+        let config = support::mcp_servers::server_file(
+            &dir.path().join("servers.json"),
+            json!({"flood": {"command": "python3", "args": [script, pages, per_page, asked]}}),
+        );
+        let llm = scripted(vec![]);
+        let ws = dir.path().join("ws");
+        support::mcp_servers::workspace(&ws, json!({"selected_servers": ["flood"]}), &llm);
+        write_file(dir.path(), "outside/keep.txt", "keep");
+        let outside_before = tree_digest(&dir.path().join("outside"));
+        let log = dir.path().join("out.log");
+        let (status, peak, out) = support::measure::peak_memory(
+            support::mcp_servers::with_servers(&["run", ws.to_str().unwrap()], &config),
+            &log,
+        );
+        assert_eq!(status, 1, "{out}");
+        assert!(
+            out.contains(r#"MCP server "flood""#) && out.contains(refusal),
+            "{out}"
+        );
+        assert_eq!(std::fs::read_to_string(&asked).unwrap(), asked_for, "{out}");
+        assert!(llm.seen().is_empty(), "a turn ran");
+        assert!(!ws.join("runs").exists(), "the run started: {out}");
+        assert!(peak < 512 << 20, "peak resident memory {peak} bytes: {out}");
+        assert_eq!(tree_digest(&dir.path().join("outside")), outside_before);
+    }
+}
