@@ -32,6 +32,7 @@ mod redteam_budgets;
 mod redteam_builder;
 mod redteam_db;
 mod redteam_fastpath;
+mod redteam_host;
 mod redteam_mcp;
 mod redteam_net;
 mod routes;

@@ -17,8 +17,15 @@ use trellis_sandbox::capabilities::sql::{self, SqlAccess};
 
 /// Rows a foreach item may run without `max_iterations`: each is an agent turn.
 pub const MAX_ROWS: usize = 100_000;
-/// Bytes (as JSON text) the kept rows of a foreach item may hold in all.
+/// Bytes the kept rows of a foreach item may hold in all: their JSON text, and
+/// [`ROW_BYTES`] for each row and [`FIELD_BYTES`] for each field besides.
 pub const MAX_BYTES: usize = 64 << 20;
+/// What holding one row costs beyond its fields: a kept row is a JSON object, whose
+/// first entry allocates a whole map node, so a row of one short field takes hundreds of
+/// bytes of memory for the few of its text.
+pub const ROW_BYTES: usize = 512;
+/// What holding one field of a row costs beyond its name and its value's JSON text.
+pub const FIELD_BYTES: usize = 64;
 
 /// The rows of one foreach item.
 #[derive(Debug, Clone, PartialEq)]
@@ -118,6 +125,7 @@ fn query_rows_within(
             continue;
         }
         let mut obj = Map::new();
+        bytes += ROW_BYTES;
         for (i, name) in names.iter().enumerate() {
             let value = row.get_ref(i).with_context(ctx)?;
             // With duplicate column names the first one wins, as the caller reads `{{.name}}`.
@@ -125,7 +133,7 @@ fn query_rows_within(
                 continue;
             }
             let value = trellis_sandbox::store::sql_to_json(value);
-            bytes += name.len() + value.to_string().len();
+            bytes += FIELD_BYTES + name.len() + value.to_string().len();
             if bytes > MAX_BYTES {
                 bail!(
                     "{}: source_sql returned more than {MAX_BYTES} bytes; select fewer or smaller columns, or set max_iterations",

@@ -35,7 +35,7 @@ use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig
 use serde_json::Value;
 use tokio::io::{AsyncRead, ReadBuf};
 use trellis_sandbox::llm::ToolDefinition;
-use trellis_sandbox::plugins::normalize_tool_name;
+use trellis_sandbox::plugins::{MAX_LIST_TOOLS_BYTES, MAX_TOOLS, normalize_tool_name};
 use trellis_workflow::Workspace;
 use trellis_workflow::plan::StepKind;
 
@@ -519,11 +519,8 @@ async fn listed(
     process: Option<tokio::process::Child>,
     oversized: Arc<AtomicBool>,
 ) -> Result<Running> {
-    let listed = service
-        .list_all_tools()
-        .await
-        .map_err(|e| anyhow!("listing its tools: {e}"))?;
-    let tools = listed
+    let tools = list_tools(&service)
+        .await?
         .into_iter()
         .map(|t| McpTool {
             full_name: format!("{key}:{}", t.name),
@@ -538,6 +535,49 @@ async fn listed(
         process,
         oversized,
     })
+}
+
+/// The tools a server lists, page by page, held to a plugin's loading limits: at most
+/// [`MAX_TOOLS`] tools and [`MAX_LIST_TOOLS_BYTES`] of them as JSON, in at most
+/// [`MAX_TOOLS`] pages. A server past one (a page after page of tools, a cursor that never
+/// ends) is refused as soon as it crosses it, before more is asked or held: every tool is
+/// offered to the model in every request of the steps that name the server.
+async fn list_tools(service: &RunningService<RoleClient, ()>) -> Result<Vec<rmcp::model::Tool>> {
+    let mut tools = Vec::new();
+    let (mut bytes, mut pages) = (0usize, 0usize);
+    let mut cursor = None;
+    loop {
+        pages += 1;
+        if pages > MAX_TOOLS {
+            anyhow::bail!("listing its tools: more than {MAX_TOOLS} pages of tools");
+        }
+        let page = service
+            .list_tools(Some(
+                rmcp::model::PaginatedRequestParams::default().with_cursor(cursor),
+            ))
+            .await
+            .map_err(|e| anyhow!("listing its tools: {e}"))?;
+        for tool in page.tools {
+            bytes += serde_json::to_vec(&tool).map_or(0, |b| b.len());
+            tools.push(tool);
+            if tools.len() > MAX_TOOLS {
+                anyhow::bail!(
+                    "listing its tools: more than {MAX_TOOLS} tools (the limit of tools a \
+                     plugin may list)"
+                );
+            }
+            if bytes > MAX_LIST_TOOLS_BYTES {
+                anyhow::bail!(
+                    "listing its tools: the tools listed are more than {MAX_LIST_TOOLS_BYTES} \
+                     bytes (the limit of a plugin's tool list)"
+                );
+            }
+        }
+        cursor = page.next_cursor;
+        if cursor.is_none() {
+            return Ok(tools);
+        }
+    }
 }
 
 /// The HTTP client of a streamable HTTP server at `url`. A proxy from the environment

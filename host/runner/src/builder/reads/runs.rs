@@ -238,13 +238,18 @@ pub fn cost_summary(ctx: &ToolContext<'_>) -> ToolResult {
             let Ok(report) = show_step(ctx.root, &listing.run_folder, &step.step_id) else {
                 continue;
             };
-            let prompt: u64 = report.turns.iter().map(|t| t.prompt_tokens).sum();
-            let completion: u64 = report.turns.iter().map(|t| t.completion_tokens).sum();
+            // The counts come from files anyone who wrote the workspace may have planted:
+            // their sums saturate rather than overflow (which panics).
+            let sum = |count: fn(&crate::runs::TurnLog) -> u64| {
+                report.turns.iter().map(count).fold(0, u64::saturating_add)
+            };
+            let prompt = sum(|t| t.prompt_tokens);
+            let completion = sum(|t| t.completion_tokens);
             if report.turns.is_empty() {
                 continue;
             }
-            total_prompt += prompt;
-            total_completion += completion;
+            total_prompt = total_prompt.saturating_add(prompt);
+            total_completion = total_completion.saturating_add(completion);
             steps.push(json!({
                 "step_id": step.step_id,
                 "turns": report.turns.len(),
