@@ -281,7 +281,7 @@ async fn read_workflow_config_names_the_file_of_each_variable_and_group() {
         &[
             (
                 "workflow.json",
-                r#"{"contract_version": "1.0.11", "variables": {"REGION": "eu", "TEAM": "core"},
+                r#"{"version": "1.0.11", "variables": {"REGION": "eu", "TEAM": "core"},
                    "llm": {"provider": "replay", "model_id": "triage-demo"}}"#,
             ),
             (
@@ -447,12 +447,7 @@ async fn read_workspace_file_reads_text_in_windows() {
     )
     .await
     .unwrap();
-    assert!(
-        top["content"]
-            .as_str()
-            .unwrap()
-            .contains("contract_version")
-    );
+    assert!(top["content"].as_str().unwrap().contains("\"version\""));
     refused(
         read(
             &reg,
