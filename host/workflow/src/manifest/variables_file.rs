@@ -192,7 +192,7 @@ mod tests {
             [
                 "variables/variables.json: variables[0].name: missing: expected a string (the variable name)",
                 "variables/variables.json: groups[0].values: expected an object of name -> value, found a number",
-                "variables/variables.json: unknown key \"extra\"",
+                "variables/variables.json: unknown key \"extra\" (did you mean \"extraction_date\"?)",
             ]
         );
     }
