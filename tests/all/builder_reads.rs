@@ -309,7 +309,7 @@ async fn read_workflow_config_names_the_file_of_each_variable_and_group() {
         "{config}"
     );
     assert_eq!(config["groups"][0]["id"], "Team A");
-    assert_eq!(config["groups"][0]["folder"], "Team_A");
+    assert_eq!(config["groups"][0]["folder"], "team-a");
     assert_eq!(config["groups"][0]["file"], "variables/variables.json");
     assert_eq!(config["variables_written_to"], "variables/variables.json");
     assert_eq!(config["settings"]["llm"]["model_id"], "triage-demo");
@@ -327,7 +327,7 @@ async fn read_workflow_config_names_the_file_of_each_variable_and_group() {
     )
     .await
     .unwrap();
-    assert_eq!(step["run_folder"], "iteration-0/Team_A");
+    assert_eq!(step["run_folder"], "iteration-0/team-a");
 }
 
 // ---------------------------------------------------------------- workspace files
