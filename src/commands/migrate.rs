@@ -33,7 +33,7 @@ pub fn run(args: &MigrateArgs) -> Result<ExitCode> {
                 println!("wrote {}", script.display());
             }
             println!(
-                "contract_version: {} -> {}",
+                "version: {} -> {}",
                 summary.contract_before.as_deref().unwrap_or("(none)"),
                 summary.contract_after
             );

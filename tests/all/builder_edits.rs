@@ -683,11 +683,7 @@ fn groups_are_updated_and_deleted_but_never_the_last() {
 #[test]
 fn the_migration_runs_through_the_tool_and_is_logged() {
     let env = Env::new();
-    write_file(
-        env.root(),
-        "workflow.json",
-        r#"{"contract_version": "1.0.9"}"#,
-    );
+    write_file(env.root(), "workflow.json", r#"{"version": "1.0.9"}"#);
     write_file(env.root(), "scripts/fetch.py", "print('fetch')\n");
     write_file(
         env.root(),

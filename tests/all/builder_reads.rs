@@ -281,7 +281,7 @@ async fn read_workflow_config_names_the_file_of_each_variable_and_group() {
         &[
             (
                 "workflow.json",
-                r#"{"contract_version": "1.0.11", "variables": {"REGION": "eu", "TEAM": "core"},
+                r#"{"version": "1.0.11", "variables": {"REGION": "eu", "TEAM": "core"},
                    "llm": {"provider": "replay", "model_id": "triage-demo"}}"#,
             ),
             (
@@ -309,7 +309,7 @@ async fn read_workflow_config_names_the_file_of_each_variable_and_group() {
         "{config}"
     );
     assert_eq!(config["groups"][0]["id"], "Team A");
-    assert_eq!(config["groups"][0]["folder"], "Team_A");
+    assert_eq!(config["groups"][0]["folder"], "team-a");
     assert_eq!(config["groups"][0]["file"], "variables/variables.json");
     assert_eq!(config["variables_written_to"], "variables/variables.json");
     assert_eq!(config["settings"]["llm"]["model_id"], "triage-demo");
@@ -327,7 +327,7 @@ async fn read_workflow_config_names_the_file_of_each_variable_and_group() {
     )
     .await
     .unwrap();
-    assert_eq!(step["run_folder"], "iteration-0/Team_A");
+    assert_eq!(step["run_folder"], "iteration-0/team-a");
 }
 
 // ---------------------------------------------------------------- workspace files
@@ -447,12 +447,7 @@ async fn read_workspace_file_reads_text_in_windows() {
     )
     .await
     .unwrap();
-    assert!(
-        top["content"]
-            .as_str()
-            .unwrap()
-            .contains("contract_version")
-    );
+    assert!(top["content"].as_str().unwrap().contains("\"version\""));
     refused(
         read(
             &reg,

@@ -12,6 +12,7 @@ mod builder_executions;
 mod builder_reads;
 mod cli;
 mod compat_access;
+mod compat_load;
 mod compat_plans;
 mod db_fences;
 mod db_links;

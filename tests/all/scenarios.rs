@@ -1,7 +1,8 @@
 //! Run scenarios as folders (`tests/scenarios/<name>/`, see its README): each is a workspace,
 //! the model's replies and the expected outcome, run through the `trellis` binary against an
 //! OpenAI-compatible server on 127.0.0.1. Every scenario runs; the test fails naming each one
-//! that did not hold and why.
+//! that did not hold and why. `tests/scenarios/original/` holds workspaces as the original
+//! system writes them: each must also pass `trellis validate`.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -54,7 +55,7 @@ fn serve(replies: Vec<Value>) -> FakeServer {
 }
 
 /// Points the copied workspace's `workflow.json` at `server` (a model of its own when the
-/// workspace names none).
+/// workspace names none, in Trellis's `llm` or the original's `tiered_config.tier_1`).
 fn use_server(ws: &Path, server: &FakeServer) -> Result<(), String> {
     let path = ws.join("workflow.json");
     let mut manifest = if path.exists() {
@@ -62,15 +63,20 @@ fn use_server(ws: &Path, server: &FakeServer) -> Result<(), String> {
     } else {
         json!({})
     };
-    if manifest.get("llm").is_none() {
+    if manifest.get("llm").is_none()
+        && manifest
+            .pointer("/capabilities/llm_config/tiered_config/tier_1")
+            .is_none_or(Value::is_null)
+    {
         manifest["llm"] = json!({"provider": "openai", "model_id": "scenario-model"});
     }
     manifest["providers"] = server.providers();
     std::fs::write(&path, manifest.to_string()).map_err(|e| e.to_string())
 }
 
-/// Runs the scenario in `dir`; the problems found, empty when it held.
-fn run_scenario(dir: &Path) -> Result<Vec<String>, String> {
+/// Runs the scenario in `dir`; the problems found, empty when it held. With `validate`, the
+/// workspace must first pass `trellis validate` (warnings allowed).
+fn run_scenario(dir: &Path, validate: bool) -> Result<Vec<String>, String> {
     let spec = read_json(&dir.join("scenario.json"))?;
     let source = match spec["workspace"].as_str() {
         Some(rel) => dir.join(rel),
@@ -88,6 +94,17 @@ fn run_scenario(dir: &Path) -> Result<Vec<String>, String> {
     copy_workspace(&source, &ws, &["runs", "db.sqlite"]);
     let server = serve(replies);
     use_server(&ws, &server)?;
+    if validate {
+        let ws_arg = ws.display().to_string();
+        let out = support::trellis(&["validate", &ws_arg]);
+        if !out.status.success() {
+            return Ok(vec![format!(
+                "trellis validate refused it:\n{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )]);
+        }
+    }
 
     let mut args = vec![
         "run".to_string(),
@@ -175,30 +192,49 @@ fn run_scenario(dir: &Path) -> Result<Vec<String>, String> {
     Ok(problems)
 }
 
-#[test]
-fn every_scenario_holds() {
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(scenarios_dir())
+/// Runs every scenario folder of `root`; the failures, each naming its scenario.
+fn run_all(root: &Path, validate: bool) -> (usize, Vec<String>) {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(root)
         .unwrap()
         .flatten()
         .map(|e| e.path())
         .filter(|p| p.join("scenario.json").is_file())
         .collect();
     dirs.sort();
-    assert!(dirs.len() >= 4, "scenarios found: {dirs:?}");
     let mut failed = Vec::new();
     for dir in &dirs {
         let name = dir.file_name().unwrap().to_string_lossy().into_owned();
-        match run_scenario(dir) {
+        match run_scenario(dir, validate) {
             Ok(problems) if problems.is_empty() => {}
             Ok(problems) => failed.push(format!("{name}:\n  {}", problems.join("\n  "))),
             Err(e) => failed.push(format!("{name}: cannot run: {e}")),
         }
     }
+    (dirs.len(), failed)
+}
+
+#[test]
+fn every_scenario_holds() {
+    let (count, failed) = run_all(&scenarios_dir(), false);
+    assert!(count >= 4, "scenarios found: {count}");
     assert!(
         failed.is_empty(),
-        "{} of {} scenarios did not hold:\n{}",
+        "{} of {count} scenarios did not hold:\n{}",
         failed.len(),
-        dirs.len(),
+        failed.join("\n")
+    );
+}
+
+/// The original's documented manifest, todo_task plan and grouped workflow, and a plan as
+/// its Go structs marshal it: each validates, runs against the fake model and holds.
+#[test]
+fn every_original_workspace_validates_and_runs() {
+    let (count, failed) = run_all(&scenarios_dir().join("original"), true);
+    assert!(count >= 4, "original workspaces found: {count}");
+    assert!(
+        failed.is_empty(),
+        "{} of {count} original workspaces did not hold:\n{}",
+        failed.len(),
         failed.join("\n")
     );
 }

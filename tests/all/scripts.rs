@@ -55,7 +55,7 @@ impl World {
         );
         write(
             "workflow.json",
-            &json!({"contract_version": "1.0.11",
+            &json!({"version": "1.0.11",
                     "variables": {"region": "emea", "max_items": {"value": "3"}},
                     "groups": [{"id": "nordics", "variables": {"region": "nordics"}}]})
             .to_string(),

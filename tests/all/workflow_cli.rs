@@ -205,11 +205,7 @@ fn migrate_converts_a_code_sequence_and_refuses_an_ambiguous_one() {
     std::fs::create_dir_all(root.join("planning")).unwrap();
     std::fs::create_dir_all(root.join("scripts")).unwrap();
     std::fs::write(root.join("scripts/fetch.py"), "print('fetch')\n").unwrap();
-    std::fs::write(
-        root.join("workflow.json"),
-        r#"{"contract_version": "1.0.9"}"#,
-    )
-    .unwrap();
+    std::fs::write(root.join("workflow.json"), r#"{"version": "1.0.9"}"#).unwrap();
     let plan = json!({"steps": [{
         "id": "collect", "type": "message_sequence", "title": "Collect", "description": "Collect data.",
         "items": [
@@ -272,7 +268,8 @@ fn migrate_converts_a_code_sequence_and_refuses_an_ambiguous_one() {
     let manifest: Value =
         serde_json::from_str(&std::fs::read_to_string(root.join("workflow.json")).unwrap())
             .unwrap();
-    assert_eq!(manifest["contract_version"], "1.0.11");
+    assert_eq!(manifest["version"], "1.0.11");
+    assert!(manifest.get("contract_version").is_none(), "{manifest}");
     let out = trellis(&["validate", root.to_str().unwrap()]);
     assert!(out.status.success(), "{}", text(&out.stdout));
 }

@@ -66,6 +66,10 @@ use trellis_workflow::plan::{Item, StepKind};
 pub const DEFAULT_MAX_TOOL_ROUNDS: usize = 500;
 /// Repair turns a failing gate gets before the step fails.
 pub const MAX_REPAIR_TURNS: u32 = 3;
+
+/// Corrective turns of a `todo_task` gate message without `max_corrections` (the
+/// original's default).
+pub const TODO_TASK_CORRECTIONS: u32 = 1;
 /// The item id of the automatic final gate.
 pub const FINAL_GATE_ID: &str = "__automatic_final_validation__";
 /// Tool results larger than this (bytes) are offloaded to a file when the step enables

@@ -145,11 +145,16 @@ pub fn step_models(
     }
     if let Some(tier) = configs.execution_tier {
         let name = tier_name(tier);
-        let model = ws.manifest.tiers.get(name).with_context(|| {
-            let known: Vec<&str> = ws.manifest.tiers.keys().map(String::as_str).collect();
+        let model = ws.manifest.tier(name).with_context(|| {
+            let known = ws.manifest.tier_names();
             format!(
                 "step {step_id:?}: {file}: agent_configs.execution_tier is {name:?} but \
-                 workflow.json has no tiers.{name} (tiers defined: {})",
+                 workflow.json has no tiers.{name} nor capabilities.llm_config.tiered_config.{} \
+                 (tiers defined: {})",
+                trellis_workflow::manifest::TIER_KEYS
+                    .iter()
+                    .find(|(_, t)| *t == name)
+                    .map_or("tier_1", |(k, _)| *k),
                 if known.is_empty() {
                     "none".to_string()
                 } else {
@@ -162,7 +167,7 @@ pub fn step_models(
             models: vec![model.clone()],
         }));
     }
-    Ok(ws.manifest.llm.as_ref().map(|llm| StepModels {
+    Ok(ws.manifest.default_llm().map(|llm| StepModels {
         source: ModelSource::WorkflowDefault,
         models: vec![llm.clone()],
     }))
@@ -325,12 +330,12 @@ impl LlmSetup {
                 source: ModelSource::Override,
                 models: vec![llm.clone()],
             }
-        } else if let Some(llm) = &ws.manifest.builder_llm {
+        } else if let Some(llm) = ws.manifest.builder_model() {
             StepModels {
                 source: ModelSource::BuilderDefault,
                 models: vec![llm.clone()],
             }
-        } else if let Some(llm) = &ws.manifest.llm {
+        } else if let Some(llm) = ws.manifest.default_llm() {
             StepModels {
                 source: ModelSource::WorkflowDefault,
                 models: vec![llm.clone()],

@@ -263,6 +263,7 @@ mod tests {
                 context_output: None,
                 validation_schema: None,
                 next_step_id: None,
+                compat: Default::default(),
                 kind: StepKind::MessageSequence(MessageSequence {
                     items: vec![Item {
                         id: "go".into(),

@@ -34,16 +34,52 @@ pub struct StartedRun {
     pub folders: Vec<RunFolder>,
 }
 
-pub use trellis_workflow::manifest::{group_folder_name, sanitize_folder_name as sanitize};
+pub use trellis_workflow::manifest::{
+    group_folder_name, legacy_group_folder_name, legacy_sanitize_folder_name,
+    sanitize_folder_name as sanitize,
+};
+
+/// The folder of a group in the active run for a run that keeps it (a partial group run, a
+/// read): the original's name ([`group_folder_name`]), unless only the folder an earlier
+/// Trellis made for the group exists (`runs/iteration-0/North_Region` where the name is now
+/// `north-region`): then that one, so its outputs are still found. A full run makes fresh
+/// folders under the new names.
+pub fn existing_group_folder(
+    fs: &WorkspaceFs,
+    display_name: Option<&str>,
+    group_id: &str,
+) -> Result<String> {
+    let name = group_folder_name(display_name, group_id)?;
+    let active = |folder: &str| format!("runs/{ACTIVE_RUN}/{folder}");
+    if fs.kind(active(&name))?.is_some() {
+        return Ok(name);
+    }
+    match legacy_group_folder_name(display_name, group_id) {
+        Some(old)
+            if old != name && fs.kind(active(&old))? == Some(trellis_sandbox::store::Kind::Dir) =>
+        {
+            Ok(old)
+        }
+        _ => Ok(name),
+    }
+}
 
 /// Normalizes any run selection to what the builder works in: `iteration-0` or
-/// `iteration-0/<group>` (`iteration-3/Team A` -> `iteration-0/Team_A`).
+/// `iteration-0/<group>` (`iteration-3/Team A` -> `iteration-0/team-a`; a folder name an
+/// earlier Trellis gave, `Team_A`, stays as it is).
 pub fn normalize_selection(selection: &str) -> String {
     let mut parts = selection
         .split('/')
         .filter(|p| !p.is_empty() && *p != "." && *p != "runs");
     parts.next();
-    match parts.next().map(sanitize).filter(|g| !g.is_empty()) {
+    let group = |g: &str| {
+        if legacy_sanitize_folder_name(g) == g {
+            g.to_string()
+        } else {
+            sanitize(g)
+        }
+    };
+    match parts.next().map(group).filter(|g| !g.is_empty()) {
         Some(group) => format!("{ACTIVE_RUN}/{group}"),
         None => ACTIVE_RUN.to_string(),
     }
@@ -68,7 +104,9 @@ pub fn start_full_run(root: &Path, groups: &[String]) -> Result<StartedRun> {
 /// A partial group run: reuses `iteration-0` without rotating it, and makes sure
 /// `iteration-0/<group>/execution/Downloads/` exists. Earlier outputs of the group stay.
 pub fn open_group_run(root: &Path, group_folder: &str) -> Result<RunFolder> {
-    if sanitize(group_folder) != group_folder || group_folder.is_empty() {
+    let sanitized = sanitize(group_folder) == group_folder
+        || legacy_sanitize_folder_name(group_folder) == group_folder;
+    if !sanitized || group_folder.is_empty() {
         bail!("group folder {group_folder:?} is not a sanitized name (use group_folder_name)");
     }
     prepare(root, &format!("{ACTIVE_RUN}/{group_folder}"))
@@ -164,14 +202,16 @@ mod tests {
     }
 
     #[test]
-    fn group_names_are_sanitized() {
+    fn group_names_are_sanitized_as_the_original_does() {
         let cases = [
-            (Some("Team A"), "g1", "Team_A"),
-            (Some("  EU / West!! "), "g1", "EU_West"),
+            (Some("North Region"), "g1", "north-region"),
+            (Some("Team A"), "g1", "team-a"),
+            (Some("  EU / West!! "), "g1", "eu-west"),
             (Some("../../etc"), "g1", "etc"),
             (Some("..."), "g-2", "g-2"),
-            (None, "g 3", "g_3"),
-            (Some("Équipe Été"), "g", "Équipe_Été"),
+            (None, "g 3", "g-3"),
+            (Some("Équipe Été"), "g", "quipe-t"),
+            (Some("snake_case-Name"), "g", "snake_case-name"),
         ];
         for (display, id, want) in cases {
             assert_eq!(group_folder_name(display, id).unwrap(), want, "{display:?}");
@@ -186,12 +226,36 @@ mod tests {
     }
 
     #[test]
+    fn a_group_folder_of_an_earlier_trellis_is_still_found() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = WorkspaceFs::open(dir.path()).unwrap();
+        // Nothing yet: the new name.
+        assert_eq!(
+            existing_group_folder(&fs, Some("North Region"), "n").unwrap(),
+            "north-region"
+        );
+        std::fs::create_dir_all(dir.path().join("runs/iteration-0/North_Region/execution"))
+            .unwrap();
+        assert_eq!(
+            existing_group_folder(&fs, Some("North Region"), "n").unwrap(),
+            "North_Region"
+        );
+        open_group_run(dir.path(), "North_Region").unwrap();
+        // Once the new folder exists, it wins.
+        std::fs::create_dir_all(dir.path().join("runs/iteration-0/north-region")).unwrap();
+        assert_eq!(
+            existing_group_folder(&fs, Some("North Region"), "n").unwrap(),
+            "north-region"
+        );
+    }
+
+    #[test]
     fn selections_normalize_to_the_active_run() {
         assert_eq!(normalize_selection("iteration-0"), "iteration-0");
         assert_eq!(normalize_selection("iteration-4"), "iteration-0");
         assert_eq!(
             normalize_selection("iteration-4/Team A"),
-            "iteration-0/Team_A"
+            "iteration-0/team-a"
         );
         assert_eq!(normalize_selection("runs/iteration-0/g"), "iteration-0/g");
         assert_eq!(normalize_selection(""), "iteration-0");

@@ -57,6 +57,7 @@ use trellis_workflow::manifest::Group;
 use trellis_workflow::plan::{HumanInput, Routing};
 use trellis_workflow::{Step, StepKind, Workspace};
 
+mod dependencies;
 mod env;
 mod loops;
 mod preflight;
@@ -69,6 +70,7 @@ mod variables;
 pub use crate::prerequisites::{
     MAX_PREREQUISITE_RETURNS, PREREQUISITE_MISSING, matching_rule, prerequisite_missing,
 };
+use dependencies::resolve_bare_dependencies;
 pub use env::RunEnv;
 use loops::{archive_dir, archive_from, ordinal, steps_from};
 use preflight::preflight;
@@ -79,8 +81,8 @@ pub use routing::{HumanAnswer, answer_human_input, human_input_file, input_key, 
 pub use seed::seed_database;
 use unit::run_unit;
 pub use variables::{
-    apply_variables, group_run_folder, select_groups, substitute, substitute_variables,
-    unit_variables, unit_variables_with_answers, variables_block,
+    apply_variables, existing_group_run_folder, group_run_folder, select_groups, substitute,
+    substitute_variables, unit_variables, unit_variables_with_answers, variables_block,
 };
 
 /// The file a routing step reads from its own output folder.
@@ -201,8 +203,12 @@ async fn run_prepared(
     } else {
         for (group, folder) in &units {
             match group {
-                Some(g) => {
-                    open_group_run(root, &group_folder_name(g.name.as_deref(), &g.id)?)?;
+                Some(_) => {
+                    // The unit's folder: the group's, or the one an earlier Trellis named.
+                    let group_folder = folder
+                        .strip_prefix(&format!("{ACTIVE_RUN}/"))
+                        .unwrap_or(folder);
+                    open_group_run(root, group_folder)?;
                 }
                 None => ws
                     .fs

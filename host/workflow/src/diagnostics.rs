@@ -398,6 +398,11 @@ impl<'v> Obj<'v> {
         self.map.get(key).is_some_and(|v| !v.is_null())
     }
 
+    /// Whether `key` has been asked for or accepted already.
+    pub fn known(&self, key: &str) -> bool {
+        self.known.iter().any(|k| *k == key)
+    }
+
     /// Marks keys as known without reading them (accepted and ignored).
     pub fn accept(&mut self, keys: &[&'static str]) {
         for k in keys {

@@ -355,15 +355,44 @@ pub fn step_config_schema() -> Value {
     )
 }
 
+/// The original's bookkeeping keys of `workflow.json`, kept as written.
+fn original_workflow_keys() -> Value {
+    json!({
+            "schema_version": {"type": "integer"},
+            "id": {"type": "string"},
+            "label": {"type": "string"},
+            "created_at": {"type": "string"},
+            "updated_at": {"type": "string"},
+            "capabilities": {"type": "object", "description": "The original's workflow-wide settings; Trellis reads llm_config."},
+            "execution_defaults": {"type": "object", "description": "The original's execution defaults; Trellis reads workshop_mode."},
+            "schedules": {"type": "array"},
+            "oversight_mode": {"type": "string"},
+            "pace_on_low_quota": {"type": "boolean"},
+            "pace_threshold_percent": {"type": "integer"},
+            "pulse": {"type": "object"},
+            "backup": {"type": "object"},
+            "publish": {"type": "object"},
+            "ownership": {"type": "object"},
+            "objective": {"type": "string"},
+            "success_criteria": {"type": "string"},
+            "decision_log_mutability": {"type": "string"}
+    })
+}
+
 /// The schema of `workflow.json` (see [`super::manifest`]).
 pub fn workflow_schema() -> Value {
-    json!({
+    let mut schema = json!({
         "$schema": DRAFT,
         "title": "Trellis workflow.json",
         "type": "object",
         "additionalProperties": false,
         "properties": {
-            "contract_version": {"type": "string", "pattern": "^[0-9]+\\.[0-9]+\\.[0-9]+$"},
+            "version": {"type": "string", "pattern": "^[0-9]+\\.[0-9]+\\.[0-9]+$",
+                        "description": "The workflow contract the files follow (the original's key)."},
+            "contract_version": {"type": "string", "pattern": "^[0-9]+\\.[0-9]+\\.[0-9]+$",
+                                 "description": "Trellis's earlier name of version; read, never written."},
+            "run_retention_count": {"type": "integer", "minimum": 1, "maximum": 50,
+                                    "description": "How many archived runs a full run keeps."},
             "variables": {
                 "type": "object",
                 "propertyNames": {"pattern": "^[A-Za-z_][A-Za-z0-9_]*$"},
@@ -394,7 +423,14 @@ pub fn workflow_schema() -> Value {
                                "api_key_env": {"type": "string", "description": "The name of the environment variable holding the key."}}
             }}
         }
-    })
+    });
+    if let (Some(props), Value::Object(original)) = (
+        schema.get_mut("properties").and_then(Value::as_object_mut),
+        original_workflow_keys(),
+    ) {
+        props.extend(original);
+    }
+    schema
 }
 
 #[cfg(test)]

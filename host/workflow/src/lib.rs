@@ -296,7 +296,7 @@ fn load(
     {
         diags.push(Diagnostic {
             file: WORKFLOW_FILE.into(),
-            json_path: "contract_version".into(),
+            json_path: "version".into(),
             step_id: None,
             message: format!(
                 "contract {v} is older than {}: run `trellis migrate` ({}) to upgrade",

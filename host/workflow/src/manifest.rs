@@ -115,16 +115,16 @@ pub struct Group {
 
 impl Group {
     /// The folder of the group's runs, `runs/iteration-0/<folder>`: the display name
-    /// sanitized, else the id sanitized (see
-    /// [`group_folder_name`]); an error when neither leaves a usable name.
+    /// sanitized as the original does, else the id sanitized (see [`group_folder_name`]);
+    /// an error when neither leaves a usable name.
     pub fn folder_name(&self) -> anyhow::Result<String> {
         group_folder_name(self.name.as_deref(), &self.id)
     }
 }
 
-/// The folder name of a group: its display name sanitized, else its id sanitized. Letters,
-/// digits, `-`, `_` and `.` are kept, runs of anything else become one `_`; leading and
-/// trailing `_` and `.` are trimmed; at most 80 characters.
+/// The folder name of a group, as the original names it: its display name sanitized, else
+/// its id sanitized ([`sanitize_folder_name`]: `North Region` -> `north-region`); an error
+/// when neither leaves a usable name.
 pub fn group_folder_name(display_name: Option<&str>, group_id: &str) -> anyhow::Result<String> {
     let name = display_name
         .map(sanitize_folder_name)
@@ -135,9 +135,42 @@ pub fn group_folder_name(display_name: Option<&str>, group_id: &str) -> anyhow::
     })
 }
 
-/// A name as a folder name: letters, digits, `-`, `_` and `.` kept, runs of anything else
-/// one `_`, leading and trailing `_` and `.` trimmed, at most 80 characters.
+/// The folder name earlier versions of Trellis gave a group (letters, digits, `-`, `_`, `.`
+/// kept, case kept, other runs one `_`: `North Region` -> `North_Region`), so that a run
+/// folder made then is still found; `None` when it leaves nothing.
+pub fn legacy_group_folder_name(display_name: Option<&str>, group_id: &str) -> Option<String> {
+    display_name
+        .map(legacy_sanitize_folder_name)
+        .filter(|s| !s.is_empty())
+        .or_else(|| Some(legacy_sanitize_folder_name(group_id)).filter(|s| !s.is_empty()))
+}
+
+/// A name as a folder name, with the original's rule: trimmed, every character outside
+/// `[A-Za-z0-9_-]` a `-`, runs of `-` one `-`, leading and trailing `-` trimmed, lowercased;
+/// at most 80 characters.
 pub fn sanitize_folder_name(name: &str) -> String {
+    let mut out = String::new();
+    for c in name.trim().chars() {
+        let c = if c.is_ascii_alphanumeric() || c == '_' {
+            c.to_ascii_lowercase()
+        } else {
+            '-'
+        };
+        if c == '-' && out.ends_with('-') {
+            continue;
+        }
+        out.push(c);
+    }
+    out.trim_matches('-')
+        .chars()
+        .take(80)
+        .collect::<String>()
+        .trim_end_matches('-')
+        .to_string()
+}
+
+/// The folder-name rule of earlier versions of Trellis (see [`legacy_group_folder_name`]).
+pub fn legacy_sanitize_folder_name(name: &str) -> String {
     let mut out = String::new();
     let mut gap = false;
     for c in name.chars() {
@@ -182,8 +215,9 @@ pub struct Pricing {
 /// The whole `workflow.json`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct WorkflowManifest {
-    /// The contract the workspace follows, as written.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// The contract the workspace follows, as written: the original's `version` key (read
+    /// from Trellis's earlier `contract_version` too), always written as `version`.
+    #[serde(rename = "version", skip_serializing_if = "Option::is_none")]
     pub contract_version: Option<String>,
     /// Declared variables.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
@@ -211,18 +245,23 @@ pub struct WorkflowManifest {
     /// [`WorkflowManifest::run_retention`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub run_retention_count: Option<Value>,
-    /// Keys the original writes that mean nothing here (`capabilities`,
-    /// `execution_defaults`), kept verbatim.
+    /// The keys the original writes ([`KEPT_KEYS`]), kept verbatim.
     #[serde(flatten)]
     pub kept: BTreeMap<String, Value>,
+    /// What Trellis takes from the kept keys (models, builder mode); never written.
+    #[serde(skip)]
+    pub original: OriginalSettings,
 }
 
 /// Archived runs kept when `run_retention_count` is absent or invalid.
 pub const DEFAULT_RUN_RETENTION: usize = 5;
 /// The most archived runs `run_retention_count` may keep.
 pub const MAX_RUN_RETENTION: usize = 50;
-/// Keys of `workflow.json` accepted and kept verbatim, with no effect here.
-pub const KEPT_KEYS: &[&str] = &["capabilities", "execution_defaults"];
+mod original;
+mod variables_file;
+
+pub use original::{KEPT_KEYS, OriginalSettings, TIER_KEYS};
+pub use variables_file::{VARIABLES_FILE, merge_variables_file};
 
 /// The retention a `run_retention_count` value means: 1 to [`MAX_RUN_RETENTION`], else
 /// `None` (invalid).
@@ -234,6 +273,42 @@ fn retention_of(value: &Value) -> Option<usize> {
 }
 
 impl WorkflowManifest {
+    /// The default model of a step that pins none: `llm`, else the original's
+    /// `capabilities.llm_config.tiered_config.tier_1` (its execution default).
+    pub fn default_llm(&self) -> Option<&LlmRef> {
+        self.llm
+            .as_ref()
+            .or_else(|| self.original.tiers.get("high"))
+    }
+
+    /// The model behind `execution_tier` `name` (`high`, `medium`, `low`): `tiers`, else
+    /// the original's `tiered_config` (`tier_1`, `tier_2`, `tier_3`).
+    pub fn tier(&self, name: &str) -> Option<&LlmRef> {
+        self.tiers
+            .get(name)
+            .or_else(|| self.original.tiers.get(name))
+    }
+
+    /// The names of the tiers defined, in either form.
+    pub fn tier_names(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = self
+            .tiers
+            .keys()
+            .chain(self.original.tiers.keys())
+            .map(String::as_str)
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+
+    /// The builder's model: `builder_llm`, else the original's `llm_config.builder_llm`.
+    pub fn builder_model(&self) -> Option<&LlmRef> {
+        self.builder_llm
+            .as_ref()
+            .or(self.original.builder_llm.as_ref())
+    }
+
     /// The parsed contract version; `None` when absent (a workflow older than versioning).
     pub fn contract(&self) -> Option<ContractVersion> {
         self.contract_version
@@ -307,15 +382,38 @@ fn valid_variable_name(name: &str) -> bool {
 
 fn manifest_from_value(ctx: &mut Ctx, value: &Value) -> Option<WorkflowManifest> {
     let mut obj = Obj::new(ctx, value, JsonPath::root(), "workflow settings")?;
-    let contract_version = obj.str(ctx, "contract_version");
+    let version = obj.str(ctx, "version");
+    let earlier = obj.str(ctx, "contract_version");
+    let key = if version.is_some() || earlier.is_none() {
+        "version"
+    } else {
+        "contract_version"
+    };
+    if let Some(old) = &earlier {
+        let note = match &version {
+            Some(v) if v != old => format!(
+                "Trellis's earlier name of \"version\", which says {}: \"version\" wins; \
+                 dropped when the file is saved",
+                quote(v)
+            ),
+            Some(_) => {
+                "Trellis's earlier name of \"version\": dropped when the file is saved".into()
+            }
+            None => "Trellis's earlier name of \"version\": read as the version and written as \
+                     \"version\" when the file is saved (`trellis migrate` rewrites it)"
+                .into(),
+        };
+        ctx.warning(&JsonPath::root().key("contract_version"), note);
+    }
+    let contract_version = version.or(earlier);
     if let Some(v) = &contract_version {
         match ContractVersion::parse(v) {
             None => ctx.error(
-                &JsonPath::root().key("contract_version"),
+                &JsonPath::root().key(key),
                 format!("expected a version such as \"1.0.11\", found {}", quote(v)),
             ),
             Some(cv) if cv > ContractVersion::CURRENT => ctx.warning(
-                &JsonPath::root().key("contract_version"),
+                &JsonPath::root().key(key),
                 format!(
                     "contract {cv} is newer than the {} this Trellis implements",
                     ContractVersion::CURRENT
@@ -531,6 +629,7 @@ fn manifest_from_value(ctx: &mut Ctx, value: &Value) -> Option<WorkflowManifest>
             kept.insert((*key).to_string(), v.clone());
         }
     }
+    let original = original::read_original(ctx, &kept);
     obj.finish(ctx);
     Some(WorkflowManifest {
         contract_version,
@@ -543,150 +642,8 @@ fn manifest_from_value(ctx: &mut Ctx, value: &Value) -> Option<WorkflowManifest>
         providers,
         run_retention_count,
         kept,
+        original,
     })
-}
-
-/// Where the original keeps variables and groups, beside `workflow.json`'s.
-pub const VARIABLES_FILE: &str = "variables/variables.json";
-
-/// Reads `variables/variables.json` (`{variables: [{name, value, description}], groups:
-/// [{name, values, enabled}]}`) into `manifest`: its variables join the declared ones and its
-/// enabled groups join the groups (id and folder from the name; `values` an object of name ->
-/// value, or a list of `{name, value}`); a group with `enabled: false` is left out. On a name
-/// both files declare, `variables/variables.json` wins (it is where the original keeps them and
-/// where its builder writes), with a warning naming the name.
-pub fn merge_variables_file(
-    text: &str,
-    file: &str,
-    manifest: &mut WorkflowManifest,
-) -> Diagnostics {
-    let mut diags = Diagnostics::new();
-    if let Some(value) = parse_json(text, file, &mut diags) {
-        let mut ctx = Ctx::new(file, &mut diags);
-        merge_variables_value(&mut ctx, &value, manifest);
-    }
-    diags
-}
-
-fn merge_variables_value(ctx: &mut Ctx, value: &Value, manifest: &mut WorkflowManifest) {
-    let Some(mut obj) = Obj::new(ctx, value, JsonPath::root(), "variables and groups") else {
-        return;
-    };
-    let vars = obj.list(ctx, "variables", |ctx, v, p| {
-        let mut o = Obj::new(ctx, v, p, "a variable")?;
-        let name = o.req_str(ctx, "name", "the variable name");
-        let value = match o.raw("value") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(s)) => Some(s.clone()),
-            Some(other @ (Value::Number(_) | Value::Bool(_))) => Some(other.to_string()),
-            Some(other) => {
-                ctx.error(
-                    &o.path().key("value"),
-                    format!("expected a string, found {}", kind_of(other)),
-                );
-                None
-            }
-        };
-        let description = o.str(ctx, "description");
-        if let Some(n) = &name
-            && !valid_variable_name(n)
-        {
-            ctx.error(
-                &o.path().key("name"),
-                format!(
-                    "invalid variable name {}: use letters, digits and _",
-                    quote(n)
-                ),
-            );
-        }
-        o.finish(ctx);
-        Some((name?, Variable::Declared { value, description }))
-    });
-    let groups = obj.list(ctx, "groups", |ctx, v, p| {
-        let mut o = Obj::new(ctx, v, p, "a group")?;
-        let name = o.req_str(ctx, "name", "the group name");
-        let enabled = o.bool(ctx, "enabled").unwrap_or(true);
-        let mut values = BTreeMap::new();
-        match o.raw("values") {
-            None | Some(Value::Null) => {}
-            Some(Value::Object(m)) => {
-                for (k, v) in m {
-                    match v {
-                        Value::String(s) => {
-                            values.insert(k.clone(), s.clone());
-                        }
-                        Value::Number(_) | Value::Bool(_) => {
-                            values.insert(k.clone(), v.to_string());
-                        }
-                        other => ctx.error(
-                            &o.path().key("values").key(k),
-                            format!("expected a string, found {}", kind_of(other)),
-                        ),
-                    }
-                }
-            }
-            Some(Value::Array(list)) => {
-                for (i, entry) in list.iter().enumerate() {
-                    let n = entry.get("name").and_then(Value::as_str);
-                    let v = entry.get("value").and_then(|v| match v {
-                        Value::String(s) => Some(s.clone()),
-                        Value::Number(_) | Value::Bool(_) => Some(v.to_string()),
-                        _ => None,
-                    });
-                    match (n, v) {
-                        (Some(n), Some(v)) => {
-                            values.insert(n.to_string(), v);
-                        }
-                        _ => ctx.error(
-                            &o.path().key("values").index(i),
-                            "expected {\"name\": \"...\", \"value\": \"...\"}",
-                        ),
-                    }
-                }
-            }
-            Some(other) => ctx.error(
-                &o.path().key("values"),
-                format!(
-                    "expected an object of name -> value, found {}",
-                    kind_of(other)
-                ),
-            ),
-        }
-        o.finish(ctx);
-        Some((name?, enabled, values))
-    });
-    obj.finish(ctx);
-    for (i, (name, var)) in vars.into_iter().flatten().enumerate() {
-        if manifest.variables.insert(name.clone(), var).is_some() {
-            ctx.warning(
-                &JsonPath::root().key("variables").index(i),
-                format!(
-                    "{} is also declared in {WORKFLOW_FILE}: the value here wins",
-                    quote(&name)
-                ),
-            );
-        }
-    }
-    for (i, (name, enabled, values)) in groups.into_iter().flatten().enumerate() {
-        let existing = manifest.groups.iter().position(|g| g.id == name);
-        if let Some(at) = existing {
-            manifest.groups.remove(at);
-            ctx.warning(
-                &JsonPath::root().key("groups").index(i),
-                format!(
-                    "group {} is also declared in {WORKFLOW_FILE}: the one here wins",
-                    quote(&name)
-                ),
-            );
-        }
-        if enabled {
-            manifest.groups.push(Group {
-                id: name,
-                name: None,
-                variables: values,
-            });
-        }
-    }
 }
 
 #[cfg(test)]
@@ -704,47 +661,68 @@ mod tests {
     }
 
     #[test]
-    fn variables_json_joins_the_manifest_and_names_its_mistakes() {
-        let mut m = parse_manifest(r#"{"variables": {"A": "from-workflow"}}"#, "workflow.json")
-            .unwrap()
-            .0;
-        let text = r#"{"variables": [{"name": "A", "value": "from-variables-json"},
-                                      {"name": "B", "value": 7, "description": "d"}],
-                       "groups": [{"name": "g1", "values": {"B": "8"}},
-                                  {"name": "g2", "values": [{"name": "B", "value": "9"}], "enabled": true},
-                                  {"name": "off", "enabled": false}]}"#;
-        let diags = merge_variables_file(text, VARIABLES_FILE, &mut m);
+    fn the_originals_keys_are_kept_and_its_models_read() {
+        let text = r#"{"schema_version": 1, "version": "1.0.29", "id": "wf", "label": "L",
+          "capabilities": {"selected_servers": [], "llm_config": {"schema_version": 2,
+            "mode": "explicit", "builder_llm": {"provider": "openai", "model_id": "b"},
+            "tiered_config": {"tier_1": {"provider": "openai", "model_id": "one"},
+                              "tier_2": null,
+                              "tier_3": {"provider": "", "model_id": ""}}}},
+          "execution_defaults": {"workshop_mode": "Run"},
+          "schedules": [], "ownership": {}}"#;
+        let (m, warnings) = parse_manifest(text, WORKFLOW_FILE).unwrap();
         assert_eq!(
-            diags.lines(),
+            warnings.lines(),
             [
-                "variables/variables.json: variables[0]: \"A\" is also declared in workflow.json: the value here wins"
+                "workflow.json: version: contract 1.0.29 is newer than the 1.0.11 this Trellis implements",
+                "workflow.json: kept as written for the original, with no effect in Trellis: \"id\", \"label\", \"schema_version\"",
             ]
         );
-        assert_eq!(m.resolved_variables(None)["A"], "from-variables-json");
-        assert_eq!(m.resolved_variables(None)["B"], "7");
-        assert_eq!(m.resolved_variables(Some("g2"))["B"], "9");
-        let ids: Vec<&str> = m.groups.iter().map(|g| g.id.as_str()).collect();
-        assert_eq!(ids, ["g1", "g2"]);
-
-        let mut m = WorkflowManifest::default();
-        let diags = merge_variables_file(
-            r#"{"variables": [{"value": "x"}], "groups": [{"name": "g", "values": 3}], "extra": 1}"#,
-            VARIABLES_FILE,
-            &mut m,
-        );
+        // Saved: everything as it was, the derived models not added.
         assert_eq!(
-            diags.lines(),
+            serde_json::to_value(&m).unwrap(),
+            serde_json::from_str::<Value>(text).unwrap()
+        );
+        assert_eq!(m.default_llm().unwrap().model_id, "one");
+        assert_eq!(m.tier("high").unwrap().model_id, "one");
+        assert!(m.tier("medium").is_none() && m.tier("low").is_none());
+        assert_eq!(m.builder_model().unwrap().model_id, "b");
+        assert_eq!(m.original.workshop_mode.as_deref(), Some("run"));
+
+        // Trellis's own keys win over the original's.
+        let own = r#"{"llm": {"provider": "openai", "model_id": "own"},
+          "tiers": {"high": {"provider": "openai", "model_id": "own-high"}},
+          "capabilities": {"llm_config": {"tiered_config": {"tier_1": {"provider": "openai", "model_id": "one"}}}}}"#;
+        let (m, _) = parse_manifest(own, WORKFLOW_FILE).unwrap();
+        assert_eq!(m.default_llm().unwrap().model_id, "own");
+        assert_eq!(m.tier("high").unwrap().model_id, "own-high");
+
+        // Trellis's earlier key is read and written as the original's.
+        let (m, warnings) =
+            parse_manifest(r#"{"contract_version": "1.0.11"}"#, WORKFLOW_FILE).unwrap();
+        assert_eq!(m.contract(), Some(ContractVersion::V1_0_11));
+        assert_eq!(warnings.len(), 1);
+        assert_eq!(
+            serde_json::to_value(&m).unwrap(),
+            serde_json::json!({"version": "1.0.11"})
+        );
+
+        let err = parse_manifest(
+            r#"{"execution_defaults": {"workshop_mode": "workshp"}}"#,
+            WORKFLOW_FILE,
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.lines(),
             [
-                "variables/variables.json: variables[0].name: missing: expected a string (the variable name)",
-                "variables/variables.json: groups[0].values: expected an object of name -> value, found a number",
-                "variables/variables.json: unknown key \"extra\"",
+                "workflow.json: execution_defaults.workshop_mode: unknown builder mode \"workshp\": expected \"workshop\" or \"run\" (or a Trellis mode: builder, optimizer, debugger, eval, output) (did you mean \"workshop\"?)"
             ]
         );
     }
 
     #[test]
     fn manifest_round_trips_and_resolves_group_variables() {
-        let text = r#"{"contract_version":"1.0.11",
+        let text = r#"{"version":"1.0.11",
           "variables":{"REGION":"eu","TICKER":{"value":"ACME","description":"d"}},
           "groups":[{"id":"us","name":"US market!","variables":{"REGION":"us"}}],
           "llm":{"provider":"openai","model_id":"gpt-4o","options":{"temperature":0}},
@@ -756,7 +734,7 @@ mod tests {
             serde_json::to_value(&m).unwrap(),
             serde_json::from_str::<Value>(text).unwrap()
         );
-        assert_eq!(m.groups[0].folder_name().unwrap(), "US_market");
+        assert_eq!(m.groups[0].folder_name().unwrap(), "us-market");
         let vars = m.resolved_variables(Some("us"));
         assert_eq!(vars["REGION"], "us");
         assert_eq!(vars["TICKER"], "ACME");

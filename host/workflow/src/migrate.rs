@@ -155,7 +155,8 @@ fn humanize(id: &str) -> String {
 }
 
 /// Converts the unambiguous legacy `code` items of the workspace at `root` into scripted regular
-/// steps (spec section 9), then stamps `contract_version` 1.0.10 and 1.0.11 in `workflow.json`.
+/// steps (spec section 9), then stamps `version` 1.0.10 and 1.0.11 in `workflow.json` (dropping
+/// Trellis's earlier `contract_version`).
 ///
 /// Nothing is written unless every sequence with code items can be converted and the new plan
 /// and step config pass their checks; a blocked migration returns every reason at once. Safe to
@@ -176,7 +177,10 @@ pub fn migrate_message_sequence_code_items(
     if !manifest.is_object() {
         return Err(invalid(WORKFLOW_FILE, "expected an object".into()));
     }
-    let contract_before = s(&manifest, "contract_version").map(str::to_string);
+    // The original's `version`, else Trellis's earlier `contract_version`.
+    let contract_before = s(&manifest, "version")
+        .or_else(|| s(&manifest, "contract_version"))
+        .map(str::to_string);
     let version = contract_before.as_deref().and_then(ContractVersion::parse);
     let mut summary = MigrationSummary {
         contract_before: contract_before.clone(),
@@ -185,6 +189,13 @@ pub fn migrate_message_sequence_code_items(
     };
     if version.is_some_and(|v| v >= ContractVersion::CURRENT) && !has_code_items(&plan) {
         summary.contract_after = contract_before.unwrap_or_default();
+        // One key: Trellis's earlier `contract_version` becomes `version`.
+        if manifest.get("contract_version").is_some() {
+            let mut manifest = manifest;
+            let p = root.join(WORKFLOW_FILE);
+            stamp(&mut manifest, summary.contract_after.clone());
+            fs.write_json_atomic(&p, &manifest).map_err(io_err(&p))?;
+        }
         return Ok(summary);
     }
 
@@ -396,11 +407,20 @@ pub fn migrate_message_sequence_code_items(
     let p = root.join(WORKFLOW_FILE);
     for v in [ContractVersion::V1_0_10, ContractVersion::V1_0_11] {
         if version.is_none_or(|cur| cur < v) {
-            manifest["contract_version"] = json!(v.to_string());
+            stamp(&mut manifest, v.to_string());
             fs.write_json_atomic(&p, &manifest).map_err(io_err(&p))?;
         }
     }
     Ok(summary)
+}
+
+/// Sets the contract version of a `workflow.json` value under the original's key,
+/// `version`, and drops Trellis's earlier `contract_version`.
+fn stamp(manifest: &mut Value, version: String) {
+    if let Some(m) = manifest.as_object_mut() {
+        m.remove("contract_version");
+        m.insert("version".into(), json!(version));
+    }
 }
 
 #[cfg(test)]

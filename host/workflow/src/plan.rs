@@ -19,7 +19,7 @@ mod ids;
 mod items;
 mod step_types;
 
-use ids::check_references;
+use ids::{check_references, check_sharing};
 pub use items::{Item, ItemBody, ItemKind, WriteAccess};
 use items::{parse_item, parse_items};
 pub use step_types::{HumanInput, PredefinedRoute, ResponseType, Route, Routing};
@@ -106,12 +106,35 @@ pub struct Step {
     /// The step's final acceptance contract.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub validation_schema: Option<ValidationSchema>,
-    /// The step to run next; `end` ends the run.
+    /// The step to run next; `end` ends the run. The original's `""` reads as absent: the
+    /// next step in order.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next_step_id: Option<String>,
+    /// Keys of the original every step type may carry.
+    #[serde(flatten)]
+    pub compat: StepCompat,
     /// The type and its own fields.
     #[serde(flatten)]
     pub kind: StepKind,
+}
+
+/// Keys of the original a step may carry beside Trellis's own.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct StepCompat {
+    /// What the step must achieve; given to its agent with its charter.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub success_criteria: Option<String>,
+    /// For an orphan step: the `todo_task` steps whose routes may name it in
+    /// `orphan_step_ref` (`{"orchestrator_ids": [...]}`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shared_with: Option<SharedWith>,
+}
+
+/// `shared_with` of an orphan step.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct SharedWith {
+    /// Ids of `todo_task` steps of the plan.
+    pub orchestrator_ids: Vec<String>,
 }
 
 impl Step {
@@ -188,11 +211,17 @@ impl Step {
         }
     }
 
-    /// The output file names, whichever form `context_output` was written in.
+    /// The output file names, whichever form `context_output` was written in: one name, a
+    /// list, or (as the original writes several) one string of comma-separated names.
     pub fn outputs(&self) -> Vec<String> {
         match &self.context_output {
             None => Vec::new(),
-            Some(ContextOutput::One(s)) => vec![s.clone()],
+            Some(ContextOutput::One(s)) => s
+                .split(',')
+                .map(str::trim)
+                .filter(|n| !n.is_empty())
+                .map(String::from)
+                .collect(),
             Some(ContextOutput::Many(v)) => v.clone(),
         }
     }
@@ -302,6 +331,15 @@ const TYPE_KEYS: &[(&str, &[&str])] = &[
         ],
     ),
     ("todo_task", &["predefined_routes", "messages"]),
+    (
+        "regular",
+        &[
+            "has_loop",
+            "loop_condition",
+            "max_iterations",
+            "loop_description",
+        ],
+    ),
 ];
 
 /// Reads a plan from its text. `file` names it in diagnostics (normally `planning/plan.json`).
@@ -361,6 +399,7 @@ fn plan_from_value(ctx: &mut Ctx, value: &Value) -> Option<Plan> {
     };
     resolve_orphan_refs(ctx, value, &mut plan);
     check_references(ctx, value, &plan);
+    check_sharing(ctx, &plan);
     Some(plan)
 }
 
@@ -453,6 +492,8 @@ fn parse_step_body(
     }
     let context_output = match obj.raw("context_output") {
         None => None,
+        // The original writes `""` for a step with no output file.
+        Some(Value::String(s)) if s.trim().is_empty() => None,
         Some(Value::String(s)) => Some(ContextOutput::One(s.clone())),
         Some(Value::Array(_)) => obj.str_list(ctx, "context_output").map(ContextOutput::Many),
         Some(other) => {
@@ -466,10 +507,13 @@ fn parse_step_body(
             None
         }
     };
+    check_db_outputs(ctx, obj, &context_output);
     let validation_schema = obj
         .raw("validation_schema")
         .and_then(|v| parse_schema(ctx, v, obj.path().key("validation_schema")));
-    let next_step_id = obj.str(ctx, "next_step_id");
+    // The original writes `""` for "no explicit successor": the next step in order.
+    let next_step_id = obj.str(ctx, "next_step_id").filter(|s| !s.is_empty());
+    let compat = parse_compat(ctx, obj);
 
     // Keys of other step types: name the type they belong to rather than "unknown key".
     let own: &[&str] = type_name
@@ -500,7 +544,10 @@ fn parse_step_body(
                 predefined_routes,
             })
         }
-        "regular" => StepKind::Regular,
+        "regular" => {
+            retired_loop_keys(ctx, obj);
+            StepKind::Regular
+        }
         "routing" => StepKind::Routing(parse_routing(ctx, obj)?),
         "human_input" => StepKind::HumanInput(parse_human_input(ctx, obj)?),
         _ => {
@@ -510,6 +557,15 @@ fn parse_step_body(
             let messages = obj
                 .list(ctx, "messages", |ctx, v, p| match v {
                     Value::String(s) => Some(TodoMessage::Text(s.clone())),
+                    // The original's orchestrator takes `message` for `user_message`.
+                    Value::Object(m)
+                        if m.get("type").and_then(Value::as_str) == Some("message") =>
+                    {
+                        let mut item = m.clone();
+                        item.insert("type".into(), Value::from("user_message"));
+                        parse_item(ctx, &Value::Object(item), p, has_schema, nesting)
+                            .map(TodoMessage::Item)
+                    }
                     _ => parse_item(ctx, v, p, has_schema, nesting).map(TodoMessage::Item),
                 })
                 .unwrap_or_default();
@@ -527,8 +583,93 @@ fn parse_step_body(
         context_output,
         validation_schema,
         next_step_id,
+        compat,
         kind,
     })
+}
+
+/// An output named under `db/` must be under `db/assets/`: `db/` holds the database and
+/// the durable files of `db/assets/`, nothing else (as in the original).
+fn check_db_outputs(ctx: &mut Ctx, obj: &Obj, output: &Option<ContextOutput>) {
+    let names: Vec<(JsonPath, String)> = match output {
+        None => Vec::new(),
+        Some(ContextOutput::One(s)) => s
+            .split(',')
+            .map(|n| (obj.path().key("context_output"), n.trim().to_string()))
+            .collect(),
+        Some(ContextOutput::Many(v)) => v
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                (
+                    obj.path().key("context_output").index(i),
+                    n.trim().to_string(),
+                )
+            })
+            .collect(),
+    };
+    for (path, name) in names {
+        let name = name.trim_start_matches("./");
+        if (name == "db" || name.starts_with("db/")) && !name.starts_with("db/assets/") {
+            ctx.error(
+                &path,
+                format!(
+                    "output {} is under db/, which holds only db/db.sqlite (reached with the \
+                     database tools) and durable files under db/assets/: name the file \
+                     db/assets/<name>, or give a name in the step's output folder",
+                    quote(name)
+                ),
+            );
+        }
+    }
+}
+
+/// `success_criteria` and `shared_with`, on any step.
+fn parse_compat(ctx: &mut Ctx, obj: &mut Obj) -> StepCompat {
+    let success_criteria = obj
+        .str(ctx, "success_criteria")
+        .filter(|s| !s.trim().is_empty());
+    let shared_with = obj.raw("shared_with").and_then(|v| {
+        let mut o = Obj::new(ctx, v, obj.path().key("shared_with"), "sharing rules")?;
+        let ids = o.str_list(ctx, "orchestrator_ids").unwrap_or_default();
+        o.finish(ctx);
+        Some(SharedWith {
+            orchestrator_ids: ids,
+        })
+    });
+    StepCompat {
+        success_criteria,
+        shared_with,
+    }
+}
+
+/// The original's retired loop keys of a regular step (`has_loop`, what its v1.0.10 migration
+/// writes too, and the `loop_*` keys): accepted, dropped when the file is saved; a loop they
+/// ask for is ignored, with a warning (the original ignores it too).
+fn retired_loop_keys(ctx: &mut Ctx, obj: &mut Obj) {
+    let has_loop = obj.bool(ctx, "has_loop");
+    let mut asked = Vec::new();
+    if has_loop == Some(true) {
+        asked.push("has_loop");
+    }
+    for key in ["loop_condition", "loop_description"] {
+        if obj.str(ctx, key).is_some_and(|s| !s.is_empty()) {
+            asked.push(key);
+        }
+    }
+    if obj.u64(ctx, "max_iterations").is_some_and(|n| n > 0) {
+        asked.push("max_iterations");
+    }
+    if let Some(first) = asked.first() {
+        ctx.warning(
+            &obj.path().key(first),
+            format!(
+                "retired: step loops are gone (in the original too): {} ignored and dropped \
+                 when the file is saved",
+                asked.join(", ")
+            ),
+        );
+    }
 }
 
 /// Whether a plan value still holds legacy `code` items anywhere (used by the migration and

@@ -18,6 +18,7 @@ use crate::validation::schema::{ValidationSchema, parse_schema};
 
 mod parse;
 use parse::file_from_value;
+pub(crate) use parse::original_tool_categories;
 pub(super) use parse::parse_llm_ref;
 
 /// The default step config, relative to the workspace.

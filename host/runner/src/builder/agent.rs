@@ -145,10 +145,18 @@ impl BuilderSession {
                 let id = new_session_id();
                 let created_at = now_rfc3339();
                 let date = date_of(&created_at);
+                // A new session opens in the mode workflow.json's
+                // `execution_defaults.workshop_mode` names (the original's), else builder.
+                let mode = match read_manifest(&fs).and_then(|m| m.original.workshop_mode) {
+                    Some(name) => name.parse::<Mode>().map_err(|e| {
+                        anyhow::anyhow!("{WORKFLOW_FILE}: execution_defaults.workshop_mode: {e}")
+                    })?,
+                    None => Mode::Builder,
+                };
                 let conversation = ConversationFile {
                     session_id: id.clone(),
                     phase_id: PHASE_ID.to_string(),
-                    workshop_mode: Mode::Builder.as_str().to_string(),
+                    workshop_mode: mode.as_str().to_string(),
                     model: String::new(),
                     conversation_history: Vec::new(),
                     created_at: created_at.clone(),

@@ -2,7 +2,7 @@
 //! failing gate.
 
 use super::prompts::{failing_checks, repair_message};
-use super::{MAX_REPAIR_TURNS, Run, StepRunner, TurnEnd};
+use super::{Run, StepRunner, TurnEnd};
 use crate::events::RunEvent;
 use crate::grants::TurnAccess;
 use crate::steering::Phase;
@@ -38,13 +38,15 @@ impl StepRunner<'_> {
         Ok(report)
     }
 
-    /// Runs a gate; on failure up to [`MAX_REPAIR_TURNS`] repair turns, each followed by the gate.
+    /// Runs a gate; on failure up to `repairs` repair turns (`MAX_REPAIR_TURNS` for a
+    /// sequence), each followed by the gate.
     pub(super) async fn gate(
         &self,
         run: &mut Run<'_>,
         item_id: &str,
         schema: &ValidationSchema,
         access: TurnAccess,
+        repairs: u32,
     ) -> Result<(), TurnEnd> {
         let mut attempt = 1;
         loop {
@@ -52,9 +54,10 @@ impl StepRunner<'_> {
             if report.passed {
                 return Ok(());
             }
-            if attempt > MAX_REPAIR_TURNS {
+            if attempt > repairs {
                 return Err(TurnEnd::Failed(format!(
-                    "gate {item_id} still fails after {MAX_REPAIR_TURNS} repair turns:\n{}",
+                    "gate {item_id} still fails after {repairs} repair turn{}:\n{}",
+                    if repairs == 1 { "" } else { "s" },
                     failing_checks(&report)
                 )));
             }

@@ -4,12 +4,15 @@
 //! `session.json` with its [`RunEvent::ItemStarted`] / [`RunEvent::ItemEnded`].
 
 use super::gate::gate_schema;
-use super::{FINAL_GATE_ID, GATE_SKIPPED_SUMMARY, Run, StepRunner, TurnEnd, entry_outcome, failed};
+use super::{
+    FINAL_GATE_ID, GATE_SKIPPED_SUMMARY, MAX_REPAIR_TURNS, Run, StepRunner, TODO_TASK_CORRECTIONS,
+    TurnEnd, entry_outcome, failed,
+};
 use crate::events::RunEvent;
 use crate::grants::{TurnAccess, TurnPurpose};
 use crate::session::Status;
 use crate::{foreach, template};
-use trellis_workflow::plan::{Item, ItemBody};
+use trellis_workflow::plan::{Item, ItemBody, StepKind};
 
 impl StepRunner<'_> {
     pub(super) async fn run_items(&self, run: &mut Run<'_>, items: &[Item]) -> Result<(), TurnEnd> {
@@ -44,7 +47,9 @@ impl StepRunner<'_> {
                 }
                 let entry = self.begin_item(run, FINAL_GATE_ID, "prevalidation");
                 let access = TurnAccess::for_step(&run.configs);
-                let result = self.gate(run, FINAL_GATE_ID, schema, access).await;
+                let result = self
+                    .gate(run, FINAL_GATE_ID, schema, access, MAX_REPAIR_TURNS)
+                    .await;
                 let (status, summary) = entry_outcome(&result, None);
                 self.end_item(run, entry, FINAL_GATE_ID, status, summary)?;
                 result?;
@@ -139,12 +144,22 @@ impl StepRunner<'_> {
                     turn?;
                 }
             }
-            ItemBody::Prevalidation { .. } => {
+            ItemBody::Prevalidation {
+                max_corrections, ..
+            } => {
                 let Some(schema) = gate_schema(run.step, item) else {
                     return Ok(());
                 };
                 let access = TurnAccess::for_item(&run.configs, item);
-                self.gate(run, &item.id, schema, access).await?;
+                // A todo_task's gate message gets its `max_corrections` corrective turns
+                // (default 1), as in the original; a sequence's gates the fixed cap.
+                let repairs = match run.step.kind {
+                    StepKind::TodoTask(_) => max_corrections.map_or(TODO_TASK_CORRECTIONS, |n| {
+                        u32::try_from(n).unwrap_or(u32::MAX)
+                    }),
+                    _ => MAX_REPAIR_TURNS,
+                };
+                self.gate(run, &item.id, schema, access, repairs).await?;
             }
         }
         Ok(())

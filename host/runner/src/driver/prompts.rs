@@ -105,7 +105,8 @@ pub fn system_prompt(plan: &Plan, step: &Step, grant: &TurnGrant) -> String {
     text
 }
 
-/// What every turn is reminded of: the plan's objective and success criteria, to read
+/// What every turn is reminded of: the plan's objective and success criteria, the step's
+/// own success criteria (the original's step key), to read
 /// `soul/soul.md` (when granted), and the files the step must leave in its output folder.
 fn north_star(plan: &Plan, step: &Step, grant: &TurnGrant) -> String {
     let mut text = String::new();
@@ -115,6 +116,9 @@ fn north_star(plan: &Plan, step: &Step, grant: &TurnGrant) -> String {
     }
     if let Some(criteria) = non_empty(plan.success_criteria.as_deref()) {
         text.push_str(&format!("Success criteria: {criteria}\n"));
+    }
+    if let Some(criteria) = non_empty(step.compat.success_criteria.as_deref()) {
+        text.push_str(&format!("Success criteria of this step: {criteria}\n"));
     }
     if grant.folders.iter().any(|f| f.path == SOUL_DIR) {
         text.push_str(
@@ -130,6 +134,50 @@ fn north_star(plan: &Plan, step: &Step, grant: &TurnGrant) -> String {
         ));
     }
     text
+}
+
+/// The largest dependency file inlined in a regular step's prompt, as in the original.
+pub const MAX_INLINE_FILE: usize = 15 * 1024;
+/// The most bytes of dependency files inlined in one prompt, as in the original.
+pub const MAX_INLINE_TOTAL: usize = 50 * 1024;
+
+/// The `context_dependencies` files of a regular step, for its prompt as the original gives
+/// them: each small text file (at most [`MAX_INLINE_FILE`] bytes, [`MAX_INLINE_TOTAL`] in
+/// all, no NUL byte in its first 512) inlined, a larger or binary one named to read with the
+/// tools. Folders, and files that cannot be read, are left to the grant; empty when no entry
+/// is a file.
+pub fn inlined_dependencies(fs: &trellis_sandbox::store::WorkspaceFs, deps: &[&str]) -> String {
+    let mut text = String::new();
+    let mut total = 0usize;
+    for dep in deps {
+        if !matches!(fs.kind(dep), Ok(Some(trellis_sandbox::store::Kind::File))) {
+            continue;
+        }
+        // Larger than the cap: named, never read whole.
+        let Ok(bytes) = fs.read_capped(dep, MAX_INLINE_FILE as u64) else {
+            text.push_str(&format!(
+                "File: {dep} (over {MAX_INLINE_FILE} bytes; read it with your tools)\n"
+            ));
+            continue;
+        };
+        let size = bytes.len();
+        let is_text = !bytes[..size.min(512)].contains(&0);
+        match std::str::from_utf8(&bytes) {
+            Ok(content) if is_text && total + size <= MAX_INLINE_TOTAL => {
+                total += size;
+                text.push_str(&format!(
+                    "File: {dep} (inlined, {size} bytes)\n<content>\n{content}\n</content>\n"
+                ));
+            }
+            _ => text.push_str(&format!(
+                "File: {dep} ({size} bytes; read it with your tools)\n"
+            )),
+        }
+    }
+    if text.is_empty() {
+        return text;
+    }
+    format!("\n\nContext files (context_dependencies):\n{text}")
 }
 
 /// The system prompt `run_step` will use for step `step_id` of `ws` (for tests and cassettes).

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use serde_json::Value;
 
-use super::prompts::{system_prompt, unsandboxed_note};
+use super::prompts::{inlined_dependencies, system_prompt, unsandboxed_note};
 use super::{AgentModels, StepRunner};
 use crate::filters::ToolPolicy;
 use crate::grants::{
@@ -17,7 +17,7 @@ use crate::grants::{
 };
 use crate::session::{Session, Status, logs_dir};
 use trellis_sandbox::llm::{Message, ToolDefinition};
-use trellis_workflow::plan::Step;
+use trellis_workflow::plan::{Step, StepKind};
 use trellis_workflow::{AgentConfigs, Workspace};
 
 /// Why a turn ended without a final reply.
@@ -189,7 +189,19 @@ impl StepRunner<'_> {
                 "step {step_id:?}: {field} entry {path:?} does not exist: the step runs without it"
             );
         }
-        let system = unsandboxed_note(system_prompt(&ws.plan, step, &step_grant), &run.tools);
+        let mut system = system_prompt(&ws.plan, step, &step_grant);
+        if matches!(step.kind, StepKind::Regular) {
+            let missing: Vec<&str> = step_grant.missing.iter().map(|(_, p)| p.as_str()).collect();
+            let deps: Vec<&str> = step
+                .context_dependencies
+                .iter()
+                .flatten()
+                .map(String::as_str)
+                .filter(|d| !missing.contains(d))
+                .collect();
+            system.push_str(&inlined_dependencies(&ws.fs, &deps));
+        }
+        let system = unsandboxed_note(system, &run.tools);
         run.history.push(Message::system(system));
         run.save_session()?;
         Ok(run)

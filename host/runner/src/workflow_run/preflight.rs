@@ -202,8 +202,15 @@ pub(super) async fn preflight<'w>(
         );
     }
     let mut units: Vec<Unit<'w>> = Vec::new();
+    // A full run makes fresh group folders; any other keeps the active run, where a group's
+    // folder may still have the name an earlier Trellis gave it.
+    let full = opts.step.is_none() && opts.from.is_none() && opts.group.is_none();
     for g in &groups {
-        let folder = group_run_folder(g)?;
+        let folder = if full {
+            group_run_folder(g)?
+        } else {
+            existing_group_run_folder(&ws.fs, g)?
+        };
         if let Some((other, _)) = units.iter().find(|(_, f)| *f == folder) {
             bail!(
                 "workflow.json: groups {:?} and {:?} both use the run folder runs/{folder}",

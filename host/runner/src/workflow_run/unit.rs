@@ -122,6 +122,7 @@ pub(super) async fn run_unit(
             });
         }
         visited.insert(id.clone());
+        resolve_bare_dependencies(&mut ws, &id);
         let step = ws
             .plan
             .step(&id)

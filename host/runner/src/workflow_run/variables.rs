@@ -39,6 +39,16 @@ pub fn group_run_folder(group: &Group) -> Result<String> {
     ))
 }
 
+/// The run folder of a group for a run that keeps the active run (or a read of it): as
+/// [`group_run_folder`], or the folder an earlier Trellis named for the group when only that
+/// one exists (see [`crate::run_folder::existing_group_folder`]).
+pub fn existing_group_run_folder(fs: &WorkspaceFs, group: &Group) -> Result<String> {
+    Ok(format!(
+        "{ACTIVE_RUN}/{}",
+        crate::run_folder::existing_group_folder(fs, group.name.as_deref(), &group.id)?
+    ))
+}
+
 /// The workflow variables a run unit sees: declared values, then the group's.
 pub fn unit_variables(ws: &Workspace, group: Option<&Group>) -> BTreeMap<String, String> {
     ws.manifest.resolved_variables(group.map(|g| g.id.as_str()))

@@ -152,6 +152,15 @@ impl ScriptOutcome {
             message.push_str("\n\n");
             message.push_str(tail(detail, 4 << 10));
         }
+        if let ScriptFailure::Exception { exception, .. } = failure
+            && let Some(module) = network_module(exception)
+        {
+            message.push_str(&format!(
+                "\n\nPython steps have no network modules ({module:?} is not there): fetch \
+                 with `import trellis_http` (get, post, get_json, post_json, request), to the \
+                 hosts listed in the step's `allowed_hosts`."
+            ));
+        }
         Some(message)
     }
 
@@ -196,4 +205,32 @@ pub(super) fn tail(text: &str, max: usize) -> &str {
         start += 1;
     }
     &text[start..]
+}
+
+/// Modules a script might use for the network, absent in the sandbox (its HTTP goes through
+/// `trellis_http`).
+const NETWORK_MODULES: &[&str] = &[
+    "socket",
+    "ssl",
+    "_ssl",
+    "urllib.request",
+    "http.client",
+    "requests",
+    "urllib3",
+    "httpx",
+    "aiohttp",
+];
+
+/// The network module an exception says is missing (`ModuleNotFoundError: No module named
+/// 'requests'`), if it is one.
+pub(super) fn network_module(exception: &str) -> Option<&str> {
+    let rest = exception.lines().find_map(|l| {
+        l.trim()
+            .strip_prefix("ModuleNotFoundError: No module named ")
+    })?;
+    let name = rest.trim().trim_matches(['\'', '"']);
+    NETWORK_MODULES
+        .iter()
+        .find(|m| name == **m || name.starts_with(&format!("{m}.")))
+        .map(|_| name)
 }

@@ -113,7 +113,7 @@ fn converts_a_single_code_item() {
     );
     assert_eq!(
         read(ws.path(), WORKFLOW_FILE),
-        json!({"contract_version": "1.0.11", "variables": {"A": "1"}})
+        json!({"version": "1.0.11", "variables": {"A": "1"}})
     );
     // The result loads as a workspace without errors.
     crate::Workspace::open(ws.path()).unwrap();
@@ -219,10 +219,7 @@ fn an_unversioned_workspace_without_code_is_only_stamped() {
     let summary = migrate_message_sequence_code_items(ws.path()).unwrap();
     assert!(summary.converted.is_empty());
     assert_eq!(read(ws.path(), PLAN_FILE), plan);
-    assert_eq!(
-        read(ws.path(), WORKFLOW_FILE),
-        json!({"contract_version": "1.0.11"})
-    );
+    assert_eq!(read(ws.path(), WORKFLOW_FILE), json!({"version": "1.0.11"}));
 }
 
 #[test]
@@ -231,7 +228,7 @@ fn a_current_workspace_is_left_alone() {
     let ws = workspace(plan, None);
     crate::test_files::write_json_atomic(
         &ws.path().join(WORKFLOW_FILE),
-        &json!({"contract_version": "1.0.11"}),
+        &json!({"version": "1.0.11"}),
     )
     .unwrap();
     let before = snapshot(ws.path());

@@ -82,6 +82,48 @@ pub(super) fn check_references(ctx: &mut Ctx, value: &Value, plan: &Plan) {
     }
 }
 
+/// Each orphan step's `shared_with.orchestrator_ids` names a `todo_task` step of the plan (at
+/// any depth), as the original requires.
+pub(super) fn check_sharing(ctx: &mut Ctx, plan: &Plan) {
+    fn todo_ids<'p>(step: &'p Step, out: &mut Vec<&'p str>, depth: usize) {
+        if let StepKind::TodoTask(t) = &step.kind {
+            out.push(&step.id);
+            if depth < 8 {
+                for r in &t.predefined_routes {
+                    todo_ids(&r.sub_agent_step, out, depth + 1);
+                }
+            }
+        }
+    }
+    let mut todo = Vec::new();
+    for s in plan.all_steps() {
+        todo_ids(s, &mut todo, 0);
+    }
+    for (i, s) in plan.orphan_steps.iter().enumerate() {
+        let Some(shared) = &s.compat.shared_with else {
+            continue;
+        };
+        let outer = ctx.set_step(Some(s.id.clone()));
+        for (j, id) in shared.orchestrator_ids.iter().enumerate() {
+            if !todo.contains(&id.as_str()) {
+                let hint = did_you_mean(id, todo.iter().copied())
+                    .map(|c| format!(" (did you mean \"{c}\"?)"))
+                    .unwrap_or_default();
+                ctx.error(
+                    &JsonPath::root()
+                        .key("orphan_steps")
+                        .index(i)
+                        .key("shared_with")
+                        .key("orchestrator_ids")
+                        .index(j),
+                    format!("names no todo_task step of the plan: {}{hint}", quote(id)),
+                );
+            }
+        }
+        ctx.set_step(outer);
+    }
+}
+
 /// The index of the last step with `id` in `value[list]` (the duplicate is the later one).
 pub(super) fn index_of(value: &Value, list: &str, id: &str) -> Option<usize> {
     value

@@ -66,6 +66,10 @@ pub enum ItemBody {
         /// Older spelling of `validation_schema`.
         #[serde(skip_serializing_if = "Option::is_none")]
         prevalidation: Option<ValidationSchema>,
+        /// In a `todo_task`'s messages: the corrective turns the gate allows (default 1, as
+        /// in the original); a message sequence's gates have a fixed repair cap.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        max_corrections: Option<u64>,
     },
 }
 
@@ -85,6 +89,7 @@ impl ItemBody {
             Self::Prevalidation {
                 validation_schema,
                 prevalidation,
+                ..
             } => validation_schema.as_ref().or(prevalidation.as_ref()),
             _ => None,
         }
@@ -134,7 +139,10 @@ pub(super) const ITEM_TYPE_KEYS: &[(&str, &[&str])] = &[
         "foreach",
         &["message", "source_sql", "max_iterations", "write_access"],
     ),
-    ("prevalidation", &["validation_schema", "prevalidation"]),
+    (
+        "prevalidation",
+        &["validation_schema", "prevalidation", "max_corrections"],
+    ),
 ];
 
 pub(super) fn parse_items(
@@ -243,9 +251,18 @@ pub(super) fn parse_item(
             .find(|(n, _)| *n == t)
             .map(|(_, k)| *k)
             .unwrap_or(&[]);
+        // The original writes `"write_access": {}` on every item, gates included.
+        if t == "prevalidation"
+            && obj
+                .map()
+                .get("write_access")
+                .is_some_and(|w| w.as_object().is_some_and(|m| m.is_empty()))
+        {
+            obj.accept(&["write_access"]);
+        }
         for (other, keys) in ITEM_TYPE_KEYS {
             for key in keys.iter().filter(|k| !own.contains(k)) {
-                if obj.has(key) {
+                if obj.has(key) && !obj.known(key) {
                     obj.accept(&[key]);
                     ctx.error(
                         &obj.path().key(key),
@@ -310,9 +327,11 @@ pub(super) fn parse_item(
                     "a prevalidation item needs a schema: add \"validation_schema\" to the item or to its step",
                 );
             }
+            let max_corrections = obj.u64(ctx, "max_corrections");
             Some(ItemBody::Prevalidation {
                 validation_schema,
                 prevalidation,
+                max_corrections,
             })
         }
         None => None,
@@ -345,5 +364,13 @@ pub(super) fn parse_write_access(ctx: &mut Ctx, obj: &mut Obj) -> Option<WriteAc
         learnings: wa.bool(ctx, "learnings"),
     };
     wa.finish(ctx);
+    if access != WriteAccess::default() && access.db != Some(true) {
+        ctx.warning(
+            &path,
+            "this turn cannot modify the database (db/db.sqlite, db/assets/): a write_access \
+             names exactly the stores the turn may write, and \"db\" is not true here (add \
+             \"db\": true to keep it)",
+        );
+    }
     Some(access)
 }

@@ -50,6 +50,7 @@ fn orphan_placeholder(id: &str) -> Step {
         context_output: None,
         validation_schema: None,
         next_step_id: None,
+        compat: Default::default(),
         kind: StepKind::Regular,
     }
 }
@@ -67,6 +68,8 @@ pub(super) fn resolve_orphan_refs(ctx: &mut Ctx, value: &Value, plan: &mut Plan)
         orphans: &[Step],
         depth: usize,
     ) {
+        let step_id = step.id.clone();
+        let todo_task = matches!(step.kind, StepKind::TodoTask(_));
         let routes = match &mut step.kind {
             StepKind::MessageSequence(s) => &mut s.predefined_routes,
             StepKind::TodoTask(t) => &mut t.predefined_routes,
@@ -81,6 +84,22 @@ pub(super) fn resolve_orphan_refs(ctx: &mut Ctx, value: &Value, plan: &mut Plan)
             if let Some(name) = route.orphan_step_ref.clone() {
                 match orphans.iter().find(|o| o.id == name) {
                     Some(o) if matches!(o.kind, StepKind::MessageSequence(_) | StepKind::Regular) => {
+                        // As the original: an orphan step that says whom it is shared with
+                        // serves those todo_task steps only.
+                        if let Some(shared) = &o.compat.shared_with
+                            && todo_task
+                            && !shared.orchestrator_ids.contains(&step_id)
+                        {
+                            ctx.error(
+                                &rpath.key("orphan_step_ref"),
+                                format!(
+                                    "names the orphan step {}, which is not shared with this \
+                                     todo_task step: add {} to its shared_with.orchestrator_ids",
+                                    quote(&name),
+                                    quote(&step_id)
+                                ),
+                            );
+                        }
                         *route.sub_agent_step = o.clone();
                     }
                     Some(o) => ctx.error(
@@ -333,8 +352,9 @@ pub(super) fn parse_routing(ctx: &mut Ctx, obj: &mut Obj) -> Option<Routing> {
         );
         None
     };
-    let default_route_id = obj.str(ctx, "default_route_id");
-    let route_source_file = obj.str(ctx, "route_source_file");
+    // The original writes `""` for unset optional fields.
+    let default_route_id = obj.str(ctx, "default_route_id").filter(|s| !s.is_empty());
+    let route_source_file = obj.str(ctx, "route_source_file").filter(|s| !s.is_empty());
     if let Some(f) = &route_source_file
         && let Err(why) = trellis_sandbox::store::check_relative(f)
     {
@@ -372,17 +392,29 @@ pub(super) fn parse_routing(ctx: &mut Ctx, obj: &mut Obj) -> Option<Routing> {
 
 pub(super) fn parse_human_input(ctx: &mut Ctx, obj: &mut Obj) -> Option<HumanInput> {
     let question = obj.str(ctx, "question");
-    let variable_name = obj.str(ctx, "variable_name");
-    let response_type = obj.one_of(ctx, "response_type", RESPONSE_TYPES);
+    // The original writes `""` for unset fields: no variable, a text answer, and for a
+    // target the next step in order (as an absent one).
+    let variable_name = obj.str(ctx, "variable_name").filter(|s| !s.is_empty());
+    let response_type = if obj.map().get("response_type").and_then(Value::as_str) == Some("") {
+        obj.accept(&["response_type"]);
+        None
+    } else {
+        obj.one_of(ctx, "response_type", RESPONSE_TYPES)
+    };
     let options = obj.str_list(ctx, "options");
-    let if_yes_next_step_id = obj.str(ctx, "if_yes_next_step_id");
-    let if_no_next_step_id = obj.str(ctx, "if_no_next_step_id");
+    let if_yes_next_step_id = obj
+        .str(ctx, "if_yes_next_step_id")
+        .filter(|s| !s.is_empty());
+    let if_no_next_step_id = obj.str(ctx, "if_no_next_step_id").filter(|s| !s.is_empty());
     let option_routes = match obj.raw("option_routes") {
         None => None,
         Some(Value::Object(m)) => {
             let mut out = BTreeMap::new();
             for (k, v) in m {
                 match v {
+                    // `""`: no route for this option; the answer goes to next_step_id, else
+                    // the next step in order (as in the original).
+                    Value::String(s) if s.is_empty() => {}
                     Value::String(s) => {
                         out.insert(k.clone(), s.clone());
                     }

@@ -174,6 +174,43 @@ pub(super) fn parse_execution_llm(
     })
 }
 
+/// Tool categories of the original that Trellis does not have, and what it offers instead.
+pub(crate) const ORIGINAL_TOOL_CATEGORIES: &[(&str, &str)] = &[
+    (
+        "workspace_advanced",
+        "Trellis has no shell or advanced workspace tools: its file tools are the category \
+         \"workspace\" (\"workspace:*\"), and a command belongs in a scripted step \
+         (code/<step-id>/main.py)",
+    ),
+    (
+        "workspace_browser",
+        "Trellis has no browser tools: use the tools of an MCP server (selected_servers), or \
+         fetch pages in a scripted step with trellis_http (allowed_hosts)",
+    ),
+    (
+        "human_tools",
+        "a Trellis turn cannot ask a person: put the question in a human_input step (answered \
+         with --input NAME=VALUE)",
+    ),
+];
+
+/// A warning for each entry of a tool list (`category:tool`, `category:*` or a bare
+/// category) naming a category of the original that Trellis does not have.
+pub(crate) fn original_tool_categories(ctx: &mut Ctx, path: &JsonPath, entries: &[String]) {
+    for (i, entry) in entries.iter().enumerate() {
+        let category = entry.split(':').next().unwrap_or_default().trim();
+        if let Some((name, instead)) = ORIGINAL_TOOL_CATEGORIES
+            .iter()
+            .find(|(name, _)| name.eq_ignore_ascii_case(category))
+        {
+            ctx.warning(
+                &path.index(i),
+                format!("the original's tool category \"{name}\" is not offered: {instead}"),
+            );
+        }
+    }
+}
+
 /// The `server:tool` / `category:tool` form of tool filters.
 pub(super) fn check_tool_names(
     ctx: &mut Ctx,
@@ -309,6 +346,19 @@ pub(super) fn parse_agent_configs(
         &c.enabled_custom_tools,
         "category",
     );
+    for (key, list) in [
+        ("enabled_custom_tools", &c.enabled_custom_tools),
+        (
+            "enabled_custom_tool_categories",
+            &c.enabled_custom_tool_categories,
+        ),
+    ] {
+        original_tool_categories(
+            ctx,
+            &obj.path().key(key),
+            list.as_deref().unwrap_or_default(),
+        );
+    }
     for (i, p) in c.enabled_skills.iter().flatten().enumerate() {
         if let Err(why) = trellis_sandbox::store::check_relative(p) {
             ctx.error(&obj.path().key("enabled_skills").index(i), why);

@@ -118,6 +118,8 @@ impl Committed {
 /// Keys written first, in this order; the others follow alphabetically. Without it the
 /// edited files would come out with every key sorted (`description` before `id`).
 const KEY_ORDER: &[&str] = &[
+    "schema_version",
+    "version",
     "contract_version",
     "objective",
     "success_criteria",
@@ -207,7 +209,7 @@ impl Draft {
             manifest: JsonFile::open(
                 &fs,
                 WORKFLOW_FILE,
-                json!({"contract_version": trellis_workflow::ContractVersion::CURRENT.to_string()}),
+                json!({"version": trellis_workflow::ContractVersion::CURRENT.to_string()}),
                 false,
             )?,
             variables: JsonFile::open(&fs, VARIABLES_FILE, json!({}), false)?,

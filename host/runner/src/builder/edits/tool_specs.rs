@@ -216,7 +216,7 @@ pub(super) fn step_config_fields() -> Map<String, Value> {
 }
 
 /// Keys of `workflow.json` with tools of their own (or none).
-const NOT_WORKFLOW_FIELDS: &[&str] = &["contract_version", "variables", "groups"];
+const NOT_WORKFLOW_FIELDS: &[&str] = &["version", "contract_version", "variables", "groups"];
 
 /// The `workflow.json` fields `update_workflow_config` sets, with their schemas.
 pub(super) fn workflow_fields() -> Map<String, Value> {
@@ -227,6 +227,10 @@ pub(super) fn workflow_fields() -> Map<String, Value> {
         .cloned()
         .unwrap_or_default();
     for k in NOT_WORKFLOW_FIELDS {
+        props.remove(*k);
+    }
+    // The original's bookkeeping is kept as it is, not edited here.
+    for k in trellis_workflow::manifest::KEPT_KEYS {
         props.remove(*k);
     }
     props.entry("run_retention_count").or_insert_with(|| {

@@ -14,7 +14,7 @@ use super::{open, unknown_step};
 use crate::run_folder::ACTIVE_RUN;
 use crate::runs::show_step;
 use crate::session::{Status, logs_dir};
-use crate::workflow_run::{group_run_folder, select_groups};
+use crate::workflow_run::{existing_group_run_folder, select_groups};
 use trellis_sandbox::store::{Kind, WorkspaceFs};
 
 /// Learning files shown, at most, and characters of each.
@@ -35,7 +35,7 @@ pub(super) fn debug_step(root: &Path, shared: &Shared, args: &Value) -> ToolResu
     } else {
         groups
             .iter()
-            .map(|g| group_run_folder(g))
+            .map(|g| existing_group_run_folder(&ws.fs, g))
             .collect::<anyhow::Result<_>>()
             .map_err(|e| ToolFailure::new(format!("{e:#}")))?
     };

@@ -70,7 +70,7 @@ pub(in crate::builder::edits) fn migrate(root: &Path, args: &Value) -> ToolResul
         }
         changes.push(Change::new(
             None,
-            "workflow.contract_version",
+            "workflow.version",
             json!(summary.contract_before),
             json!(summary.contract_after),
         ));
