@@ -690,7 +690,7 @@ fn groups_run_in_their_own_folders_with_their_variables() {
     let out = trellis(&["run", root, "--allow-host", "127.0.0.1"]);
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
-    assert_eq!(result("US_market"), "region us-east-1");
+    assert_eq!(result("us-market"), "region us-east-1");
     assert_eq!(result("eu"), "region eu-west-1");
     assert!(system_of(&server.seen()[0]).contains(
         "Workflow variables (group us, US market):\n- REGION = us-east-1\n- TEAM = core"
@@ -736,7 +736,7 @@ fn groups_run_in_their_own_folders_with_their_variables() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(
         dir.path()
-            .join("runs/iteration-1/US_market/execution/report")
+            .join("runs/iteration-1/us-market/execution/report")
             .is_dir()
     );
 }

@@ -400,7 +400,7 @@ impl<'v> Obj<'v> {
 
     /// Whether `key` has been asked for or accepted already.
     pub fn known(&self, key: &str) -> bool {
-        self.known.iter().any(|k| *k == key)
+        self.known.contains(&key)
     }
 
     /// Marks keys as known without reading them (accepted and ignored).
