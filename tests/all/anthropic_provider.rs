@@ -106,7 +106,7 @@ fn two_writes(n: usize, _: &Seen) -> (u16, Value) {
 
 /// The conversation log of step `notes`'s first turn.
 fn conversation(root: &Path) -> Value {
-    let logs = root.join("runs/iteration-0/logs/notes");
+    let logs = root.join("runs/iteration-0/logs/notes/execution");
     let name = std::fs::read_dir(&logs)
         .unwrap()
         .flatten()

@@ -510,12 +510,23 @@ async fn a_full_run_missing_a_human_answer_starts_nothing() {
         .refused(
             root,
             "run_full_workflow",
-            json!({"human_inputs": {"a": "yes"}}),
+            json!({"human_inputs": {"nope": "yes"}}),
         )
         .await;
-    assert_eq!(
-        typo["details"]["human_input_step_ids"],
-        json!(["ask"]),
+    // Keyed by any step (a step that is not a human_input step takes it as context): a key
+    // that is no step at all is refused.
+    assert!(
+        typo["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("human_inputs: no step \"nope\" in the plan"),
+        "{typo}"
+    );
+    assert!(
+        typo["details"]["valid_step_ids"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("ask")),
         "{typo}"
     );
     let bad_route = session

@@ -772,7 +772,7 @@ async fn run_artifacts_and_costs_before_and_after_a_real_run() {
     assert_eq!(step["status"], "completed", "{step}");
     assert_eq!(
         step["final_summary"]["path"],
-        format!("runs/iteration-0/execution/{STEP}/execution-final-summary.json")
+        format!("runs/iteration-0/logs/{STEP}/execution/execution-final-summary.json")
     );
     assert_eq!(step["final_summary"]["status"], "completed");
     assert_eq!(
@@ -783,7 +783,7 @@ async fn run_artifacts_and_costs_before_and_after_a_real_run() {
     let turn = &step["turn_logs"][0];
     assert!(
         turn["path"].as_str().unwrap().starts_with(&format!(
-            "runs/iteration-0/logs/{STEP}/execution-attempt-1-"
+            "runs/iteration-0/logs/{STEP}/execution/execution-attempt-1-"
         )),
         "{turn}"
     );

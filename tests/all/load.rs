@@ -158,7 +158,10 @@ struct Turn {
 /// The turns of `step` in `root`, from its two log files per turn, checked to be whole and
 /// to agree with each other.
 fn turns_of(root: &Path, step: &str) -> Vec<Turn> {
-    let logs = root.join("runs/iteration-0/logs").join(step);
+    let logs = root
+        .join("runs/iteration-0/logs")
+        .join(step)
+        .join("execution");
     let mut turns = Vec::new();
     for entry in std::fs::read_dir(&logs).unwrap() {
         let name = entry.unwrap().file_name().into_string().unwrap();

@@ -7,6 +7,7 @@ mod support;
 mod agent_db_tools;
 mod anthropic_provider;
 mod builder_cli;
+mod builder_compat;
 mod builder_edits;
 mod builder_executions;
 mod builder_reads;

@@ -689,7 +689,7 @@ fn planted_active_session_and_costs_files_are_not_trusted() {
     assert_eq!(tree_digest(&dir.path().join("outside")), outside_before);
     if out.status.success() {
         let results = server.tool_results(1);
-        assert!(!result_of(&results, "call_0").is_empty(), "{results:?}");
+        assert!(!result_of(&results, "call-0").is_empty(), "{results:?}");
     }
 }
 

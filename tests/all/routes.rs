@@ -308,7 +308,9 @@ async fn a_route_called_twice_keeps_its_conversation_in_fresh_call_folders() {
         .collect();
     assert_eq!(entries, ["call-0001/task", "call-0002/follow-up"]);
     // The child's turn logs sit under the parent's, by route.
-    let logs = dir.path().join("runs/iteration-0/logs/s1/agents/refunds");
+    let logs = dir
+        .path()
+        .join("runs/iteration-0/logs/s1/agents/refunds/execution");
     for turn in 1..=2 {
         assert!(
             logs.join(format!("execution-attempt-{turn}-iteration-1.json"))
@@ -326,10 +328,9 @@ async fn a_route_called_twice_keeps_its_conversation_in_fresh_call_folders() {
             .exists()
     );
     // The parent's turn log records the delegation with what came back.
-    let conv = read_json(
-        &dir.path()
-            .join("runs/iteration-0/logs/s1/execution-attempt-1-iteration-1-conversation.json"),
-    );
+    let conv = read_json(&dir.path().join(
+        "runs/iteration-0/logs/s1/execution/execution-attempt-1-iteration-1-conversation.json",
+    ));
     let calls = conv["tool_calls"].as_array().unwrap();
     assert_eq!(calls.len(), 2);
     assert_eq!(calls[1]["tool_name"], "call_sub_agent");
@@ -427,10 +428,9 @@ async fn an_unknown_route_is_a_tool_error() {
     let outcome = play(&registry, &cassette, &ws).await;
     assert_eq!(outcome.status, Status::Completed, "{:?}", outcome.error);
     assert!(!dir.path().join(OUT).join("agents/billing").exists());
-    let conv = read_json(
-        &dir.path()
-            .join("runs/iteration-0/logs/s1/execution-attempt-1-iteration-1-conversation.json"),
-    );
+    let conv = read_json(&dir.path().join(
+        "runs/iteration-0/logs/s1/execution/execution-attempt-1-iteration-1-conversation.json",
+    ));
     let error = conv["tool_calls"][0]["error"].as_str().unwrap();
     assert!(error.contains("unknown route_id"), "{error}");
 }

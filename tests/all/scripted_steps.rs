@@ -92,12 +92,23 @@ fn entry(id: &str, item_type: &str, status: &str) -> (String, String, String) {
 }
 
 /// Files under the step's logs folder.
+/// The files of the step's logs folder, those of its `execution/` folder (turn logs and the
+/// final summary) as `execution/<name>`.
 fn log_files(root: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(root.join("runs/iteration-0/logs").join(STEP))
+    let logs = root.join("runs/iteration-0/logs").join(STEP);
+    let mut names: Vec<String> = std::fs::read_dir(&logs)
         .unwrap()
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "execution")
         .collect();
+    if let Ok(entries) = std::fs::read_dir(logs.join("execution")) {
+        names.extend(
+            entries
+                .flatten()
+                .map(|e| format!("execution/{}", e.file_name().to_string_lossy())),
+        );
+    }
     names.sort();
     names
 }
@@ -125,7 +136,9 @@ fn a_passing_script_ends_the_step_with_no_llm_and_no_provider() {
     let logs = log_files(root);
     assert!(logs.contains(&"script-stdout.txt".to_string()), "{logs:?}");
     assert!(
-        !logs.iter().any(|l| l.starts_with("execution-attempt")),
+        !logs
+            .iter()
+            .any(|l| l.starts_with("execution/execution-attempt")),
         "no turn ran: {logs:?}"
     );
 }

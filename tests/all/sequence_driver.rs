@@ -135,7 +135,7 @@ async fn user_message_turn_writes_a_file_and_the_logs() {
     assert_eq!(session["entries"][0]["status"], "completed");
     let summary = read_json(&out.join("execution-final-summary.json"));
     assert_eq!(summary["status"], "completed");
-    let logs: Vec<_> = std::fs::read_dir(dir.path().join("runs/iteration-0/logs/s1"))
+    let logs: Vec<_> = std::fs::read_dir(dir.path().join("runs/iteration-0/logs/s1/execution"))
         .unwrap()
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
@@ -144,7 +144,11 @@ async fn user_message_turn_writes_a_file_and_the_logs() {
         .iter()
         .find(|n| n.ends_with("-conversation.json"))
         .expect("a conversation log");
-    let conv = read_json(&dir.path().join("runs/iteration-0/logs/s1").join(conv));
+    let conv = read_json(
+        &dir.path()
+            .join("runs/iteration-0/logs/s1/execution")
+            .join(conv),
+    );
     assert_eq!(conv["llm_calls"].as_array().unwrap().len(), 2);
     assert_eq!(conv["tool_calls"].as_array().unwrap().len(), 1);
 }

@@ -267,7 +267,7 @@ fn runs_show_reads_a_step_with_a_huge_conversation_log() {
         "--quiet",
     ]);
     assert!(out.status.success(), "{out:?}");
-    let logs = root.join("runs/iteration-0/logs/desk");
+    let logs = root.join("runs/iteration-0/logs/desk/execution");
     let conversation = std::fs::read_dir(&logs)
         .unwrap()
         .flatten()

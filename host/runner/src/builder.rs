@@ -10,6 +10,9 @@
 //! - [`modes`]: the workshop modes and the one table of the tools each has.
 //! - [`tool`]: what a builder tool is (name, schema, JSON answer or failure).
 //! - [`reads`]: the read set every mode has.
+//! - [`db`]: `query_workflow_db` and `mutate_workflow_db`, the original's database tools.
+//! - [`inspect`]: the original's read tools Trellis had no counterpart of
+//!   (`get_llm_config`, `get_step_prompts`, `validate_plan_change`, ...).
 //! - [`edits`]: plan, step config, workflow config, variables and groups, each edit
 //!   validated before it is written and logged to `planning/changelog/`.
 //! - [`files`]: script, knowledge, evaluation and report files, written through the
@@ -19,9 +22,11 @@
 
 pub mod agent;
 pub mod costs;
+pub mod db;
 pub mod edits;
 pub mod executions;
 pub mod files;
+pub mod inspect;
 pub mod modes;
 pub mod persist;
 pub mod prompt;

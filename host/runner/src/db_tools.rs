@@ -1,7 +1,9 @@
 //! The database tools of every agent turn: `query_workflow_db` (read-only SQL, table
 //! descriptions, a bounded number of rows) and `mutate_workflow_db` (statements with
 //! parameters, all in one transaction), host tools of the category `workflow_db` on
-//! `db/db.sqlite`.
+//! `db/db.sqlite`. Both take the arguments of the original system's tools of the same
+//! names as well: `action` (`query`, `describe`, `integrity_check`), `table`, `query` (an
+//! alias of `sql`) for a query, one `sql` with `params` for a mutation.
 //!
 //! They run on the host, on the connection a guest's `workflow-db` calls get
 //! ([`trellis_sandbox::capabilities::HostDb`]): the same fences (no `ATTACH`, only descriptive pragmas,
@@ -26,6 +28,8 @@ pub const DEFAULT_ROWS: usize = 200;
 pub const MAX_ROWS: usize = 2_000;
 /// The most statements one mutation runs.
 pub const MAX_STATEMENTS: usize = 500;
+/// The one statement `action: integrity_check` runs.
+pub const INTEGRITY_CHECK_SQL: &str = "PRAGMA integrity_check";
 
 /// Which database tool a (normalized) tool name is, if any.
 pub fn db_tool(name: &str) -> Option<&'static str> {
@@ -38,11 +42,6 @@ pub fn db_tool(name: &str) -> Option<&'static str> {
 
 /// The definitions of both tools, as the model is told about them.
 pub fn definitions() -> Vec<ToolDefinition> {
-    let params = json!({
-        "type": "array",
-        "description": "Values for the ? placeholders, in order (string, number or null).",
-        "items": {"type": ["string", "number", "integer", "null"]}
-    });
     vec![
         ToolDefinition {
             name: QUERY_WORKFLOW_DB.to_string(),
@@ -53,11 +52,13 @@ pub fn definitions() -> Vec<ToolDefinition> {
                  statement). At most `max_rows` rows come back (default {DEFAULT_ROWS}, at \
                  most {MAX_ROWS}); `truncated` says when more matched."
             ),
+            // What agents are told stays as it was (recorded conversations match it); the
+            // call still takes the original's arguments (`action`, `table`, `query`).
             parameters: json!({
                 "type": "object",
                 "properties": {
                     "sql": {"type": "string", "description": "One read-only SQL statement."},
-                    "params": params,
+                    "params": params_schema(),
                     "max_rows": {"type": "integer", "minimum": 1, "maximum": MAX_ROWS}
                 },
                 "additionalProperties": false
@@ -80,7 +81,7 @@ pub fn definitions() -> Vec<ToolDefinition> {
                             "type": "object",
                             "properties": {
                                 "sql": {"type": "string"},
-                                "params": params
+                                "params": params_schema()
                             },
                             "required": ["sql"],
                             "additionalProperties": false
@@ -92,6 +93,64 @@ pub fn definitions() -> Vec<ToolDefinition> {
             }),
         },
     ]
+}
+
+/// What `mutate_workflow_db` is, for the model.
+pub const MUTATE_DESCRIPTION: &str = "Modifies the workflow database (db/db.sqlite): one \
+     statement in `sql` (with `params`), or several in `statements`, run in order in one \
+     transaction, so either all apply or none does (INSERT, UPDATE, DELETE, CREATE TABLE, \
+     ...). Returns the rows each changed. Refused when this turn's database access is \
+     read-only.";
+
+fn params_schema() -> Value {
+    json!({
+        "type": "array",
+        "description": "Values for the ? placeholders, in order (string, number or null).",
+        "items": {"type": ["string", "number", "integer", "null"]}
+    })
+}
+
+/// The arguments of `query_workflow_db`, with at most `max_rows` rows.
+pub fn query_schema(max_rows: usize) -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "action": {"type": "string", "enum": ["query", "describe", "integrity_check"],
+                       "description": "query (the default with sql), describe (the default \
+                                       without), or integrity_check."},
+            "table": {"type": "string", "description": "With describe: this table's columns."},
+            "sql": {"type": "string", "description": "One read-only SQL statement."},
+            "query": {"type": "string", "description": "The same as sql."},
+            "params": params_schema(),
+            "max_rows": {"type": "integer", "minimum": 1, "maximum": max_rows}
+        },
+        "additionalProperties": false
+    })
+}
+
+/// The arguments of `mutate_workflow_db`.
+pub fn mutate_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "sql": {"type": "string", "description": "One statement (instead of statements)."},
+            "params": params_schema(),
+            "statements": {
+                "type": "array",
+                "minItems": 1,
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "sql": {"type": "string"},
+                        "params": params_schema()
+                    },
+                    "required": ["sql"],
+                    "additionalProperties": false
+                }
+            }
+        },
+        "additionalProperties": false
+    })
 }
 
 /// Runs database tool `tool` with `args` under the turn's database grant (`None`: the
@@ -121,8 +180,31 @@ pub async fn call(
     .map_err(|e| format!("the database call did not finish: {e}"))?
 }
 
+/// The string argument `key`, trimmed; `None` when absent, null or empty.
+fn text_arg<'a>(
+    obj: &'a serde_json::Map<String, Value>,
+    key: &str,
+) -> Result<Option<&'a str>, String> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.trim()).filter(|s| !s.is_empty())),
+        Some(other) => Err(format!("{key}: expected a string, found {other}")),
+    }
+}
+
+/// A table name `describe` takes: letters, digits, `_`, `.`, `-`, at most 128.
+fn plain_table_name(name: &str) -> bool {
+    (1..=128).contains(&name.len())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+}
+
 fn query(db: &mut HostDb, args: &Value) -> Result<Value, String> {
-    let obj = object(args, &["sql", "params", "max_rows"])?;
+    let obj = object(
+        args,
+        &["action", "table", "sql", "query", "params", "max_rows"],
+    )?;
     let max_rows = match obj.get("max_rows") {
         None | Some(Value::Null) => DEFAULT_ROWS,
         Some(v) => match v.as_u64() {
@@ -130,28 +212,105 @@ fn query(db: &mut HostDb, args: &Value) -> Result<Value, String> {
             _ => return Err(format!("max_rows: expected 1 to {MAX_ROWS}, found {v}")),
         },
     };
-    let Some(sql) = obj.get("sql").filter(|v| !v.is_null()) else {
-        let (tables, _) = db.rows(
-            "SELECT name, type, sql FROM sqlite_schema \
-             WHERE type IN ('table', 'view') AND name NOT LIKE 'sqlite_%' ORDER BY name",
-            &[],
-            MAX_ROWS,
-        )?;
-        return Ok(json!({ "tables": tables }));
+    let sql = match (text_arg(obj, "sql")?, text_arg(obj, "query")?) {
+        (Some(a), Some(b)) if a != b => {
+            return Err(
+                "sql and query were both given, with different statements: give only \
+                        sql (query is its alias)"
+                    .to_string(),
+            );
+        }
+        (Some(s), _) | (None, Some(s)) => Some(s),
+        (None, None) => None,
     };
-    let sql = sql.as_str().ok_or("sql: expected a string")?;
-    let params = sql_params(obj.get("params"), "params")?;
-    let (rows, truncated) = db.rows(sql, &params, max_rows)?;
-    Ok(json!({ "row_count": rows.len(), "truncated": truncated, "rows": rows }))
+    let table = text_arg(obj, "table")?;
+    let action = match text_arg(obj, "action")? {
+        Some(a) => a,
+        None if sql.is_some() => "query",
+        None => "describe",
+    };
+    match action {
+        "describe" => {
+            if sql.is_some() {
+                return Err("action=describe takes no sql: give table, or nothing".to_string());
+            }
+            let Some(table) = table else {
+                let (tables, _) = db.rows(
+                    "SELECT name, type, sql FROM sqlite_schema \
+                     WHERE type IN ('table', 'view') AND name NOT LIKE 'sqlite_%' ORDER BY name",
+                    &[],
+                    MAX_ROWS,
+                )?;
+                return Ok(json!({ "tables": tables }));
+            };
+            if !plain_table_name(table) {
+                return Err(format!(
+                    "table {table:?}: letters, digits, '_', '.' and '-' only (at most 128)"
+                ));
+            }
+            let (columns, _) =
+                db.rows(&format!("PRAGMA table_info(\"{table}\")"), &[], MAX_ROWS)?;
+            if columns.is_empty() {
+                return Err(format!(
+                    "no table {table:?} in the database: action=describe without table lists \
+                     them"
+                ));
+            }
+            Ok(json!({ "table": table, "columns": columns }))
+        }
+        "integrity_check" => {
+            if sql.is_some() || table.is_some() {
+                return Err(format!(
+                    "action=integrity_check takes no sql, query or table: it runs \
+                     {INTEGRITY_CHECK_SQL:?}"
+                ));
+            }
+            let (rows, _) = db.rows(INTEGRITY_CHECK_SQL, &[], max_rows)?;
+            let ok = rows.len() == 1
+                && rows[0].as_object().and_then(|r| r.values().next()) == Some(&json!("ok"));
+            Ok(json!({ "ok": ok, "rows": rows }))
+        }
+        "query" => {
+            let sql = sql.ok_or("action=query needs sql (or its alias query)")?;
+            let params = sql_params(obj.get("params"), "params")?;
+            let (rows, truncated) = db.rows(sql, &params, max_rows)?;
+            Ok(json!({ "row_count": rows.len(), "truncated": truncated, "rows": rows }))
+        }
+        other => Err(format!(
+            "action {other:?}: expected query, describe or integrity_check"
+        )),
+    }
 }
 
 fn mutate(db: &mut HostDb, args: &Value) -> Result<Value, String> {
-    let obj = object(args, &["statements"])?;
-    let list = obj
-        .get("statements")
-        .and_then(Value::as_array)
-        .filter(|l| !l.is_empty())
-        .ok_or("statements: expected a non-empty list of {\"sql\", \"params\"}")?;
+    let obj = object(args, &["statements", "sql", "params"])?;
+    let single;
+    let list = match (obj.get("statements"), obj.get("sql")) {
+        (Some(_), Some(_)) => {
+            return Err(
+                "give one statement in sql (with params) or several in statements, not both"
+                    .to_string(),
+            );
+        }
+        (None, Some(sql)) => {
+            single = vec![
+                json!({"sql": sql, "params": obj.get("params").cloned().unwrap_or(Value::Null)}),
+            ];
+            &single
+        }
+        (statements, None) => {
+            if obj.contains_key("params") {
+                return Err("params go with sql; in statements each has its own".to_string());
+            }
+            statements
+                .and_then(Value::as_array)
+                .filter(|l| !l.is_empty())
+                .ok_or(
+                    "statements: expected a non-empty list of {\"sql\", \"params\"} (or one \
+                     statement in sql)",
+                )?
+        }
+    };
     if list.len() > MAX_STATEMENTS {
         return Err(format!(
             "statements: at most {MAX_STATEMENTS} in one call, found {}",

@@ -166,6 +166,9 @@ pub struct StepRunner<'a> {
     prerequisite_returns: u32,
     /// The step's end does not wait for the disk ([`StepRunner::with_step_ends_behind`]).
     ends_behind: bool,
+    /// Context for the step's agent, read before its first user message
+    /// ([`StepRunner::with_context`]).
+    context: Option<String>,
     /// Each route's conversation as the host last saved it, by its home folder. A later call
     /// continues from this copy, not from `session.json`, which sits in a folder the
     /// calling agent's tools can write.
@@ -196,6 +199,7 @@ impl<'a> StepRunner<'a> {
             mcp: None,
             prerequisite_returns: 0,
             ends_behind: false,
+            context: None,
             sub_agent_sessions: Default::default(),
         }
     }
@@ -217,6 +221,15 @@ impl<'a> StepRunner<'a> {
     /// (limits, group, variables). Without it a scripted step fails saying so.
     pub fn with_scripts(mut self, scripts: Arc<ScriptRunner>, options: ScriptOptions) -> Self {
         self.scripts = Some((scripts, options));
+        self
+    }
+
+    /// High-priority context for the step's agent from whoever started the run (a builder's
+    /// `human_inputs` for a step that is not a human_input step): read before the user
+    /// message of its first turn. A step without an agent never reads it.
+    pub fn with_context(mut self, context: Option<String>) -> Self {
+        self.context = context
+            .map(|text| format!("High-priority context from the operator for this run:\n{text}"));
         self
     }
 
@@ -325,9 +338,10 @@ impl<'a> StepRunner<'a> {
     /// run folder); a step that fails on its own terms is an `Ok` outcome with status failed.
     #[tracing::instrument(skip(self, ws), fields(step = step_id))]
     pub async fn run_step(&self, ws: &Workspace, step_id: &str) -> Result<StepOutcome> {
+        // A route's sub-agent step runs on its own too, when it is asked for by id.
         let step = ws
             .plan
-            .step(step_id)
+            .find_step(step_id)
             .with_context(|| format!("no step {step_id:?} in the plan"))?;
         let items: Vec<Item> = match &step.kind {
             StepKind::MessageSequence(_) | StepKind::Regular | StepKind::TodoTask(_) => {

@@ -297,6 +297,15 @@ impl LlmSetup {
         self.approvals.clone()
     }
 
+    /// Every step talks to `llm`, unless an override is set already (the operator's
+    /// `--llm` wins): a builder's `execute_step` with a `tier`.
+    pub fn with_tier_override(mut self, llm: LlmRef) -> Self {
+        if self.override_llm.is_none() {
+            self.override_llm = Some(llm);
+        }
+        self
+    }
+
     /// Records every answered call into `recorder`.
     pub fn with_recorder(mut self, recorder: Arc<Recorder>) -> Self {
         self.recorder = Some(recorder);

@@ -1,8 +1,10 @@
 //! Reading what runs left behind, for `trellis runs list` and `trellis runs show`.
 //!
 //! Everything here only reads: the run folders under `runs/`, each step's
-//! `execution-final-summary.json` and `session.json` under `execution/<step>/`, and the
-//! turn logs under `logs/<step>/` (see [`super::session`]).
+//! `execution-final-summary.json` (beside its turn logs in `logs/<step>/execution/`, else in
+//! `execution/<step>/`) and `session.json` under `execution/<step>/`, and the turn logs under
+//! `logs/<step>/execution/`, or `logs/<step>/` in a run folder of the earlier layout (see
+//! [`super::session`]).
 
 use std::path::{Path, PathBuf};
 
@@ -10,7 +12,7 @@ use anyhow::{Context, Result, bail};
 
 use super::session::{
     FINAL_SUMMARY_FILE, FinalSummary, Session, SessionEntry, Status, TurnSummary, logs_dir,
-    turn_log_paths,
+    turn_log_dirs, turn_log_paths, turn_logs_dir,
 };
 use trellis_sandbox::store::{Kind, WorkspaceFs};
 
@@ -224,7 +226,7 @@ fn listing(
         if step == "Downloads" || step == crate::workflow_run::ARCHIVED_DIR {
             continue;
         }
-        let (status, completed_at, _) = step_state(fs, &exec.join(&step), held)?;
+        let (status, completed_at, _) = step_state(fs, run_dir, &step, held)?;
         steps.push(StepState {
             step_id: step,
             status,
@@ -247,25 +249,35 @@ fn listing(
 /// lock: its run was killed (the OS dropped the lock), so the step never ends.
 pub const INTERRUPTED: &str = "interrupted";
 
-/// (status, completed_at, concerns) of `execution/<step>/`; a `running` session while no
-/// process holds the workspace (`held` false) is [`INTERRUPTED`].
+/// (status, completed_at, concerns) of step `step` of `run_dir`: its final summary in
+/// `logs/<step>/execution/`, else in `execution/<step>/` (the earlier layout), else its
+/// session; a `running` session while no process holds the workspace (`held` false) is
+/// [`INTERRUPTED`].
 fn step_state(
     fs: &WorkspaceFs,
-    step_dir: &Path,
+    run_dir: &Path,
+    step: &str,
     held: bool,
 ) -> Result<(String, Option<String>, Vec<String>)> {
     // A run of this process may still have the summary queued.
     trellis_sandbox::store::write_behind::flush()?;
-    let summary_path = step_dir.join(FINAL_SUMMARY_FILE);
-    // A summary is a file: anything else there (a folder an agent made) is not read as one.
-    if fs.kind(&summary_path)? == Some(Kind::File) {
-        let summary: FinalSummary = read_json(fs, &summary_path)?;
-        return Ok((
-            summary.status.to_string(),
-            Some(summary.completed_at),
-            summary.concerns,
-        ));
+    let step_dir = run_dir.join("execution").join(step);
+    let candidates = [
+        turn_logs_dir(&logs_dir(run_dir, step)).join(FINAL_SUMMARY_FILE),
+        step_dir.join(FINAL_SUMMARY_FILE),
+    ];
+    for summary_path in candidates {
+        // A summary is a file: anything else there (a folder an agent made) is not read as one.
+        if fs.kind(&summary_path)? == Some(Kind::File) {
+            let summary: FinalSummary = read_json(fs, &summary_path)?;
+            return Ok((
+                summary.status.to_string(),
+                Some(summary.completed_at),
+                summary.concerns,
+            ));
+        }
     }
+    let step_dir = step_dir.as_path();
     let session = Session::read(fs, step_dir)
         .with_context(|| format!("reading {}", step_dir.join("session.json").display()))?;
     let status = match session {
@@ -297,7 +309,7 @@ pub fn show_step(root: &Path, run: &str, step: &str) -> Result<StepReport> {
         );
     }
     let held = crate::workspace_lock::is_held(root);
-    let (status, completed_at, concerns) = step_state(fs, &step_dir, held)?;
+    let (status, completed_at, concerns) = step_state(fs, &run_dir, step, held)?;
     let entries = Session::read(fs, &step_dir)
         .with_context(|| format!("reading {}", step_dir.join("session.json").display()))?
         .map(|s| s.entries)
@@ -455,24 +467,28 @@ fn sub_agent_calls(fs: &WorkspaceFs, step_dir: &Path) -> Result<Vec<SubAgentCall
     Ok(out)
 }
 
-/// The turns logged in `logs/<step>/`, by attempt and iteration.
+/// The turns logged for `logs` (`logs/<step>/`), by attempt and iteration: those in
+/// `logs/<step>/execution/`, and those of the earlier layout in `logs/<step>/` itself (a
+/// turn in both is read from the first).
 fn turn_logs(fs: &WorkspaceFs, logs: &Path) -> Result<Vec<TurnLog>> {
-    if fs.kind(logs)?.is_none() {
-        return Ok(Vec::new());
-    }
-    let mut keys = Vec::new();
-    for (name, _) in fs
-        .list(logs)
-        .with_context(|| format!("reading {}", logs.display()))?
-    {
-        if let Some(key) = parse_turn_log_name(&name) {
-            keys.push(key);
+    let mut keys = std::collections::BTreeMap::new();
+    for dir in turn_log_dirs(logs) {
+        // Only a folder holds turn logs: a link or a file there is not read.
+        if fs.kind(&dir)? != Some(Kind::Dir) {
+            continue;
+        }
+        for (name, _) in fs
+            .list(&dir)
+            .with_context(|| format!("reading {}", dir.display()))?
+        {
+            if let Some(key) = parse_turn_log_name(&name) {
+                keys.entry(key).or_insert_with(|| dir.clone());
+            }
         }
     }
-    keys.sort();
     let mut turns = Vec::new();
-    for (attempt, iteration) in keys {
-        let (summary_path, conversation_path) = turn_log_paths(logs, attempt, iteration);
+    for ((attempt, iteration), dir) in keys {
+        let (summary_path, conversation_path) = turn_log_paths(&dir, attempt, iteration);
         let s: TurnSummary = read_json(fs, &summary_path)?;
         // Only the tool names are read; a log that cannot be read (larger than the host
         // reads at once, not what Trellis writes) leaves the turn shown from its summary.

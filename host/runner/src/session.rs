@@ -1,9 +1,12 @@
 //! What a message sequence leaves behind (spec section 8): `session.json`, rewritten after
 //! every item; `execution-final-summary.json`; and per turn
-//! `logs/<step-id>/execution-attempt-<A>-iteration-<I>.json` (summary) and
+//! `logs/<step-id>/execution/execution-attempt-<A>-iteration-<I>.json` (summary) and
 //! `...-conversation.json` (messages, LLM calls, tool calls).
 //!
-//! The field names are the spec's, so the files read the same in the original tools. Every
+//! The field names and the places are the original system's: its readers (cost reviews, log
+//! panes) list `logs/<step-id>/execution/` and find the final summary there too. A run
+//! folder of the earlier Trellis layout kept the turn logs in `logs/<step-id>/` itself;
+//! readers look in both ([`turn_log_dirs`]). Every
 //! file is replaced atomically: the final summary at once ([`WorkspaceFs::write_json_atomic`]),
 //! `session.json` and the turn logs on the writer thread of [`trellis_sandbox::store::write_behind`],
 //! which the agent loop flushes at the end of each step; timestamps are RFC 3339 in UTC with
@@ -384,7 +387,23 @@ pub fn logs_dir(run_dir: &Path, step_id: &str) -> PathBuf {
     run_dir.join("logs").join(step_id)
 }
 
-/// The two log files of turn `iteration` of attempt `attempt`: (summary, conversation).
+/// The folder of the turn logs under a step's logs folder (the original's layout).
+pub const TURN_LOGS_DIR: &str = "execution";
+
+/// `<logs_dir>/execution/`: where the turn logs and a copy of the final summary go.
+pub fn turn_logs_dir(logs_dir: &Path) -> PathBuf {
+    logs_dir.join(TURN_LOGS_DIR)
+}
+
+/// Where a reader looks for the turn logs of `logs_dir`, newest layout first:
+/// `<logs_dir>/execution/`, then `<logs_dir>/` itself (run folders written before the turn
+/// logs moved).
+pub fn turn_log_dirs(logs_dir: &Path) -> [PathBuf; 2] {
+    [turn_logs_dir(logs_dir), logs_dir.to_path_buf()]
+}
+
+/// The two log files of turn `iteration` of attempt `attempt` in `dir` (a folder of
+/// [`turn_log_dirs`]): (summary, conversation).
 pub fn turn_log_paths(logs_dir: &Path, attempt: u32, iteration: u32) -> (PathBuf, PathBuf) {
     let base = format!("execution-attempt-{attempt}-iteration-{iteration}");
     (
@@ -393,15 +412,15 @@ pub fn turn_log_paths(logs_dir: &Path, attempt: u32, iteration: u32) -> (PathBuf
     )
 }
 
-/// Writes both log files of a turn atomically, off the caller's path ([`write_behind`]:
-/// [`write_behind::flush`] waits for them); returns their paths.
+/// Writes both log files of a turn to `<logs_dir>/execution/` atomically, off the caller's
+/// path ([`write_behind`]: [`write_behind::flush`] waits for them); returns their paths.
 pub fn write_turn_logs(
     fs: &WorkspaceFs,
     logs_dir: &Path,
     summary: &TurnSummary,
     conversation: &TurnConversation,
 ) -> io::Result<(PathBuf, PathBuf)> {
-    let (s, c) = turn_log_paths(logs_dir, summary.attempt, summary.iteration);
+    let (s, c) = turn_log_paths(&turn_logs_dir(logs_dir), summary.attempt, summary.iteration);
     write_behind::write_json(fs, &c, conversation)?;
     write_behind::write_json(fs, &s, summary)?;
     Ok((s, c))
@@ -603,8 +622,10 @@ mod tests {
         )
         .unwrap();
         write_behind::flush().unwrap();
-        assert!(s.ends_with("logs/triage/execution-attempt-1-iteration-2.json"));
-        assert!(c.ends_with("logs/triage/execution-attempt-1-iteration-2-conversation.json"));
+        assert!(s.ends_with("logs/triage/execution/execution-attempt-1-iteration-2.json"));
+        assert!(
+            c.ends_with("logs/triage/execution/execution-attempt-1-iteration-2-conversation.json")
+        );
         let raw: Value = serde_json::from_slice(&std::fs::read(&c).unwrap()).unwrap();
         let mut got = keys(&raw["tool_calls"][0]);
         got.sort();

@@ -117,6 +117,9 @@ pub struct RunOptions {
     /// Resume from this step in the existing `iteration-0`: it and every later step (in
     /// plan order) start with empty output folders.
     pub from: Option<String>,
+    /// High-priority context for the agents of these steps (step id -> text), read before
+    /// the first user message of each.
+    pub step_context: BTreeMap<String, String>,
 }
 
 /// `next_step_id`, else the next step in array order; `None` at the end.

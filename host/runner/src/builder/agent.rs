@@ -13,7 +13,10 @@ use serde_json::{Value, json};
 
 use super::costs::{self, Tally};
 use super::executions::Executions;
-use super::modes::{self, CONFIG_TOOLS, FILE_TOOLS, Mode, PLAN_TOOLS, READ_TOOLS};
+use super::modes::{
+    self, CONFIG_TOOLS, DB_READ_TOOLS, DB_WRITE_TOOLS, FILE_TOOLS, INSPECT_TOOLS, Mode, PLAN_TOOLS,
+    READ_TOOLS,
+};
 use super::persist::{self, ConversationFile};
 use super::prompt::system_prompt;
 use super::side_agents::{RUN_IN_BACKGROUND, SideAgents, run_in_background_spec};
@@ -136,10 +139,23 @@ impl BuilderSession {
             .with_context(|| format!("opening workspace {}", root.display()))?;
         let hold = hold(runtime, &root, &fs)?;
         let (conversation, file) = match &options.session_id {
+            // A resumed conversation is written back where it was found. One whose file
+            // keeps no usage (the original's) goes on from the figure its costs recorded,
+            // so its next delta is this session's tokens, not zero.
             Some(id) => {
-                let conversation = persist::load(&fs, id)?;
-                let date = date_of(&conversation.created_at);
-                (conversation, persist::conversation_path(&date, id))
+                let (mut conversation, path) = persist::load(&fs, id)?;
+                if conversation.cumulative_usage == Usage::default()
+                    && let Ok(usage) = costs::read(&fs)
+                    && let Some(recorded) = usage.session_cumulative.get(id)
+                {
+                    let clamp = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+                    conversation.cumulative_usage = Usage {
+                        prompt_tokens: clamp(recorded.tally.prompt_tokens),
+                        completion_tokens: clamp(recorded.tally.completion_tokens),
+                        total_tokens: clamp(recorded.tally.total_tokens),
+                    };
+                }
+                (conversation, path)
             }
             None => {
                 let id = new_session_id();
@@ -153,17 +169,9 @@ impl BuilderSession {
                     })?,
                     None => Mode::Builder,
                 };
-                let conversation = ConversationFile {
-                    session_id: id.clone(),
-                    phase_id: PHASE_ID.to_string(),
-                    workshop_mode: mode.as_str().to_string(),
-                    model: String::new(),
-                    conversation_history: Vec::new(),
-                    created_at: created_at.clone(),
-                    updated_at: created_at,
-                    cumulative_usage: Usage::default(),
-                };
-                (conversation, persist::conversation_path(&date, &id))
+                let path = persist::conversation_path(&date, &id);
+                let conversation = ConversationFile::new(id, mode.as_str(), created_at);
+                (conversation, path)
             }
         };
         let mode = match options.mode {
@@ -331,7 +339,9 @@ impl BuilderSession {
                     .or_else(|| m.pricing.get(bare))
                     .copied()
             });
-            costs::record(
+            // Costs are bookkeeping: a totals file that cannot be read (another tool's,
+            // damaged) is left as it is and never fails the turn.
+            if let Err(e) = costs::record(
                 &self.fs,
                 PHASE_ID,
                 &self.conversation.session_id,
@@ -339,7 +349,9 @@ impl BuilderSession {
                 self.conversation.cumulative_usage,
                 pricing.as_ref(),
                 &date_of(&now_rfc3339()),
-            )?;
+            ) {
+                tracing::warn!("the turn's token usage is not recorded: {e:#}");
+            }
         }
         Ok(())
     }
@@ -350,7 +362,7 @@ impl BuilderSession {
         Ok(usage
             .session_cumulative
             .get(self.id())
-            .map(|s| s.tally)
+            .map(|s| s.tally.clone())
             .unwrap_or_default())
     }
 }
@@ -523,6 +535,10 @@ impl Agent {
         };
         if READ_TOOLS.contains(&name) {
             reads::call(&ctx, name, args).await
+        } else if INSPECT_TOOLS.contains(&name) {
+            super::inspect::call(&ctx, name, args).await
+        } else if DB_READ_TOOLS.contains(&name) || DB_WRITE_TOOLS.contains(&name) {
+            super::db::call(&ctx, name, args).await
         } else if PLAN_TOOLS.contains(&name) || CONFIG_TOOLS.contains(&name) {
             edits::call(&ctx, name, args)
         } else if FILE_TOOLS.contains(&name) {
@@ -566,6 +582,8 @@ impl Agent {
 /// Every builder tool's spec.
 pub fn all_specs() -> Vec<ToolSpec> {
     let mut specs = reads::specs();
+    specs.extend(super::inspect::specs());
+    specs.extend(super::db::specs());
     specs.extend(edits::specs());
     specs.extend(files::specs());
     specs.extend(Executions::specs());

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
 
 use trellis_sandbox::llm::Usage;
 use trellis_sandbox::store::WorkspaceFs;
@@ -21,7 +22,13 @@ pub const TOKEN_USAGE_FILE: &str = "costs/phase/token_usage.json";
 pub const DAILY_DIR: &str = "costs/phase/daily";
 
 /// Tokens, and their price when the model has one.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+///
+/// Read from Trellis's names (`prompt_tokens`, `completion_tokens`, `total_tokens`,
+/// `cost_usd`) or the original system's (`input_tokens`, `output_tokens`,
+/// `total_cost_usd`), a number that is not a count read as 0; written with both sets (and
+/// the original's `*_tokens_m` figures) so either reads it. Every other key of an entry
+/// (`provider`, `cache_tokens`, `llm_call_count`, ...) is written back as it was.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Tally {
     /// Prompt tokens.
     pub prompt_tokens: u64,
@@ -30,8 +37,85 @@ pub struct Tally {
     /// Their sum.
     pub total_tokens: u64,
     /// USD, when `workflow.json` prices the model.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost_usd: Option<f64>,
+    /// The entry's other keys.
+    pub other: Map<String, Value>,
+}
+
+/// The keys [`Tally`] reads and writes itself.
+const TALLY_KEYS: [&str; 10] = [
+    "prompt_tokens",
+    "completion_tokens",
+    "total_tokens",
+    "cost_usd",
+    "input_tokens",
+    "output_tokens",
+    "input_tokens_m",
+    "output_tokens_m",
+    "total_cost_usd",
+    "phase_id",
+];
+
+/// A count from a file anyone may have written: a non-negative integer, else 0.
+fn count(v: Option<&Value>) -> Option<u64> {
+    let v = v?;
+    Some(v.as_u64().unwrap_or(0))
+}
+
+fn millions(n: u64) -> String {
+    format!("{:.3}M", n as f64 / 1_000_000.0)
+}
+
+impl<'de> Deserialize<'de> for Tally {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        // The original writes a missing entry as null: it counts nothing.
+        let Value::Object(map) = Value::deserialize(d)? else {
+            return Ok(Tally::default());
+        };
+        let prompt = count(map.get("prompt_tokens"))
+            .or_else(|| count(map.get("input_tokens")))
+            .unwrap_or(0);
+        let completion = count(map.get("completion_tokens"))
+            .or_else(|| count(map.get("output_tokens")))
+            .unwrap_or(0);
+        let total = count(map.get("total_tokens")).unwrap_or(prompt.saturating_add(completion));
+        let cost = map
+            .get("cost_usd")
+            .or_else(|| map.get("total_cost_usd"))
+            .and_then(Value::as_f64)
+            .filter(|c| c.is_finite() && *c >= 0.0);
+        Ok(Tally {
+            prompt_tokens: prompt,
+            completion_tokens: completion,
+            total_tokens: total,
+            cost_usd: cost,
+            other: map
+                .into_iter()
+                .filter(|(k, _)| !TALLY_KEYS.contains(&k.as_str()) && k != "model")
+                .collect(),
+        })
+    }
+}
+
+impl Serialize for Tally {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = self.other.clone();
+        map.insert("prompt_tokens".into(), self.prompt_tokens.into());
+        map.insert("completion_tokens".into(), self.completion_tokens.into());
+        map.insert("total_tokens".into(), self.total_tokens.into());
+        map.insert("input_tokens".into(), self.prompt_tokens.into());
+        map.insert("output_tokens".into(), self.completion_tokens.into());
+        map.insert("input_tokens_m".into(), millions(self.prompt_tokens).into());
+        map.insert(
+            "output_tokens_m".into(),
+            millions(self.completion_tokens).into(),
+        );
+        if let Some(c) = self.cost_usd {
+            map.insert("cost_usd".into(), c.into());
+            map.insert("total_cost_usd".into(), c.into());
+        }
+        map.serialize(s)
+    }
 }
 
 impl Tally {
@@ -44,6 +128,7 @@ impl Tally {
             total_tokens: prompt + completion,
             cost_usd: pricing
                 .map(|p| (prompt as f64 * p.input + completion as f64 * p.output) / 1_000_000.0),
+            other: Map::new(),
         }
     }
 
@@ -58,6 +143,7 @@ impl Tally {
             cost_usd: self
                 .cost_usd
                 .map(|c| (c - earlier.cost_usd.unwrap_or(0.0)).max(0.0)),
+            other: Map::new(),
         }
     }
 
@@ -78,12 +164,14 @@ impl Tally {
     }
 }
 
-/// A session's cumulative figure.
+/// A session's cumulative figure (the original's entries have no phase or model).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SessionTally {
     /// The phase.
+    #[serde(default)]
     pub phase_id: String,
     /// The model.
+    #[serde(default)]
     pub model: String,
     /// Everything so far.
     #[serde(flatten)]
@@ -102,19 +190,32 @@ pub struct TokenUsage {
     /// Session -> its cumulative figure when last counted.
     #[serde(default)]
     pub session_cumulative: BTreeMap<String, SessionTally>,
+    /// Other keys (the original's `created_at`, `updated_at`), written back; `updated_at`
+    /// is set at each write.
+    #[serde(flatten)]
+    pub other: Map<String, Value>,
 }
 
-/// A daily file.
+/// A daily file: Trellis's `{date, by_phase_and_model, by_model}`, or the original's
+/// `{date, updated_at, token_usage: {by_phase_and_model, by_model, ...}}`, whose totals are
+/// then the ones extended.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct DailyUsage {
     /// The day, `YYYY-MM-DD` (UTC).
+    #[serde(default)]
     pub date: String,
     /// Phase -> model -> the day's totals.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub by_phase_and_model: BTreeMap<String, BTreeMap<String, Tally>>,
     /// Model -> the day's totals.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub by_model: BTreeMap<String, Tally>,
+    /// The original's totals of the day.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_usage: Option<TokenUsage>,
+    /// Other keys, written back.
+    #[serde(flatten)]
+    pub other: Map<String, Value>,
 }
 
 /// Reads `token_usage.json`; empty when there is none.
@@ -152,7 +253,7 @@ pub fn record(
     let before = usage
         .session_cumulative
         .get(session_id)
-        .map(|s| s.tally)
+        .map(|s| s.tally.clone())
         .unwrap_or_default();
     let delta = now.since(&before);
     if delta.is_zero() {
@@ -173,16 +274,38 @@ pub fn record(
             tally: now,
         },
     );
+    let stamp = trellis_sandbox::store::now_rfc3339();
+    usage
+        .other
+        .entry("created_at")
+        .or_insert_with(|| Value::String(stamp.clone()));
+    usage
+        .other
+        .insert("updated_at".into(), Value::String(stamp.clone()));
     let daily_rel = format!("{DAILY_DIR}/{date}.json");
     let mut daily: DailyUsage = read_or_default(fs, &daily_rel)?;
     daily.date = date.to_string();
-    add(
-        &mut daily.by_phase_and_model,
-        &mut daily.by_model,
-        phase_id,
-        model,
-        &delta,
-    );
+    match &mut daily.token_usage {
+        Some(original) => {
+            add(
+                &mut original.by_phase_and_model,
+                &mut original.by_model,
+                phase_id,
+                model,
+                &delta,
+            );
+            daily
+                .other
+                .insert("updated_at".into(), Value::String(stamp));
+        }
+        None => add(
+            &mut daily.by_phase_and_model,
+            &mut daily.by_model,
+            phase_id,
+            model,
+            &delta,
+        ),
+    }
     fs.write_json_atomic(&daily_rel, &daily)
         .with_context(|| format!("writing {daily_rel}"))?;
     fs.write_json_atomic(TOKEN_USAGE_FILE, &usage)
@@ -225,6 +348,7 @@ mod tests {
             completion_tokens: u64::MAX,
             total_tokens: u64::MAX,
             cost_usd: None,
+            other: Map::new(),
         };
         total.add(&Tally::of(usage(5, 7), None));
         assert_eq!(

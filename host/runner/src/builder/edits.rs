@@ -10,10 +10,12 @@
 //!   model's own JSON Schemas where it has them).
 //! - `draft`: the files of one edit, their validation, the write and the changelog entry.
 //! - `plan_tools`: the plan edits; `config_tools`: step config, workflow config, variables
-//!   and groups.
+//!   and groups; `compat_tools`: the original system's tools Trellis lacked (todo_task
+//!   routes, orphan step configs, the contract stamp, the LLM config).
 
 mod args;
 mod changelog;
+mod compat_tools;
 mod config_tools;
 mod draft;
 mod plan_tools;
@@ -28,7 +30,21 @@ pub use changelog::{CHANGELOG_DIR, changelog_path};
 /// The specs of the plan and config tools ([`super::modes::PLAN_TOOLS`],
 /// [`super::modes::CONFIG_TOOLS`]).
 pub fn specs() -> Vec<ToolSpec> {
-    tool_specs::all()
+    let mut specs = tool_specs::all();
+    specs.extend(compat_tools::specs());
+    // In the order of the mode table's rows.
+    let order: Vec<&str> = super::modes::PLAN_TOOLS
+        .iter()
+        .chain(super::modes::CONFIG_TOOLS)
+        .copied()
+        .collect();
+    specs.sort_by_key(|s| {
+        order
+            .iter()
+            .position(|n| *n == s.name)
+            .unwrap_or(usize::MAX)
+    });
+    specs
 }
 
 /// Calls plan or config tool `name`: the arguments are checked against its schema first.
@@ -62,6 +78,12 @@ pub fn call(ctx: &ToolContext<'_>, name: &str, args: &Value) -> ToolResult {
         "add_group" => config_tools::add_group(root, args),
         "update_group" => config_tools::update_group(root, args),
         "delete_group" => config_tools::delete_group(root, args),
+        "add_todo_task_route" => compat_tools::add_todo_task_route(root, args),
+        "update_todo_task_route" => compat_tools::update_todo_task_route(root, args),
+        "delete_todo_task_route" => compat_tools::delete_todo_task_route(root, args),
+        "cleanup_orphan_step_configs" => compat_tools::cleanup_orphan_step_configs(root, args),
+        "set_workflow_contract_version" => compat_tools::set_workflow_contract_version(root, args),
+        "set_workflow_llm_config" => compat_tools::set_workflow_llm_config(root, args),
         _ => Err(ToolFailure::new(format!(
             "tool {name:?} is not implemented"
         ))),

@@ -142,12 +142,16 @@ impl Executions {
 
     fn execute_step(&self, ctx: &ToolContext<'_>, args: &Value) -> ToolResult {
         let ws = open(ctx.root)?;
-        let step_id = str_arg(args, "step_id")?;
-        let step = known_step(&ws, step_id)?;
+        let step = known_step(&ws, str_arg(args, "step_id")?)?;
+        let step_id = step.id.as_str();
         let group = opt_str_arg(args, "group_name")?;
         check_group(&ws, group)?;
         let instructions = opt_str_arg(args, "instructions")?;
         let human_input = opt_str_arg(args, "human_input")?;
+        let tier = match opt_str_arg(args, "tier")? {
+            Some(name) => Some(tier_model(&ws, name)?),
+            None => None,
+        };
         let mut run = RunOptions {
             group: group.map(str::to_string),
             ..RunOptions::default()
@@ -167,12 +171,10 @@ impl Executions {
                         .unwrap_or_default()
                 )));
             }
-            (kind, Some(_)) => {
-                return Err(ToolFailure::new(format!(
-                    "argument \"human_input\": step {step_id:?} is a {} step; only \
-                     human_input steps take an answer",
-                    kind.name()
-                )));
+            // Any other step takes it as high-priority context for its agent.
+            (_, Some(text)) => {
+                run.step_context
+                    .insert(step_id.to_string(), text.to_string());
             }
             (_, None) => {}
         }
@@ -195,6 +197,9 @@ impl Executions {
         let mut options = self.template.clone();
         options.run = run;
         options.instructions = instructions.map(str::to_string);
+        if let Some(model) = tier {
+            options.llm = options.llm.with_tier_override(model);
+        }
         let runtime_id = self.runtime.start_step(ctx.root, step_id, options);
         let target = ExecutionKind::Step(step_id.to_string());
         let (id, fresh) = self.shared.track(runtime_id, target, group);
@@ -213,28 +218,26 @@ impl Executions {
             group: group.map(str::to_string),
             ..RunOptions::default()
         };
-        let answers = string_map(args, "human_inputs");
-        let asking: Vec<&str> = ws
-            .plan
-            .steps
-            .iter()
-            .filter(|s| matches!(s.kind, StepKind::HumanInput(_)))
-            .map(|s| s.id.as_str())
-            .collect();
-        for (step_id, answer) in &answers {
-            match ws.plan.step(step_id).map(|s| (s, &s.kind)) {
+        // Keyed by any step: a human_input step's answer, or high-priority context for the
+        // agent of any other step (as the original system's run_full_workflow takes them).
+        for (step_id, answer) in string_map(args, "human_inputs") {
+            match ws.plan.find_step(&step_id).map(|s| (s, &s.kind)) {
                 Some((step, StepKind::HumanInput(h))) => {
                     run.inputs
                         .insert(input_key(step, h).to_string(), answer.clone());
                 }
-                _ => {
+                Some(_) => {
+                    run.step_context.insert(step_id, answer);
+                }
+                None => {
+                    let ids = all_step_ids(&ws);
                     return Err(ToolFailure::with_details(
                         format!(
-                            "human_inputs: {step_id:?} is not a human_input step of the plan \
-                             (they are: {})",
-                            list_or_none(&asking)
+                            "human_inputs: no step {step_id:?} in the plan; key each value by \
+                             a step id (they are: {})",
+                            ids.join(", ")
                         ),
-                        json!({"human_input_step_ids": asking}),
+                        json!({"valid_step_ids": ids}),
                     ));
                 }
             }
@@ -261,6 +264,23 @@ impl Executions {
                         json!({"routing_step_ids": routing}),
                     ));
                 }
+            };
+            // A route may be named by its id or by the step it goes to, when only one goes
+            // there.
+            let route = match ws.plan.step(&step_id).map(|s| &s.kind) {
+                Some(StepKind::Routing(r)) if !routes.contains(&route.as_str()) => {
+                    let going: Vec<&str> = r
+                        .routes
+                        .iter()
+                        .filter(|x| x.next_step_id == route)
+                        .map(|x| x.route_id.as_str())
+                        .collect();
+                    match going.as_slice() {
+                        [one] => one.to_string(),
+                        _ => route,
+                    }
+                }
+                _ => route,
             };
             if !routes.contains(&route.as_str()) {
                 return Err(ToolFailure::with_details(
@@ -308,7 +328,13 @@ impl Executions {
             .shared
             .track(runtime_id, ExecutionKind::Workflow, group);
         self.follow(ctx, &id);
-        Ok(json!({"execution_id": id, "status": "running"}))
+        let mut answer = json!({"execution_id": id, "status": "running"});
+        if args.get("disable_eval").is_some() {
+            answer["evaluation"] = json!(
+                "no evaluation pass follows a run here; run the evaluation plan in eval mode"
+            );
+        }
+        Ok(answer)
     }
 
     /// Starts the thread that reads the events of execution `id`.
@@ -355,7 +381,10 @@ impl Executions {
         if let Some(unchanged) = self.poll_guard() {
             return unchanged;
         }
-        let wanted = args.get("status").and_then(Value::as_str);
+        let wanted = args
+            .get("status")
+            .or_else(|| args.get("status_filter"))
+            .and_then(Value::as_str);
         let executions: Vec<Value> = self
             .shared
             .all()
@@ -453,21 +482,87 @@ pub(super) fn open(root: &Path) -> Result<Workspace, ToolFailure> {
     Workspace::open(root).map_err(|d| ToolFailure::new(format!("the workspace has errors:\n{d}")))
 }
 
-/// Step `id` of the plan, or a failure listing the valid ids.
-fn known_step<'w>(ws: &'w Workspace, id: &str) -> Result<&'w trellis_workflow::Step, ToolFailure> {
-    ws.plan.step(id).ok_or_else(|| unknown_step(ws, id))
+/// Step `id` of the plan (on the main path, an orphan, or a route's sub-agent step), or the
+/// step at a 1-based position on the main path (`"2"`, `"step-2"`, `"step2"`, `"step 2"`),
+/// or a failure listing the valid ids.
+pub(super) fn known_step<'w>(
+    ws: &'w Workspace,
+    id: &str,
+) -> Result<&'w trellis_workflow::Step, ToolFailure> {
+    if let Some(step) = ws.plan.find_step(id) {
+        return Ok(step);
+    }
+    let lower = id.trim().to_ascii_lowercase();
+    let number = ["step-", "step ", "step"]
+        .iter()
+        .find_map(|p| lower.strip_prefix(p))
+        .unwrap_or(&lower);
+    number
+        .trim()
+        .parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_sub(1))
+        .and_then(|i| ws.plan.steps.get(i))
+        .ok_or_else(|| unknown_step(ws, id))
 }
 
-/// The failure for a step id the plan does not have: lists the valid ones.
+/// Every step id: the main path, the orphans, then the routes' sub-agent steps.
+fn all_step_ids(ws: &Workspace) -> Vec<String> {
+    fn within(step: &trellis_workflow::Step, out: &mut Vec<String>, depth: usize) {
+        if depth > 8 {
+            return;
+        }
+        for r in step.predefined_routes() {
+            out.push(r.sub_agent_step.id.clone());
+            within(&r.sub_agent_step, out, depth + 1);
+        }
+    }
+    let mut ids: Vec<String> = ws.plan.all_steps().map(|s| s.id.clone()).collect();
+    for s in ws.plan.all_steps() {
+        within(s, &mut ids, 0);
+    }
+    ids
+}
+
+/// The failure for a step id the plan does not have: lists the valid ones, the orphan
+/// steps and the routes' sub-agent steps (which run alone too) apart.
 pub(super) fn unknown_step(ws: &Workspace, id: &str) -> ToolFailure {
     let ids: Vec<&str> = ws.plan.steps.iter().map(|s| s.id.as_str()).collect();
+    let orphans: Vec<&str> = ws.plan.orphan_steps.iter().map(|s| s.id.as_str()).collect();
+    let main_and_orphans = ids.len() + orphans.len();
+    let sub_agents: Vec<String> = all_step_ids(ws).split_off(main_and_orphans);
+    let mut text = format!(
+        "no step {id:?} in the plan; its steps are: {} (or a 1-based position: \"1\", \
+         \"step-1\")",
+        list_or_none(&ids)
+    );
+    if !orphans.is_empty() {
+        text.push_str(&format!("; orphan steps: {}", orphans.join(", ")));
+    }
+    if !sub_agents.is_empty() {
+        text.push_str(&format!(
+            "; route sub-agent steps: {}",
+            sub_agents.join(", ")
+        ));
+    }
     ToolFailure::with_details(
-        format!(
-            "no step {id:?} in the plan; its steps are: {}",
-            list_or_none(&ids)
-        ),
-        json!({"valid_step_ids": ids}),
+        text,
+        json!({"valid_step_ids": ids, "orphan_step_ids": orphans, "sub_agent_step_ids": sub_agents}),
     )
+}
+
+/// The model of tier `name` (`high`, `medium`, `low`) in workflow.json `tiers`.
+fn tier_model(
+    ws: &Workspace,
+    name: &str,
+) -> Result<trellis_workflow::step_config::LlmRef, ToolFailure> {
+    ws.manifest.tiers.get(name).cloned().ok_or_else(|| {
+        let known: Vec<&str> = ws.manifest.tiers.keys().map(String::as_str).collect();
+        ToolFailure::new(format!(
+            "tier {name:?}: workflow.json has no tiers.{name} (tiers defined: {})",
+            list_or_none(&known)
+        ))
+    })
 }
 
 /// A failure when `group` is given and workflow.json has no such group.

@@ -117,7 +117,8 @@ impl fmt::Display for Mode {
 impl FromStr for Mode {
     type Err = String;
 
-    /// A mode by name or alias (`workshop` is builder, `runner` and `ask` are run).
+    /// A mode by name or alias (`workshop` is builder, `runner` and `ask` are run,
+    /// `reporting`, the original system's name, is output).
     fn from_str(name: &str) -> Result<Self, Self::Err> {
         match name.trim().to_ascii_lowercase().as_str() {
             "builder" | "workshop" => Ok(Mode::Builder),
@@ -125,10 +126,11 @@ impl FromStr for Mode {
             "run" | "runner" | "ask" => Ok(Mode::Run),
             "debugger" => Ok(Mode::Debugger),
             "eval" => Ok(Mode::Eval),
-            "output" => Ok(Mode::Output),
+            "output" | "reporting" => Ok(Mode::Output),
             _ => Err(format!(
                 "unknown mode {name:?}: expected one of builder, optimizer, run, debugger, \
-                 eval, output (aliases: workshop = builder, runner and ask = run)"
+                 eval, output (aliases: workshop = builder, runner and ask = run, reporting \
+                 = output)"
             )),
         }
     }
@@ -149,6 +151,22 @@ pub const READ_TOOLS: &[&str] = &[
     "get_cost_summary",
 ];
 
+/// The original's read tools Trellis lacked: configs, models, prompts, plan-change checks,
+/// script reviews.
+pub const INSPECT_TOOLS: &[&str] = &[
+    "get_workflow_config",
+    "get_llm_config",
+    "get_step_prompts",
+    "validate_plan_change",
+    "review_step_code",
+];
+
+/// The database read-only, under the original's name and arguments.
+pub const DB_READ_TOOLS: &[&str] = &["query_workflow_db"];
+
+/// Changing the database's rows (and tables).
+pub const DB_WRITE_TOOLS: &[&str] = &["mutate_workflow_db"];
+
 /// Plan edits, each validated before it is written.
 pub const PLAN_TOOLS: &[&str] = &[
     "add_message_sequence_step",
@@ -164,6 +182,10 @@ pub const PLAN_TOOLS: &[&str] = &[
     "delete_plan_steps",
     "update_validation_schema",
     "migrate_message_sequence_code_items",
+    "add_todo_task_route",
+    "update_todo_task_route",
+    "delete_todo_task_route",
+    "cleanup_orphan_step_configs",
 ];
 
 /// The step config, workflow config, variables and groups.
@@ -174,6 +196,8 @@ pub const CONFIG_TOOLS: &[&str] = &[
     "add_group",
     "update_group",
     "delete_group",
+    "set_workflow_contract_version",
+    "set_workflow_llm_config",
 ];
 
 /// Writing files in the folders of the mode ([`Mode::writable_folders`]).
@@ -194,6 +218,15 @@ const TABLE: &[(&[&str], &[Mode])] = &[
         READ_TOOLS,
         &[Builder, Optimizer, Run, Debugger, Eval, Output],
     ),
+    (
+        INSPECT_TOOLS,
+        &[Builder, Optimizer, Run, Debugger, Eval, Output],
+    ),
+    (
+        DB_READ_TOOLS,
+        &[Builder, Optimizer, Run, Debugger, Eval, Output],
+    ),
+    (DB_WRITE_TOOLS, &[Builder, Optimizer]),
     (PLAN_TOOLS, &[Builder, Optimizer]),
     (CONFIG_TOOLS, &[Builder, Optimizer]),
     (FILE_TOOLS, &[Builder, Optimizer, Eval, Output]),
@@ -216,6 +249,7 @@ mod tests {
         assert_eq!("workshop".parse::<Mode>(), Ok(Mode::Builder));
         assert_eq!("Runner".parse::<Mode>(), Ok(Mode::Run));
         assert_eq!("ask".parse::<Mode>(), Ok(Mode::Run));
+        assert_eq!("reporting".parse::<Mode>(), Ok(Mode::Output));
         assert!(
             "editor"
                 .parse::<Mode>()
@@ -234,8 +268,20 @@ mod tests {
         assert!(Mode::Run.allows("execute_step"));
         assert_eq!(
             Mode::Debugger.tools()[READ_TOOLS.len()..],
-            ["query_step", "list_executions", "debug_step"]
+            [
+                "get_workflow_config",
+                "get_llm_config",
+                "get_step_prompts",
+                "validate_plan_change",
+                "review_step_code",
+                "query_workflow_db",
+                "query_step",
+                "list_executions",
+                "debug_step"
+            ]
         );
+        assert!(Mode::Builder.allows("mutate_workflow_db"));
+        assert!(!Mode::Run.allows("mutate_workflow_db"));
         assert!(!Mode::Eval.allows("execute_step"));
         assert!(Mode::Output.allows("stop_step"));
         assert!(!Mode::Output.allows("run_full_workflow"));

@@ -4,23 +4,31 @@
 //! `builder/conversation/<UTC date the session began>/session-<id>-conversation.json` holds
 //! `{session_id, phase_id, workshop_mode, model, conversation_history, updated_at}` (plus the
 //! session's cumulative token usage, which cost deltas are counted from);
-//! `builder/conversation/chat-index.json` lists every session.
+//! `builder/conversation/chat-index.json` lists every session ([`index`]).
+//!
+//! A workspace the original system worked in holds its conversations at the same place:
+//! their langchain-style histories are read ([`history`]), every key Trellis does not know
+//! (`agent_mode`, `runtime`, `ui_events`, ...) is written back as it was, and its index is
+//! left alone.
+
+pub mod history;
+pub mod index;
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
 
 use trellis_sandbox::llm::{Message, Role, Usage};
-use trellis_sandbox::store::WorkspaceFs;
+use trellis_sandbox::store::{Kind, WorkspaceFs};
+
+pub use index::{ChatIndex, INDEX_FILE, IndexEntry, read_index};
 
 /// The folder of conversation files, relative to the workspace.
 pub const CONVERSATION_DIR: &str = "builder/conversation";
-/// The index of sessions, relative to the workspace.
-pub const INDEX_FILE: &str = "builder/conversation/chat-index.json";
 
 /// One session's conversation file.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ConversationFile {
     /// The session's id.
     pub session_id: String,
@@ -33,16 +41,110 @@ pub struct ConversationFile {
     /// Every message but the system prompt, which is made afresh each turn.
     pub conversation_history: Vec<Message>,
     /// When the session began (RFC 3339, UTC).
-    #[serde(default)]
     pub created_at: String,
     /// When the file was last written.
     pub updated_at: String,
     /// The session's token usage so far.
-    #[serde(default)]
     pub cumulative_usage: Usage,
+    /// Keys of the file Trellis does not use, written back as they were (`ui_events`,
+    /// `runtime`, `agent_mode` of the original's files).
+    pub other: Map<String, Value>,
+    /// The history was langchain-style when read: it is written with `parts` as well.
+    pub langchain_parts: bool,
 }
 
+const KNOWN: [&str; 8] = [
+    "session_id",
+    "phase_id",
+    "workshop_mode",
+    "model",
+    "conversation_history",
+    "created_at",
+    "updated_at",
+    "cumulative_usage",
+];
+
 impl ConversationFile {
+    /// A new, empty session.
+    pub fn new(session_id: String, workshop_mode: &str, created_at: String) -> Self {
+        ConversationFile {
+            session_id,
+            phase_id: super::PHASE_ID.to_string(),
+            workshop_mode: workshop_mode.to_string(),
+            model: String::new(),
+            conversation_history: Vec::new(),
+            updated_at: created_at.clone(),
+            created_at,
+            cumulative_usage: Usage::default(),
+            other: Map::new(),
+            langchain_parts: false,
+        }
+    }
+
+    /// Reads a conversation file's JSON; `path` names it in errors.
+    pub fn from_json(v: &Value, path: &str) -> Result<Self> {
+        let Value::Object(map) = v else {
+            bail!("{path}: not a builder conversation: expected a JSON object");
+        };
+        let text = |key: &str| -> Result<Option<String>> {
+            match map.get(key) {
+                None | Some(Value::Null) => Ok(None),
+                Some(Value::String(s)) => Ok(Some(s.clone())),
+                Some(other) => bail!("{path}: {key}: expected a string, found {other}"),
+            }
+        };
+        let session_id = text("session_id")?
+            .with_context(|| format!("{path}: not a builder conversation: no session_id"))?;
+        let (conversation_history, langchain_parts) = history::read(
+            map.get("conversation_history").unwrap_or(&Value::Null),
+            path,
+        )
+        .map_err(anyhow::Error::msg)?;
+        let cumulative_usage = match map.get("cumulative_usage") {
+            None | Some(Value::Null) => Usage::default(),
+            Some(v) => serde_json::from_value(v.clone())
+                .with_context(|| format!("{path}: cumulative_usage"))?,
+        };
+        Ok(ConversationFile {
+            session_id,
+            phase_id: text("phase_id")?.unwrap_or_else(|| super::PHASE_ID.to_string()),
+            // The original's files may have no mode: its builder is the workshop.
+            workshop_mode: text("workshop_mode")?.unwrap_or_else(|| "builder".to_string()),
+            model: text("model")?.unwrap_or_default(),
+            conversation_history,
+            created_at: text("created_at")?.unwrap_or_default(),
+            updated_at: text("updated_at")?.unwrap_or_default(),
+            cumulative_usage,
+            other: map
+                .iter()
+                .filter(|(k, _)| !KNOWN.contains(&k.as_str()))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            langchain_parts,
+        })
+    }
+
+    /// The file's JSON: the keys it was read with, Trellis's own set afresh.
+    pub fn to_json(&self) -> Value {
+        let mut map = self.other.clone();
+        let s = |v: &str| Value::String(v.to_string());
+        map.insert("session_id".into(), s(&self.session_id));
+        map.insert("phase_id".into(), s(&self.phase_id));
+        map.insert("workshop_mode".into(), s(&self.workshop_mode));
+        map.insert("model".into(), s(&self.model));
+        map.insert(
+            "conversation_history".into(),
+            history::write(&self.conversation_history, self.langchain_parts),
+        );
+        map.insert("created_at".into(), s(&self.created_at));
+        map.insert("updated_at".into(), s(&self.updated_at));
+        map.insert(
+            "cumulative_usage".into(),
+            serde_json::to_value(self.cumulative_usage).unwrap_or(Value::Null),
+        );
+        Value::Object(map)
+    }
+
     /// How many user turns the history holds.
     pub fn user_turns(&self) -> usize {
         user_turns(&self.conversation_history)
@@ -62,49 +164,16 @@ pub fn user_turns(history: &[Message]) -> usize {
     history.iter().filter(|m| m.role == Role::User).count()
 }
 
-/// One session in the index.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct IndexEntry {
-    /// The session's id.
-    pub session_id: String,
-    /// Its mode.
-    pub workshop_mode: String,
-    /// When it began.
-    pub created_at: String,
-    /// When it was last written.
-    pub updated_at: String,
-    /// Messages in its history.
-    pub message_count: usize,
-    /// Its first user message, cut to 200 characters.
-    pub first_query: Option<String>,
-    /// Its conversation file, relative to the workspace.
-    pub file: String,
-}
-
-/// `chat-index.json`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct ChatIndex {
-    /// Every session, oldest first.
-    pub sessions: Vec<IndexEntry>,
-}
-
 /// The conversation file of session `id` begun on `date` (`YYYY-MM-DD`), relative to the
 /// workspace.
 pub fn conversation_path(date: &str, id: &str) -> PathBuf {
     Path::new(CONVERSATION_DIR)
         .join(date)
-        .join(format!("session-{id}-conversation.json"))
+        .join(conversation_file_name(id))
 }
 
-/// Reads the index; empty when there is none yet.
-pub fn read_index(fs: &WorkspaceFs) -> Result<ChatIndex> {
-    if !fs.is_file(INDEX_FILE) {
-        return Ok(ChatIndex::default());
-    }
-    let text = fs
-        .read_json_text(INDEX_FILE)
-        .with_context(|| format!("reading {INDEX_FILE}"))?;
-    serde_json::from_str(&text).with_context(|| format!("{INDEX_FILE}: not a session index"))
+fn conversation_file_name(id: &str) -> String {
+    format!("session-{id}-conversation.json")
 }
 
 /// Refuses a session id that is not a plain name (letters, digits, `-`, `_`): the id names
@@ -133,97 +202,120 @@ pub fn is_date(text: &str) -> bool {
 
 /// Whether `file` (from the index, which a hostile workspace may have written) is the
 /// conversation file of session `id`: `builder/conversation/<date>/session-<id>-conversation.json`.
-fn is_conversation_file_of(file: &str, id: &str) -> bool {
+pub(crate) fn is_conversation_file_of(file: &str, id: &str) -> bool {
     let parts: Vec<&str> = file.split('/').collect();
     let prefix: Vec<&str> = CONVERSATION_DIR.split('/').collect();
     parts.len() == prefix.len() + 2
         && parts[..prefix.len()] == prefix[..]
         && is_date(parts[prefix.len()])
-        && parts[prefix.len() + 1] == format!("session-{id}-conversation.json")
+        && parts[prefix.len() + 1] == conversation_file_name(id)
 }
 
-/// Reads the conversation of session `id`, found through the index. The index is the
-/// workspace's (possibly planted): the id must be a plain name and the file the index names
-/// must be that session's conversation file under [`CONVERSATION_DIR`], else nothing is read.
-pub fn load(fs: &WorkspaceFs, id: &str) -> Result<ConversationFile> {
+/// The conversation file of session `id` found by its name: the newest
+/// `builder/conversation/<date>/session-<id>-conversation.json` that is a regular file.
+/// Links and folders of other names are never entered.
+fn find_by_name(fs: &WorkspaceFs, id: &str) -> Result<Option<String>> {
+    if fs.kind(CONVERSATION_DIR)? != Some(Kind::Dir) {
+        return Ok(None);
+    }
+    let mut dates: Vec<String> = fs
+        .list(CONVERSATION_DIR)
+        .with_context(|| format!("reading {CONVERSATION_DIR}"))?
+        .into_iter()
+        .filter(|(name, kind)| *kind == Kind::Dir && is_date(name))
+        .map(|(name, _)| name)
+        .collect();
+    dates.sort();
+    for date in dates.iter().rev() {
+        let rel = format!("{CONVERSATION_DIR}/{date}/{}", conversation_file_name(id));
+        if fs.kind(&rel)? == Some(Kind::File) {
+            return Ok(Some(rel));
+        }
+    }
+    Ok(None)
+}
+
+/// Reads the conversation of session `id` and returns it with its file (relative to the
+/// workspace). The file is the one a Trellis index names, which must be that session's
+/// conversation file under [`CONVERSATION_DIR`] (the index is the workspace's, possibly
+/// planted: else nothing is read); a session the index does not list (the original's
+/// sessions, whose index Trellis does not write) is found by its file name.
+pub fn load(fs: &WorkspaceFs, id: &str) -> Result<(ConversationFile, PathBuf)> {
     check_session_id(id)?;
-    let index = read_index(fs)?;
-    let Some(entry) = index.sessions.iter().find(|s| s.session_id == id) else {
-        let known: Vec<&str> = index
-            .sessions
-            .iter()
-            .map(|s| s.session_id.as_str())
-            .collect();
-        bail!(
-            "no builder session {id:?} in {INDEX_FILE} (sessions: {})",
-            if known.is_empty() {
-                "none yet".to_string()
-            } else {
-                known.join(", ")
+    let index = read_index(fs);
+    let listed = index
+        .as_ref()
+        .ok()
+        .and_then(|i| i.sessions.iter().find(|s| s.session_id == id).cloned());
+    let rel = match listed {
+        Some(entry) if !index.as_ref().is_ok_and(|i| i.original) => {
+            if !is_conversation_file_of(&entry.file, id) {
+                bail!(
+                    "{INDEX_FILE}: session {id:?} names {:?}, which is not a conversation \
+                     file (builder/conversation/<date>/session-{id}-conversation.json); it is \
+                     not read",
+                    entry.file
+                );
             }
-        );
-    };
-    if !is_conversation_file_of(&entry.file, id) {
-        bail!(
-            "{INDEX_FILE}: session {id:?} names {:?}, which is not a conversation file \
-             (builder/conversation/<date>/session-{id}-conversation.json); it is not read",
             entry.file
-        );
-    }
+        }
+        listed => {
+            let named = listed
+                .map(|e| e.file)
+                .filter(|f| is_conversation_file_of(f, id) && fs.is_file(f));
+            match named {
+                Some(file) => file,
+                None => match find_by_name(fs, id)? {
+                    Some(file) => file,
+                    None => {
+                        let known: Vec<String> = index
+                            .map(|i| i.sessions.into_iter().map(|s| s.session_id).collect())
+                            .unwrap_or_default();
+                        bail!(
+                            "no builder session {id:?} in {INDEX_FILE} or under \
+                             {CONVERSATION_DIR}/<date>/ (sessions: {})",
+                            if known.is_empty() {
+                                "none yet".to_string()
+                            } else {
+                                known.join(", ")
+                            }
+                        );
+                    }
+                },
+            }
+        }
+    };
     let text = fs
-        .read_to_string(&entry.file)
-        .with_context(|| format!("reading {}", entry.file))?;
-    let file: ConversationFile = serde_json::from_str(&text)
-        .with_context(|| format!("{}: not a builder conversation", entry.file))?;
+        .read_to_string(&rel)
+        .with_context(|| format!("reading {rel}"))?;
+    let value: Value = serde_json::from_str(&text)
+        .with_context(|| format!("{rel}: not a builder conversation"))?;
+    let file = ConversationFile::from_json(&value, &rel)?;
     if file.session_id != id {
-        bail!(
-            "{}: holds session {:?}, not {id:?}",
-            entry.file,
-            file.session_id
-        );
+        bail!("{rel}: holds session {:?}, not {id:?}", file.session_id);
     }
-    Ok(file)
+    Ok((file, PathBuf::from(rel)))
 }
 
 /// Writes `file` at `rel` atomically and updates the index. Refuses (writing nothing) a
 /// history with fewer user turns than the file already on disk: a restart must never shrink
 /// a conversation.
 pub fn save(fs: &WorkspaceFs, rel: &Path, file: &ConversationFile) -> Result<()> {
+    let shown = rel.display().to_string();
     if fs.is_file(rel)
         && let Ok(text) = fs.read_to_string(rel)
-        && let Ok(on_disk) = serde_json::from_str::<ConversationFile>(&text)
+        && let Ok(value) = serde_json::from_str::<Value>(&text)
+        && let Ok(on_disk) = ConversationFile::from_json(&value, &shown)
         && on_disk.user_turns() > file.user_turns()
     {
         bail!(
-            "{}: refusing to write a conversation with {} user turns over one with {}: a \
+            "{shown}: refusing to write a conversation with {} user turns over one with {}: a \
              builder history never shrinks",
-            rel.display(),
             file.user_turns(),
             on_disk.user_turns()
         );
     }
-    fs.write_json_atomic(rel, file)
-        .with_context(|| format!("writing {}", rel.display()))?;
-    let mut index = read_index(fs).unwrap_or_default();
-    let entry = IndexEntry {
-        session_id: file.session_id.clone(),
-        workshop_mode: file.workshop_mode.clone(),
-        created_at: file.created_at.clone(),
-        updated_at: file.updated_at.clone(),
-        message_count: file.conversation_history.len(),
-        first_query: file
-            .first_query()
-            .map(|q| q.chars().take(200).collect::<String>()),
-        file: rel.to_string_lossy().replace('\\', "/"),
-    };
-    match index
-        .sessions
-        .iter_mut()
-        .find(|s| s.session_id == file.session_id)
-    {
-        Some(existing) => *existing = entry,
-        None => index.sessions.push(entry),
-    }
-    fs.write_json_atomic(INDEX_FILE, &index)
-        .with_context(|| format!("writing {INDEX_FILE}"))
+    fs.write_json_atomic(rel, &file.to_json())
+        .with_context(|| format!("writing {shown}"))?;
+    index::record(fs, rel, file)
 }

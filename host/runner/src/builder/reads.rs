@@ -19,14 +19,13 @@ use std::path::{Component, Path, PathBuf};
 
 use serde_json::{Map, Value, json};
 
-use trellis_sandbox::capabilities::{DbGrant, DbWriteBudget, resolve_in_root};
-use trellis_sandbox::store::{Kind, WorkspaceFs};
+use trellis_sandbox::capabilities::DbWriteBudget;
+use trellis_sandbox::store::WorkspaceFs;
 use trellis_workflow::manifest::{VARIABLES_FILE, WorkflowManifest};
 use trellis_workflow::{Diagnostics, PLAN_FILE, STEP_CONFIG_FILE, WORKFLOW_FILE};
 
 use super::{ToolContext, ToolFailure, ToolResult, ToolSpec};
 use crate::db_tools;
-use crate::grants::DB_FILE;
 
 /// The run folder the builder works in (spec section 11).
 pub const ACTIVE_RUN: &str = "iteration-0";
@@ -636,34 +635,7 @@ fn read_workflow_config(ctx: &ToolContext<'_>) -> ToolResult {
 }
 
 async fn query_database(ctx: &ToolContext<'_>, args: &Value) -> ToolResult {
-    let fs = open_fs(ctx)?;
-    let no_db = || {
-        ToolFailure::new(format!(
-            "this workspace has no database: {DB_FILE} does not exist"
-        ))
-    };
-    match fs.kind("db") {
-        Ok(Some(Kind::Dir)) => {}
-        Ok(None) => return Err(no_db()),
-        Ok(Some(_)) => return Err(ToolFailure::new("db is not a folder (a link or a file)")),
-        Err(e) => return Err(ToolFailure::new(e.to_string())),
-    }
-    // SQLite opens by path and follows links: the database must be a regular file.
-    match fs.kind(DB_FILE) {
-        Ok(Some(Kind::File)) => {}
-        Ok(None) => return Err(no_db()),
-        Ok(Some(_)) => {
-            return Err(ToolFailure::new(format!(
-                "{DB_FILE} is not a regular file (a link or a special file); it is not opened"
-            )));
-        }
-        Err(e) => return Err(ToolFailure::new(e.to_string())),
-    }
-    let db_dir = resolve_in_root(ctx.root, "db").map_err(|e| ToolFailure::new(e.to_string()))?;
-    let grant = DbGrant {
-        path: db_dir.join("db.sqlite"),
-        writable: false,
-    };
+    let grant = super::db::grant(ctx, false)?;
     let mut query = Map::new();
     for key in ["sql", "params", "max_rows"] {
         if let Some(v) = args.get(key) {

@@ -178,7 +178,7 @@ impl StepRunner<'_> {
                 label: step_id.to_string(),
                 depth: 0,
                 entry_prefix: String::new(),
-                preamble: None,
+                preamble: self.context.clone(),
                 history: Vec::new(),
             },
         );

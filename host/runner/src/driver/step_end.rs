@@ -1,13 +1,15 @@
 //! The end of a step (`end_step`): the concern of an agentic step that ran no turn, the
 //! status from how the loop ended, prerequisite detection ([`crate::prerequisites`]), the
 //! last `session.json`, the final summary (`execution-final-summary.json`, written behind
-//! the session and turn logs) and the [`StepOutcome`].
+//! the session and turn logs, in the step's output folder and beside its turn logs in
+//! `logs/<step>/execution/`, where the original system's readers look) and the
+//! [`StepOutcome`].
 
 use anyhow::{Context, Result};
 
 use super::{NO_TURN_CONCERN, Run, StepOutcome, StepRunner, TurnEnd};
 use crate::prerequisites;
-use crate::session::{FinalSummary, Status, now_rfc3339};
+use crate::session::{FinalSummary, Status, now_rfc3339, turn_logs_dir};
 
 impl StepRunner<'_> {
     /// Ends the step of `run` after its loop ended with `result` (`scripted`: the step ran
@@ -60,12 +62,17 @@ impl StepRunner<'_> {
         };
         // The session and the turn logs are written behind the loop: the summary that says
         // the step is over goes after them, queued behind them or once they are on disk.
+        let beside_logs = turn_logs_dir(&run.logs);
         if self.ends_behind {
-            summary.write_behind(&run.ws.fs, &run.output_dir)
+            summary
+                .write_behind(&run.ws.fs, &beside_logs)
+                .and_then(|()| summary.write_behind(&run.ws.fs, &run.output_dir))
         } else {
             trellis_sandbox::store::write_behind::flush()
                 .context("writing the step's session and turn logs")?;
-            summary.write(&run.ws.fs, &run.output_dir)
+            summary
+                .write(&run.ws.fs, &beside_logs)
+                .and_then(|()| summary.write(&run.ws.fs, &run.output_dir))
         }
         .context("writing execution-final-summary.json")?;
         Ok(StepOutcome {

@@ -157,7 +157,7 @@ pub(super) async fn preflight<'w>(
     opts: &RunOptions,
 ) -> Result<(Vec<&'w Group>, Vec<Unit<'w>>, McpServers)> {
     if let Some(step) = &opts.step {
-        ws.plan.step(step).with_context(|| {
+        ws.plan.find_step(step).with_context(|| {
             let ids: Vec<&str> = ws.plan.steps.iter().map(|s| s.id.as_str()).collect();
             format!(
                 "no step {step:?} in the plan; its steps are: {}",

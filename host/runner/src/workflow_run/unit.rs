@@ -122,10 +122,16 @@ pub(super) async fn run_unit(
             });
         }
         visited.insert(id.clone());
+        // The step asked for alone may be a route's sub-agent step.
         resolve_bare_dependencies(&mut ws, &id);
         let step = ws
             .plan
             .step(&id)
+            .or_else(|| {
+                (opts.step.as_deref() == Some(id.as_str()))
+                    .then(|| ws.plan.find_step(&id))
+                    .flatten()
+            })
             .with_context(|| format!("next step {id:?} is not in the plan"))?;
         env.observer.emit(RunEvent::StepStarted {
             step_id: id.clone(),
@@ -138,7 +144,8 @@ pub(super) async fn run_unit(
                 let returned = returns.get(&id).copied().unwrap_or(0);
                 let mut runner = env
                     .step_runner(&ws, &id)?
-                    .with_prerequisite_returns(returned);
+                    .with_prerequisite_returns(returned)
+                    .with_context(opts.step_context.get(&id).cloned());
                 if has_scripted(&ws, step) {
                     let options = ScriptOptions {
                         group: group.map(|g| g.id.clone()),

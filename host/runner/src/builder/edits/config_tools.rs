@@ -92,15 +92,26 @@ pub(super) fn run_specific_configs(fs: &WorkspaceFs) -> Vec<String> {
 
 /// `update_step_config`.
 pub(super) fn update_step_config(root: &Path, args: &Value) -> ToolResult {
+    let args = &step_config_aliases(args)?;
     let reason = req_str(args, "reason")?;
     let id = req_str(args, "step_id")?;
-    let clear = str_list(args, "clear_fields");
+    let mut clear = str_list(args, "clear_fields");
+    let clear_schema = clear.iter().any(|c| c == "validation_schema");
+    clear.retain(|c| c != "validation_schema");
+    let schema = args.get("validation_schema").filter(|v| !v.is_null());
+    if clear_schema && schema.is_some() {
+        return Err(ToolFailure::new(
+            "\"validation_schema\" is both set and in clear_fields: do one or the other",
+        ));
+    }
     let mut draft = Draft::open(root)?;
     let ids = all_step_ids(&draft.plan.value);
     if !ids.iter().any(|s| s == id) {
         return Err(unknown_step(id, ids));
     }
-    let known = step_config_fields();
+    let mut known = step_config_fields();
+    // The entry's own key, set below, not an agent_configs field.
+    known.remove("validation_schema");
     let entries = draft.config_entries();
     let at = match entries
         .iter()
@@ -120,7 +131,28 @@ pub(super) fn update_step_config(root: &Path, args: &Value) -> ToolResult {
         *ac = json!({});
     }
     let ac = ac.as_object_mut().expect("an object");
-    let changes = set_fields(ac, args, &known, &clear, Some(id), "agent_configs.")?;
+    let mut field_args = args.clone();
+    if let Some(map) = field_args.as_object_mut() {
+        map.remove("validation_schema");
+    }
+    let mut changes = set_fields(ac, &field_args, &known, &clear, Some(id), "agent_configs.")?;
+    let old = entry.get("validation_schema").cloned();
+    match (schema, old) {
+        (Some(new), old) if old.as_ref() != Some(new) => {
+            entry.insert("validation_schema".into(), new.clone());
+            changes.push(Change::new(
+                Some(id),
+                "validation_schema",
+                old.unwrap_or(Value::Null),
+                new.clone(),
+            ));
+        }
+        (None, Some(old)) if clear_schema => {
+            entry.remove("validation_schema");
+            changes.push(Change::new(Some(id), "validation_schema", old, Value::Null));
+        }
+        _ => {}
+    }
     if changes.is_empty() {
         return Ok(json!({"ok": true, "step_id": id, "changed": false,
             "note": "nothing to change: every field given already has that value"}));
@@ -138,6 +170,38 @@ pub(super) fn update_step_config(root: &Path, args: &Value) -> ToolResult {
         ));
     }
     Ok(done.answer(extra))
+}
+
+/// `args` with the original's argument names (`servers`, `tools`) as the `agent_configs`
+/// fields they set, in the arguments and in `clear_fields`; a name given both ways with
+/// different values is refused.
+fn step_config_aliases(args: &Value) -> Result<Value, ToolFailure> {
+    let mut out = args.clone();
+    let Some(map) = out.as_object_mut() else {
+        return Ok(out);
+    };
+    for (alias, field) in super::tool_specs::STEP_CONFIG_ALIASES {
+        if let Some(v) = map.remove(alias) {
+            if map.get(field).is_some_and(|f| *f != v) {
+                return Err(ToolFailure::new(format!(
+                    "{alias:?} and {field:?} are the same field, given different values: give \
+                     one"
+                )));
+            }
+            map.insert(field.into(), v);
+        }
+    }
+    if let Some(Value::Array(clear)) = map.get_mut("clear_fields") {
+        for name in clear.iter_mut() {
+            if let Some((_, field)) = super::tool_specs::STEP_CONFIG_ALIASES
+                .iter()
+                .find(|(a, _)| name.as_str() == Some(a))
+            {
+                *name = Value::String(field.to_string());
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// `update_workflow_config`.

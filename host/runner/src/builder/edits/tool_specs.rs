@@ -212,8 +212,18 @@ pub(super) fn step_config_fields() -> Map<String, Value> {
         .unwrap_or_default();
     // Retired: dropped on save, so never written.
     props.remove("execution_max_turns");
+    // Kept as written, with no effect on a run here (the original's validation model).
+    props.entry("validation_llm").or_insert_with(|| {
+        json!({"type": "object", "description": "The model of the step's validation (kept, not used by Trellis's gates).",
+               "properties": {"provider": {"type": "string"}, "model_id": {"type": "string"}}})
+    });
     props
 }
+
+/// The original system's names of `update_step_config` arguments, and the
+/// `agent_configs` fields they set.
+pub(super) const STEP_CONFIG_ALIASES: [(&str, &str); 2] =
+    [("servers", "selected_servers"), ("tools", "selected_tools")];
 
 /// Keys of `workflow.json` with tools of their own (or none).
 const NOT_WORKFLOW_FIELDS: &[&str] = &["version", "contract_version", "variables", "groups"];
@@ -303,11 +313,23 @@ pub(super) fn all() -> Vec<ToolSpec> {
         json!({"type": "string", "description": "The step to configure."}),
     );
     p.insert("reason".into(), reason());
+    let mut fields = step_config_fields();
+    for (alias, field) in STEP_CONFIG_ALIASES {
+        fields.insert(
+            alias.into(),
+            json!({"type": "array", "items": {"type": "string"},
+                   "description": format!("The same as {field}.")}),
+        );
+    }
+    fields.insert(
+        "validation_schema".into(),
+        json!({"type": "object", "description": "The step's validation_schema in the step config (wins over the plan's): {files: [...]}."}),
+    );
     out.push(ToolSpec {
         name: "update_step_config",
-        description: "Sets agent_configs fields of a step in the default planning/step_config.json (only the fields given change; clear_fields removes fields). When a run-specific step config wins over the default, the answer names it (shadowed_by).",
+        description: "Sets agent_configs fields of a step in the default planning/step_config.json (only the fields given change; clear_fields removes fields), and the entry's validation_schema. servers and tools are the original names of selected_servers and selected_tools. When a run-specific step config wins over the default, the answer names it (shadowed_by).",
         parameters: object(
-            with_fields(p, step_config_fields(), "agent_configs fields"),
+            with_fields(p, fields, "agent_configs fields (or validation_schema)"),
             &["step_id", "reason"],
         ),
     });

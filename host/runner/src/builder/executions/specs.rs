@@ -37,18 +37,32 @@ pub(super) fn specs() -> Vec<ToolSpec> {
         ToolSpec {
             name: "execute_step",
             description: "Start one step in the background, in the run folder iteration-0, and \
-                          return at once {execution_id, status: running}. If the step is \
-                          already running, returns that execution instead of starting another. \
-                          End your turn after starting: you get a message when it finishes.",
+                          return at once {execution_id, status: running}. The step may be on \
+                          the main path, an orphan step, or a route's sub-agent step (run \
+                          alone). If the step is already running, returns that execution \
+                          instead of starting another. End your turn after starting: you get a \
+                          message when it finishes.",
             parameters: object(
                 json!({
-                    "step_id": string("The step to run."),
+                    "step_id": string(
+                        "The step to run: its id, or its 1-based position on the main path \
+                         (\"1\", \"step-1\")."
+                    ),
                     "group_name": string(GROUP),
                     "instructions": string(
                         "Extra instructions for the step's agent, read with its first \
                          message (agent steps only)."
                     ),
-                    "human_input": string("The answer of a human_input step."),
+                    "human_input": string(
+                        "The answer of a human_input step; for any other step, high-priority \
+                         context for its agent."
+                    ),
+                    "tier": {
+                        "type": "string",
+                        "enum": ["high", "medium", "low"],
+                        "description": "Run the step on the model of this tier in \
+                                        workflow.json tiers (the operator's --llm still wins).",
+                    },
                 }),
                 &["step_id"],
             ),
@@ -101,11 +115,18 @@ pub(super) fn specs() -> Vec<ToolSpec> {
             description: "The executions of this session: id, step (or workflow), status, \
                           summary when finished.",
             parameters: object(
-                json!({"status": {
-                    "type": "string",
-                    "enum": ["running", "done", "failed", "cancelled"],
-                    "description": "Only executions with this status.",
-                }}),
+                json!({
+                    "status": {
+                        "type": "string",
+                        "enum": ["running", "done", "failed", "cancelled"],
+                        "description": "Only executions with this status.",
+                    },
+                    "status_filter": {
+                        "type": "string",
+                        "enum": ["running", "done", "failed", "cancelled"],
+                        "description": "The same as status.",
+                    },
+                }),
                 &[],
             ),
         },
@@ -118,10 +139,19 @@ pub(super) fn specs() -> Vec<ToolSpec> {
             parameters: object(
                 json!({
                     "group_name": string(GROUP),
-                    "human_inputs": string_map("Answers of human_input steps: step id -> answer."),
-                    "route_selections": string_map(
-                        "Routes chosen up front: routing step id -> route id."
+                    "human_inputs": string_map(
+                        "Keyed by step id: the answer of a human_input step, or high-priority \
+                         context for the agent of any other step (only that step sees it)."
                     ),
+                    "route_selections": string_map(
+                        "Routes chosen up front: routing step id -> route id (or the step \
+                         the route goes to, when only one route goes there)."
+                    ),
+                    "disable_eval": {
+                        "type": "boolean",
+                        "description": "Accepted for the original system's calls: no \
+                                        evaluation pass follows a run here.",
+                    },
                 }),
                 &[],
             ),

@@ -106,23 +106,26 @@ fn step_json(root: &Path, run: &str, r: &StepReport) -> Value {
     let step_dir = format!("runs/{run}/execution/{}", r.step_id);
     let logs_dir = format!("runs/{run}/logs/{}", r.step_id);
     let session = root.join(&step_dir).join(crate::session::SESSION_FILE);
-    let summary_path = root
-        .join(&step_dir)
-        .join(crate::session::FINAL_SUMMARY_FILE);
-    let final_summary = std::fs::symlink_metadata(&summary_path)
-        .is_ok_and(|m| m.is_file())
-        .then(|| {
-            let fs = trellis_sandbox::store::WorkspaceFs::open(root).ok()?;
-            let v: Value = serde_json::from_slice(&fs.read(&summary_path).ok()?).ok()?;
-            Some(json!({
-                "path": rel_str(root, &summary_path),
-                "status": v["status"],
-                "execution_result": cut(&text_of(&v["execution_result"]), SHORT),
-                "concerns": v["concerns"],
-                "completed_at": v["completed_at"],
-            }))
-        })
-        .flatten();
+    // Beside the turn logs (where the original system puts it), else in the output folder
+    // (run folders of the earlier layout).
+    let summary_path = [
+        root.join(&logs_dir).join(crate::session::TURN_LOGS_DIR),
+        root.join(&step_dir),
+    ]
+    .into_iter()
+    .map(|dir| dir.join(crate::session::FINAL_SUMMARY_FILE))
+    .find(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_file()));
+    let final_summary = summary_path.and_then(|summary_path| {
+        let fs = trellis_sandbox::store::WorkspaceFs::open(root).ok()?;
+        let v: Value = serde_json::from_slice(&fs.read(&summary_path).ok()?).ok()?;
+        Some(json!({
+            "path": rel_str(root, &summary_path),
+            "status": v["status"],
+            "execution_result": cut(&text_of(&v["execution_result"]), SHORT),
+            "concerns": v["concerns"],
+            "completed_at": v["completed_at"],
+        }))
+    });
     json!({
         "step_id": r.step_id,
         "status": r.status,

@@ -68,6 +68,10 @@ const ALLOWED_PRAGMAS: &[&str] = &[
     "application_id",
     // Read-only; FTS5 runs it on every write to a full-text table.
     "data_version",
+    // Read-only checks of the database's own file (the `integrity_check` action of
+    // `query_workflow_db`); the call's deadline bounds them like any statement.
+    "integrity_check",
+    "quick_check",
 ];
 
 /// Whether the connection may modify the database.
