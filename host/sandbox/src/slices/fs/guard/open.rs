@@ -136,10 +136,12 @@ mod tests {
         }
     }
 
-    const TRUNCATE_FOR_WRITING: (OpenFlags, DescriptorFlags) = (
-        OpenFlags::CREATE.union(OpenFlags::TRUNCATE),
-        DescriptorFlags::WRITE,
-    );
+    fn truncate_for_writing() -> (OpenFlags, DescriptorFlags) {
+        (
+            OpenFlags::CREATE | OpenFlags::TRUNCATE,
+            DescriptorFlags::WRITE,
+        )
+    }
 
     fn open(
         dir: &wasmtime_wasi::filesystem::Dir,
@@ -162,7 +164,7 @@ mod tests {
         assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o644) }, 0);
         let dir = world.granted(FsPerms::ReadWrite);
         // No writer ever opens it: a blocking open would never return.
-        for how in [read(), TRUNCATE_FOR_WRITING] {
+        for how in [read(), truncate_for_writing()] {
             assert_eq!(
                 open(&dir, PathFlags::empty(), "fifo", how).err(),
                 Some(ErrorCode::Access)
@@ -175,7 +177,7 @@ mod tests {
         let world = World::new();
         std::fs::hard_link(world.path("outside/secret"), world.path("granted/twin")).unwrap();
         let dir = world.granted(FsPerms::ReadWrite);
-        for how in [read(), TRUNCATE_FOR_WRITING] {
+        for how in [read(), truncate_for_writing()] {
             assert_eq!(
                 open(&dir, PathFlags::empty(), "twin", how).err(),
                 Some(ErrorCode::Access)
@@ -192,7 +194,7 @@ mod tests {
         std::os::unix::fs::symlink("../outside/secret", world.path("granted/rel")).unwrap();
         let dir = world.granted(FsPerms::ReadWrite);
         for name in ["abs", "rel"] {
-            for how in [read(), TRUNCATE_FOR_WRITING] {
+            for how in [read(), truncate_for_writing()] {
                 // Followed: cap-std's resolution stops at the folder's edge.
                 assert_eq!(
                     open(&dir, PathFlags::SYMLINK_FOLLOW, name, how).err(),
@@ -215,7 +217,7 @@ mod tests {
         let world = World::new();
         let dir = world.granted(FsPerms::ReadWrite);
         let Descriptor::File(file) =
-            open(&dir, PathFlags::empty(), "file", TRUNCATE_FOR_WRITING).unwrap()
+            open(&dir, PathFlags::empty(), "file", truncate_for_writing()).unwrap()
         else {
             panic!("a file opens as a file");
         };
@@ -229,7 +231,13 @@ mod tests {
         std::fs::write(world.path("granted/file"), "regular").unwrap();
         let read_only = world.granted(FsPerms::ReadOnly);
         assert_eq!(
-            open(&read_only, PathFlags::empty(), "file", TRUNCATE_FOR_WRITING).err(),
+            open(
+                &read_only,
+                PathFlags::empty(),
+                "file",
+                truncate_for_writing()
+            )
+            .err(),
             Some(ErrorCode::NotPermitted)
         );
         assert_eq!(
