@@ -1,13 +1,18 @@
 //! Crash safety: `trellis run` is SIGKILLed at 20 moments of a run, and what it leaves must
 //! still be readable. The run is a message_sequence step (user turns and a foreach over db
 //! rows, each asking for a `workspace:write_file` call) against a fake OpenAI-compatible
-//! server answering after small random delays. After each kill every `*.json` under `runs/`
-//! parses, `trellis runs list` and `runs show` work and call a step left `running`
-//! `interrupted`; the next run starts over the leftovers, and a last one completes.
+//! server answering after small random delays. After each kill every file under `runs/` is
+//! whole (JSON parses, JSON lines parse line by line, each note has all its lines, nothing
+//! of an unknown kind), `trellis runs list` and `runs show` work and call a step left
+//! `running` `interrupted`; the next run starts over the leftovers, and a last one
+//! completes and leaves no temp file of its own. At least half the kills must land while a run is
+//! going, and at least one must leave the step running: a loop whose kills all came too
+//! late would prove nothing.
 //!
-//! Delays and kill moments come from one seeded generator; the seed is printed and
-//! `TRELLIS_KILL_LOOP_SEED=N` replays it (the kills land at the same offsets; where they
-//! land in the run still depends on the machine's speed).
+//! Delays and kill moments come from one seeded generator. The loop runs for a fixed list
+//! of seeds and one random seed, printed; `TRELLIS_KILL_LOOP_SEED=N` runs seed N alone (the
+//! kills land at the same offsets; where they land in the run still depends on the
+//! machine's speed).
 
 use crate::support;
 
@@ -43,13 +48,23 @@ impl Rng {
     }
 }
 
-fn seed() -> u64 {
+/// Seeds every run of the test goes through.
+const SEEDS: [u64; 2] = [7, 1_000_003];
+
+/// The seeds of this run: `TRELLIS_KILL_LOOP_SEED` alone, or [`SEEDS`] and a random one.
+fn seeds() -> Vec<u64> {
     match std::env::var("TRELLIS_KILL_LOOP_SEED") {
-        Ok(s) => s.parse().expect("TRELLIS_KILL_LOOP_SEED is a number"),
-        Err(_) => std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos() as u64,
+        Ok(s) => vec![s.parse().expect("TRELLIS_KILL_LOOP_SEED is a number")],
+        Err(_) => {
+            let random = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64;
+            eprintln!(
+                "kill loop random seed {random} (TRELLIS_KILL_LOOP_SEED={random} replays it)"
+            );
+            SEEDS.iter().copied().chain([random]).collect()
+        }
     }
 }
 
@@ -151,10 +166,79 @@ fn files_ending(dir: &Path, suffix: &str, out: &mut Vec<PathBuf>) {
         let path = entry.path();
         if kind.is_dir() {
             files_ending(&path, suffix, out);
-        } else if kind.is_file() && path.to_string_lossy().ends_with(suffix) {
+        } else if path.to_string_lossy().ends_with(suffix) {
             out.push(path);
         }
     }
+}
+
+/// Panics unless the file `path` (under `runs/`, not a temp file) is whole: JSON that parses,
+/// JSON lines that each parse, a note with every line the model asked for.
+fn check_whole(path: &Path, context: &str) {
+    let meta = std::fs::symlink_metadata(path).unwrap();
+    assert!(
+        meta.is_file(),
+        "{context}: {} is not a regular file",
+        path.display()
+    );
+    let bytes = std::fs::read(path).unwrap();
+    let name = path.file_name().unwrap().to_string_lossy().into_owned();
+    let broken = |why: String| -> ! {
+        panic!(
+            "{context}: {} is not whole ({why}): {} bytes",
+            path.display(),
+            bytes.len()
+        )
+    };
+    if name.ends_with(".json") {
+        if let Err(e) = serde_json::from_slice::<Value>(&bytes) {
+            broken(e.to_string());
+        }
+    } else if name.ends_with(".jsonl") {
+        if !bytes.is_empty() && !bytes.ends_with(b"\n") {
+            broken("the last line is cut".into());
+        }
+        for (i, line) in bytes.split(|b| *b == b'\n').enumerate() {
+            if !line.is_empty()
+                && let Err(e) = serde_json::from_slice::<Value>(line)
+            {
+                broken(format!("line {}: {e}", i + 1));
+            }
+        }
+    } else if let Some(turn) = name
+        .strip_prefix("note-")
+        .and_then(|rest| rest.strip_suffix(".md"))
+    {
+        if bytes != format!("turn {turn}\n").repeat(400).as_bytes() {
+            broken("not the 400 lines written".into());
+        }
+    } else {
+        panic!(
+            "{context}: {} is of no kind this test knows how to check",
+            path.display()
+        );
+    }
+}
+
+/// Whether `path` is the temp file of a write cut short: the store's `.trellis-*.tmp`, or
+/// the `.<name>.<random>.trellis-tmp` of a tool's write.
+fn is_temp(path: &Path) -> bool {
+    let name = path.to_string_lossy();
+    name.ends_with(".tmp") || name.ends_with(".trellis-tmp")
+}
+
+/// Every file under `dir`, temp files aside.
+fn every_file(dir: &Path, out: &mut Vec<PathBuf>) {
+    files_ending(dir, "", out);
+    out.retain(|p| !is_temp(p));
+}
+
+/// The temp files under `dir`.
+fn temp_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    files_ending(dir, "", &mut out);
+    out.retain(|p| is_temp(p));
+    out
 }
 
 fn status_of(path: &Path) -> Option<String> {
@@ -165,27 +249,19 @@ fn status_of(path: &Path) -> Option<String> {
 
 /// What one kill left; panics on anything unreadable.
 struct Leftovers {
-    /// Names of the temp files of cut-short writes (`.trellis-*.tmp`) in the workspace.
+    /// Names of the temp files of cut-short writes ([`is_temp`]) in the workspace.
     temp_files: Vec<String>,
     interrupted: bool,
 }
 
 fn check_after_kill(root: &Path, seed: u64, kill: usize) -> Leftovers {
     let context = format!("seed {seed}, kill {kill}");
-    let mut jsons = Vec::new();
-    files_ending(&root.join("runs"), ".json", &mut jsons);
-    for path in &jsons {
-        let bytes = std::fs::read(path).unwrap();
-        if let Err(e) = serde_json::from_slice::<Value>(&bytes) {
-            panic!(
-                "{context}: {} does not parse ({e}): {} bytes",
-                path.display(),
-                bytes.len()
-            );
-        }
+    let mut files = Vec::new();
+    every_file(&root.join("runs"), &mut files);
+    for path in &files {
+        check_whole(path, &context);
     }
-    let mut temp_files = Vec::new();
-    files_ending(root, ".tmp", &mut temp_files);
+    let temp_files = temp_files(root);
 
     let ws = root.to_str().unwrap();
     let listed = support::trellis(&["runs", "list", ws]);
@@ -231,8 +307,12 @@ fn check_after_kill(root: &Path, seed: u64, kill: usize) -> Leftovers {
 
 #[test]
 fn killed_runs_leave_readable_files_and_the_next_run_completes() {
-    let seed = seed();
-    eprintln!("kill loop seed {seed} (TRELLIS_KILL_LOOP_SEED={seed} replays it)");
+    for seed in seeds() {
+        kill_loop(seed);
+    }
+}
+
+fn kill_loop(seed: u64) {
     let rng = Arc::new(Mutex::new(Rng(seed)));
     let server = server(rng.clone());
     let dir = tempfile::tempdir().unwrap();
@@ -277,6 +357,18 @@ fn killed_runs_leave_readable_files_and_the_next_run_completes() {
         mid_write += usize::from(!fresh.is_empty());
         interrupted += usize::from(left.interrupted);
     }
+    eprintln!(
+        "kill loop seed {seed}: {landed} of {KILLS} kills landed in a run ({interrupted} left \
+         the step running, {mid_write} cut a write short); a whole run {whole:?}"
+    );
+    assert!(
+        landed * 2 >= KILLS,
+        "seed {seed}: only {landed} of {KILLS} kills landed while a run was going"
+    );
+    assert!(
+        interrupted > 0,
+        "seed {seed}: no kill left the step running, so none tested an interrupted step"
+    );
 
     let out = wait_bounded(spawn_run(root), seed);
     assert!(
@@ -289,9 +381,21 @@ fn killed_runs_leave_readable_files_and_the_next_run_completes() {
         "runs/iteration-0/execution/{STEP}/execution-final-summary.json"
     ));
     assert_eq!(status_of(&summary).as_deref(), Some("completed"));
-    eprintln!(
-        "kill loop seed {seed}: {landed} of {KILLS} kills landed in a run ({interrupted} left \
-         the step running, {mid_write} cut a write short); a whole run {whole:?}, the test {:?}",
-        started.elapsed()
+    let mut files = Vec::new();
+    every_file(&root.join("runs"), &mut files);
+    for path in &files {
+        check_whole(path, &format!("seed {seed}, after the last run"));
+    }
+    // The killed runs' temp files stay where they were cut short (in their own run folders);
+    // the last run, which completed, leaves none of its own.
+    let left: Vec<PathBuf> = temp_files(root)
+        .into_iter()
+        .filter(|p| !temp_names.contains(&p.file_name().unwrap().to_string_lossy().into_owned()))
+        .collect();
+    assert_eq!(
+        left,
+        Vec::<PathBuf>::new(),
+        "seed {seed}: the last run left temp files"
     );
+    eprintln!("kill loop seed {seed}: the test {:?}", started.elapsed());
 }

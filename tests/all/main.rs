@@ -19,6 +19,8 @@ mod db_fences;
 mod db_links;
 mod docs_citations;
 mod docs_examples;
+mod fs_races;
+mod golden_prompts;
 mod host_files;
 mod kill_loop;
 mod llm_providers;

@@ -375,18 +375,38 @@ fn http_off_loopback_needs_the_token() {
 #[test]
 fn a_client_cancellation_stops_the_call() {
     let tree = Tree::new();
-    let server = serve_http(&tree, "127.0.0.1:0", None);
+    std::fs::create_dir(tree.root().join("scratch")).unwrap();
+    let (root, plugins) = (tree.root(), tree.plugins());
+    let server = HttpServe::start(
+        "127.0.0.1:0",
+        None,
+        &[
+            "--root",
+            root.to_str().unwrap(),
+            "--read",
+            "shared",
+            "--write",
+            "scratch",
+            "--plugins",
+            plugins.to_str().unwrap(),
+            "--timeout",
+            "600",
+        ],
+    );
+    let marker = root.join("scratch/started");
+    // Cancelled once the guest says it is in its loop.
     let Some(out) = sdk_client(json!({
         "transport": "http",
         "url": server.url(),
         "calls": [
-            {"name": "adversary__spin", "arguments": {}, "cancel_after": 1.0},
+            {"name": "adversary__spin_marked", "arguments": {"marker": "/scratch/started"},
+             "cancel_when_exists": marker},
             {"name": "workspace__read_file", "arguments": {"path": "shared/notes.md"}},
         ],
     })) else {
         return;
     };
-    assert_eq!(out["cancelled"], json!(["adversary__spin"]));
+    assert_eq!(out["cancelled"], json!(["adversary__spin_marked"]));
     assert_eq!(out["results"][0]["is_error"], false, "{out:#}");
     // The spinning guest was stopped (the call's own deadline is ten minutes away).
     let mut stopped = false;
@@ -394,7 +414,7 @@ fn a_client_cancellation_stops_the_call() {
         if server
             .log()
             .iter()
-            .any(|l| l.contains("adversary:spin") && l.contains("cancelled"))
+            .any(|l| l.contains("adversary:spin_marked") && l.contains("cancelled"))
         {
             stopped = true;
             break;
@@ -415,15 +435,27 @@ async fn a_cancelled_call_stops_a_busy_guest() {
         timeout: Duration::from_secs(600),
         ..Default::default()
     };
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("started");
     let cancel = tokio_util::sync::CancellationToken::new();
     let trigger = cancel.clone();
-    // From another thread: the guest's loop holds this one until the epoch check stops it.
-    std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(200));
-        trigger.cancel();
-    });
-    let (args, grant) = (json!({}), trellis_sandbox::Grant::none());
-    let call = registry.call_tool_cancellable("adversary:spin", &args, &grant, &limits, &cancel);
+    // From another thread, once the guest says it is in its loop: the loop holds this one
+    // until the epoch check stops it.
+    let watcher = {
+        let marker = marker.clone();
+        std::thread::spawn(move || {
+            while !marker.exists() {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            trigger.cancel();
+        })
+    };
+    let args = json!({"marker": "/scratch/started"});
+    let grant = trellis_sandbox::Grant::none()
+        .write(dir.path(), "/scratch")
+        .unwrap();
+    let call =
+        registry.call_tool_cancellable("adversary:spin_marked", &args, &grant, &limits, &cancel);
     // A generous bound that only a call left spinning reaches.
     let outcome = tokio::time::timeout(Duration::from_secs(120), call)
         .await
@@ -434,5 +466,96 @@ async fn a_cancelled_call_stops_a_busy_guest() {
             Err(trellis_sandbox::ToolCallError::Cancelled { .. })
         ),
         "{outcome:?}"
+    );
+    watcher.join().unwrap();
+    assert_eq!(std::fs::read_to_string(&marker).unwrap(), "started");
+}
+
+/// A guest reading its stdin under `trellis mcp serve` over stdio gets end of file with no
+/// byte, while the next request already waits on the server's stdin: the guest's stdin is
+/// not the server's, and the request it did not read is answered after it.
+#[test]
+fn a_guest_reading_stdin_gets_nothing_of_the_protocol() {
+    use std::io::{BufRead, BufReader};
+    let tree = Tree::new();
+    let root = tree.root();
+    let plugins = tree.plugins();
+    let mut child = support::trellis_command(&[
+        "mcp",
+        "serve",
+        "--root",
+        root.to_str().unwrap(),
+        "--read",
+        "shared",
+        "--plugins",
+        plugins.to_str().unwrap(),
+    ])
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let call = |id: u32, name: &str, arguments: Value| {
+        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+               "params": {"name": name, "arguments": arguments}})
+        .to_string()
+    };
+    // All in one write: the echo request is on the pipe while the stdin call runs.
+    let requests = [
+        INIT.to_owned(),
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}).to_string(),
+        call(2, "adversary__stdin", json!({})),
+        call(3, "adversary__echo", json!({"value": "after"})),
+    ];
+    let mut stdin = child.stdin.take().unwrap();
+    stdin
+        .write_all(format!("{}\n", requests.join("\n")).as_bytes())
+        .unwrap();
+    stdin.flush().unwrap();
+    // A server that never answers is killed, so the test fails instead of hanging.
+    let pid = child.id() as libc::pid_t;
+    let answered = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watchdog = {
+        let answered = answered.clone();
+        std::thread::spawn(move || {
+            let started = std::time::Instant::now();
+            while !answered.load(std::sync::atomic::Ordering::SeqCst) {
+                if started.elapsed() > Duration::from_secs(120) {
+                    // SAFETY: the server this test started, not yet waited for.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    let mut answers = std::collections::BTreeMap::new();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    while answers.len() < 3 {
+        let line = lines
+            .next()
+            .expect("the server answered every request before closing its stdout")
+            .unwrap();
+        let answer: Value = serde_json::from_str(&line).unwrap();
+        if let Some(id) = answer["id"].as_u64() {
+            answers.insert(id, answer);
+        }
+    }
+    answered.store(true, std::sync::atomic::Ordering::SeqCst);
+    watchdog.join().unwrap();
+    drop(stdin);
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    assert_eq!(
+        answers[&2]["result"]["structuredContent"],
+        json!({"bytes": 0, "read": ""}),
+        "{:#}",
+        answers[&2]
+    );
+    assert_eq!(
+        answers[&3]["result"]["content"],
+        json!([{"type": "text", "text": "\"after\""}]),
+        "{:#}",
+        answers[&3]
     );
 }

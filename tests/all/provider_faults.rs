@@ -334,25 +334,64 @@ fn a_body_over_the_limit_fails_the_step_at_once() {
 #[test]
 fn a_refused_connection_is_retried_then_named() {
     // A port nobody listens on: every attempt is refused.
-    let port = free_port();
+    let held = HeldPort::new();
+    let port = held.port;
     let dir = tempfile::tempdir().unwrap();
     workspace(dir.path(), &format!("http://127.0.0.1:{port}/v1"));
     let out = run(dir.path());
     assert_failed(&out, dir.path(), 3, "refused");
 }
 
-/// A port nobody listens on (until a test binds it again).
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// A port of 127.0.0.1 held by a socket bound to it that does not listen: connecting to it
+/// is refused, and no other test can take it meanwhile (as it could a port bound, let go
+/// and bound again). [`HeldPort::listen`] makes that same socket a listener.
+struct HeldPort {
+    socket: std::os::fd::OwnedFd,
+    port: u16,
+}
+
+impl HeldPort {
+    fn new() -> HeldPort {
+        use std::os::fd::FromRawFd;
+        // SAFETY: a new socket, owned from here on.
+        let socket = unsafe {
+            let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+            assert!(fd >= 0, "{}", std::io::Error::last_os_error());
+            std::os::fd::OwnedFd::from_raw_fd(fd)
+        };
+        let mut addr = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: 0,
+            sin_addr: libc::in_addr {
+                s_addr: u32::from(std::net::Ipv4Addr::LOCALHOST).to_be(),
+            },
+            sin_zero: [0; 8],
+        };
+        let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        // SAFETY: `addr` is a sockaddr_in of `len` bytes, alive for both calls.
+        unsafe {
+            let at = (&raw mut addr).cast::<libc::sockaddr>();
+            assert_eq!(libc::bind(socket.as_raw_fd(), at, len), 0);
+            assert_eq!(libc::getsockname(socket.as_raw_fd(), at, &mut len), 0);
+        }
+        HeldPort {
+            socket,
+            port: u16::from_be(addr.sin_port),
+        }
+    }
+
+    /// The socket, listening now on the same port.
+    fn listen(self) -> TcpListener {
+        // SAFETY: listen on a bound socket this value owns.
+        assert_eq!(unsafe { libc::listen(self.socket.as_raw_fd(), 128) }, 0);
+        TcpListener::from(self.socket)
+    }
 }
 
 #[test]
 fn a_connection_refused_for_a_moment_is_retried_until_the_server_is_up() {
-    let port = free_port();
+    let held = HeldPort::new();
+    let port = held.port;
     let dir = tempfile::tempdir().unwrap();
     workspace(dir.path(), &format!("http://127.0.0.1:{port}/v1"));
     let child = support::trellis_command(&[
@@ -382,7 +421,7 @@ fn a_connection_refused_for_a_moment_is_retried_until_the_server_is_up() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     std::thread::sleep(std::time::Duration::from_millis(300));
-    let server = FaultServer::listen(TcpListener::bind(("127.0.0.1", port)).unwrap(), vec![]);
+    let server = FaultServer::listen(held.listen(), vec![]);
     let out = child.wait_with_output().unwrap();
     let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
     assert!(out.status.success(), "{all}");

@@ -681,16 +681,25 @@ fn planted_active_session_and_costs_files_are_not_trusted() {
     ]);
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert!(!stderr.contains("panicked"), "{stderr}");
+    // The cost summary tool says which file is broken, and the session ends with an error
+    // naming it.
+    let results = server.tool_results(1);
+    let summary: Value = serde_json::from_str(&result_of(&results, "call-0")).unwrap();
+    assert_eq!(
+        summary["builder"]["error"],
+        "costs/phase/token_usage.json is not valid JSON: key must be a string at line 1 column 2",
+        "{results:?}"
+    );
+    assert!(!out.status.success(), "{stdout}\n{stderr}");
     assert!(
-        out.status.success() || stderr.contains("token_usage.json"),
+        stderr.contains(
+            "error: costs/phase/token_usage.json: not a token usage file: key must be a string \
+             at line 1 column 2"
+        ),
         "{stdout}\n{stderr}"
     );
     assert!(!ws.join("builder/active-session.json").exists());
     assert_eq!(tree_digest(&dir.path().join("outside")), outside_before);
-    if out.status.success() {
-        let results = server.tool_results(1);
-        assert!(!result_of(&results, "call-0").is_empty(), "{results:?}");
-    }
 }
 
 /// The model rewrites `providers.openai.base_url` to a hostile origin, then runs a step:

@@ -3,7 +3,7 @@
 //! that does not end in a link, and `workspace:read_file` opening before it looks. Each
 //! attack ends in a denial or a safe outcome, and nothing outside the grant changes.
 
-use crate::sandbox::{call, limits, still_serving};
+use crate::sandbox::{assert_code, call, limits, still_serving};
 use crate::support;
 
 use std::collections::BTreeMap;
@@ -193,13 +193,15 @@ async fn clones_of_a_grant_used_side_by_side_during_folder_swaps_stay_in_the_gra
     let results = calls.join_all().await;
     stop.store(true, Ordering::Relaxed);
     let swaps = swapper.join().unwrap();
-    assert!(swaps > 0);
+    eprintln!("folder swaps: {swaps} during {} calls", results.len());
+    assert!(swaps > 0, "the folder was never swapped");
     for result in &results {
         if let Err(err) = result {
+            // The first call opens the folder (a link or nothing at its path is refused);
+            // the others use what it opened.
             let text = format!("{err:#}");
             assert!(
-                text.contains("replaced since it was granted")
-                    || text.contains("not a symbolic link"),
+                text.contains("it must be an existing directory, not a symbolic link or a file"),
                 "{text}"
             );
         }
@@ -249,42 +251,46 @@ async fn special_and_hard_linked_files_reached_by_any_spelling_are_refused() {
         timeout: Duration::from_secs(5),
         ..limits()
     };
+    // The guard's `access` for a special file or a hard-linked one, however it is reached;
+    // a trailing slash after a file is refused before anything is opened (a read with
+    // `not-directory`, a write, which would create, with `is-directory`), and so is `/.`
+    // (`not-directory` for both); a link out of the grant is cap-std's `not-permitted`.
     let special = [
-        "/granted/sub/pipe",
-        "/granted/subl/pipe",
-        "/granted/pipelink",
-        "/granted/pipelink2",
-        "/granted/./subl/./pipe",
-        "/granted/sub/../subl/pipe",
-        "/granted/subl/pipe/",
-        "/granted/pipelink/",
-        "/granted/pipelink/.",
-        "/granted/sub/sock",
-        "/granted/subl/sock",
-        "/granted/socklink",
-        "/granted/outpipe",
-        "/granted/outpipe_rel",
+        ("/granted/sub/pipe", "EACCES", "EACCES"),
+        ("/granted/subl/pipe", "EACCES", "EACCES"),
+        ("/granted/pipelink", "EACCES", "EACCES"),
+        ("/granted/pipelink2", "EACCES", "EACCES"),
+        ("/granted/./subl/./pipe", "EACCES", "EACCES"),
+        ("/granted/sub/../subl/pipe", "EACCES", "EACCES"),
+        ("/granted/subl/pipe/", "ENOTDIR", "EISDIR"),
+        ("/granted/pipelink/", "ENOTDIR", "EISDIR"),
+        ("/granted/pipelink/.", "ENOTDIR", "ENOTDIR"),
+        ("/granted/sub/sock", "EACCES", "EACCES"),
+        ("/granted/subl/sock", "EACCES", "EACCES"),
+        ("/granted/socklink", "EACCES", "EACCES"),
+        ("/granted/outpipe", "EPERM", "EPERM"),
+        ("/granted/outpipe_rel", "EPERM", "EPERM"),
     ];
     let hard = [
-        "/granted/sub/hard",
-        "/granted/subl/hard",
-        "/granted/hardlink",
-        "/granted/subl/../subl/hard",
-        "/granted/sub/uphard",
-        "/granted/hardlink/",
+        ("/granted/sub/hard", "EACCES"),
+        ("/granted/subl/hard", "EACCES"),
+        ("/granted/hardlink", "EACCES"),
+        ("/granted/subl/../subl/hard", "EACCES"),
+        ("/granted/sub/uphard", "EACCES"),
+        ("/granted/hardlink/", "EISDIR"),
     ];
-    for path in special {
-        for (tool, args) in [
-            ("read", json!({ "path": path })),
-            ("write", json!({ "path": path, "content": "x" })),
+    for (path, read_code, write_code) in special {
+        for (tool, args, code) in [
+            ("read", json!({ "path": path }), read_code),
+            ("write", json!({ "path": path, "content": "x" }), write_code),
         ] {
             let result = registry
                 .call_tool(&format!("adversary:{tool}"), &args, &grant, &limits)
                 .await;
-            tool_error(result, &format!("{tool} {path}"));
+            assert_code(result, &format!("{tool} {path}"), code);
         }
     }
-    for path in hard {
+    for (path, code) in hard {
         let result = registry
             .call_tool(
                 "adversary:write",
@@ -293,7 +299,7 @@ async fn special_and_hard_linked_files_reached_by_any_spelling_are_refused() {
                 &limits,
             )
             .await;
-        tool_error(result, &format!("write {path}"));
+        assert_code(result, &format!("write {path}"), code);
     }
     assert_eq!(
         std::fs::read_to_string(world.path("outside/secret.txt")).unwrap(),
@@ -369,42 +375,63 @@ async fn a_grant_holds_one_descriptor_per_folder_and_children_inherit_none() {
     still_serving(&registry).await;
 }
 
-/// A regular file swapped for a FIFO, again and again, while calls read it: the check and
-/// the open are two looks at the path. A call that got past the check may open the FIFO
-/// and wait for a writer; the watchdog here plays that writer and counts the calls it
-/// had to free.
+/// Swaps the files at `a` and `b` in one step (`renameat2` with `RENAME_EXCHANGE`): each
+/// path always names one of the two, never nothing.
+fn exchange(a: &Path, b: &Path) {
+    let a = std::ffi::CString::new(a.to_str().unwrap()).unwrap();
+    let b = std::ffi::CString::new(b.to_str().unwrap()).unwrap();
+    // SAFETY: valid NUL-terminated paths.
+    let done = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            b.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
+    assert_eq!(done, 0, "{}", std::io::Error::last_os_error());
+}
+
+/// Swaps `path` with `other` again and again until `stop`; says how many times.
+fn keep_swapping(
+    path: PathBuf,
+    other: PathBuf,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<usize> {
+    std::thread::spawn(move || {
+        let mut swaps = 0;
+        while !stop.load(Ordering::Relaxed) {
+            exchange(&path, &other);
+            swaps += 1;
+        }
+        swaps
+    })
+}
+
+/// A regular file swapped with a FIFO, again and again, while calls read it: the check and
+/// the open are two looks at the path, so a call may pass the check on the file and open
+/// the FIFO. No call waits on it (the watchdog here plays the writer a waiting call would
+/// need, and counts the calls it had to free); each call reads the file or is refused as
+/// the FIFO. (`fs_races` puts the FIFO there at exactly that moment, once.)
 #[tokio::test]
 async fn a_file_swapped_for_a_fifo_between_the_check_and_the_open_never_blocks_a_call() {
     let registry = registry_with_adversary().await;
     let world = World::new();
     std::fs::write(world.path("ws/granted/x"), "regular").unwrap();
-    std::fs::write(world.path("ws/granted/regular"), "regular").unwrap();
     mkfifo(&world.path("ws/granted/fifo"));
     let before = world.outside_grant();
     let stop = Arc::new(AtomicBool::new(false));
     let freed = Arc::new(AtomicUsize::new(0));
-    let swapper = {
-        let stop = stop.clone();
-        let x = world.path("ws/granted/x");
-        let regular = world.path("ws/granted/regular");
-        let fifo = world.path("ws/granted/fifo");
-        std::thread::spawn(move || {
-            let mut flip = false;
-            while !stop.load(Ordering::Relaxed) {
-                let source = if flip { &regular } else { &fifo };
-                // Swap `x` with the other: x -> tmp, source -> x, tmp -> source.
-                let tmp = x.with_extension("tmp");
-                std::fs::rename(&x, &tmp).unwrap();
-                std::fs::rename(source, &x).unwrap();
-                std::fs::rename(&tmp, source).unwrap();
-                flip = !flip;
-            }
-        })
-    };
+    let swapper = keep_swapping(
+        world.path("ws/granted/x"),
+        world.path("ws/granted/fifo"),
+        stop.clone(),
+    );
     let watchdog = {
         let stop = stop.clone();
         let freed = freed.clone();
-        let names = ["x", "x.tmp", "regular", "fifo"].map(|n| world.path("ws/granted").join(n));
+        let names = ["x", "fifo"].map(|n| world.path("ws/granted").join(n));
         std::thread::spawn(move || {
             use std::os::unix::fs::OpenOptionsExt;
             while !stop.load(Ordering::Relaxed) {
@@ -432,18 +459,22 @@ async fn a_file_swapped_for_a_fifo_between_the_check_and_the_open_never_blocks_a
                 outcomes[0] += 1;
             }
             Err(err) => {
-                tool_error(Err(err), "read /granted/x");
+                assert_code(Err(err), "read /granted/x", "EACCES");
                 outcomes[1] += 1;
             }
         }
     }
+    stop.store(true, Ordering::Relaxed);
+    let swaps = swapper.join().unwrap();
+    watchdog.join().unwrap();
     eprintln!(
-        "swapped file: {} read, {} refused",
+        "swapped file: {swaps} swaps; {} read, {} refused",
         outcomes[0], outcomes[1]
     );
-    stop.store(true, Ordering::Relaxed);
-    swapper.join().unwrap();
-    watchdog.join().unwrap();
+    assert!(
+        swaps >= 2000,
+        "the file was swapped only {swaps} times in 2000 calls: the race was hardly run"
+    );
     assert_eq!(
         freed.load(Ordering::Relaxed),
         0,
@@ -453,38 +484,27 @@ async fn a_file_swapped_for_a_fifo_between_the_check_and_the_open_never_blocks_a
     still_serving(&registry).await;
 }
 
-/// A regular file swapped, again and again, for a hard link to a file outside the grant while
-/// calls overwrite it: a call that got past the check on the regular file must not truncate
-/// or write the file outside when the link is what it opens.
+/// A regular file swapped, again and again, with a hard link to a file outside the grant
+/// while calls overwrite it: a call that got past the check on the regular file must not
+/// truncate or write the file outside when the link is what it opens. Each call writes the
+/// regular file or is refused as the hard link. (`fs_races` puts the link there at exactly
+/// that moment, once.)
 #[tokio::test]
 async fn a_file_swapped_for_a_hard_link_between_the_check_and_the_open_is_not_written() {
     let registry = registry_with_adversary().await;
     let world = World::new();
     std::fs::write(world.path("ws/granted/y"), "regular").unwrap();
-    std::fs::write(world.path("ws/granted/regular"), "regular").unwrap();
     std::fs::hard_link(
         world.path("outside/secret.txt"),
         world.path("ws/granted/hard"),
     )
     .unwrap();
     let stop = Arc::new(AtomicBool::new(false));
-    let swapper = {
-        let stop = stop.clone();
-        let y = world.path("ws/granted/y");
-        let regular = world.path("ws/granted/regular");
-        let hard = world.path("ws/granted/hard");
-        std::thread::spawn(move || {
-            let mut flip = false;
-            while !stop.load(Ordering::Relaxed) {
-                let source = if flip { &regular } else { &hard };
-                let tmp = y.with_extension("tmp");
-                std::fs::rename(&y, &tmp).unwrap();
-                std::fs::rename(source, &y).unwrap();
-                std::fs::rename(&tmp, source).unwrap();
-                flip = !flip;
-            }
-        })
-    };
+    let swapper = keep_swapping(
+        world.path("ws/granted/y"),
+        world.path("ws/granted/hard"),
+        stop.clone(),
+    );
     let grant = world.grant();
     let mut outcomes = [0usize; 2];
     for _ in 0..2000 {
@@ -498,16 +518,20 @@ async fn a_file_swapped_for_a_hard_link_between_the_check_and_the_open_is_not_wr
         match result {
             Ok(_) => outcomes[0] += 1,
             Err(err) => {
-                tool_error(Err(err), "write /granted/y");
+                assert_code(Err(err), "write /granted/y", "EACCES");
                 outcomes[1] += 1;
             }
         }
     }
     stop.store(true, Ordering::Relaxed);
-    swapper.join().unwrap();
+    let swaps = swapper.join().unwrap();
     eprintln!(
-        "swapped hard link: {} written, {} refused",
+        "swapped hard link: {swaps} swaps; {} written, {} refused",
         outcomes[0], outcomes[1]
+    );
+    assert!(
+        swaps >= 2000,
+        "the file was swapped only {swaps} times in 2000 calls: the race was hardly run"
     );
     assert_eq!(
         std::fs::read_to_string(world.path("outside/secret.txt")).unwrap(),

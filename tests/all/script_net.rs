@@ -261,10 +261,8 @@ fn assert_refused(
     let stdout = text(&out.stdout);
     assert!(!out.status.success(), "{stdout}");
     let stderr = script_stderr(root);
-    assert!(
-        stderr.contains("RequestRefused") || stderr.contains("HttpError"),
-        "{stderr}"
-    );
+    // Every refusal reaches the script as the module's own exception.
+    assert!(stderr.contains("trellis_http.RequestRefused: "), "{stderr}");
     assert!(stderr.contains(reason), "{stderr}");
     assert_eq!(
         &state(root),

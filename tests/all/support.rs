@@ -1,7 +1,7 @@
 //! Shared helpers of the integration tests: one engine per test binary, plugin
 //! folders for the test components, and tree digests for "nothing changed" checks. The
 //! submodules hold test workspaces on disk, turn grants, cassettes for the replay provider,
-//! a fake OpenAI-compatible server and a fake Anthropic Messages API, the MCP fixture
+//! golden files under `tests/data/`, a fake OpenAI-compatible server and a fake Anthropic Messages API, the MCP fixture
 //! server, `trellis mcp serve --http` started for a test, the setup of runs with external
 //! MCP servers, plugin builds, and [`skip`], through which a test that cannot run here
 //! says so.
@@ -10,6 +10,7 @@
 
 pub mod fake_anthropic;
 pub mod fake_llm;
+pub mod golden;
 pub mod grants;
 pub mod mcp_fixture;
 pub mod mcp_serve;
@@ -110,9 +111,10 @@ fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
 
 /// Runs the `trellis` binary with a component cache under the target folder (through
 /// `TRELLIS_CACHE_DIR`, which every command reads), no `RUST_LOG` of the caller's, and
-/// none of the caller's LLM settings: no OpenAI or Anthropic key or base URL, and an empty
-/// user config folder (`XDG_CONFIG_HOME`), so a developer's `~/.config/trellis` never leaks
-/// in.
+/// none of the caller's LLM settings: no variable named `*_API_KEY` or `*_BASE_URL` (the
+/// OpenAI and Anthropic defaults, and the key a workflow's provider reads by default), and
+/// an empty user config folder (`XDG_CONFIG_HOME`), so a developer's `~/.config/trellis`
+/// never leaks in.
 pub fn trellis(args: &[&str]) -> std::process::Output {
     trellis_command(args)
         .output()
@@ -137,13 +139,15 @@ pub fn trellis_command(args: &[&str]) -> std::process::Command {
             PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("component-cache"),
         )
         .env_remove("RUST_LOG")
-        .env_remove("OPENAI_API_KEY")
-        .env_remove("OPENAI_BASE_URL")
-        .env_remove("ANTHROPIC_API_KEY")
-        .env_remove("ANTHROPIC_BASE_URL")
         .env(
             "XDG_CONFIG_HOME",
             PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("no-user-config"),
         );
+    for (name, _) in std::env::vars_os() {
+        let text = name.to_string_lossy();
+        if text.ends_with("_API_KEY") || text.ends_with("_BASE_URL") {
+            command.env_remove(&name);
+        }
+    }
     command
 }

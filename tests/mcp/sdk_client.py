@@ -8,11 +8,12 @@ of `calls` in order, and prints what it saw as one JSON object on stdout:
      "results": [{"is_error", "text", "structured"} or {"protocol_error"}...],
      "cancelled": [NAME...]}
 
-A call with `"cancel_after": SECS` is abandoned after that long, which makes the SDK send
-`notifications/cancelled`.
+A call with `"cancel_when_exists": PATH` is abandoned as soon as the file PATH exists (the
+guest writes it once it has started), which makes the SDK send `notifications/cancelled`.
 """
 
 import json
+import os
 import sys
 
 import anyio
@@ -31,10 +32,18 @@ async def session_run(read, write, plan):
             annotations = tool.annotations.model_dump(by_alias=True, exclude_none=True) if tool.annotations else None
             out["tools"].append({"name": tool.name, "annotations": annotations})
         for call in plan.get("calls", []):
-            cancel_after = call.get("cancel_after")
-            if cancel_after is not None:
-                with anyio.move_on_after(cancel_after):
-                    await session.call_tool(call["name"], call.get("arguments", {}))
+            marker = call.get("cancel_when_exists")
+            if marker is not None:
+                with anyio.CancelScope() as scope:
+
+                    async def cancel_once_started():
+                        while not os.path.exists(marker):
+                            await anyio.sleep(0.01)
+                        scope.cancel()
+
+                    async with anyio.create_task_group() as group:
+                        group.start_soon(cancel_once_started)
+                        await session.call_tool(call["name"], call.get("arguments", {}))
                 out["cancelled"].append(call["name"])
                 # Gives the server a moment to see the notification before the next call.
                 await anyio.sleep(0.2)

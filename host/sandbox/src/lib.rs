@@ -33,6 +33,12 @@ pub mod script;
 pub(crate) mod slices;
 pub(crate) mod state;
 pub mod store;
+/// Hooks for this workspace's tests, built only with the `test-hooks` feature.
+#[cfg(any(test, feature = "test-hooks"))]
+#[doc(hidden)]
+pub mod test_hooks {
+    pub use crate::slices::fs::guard::hook::{BetweenCheckAndOpen, between_check_and_open};
+}
 // The skip of the integration tests (`tests/all/support/skip.rs`), for unit tests that
 // cannot run as another user.
 #[cfg(test)]

@@ -43,6 +43,8 @@ use wasmtime_wasi::p2::{
 };
 
 mod depth;
+#[cfg(any(test, feature = "test-hooks"))]
+pub(crate) mod hook;
 mod open;
 
 use depth::{FolderId, deeper_than, depth_below};
@@ -535,6 +537,8 @@ impl HostDescriptor for GuardedFs<'_> {
                 // Anything else is for the open itself to report.
                 Err(_) => {}
             }
+            #[cfg(any(test, feature = "test-hooks"))]
+            hook::run(&dir.dir, &path);
         }
         self.budget.check_open()?;
         let opened = match self.fs.table.get(&fd)? {

@@ -2,8 +2,10 @@
 //! not: leave its folder grants (links, renames), write to a read-only grant, read the
 //! host's environment, open sockets (TCP, UDP, name lookup), burn CPU, memory, disk or
 //! file descriptors, overflow its stack, flood its outputs, keep state between calls,
-//! or panic. Host tests call these tools and assert that the sandbox
-//! stops each one and that the host keeps serving calls afterwards (`echo`).
+//! read its stdin, or panic. Host tests call these tools and assert that the sandbox
+//! stops each one and that the host keeps serving calls afterwards (`echo`). A refused
+//! operation fails with the raw WASI error code (`EACCES`, `EPERM`...) and nothing else, so
+//! the tests assert which refusal it was, not how a library words it.
 //!
 //! Everything goes through plain `std` with the path exactly as given: no
 //! normalization, so `../` and absolute paths reach WASI untouched and the
@@ -55,6 +57,11 @@ const TOOLS: &[Spec] = &[
         &[("addr", "string")],
     ),
     ("spin", "Loops forever.", &[]),
+    (
+        "spin_marked",
+        "Writes the file `marker` (saying it started), then loops forever.",
+        &[("marker", "string")],
+    ),
     (
         "memory_bomb",
         "Allocates 1 MiB chunks forever, touching and keeping each one.",
@@ -193,6 +200,11 @@ const TOOLS: &[Spec] = &[
         "Adds one to a counter kept in the instance's memory and returns it.",
         &[],
     ),
+    (
+        "stdin",
+        "Reads its stdin to the end; returns the bytes it got (at most 64 KiB are kept) and how many.",
+        &[],
+    ),
 ];
 
 /// State an instance would carry from one call to the next, if instances were reused.
@@ -297,13 +309,13 @@ impl ToolPlugin for Adversary {
                 let path = string(&args, "path")?;
                 std::fs::read_to_string(path)
                     .map(Value::String)
-                    .map_err(|e| ToolError::from_io(path, &e))
+                    .map_err(failed)
             }
             "write" => {
                 let path = string(&args, "path")?;
                 std::fs::write(path, string(&args, "content")?)
                     .map(|()| json!({ "written": true }))
-                    .map_err(|e| ToolError::from_io_write(path, &e))
+                    .map_err(failed)
             }
             "list" => {
                 let path = string(&args, "path")?;
@@ -315,7 +327,7 @@ impl ToolPlugin for Adversary {
                             })
                             .collect::<Result<Vec<_>, _>>()
                     })
-                    .map_err(|e| ToolError::from_io(path, &e))?;
+                    .map_err(failed)?;
                 Ok(json!(names))
             }
             "env" => {
@@ -335,6 +347,11 @@ impl ToolPlugin for Adversary {
                 }
             }
             "spin" => spin(),
+            "spin_marked" => {
+                let marker = string(&args, "marker")?;
+                std::fs::write(marker, b"started").map_err(failed)?;
+                spin()
+            }
             "memory_bomb" => memory_bomb(),
             "recurse" => Ok(json!(recurse(number(&args, "depth")?))),
             "huge_output" => Ok(Value::String(
@@ -440,6 +457,7 @@ impl ToolPlugin for Adversary {
                 string(&args, "how")?,
             ),
             "counter" => Ok(json!(CALLS.fetch_add(1, Ordering::Relaxed) + 1)),
+            "stdin" => read_stdin(),
             "scribble" => Ok(json!(scribble(
                 number(&args, "seed")?,
                 number(&args, "bytes")?
@@ -479,9 +497,103 @@ fn db_failure(err: db::DbError) -> ToolError {
     })
 }
 
-/// An io error as the tool's failure, its kind first so host tests can match on it.
+/// An io error as the tool's failure: the raw WASI error code and nothing else, so host
+/// tests assert which refusal it was, not how some library words it.
 fn failed(err: std::io::Error) -> ToolError {
-    ToolError::Failed(format!("{:?}: {err}", err.kind()))
+    ToolError::Failed(code(&err))
+}
+
+/// wasi-libc's `errno` names, by value (`libc/src/wasi/mod.rs`): `errno` is WASI's own
+/// error code of the call that failed, numbered as in WASI preview 1.
+const ERRNO: [&str; 77] = [
+    "ESUCCESS",
+    "E2BIG",
+    "EACCES",
+    "EADDRINUSE",
+    "EADDRNOTAVAIL",
+    "EAFNOSUPPORT",
+    "EAGAIN",
+    "EALREADY",
+    "EBADF",
+    "EBADMSG",
+    "EBUSY",
+    "ECANCELED",
+    "ECHILD",
+    "ECONNABORTED",
+    "ECONNREFUSED",
+    "ECONNRESET",
+    "EDEADLK",
+    "EDESTADDRREQ",
+    "EDOM",
+    "EDQUOT",
+    "EEXIST",
+    "EFAULT",
+    "EFBIG",
+    "EHOSTUNREACH",
+    "EIDRM",
+    "EILSEQ",
+    "EINPROGRESS",
+    "EINTR",
+    "EINVAL",
+    "EIO",
+    "EISCONN",
+    "EISDIR",
+    "ELOOP",
+    "EMFILE",
+    "EMLINK",
+    "EMSGSIZE",
+    "EMULTIHOP",
+    "ENAMETOOLONG",
+    "ENETDOWN",
+    "ENETRESET",
+    "ENETUNREACH",
+    "ENFILE",
+    "ENOBUFS",
+    "ENODEV",
+    "ENOENT",
+    "ENOEXEC",
+    "ENOLCK",
+    "ENOLINK",
+    "ENOMEM",
+    "ENOMSG",
+    "ENOPROTOOPT",
+    "ENOSPC",
+    "ENOSYS",
+    "ENOTCONN",
+    "ENOTDIR",
+    "ENOTEMPTY",
+    "ENOTRECOVERABLE",
+    "ENOTSOCK",
+    "ENOTSUP",
+    "ENOTTY",
+    "ENXIO",
+    "EOVERFLOW",
+    "EOWNERDEAD",
+    "EPERM",
+    "EPIPE",
+    "EPROTO",
+    "EPROTONOSUPPORT",
+    "EPROTOTYPE",
+    "ERANGE",
+    "EROFS",
+    "ESPIPE",
+    "ESRCH",
+    "ESTALE",
+    "ETIMEDOUT",
+    "ETXTBSY",
+    "EXDEV",
+    "ENOTCAPABLE",
+];
+
+/// The `errno` name of `err` (`EACCES`), or what std made of an error without one.
+fn code(err: &std::io::Error) -> String {
+    match err.raw_os_error() {
+        Some(errno) => usize::try_from(errno)
+            .ok()
+            .and_then(|i| ERRNO.get(i))
+            .map_or_else(|| format!("errno {errno}"), |name| (*name).to_owned()),
+        None => format!("no errno ({:?}: {err})", err.kind()),
+    }
 }
 
 /// Runs `step` `count` times or until it fails; says how many succeeded and the error.
@@ -491,7 +603,7 @@ fn repeat(
 ) -> Result<Value, ToolError> {
     for i in 0..count {
         if let Err(err) = step(i) {
-            return Ok(json!({ "done": i, "error": format!("{:?}: {err}", err.kind()) }));
+            return Ok(json!({ "done": i, "error": code(&err) }));
         }
     }
     Ok(json!({ "done": count }))
@@ -636,6 +748,27 @@ fn overlap(dir: &str, peers: u64, ms: u64) -> Result<Value, ToolError> {
     std::thread::sleep(std::time::Duration::from_millis(50));
     std::fs::remove_file(&mark).map_err(|e| ToolError::from_io_write(&mark, &e))?;
     Ok(json!(most))
+}
+
+/// Reads stdin until end of file (or an error, reported by its code).
+fn read_stdin() -> Result<Value, ToolError> {
+    use std::io::Read;
+    let mut kept = Vec::new();
+    let mut total = 0u64;
+    let mut buf = [0u8; 4096];
+    let mut stdin = std::io::stdin().lock();
+    loop {
+        match stdin.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                total += n as u64;
+                let room = (64usize << 10).saturating_sub(kept.len());
+                kept.extend_from_slice(&buf[..n.min(room)]);
+            }
+            Err(err) => return Err(failed(err)),
+        }
+    }
+    Ok(json!({ "bytes": total, "read": String::from_utf8_lossy(&kept) }))
 }
 
 fn spin() -> ! {

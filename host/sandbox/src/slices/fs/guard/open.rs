@@ -100,3 +100,159 @@ pub(super) fn open_unblocking(
         ))
     })
 }
+
+/// The open on its own, with no check before it: what it finds at the path is all it goes by.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use types::{DescriptorFlags, OpenFlags, PathFlags};
+    use wasmtime_wasi::{FsPerms, OpenMode};
+
+    struct World {
+        dir: tempfile::TempDir,
+    }
+
+    impl World {
+        fn new() -> World {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::create_dir_all(dir.path().join("granted")).unwrap();
+            std::fs::create_dir_all(dir.path().join("outside")).unwrap();
+            std::fs::write(dir.path().join("granted/file"), "regular").unwrap();
+            std::fs::write(dir.path().join("outside/secret"), "outside secret").unwrap();
+            World { dir }
+        }
+
+        fn path(&self, rel: &str) -> std::path::PathBuf {
+            self.dir.path().join(rel)
+        }
+
+        fn granted(&self, perms: FsPerms) -> wasmtime_wasi::filesystem::Dir {
+            let file = std::fs::File::open(self.path("granted")).unwrap();
+            wasmtime_wasi::filesystem::Dir::new(file, perms, OpenMode::all(), true)
+        }
+
+        fn secret(&self) -> String {
+            std::fs::read_to_string(self.path("outside/secret")).unwrap()
+        }
+    }
+
+    fn truncate_for_writing() -> (OpenFlags, DescriptorFlags) {
+        (
+            OpenFlags::CREATE | OpenFlags::TRUNCATE,
+            DescriptorFlags::WRITE,
+        )
+    }
+
+    fn open(
+        dir: &wasmtime_wasi::filesystem::Dir,
+        path_flags: PathFlags,
+        path: &str,
+        (oflags, flags): (OpenFlags, DescriptorFlags),
+    ) -> Result<Descriptor, ErrorCode> {
+        open_unblocking(dir, path_flags, path, oflags, flags)
+    }
+
+    fn read() -> (OpenFlags, DescriptorFlags) {
+        (OpenFlags::empty(), DescriptorFlags::READ)
+    }
+
+    #[test]
+    fn a_fifo_is_opened_without_waiting_and_refused() {
+        let world = World::new();
+        let c_path = std::ffi::CString::new(world.path("granted/fifo").to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o644) }, 0);
+        let dir = world.granted(FsPerms::ReadWrite);
+        // No writer ever opens it: a blocking open would never return.
+        for how in [read(), truncate_for_writing()] {
+            assert_eq!(
+                open(&dir, PathFlags::empty(), "fifo", how).err(),
+                Some(ErrorCode::Access)
+            );
+        }
+    }
+
+    #[test]
+    fn a_file_with_another_hard_link_is_refused_before_it_is_truncated() {
+        let world = World::new();
+        std::fs::hard_link(world.path("outside/secret"), world.path("granted/twin")).unwrap();
+        let dir = world.granted(FsPerms::ReadWrite);
+        for how in [read(), truncate_for_writing()] {
+            assert_eq!(
+                open(&dir, PathFlags::empty(), "twin", how).err(),
+                Some(ErrorCode::Access)
+            );
+        }
+        assert_eq!(world.secret(), "outside secret");
+    }
+
+    #[test]
+    fn a_link_out_of_the_folder_is_not_followed_out() {
+        let world = World::new();
+        std::os::unix::fs::symlink(world.path("outside/secret"), world.path("granted/abs"))
+            .unwrap();
+        std::os::unix::fs::symlink("../outside/secret", world.path("granted/rel")).unwrap();
+        let dir = world.granted(FsPerms::ReadWrite);
+        for name in ["abs", "rel"] {
+            for how in [read(), truncate_for_writing()] {
+                // Followed: cap-std's resolution stops at the folder's edge.
+                assert_eq!(
+                    open(&dir, PathFlags::SYMLINK_FOLLOW, name, how).err(),
+                    Some(ErrorCode::NotPermitted),
+                    "{name}"
+                );
+                // Not followed: the link itself is not opened.
+                assert_eq!(
+                    open(&dir, PathFlags::empty(), name, how).err(),
+                    Some(ErrorCode::Loop),
+                    "{name}"
+                );
+            }
+        }
+        assert_eq!(world.secret(), "outside secret");
+    }
+
+    #[test]
+    fn a_regular_file_opens_and_truncates_and_a_read_only_folder_is_not_written() {
+        let world = World::new();
+        let dir = world.granted(FsPerms::ReadWrite);
+        let Descriptor::File(file) =
+            open(&dir, PathFlags::empty(), "file", truncate_for_writing()).unwrap()
+        else {
+            panic!("a file opens as a file");
+        };
+        assert_eq!(file.file.metadata().unwrap().len(), 0);
+        // Back to blocking I/O once opened.
+        use std::os::fd::AsRawFd;
+        // SAFETY: F_GETFL on a descriptor the test holds.
+        let fl = unsafe { libc::fcntl(file.file.as_raw_fd(), libc::F_GETFL) };
+        assert_eq!(fl & libc::O_NONBLOCK, 0);
+
+        std::fs::write(world.path("granted/file"), "regular").unwrap();
+        let read_only = world.granted(FsPerms::ReadOnly);
+        assert_eq!(
+            open(
+                &read_only,
+                PathFlags::empty(),
+                "file",
+                truncate_for_writing()
+            )
+            .err(),
+            Some(ErrorCode::NotPermitted)
+        );
+        assert_eq!(
+            std::fs::read_to_string(world.path("granted/file")).unwrap(),
+            "regular"
+        );
+        assert_eq!(
+            open(
+                &dir,
+                PathFlags::empty(),
+                "file",
+                (OpenFlags::DIRECTORY, DescriptorFlags::READ)
+            )
+            .err(),
+            Some(ErrorCode::NotDirectory)
+        );
+    }
+}
