@@ -625,7 +625,8 @@ async fn the_originals_tools_trellis_lacked_do_their_work() {
     assert_eq!(cleaned["removed"], json!(["retired-step"]), "{cleaned}");
     assert_eq!(w.result(2, "call-1")["passed"], true);
     let manifest = w.file("workflow.json");
-    assert_eq!(manifest["contract_version"], "1.0.11");
+    assert_eq!(manifest["version"], "1.0.11");
+    assert!(manifest.get("contract_version").is_none(), "{manifest}");
     assert_eq!(manifest["tiers"]["high"]["model_id"], "big");
     let plan = w.file("planning/plan.json");
     let routes = plan["steps"][1]["predefined_routes"].as_array().unwrap();

@@ -245,8 +245,9 @@ pub(super) fn cleanup_orphan_step_configs(root: &Path, args: &Value) -> ToolResu
     Ok(done.answer(json!({"removed": removed})))
 }
 
-/// `set_workflow_contract_version`: stamps `contract_version` in workflow.json. A version
-/// below the one stamped, or above what Trellis reads, is refused.
+/// `set_workflow_contract_version`: stamps `version` in workflow.json (the original's key;
+/// Trellis's earlier `contract_version` is read and replaced). A version below the one
+/// stamped, or above what Trellis reads, is refused.
 pub(super) fn set_workflow_contract_version(root: &Path, args: &Value) -> ToolResult {
     let text = req_str(args, "version")?.trim();
     let reason = opt_str(args, "reason").unwrap_or(NO_REASON);
@@ -269,7 +270,8 @@ pub(super) fn set_workflow_contract_version(root: &Path, args: &Value) -> ToolRe
         ));
     };
     let old = manifest
-        .get("contract_version")
+        .get("version")
+        .or_else(|| manifest.get("contract_version"))
         .cloned()
         .unwrap_or(Value::Null);
     if let Some(before) = old.as_str().and_then(ContractVersion::parse)
@@ -281,13 +283,14 @@ pub(super) fn set_workflow_contract_version(root: &Path, args: &Value) -> ToolRe
         )));
     }
     let new = Value::String(version.to_string());
-    if old == new {
-        return Ok(json!({"ok": true, "changed": false, "contract_version": new}));
+    if old == new && !manifest.contains_key("contract_version") {
+        return Ok(json!({"ok": true, "changed": false, "version": new}));
     }
-    manifest.insert("contract_version".into(), new.clone());
-    let change = Change::new(None, "contract_version", old, new.clone());
+    manifest.remove("contract_version");
+    manifest.insert("version".into(), new.clone());
+    let change = Change::new(None, "version", old, new.clone());
     let done = draft.commit("set_workflow_contract_version", reason, &[], &[change])?;
-    Ok(done.answer(json!({"contract_version": new})))
+    Ok(done.answer(json!({"version": new})))
 }
 
 /// The original's tier names and Trellis's.
