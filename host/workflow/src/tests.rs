@@ -456,7 +456,9 @@ fn seed_step_config_examples_load_and_round_trip() {
             .unwrap_or_else(|d| panic!("{name}: {d}"));
         // The original's seeds name its browser category: the one warning expected.
         assert!(
-            warnings.iter().all(|w| w.message.contains("tool category \"workspace_browser\"")),
+            warnings
+                .iter()
+                .all(|w| w.message.contains("tool category \"workspace_browser\"")),
             "{name}: {warnings}"
         );
         let back = serde_json::to_value(&file).unwrap();
