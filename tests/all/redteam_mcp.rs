@@ -8,6 +8,7 @@
 //! result or dies in the middle of a call. Each attack asserts the denial and that nothing
 //! outside the grant changed.
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -78,11 +79,12 @@ fn cache_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("component-cache")
 }
 
-/// `trellis mcp serve` over stdio, spoken to line by line.
+/// `trellis -v mcp serve` over stdio, spoken to line by line, its log kept.
 struct StdioServe {
     child: Child,
     stdin: ChildStdin,
     lines: mpsc::Receiver<String>,
+    log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
     next_id: u64,
 }
 
@@ -90,6 +92,7 @@ impl StdioServe {
     fn start(tree: &Tree, extra: &[&str]) -> StdioServe {
         let (root, plugins) = (tree.root(), tree.plugins());
         let mut args = vec![
+            "-v",
             "mcp",
             "serve",
             "--root",
@@ -105,11 +108,19 @@ impl StdioServe {
             .env("TRELLIS_CACHE_DIR", cache_dir())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
             .unwrap();
         let stdin = child.stdin.take().unwrap();
         let stdout = BufReader::new(child.stdout.take().unwrap());
+        let stderr = BufReader::new(child.stderr.take().unwrap());
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let kept = log.clone();
+        std::thread::spawn(move || {
+            for line in stderr.lines().map_while(Result::ok) {
+                kept.lock().unwrap().push(line);
+            }
+        });
         let (tx, lines) = mpsc::channel();
         std::thread::spawn(move || {
             for line in stdout.lines().map_while(Result::ok) {
@@ -122,6 +133,7 @@ impl StdioServe {
             child,
             stdin,
             lines,
+            log,
             next_id: 1,
         };
         let init = serve.request(
@@ -162,6 +174,50 @@ impl StdioServe {
 
     fn call(&mut self, name: &str, arguments: Value) -> Value {
         self.request("tools/call", json!({"name": name, "arguments": arguments}))
+    }
+
+    /// Sends call `id` without waiting for its answer.
+    fn send_call(&mut self, id: u64, name: &str, arguments: Value) {
+        self.send(
+            &json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                    "params": {"name": name, "arguments": arguments}})
+            .to_string(),
+        );
+    }
+
+    /// The answers to the requests `ids`, in whatever order the server sends them: each
+    /// request's id and its result's first text.
+    fn answers(&mut self, ids: std::ops::RangeInclusive<u64>) -> BTreeMap<u64, Value> {
+        let mut answers = BTreeMap::new();
+        while answers.len() < ids.clone().count() {
+            // A generous bound that only a server that stopped answering reaches.
+            let line = self
+                .lines
+                .recv_timeout(Duration::from_secs(120))
+                .expect("the server answered");
+            if let Ok(message) = serde_json::from_str::<Value>(&line)
+                && let Some(id) = message["id"].as_u64()
+                && ids.contains(&id)
+            {
+                answers.insert(id, message["result"]["content"][0]["text"].clone());
+            }
+        }
+        answers
+    }
+
+    /// Waits until `n` lines of the log contain `text`.
+    fn wait_for_log(&self, text: &str, n: usize) {
+        while self
+            .log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains(text))
+            .count()
+            < n
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 
@@ -795,6 +851,44 @@ fn serve_runs_at_most_the_calls_allowed_and_refuses_those_that_wait_too_long() {
     );
     drop(serve);
     assert_eq!(tree.outside_grant(), before);
+}
+
+#[test]
+fn serve_refuses_a_call_past_the_calls_waiting_for_a_slot() {
+    let tree = Tree::new();
+    let mut serve = StdioServe::start(&tree, &["--max-concurrent-calls", "1", "--timeout", "600"]);
+    // One call holds the only slot; as many calls as may wait for it come next.
+    serve.send_call(100, "adversary__spin", json!({}));
+    serve.wait_for_log("call started", 1);
+    let waiting = trellis_runner::mcp_serve::WAITING_CALLS_PER_SLOT as u64;
+    for id in 101..=100 + waiting {
+        serve.send_call(id, "adversary__echo", json!({"value": id}));
+    }
+    serve.wait_for_log("waiting for a call slot", waiting as usize);
+    let refused = serve.call("adversary__echo", json!({"value": "late"}));
+    assert_eq!(refused["result"]["isError"], json!(true), "{refused}");
+    assert_eq!(
+        refused["result"]["content"][0]["text"],
+        "the server is busy: all 1 call slots are taken and 4 calls already wait for one, the \
+         most that may (4 per slot; `trellis mcp serve --max-concurrent-calls 1` sets how many \
+         calls run at once); try again later"
+    );
+    // The slow call stopped, the waiting ones run, and a new call runs.
+    serve.send(
+        &json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                "params": {"requestId": 100}})
+        .to_string(),
+    );
+    let ids = 101..=100 + waiting;
+    let expected: BTreeMap<u64, Value> =
+        ids.clone().map(|id| (id, json!(id.to_string()))).collect();
+    assert_eq!(serve.answers(ids), expected);
+    let after = serve.call("adversary__echo", json!({"value": "after"}));
+    assert_eq!(
+        after["result"]["content"][0]["text"], "\"after\"",
+        "{after}"
+    );
+    assert_ne!(after["result"]["isError"], json!(true), "{after}");
 }
 
 /// An MCP session over raw HTTP: its id after `initialize` and `initialized`.

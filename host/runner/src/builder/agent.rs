@@ -27,7 +27,7 @@ use super::{
 pub use crate::driver::DEFAULT_TURN_RESULT_BYTES;
 use crate::driver::{DEFAULT_CALLS_PER_ANSWER, not_run};
 use crate::llm_choice::{LlmSetup, StepLlm};
-use crate::runtime::{Runtime, WorkspaceHold};
+use crate::runtime::{Runtime, WorkspaceHold, panic_message};
 use trellis_sandbox::Limits;
 use trellis_sandbox::llm::{Message, Request, RetryPolicy, ToolCall, Usage};
 use trellis_sandbox::plugins::PluginRegistry;
@@ -524,7 +524,26 @@ impl Agent {
         content.to_string()
     }
 
+    /// Calls tool `name`. A tool that panics answers a failure the model reads (`the tool
+    /// panicked: ...`); the session goes on.
     async fn dispatch(&self, mode: Mode, name: &str, args: &Value) -> super::ToolResult {
+        use futures::FutureExt;
+        std::panic::AssertUnwindSafe(self.dispatch_unguarded(mode, name, args))
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|panic| {
+                Err(ToolFailure::new(format!(
+                    "the tool panicked: {}",
+                    panic_message(&*panic)
+                )))
+            })
+    }
+
+    async fn dispatch_unguarded(&self, mode: Mode, name: &str, args: &Value) -> super::ToolResult {
+        #[cfg(test)]
+        if tests::PANIC_IN.with(|tool| tool.get()) == Some(name) {
+            panic!("broken on purpose");
+        }
         let ctx = ToolContext {
             root: &self.root,
             mode,
@@ -728,4 +747,64 @@ fn summarize(value: &Value) -> String {
         other => other.to_string(),
     };
     text.chars().take(160).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    thread_local! {
+        /// The builder tool that panics when called on this thread (the seam of these tests).
+        pub(super) static PANIC_IN: Cell<Option<&'static str>> = const { Cell::new(None) };
+    }
+
+    fn call(name: &str) -> ToolCall {
+        ToolCall {
+            id: "call-0".to_string(),
+            name: name.to_string(),
+            arguments: "{}".to_string(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_tool_that_panics_answers_a_failure_and_the_next_call_works() {
+        let ws = tempfile::tempdir().unwrap();
+        let engine = trellis_sandbox::Engine::new(trellis_sandbox::CacheSetting::Disabled).unwrap();
+        let registry = PluginRegistry::empty(&engine).unwrap();
+        let runtime = Runtime::new(Arc::new(registry));
+        let executions = Executions::new(
+            runtime.clone(),
+            crate::runtime::StartOptions::new(Default::default(), LlmSetup::new(None)),
+        );
+        let session = BuilderSession::open(
+            &runtime,
+            executions,
+            SessionOptions {
+                root: ws.path().to_path_buf(),
+                session_id: None,
+                mode: Some(Mode::Builder),
+                llm: LlmSetup::new(None),
+                limits: Default::default(),
+                retry: Default::default(),
+                max_rounds: 5,
+                max_turn_result_bytes: DEFAULT_TURN_RESULT_BYTES,
+                observer: BuilderObserver::none(),
+            },
+        )
+        .unwrap();
+        let tool = "list_workspace_files";
+        PANIC_IN.with(|t| t.set(Some(tool)));
+        let answer = session.agent.tool_call(Mode::Builder, &call(tool)).await;
+        PANIC_IN.with(|t| t.set(None));
+        let answer: Value = serde_json::from_str(&answer).unwrap();
+        assert_eq!(
+            answer,
+            ToolFailure::new("the tool panicked: broken on purpose").to_json()
+        );
+        let next: Value =
+            serde_json::from_str(&session.agent.tool_call(Mode::Builder, &call(tool)).await)
+                .unwrap();
+        assert!(next.get("error").is_none(), "{next}");
+    }
 }
