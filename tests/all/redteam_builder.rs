@@ -681,20 +681,20 @@ fn planted_active_session_and_costs_files_are_not_trusted() {
     ]);
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert!(!stderr.contains("panicked"), "{stderr}");
-    // The cost summary tool says which file is broken, and the session ends with an error
-    // naming it.
+    // The cost summary tool says which file is broken; the turn goes on, its usage not
+    // recorded, with a warning naming the file.
     let results = server.tool_results(1);
     let summary: Value = serde_json::from_str(&result_of(&results, "call-0")).unwrap();
     assert_eq!(
         summary["builder"]["error"],
         "costs/phase/token_usage.json is not valid JSON: key must be a string at line 1 column 2",
-        "{results:?}"
+        "{summary}"
     );
-    assert!(!out.status.success(), "{stdout}\n{stderr}");
+    assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(
         stderr.contains(
-            "error: costs/phase/token_usage.json: not a token usage file: key must be a string \
-             at line 1 column 2"
+            "the turn's token usage is not recorded: costs/phase/token_usage.json: not a token \
+             usage file: key must be a string at line 1 column 2"
         ),
         "{stdout}\n{stderr}"
     );
