@@ -36,6 +36,11 @@ fn sqlite_sees_vacuum(conn: &rusqlite::Connection, sql: &str) -> Option<bool> {
                 offset += used;
                 continue;
             }
+            // `EXPLAIN VACUUM` lists a VACUUM's program without running it.
+            if ffi::sqlite3_stmt_isexplain(stmt) != 0 {
+                ffi::sqlite3_finalize(stmt);
+                return Some(false);
+            }
             let mut vacuum = false;
             if ffi::sqlite3_stmt_explain(stmt, 1) == ffi::SQLITE_OK {
                 while ffi::sqlite3_step(stmt) == ffi::SQLITE_ROW {
