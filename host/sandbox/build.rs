@@ -291,13 +291,17 @@ fn componentize_py(target_dir: &Path) -> PathBuf {
             })
             .unwrap_or(false)
     };
-    let pip = venv.join("bin").join("pip");
-    let ok = (pip.is_file() || quiet(Command::new(&python).args(["-m", "venv"]).arg(&venv)))
-        && quiet(
-            Command::new(&pip)
-                .args(["install", "--quiet", "--disable-pip-version-check"])
-                .arg(format!("componentize-py=={COMPONENTIZE_PY_VERSION}")),
-        );
+    // Made afresh (`--clear`): a venv's scripts name the folder it was made in, so one that
+    // was copied or moved with its target folder has tools that no longer start.
+    let ok = quiet(
+        Command::new(&python)
+            .args(["-m", "venv", "--clear"])
+            .arg(&venv),
+    ) && quiet(
+        Command::new(venv.join("bin").join("python"))
+            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
+            .arg(format!("componentize-py=={COMPONENTIZE_PY_VERSION}")),
+    );
     if !ok || !installed() {
         panic!(
             "trellis build: componentize-py {COMPONENTIZE_PY_VERSION} (for the Python script runner) could not be installed; run `{python} -m venv {venv} && {venv}/bin/pip install componentize-py=={COMPONENTIZE_PY_VERSION}` (Python 3.10+ with venv and pip, and PyPI reachable; on Debian or Ubuntu: `apt-get install python3-venv`)",
