@@ -299,7 +299,13 @@ fn componentize_py(target_dir: &Path) -> PathBuf {
             .arg(&venv),
     ) && quiet(
         Command::new(venv.join("bin").join("python"))
-            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+            ])
             .arg(format!("componentize-py=={COMPONENTIZE_PY_VERSION}")),
     );
     if !ok || !installed() {
