@@ -39,6 +39,7 @@ mod redteam_fastpath;
 mod redteam_host;
 mod redteam_mcp;
 mod redteam_net;
+mod redteam_round3;
 mod routes;
 mod run_cli;
 mod runtime;
