@@ -714,6 +714,83 @@ fn group_folders_have_the_originals_names_and_old_folders_are_found() {
     );
 }
 
+/// `runs show` reads a step's run files as the original writes them: its final summary
+/// (`step_id`, `run_folder`, `execution_result`), its turn summaries (`step_index`,
+/// `retry_attempt`, `loop_iteration`, `execution_result`, `model`), its conversation files
+/// (`conversation_history`) and its `-prompts.json` files, which are not turns.
+#[test]
+fn runs_show_reads_the_run_files_the_original_writes() {
+    let ws = tempfile::tempdir().unwrap();
+    let logs = "runs/iteration-0/logs/triage/execution";
+    let turn = |attempt: u32, result: &str| {
+        json!({"step_index": 1, "step_path": "step-1", "retry_attempt": attempt,
+               "loop_iteration": 0, "execution_result": result, "model": "gpt-4.1",
+               "timestamp": "2026-05-01T10:00:00Z"})
+        .to_string()
+    };
+    write_files(
+        ws.path(),
+        &[
+            (
+                "planning/plan.json",
+                ONE_STEP.replace("\"only\"", "\"triage\""),
+            ),
+            (
+                "runs/iteration-0/execution/triage/triage.md",
+                "# done".into(),
+            ),
+            (
+                &format!("{logs}/execution-attempt-1-iteration-0.json"),
+                turn(1, "STATUS: FAILED: the inbox was empty"),
+            ),
+            (
+                &format!("{logs}/execution-attempt-2-iteration-0.json"),
+                turn(2, "Triaged 3 tickets.\nCONCERNS: ticket 2 has no owner"),
+            ),
+            (
+                &format!("{logs}/execution-attempt-2-iteration-0-conversation.json"),
+                json!({"step_index": 1, "conversation_history": [
+                    {"role": "human", "parts": [{"type": "text", "text": "go"}]}]})
+                .to_string(),
+            ),
+            (
+                &format!("{logs}/execution-attempt-2-iteration-0-prompts.json"),
+                json!({"step_index": 1, "system_prompt": "You triage.",
+                       "saved_at": "post_execution"})
+                .to_string(),
+            ),
+            (
+                &format!("{logs}/execution-final-summary.json"),
+                json!({"step_id": "triage", "run_folder": "iteration-0",
+                       "execution_result": "Triaged 3 tickets.\nCONCERNS: ticket 2 has no owner"})
+                .to_string(),
+            ),
+        ],
+    );
+    let out = trellis(&["runs", "show", ws.path().to_str().unwrap(), "triage"]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    assert!(stdout.contains("status: completed\n"), "{stdout}");
+    assert!(
+        stdout.contains("concerns:\n  - ticket 2 has no owner\n"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("turns: 2\n"), "{stdout}");
+    let turns: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("  turn "))
+        .collect();
+    assert_eq!(
+        turns,
+        [
+            "  turn 1 (step-1 iteration 0): original:gpt-4.1 failed, LLM calls 0, tool calls 0, tokens 0 prompt / 0 completion, 0 ms",
+            "  turn 2 (step-1 iteration 0): original:gpt-4.1 completed, LLM calls 0, tool calls 0, tokens 0 prompt / 0 completion, 0 ms",
+        ],
+        "{stdout}"
+    );
+    assert!(!stdout.contains("conversation log not read"), "{stdout}");
+}
+
 // ------------------------------------------------------------------ 9. clear words
 
 /// The original's tool categories Trellis does not have get a warning naming what it

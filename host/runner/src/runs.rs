@@ -269,12 +269,9 @@ fn step_state(
     for summary_path in candidates {
         // A summary is a file: anything else there (a folder an agent made) is not read as one.
         if fs.kind(&summary_path)? == Some(Kind::File) {
-            let summary: FinalSummary = read_json(fs, &summary_path)?;
-            return Ok((
-                summary.status.to_string(),
-                Some(summary.completed_at),
-                summary.concerns,
-            ));
+            let summary: serde_json::Value = read_json(fs, &summary_path)?;
+            return final_summary_state(summary)
+                .with_context(|| format!("reading {}", summary_path.display()));
         }
     }
     let step_dir = step_dir.as_path();
@@ -286,6 +283,38 @@ fn step_state(
         None => "no summary".to_string(),
     };
     Ok((status, None, Vec::new()))
+}
+
+/// Status, end time and concerns of a final summary: Trellis's own, or one the original
+/// system wrote (`step_id`, `run_folder`, `execution_result`, with neither status nor
+/// concerns: the original writes it when the step completed, and its concerns are the
+/// `CONCERNS:` lines of the result, as its readers take them).
+fn final_summary_state(
+    summary: serde_json::Value,
+) -> Result<(String, Option<String>, Vec<String>)> {
+    if summary.get("schema_version").is_some() {
+        let summary: FinalSummary = serde_json::from_value(summary)?;
+        return Ok((
+            summary.status.to_string(),
+            Some(summary.completed_at),
+            summary.concerns,
+        ));
+    }
+    let Some(result) = summary.get("execution_result").and_then(|r| r.as_str()) else {
+        bail!(
+            "not a final summary: it has neither `schema_version` (Trellis's) nor an \
+             `execution_result` string (the original system's)"
+        );
+    };
+    let text = |key: &str| {
+        summary
+            .get(key)
+            .and_then(|v| v.as_str())
+            .map(str::to_string)
+    };
+    let status = text("status").unwrap_or_else(|| Status::Completed.to_string());
+    let at = text("completed_at").or_else(|| text("timestamp"));
+    Ok((status, at, crate::driver::scan_reply(result).1))
 }
 
 /// One step of one run: its status, concerns, session entries and turns. `run` is relative
@@ -489,7 +518,13 @@ fn turn_logs(fs: &WorkspaceFs, logs: &Path) -> Result<Vec<TurnLog>> {
     let mut turns = Vec::new();
     for ((attempt, iteration), dir) in keys {
         let (summary_path, conversation_path) = turn_log_paths(&dir, attempt, iteration);
-        let s: TurnSummary = read_json(fs, &summary_path)?;
+        let s = match read_json::<serde_json::Value>(fs, &summary_path)? {
+            v if v.get("step_index").is_some() && v.get("entry_id").is_none() => {
+                original_turn_summary(&v)
+            }
+            v => serde_json::from_value::<TurnSummary>(v)
+                .with_context(|| format!("reading {}", summary_path.display()))?,
+        };
         // Only the tool names are read; a log that cannot be read (larger than the host
         // reads at once, not what Trellis writes) leaves the turn shown from its summary.
         let (tool_names, conversation_unread) = if fs.kind(&conversation_path)?.is_some() {
@@ -521,6 +556,50 @@ fn turn_logs(fs: &WorkspaceFs, logs: &Path) -> Result<Vec<TurnLog>> {
         });
     }
     Ok(turns)
+}
+
+/// A turn summary as the original system writes it (`step_index`, `step_path`,
+/// `retry_attempt`, `loop_iteration`, `execution_result`, `model`, `timestamp`), in
+/// Trellis's shape: it records no status, counts or tokens, so the status is read from the
+/// result (`STATUS: FAILED`, else completed), the counts as zero, the model as
+/// `original:<model>`.
+fn original_turn_summary(v: &serde_json::Value) -> TurnSummary {
+    let text = |key: &str| v[key].as_str().unwrap_or_default().to_string();
+    let number = |key: &str| {
+        v[key]
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .unwrap_or(0)
+    };
+    let failed = crate::driver::scan_reply(v["execution_result"].as_str().unwrap_or_default())
+        .0
+        .is_some();
+    TurnSummary {
+        step_id: text("step_path"),
+        item_id: text("step_path"),
+        entry_id: String::new(),
+        attempt: number("retry_attempt"),
+        iteration: number("loop_iteration"),
+        provider: "original".to_string(),
+        model_id: text("model"),
+        status: if failed {
+            Status::Failed
+        } else {
+            Status::Completed
+        },
+        error: None,
+        started_at: text("timestamp"),
+        completed_at: text("timestamp"),
+        duration_ms: 0,
+        llm_duration_ms: 0,
+        tool_duration_ms: 0,
+        llm_call_count: 0,
+        tool_call_count: 0,
+        tool_error_count: 0,
+        prompt_tokens: 0,
+        completion_tokens: 0,
+        total_tokens: 0,
+    }
 }
 
 /// What `runs show` reads of a conversation log: the names of its tool calls.
