@@ -140,16 +140,17 @@ fn a_chain_of_else_ifs_in_a_foreach_message_does_not_overflow_the_hosts_stack() 
 
 /// `{{.a.a.a....}}`: the host fills a field chain a template names, when the row lacks it, by
 /// recursion over the chain (`fill_missing` in `host/runner/src/template.rs`), then converts
-/// and drops the nested objects it made by recursion too. The nesting check does not count
-/// a chain's links, so a chain of 300,000 (600 KB of message) passes `validate` and the
-/// parse, and the first row's render overflows the stack of the host in the middle of the
-/// run: the process dies of SIGABRT, its step never ends as failed and no turn runs.
+/// and drops the nested objects it made by recursion too. A chain of 300,000 links (600 KB
+/// of message) passed `validate` and the parse, and the first row's render overflowed the
+/// stack of the host in the middle of the run (SIGABRT, the step never ended as failed).
+/// A message is now at most 64 KiB, and a chain within that is refused by its length.
 #[test]
 fn a_long_field_chain_in_a_foreach_message_does_not_overflow_the_hosts_stack() {
     let (server, calls) = counting_model();
     let dir = tempfile::tempdir().unwrap();
     let ws = dir.path().join("ws");
-    let message = format!("{{{{.{}}}}}", vec!["a"; 300_000].join("."));
+    // 20,000 links (40 KB, within what a message may be): refused by the chain's length.
+    let message = format!("{{{{.{}}}}}", vec!["a"; 20_000].join("."));
     foreach_ws(&ws, "SELECT 1 AS b", &message, server.providers());
     let out = bounded(&["run", ws.to_str().unwrap(), "--allow-host", "127.0.0.1"]);
     let text = both(&out);
@@ -160,13 +161,20 @@ fn a_long_field_chain_in_a_foreach_message_does_not_overflow_the_hosts_stack() {
         &text[text.len().saturating_sub(2000)..]
     );
     assert_eq!(out.status.code(), Some(1), "{text}");
-    assert!(text.contains("\"rows\""), "{text}");
+    assert!(
+        text.contains(
+            "steps[0].items[0].message (step \"each\"): not a valid Go template: an action \
+             names a field chain of more than 32 links"
+        ),
+        "{text}"
+    );
     assert_eq!(calls.load(Ordering::SeqCst), 0, "a turn ran");
 }
 
 /// `{{printf "%70000d" 1}}`: gtmpl formats a printf width with Rust's `format!`, which panics
-/// on a width over 65,535 ("Formatting argument out of range"). The template parses and
-/// `validate` passes it; the run panics in the host as it renders the first row.
+/// on a width over 65,535 ("Formatting argument out of range"). A format written in the
+/// message is refused by `validate`, naming the message; one taken from the row is refused
+/// as the row renders, and the run fails naming the item, without a panic or a turn.
 #[test]
 fn a_printf_width_past_what_rust_formats_does_not_panic_the_host() {
     let (server, calls) = counting_model();
@@ -179,6 +187,22 @@ fn a_printf_width_past_what_rust_formats_does_not_panic_the_host() {
         server.providers(),
     );
     let validate = bounded(&["validate", ws.to_str().unwrap()]);
+    let text = both(&validate);
+    assert_eq!(validate.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("steps[0].items[0].message")
+            && text.contains("`%70000`: a width or precision may be at most 1000"),
+        "{text}"
+    );
+
+    let ws = dir.path().join("ws2");
+    foreach_ws(
+        &ws,
+        "SELECT '%70000d' AS f, 1 AS a",
+        r#"Row {{printf .f .a}}"#,
+        server.providers(),
+    );
+    let validate = bounded(&["validate", ws.to_str().unwrap()]);
     assert_eq!(validate.status.code(), Some(0), "{}", both(&validate));
     let out = bounded(&["run", ws.to_str().unwrap(), "--allow-host", "127.0.0.1"]);
     let text = both(&out);
@@ -186,7 +210,11 @@ fn a_printf_width_past_what_rust_formats_does_not_panic_the_host() {
     assert!(!text.contains("panicked"), "the host panicked: {text}");
     assert!(!text.contains("out of range"), "the host panicked: {text}");
     assert_eq!(out.status.code(), Some(1), "{text}");
-    assert!(text.contains("\"rows\""), "{text}");
+    assert!(
+        text.contains("foreach item \"rows\", row 1: the message cannot be rendered")
+            && text.contains("at most 1000"),
+        "{text}"
+    );
     assert_eq!(calls.load(Ordering::SeqCst), 0, "a turn ran");
 }
 

@@ -48,7 +48,7 @@ impl MessageTemplate {
             fill_missing(&mut row, chain);
         }
         let data = to_tvalue(&Value::Object(row.clone()));
-        let text = self.template.render(&Context::from(data)).map_err(|e| {
+        let text = go_template::render(&self.template, &Context::from(data)).map_err(|e| {
             anyhow!(
                 "foreach item {:?}, row {row_number}: the message cannot be rendered: {e}",
                 self.item_id

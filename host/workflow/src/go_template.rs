@@ -10,15 +10,168 @@
 //! are refused here, with a message, before gtmpl sees them. Its parser unquotes string
 //! literals by byte offsets too: the escapes it would panic or loop on are refused as well.
 
-use gtmpl::Template;
+use gtmpl::{Func, FuncError, Template, Value};
 
-/// Parses `source` as a Go template; the error is one line.
+/// The longest template taken, in bytes: a message for each row is instructions, not data,
+/// and what rendering costs grows with it.
+pub const MAX_TEMPLATE_BYTES: usize = 64 * 1024;
+
+/// How many links a field chain (`.a.b.c`) may have: gtmpl and the filling of missing
+/// fields follow a chain by recursion.
+pub const MAX_FIELD_CHAIN: usize = 32;
+
+/// The widest width or precision a `printf` verb may ask for (Rust's formatting stops at
+/// 65,535 and panics past it; a wide verb repeated costs memory without end).
+pub const MAX_PRINTF_WIDTH: usize = 1000;
+
+/// The most bytes a rendered message may be, and a function of a message (`printf`,
+/// `print`, `println`, `urlquery`) may return.
+pub const MAX_RENDERED_BYTES: usize = 4 * 1024 * 1024;
+
+/// Parses `source` as a Go template; the error is one line. Its functions are gtmpl's,
+/// with `printf`, `print`, `println` and `urlquery` bounded ([`MAX_PRINTF_WIDTH`],
+/// [`MAX_RENDERED_BYTES`]).
 pub fn parse(source: &str) -> Result<Template, String> {
+    if source.len() > MAX_TEMPLATE_BYTES {
+        return Err(format!(
+            "the template is {} bytes; at most {MAX_TEMPLATE_BYTES} are taken",
+            source.len()
+        ));
+    }
     check_lexable(source)?;
     check_nesting(source)?;
     let mut template = Template::default();
+    template.add_funcs(&[
+        ("printf", printf as Func),
+        ("print", print as Func),
+        ("println", println as Func),
+        ("urlquery", urlquery as Func),
+    ]);
     template.parse(source).map_err(|e| e.to_string())?;
     Ok(template)
+}
+
+/// Renders `template` with `data`, stopping at [`MAX_RENDERED_BYTES`] of output.
+pub fn render(template: &Template, data: &gtmpl::Context) -> Result<String, String> {
+    let mut out = Capped(Vec::new());
+    match template.execute(&mut out, data) {
+        Ok(()) => String::from_utf8(out.0).map_err(|e| e.to_string()),
+        Err(_) if out.0.len() >= MAX_RENDERED_BYTES => Err(format!(
+            "it renders to more than {MAX_RENDERED_BYTES} bytes, the most a message may be"
+        )),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Output that refuses to grow past [`MAX_RENDERED_BYTES`].
+struct Capped(Vec<u8>);
+
+impl std::io::Write for Capped {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.0.len() + buf.len() > MAX_RENDERED_BYTES {
+            self.0.resize(MAX_RENDERED_BYTES, 0);
+            return Err(std::io::Error::other("the message is too long"));
+        }
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// gtmpl's builtin function `name`.
+fn builtin(name: &str) -> Func {
+    gtmpl::funcs::BUILTINS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, f)| *f)
+        .unwrap_or_else(|| panic!("gtmpl has a builtin {name}"))
+}
+
+/// `value`, unless it is a string longer than [`MAX_RENDERED_BYTES`].
+fn bounded(name: &str, value: Result<Value, FuncError>) -> Result<Value, FuncError> {
+    match value? {
+        Value::String(s) if s.len() > MAX_RENDERED_BYTES => Err(FuncError::Generic(format!(
+            "{name} made {} bytes, more than the {MAX_RENDERED_BYTES} a message may be",
+            s.len()
+        ))),
+        v => Ok(v),
+    }
+}
+
+fn printf(args: &[Value]) -> Result<Value, FuncError> {
+    if let Some(Value::String(format)) = args.first() {
+        check_printf_format(format).map_err(FuncError::Generic)?;
+    }
+    bounded("printf", builtin("printf")(args))
+}
+
+fn print(args: &[Value]) -> Result<Value, FuncError> {
+    bounded("print", builtin("print")(args))
+}
+
+fn println(args: &[Value]) -> Result<Value, FuncError> {
+    bounded("println", builtin("println")(args))
+}
+
+fn urlquery(args: &[Value]) -> Result<Value, FuncError> {
+    bounded("urlquery", builtin("urlquery")(args))
+}
+
+/// Refuses `printf` formats whose verbs take their width or precision from an argument
+/// (`%*d`), name arguments by index (`%[1]d`: gtmpl's index arithmetic overflows on
+/// `%[0]d`), or ask for a width or precision over [`MAX_PRINTF_WIDTH`].
+pub fn check_printf_format(format: &str) -> Result<(), String> {
+    let b = format.as_bytes();
+    let mut i = 0;
+    let number = |i: &mut usize| -> Result<(), String> {
+        let start = *i;
+        while *i < b.len() && b[*i].is_ascii_digit() {
+            *i += 1;
+        }
+        let digits = &format[start..*i];
+        if digits.len() > 4 || digits.parse::<usize>().is_ok_and(|n| n > MAX_PRINTF_WIDTH) {
+            return Err(format!(
+                "printf: `%{digits}`: a width or precision may be at most {MAX_PRINTF_WIDTH}"
+            ));
+        }
+        Ok(())
+    };
+    while i < b.len() {
+        if b[i] != b'%' {
+            i += 1;
+            continue;
+        }
+        i += 1;
+        if b.get(i) == Some(&b'%') {
+            i += 1;
+            continue;
+        }
+        while i < b.len() && b"+- #0".contains(&b[i]) {
+            i += 1;
+        }
+        number(&mut i)?;
+        if b.get(i) == Some(&b'.') {
+            i += 1;
+            number(&mut i)?;
+        }
+        match b.get(i) {
+            Some(b'*') => {
+                return Err(
+                    "printf: a width or precision from an argument (`%*`) is not \
+                            supported"
+                        .to_string(),
+                );
+            }
+            Some(b'[') => {
+                return Err("printf: argument indexes (`%[n]`) are not supported".to_string());
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// How deep parentheses inside an action, and blocks (`if`, `range`, `with` ... `end`), may
@@ -30,6 +183,12 @@ pub const MAX_NESTING: usize = 100;
 /// templates (one calling itself recurses until the stack overflows). String and raw-string
 /// literals are skipped; the count is an upper bound of what gtmpl recurses on.
 pub fn check_nesting(source: &str) -> Result<(), String> {
+    // The open blocks, each with how many levels gtmpl recurses for it: one, and one more
+    // for each `else if` / `else with` of its chain (parsed as a block inside the else).
+    // A `range` inside a `range` is refused: the only collections of a row are the row and
+    // the maps of its fields, so one level does all a message needs, and each level more
+    // multiplies the work by the number of columns.
+    let mut blocks_open: Vec<(usize, bool)> = Vec::new();
     let (mut blocks, mut max_blocks) = (0usize, 0usize);
     let mut rest = source;
     while let Some(open) = rest.find("{{") {
@@ -50,12 +209,35 @@ pub fn check_nesting(source: &str) -> Result<(), String> {
                 ));
             }
             "if" | "range" | "with" => {
+                if word == "range" && blocks_open.iter().any(|(_, range)| *range) {
+                    return Err(
+                        "a `range` inside a `range` is not supported in these messages".to_string(),
+                    );
+                }
+                blocks_open.push((1, word == "range"));
                 blocks += 1;
                 max_blocks = max_blocks.max(blocks);
             }
-            "end" => blocks = blocks.saturating_sub(1),
+            "else" => {
+                let next = inner["else".len()..].trim_start();
+                let chained = ["if", "with"].iter().any(|w| {
+                    next.strip_prefix(w)
+                        .is_some_and(|r| !r.starts_with(|c: char| c.is_ascii_alphanumeric()))
+                });
+                if chained && let Some((levels, _)) = blocks_open.last_mut() {
+                    *levels += 1;
+                    blocks += 1;
+                    max_blocks = max_blocks.max(blocks);
+                }
+            }
+            "end" => {
+                blocks = blocks.saturating_sub(blocks_open.pop().map_or(0, |(levels, _)| levels))
+            }
             _ => {}
         }
+        check_printf_literals(&action[..end])?;
+        // Links of the field chain being read (`.a.b.c`), outside string literals.
+        let mut links = 0usize;
         let mut parens = 0usize;
         let mut quote: Option<char> = None;
         let mut escaped = false;
@@ -71,8 +253,22 @@ pub fn check_nesting(source: &str) -> Result<(), String> {
                     }
                 }
                 None => match c {
-                    '"' | '`' | '\'' => quote = Some(c),
+                    '.' => {
+                        links += 1;
+                        if links > MAX_FIELD_CHAIN {
+                            return Err(format!(
+                                "an action names a field chain of more than {MAX_FIELD_CHAIN} \
+                                 links"
+                            ));
+                        }
+                    }
+                    c if c.is_ascii_alphanumeric() || c == '_' || c == '$' => {}
+                    '"' | '`' | '\'' => {
+                        links = 0;
+                        quote = Some(c);
+                    }
                     '(' => {
+                        links = 0;
                         parens += 1;
                         if parens > MAX_NESTING {
                             return Err(format!(
@@ -80,17 +276,44 @@ pub fn check_nesting(source: &str) -> Result<(), String> {
                             ));
                         }
                     }
-                    ')' => parens = parens.saturating_sub(1),
-                    _ => {}
+                    ')' => {
+                        links = 0;
+                        parens = parens.saturating_sub(1);
+                    }
+                    _ => links = 0,
                 },
             }
         }
         if max_blocks > MAX_NESTING {
             return Err(format!(
-                "blocks (if, range, with) nest more than {MAX_NESTING} deep"
+                "blocks (if, range, with, and the else if / else with of a chain) nest more \
+                 than {MAX_NESTING} deep"
             ));
         }
         rest = &action[end.min(action.len())..];
+    }
+    Ok(())
+}
+
+/// Checks the format of each `printf` of an action given as a string literal
+/// ([`check_printf_format`]); a format from a field is checked when it is rendered.
+fn check_printf_literals(action: &str) -> Result<(), String> {
+    let mut rest = action;
+    while let Some(at) = rest.find("printf") {
+        let before = rest[..at].chars().next_back();
+        let after = rest[at + "printf".len()..].trim_start();
+        rest = &rest[at + "printf".len()..];
+        if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.') {
+            continue;
+        }
+        let literal = match after.chars().next() {
+            Some('`') => after[1..].split('`').next(),
+            Some('"') => after[1..].split('"').next(),
+            _ => None,
+        };
+        if let Some(format) = literal {
+            check_printf_format(format)?;
+        }
     }
     Ok(())
 }
@@ -245,6 +468,59 @@ mod tests {
         assert!(err.contains("named templates"), "{err}");
         // Parentheses inside a string are text, not nesting.
         assert!(parse(&format!("{{{{\"{}\"}}}}", "(".repeat(3000))).is_ok());
+    }
+
+    /// Found by attacking the host: each of these overflowed the stack, panicked or made
+    /// hundreds of MiB from a small template.
+    #[test]
+    fn chains_wide_verbs_and_long_output_are_bounded() {
+        let chain = |n: usize| format!("{{{{if 0}}}}{}{{{{end}}}}", "{{else if 0}}".repeat(n));
+        assert!(parse(&chain(MAX_NESTING - 1)).is_ok());
+        let err = parse(&chain(MAX_NESTING)).err().unwrap();
+        assert!(err.contains("else if"), "{err}");
+        // Chains that end close their levels: many in a row are fine.
+        assert!(parse(&chain(10).repeat(50)).is_ok());
+
+        let fields = |n: usize| format!("{{{{{}}}}}", ".a".repeat(n));
+        assert!(parse(&fields(MAX_FIELD_CHAIN)).is_ok());
+        let err = parse(&fields(MAX_FIELD_CHAIN + 1)).err().unwrap();
+        assert!(err.contains("field chain"), "{err}");
+
+        for (format, refused) in [
+            ("%1000d", None),
+            ("%.1000f|%-08.3f|%%70000d|%v", None),
+            ("%1001d", Some("at most 1000")),
+            ("%70000d", Some("at most 1000")),
+            ("%.99999999999999999999f", Some("at most 1000")),
+            ("%*d", Some("`%*`")),
+            ("%.*d", Some("`%*`")),
+            ("%[0]d", Some("indexes")),
+        ] {
+            let source = format!("{{{{printf \"{format}\" 1}}}}");
+            match (parse(&source), refused) {
+                (Ok(_), None) => {}
+                (Err(e), Some(want)) => assert!(e.contains(want), "{format}: {e}"),
+                (other, want) => panic!("{format}: {:?}, wanted {want:?}", other.err()),
+            }
+        }
+        let err = parse("{{range .}}{{if 1}}{{range .}}{{end}}{{end}}{{end}}")
+            .err()
+            .unwrap();
+        assert!(err.contains("inside a `range`"), "{err}");
+        assert!(parse("{{range .}}{{end}}{{range .}}{{range .}}{{end}}").is_err());
+        assert!(parse("{{range .}}{{end}}{{range .}}{{end}}").is_ok());
+        let err = parse(&"x".repeat(MAX_TEMPLATE_BYTES + 1)).err().unwrap();
+        assert!(err.contains("at most 65536"), "{err}");
+
+        // Output stops at the cap, and a format from the data is checked as it renders.
+        let t = parse("{{printf \"%900d\" 1}}").unwrap();
+        assert_eq!(render(&t, &gtmpl::Context::empty()).unwrap().len(), 900);
+        let wide = format!("{{{{$x := printf \"%1000d\" 1}}}}{}", "{{$x}}".repeat(5000));
+        let err = render(&parse(&wide).unwrap(), &gtmpl::Context::empty()).unwrap_err();
+        assert!(err.contains("more than 4194304 bytes"), "{err}");
+        let t = parse("{{printf .}}").unwrap();
+        let err = render(&t, &gtmpl::Context::from(gtmpl::Value::from("%70000d"))).unwrap_err();
+        assert!(err.contains("at most 1000"), "{err}");
     }
 
     #[test]
