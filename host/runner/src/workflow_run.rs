@@ -81,8 +81,9 @@ pub use routing::{HumanAnswer, answer_human_input, human_input_file, input_key, 
 pub use seed::seed_database;
 use unit::run_unit;
 pub use variables::{
-    apply_variables, existing_group_run_folder, group_run_folder, select_groups, substitute,
-    substitute_variables, unit_variables, unit_variables_with_answers, variables_block,
+    existing_group_run_folder, give_variables_block, group_run_folder, select_groups, substitute,
+    substitute_variables, take_variables_block, unit_variables, unit_variables_with_answers,
+    variables_block,
 };
 
 /// The file a routing step reads from its own output folder.
@@ -389,15 +390,14 @@ mod tests {
     }
 
     #[test]
-    fn variables_are_appended_to_every_charter() {
+    fn variables_are_appended_to_the_charter_of_the_step_running() {
         let dir = tempfile::tempdir().unwrap();
-        let mut ws = workspace(
+        let ws = workspace(
             dir.path(),
             json!([{"id": "s", "type": "regular", "title": "S", "description": "Do it."}]),
         );
         let variables = unit_variables(&ws, None);
-        apply_variables(&mut ws, None, &variables);
-        assert_eq!(ws.plan.steps[0].description.as_deref(), Some("Do it."));
+        assert_eq!(variables_block(&variables, None), None);
         std::fs::write(
             dir.path().join("workflow.json"),
             r#"{"variables": {"A": "1", "B": "2"}, "groups": [{"id": "g", "variables": {"B": "3"}}]}"#,
@@ -406,10 +406,31 @@ mod tests {
         let mut ws = Workspace::open(dir.path()).unwrap();
         let group = ws.manifest.groups[0].clone();
         let variables = unit_variables(&ws, Some(&group));
-        apply_variables(&mut ws, Some(&group), &variables);
+        let block = variables_block(&variables, Some(&group));
+        let given = give_variables_block(&mut ws, "s", block.as_deref());
         assert_eq!(
             ws.plan.steps[0].description.as_deref(),
             Some("Do it.\n\nWorkflow variables (group g):\n- A = 1\n- B = 3")
+        );
+        take_variables_block(&mut ws, given);
+        assert_eq!(ws.plan.steps[0].description.as_deref(), Some("Do it."));
+        assert_eq!(
+            give_variables_block(&mut ws, "not-a-step", block.as_deref()),
+            None
+        );
+    }
+
+    #[test]
+    fn substituting_in_a_text_of_unclosed_braces_keeps_it_as_written() {
+        let vars: BTreeMap<String, String> = [("A".to_string(), "1".to_string())].into();
+        let text = format!("{}{{ A }}{}", "{".repeat(300_000), "{".repeat(10));
+        let out = substitute(&text, &vars);
+        assert_eq!(out, format!("{}1{}", "{".repeat(300_000), "{".repeat(10)));
+        let spaced = format!("{{{}A}}", " ".repeat(100));
+        assert_eq!(
+            substitute(&spaced, &vars),
+            spaced,
+            "past the spaces looked through"
         );
     }
 

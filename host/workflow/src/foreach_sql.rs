@@ -76,13 +76,25 @@ pub fn check_foreach_queries(ws: &Workspace) -> Diagnostics {
                     Ok(stmt) => {
                         let columns: Vec<String> =
                             stmt.column_names().map(str::to_string).collect();
-                        for field in row_fields(message).iter().filter(|f| !columns.contains(f)) {
+                        let known: std::collections::HashSet<&str> =
+                            columns.iter().map(String::as_str).collect();
+                        let missing: Vec<String> = row_fields(message)
+                            .into_iter()
+                            .filter(|f| !known.contains(f.as_str()))
+                            .map(|f| format!(".{f}"))
+                            .collect();
+                        if !missing.is_empty() {
+                            let (are, they) = match missing.len() {
+                                1 => ("is not a column", "it renders"),
+                                _ => ("are not columns", "they render"),
+                            };
                             report(
                                 "message",
                                 format!(
-                                    "names .{field}, which is not a column of the query \
-                                     (columns: {}): it renders empty",
-                                    columns.join(", ")
+                                    "names {}, which {are} of the query (columns: {}): \
+                                     {they} empty",
+                                    listed(&missing),
+                                    listed(&columns)
                                 ),
                                 Severity::Warning,
                             );
@@ -168,4 +180,15 @@ fn may_write_database(ws: &Workspace, step: &Step) -> bool {
             let name = name.to_ascii_lowercase();
             name.contains("db") || name.contains("sql")
         })
+}
+
+/// How many names a warning lists before it says how many more there are.
+const LISTED: usize = 20;
+
+/// `names` joined with `, `, the first [`LISTED`] of them and then how many more.
+fn listed(names: &[String]) -> String {
+    match names.len() {
+        n if n <= LISTED => names.join(", "),
+        n => format!("{}, and {} more", names[..LISTED].join(", "), n - LISTED),
+    }
 }

@@ -18,6 +18,7 @@ pub fn field_chains(source: &str) -> Vec<Vec<String>> {
 /// `with` blocks (inside them `.` is no longer the row), each once, in order.
 pub fn row_fields(source: &str) -> Vec<String> {
     let mut fields: Vec<String> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
     // The open blocks, innermost last: whether each rebinds `.`.
     let mut blocks: Vec<bool> = Vec::new();
     let mut rest = source;
@@ -34,7 +35,7 @@ pub fn row_fields(source: &str) -> Vec<String> {
             scan_action(action, &mut chains);
             for chain in chains {
                 if let Some(first) = chain.into_iter().next()
-                    && !fields.contains(&first)
+                    && seen.insert(first.clone())
                 {
                     fields.push(first);
                 }

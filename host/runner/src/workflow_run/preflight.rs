@@ -105,7 +105,7 @@ pub fn check_inputs(ws: &Workspace, opts: &RunOptions) -> Result<()> {
                 input_key(step, h),
                 h.question
                     .as_deref()
-                    .map(|q| format!(" ({q})"))
+                    .map(|q| format!(" ({})", question_head(q)))
                     .unwrap_or_default()
             )
         })
@@ -286,4 +286,17 @@ pub(super) async fn preflight<'w>(
         bail!("{}", errors.join("\n"));
     }
     Ok((groups, units, servers))
+}
+
+/// A question as an error names it: its first 200 characters, then how many more.
+fn question_head(question: &str) -> String {
+    const SHOWN: usize = 200;
+    match question.char_indices().nth(SHOWN) {
+        None => question.to_string(),
+        Some((at, _)) => format!(
+            "{}... and {} more characters",
+            &question[..at],
+            question[at..].chars().count()
+        ),
+    }
 }

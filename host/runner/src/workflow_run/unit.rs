@@ -15,7 +15,8 @@ pub(super) async fn run_unit(
     let mut ws = open_workspace(root, Some(folder))?;
     let variables = unit_variables_with_answers(&ws, group, &opts.inputs);
     substitute_variables(&mut ws, &variables);
-    apply_variables(&mut ws, group, &variables);
+    let block = variables_block(&variables, group);
+    let mut given = None;
     let mut unit = UnitRun {
         group: group.map(|g| g.id.clone()),
         run_folder: folder.to_string(),
@@ -124,6 +125,8 @@ pub(super) async fn run_unit(
         visited.insert(id.clone());
         // The step asked for alone may be a route's sub-agent step.
         resolve_bare_dependencies(&mut ws, &id);
+        take_variables_block(&mut ws, given.take());
+        given = give_variables_block(&mut ws, &id, block.as_deref());
         let step = ws
             .plan
             .step(&id)

@@ -79,26 +79,44 @@ pub fn variables_block(
     Some(text)
 }
 
-/// Appends the [`variables_block`] of the unit (its `variables`) to the description of
-/// every step of `ws`.
-pub fn apply_variables(
+/// Appends `block` (the unit's [`variables_block`]) to the description of step `id` when it
+/// is a step of the main path or an orphan, for as long as it runs: the block is copied into
+/// the one step that runs, not into every step of the plan (a large variable in a plan of
+/// many steps would be copied once a step). Returns what [`take_variables_block`] needs to
+/// put the description back.
+pub fn give_variables_block(
     ws: &mut Workspace,
-    group: Option<&Group>,
-    variables: &BTreeMap<String, String>,
-) {
-    let Some(block) = variables_block(variables, group) else {
-        return;
-    };
-    for step in ws
+    id: &str,
+    block: Option<&str>,
+) -> Option<(String, Option<String>)> {
+    let block = block?;
+    let step = ws
         .plan
         .steps
         .iter_mut()
         .chain(ws.plan.orphan_steps.iter_mut())
+        .find(|s| s.id == id)?;
+    let before = step.description.clone();
+    step.description = Some(match before.as_deref().map(str::trim_end) {
+        Some(d) if !d.is_empty() => format!("{d}\n\n{block}"),
+        _ => block.to_string(),
+    });
+    Some((id.to_string(), before))
+}
+
+/// Puts back the description [`give_variables_block`] extended.
+pub fn take_variables_block(ws: &mut Workspace, given: Option<(String, Option<String>)>) {
+    let Some((id, before)) = given else {
+        return;
+    };
+    if let Some(step) = ws
+        .plan
+        .steps
+        .iter_mut()
+        .chain(ws.plan.orphan_steps.iter_mut())
+        .find(|s| s.id == id)
     {
-        step.description = Some(match step.description.as_deref().map(str::trim_end) {
-            Some(d) if !d.is_empty() => format!("{d}\n\n{block}"),
-            _ => block.clone(),
-        });
+        step.description = before;
     }
 }
 
@@ -121,10 +139,17 @@ pub fn unit_variables_with_answers(
     variables
 }
 
+/// How many spaces around a variable's name between braces [`substitute`] looks through.
+const NAME_SPACES: usize = 64;
+
 /// `text` with each workflow variable's `{{NAME}}`, `${NAME}` and `{NAME}` (spaces inside
 /// the braces allowed) replaced by its value, in one pass (a value is never substituted
 /// again); an unknown name stays as written.
 pub fn substitute(text: &str, variables: &BTreeMap<String, String>) -> String {
+    // A name between braces is one of the variables' names with spaces around it: the
+    // closing brace is looked for that far only, so a text of many unclosed braces costs
+    // its length, not its length squared.
+    let window = variables.keys().map(String::len).max().unwrap_or(0) + NAME_SPACES;
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while !rest.is_empty() {
@@ -141,7 +166,11 @@ pub fn substitute(text: &str, variables: &BTreeMap<String, String>) -> String {
             continue;
         };
         let after = &rest[open.len()..];
-        match after
+        let mut reach = after.len().min(window + close.len());
+        while !after.is_char_boundary(reach) {
+            reach -= 1;
+        }
+        match after[..reach]
             .find(close)
             .and_then(|end| variables.get(after[..end].trim()).map(|v| (end, v)))
         {
