@@ -339,7 +339,8 @@ fn a_refused_connection_is_retried_then_named() {
     let dir = tempfile::tempdir().unwrap();
     workspace(dir.path(), &format!("http://127.0.0.1:{port}/v1"));
     let out = run(dir.path());
-    assert_failed(&out, dir.path(), 3, "refused");
+    let refused = format!("transport: connection to `127.0.0.1:{port}` refused");
+    assert_failed(&out, dir.path(), 3, &refused);
 }
 
 /// A port of 127.0.0.1 held by a socket bound to it that does not listen: connecting to it

@@ -201,16 +201,22 @@ async fn global_learnings_are_writable_only_with_learnings_write_access() {
     let allowed = [fx.grant("writer", "free"), fx.reflection("writer")];
     let before = fx.digest();
 
-    for grant in &denied {
+    // The step's own learnings are readable, never writable: read-only for the writer's
+    // turns, not granted at all to the reader's.
+    let own = "`learnings/writer/new.md`";
+    let read_only = format!("workspace:write_file: denied: {own} is in a read-only folder");
+    let not_granted =
+        format!("workspace:write_file: denied: {own} is outside the folders granted to this call");
+    for (grant, own_denied) in denied.iter().zip([&read_only, &read_only, &not_granted]) {
         let err = write(&registry, "learnings/_global/new.md", grant)
             .await
             .unwrap_err();
         assert_eq!(err.kind(), "denied", "{err}");
-        // The step's own learnings are readable, never writable.
         let err = write(&registry, "learnings/writer/new.md", grant)
             .await
             .unwrap_err();
-        assert!(matches!(err.kind(), "denied" | "not-found"), "{err}");
+        assert_eq!(err.kind(), "denied", "{err}");
+        assert_eq!(err.to_string(), *own_denied);
     }
     assert_eq!(fx.digest(), before);
 
@@ -341,9 +347,15 @@ async fn planning_code_and_builder_do_not_exist_for_a_turn() {
             )
             .await
             .unwrap_err();
-            assert!(
-                matches!(err.kind(), "denied" | "not-found"),
-                "{path}: {err}"
+            // The path is resolved first: `runs/../planning` is `planning`.
+            let shown = path.trim_start_matches("runs/../");
+            assert_eq!(err.kind(), "denied", "{path}: {err}");
+            assert_eq!(
+                err.to_string(),
+                format!(
+                    "workspace:read_file: denied: `{shown}` is outside the folders granted to \
+                     this call"
+                )
             );
             assert!(!err.to_string().contains("secret script"), "{path}: {err}");
         }
@@ -448,7 +460,12 @@ async fn additional_read_paths_are_read_only_and_only_for_their_step() {
     )
     .await
     .unwrap_err();
-    assert!(matches!(err.kind(), "denied" | "not-found"), "{err}");
+    assert_eq!(err.kind(), "denied", "{err}");
+    assert_eq!(
+        err.to_string(),
+        "workspace:read_file: denied: `reference/sla.md` is outside the folders granted to this \
+         call"
+    );
     assert_eq!(fx.digest(), before);
 }
 
