@@ -952,6 +952,10 @@ async fn write_and_patch_inside_the_mode_folders() {
     assert!(ws.root().join("reports/weekly.md").is_file());
 }
 
+/// How every refusal of a builder-mode write ends: the folders that mode writes.
+const ONLY: &str = "; builder mode writes only under code/, knowledgebase/notes/, learnings/ \
+                    (planning/ changes only through the plan and step config tools)";
+
 #[tokio::test]
 async fn writes_outside_the_mode_folders_are_refused_and_change_nothing() {
     let ws = Ws::new();
@@ -1030,11 +1034,31 @@ async fn writes_outside_the_mode_folders_are_refused_and_change_nothing() {
         let failure = file_tool(&reg, &ws.root(), Mode::Builder, tool, args.clone())
             .await
             .expect_err(&format!("{tool} {args} is refused"));
-        assert!(
-            failure.message.contains("refused"),
-            "{args}: {}",
-            failure.message
-        );
+        let path = args["path"].as_str().unwrap();
+        let link = |folder: &str| {
+            format!(
+                "refused: {path:?} cannot be written: {folder} is a symbolic link; Trellis does \
+                 not read or write through links{ONLY}"
+            )
+        };
+        let expected = match (tool, path) {
+            ("patch_workspace_file", "code/fetch/main.py") => format!(
+                "refused: the patch names \"planning/plan.json\", but patch_workspace_file \
+                 changes only {path:?} (its `path`); patch one file per call"
+            ),
+            (_, "code/../planning/plan.json" | "../outside/notes.md") => format!(
+                "refused: {path:?} leaves the workspace: `..` is refused; give a path relative \
+                 to the workspace{ONLY}"
+            ),
+            (_, "/etc/passwd") => format!(
+                "refused: {path:?} is an absolute path: give a path relative to the workspace \
+                 (code/<step>/main.py){ONLY}"
+            ),
+            (_, "code/escape/notes.md" | "code/escape/new.md") => link("code/escape"),
+            (_, "code/plan-link/plan.json") => link("code/plan-link"),
+            _ => format!("refused: {path:?} is outside the folders this mode writes{ONLY}"),
+        };
+        assert_eq!(failure.message, expected, "{tool} {args}");
         assert_eq!(
             ws.digest_except(&[]),
             before,

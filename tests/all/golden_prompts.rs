@@ -1,8 +1,9 @@
 //! The texts the runtime sends the model, compared byte for byte with golden files written
 //! once and reviewed (`tests/data/golden/prompts/`): the system prompt of a step whose
-//! workspace has a knowledge base, learnings, a soul and a route, and the message of its
-//! reflection turn. They are read from the requests a fake model received through
-//! `trellis run`, not rebuilt by the functions that make them. `TRELLIS_BLESS=1` rewrites
+//! workspace has a knowledge base, learnings, a soul and a route, the message of its
+//! reflection turn, and the tools its item's turn offers (names, descriptions, argument
+//! schemas). They are read from the requests a fake model received through `trellis run`,
+//! not rebuilt by the functions that make them. `TRELLIS_BLESS=1` rewrites
 //! the golden files after a deliberate change (review the diff).
 
 use crate::support;
@@ -76,6 +77,10 @@ fn the_system_prompt_and_the_reflection_message_are_the_golden_ones() {
         .expect("the reflection turn ends with its message")
         .to_string();
     assert_golden("golden/prompts/reflection-message.txt", &reflection);
+    // The tools offered, whole as they went to the model: names, descriptions and argument
+    // schemas.
+    let tools = serde_json::to_string_pretty(&seen[0]["tools"]).unwrap() + "\n";
+    assert_golden("golden/prompts/tools.json", &tools);
     assert_eq!(
         message(&seen[1], "system"),
         message(&seen[0], "system"),

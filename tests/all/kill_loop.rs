@@ -4,8 +4,9 @@
 //! server answering after small random delays. After each kill every file under `runs/` is
 //! whole (JSON parses, JSON lines parse line by line, each note has all its lines, nothing
 //! of an unknown kind), `trellis runs list` and `runs show` work and call a step left
-//! `running` `interrupted`; the next run starts over the leftovers, and a last one
-//! completes and leaves no temp file of its own. At least half the kills must land while a run is
+//! `running` `interrupted`; the next run starts over the leftovers (removing the temp files
+//! of the writes the kill cut short), and a last one completes and leaves no temp file under
+//! `runs/`, nor one of its own elsewhere. At least half the kills must land while a run is
 //! going, and at least one must leave the step running: a loop whose kills all came too
 //! late would prove nothing.
 //!
@@ -394,8 +395,15 @@ fn kill_loop(seed: u64) {
     for path in &files {
         check_whole(path, &format!("seed {seed}, after the last run"));
     }
-    // The killed runs' temp files stay where they were cut short (in their own run folders);
-    // the last run, which completed, leaves none of its own.
+    // Each run removes the temp files the killed one before it left in the run folder
+    // before archiving it, and the last run, which completed, leaves none of its own: no
+    // temp file is left under runs/.
+    assert_eq!(
+        temp_files(&root.join("runs")),
+        Vec::<PathBuf>::new(),
+        "seed {seed}: temp files are left under runs/ after the last run"
+    );
+    // Elsewhere in the workspace, the last run leaves none of its own either.
     let left: Vec<PathBuf> = temp_files(root)
         .into_iter()
         .filter(|p| !temp_names.contains(&p.file_name().unwrap().to_string_lossy().into_owned()))

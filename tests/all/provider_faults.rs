@@ -339,7 +339,8 @@ fn a_refused_connection_is_retried_then_named() {
     let dir = tempfile::tempdir().unwrap();
     workspace(dir.path(), &format!("http://127.0.0.1:{port}/v1"));
     let out = run(dir.path());
-    assert_failed(&out, dir.path(), 3, "refused");
+    let refused = format!("transport: connection to `127.0.0.1:{port}` refused");
+    assert_failed(&out, dir.path(), 3, &refused);
 }
 
 /// A port of 127.0.0.1 held by a socket bound to it that does not listen: connecting to it
@@ -394,7 +395,7 @@ fn a_connection_refused_for_a_moment_is_retried_until_the_server_is_up() {
     let port = held.port;
     let dir = tempfile::tempdir().unwrap();
     workspace(dir.path(), &format!("http://127.0.0.1:{port}/v1"));
-    let child = support::trellis_command(&[
+    let mut child = support::trellis_command(&[
         "run",
         dir.path().to_str().unwrap(),
         "--allow-host",
@@ -408,27 +409,41 @@ fn a_connection_refused_for_a_moment_is_retried_until_the_server_is_up() {
     .stderr(std::process::Stdio::piped())
     .spawn()
     .unwrap();
-    // The server comes up only once the step has started calling its model.
-    let session = dir
-        .path()
-        .join("runs/iteration-0/execution/answer/session.json");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while !session.is_file() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the step never started"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    // The run's log lines, as it writes them.
+    let stderr = child.stderr.take().unwrap();
+    let (lines_tx, lines) = std::sync::mpsc::channel::<String>();
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if lines_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    // The server comes up only once an attempt was refused: the run logs each failed call.
+    let mut log = Vec::new();
+    let refused = loop {
+        // A generous bound that only a run that never calls its model reaches.
+        let line = lines
+            .recv_timeout(std::time::Duration::from_secs(120))
+            .unwrap_or_else(|e| panic!("no failed call logged ({e}):\n{}", log.join("\n")));
+        log.push(line.clone());
+        if line.contains("LLM call failed") {
+            break line;
+        }
+    };
+    assert!(
+        refused.contains(&format!(
+            "transport: connection to `127.0.0.1:{port}` refused"
+        )),
+        "the first attempt did not fail as refused: {refused}"
+    );
     let server = FaultServer::listen(held.listen(), vec![]);
     let out = child.wait_with_output().unwrap();
-    let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    reader.join().unwrap();
+    log.extend(lines.try_iter());
+    let all = format!("{}{}", text(&out.stdout), log.join("\n"));
     assert!(out.status.success(), "{all}");
-    assert!(
-        all.contains("refused"),
-        "no refused attempt before the server came up:\n{all}"
-    );
     assert!(
         text(&out.stdout).contains("step answer: completed"),
         "{all}"

@@ -387,43 +387,74 @@ fn objects_planted_by_a_writable_turn_write_nothing_in_a_read_only_one() {
 
 /// What a database tool call and a `db/assets/` write find when the workspace's `db/` was
 /// prepared by an attacker: `db/` a link to another project's folder, `db/db.sqlite` a link
-/// or a FIFO, `db/assets` a link out, the rollback journal a link to a file outside. The
-/// run refuses (or the call fails); the outside folder is unchanged and the run ends.
+/// or a FIFO, `db/assets` a link out, the rollback journal a link to a file outside. A link
+/// or FIFO on the way to the database or its assets refuses the run; a journal link makes
+/// SQLite refuse to open the database (the calls fail, the assets write goes through) and
+/// the run completes. The outside folder is unchanged.
 #[test]
 fn links_and_fifos_at_the_database_paths_are_never_followed() {
+    /// The run completes (the database calls fail).
+    const RAN: &str = "";
     type Plant = fn(&Path, &Path);
-    let cases: Vec<(&str, Plant)> = vec![
-        ("db-folder-link", |root, out| {
-            std::fs::remove_dir_all(root.join("db")).unwrap();
-            std::os::unix::fs::symlink(out, root.join("db")).unwrap();
-        }),
-        ("db-file-link", |root, out| {
-            std::fs::remove_file(root.join("db/db.sqlite")).unwrap();
-            std::os::unix::fs::symlink(out.join("db.sqlite"), root.join("db/db.sqlite")).unwrap();
-        }),
-        ("db-file-fifo", |root, _| {
-            std::fs::remove_file(root.join("db/db.sqlite")).unwrap();
-            let path = std::ffi::CString::new(root.join("db/db.sqlite").to_str().unwrap()).unwrap();
-            // SAFETY: a plain libc call on a valid C string.
-            assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o644) }, 0);
-        }),
-        ("assets-link", |root, out| {
-            std::os::unix::fs::symlink(out.join("assets"), root.join("db/assets")).unwrap();
-        }),
-        ("journal-link", |root, out| {
-            std::os::unix::fs::symlink(out.join("journal"), root.join("db/db.sqlite-journal"))
-                .unwrap();
-        }),
-        ("wal-link", |root, out| {
-            let conn = rusqlite::Connection::open(root.join("db/db.sqlite")).unwrap();
-            conn.query_row("PRAGMA journal_mode = WAL", [], |_| Ok(()))
-                .unwrap();
-            drop(conn);
-            std::os::unix::fs::symlink(out.join("journal"), root.join("db/db.sqlite-wal")).unwrap();
-            std::os::unix::fs::symlink(out.join("shm"), root.join("db/db.sqlite-shm")).unwrap();
-        }),
+    let cases: Vec<(&str, Plant, &str)> = vec![
+        (
+            "db-folder-link",
+            |root, out| {
+                std::fs::remove_dir_all(root.join("db")).unwrap();
+                std::os::unix::fs::symlink(out, root.join("db")).unwrap();
+            },
+            "error: db is a symbolic link; Trellis does not read or write through links",
+        ),
+        (
+            "db-file-link",
+            |root, out| {
+                std::fs::remove_file(root.join("db/db.sqlite")).unwrap();
+                std::os::unix::fs::symlink(out.join("db.sqlite"), root.join("db/db.sqlite"))
+                    .unwrap();
+            },
+            "error: db/db.sqlite is a symbolic link; Trellis does not read or write through links",
+        ),
+        (
+            "db-file-fifo",
+            |root, _| {
+                std::fs::remove_file(root.join("db/db.sqlite")).unwrap();
+                let path =
+                    std::ffi::CString::new(root.join("db/db.sqlite").to_str().unwrap()).unwrap();
+                // SAFETY: a plain libc call on a valid C string.
+                assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o644) }, 0);
+            },
+            "error: db/db.sqlite is not a regular file",
+        ),
+        (
+            "assets-link",
+            |root, out| {
+                std::os::unix::fs::symlink(out.join("assets"), root.join("db/assets")).unwrap();
+            },
+            "db/assets is a symbolic link; Trellis does not read or write through links",
+        ),
+        (
+            "journal-link",
+            |root, out| {
+                std::os::unix::fs::symlink(out.join("journal"), root.join("db/db.sqlite-journal"))
+                    .unwrap();
+            },
+            RAN,
+        ),
+        (
+            "wal-link",
+            |root, out| {
+                let conn = rusqlite::Connection::open(root.join("db/db.sqlite")).unwrap();
+                conn.query_row("PRAGMA journal_mode = WAL", [], |_| Ok(()))
+                    .unwrap();
+                drop(conn);
+                std::os::unix::fs::symlink(out.join("journal"), root.join("db/db.sqlite-wal"))
+                    .unwrap();
+                std::os::unix::fs::symlink(out.join("shm"), root.join("db/db.sqlite-shm")).unwrap();
+            },
+            RAN,
+        ),
     ];
-    for (name, plant) in cases {
+    for (name, plant, expected) in cases {
         let outside = tempfile::tempdir().unwrap();
         let out_dir = outside.path();
         create_db(
@@ -467,6 +498,31 @@ fn links_and_fifos_at_the_database_paths_are_never_followed() {
         let outside_before = tree_digest(out_dir);
         let out = run(root, &[]);
         let all = format!("{}\n{}", text(&out.stdout), text(&out.stderr));
+        if expected == RAN {
+            assert_eq!(out.status.code(), Some(0), "{name}: {all}");
+            let unopened = "opening the workflow db: unable to open database file";
+            assert_eq!(
+                server.last_tool_results(),
+                [
+                    ("q".to_string(), format!("error: {unopened}")),
+                    (
+                        "m".to_string(),
+                        format!(
+                            "error: statements[0]: {unopened}; nothing was changed (the \
+                             transaction was rolled back)"
+                        )
+                    ),
+                    (
+                        "w".to_string(),
+                        r#"{"bytes_written":1,"path":"db/assets/x.txt"}"#.to_string()
+                    ),
+                ],
+                "{name}"
+            );
+        } else {
+            assert_eq!(out.status.code(), Some(1), "{name}: {all}");
+            assert!(text(&out.stderr).contains(expected), "{name}: {all}");
+        }
         assert_eq!(tree_digest(out_dir), outside_before, "{name}: {all}");
         if out.status.success() {
             let results = server.last_tool_results();
@@ -920,16 +976,34 @@ fn context_dependencies_and_skills_cannot_reach_hidden_folders() {
     }
 }
 
-/// FIFOs at files the run or a turn's tools read (`variables/variables.json`,
-/// `soul/soul.md`, a skill's `SKILL.md`, `db/seed.sql`): the run ends (refused, or the read
-/// fails) instead of waiting for a writer, and nothing outside the run folder changes.
+/// FIFOs at files the run or a turn's tools read: the run ends instead of waiting for a
+/// writer, and nothing outside the run folder changes. The files the run reads before any
+/// step (`variables/variables.json`, `db/seed.sql`) refuse the run; the ones only a turn's
+/// tools read (`soul/soul.md`, a skill's `SKILL.md`) fail the read, and the run goes on.
 #[test]
 fn fifos_where_the_run_reads_do_not_hang_it() {
-    for fifo in [
-        "variables/variables.json",
-        "soul/soul.md",
-        "skills/s/SKILL.md",
-        "db/seed.sql",
+    /// The run stops with this error.
+    const REFUSED: bool = true;
+    let special = "is not a regular file";
+    let variables = format!(
+        "error: variables/variables.json: cannot be read: variables/variables.json {special} \
+         (a FIFO, socket or device); Trellis reads and writes only regular files"
+    );
+    let denied = |path: &str| {
+        format!(
+            "error: workspace:read_file: denied: `{path}` is a FIFO, socket or device: only \
+             regular files and folders can be opened"
+        )
+    };
+    for (fifo, refused, expected) in [
+        ("variables/variables.json", REFUSED, variables),
+        ("soul/soul.md", !REFUSED, denied("soul/soul.md")),
+        ("skills/s/SKILL.md", !REFUSED, denied("skills/s/SKILL.md")),
+        (
+            "db/seed.sql",
+            REFUSED,
+            format!("error: db/seed.sql {special}"),
+        ),
     ] {
         let server = scripted(vec![
             calls(vec![call(
@@ -959,9 +1033,14 @@ fn fifos_where_the_run_reads_do_not_hang_it() {
         let before = listing(root);
         let out = run(root, &[]);
         let all = format!("{}\n{}", text(&out.stdout), text(&out.stderr));
-        if out.status.success() {
+        if refused {
+            assert_eq!(out.status.code(), Some(1), "{fifo}: {all}");
+            assert!(text(&out.stderr).contains(&expected), "{fifo}: {all}");
+            assert!(server.seen().is_empty(), "{fifo}: the model was called");
+        } else {
+            assert_eq!(out.status.code(), Some(0), "{fifo}: {all}");
             let read = result_of(&server.last_tool_results(), "read");
-            assert!(read.starts_with("error"), "{fifo}: {read}");
+            assert_eq!(read, expected, "{fifo}");
         }
         assert_eq!(listing(root), before, "{fifo}: {all}");
     }

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde_json::{Value, json};
 use support::grants::{item_grant, reflection_grant, sub_agent_grant};
-use support::tape::{Conv, Tape, Twin, replay_runner, write_calls};
+use support::tape::{Conv, Tape, Twin, golden_tools, replay_runner, write_calls};
 use support::workspace::{copy_workspace, create_db, example_dir, read_json, write_files};
 use support::{registry, tree_digest};
 use trellis_runner::driver::{
@@ -28,7 +28,7 @@ use trellis_runner::grants::AgentFolders;
 use trellis_runner::routes::{CallResult, call_opening, call_preamble};
 use trellis_runner::session::Status;
 use trellis_sandbox::PluginRegistry;
-use trellis_sandbox::llm::{Cassette, Usage};
+use trellis_sandbox::llm::{Cassette, RecordedTool, Usage};
 use trellis_workflow::Workspace;
 
 const MODEL: &str = "m-routes";
@@ -36,15 +36,20 @@ const OUT: &str = "runs/iteration-0/execution/s1";
 const SHARED: &str = "runs/iteration-0/execution/s1/shared";
 /// The refunds specialist's task.
 const TASK: &str = "Write decision.json in your output folder, then answer in one line.";
-/// The tools the parent is offered: its two selected plugin tools, the database tools (the
-/// workspace has a `db/` folder), then the delegation tool.
-const PARENT_TOOLS: &[&str] = &[
-    "workspace:read_file",
-    "workspace:write_file",
-    "query_workflow_db",
-    "mutate_workflow_db",
-    "call_sub_agent",
-];
+/// The golden definitions of the parent's first four tools: its two selected plugin tools,
+/// then the database tools (the workspace has a `db/` folder).
+const PARENT_TOOLS: &str = "golden/tools/workspace-and-db.json";
+
+/// The tools the parent is offered: the four of [`PARENT_TOOLS`], whole, then the delegation
+/// tool, by name (its description lists the routes of each test's plan).
+fn parent_tools() -> Vec<RecordedTool> {
+    let mut tools: Vec<RecordedTool> = golden_tools(PARENT_TOOLS)
+        .into_iter()
+        .map(RecordedTool::Definition)
+        .collect();
+    tools.push(RecordedTool::Name("call_sub_agent".into()));
+    tools
+}
 
 /// The folder of call `call` of `route`, a route of the step with output folder `out`.
 fn call_folder_in(out: &str, route: &str, call: &str) -> String {
@@ -145,7 +150,7 @@ fn desk(plan: &str) -> (tempfile::TempDir, Workspace, Tape, Conv) {
 
 /// The agent of step `s1`, offered its tools and the delegation tool.
 fn parent(ws: &Workspace) -> Conv {
-    Conv::new(step_system_prompt(ws, "s1").unwrap()).offering(PARENT_TOOLS)
+    Conv::new(step_system_prompt(ws, "s1").unwrap()).offering_tools(parent_tools())
 }
 
 /// The refunds specialist in call `call_id`, opened with `instructions` from the parent.
@@ -962,7 +967,8 @@ fn record_through_the_binary(conversation: &Cassette) -> Cassette {
 }
 
 /// `recorded` (full requests) holds the conversation `built` describes: the same models,
-/// messages and answers; tools compared by name where `built` names them.
+/// messages and answers; tools compared whole where `built` defines them, by name where it
+/// names them.
 fn assert_same_conversation(recorded: &Cassette, built: &Cassette) {
     assert_eq!(recorded.interactions.len(), built.interactions.len());
     for (i, (r, b)) in recorded
@@ -971,7 +977,20 @@ fn assert_same_conversation(recorded: &Cassette, built: &Cassette) {
         .zip(&built.interactions)
         .enumerate()
     {
+        // Tools compared whole where `built` defines them, by name where it names them.
         let mut request = r.request.names_only();
+        if b.request.tools.len() == r.request.tools.len() {
+            request.tools = r
+                .request
+                .tools
+                .iter()
+                .zip(&b.request.tools)
+                .map(|(recorded, built)| match built {
+                    RecordedTool::Name(_) => RecordedTool::Name(recorded.name().to_string()),
+                    RecordedTool::Definition(_) => recorded.clone(),
+                })
+                .collect();
+        }
         if b.request.tools.is_empty() {
             request.tools.clear();
         }

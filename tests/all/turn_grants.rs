@@ -7,14 +7,14 @@
 use crate::support;
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 use support::grants::{item_grant, reflection_grant};
 use support::workspace::{create_db, write_files};
 use support::{registry, registry_with_adversary, tree_digest};
 use trellis_runner::grants::TurnGrant;
-use trellis_sandbox::{Limits, PluginRegistry, ToolCallError};
+use trellis_sandbox::{Access, Limits, PluginRegistry, ToolCallError};
 use trellis_workflow::Workspace;
 
 const PLAN: &str = r#"{
@@ -28,7 +28,9 @@ const PLAN: &str = r#"{
        {"id": "no-learnings", "type": "user_message", "message": "go",
         "write_access": {"learnings": false}},
        {"id": "no-db", "type": "user_message", "message": "go", "write_access": {"db": false}},
-       {"id": "kb-only", "type": "user_message", "message": "go", "kind": "knowledgebase"}
+       {"id": "kb-only", "type": "user_message", "message": "go", "kind": "knowledgebase"},
+       {"id": "kb-and-db", "type": "user_message", "message": "go",
+        "write_access": {"knowledgebase": true, "db": true}}
      ]},
     {"id": "reader", "type": "message_sequence", "title": "Reader", "description": "reads",
      "items": [
@@ -199,16 +201,22 @@ async fn global_learnings_are_writable_only_with_learnings_write_access() {
     let allowed = [fx.grant("writer", "free"), fx.reflection("writer")];
     let before = fx.digest();
 
-    for grant in &denied {
+    // The step's own learnings are readable, never writable: read-only for the writer's
+    // turns, not granted at all to the reader's.
+    let own = "`learnings/writer/new.md`";
+    let read_only = format!("workspace:write_file: denied: {own} is in a read-only folder");
+    let not_granted =
+        format!("workspace:write_file: denied: {own} is outside the folders granted to this call");
+    for (grant, own_denied) in denied.iter().zip([&read_only, &read_only, &not_granted]) {
         let err = write(&registry, "learnings/_global/new.md", grant)
             .await
             .unwrap_err();
         assert_eq!(err.kind(), "denied", "{err}");
-        // The step's own learnings are readable, never writable.
         let err = write(&registry, "learnings/writer/new.md", grant)
             .await
             .unwrap_err();
-        assert!(matches!(err.kind(), "denied" | "not-found"), "{err}");
+        assert_eq!(err.kind(), "denied", "{err}");
+        assert_eq!(err.to_string(), *own_denied);
     }
     assert_eq!(fx.digest(), before);
 
@@ -339,9 +347,15 @@ async fn planning_code_and_builder_do_not_exist_for_a_turn() {
             )
             .await
             .unwrap_err();
-            assert!(
-                matches!(err.kind(), "denied" | "not-found"),
-                "{path}: {err}"
+            // The path is resolved first: `runs/../planning` is `planning`.
+            let shown = path.trim_start_matches("runs/../");
+            assert_eq!(err.kind(), "denied", "{path}: {err}");
+            assert_eq!(
+                err.to_string(),
+                format!(
+                    "workspace:read_file: denied: `{shown}` is outside the folders granted to \
+                     this call"
+                )
             );
             assert!(!err.to_string().contains("secret script"), "{path}: {err}");
         }
@@ -446,6 +460,61 @@ async fn additional_read_paths_are_read_only_and_only_for_their_step() {
     )
     .await
     .unwrap_err();
-    assert!(matches!(err.kind(), "denied" | "not-found"), "{err}");
+    assert_eq!(err.kind(), "denied", "{err}");
+    assert_eq!(
+        err.to_string(),
+        "workspace:read_file: denied: `reference/sla.md` is outside the folders granted to this \
+         call"
+    );
     assert_eq!(fx.digest(), before);
+}
+
+/// The grant of an item whose `write_access` names two stores, written out by hand: a
+/// `write_access` that sets keys grants exactly the stores set `true` (knowledge base notes
+/// and the database's assets), so the learnings the step could write are read-only in this
+/// turn. The folders are granted in this order, each at the guest path of its workspace path.
+#[test]
+fn an_items_write_access_grants_exactly_these_folders() {
+    use Access::{ReadOnly, ReadWrite};
+    let fx = Fixture::new();
+    let grant = fx.grant("writer", "kb-and-db");
+    let expected: &[(&str, Access)] = &[
+        ("runs/iteration-0/execution", ReadOnly),
+        ("runs/iteration-0/execution/Downloads", ReadWrite),
+        ("runs/iteration-0/execution/writer", ReadWrite),
+        ("knowledgebase", ReadOnly),
+        ("knowledgebase/notes", ReadWrite),
+        ("learnings/_global", ReadOnly),
+        ("learnings/writer", ReadOnly),
+        ("db", ReadOnly),
+        ("db/assets", ReadWrite),
+    ];
+    let described: Vec<(&str, Access)> = grant
+        .folders
+        .iter()
+        .map(|f| (f.path.as_str(), f.access))
+        .collect();
+    assert_eq!(described, expected);
+    let root = fx.root().canonicalize().unwrap();
+    let given: Vec<(PathBuf, String, Access)> = grant
+        .grant
+        .folders()
+        .iter()
+        .map(|f| (f.host.clone(), f.guest.clone(), f.access))
+        .collect();
+    let expected_given: Vec<(PathBuf, String, Access)> = expected
+        .iter()
+        .map(|(rel, access)| (root.join(rel), format!("/{rel}"), *access))
+        .collect();
+    assert_eq!(given, expected_given);
+    assert_eq!(grant.db_writable, Some(true));
+    assert_eq!(
+        grant.grant.db().map(|db| (db.path.clone(), db.writable)),
+        Some((root.join("db/db.sqlite"), true))
+    );
+    assert_eq!(
+        grant.output_dir,
+        root.join("runs/iteration-0/execution/writer")
+    );
+    assert_eq!(grant.missing, Vec::<(&str, String)>::new());
 }

@@ -156,6 +156,7 @@ pub async fn run_workflow(env: &RunEnv<'_>, root: &Path, opts: &RunOptions) -> R
     if !root.is_dir() {
         bail!("{}: no such workspace folder", root.display());
     }
+    let started = std::time::SystemTime::now();
     let ws = open_workspace(root, None)?;
     for warning in ws.warnings.warnings() {
         env.observer.emit(RunEvent::Warning {
@@ -166,7 +167,7 @@ pub async fn run_workflow(env: &RunEnv<'_>, root: &Path, opts: &RunOptions) -> R
     // The run's external MCP servers go with it: stopped when it ends, whichever way.
     let servers = Arc::new(servers);
     *env.mcp.lock().unwrap_or_else(|e| e.into_inner()) = Some(servers.clone());
-    let mut result = run_prepared(env, root, &ws, opts, groups, units).await;
+    let mut result = run_prepared(env, root, &ws, opts, groups, units, started).await;
     // The steps' sessions, turn logs and final summaries are written behind the loop
     // (`StepRunner::with_step_ends_behind`): all on disk before the run is reported over and
     // its workspace lock let go.
@@ -190,8 +191,22 @@ async fn run_prepared(
     opts: &RunOptions,
     groups: Vec<&Group>,
     units: Vec<Unit<'_>>,
+    started: std::time::SystemTime,
 ) -> Result<WorkflowRun> {
     let full = opts.step.is_none() && opts.from.is_none() && opts.group.is_none();
+    // A run killed half way leaves the temp files of the writes it cut short; they go
+    // before the folder is archived or reused (the workspace lock is held: no other run
+    // writes there).
+    let stale = ws
+        .fs
+        .remove_stale_temp_files(format!("runs/{ACTIVE_RUN}"), started)
+        .with_context(|| format!("removing stale temp files under runs/{ACTIVE_RUN}"))?;
+    if !stale.is_empty() {
+        tracing::info!(
+            count = stale.len(),
+            "removed the temp files of writes cut short under runs/{ACTIVE_RUN}"
+        );
+    }
     if seed_database(&ws.fs)? {
         env.observer.emit(RunEvent::DatabaseSeeded {
             database: DB_FILE.to_string(),

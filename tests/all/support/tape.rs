@@ -11,7 +11,7 @@ use trellis_runner::driver::StepRunner;
 use trellis_runner::grants::AgentFolders;
 use trellis_sandbox::llm::{
     Cassette, Endpoint, Interaction, Message, RecordedRequest, RecordedTool, ReplayCursor,
-    Response, Secret, StopReason, Target, ToolCall, Usage,
+    Response, Secret, StopReason, Target, ToolCall, ToolDefinition, Usage,
 };
 use trellis_sandbox::{Grant, Limits, PluginRegistry};
 use trellis_workflow::Workspace;
@@ -69,7 +69,7 @@ impl Tape {
 /// One agent's conversation as the cassette expects it.
 pub struct Conv {
     pub messages: Vec<Message>,
-    tools: Vec<String>,
+    tools: Vec<RecordedTool>,
 }
 
 impl Conv {
@@ -82,7 +82,18 @@ impl Conv {
 
     /// Also checks the names of the tools offered in every request of this agent.
     pub fn offering(mut self, tools: &[&str]) -> Conv {
-        self.tools = tools.iter().map(|t| t.to_string()).collect();
+        self.tools = tools
+            .iter()
+            .map(|t| RecordedTool::Name(t.to_string()))
+            .collect();
+        self
+    }
+
+    /// Also checks the tools offered in every request of this agent, in this order: each
+    /// whole (name, description and argument schema) where a definition is given, by name
+    /// where a name is.
+    pub fn offering_tools(mut self, tools: Vec<RecordedTool>) -> Conv {
+        self.tools = tools;
         self
     }
 
@@ -115,11 +126,7 @@ impl Conv {
             request: RecordedRequest {
                 model: tape.model.clone(),
                 messages: self.messages.clone(),
-                tools: self
-                    .tools
-                    .iter()
-                    .map(|t| RecordedTool::Name(t.clone()))
-                    .collect(),
+                tools: self.tools.clone(),
                 options: Default::default(),
             },
             response: response.clone(),
@@ -275,4 +282,18 @@ impl Twin {
         let grant = sub_agent_grant(&self.ws, step_id, route_id, folders);
         tool_text(registry, tool, args, &grant.grant).await
     }
+}
+
+/// The tool definitions of the golden file `rel` under `tests/data/` (a JSON list of
+/// `{"name", "description", "parameters"}`), written once and reviewed.
+pub fn golden_tools(rel: &str) -> Vec<ToolDefinition> {
+    let path = super::golden::golden_path(rel);
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("golden file {} cannot be read: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| {
+        panic!(
+            "golden file {}: expected a list of tool definitions: {e}",
+            path.display()
+        )
+    })
 }

@@ -105,7 +105,9 @@ fn folder_list(ctx: &ToolContext<'_>) -> Vec<String> {
         .collect()
 }
 
-fn outside(ctx: &ToolContext<'_>, path: &str, why: &str) -> ToolFailure {
+/// The refusal of a write: `what` (the path and why it is refused), then the folders the
+/// mode writes.
+fn outside(ctx: &ToolContext<'_>, what: &str) -> ToolFailure {
     let folders = folder_list(ctx);
     let allowed = if folders.is_empty() {
         format!("{} mode writes no files", ctx.mode)
@@ -114,8 +116,8 @@ fn outside(ctx: &ToolContext<'_>, path: &str, why: &str) -> ToolFailure {
     };
     ToolFailure::with_details(
         format!(
-            "refused: {path:?} {why}; {allowed} (planning/ changes only through the plan and \
-             step config tools)"
+            "refused: {what}; {allowed} (planning/ changes only through the plan and step \
+             config tools)"
         ),
         json!({"writable_folders": folders}),
     )
@@ -124,7 +126,8 @@ fn outside(ctx: &ToolContext<'_>, path: &str, why: &str) -> ToolFailure {
 /// The workspace-relative path of `path` when it is a file inside one of the mode's folders,
 /// with no symbolic link on the way.
 fn writable_target(ctx: &ToolContext<'_>, path: &str) -> Result<String, ToolFailure> {
-    let rel = relative_path(path).map_err(|e| outside(ctx, path, &e.message))?;
+    // The message names the path already.
+    let rel = relative_path(path).map_err(|e| outside(ctx, &e.message))?;
     let inside = ctx
         .mode
         .writable_folders()
@@ -133,8 +136,7 @@ fn writable_target(ctx: &ToolContext<'_>, path: &str) -> Result<String, ToolFail
     if !inside {
         return Err(outside(
             ctx,
-            path,
-            "is outside the folders this mode writes",
+            &format!("{path:?} is outside the folders this mode writes"),
         ));
     }
     let fs = WorkspaceFs::open(ctx.root).map_err(|e| ToolFailure::new(e.to_string()))?;
@@ -142,8 +144,7 @@ fn writable_target(ctx: &ToolContext<'_>, path: &str) -> Result<String, ToolFail
         Ok(Some(Kind::Link)) => {
             return Err(outside(
                 ctx,
-                path,
-                "is a symbolic link; files are never written through links",
+                &format!("{path:?} is a symbolic link; files are never written through links"),
             ));
         }
         Ok(Some(Kind::Dir)) => {
@@ -152,7 +153,9 @@ fn writable_target(ctx: &ToolContext<'_>, path: &str) -> Result<String, ToolFail
             )));
         }
         Ok(_) => {}
-        Err(e) => return Err(outside(ctx, path, &format!("cannot be written: {e}"))),
+        Err(e) => {
+            return Err(outside(ctx, &format!("{path:?} cannot be written: {e}")));
+        }
     }
     Ok(rel.to_string_lossy().replace('\\', "/"))
 }

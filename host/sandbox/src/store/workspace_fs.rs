@@ -580,6 +580,64 @@ impl WorkspaceFs {
         Ok(())
     }
 
+    /// Removes the temp files that writes cut short (a killed process) left under `dir`, and
+    /// returns their paths. Only regular files named as this store's writes name them are
+    /// touched: `.trellis-<pid>-<n>.tmp` and `.trellis-<pid>-batch-<n>.tmp` whose process is
+    /// gone or that are older than `started` (the process id was reused since), and the
+    /// `workspace` plugin's `.<name>.<16 hex digits>.trellis-tmp` older than `started`
+    /// ("older" by more than [`TEMP_CLOCK_SLACK`]). Links are neither followed nor removed;
+    /// the walk stays inside `dir`.
+    ///
+    /// `started` is when the caller began, holding the workspace lock: no live writer of
+    /// another run has a temp file in its run folder from before then.
+    pub fn remove_stale_temp_files(
+        &self,
+        dir: impl AsRef<Path>,
+        started: std::time::SystemTime,
+    ) -> io::Result<Vec<PathBuf>> {
+        let rel = self.relative(dir.as_ref())?;
+        if self.check(&rel)? != Some(Kind::Dir) {
+            return Ok(Vec::new());
+        }
+        let mut candidates = Vec::new();
+        self.walk(&rel, |path, kind| {
+            if kind == Kind::File
+                && let Some(name) = path.file_name().and_then(|n| n.to_str())
+                && let Some(owner) = temp_file_owner(name)
+            {
+                candidates.push((path.to_path_buf(), owner));
+            }
+            kind == Kind::Dir
+        })?;
+        let mut removed = Vec::new();
+        for (path, owner) in candidates {
+            // Checked again right before removal: still a regular file (not swapped for a link).
+            let Ok(meta) = self.dir.symlink_metadata(&path) else {
+                continue;
+            };
+            if !meta.file_type().is_file() {
+                continue;
+            }
+            // File times come from the kernel's coarse clock, a tick behind the one
+            // `started` was read from: a file made just after `started` can look older.
+            let older = meta
+                .modified()
+                .is_ok_and(|m| m.into_std() + TEMP_CLOCK_SLACK < started);
+            let stale = match owner {
+                TempOwner::Process(pid) => older || !process_alive(pid),
+                TempOwner::Unnamed => older,
+            };
+            if stale {
+                match self.dir.remove_file(&path) {
+                    Ok(()) => removed.push(path),
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(removed)
+    }
+
     /// Replaces `path` with `bytes` atomically: a temp file beside it, flushed to disk, then
     /// renamed over it, and the folder flushed so the rename survives a power loss. Parent
     /// folders are created; a link on the way or at `path` is refused.
@@ -743,6 +801,53 @@ fn is_absent(e: &io::Error) -> bool {
     e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ENOTDIR)
 }
 
+/// How much older than the run's start a temp file must be to count as older
+/// ([`WorkspaceFs::remove_stale_temp_files`]): more than a tick of the kernel's coarse clock.
+const TEMP_CLOCK_SLACK: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Who wrote a temp file, by its name ([`WorkspaceFs::remove_stale_temp_files`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TempOwner {
+    /// The store's own writes: named by the writing process.
+    Process(u32),
+    /// The `workspace` plugin's writes: named at random.
+    Unnamed,
+}
+
+/// The owner of a temp file named `name`, or `None` when the name is not one of the temp
+/// files' names.
+fn temp_file_owner(name: &str) -> Option<TempOwner> {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if let Some(rest) = name
+        .strip_prefix(".trellis-")
+        .and_then(|r| r.strip_suffix(".tmp"))
+    {
+        let (pid, counter) = rest.split_once('-')?;
+        let counter = counter.strip_prefix("batch-").unwrap_or(counter);
+        if digits(pid) && digits(counter) {
+            return pid.parse().ok().map(TempOwner::Process);
+        }
+        return None;
+    }
+    let rest = name.strip_prefix('.')?.strip_suffix(".trellis-tmp")?;
+    let (target, unique) = rest.rsplit_once('.')?;
+    (!target.is_empty() && unique.len() == 16 && unique.bytes().all(|b| b.is_ascii_hexdigit()))
+        .then_some(TempOwner::Unnamed)
+}
+
+/// Whether process `pid` is alive (a process of another user counts as alive).
+fn process_alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    if pid <= 0 {
+        return false;
+    }
+    // SAFETY: signal 0 only checks that the process exists; nothing is sent.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -765,6 +870,89 @@ mod tests {
         assert_eq!(fs.read_to_string("a/b.json").unwrap(), "[]\n");
         let names: Vec<_> = fs.list("a").unwrap();
         assert_eq!(names, [("b.json".to_string(), Kind::File)]);
+    }
+
+    #[test]
+    fn stale_temp_files_are_removed_and_nothing_else() {
+        let (ws, outside, fs) = setup();
+        let dir = ws.path().join("runs/iteration-0/execution/s");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::create_dir_all(ws.path().join("knowledgebase")).unwrap();
+        let started = std::time::SystemTime::now();
+        let old = started - std::time::Duration::from_secs(3600);
+        let own = std::process::id();
+        // 4194304 is past the highest process id Linux gives (pid_max is at most 2^22).
+        let dead = 4_194_304;
+        let write = |rel: &str, modified: Option<std::time::SystemTime>| {
+            let path = ws.path().join(rel);
+            let file = std::fs::File::create(&path).unwrap();
+            if let Some(t) = modified {
+                file.set_modified(t).unwrap();
+            }
+        };
+        let run = "runs/iteration-0/execution/s";
+        let stale = [
+            format!("{run}/.trellis-{dead}-3.tmp"),
+            format!("{run}/.trellis-{dead}-batch-7.tmp"),
+            format!("runs/iteration-0/.trellis-{own}-2.tmp"),
+            format!("{run}/.note.md.0123456789abcdef.trellis-tmp"),
+        ];
+        write(&stale[0], None);
+        write(&stale[1], None);
+        write(&stale[2], Some(old));
+        write(&stale[3], Some(old));
+        let kept = [
+            format!("{run}/.trellis-{own}-1.tmp"),
+            format!("{run}/.trellis-{own}-batch-1.tmp"),
+            format!("{run}/.note.md.fedcba9876543210.trellis-tmp"),
+            format!("{run}/.trellis-{dead}-x.tmp"),
+            format!("{run}/.trellis-{dead}-batch-.tmp"),
+            format!("{run}/.note.md.0123.trellis-tmp"),
+            format!("{run}/note.md"),
+            format!("knowledgebase/.trellis-{dead}-1.tmp"),
+        ];
+        for rel in &kept {
+            write(rel, None);
+        }
+        write(&kept[7], Some(old));
+        std::fs::write(outside.path().join("target"), "outside\n").unwrap();
+        let link = format!("{run}/.trellis-{dead}-9.tmp");
+        symlink(outside.path().join("target"), ws.path().join(&link)).unwrap();
+        let dir_link = format!("{run}/linked");
+        std::fs::write(outside.path().join(format!(".trellis-{dead}-4.tmp")), "").unwrap();
+        symlink(outside.path(), ws.path().join(&dir_link)).unwrap();
+
+        let mut removed = fs
+            .remove_stale_temp_files("runs/iteration-0", started)
+            .unwrap();
+        removed.sort();
+        let mut expected: Vec<PathBuf> = stale.iter().map(PathBuf::from).collect();
+        expected.sort();
+        assert_eq!(removed, expected);
+        for rel in &stale {
+            assert!(!ws.path().join(rel).exists(), "{rel} is left");
+        }
+        for rel in kept.iter().chain([&link, &dir_link]) {
+            assert!(
+                ws.path().join(rel).symlink_metadata().is_ok(),
+                "{rel} was removed"
+            );
+        }
+        assert_eq!(
+            std::fs::read_to_string(outside.path().join("target")).unwrap(),
+            "outside\n"
+        );
+        assert!(
+            outside
+                .path()
+                .join(format!(".trellis-{dead}-4.tmp"))
+                .exists()
+        );
+        // A folder that is not there has nothing to clean.
+        assert_eq!(
+            fs.remove_stale_temp_files("runs/none", started).unwrap(),
+            Vec::<PathBuf>::new()
+        );
     }
 
     #[test]
