@@ -9,7 +9,10 @@
 //! growing history) and the same `read_plan` calls. The difference is what the session adds.
 //!
 //! Besides criterion's report, prints medians per turn from an interleaved sample and the
-//! overhead; `BENCHMARKS.md` records these figures.
+//! overhead; `BENCHMARKS.md` records these figures. Under `cargo test --benches` (quick mode)
+//! the sample is a few sessions: the checks run, the figures mean nothing.
+
+mod support;
 
 #[path = "../tests/all/support/fake_llm.rs"]
 #[allow(dead_code)]
@@ -33,7 +36,8 @@ use trellis_runner::llm_choice::{LlmSetup, parse_llm_spec};
 use trellis_runner::runtime::{Runtime, StartOptions};
 use trellis_runner::workflow_run::RunOptions;
 use trellis_sandbox::llm::{
-    Endpoint, Message, Request, RetryPolicy, Secret, Target, Usage, complete_with_options,
+    Endpoint, KeyApprovals, Message, Request, RetryPolicy, Secret, Target, Usage,
+    complete_with_options,
 };
 use trellis_sandbox::{CacheSetting, Engine, Limits, PluginRegistry};
 
@@ -67,7 +71,12 @@ struct Bench {
 impl Bench {
     /// Ten turns of one session.
     async fn session(&self) {
-        let llm = LlmSetup::new(Some(parse_llm_spec("openai:bench").unwrap()));
+        // The server is on this machine: approved by the operator, as `--allow-host
+        // 127.0.0.1` does.
+        let mut approvals = KeyApprovals::defaults();
+        approvals.allow_host("127.0.0.1").unwrap();
+        let llm =
+            LlmSetup::new(Some(parse_llm_spec("openai:bench").unwrap())).with_approvals(approvals);
         let executions = Executions::new(
             self.runtime.clone(),
             StartOptions::new(RunOptions::default(), LlmSetup::new(None)),
@@ -163,7 +172,6 @@ fn micros(d: Duration) -> f64 {
 
 fn builder(c: &mut Criterion) {
     let dir = tempfile::tempdir().unwrap();
-    let cache = dir.path().join("cache");
     let root = dir.path().join("ws");
     // A tool call when the last message is the user's, an answer after the tool result.
     let server = FakeServer::start(Box::new(|body| {
@@ -177,7 +185,7 @@ fn builder(c: &mut Criterion) {
         (200, reply)
     }));
     workspace(&root, &server);
-    let engine = Engine::new(CacheSetting::Dir(cache)).unwrap();
+    let engine = Engine::new(CacheSetting::Dir(support::component_cache())).unwrap();
     let tokio = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -208,7 +216,7 @@ fn builder(c: &mut Criterion) {
     group.finish();
 
     // Interleaved sample: drift in machine load hits both alike.
-    let samples = 30;
+    let samples = support::rounds(30, 2);
     let (mut s, mut d, mut o) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..samples {
         // Each sample starts from no session on disk, as the first one did.

@@ -9,8 +9,16 @@
 //! same grant. The difference per turn is what the host adds: history and requests, tool
 //! policy, logs, session files, events.
 //!
+//! The step is timed as a run ends: the step, then the flush of what it queued on the writer
+//! thread (its session, turn logs and summary, which `trellis run` waits for before it says
+//! the run is over). The per-turn cost includes that flush and the writer thread's work, so
+//! none of it spills into the next measurement.
+//!
 //! Besides criterion's report, prints medians per turn from an interleaved sample and the
-//! overhead; `BENCHMARKS.md` records these figures.
+//! overhead; `BENCHMARKS.md` records these figures. Under `cargo test --benches` (quick mode)
+//! the sample is a few step runs: the checks run, the figures mean nothing.
+
+mod support;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -179,13 +187,23 @@ impl Bench {
             secret: Secret::none(),
         };
         // As in `trellis run`: the step's end does not wait for its logs to reach the disk;
-        // the run's end does (timed apart, see `flush`).
+        // the run's end does (`run_ended`).
         let runner = StepRunner::new(&self.registry, vec![target], Limits::default())
             .with_replay(cursor)
             .with_step_ends_behind();
         let outcome = runner.run_step(&self.ws, STEP).await.unwrap();
         assert_eq!(outcome.status, Status::Completed, "{:?}", outcome.error);
         assert_eq!(outcome.turns, TURNS as u64);
+    }
+
+    /// The step, then the wait the run's end adds: what the step queued on the writer
+    /// thread reaching the disk. Returns the time to the step's end and the whole.
+    async fn trellis_run(&self) -> (Duration, Duration) {
+        let start = Instant::now();
+        self.trellis().await;
+        let step = start.elapsed();
+        trellis_sandbox::store::write_behind::flush().unwrap();
+        (step, start.elapsed())
     }
 
     /// The same plugin calls, directly.
@@ -243,8 +261,7 @@ fn sequence(c: &mut Criterion) {
     };
     let root = dir.path().to_path_buf();
     workspace(&root);
-    let cache = std::env::temp_dir().join("trellis-bench-cache");
-    let engine = Engine::new(CacheSetting::Dir(cache)).unwrap();
+    let engine = Engine::new(CacheSetting::Dir(support::component_cache())).unwrap();
     let registry = runtime
         .block_on(PluginRegistry::with_bundled(&engine))
         .unwrap();
@@ -272,22 +289,13 @@ fn sequence(c: &mut Criterion) {
         calls,
     };
     // Both paths work before anything is timed.
-    runtime.block_on(bench.trellis());
+    runtime.block_on(bench.trellis_run());
     runtime.block_on(bench.bare());
 
     let mut group = c.benchmark_group("sequence");
     group.sample_size(20);
-    group.bench_function("trellis_step_10_turns", |b| {
-        b.iter_custom(|iters| {
-            let mut timed = Duration::ZERO;
-            for _ in 0..iters {
-                let start = Instant::now();
-                runtime.block_on(bench.trellis());
-                timed += start.elapsed();
-                trellis_sandbox::store::write_behind::flush().unwrap();
-            }
-            timed
-        })
+    group.bench_function("trellis_step_10_turns_flushed", |b| {
+        b.iter(|| runtime.block_on(bench.trellis_run()))
     });
     group.bench_function("bare_plugin_calls_10_turns", |b| {
         b.iter(|| runtime.block_on(bench.bare()))
@@ -295,27 +303,24 @@ fn sequence(c: &mut Criterion) {
     group.finish();
 
     // Interleaved sample: drift in machine load hits both alike.
-    let samples = 100;
-    let (mut t, mut w, mut d) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..5 {
-        runtime.block_on(bench.trellis());
+    let samples = support::rounds(100, 2);
+    for _ in 0..support::rounds(5, 1) {
+        runtime.block_on(bench.trellis_run());
         runtime.block_on(bench.bare());
     }
-    let mut flushes = Vec::new();
+    let per_turn = |d: Duration| d / TURNS as u32;
+    let (mut t, mut w, mut d) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut steps, mut flushes) = (Vec::new(), Vec::new());
     for _ in 0..samples {
-        let start = Instant::now();
-        runtime.block_on(bench.trellis());
-        let trellis = start.elapsed();
-        // The wait a run's end adds once (for all its steps), before it reports the run over.
-        let start = Instant::now();
-        trellis_sandbox::store::write_behind::flush().unwrap();
-        flushes.push(start.elapsed());
+        let (step, trellis) = runtime.block_on(bench.trellis_run());
         let start = Instant::now();
         runtime.block_on(bench.bare());
         let bare = start.elapsed();
-        t.push(trellis / TURNS as u32);
-        w.push(bare / TURNS as u32);
-        d.push(trellis.saturating_sub(bare) / TURNS as u32);
+        t.push(per_turn(trellis));
+        w.push(per_turn(bare));
+        d.push(per_turn(trellis.saturating_sub(bare)));
+        steps.push(per_turn(step));
+        flushes.push(trellis - step);
     }
     let (t50, w50, d50) = (median(t), median(w), median(d));
     println!();
@@ -323,6 +328,7 @@ fn sequence(c: &mut Criterion) {
         "sequence, {samples} interleaved step runs of {TURNS} turns each (2 LLM calls + 1 tool call per turn), workspace in {}:",
         bench.root.parent().unwrap_or(&bench.root).display()
     );
+    println!("  per turn, the run-end flush and the writer thread's work included:");
     println!(
         "  trellis step          per turn p50 {:>9.1} us",
         micros(t50)
@@ -339,8 +345,13 @@ fn sequence(c: &mut Criterion) {
         "  ratio                              {:>9.2}",
         micros(t50) / micros(w50)
     );
+    println!("  of which:");
     println!(
-        "  run-end flush (once per run, not in the figures above) p50 {:>9.1} us",
+        "  to the step's end     per turn p50 {:>9.1} us",
+        micros(median(steps))
+    );
+    println!(
+        "  run-end flush         per run  p50 {:>9.1} us",
         micros(median(flushes))
     );
 }
