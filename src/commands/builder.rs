@@ -49,6 +49,11 @@ pub struct BuilderArgs {
     /// at `<workspace>/cassettes/NAME.json` and replay the session with `--llm replay:NAME`.
     #[arg(long, value_name = "FILE")]
     record: Option<PathBuf>,
+    /// MiB the --record cassette may take (default 64, the most Trellis reads of a
+    /// workspace file); an interaction past it is not recorded, the recording stops with an
+    /// error and the run goes on.
+    #[arg(long, value_name = "MIB", requires = "record", value_parser = clap::value_parser!(u64).range(1..=65_536))]
+    record_max_mib: Option<u64>,
     /// Run non-interactively: each message is a turn (repeatable). A turn starts only once
     /// the executions of the previous turns and their completion turns have finished; the
     /// command waits the same way before it exits. Exit status 0 when the last turn ended
@@ -125,7 +130,11 @@ pub async fn run(engine: impl FnOnce() -> Result<Engine>, args: BuilderArgs) -> 
         .with_approvals(approvals.clone())
         .with_providers(runtime.registry().llm_provider_ids());
     if let Some(file) = &args.record {
-        own = own.with_recorder(super::recorder(file, override_llm.as_ref())?);
+        own = own.with_recorder(super::recorder(
+            file,
+            override_llm.as_ref(),
+            args.record_max_mib,
+        )?);
     }
     let mut retry = RetryPolicy::default();
     if let Some(n) = args.llm_retries {
@@ -173,12 +182,7 @@ pub async fn run(engine: impl FnOnce() -> Result<Engine>, args: BuilderArgs) -> 
         scripted(&mut session, &args.messages).await?
     };
     if let Some(recorder) = recorder {
-        eprintln!(
-            "recorded {} LLM call{} to {}",
-            recorder.len(),
-            super::plural(recorder.len()),
-            recorder.path().display()
-        );
+        eprintln!("{}", super::recorded_line(&recorder));
     }
     Ok(if ended_normally {
         ExitCode::SUCCESS

@@ -46,6 +46,11 @@ pub struct RunArgs {
     /// `<workspace>/cassettes/NAME.json` and replay the run with `--llm replay:NAME`.
     #[arg(long, value_name = "FILE")]
     record: Option<PathBuf>,
+    /// MiB the --record cassette may take (default 64, the most Trellis reads of a
+    /// workspace file); an interaction past it is not recorded, the recording stops with an
+    /// error and the run goes on.
+    #[arg(long, value_name = "MIB", requires = "record", value_parser = clap::value_parser!(u64).range(1..=65_536))]
+    record_max_mib: Option<u64>,
     /// Let the key in environment variable VAR go to ORIGIN (`scheme://host[:port]`)
     /// when the workspace asks for it (repeatable). Also in
     /// $XDG_CONFIG_HOME/trellis/config.toml (else ~/.config/trellis/config.toml).
@@ -141,7 +146,11 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
         .or(approvals.max_tool_rounds());
     let mut llm = LlmSetup::new(override_llm.clone()).with_approvals(approvals);
     if let Some(file) = &args.record {
-        llm = llm.with_recorder(super::recorder(file, override_llm.as_ref())?);
+        llm = llm.with_recorder(super::recorder(
+            file,
+            override_llm.as_ref(),
+            args.record_max_mib,
+        )?);
     }
     let recorder = llm.recorder().cloned();
     let progress = Arc::new(Progress::new(Mode::detect(args.quiet)));
@@ -308,12 +317,7 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
         t.completion_tokens
     );
     if let Some(recorder) = recorder {
-        println!(
-            "recorded {} LLM call{} to {}",
-            recorder.len(),
-            plural(recorder.len()),
-            recorder.path().display()
-        );
+        println!("{}", super::recorded_line(&recorder));
     }
     Ok(if run.succeeded() {
         ExitCode::SUCCESS
