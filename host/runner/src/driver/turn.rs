@@ -487,11 +487,12 @@ impl StepRunner<'_> {
             )),
             Ok(a) => self
                 .registry
-                .call_tool(
+                .call_tool_cancellable(
                     &call.name,
                     a,
                     &grant.grant.clone().with_turn_writes(db_budget),
                     &self.limits,
+                    &self.cancel_calls,
                 )
                 .await
                 .map_err(|e| e.to_string()),
