@@ -71,6 +71,10 @@ pub struct BuilderArgs {
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_ROUNDS as u32,
           value_parser = clap::value_parser!(u32).range(1..=10_000))]
     max_rounds: u32,
+    /// Model calls of the whole session, every turn and side agent together (default
+    /// 10000, as for a run); past it no call is made and the turn ends saying so.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    max_model_calls: Option<u64>,
     /// MiB of tool results one builder turn keeps in its conversation (default 256), as for
     /// `trellis run`; a result past it is replaced by an error telling the model so.
     #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=65_536))]
@@ -166,6 +170,9 @@ pub async fn run(engine: impl FnOnce() -> Result<Engine>, args: BuilderArgs) -> 
                 .map_or(trellis_runner::builder::DEFAULT_TURN_RESULT_BYTES, |mib| {
                     mib << 20
                 }),
+            max_model_calls: args
+                .max_model_calls
+                .unwrap_or(trellis_runner::driver::DEFAULT_RUN_MODEL_CALLS),
             observer,
         },
     )?;

@@ -107,7 +107,7 @@ pub struct ModelCalls {
 
 impl ModelCalls {
     /// Counts one more call; `false` (nothing counted) once `max` were made.
-    pub(super) fn take(&self, max: u64) -> bool {
+    pub fn take(&self, max: u64) -> bool {
         self.made
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |made| {
                 (made < max).then_some(made + 1)
