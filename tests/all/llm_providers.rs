@@ -796,9 +796,7 @@ async fn record_calls(recorder: &Recorder, n: usize) -> Vec<llm::Response> {
             .await
             .unwrap();
         request.messages.push(Message::assistant(&response));
-        request
-            .messages
-            .push(Message::user(&format!("go on ({i})")));
+        request.messages.push(Message::user(format!("go on ({i})")));
         answers.push(response);
     }
     answers
