@@ -93,6 +93,7 @@ impl Bench {
                 retry: RetryPolicy::default(),
                 max_rounds: 10,
                 max_turn_result_bytes: trellis_runner::builder::DEFAULT_TURN_RESULT_BYTES,
+                max_model_calls: trellis_runner::driver::DEFAULT_RUN_MODEL_CALLS,
                 observer: BuilderObserver::none(),
             },
         )

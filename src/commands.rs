@@ -124,10 +124,12 @@ pub fn check_workspace_folder(path: &Path) -> Result<()> {
 const PLAN_FILE: &str = "planning/plan.json";
 
 /// The recorder of `--record FILE`: refused with a replayed model, which answers from a
-/// cassette already; the cassette's model name is the file's stem.
+/// cassette already; the cassette's model name is the file's stem. `max_mib` caps the
+/// cassette (`--record-max-mib`; default [`trellis_sandbox::llm::RECORD_CAP`]).
 fn recorder(
     file: &Path,
     override_llm: Option<&trellis_workflow::step_config::LlmRef>,
+    max_mib: Option<u64>,
 ) -> Result<std::sync::Arc<trellis_sandbox::llm::Recorder>> {
     use anyhow::Context;
     anyhow::ensure!(
@@ -139,8 +141,26 @@ fn recorder(
         .and_then(|s| s.to_str())
         .filter(|s| !s.is_empty())
         .with_context(|| format!("--record {}: expected a file name", file.display()))?;
-    let recorder = trellis_sandbox::llm::Recorder::create(file)?.recording_model(model);
+    let mut recorder = trellis_sandbox::llm::Recorder::create(file)?.recording_model(model);
+    if let Some(mib) = max_mib {
+        recorder = recorder.with_cap(mib << 20);
+    }
     Ok(std::sync::Arc::new(recorder))
+}
+
+/// The line said after a run or a session that recorded: how many calls, and whether the
+/// recording stopped at its cap.
+fn recorded_line(recorder: &trellis_sandbox::llm::Recorder) -> String {
+    let mut line = format!(
+        "recorded {} LLM call{} to {}",
+        recorder.len(),
+        plural(recorder.len()),
+        recorder.path().display()
+    );
+    if recorder.stopped() {
+        line.push_str(" (the recording stopped there: see the error above)");
+    }
+    line
 }
 
 fn plural(n: usize) -> &'static str {

@@ -49,6 +49,11 @@ pub struct BuilderArgs {
     /// at `<workspace>/cassettes/NAME.json` and replay the session with `--llm replay:NAME`.
     #[arg(long, value_name = "FILE")]
     record: Option<PathBuf>,
+    /// MiB the --record cassette may take (default 64, the most Trellis reads of a
+    /// workspace file); an interaction past it is not recorded, the recording stops with an
+    /// error and the run goes on.
+    #[arg(long, value_name = "MIB", requires = "record", value_parser = clap::value_parser!(u64).range(1..=65_536))]
+    record_max_mib: Option<u64>,
     /// Run non-interactively: each message is a turn (repeatable). A turn starts only once
     /// the executions of the previous turns and their completion turns have finished; the
     /// command waits the same way before it exits. Exit status 0 when the last turn ended
@@ -66,6 +71,10 @@ pub struct BuilderArgs {
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_ROUNDS as u32,
           value_parser = clap::value_parser!(u32).range(1..=10_000))]
     max_rounds: u32,
+    /// Model calls of the whole session, every turn and side agent together (default
+    /// 10000, as for a run); past it no call is made and the turn ends saying so.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    max_model_calls: Option<u64>,
     /// MiB of tool results one builder turn keeps in its conversation (default 256), as for
     /// `trellis run`; a result past it is replaced by an error telling the model so.
     #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=65_536))]
@@ -125,7 +134,11 @@ pub async fn run(engine: impl FnOnce() -> Result<Engine>, args: BuilderArgs) -> 
         .with_approvals(approvals.clone())
         .with_providers(runtime.registry().llm_provider_ids());
     if let Some(file) = &args.record {
-        own = own.with_recorder(super::recorder(file, override_llm.as_ref())?);
+        own = own.with_recorder(super::recorder(
+            file,
+            override_llm.as_ref(),
+            args.record_max_mib,
+        )?);
     }
     let mut retry = RetryPolicy::default();
     if let Some(n) = args.llm_retries {
@@ -157,6 +170,9 @@ pub async fn run(engine: impl FnOnce() -> Result<Engine>, args: BuilderArgs) -> 
                 .map_or(trellis_runner::builder::DEFAULT_TURN_RESULT_BYTES, |mib| {
                     mib << 20
                 }),
+            max_model_calls: args
+                .max_model_calls
+                .unwrap_or(trellis_runner::driver::DEFAULT_RUN_MODEL_CALLS),
             observer,
         },
     )?;
@@ -173,12 +189,7 @@ pub async fn run(engine: impl FnOnce() -> Result<Engine>, args: BuilderArgs) -> 
         scripted(&mut session, &args.messages).await?
     };
     if let Some(recorder) = recorder {
-        eprintln!(
-            "recorded {} LLM call{} to {}",
-            recorder.len(),
-            super::plural(recorder.len()),
-            recorder.path().display()
-        );
+        eprintln!("{}", super::recorded_line(&recorder));
     }
     Ok(if ended_normally {
         ExitCode::SUCCESS

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use clap::Subcommand;
 use trellis_runner::mcp_serve::{
-    DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_SESSIONS, HTTP_PATH, HttpAccess, HttpLimits, HttpServer,
-    ToolServer, default_max_concurrent_calls,
+    DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_SESSIONS, DEFAULT_MAX_WAITING_CALLS, HTTP_PATH,
+    HttpAccess, HttpLimits, HttpServer, ToolServer, default_max_concurrent_calls,
 };
 use trellis_sandbox::Engine;
 
@@ -76,6 +76,11 @@ pub enum McpCommand {
         /// Run at most N tool calls at once; more wait for a slot [default: the number of CPUs].
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
         max_concurrent_calls: Option<u32>,
+        /// Let at most N tool calls wait for a slot, however many CPUs there are; a call
+        /// past them is refused at once as a result with `isError: true`.
+        #[arg(long, default_value_t = DEFAULT_MAX_WAITING_CALLS as u32, value_name = "N",
+              value_parser = clap::value_parser!(u32).range(0..=100_000))]
+        max_waiting_calls: u32,
         /// Keep at most N HTTP sessions alive at once, and at most N requests without a
         /// session in progress.
         #[arg(long, default_value_t = DEFAULT_MAX_SESSIONS as u32, value_name = "N",
@@ -123,6 +128,7 @@ pub async fn run(engine: &Engine, command: McpCommand) -> Result<ExitCode> {
             allow_hosts,
             timeout,
             max_concurrent_calls,
+            max_waiting_calls,
             max_sessions,
             max_connections,
             memory,
@@ -133,9 +139,11 @@ pub async fn run(engine: &Engine, command: McpCommand) -> Result<ExitCode> {
             let grant = tool::grant(&root, &read, &write)?;
             let limits = tool::limits(timeout, memory)?;
             let registry = Arc::new(registry(engine, &plugins).await?);
-            let server = ToolServer::new(registry, grant, limits, &tools)?.max_concurrent_calls(
-                max_concurrent_calls.map_or_else(default_max_concurrent_calls, |n| n as usize),
-            );
+            let server = ToolServer::new(registry, grant, limits, &tools)?
+                .max_concurrent_calls(
+                    max_concurrent_calls.map_or_else(default_max_concurrent_calls, |n| n as usize),
+                )
+                .max_waiting_calls(max_waiting_calls as usize);
             anyhow::ensure!(
                 server.tool_names().next().is_some(),
                 "no tool to serve: no loaded tool plugin offers one"

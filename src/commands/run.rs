@@ -46,6 +46,11 @@ pub struct RunArgs {
     /// `<workspace>/cassettes/NAME.json` and replay the run with `--llm replay:NAME`.
     #[arg(long, value_name = "FILE")]
     record: Option<PathBuf>,
+    /// MiB the --record cassette may take (default 64, the most Trellis reads of a
+    /// workspace file); an interaction past it is not recorded, the recording stops with an
+    /// error and the run goes on.
+    #[arg(long, value_name = "MIB", requires = "record", value_parser = clap::value_parser!(u64).range(1..=65_536))]
+    record_max_mib: Option<u64>,
     /// Let the key in environment variable VAR go to ORIGIN (`scheme://host[:port]`)
     /// when the workspace asks for it (repeatable). Also in
     /// $XDG_CONFIG_HOME/trellis/config.toml (else ~/.config/trellis/config.toml).
@@ -75,6 +80,11 @@ pub struct RunArgs {
     /// model so.
     #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=65_536))]
     max_turn_result_mib: Option<u64>,
+    /// MiB the tool calls of one turn write together, to their folders and the database
+    /// (default 1024; each call also at most 1 GiB); a write past it fails and the model is
+    /// told the call went over the turn's limit.
+    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
+    max_turn_write_mib: Option<u64>,
     /// Model calls of the whole run, every step, turn and sub-agent together (default
     /// 10000); past it no call is made and the run ends, failed.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
@@ -141,7 +151,11 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
         .or(approvals.max_tool_rounds());
     let mut llm = LlmSetup::new(override_llm.clone()).with_approvals(approvals);
     if let Some(file) = &args.record {
-        llm = llm.with_recorder(super::recorder(file, override_llm.as_ref())?);
+        llm = llm.with_recorder(super::recorder(
+            file,
+            override_llm.as_ref(),
+            args.record_max_mib,
+        )?);
     }
     let recorder = llm.recorder().cloned();
     let progress = Arc::new(Progress::new(Mode::detect(args.quiet)));
@@ -157,6 +171,9 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
     }
     if let Some(mib) = args.max_turn_result_mib {
         start.turn_budgets.result_bytes = mib << 20;
+    }
+    if let Some(mib) = args.max_turn_write_mib {
+        start.turn_budgets.write_bytes = mib << 20;
     }
     if let Some(n) = args.max_model_calls {
         start.turn_budgets.run_model_calls = n;
@@ -308,12 +325,7 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
         t.completion_tokens
     );
     if let Some(recorder) = recorder {
-        println!(
-            "recorded {} LLM call{} to {}",
-            recorder.len(),
-            plural(recorder.len()),
-            recorder.path().display()
-        );
+        println!("{}", super::recorded_line(&recorder));
     }
     Ok(if run.succeeded() {
         ExitCode::SUCCESS

@@ -771,3 +771,190 @@ async fn a_recorded_cassette_replays_the_same_answers() {
     }
     assert_eq!(cursor.position(), 2);
 }
+
+/// Records `n` calls of a growing conversation through `recorder`, answered live by the
+/// fake server; returns the answers.
+async fn record_calls(recorder: &Recorder, n: usize) -> Vec<llm::Response> {
+    let server = FakeServer::replies(
+        (0..n)
+            .map(|i| text_reply(&format!("answer {i}: {}", "x".repeat(200))))
+            .collect(),
+    );
+    let endpoint = Endpoint::new(server.base_url());
+    let mut request = replay_request("Triage ticket 7.");
+    let mut answers = Vec::new();
+    for i in 0..n {
+        let response = recorder
+            .complete(
+                registry().await,
+                "openai",
+                &endpoint,
+                &Secret::none(),
+                &request,
+                &quick(),
+            )
+            .await
+            .unwrap();
+        request.messages.push(Message::assistant(&response));
+        request.messages.push(Message::user(format!("go on ({i})")));
+        answers.push(response);
+    }
+    answers
+}
+
+#[tokio::test]
+async fn a_recording_writes_each_interaction_once() {
+    // Before, every interaction rewrote the whole cassette: a run of N calls wrote the sum
+    // of N file sizes (here about 20 times the final file). Now the bytes written are the
+    // file itself plus one footer per interaction, after every call.
+    let dir = tempfile::tempdir().unwrap();
+    let cassette = dir.path().join("long.json");
+    let recorder = Recorder::create(&cassette).unwrap();
+    let empty = (llm::RECORDING_HEADER.len() + llm::RECORDING_FOOTER.len()) as u64;
+    assert_eq!(recorder.bytes_written(), empty);
+    assert_eq!(std::fs::metadata(&cassette).unwrap().len(), empty);
+    let server = FakeServer::replies((0..40).map(|i| text_reply(&format!("a{i}"))).collect());
+    let endpoint = Endpoint::new(server.base_url());
+    let mut request = replay_request("Triage ticket 7.");
+    let mut answers = Vec::new();
+    for k in 1..=40u64 {
+        let response = recorder
+            .complete(
+                registry().await,
+                "openai",
+                &endpoint,
+                &Secret::none(),
+                &request,
+                &quick(),
+            )
+            .await
+            .unwrap();
+        request.messages.push(Message::assistant(&response));
+        request.messages.push(Message::user("go on"));
+        answers.push(response);
+        let len = std::fs::metadata(&cassette).unwrap().len();
+        assert_eq!(
+            recorder.bytes_written(),
+            len + k * llm::RECORDING_FOOTER.len() as u64,
+            "after {k} interactions"
+        );
+    }
+    let len = std::fs::metadata(&cassette).unwrap().len();
+    assert!(
+        recorder.bytes_written() < len + 200,
+        "{}",
+        recorder.bytes_written()
+    );
+    // The cassette is one JSON document and replays every answer.
+    let saved = llm::Cassette::load(&cassette).unwrap();
+    assert_eq!(saved.interactions.len(), 40);
+    let parsed: Value = serde_json::from_slice(&std::fs::read(&cassette).unwrap()).unwrap();
+    assert_eq!(parsed["interactions"].as_array().unwrap().len(), 40);
+    let mut request = replay_request("Triage ticket 7.");
+    let cursor = ReplayCursor::new(&cassette);
+    for expected in &answers {
+        let response = registry()
+            .await
+            .complete(
+                "replay",
+                &cursor.next_endpoint().unwrap(),
+                &Secret::none(),
+                &request,
+                &quick(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(&response, expected);
+        request.messages.push(Message::assistant(&response));
+        request.messages.push(Message::user("go on"));
+    }
+}
+
+#[tokio::test]
+async fn a_recording_stops_at_its_cap_and_the_run_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let cassette = dir.path().join("capped.json");
+    let recorder = Recorder::create(&cassette).unwrap().with_cap(4096);
+    let answers = record_calls(&recorder, 12).await;
+    // Every call was answered, though the recording stopped.
+    assert_eq!(answers.len(), 12);
+    assert!(recorder.stopped());
+    let kept = recorder.len();
+    assert!((1..12).contains(&kept), "{kept}");
+    let len = std::fs::metadata(&cassette).unwrap().len();
+    assert!(len <= 4096, "{len}");
+    let saved = llm::Cassette::load(&cassette).unwrap();
+    assert_eq!(saved.interactions.len(), kept);
+    for (interaction, answer) in saved.interactions.iter().zip(&answers) {
+        assert_eq!(&interaction.response, answer);
+    }
+    // Once stopped, nothing more is written.
+    let written = recorder.bytes_written();
+    recorder
+        .record(&replay_request("more"), &answers[0])
+        .unwrap();
+    assert_eq!(recorder.bytes_written(), written);
+    assert_eq!(std::fs::metadata(&cassette).unwrap().len(), len);
+    // The error says what happened, once.
+    let fresh = Recorder::create(dir.path().join("tiny.json"))
+        .unwrap()
+        .with_cap(64);
+    let err = fresh
+        .record(&replay_request("Triage ticket 7."), &answers[0])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("recording stopped: interaction 1 (")
+            && err.contains("would take the cassette past its cap of 64 bytes (--record-max-mib); it holds the 0 interaction(s) before, and the run goes on unrecorded"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn a_recording_cut_short_replays_up_to_its_last_whole_interaction() {
+    let dir = tempfile::tempdir().unwrap();
+    let cassette = dir.path().join("cut.json");
+    let recorder = Recorder::create(&cassette).unwrap();
+    let answers = record_calls(&recorder, 5).await;
+    let whole = std::fs::read(&cassette).unwrap();
+    let footer = llm::RECORDING_FOOTER.len();
+    // Where the last line starts: after the fourth line's end.
+    let body = &whole[..whole.len() - footer];
+    let last_start = body[..body.len() - 1]
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .unwrap()
+        + 1;
+    // A kill between cutting the footer and writing the line, and kills part way through
+    // the line (its comma alone, half of it, all but its end of line): four whole ones.
+    for cut in [
+        last_start,
+        last_start + 1,
+        (last_start + body.len()) / 2,
+        body.len() - 1,
+    ] {
+        let file = dir.path().join("cut-short.json");
+        std::fs::write(&file, &whole[..cut]).unwrap();
+        let saved = llm::Cassette::load(&file).unwrap();
+        assert_eq!(saved.interactions.len(), 4, "cut at {cut}");
+        for (interaction, answer) in saved.interactions.iter().zip(&answers) {
+            assert_eq!(&interaction.response, answer);
+        }
+        let cursor = ReplayCursor::new(&file);
+        let endpoint = cursor.endpoint_at(3).unwrap();
+        assert_eq!(
+            endpoint.settings["interaction"]["response"]["text"],
+            answers[3].text.as_str()
+        );
+    }
+    // The whole last line without the footer: five.
+    let file = dir.path().join("no-footer.json");
+    std::fs::write(&file, body).unwrap();
+    assert_eq!(llm::Cassette::load(&file).unwrap().interactions.len(), 5);
+    // A broken line before the last is not a cut: the cassette is refused.
+    let mut broken = whole.clone();
+    broken[last_start - 3] = b'{';
+    std::fs::write(&file, &broken[..whole.len() - 5]).unwrap();
+    let err = format!("{:#}", llm::Cassette::load(&file).unwrap_err());
+    assert!(err.contains("not JSON"), "{err}");
+}

@@ -405,3 +405,63 @@ fn the_builders_turn_keeps_a_bounded_amount_of_tool_results() {
         "{sizes:?}"
     );
 }
+
+/// Before, the builder's own agent loop was outside every model-call cap: a model that
+/// always asks for one more tool made calls until the rounds ran out, turn after turn. Now
+/// the session's calls come out of `--max-model-calls`, as a run's do.
+#[test]
+fn the_builders_model_calls_stop_at_the_sessions_budget() {
+    let llm = FakeServer::start(Box::new(|_| {
+        let args = json!({"path": "planning/plan.json"});
+        (
+            200,
+            support::fake_llm::completion("", &[("read_workspace_file", args)]),
+        )
+    }));
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path();
+    support::workspace::write_file(
+        ws,
+        "planning/plan.json",
+        json!({"objective": "o", "steps": [
+            {"id": "greet", "type": "regular", "title": "Greet", "description": "Say hello."}
+        ]})
+        .to_string(),
+    );
+    support::workspace::write_file(ws, "planning/step_config.json", r#"{"steps": []}"#);
+    support::workspace::write_file(
+        ws,
+        "workflow.json",
+        json!({"llm": {"provider": "openai", "model_id": "m"}, "providers": llm.providers()})
+            .to_string(),
+    );
+    let out = support::trellis(&[
+        "builder",
+        ws.to_str().unwrap(),
+        "--mode",
+        "debugger",
+        "--max-model-calls",
+        "3",
+        "--allow-host",
+        "127.0.0.1",
+        "-m",
+        "read it",
+        "-m",
+        "and again",
+    ]);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{text}");
+    // Three calls in the first turn, none in the second.
+    assert_eq!(llm.seen().len(), 3, "{text}");
+    assert!(
+        text.contains(
+            "the builder session made its 3 model calls, the limit of one session \
+             (`trellis builder --max-model-calls N` sets it); no more are made"
+        ),
+        "{text}"
+    );
+}

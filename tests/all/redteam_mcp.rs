@@ -855,11 +855,23 @@ fn serve_runs_at_most_the_calls_allowed_and_refuses_those_that_wait_too_long() {
 #[test]
 fn serve_refuses_a_call_past_the_calls_waiting_for_a_slot() {
     let tree = Tree::new();
-    let mut serve = StdioServe::start(&tree, &["--max-concurrent-calls", "1", "--timeout", "600"]);
+    // The calls that may wait are a number of their own, not a multiple of the slots (which
+    // follow the CPUs by default).
+    let mut serve = StdioServe::start(
+        &tree,
+        &[
+            "--max-concurrent-calls",
+            "1",
+            "--max-waiting-calls",
+            "3",
+            "--timeout",
+            "600",
+        ],
+    );
     // One call holds the only slot; as many calls as may wait for it come next.
     serve.send_call(100, "adversary__spin", json!({}));
     serve.wait_for_log("call started", 1);
-    let waiting = trellis_runner::mcp_serve::WAITING_CALLS_PER_SLOT as u64;
+    let waiting = 3;
     for id in 101..=100 + waiting {
         serve.send_call(id, "adversary__echo", json!({"value": id}));
     }
@@ -868,9 +880,9 @@ fn serve_refuses_a_call_past_the_calls_waiting_for_a_slot() {
     assert_eq!(refused["result"]["isError"], json!(true), "{refused}");
     assert_eq!(
         refused["result"]["content"][0]["text"],
-        "the server is busy: all 1 call slots are taken and 4 calls already wait for one, the \
-         most that may (4 per slot; `trellis mcp serve --max-concurrent-calls 1` sets how many \
-         calls run at once); try again later"
+        "the server is busy: all 1 call slots are taken and 3 calls already wait for one, the \
+         most that may (`trellis mcp serve --max-waiting-calls N` sets how many may wait, \
+         `--max-concurrent-calls N` how many run at once); try again later"
     );
     // The slow call stopped, the waiting ones run, and a new call runs.
     serve.send(

@@ -302,3 +302,60 @@ async fn a_panic_in_an_execution_ends_it_as_failed() {
     assert!(ended.is_ok(), "{ended:?}");
     assert_eq!(runtime.status(&next), Some(ExecutionStatus::Done));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stop_ends_a_spinning_guest_while_the_turns_other_calls_finish() {
+    // One answer asks for a guest call that loops forever and for a write. Before, a call
+    // of `trellis run` had no cancel token: the spinning guest held its thread until its
+    // deadline (here ten minutes) and a stop waited for it. Now the stop interrupts it, its
+    // call ends cancelled, and the write of the same turn is done meanwhile.
+    let out = "runs/iteration-0/execution/answer";
+    let server = FakeServer::start(Box::new(move |body| {
+        let messages = body["messages"].as_array().cloned().unwrap_or_default();
+        if messages.last().is_some_and(|m| m["role"] == "tool") {
+            return (200, completion("done", &[]));
+        }
+        (
+            200,
+            completion(
+                "",
+                &[
+                    (
+                        "adversary__spin_marked",
+                        json!({"marker": format!("/{out}/started")}),
+                    ),
+                    (
+                        "workspace__write_file",
+                        json!({"path": format!("{out}/note.txt"), "content": "written"}),
+                    ),
+                ],
+            ),
+        )
+    }));
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    agent_workspace(root, &server);
+    let runtime = Runtime::new(Arc::new(support::registry_with_adversary().await));
+    let mut options = options();
+    options.limits.timeout = Duration::from_secs(600);
+    let id = runtime.start_step(root, "answer", options);
+    // The guest has started spinning once its marker is there, and the write is done.
+    let marker = root.join(out).join("started");
+    let note = root.join(out).join("note.txt");
+    while !(marker.exists() && note.exists()) {
+        assert_eq!(runtime.status(&id), Some(ExecutionStatus::Running));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(runtime.stop(&id));
+    let run = runtime.wait(&id).await.unwrap().unwrap();
+    assert!(!run.succeeded());
+    assert_eq!(runtime.status(&id), Some(ExecutionStatus::Cancelled));
+    assert_eq!(std::fs::read_to_string(&note).unwrap(), "written");
+    let session = support::workspace::read_json(&root.join(out).join("session.json"));
+    assert_eq!(session["status"], "stopped", "{session}");
+    let text = session.to_string();
+    assert!(
+        text.contains("adversary:spin_marked: cancelled and stopped"),
+        "{text}"
+    );
+}

@@ -340,3 +340,70 @@ fn the_calls_of_a_turn_run_at_most_max_concurrent_calls_at_once() {
     // Without the cap in the way the four meet (each waits for the others).
     assert_eq!(overlaps_with("4"), ["4", "4", "4", "4"]);
 }
+
+/// Bytes each write of [`writing_model`] writes.
+const WRITE: usize = 300_000;
+
+/// A model that asks, in its first answer, for eight writes of [`WRITE`] bytes, each to a
+/// file of its own; after tool results, `done`.
+fn writing_model() -> FakeServer {
+    FakeServer::start(Box::new(|body| {
+        let messages = body["messages"].as_array().cloned().unwrap_or_default();
+        if messages.last().is_some_and(|m| m["role"] == "tool") {
+            return (200, completion("done", &[]));
+        }
+        let write = tool_named(body, "write_file");
+        let calls: Vec<(&str, Value)> = (0..8)
+            .map(|i| {
+                (
+                    write.as_str(),
+                    json!({"path": format!("runs/iteration-0/execution/desk/out/w{i}.txt"), "content": "w".repeat(WRITE)}),
+                )
+            })
+            .collect();
+        (200, completion("", &calls))
+    }))
+}
+
+#[test]
+fn the_writes_of_a_turns_calls_stop_at_the_turns_write_budget() {
+    // Before, the disk budget was per call: each of the 64 calls of one answer could write
+    // 1 GiB. Now the calls of a turn write out of one budget: with 1 MiB, three writes of
+    // 300,000 bytes fit (one at a time, so which three is fixed) and the other five fail,
+    // the model told that the turn's budget stopped them.
+    let server = writing_model();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    workspace(root, &server);
+    let out = support::trellis(&[
+        "run",
+        root.to_str().unwrap(),
+        "--max-turn-write-mib",
+        "1",
+        "--max-concurrent-calls",
+        "1",
+        "--allow-host",
+        "127.0.0.1",
+        "--quiet",
+    ]);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen = server.seen();
+    let results = tool_results_of(&seen[1]);
+    assert_eq!(results.len(), 8, "{text}");
+    let refusal = "error: workspace:write_file: stopped: the plugin wrote more than 1048576 \
+                   bytes to its folders together with the other calls of its turn (the \
+                   per-turn limit, --max-turn-write-mib)";
+    let refused = results.iter().filter(|(_, c)| c == refusal).count();
+    let written = results
+        .iter()
+        .filter(|(_, c)| !c.starts_with("error"))
+        .count();
+    assert_eq!((written, refused), (3, 5), "{results:?}");
+    let bytes = bytes_under(&root.join("runs/iteration-0/execution/desk/out"));
+    assert_eq!(bytes, 3 * WRITE as u64, "{text}");
+    assert!(out.status.success(), "{text}");
+}

@@ -156,6 +156,9 @@ pub struct StepRunner<'a> {
     model_calls: Arc<ModelCalls>,
     max_route_depth: usize,
     cancel: Arc<AtomicBool>,
+    /// Cancelled with the flag by whoever stops the run: ends the guest code of tool calls
+    /// in flight, which also yield to the executor while they run.
+    cancel_calls: tokio_util::sync::CancellationToken,
     observer: Observer,
     recorder: Option<Arc<Recorder>>,
     scripts: Option<(Arc<ScriptRunner>, ScriptOptions)>,
@@ -192,6 +195,7 @@ impl<'a> StepRunner<'a> {
             model_calls: Arc::default(),
             max_route_depth: MAX_ROUTE_DEPTH,
             cancel: Arc::new(AtomicBool::new(false)),
+            cancel_calls: tokio_util::sync::CancellationToken::new(),
             observer: Observer::default(),
             recorder: None,
             scripts: None,
@@ -305,6 +309,14 @@ impl<'a> StepRunner<'a> {
     /// item, between foreach rows, between tool rounds) and is recorded `stopped`.
     pub fn with_cancel(mut self, cancel: Arc<AtomicBool>) -> Self {
         self.cancel = cancel;
+        self
+    }
+
+    /// Shares the token that stops the tool calls in flight (cancelled with the flag of
+    /// [`StepRunner::with_cancel`]): a guest busy in a loop is interrupted, and its call ends
+    /// `cancelled and stopped`, while the turn's other calls finish.
+    pub fn with_cancel_calls(mut self, token: tokio_util::sync::CancellationToken) -> Self {
+        self.cancel_calls = token;
         self
     }
 

@@ -11,7 +11,8 @@
 //! Calls run at most [`ToolServer::max_concurrent_calls`] at a time, whichever transport and
 //! session they come from; a call over the cap waits for a slot, for at most its own timeout,
 //! and is then refused as a result with `isError: true` naming the limit. At most
-//! [`WAITING_CALLS_PER_SLOT`] calls per slot wait; one past them is refused so at once.
+//! [`DEFAULT_MAX_WAITING_CALLS`] calls wait (`--max-waiting-calls`), however many CPUs the
+//! machine has; one past them is refused so at once.
 //!
 //! Over HTTP the server answers at `/mcp` only. It keeps rmcp's `Host` check against DNS
 //! rebinding, and when a bearer token is set (required off loopback) a request without it
@@ -78,10 +79,11 @@ pub fn default_max_concurrent_calls() -> usize {
     std::thread::available_parallelism().map_or(4, usize::from)
 }
 
-/// Calls that may wait for a call slot, per slot (`--max-concurrent-calls`): a waiting call
-/// holds its arguments (up to a 16 MiB line over stdio), so past this many a call is refused
-/// at once as a result with `isError: true` naming the limit, instead of queued.
-pub const WAITING_CALLS_PER_SLOT: usize = 4;
+/// Calls that may wait for a call slot by default (`--max-waiting-calls`), whatever the
+/// number of slots: a waiting call holds its arguments (up to a 16 MiB line over stdio), so
+/// past this many a call is refused at once as a result with `isError: true` naming the
+/// limit, instead of queued.
+pub const DEFAULT_MAX_WAITING_CALLS: usize = 16;
 
 /// What the server offers and with which grant; cheap to clone (one per HTTP session).
 #[derive(Clone)]
@@ -94,6 +96,8 @@ pub struct ToolServer {
     /// One permit per call allowed to run at once, shared by every session.
     calls: Arc<tokio::sync::Semaphore>,
     max_calls: usize,
+    /// Calls that may wait for a slot ([`ToolServer::max_waiting_calls`]).
+    max_waiting: usize,
     /// Calls waiting for a slot now, shared by every session.
     waiting: Arc<std::sync::atomic::AtomicUsize>,
 }
@@ -179,15 +183,23 @@ impl ToolServer {
             tools: Arc::new(tools),
             calls: Arc::new(tokio::sync::Semaphore::new(default_max_concurrent_calls())),
             max_calls: default_max_concurrent_calls(),
+            max_waiting: DEFAULT_MAX_WAITING_CALLS,
             waiting: Arc::default(),
         })
     }
 
     /// Lets at most `max` calls run at once (at least one); up to
-    /// [`WAITING_CALLS_PER_SLOT`] times as many wait for a slot, the others are refused.
+    /// [`ToolServer::max_waiting_calls`] more wait for a slot, the others are refused.
     pub fn max_concurrent_calls(mut self, max: usize) -> Self {
         self.max_calls = max.max(1);
         self.calls = Arc::new(tokio::sync::Semaphore::new(self.max_calls));
+        self
+    }
+
+    /// Lets at most `max` calls wait for a slot (default [`DEFAULT_MAX_WAITING_CALLS`]); a
+    /// call past them is refused at once.
+    pub fn max_waiting_calls(mut self, max: usize) -> Self {
+        self.max_waiting = max;
         self
     }
 
@@ -201,7 +213,7 @@ impl ToolServer {
         if let Ok(permit) = self.calls.clone().try_acquire_owned() {
             return Ok(permit);
         }
-        let max_waiting = self.max_calls.saturating_mul(WAITING_CALLS_PER_SLOT);
+        let max_waiting = self.max_waiting;
         let _waiting = Waiting(self.waiting.clone());
         if self
             .waiting
@@ -210,9 +222,9 @@ impl ToolServer {
         {
             return Err(format!(
                 "the server is busy: all {max} call slots are taken and {max_waiting} calls \
-                 already wait for one, the most that may ({WAITING_CALLS_PER_SLOT} per slot; \
-                 `trellis mcp serve --max-concurrent-calls {max}` sets how many calls run at \
-                 once); try again later",
+                 already wait for one, the most that may (`trellis mcp serve \
+                 --max-waiting-calls N` sets how many may wait, `--max-concurrent-calls N` how \
+                 many run at once); try again later",
                 max = self.max_calls,
             ));
         }

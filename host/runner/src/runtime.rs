@@ -268,6 +268,8 @@ const KEPT_EVENTS: usize = 100_000;
 struct Execution {
     info: Mutex<ExecutionInfo>,
     cancel: Arc<AtomicBool>,
+    /// Cancelled with `cancel`: ends the tool calls in flight.
+    cancel_calls: tokio_util::sync::CancellationToken,
     steering: Arc<Steering>,
     log: Mutex<EventLog>,
     sender: broadcast::Sender<ExecutionEvent>,
@@ -412,6 +414,7 @@ impl Runtime {
                 status: ExecutionStatus::Running,
             }),
             cancel: Arc::new(AtomicBool::new(false)),
+            cancel_calls: tokio_util::sync::CancellationToken::new(),
             steering: Arc::new(match &options.instructions {
                 Some(text) => Steering::with_instructions(text.clone()),
                 None => Steering::default(),
@@ -508,6 +511,7 @@ impl Runtime {
         match self.get(id) {
             Some(execution) if execution.status() == ExecutionStatus::Running => {
                 execution.cancel.store(true, Ordering::SeqCst);
+                execution.cancel_calls.cancel();
                 true
             }
             _ => false,
@@ -613,6 +617,7 @@ fn run_execution(
         env.turn_budgets = options.turn_budgets;
         env.mcp_config = options.mcp_config.clone();
         env.cancel = execution.cancel.clone();
+        env.cancel_calls = execution.cancel_calls.clone();
         env.steering = Some(execution.steering.clone());
         env.observer = {
             let execution = execution.clone();

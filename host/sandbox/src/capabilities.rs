@@ -74,6 +74,8 @@ pub struct Grant {
     db: Option<DbGrant>,
     /// Each call checks that each folder is still at its path ([`Grant::rechecked_every_call`]).
     recheck: bool,
+    /// The write budget of the turn the call is part of ([`Grant::with_turn_writes`]).
+    turn_writes: Option<DbWriteBudget>,
 }
 
 impl Grant {
@@ -146,6 +148,19 @@ impl Grant {
                     .or(f.identity)
             })
             .collect()
+    }
+
+    /// The same grant for a call of a turn whose calls share `budget`: what the call writes
+    /// to its folders (bytes, files and folders made) comes out of it too, on top of the
+    /// call's own [`FsLimits`].
+    pub fn with_turn_writes(mut self, budget: &DbWriteBudget) -> Self {
+        self.turn_writes = Some(budget.clone());
+        self
+    }
+
+    /// The turn's write budget the calls take from, if any.
+    pub(crate) fn turn_writes(&self) -> Option<&DbWriteBudget> {
+        self.turn_writes.as_ref()
     }
 
     /// The database grant, if any.

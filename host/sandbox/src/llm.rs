@@ -28,7 +28,10 @@ pub use http::origin_parts;
 pub use http::{
     HostRule, RequestLimits, ScriptNet, is_loopback_base_url, is_loopback_host, secret_placeholder,
 };
-pub use record::{Cassette, Interaction, RecordedRequest, RecordedTool, Recorder, ReplayCursor};
+pub use record::{
+    Cassette, Interaction, RECORD_CAP, RECORDING_FOOTER, RECORDING_HEADER, RecordedRequest,
+    RecordedTool, Recorder, ReplayCursor,
+};
 pub use redact::{MIN_SECRET_CHARS, REDACTED, redact_secrets};
 pub use retry::{
     Attempt, AttemptStatus, Completion, RetryPolicy, Target, complete_with_options,

@@ -63,6 +63,9 @@ pub struct SessionOptions {
     /// Bytes of tool results one turn keeps in the conversation, as for a step's agent
     /// (`--max-turn-result-mib`; default [`DEFAULT_TURN_RESULT_BYTES`]).
     pub max_turn_result_bytes: u64,
+    /// Model calls of the whole session, every turn and side agent together
+    /// (`--max-model-calls`; default [`crate::driver::DEFAULT_RUN_MODEL_CALLS`], as for a run).
+    pub max_model_calls: u64,
     /// Where the turn's events go.
     pub observer: BuilderObserver,
 }
@@ -93,6 +96,9 @@ struct Agent {
     retry: RetryPolicy,
     max_rounds: usize,
     max_turn_result_bytes: u64,
+    /// The model calls the session made, shared with its side agents.
+    model_calls: Arc<crate::driver::ModelCalls>,
+    max_model_calls: u64,
     observer: BuilderObserver,
     session_id: String,
     side: Arc<SideAgents>,
@@ -199,6 +205,8 @@ impl BuilderSession {
             retry: options.retry,
             max_rounds: options.max_rounds,
             max_turn_result_bytes: options.max_turn_result_bytes,
+            model_calls: Arc::default(),
+            max_model_calls: options.max_model_calls,
             observer: options.observer,
             session_id: conversation.session_id.clone(),
             side: Arc::default(),
@@ -476,6 +484,13 @@ impl Agent {
         llm: &StepLlm,
         request: &Request,
     ) -> Result<trellis_sandbox::llm::Response, String> {
+        if !self.model_calls.take(self.max_model_calls) {
+            return Err(format!(
+                "the builder session made its {} model calls, the limit of one session \
+                 (`trellis builder --max-model-calls N` sets it); no more are made",
+                self.max_model_calls
+            ));
+        }
         crate::llm_choice::complete(
             &self.registry,
             &llm.targets,
@@ -789,6 +804,7 @@ mod tests {
                 retry: Default::default(),
                 max_rounds: 5,
                 max_turn_result_bytes: DEFAULT_TURN_RESULT_BYTES,
+                max_model_calls: crate::driver::DEFAULT_RUN_MODEL_CALLS,
                 observer: BuilderObserver::none(),
             },
         )

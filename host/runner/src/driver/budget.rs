@@ -18,6 +18,12 @@ pub const DEFAULT_TURN_RESULT_BYTES: u64 = 256 << 20;
 /// Model calls one run makes by default, all its steps, turns and sub-agents together.
 pub const DEFAULT_RUN_MODEL_CALLS: u64 = 10_000;
 
+/// Bytes the calls of one turn write together by default (1 GiB): to their folders and the
+/// database, each call also within its own per-call budget.
+pub const DEFAULT_TURN_WRITE_BYTES: u64 = 1 << 30;
+/// Files and folders the calls of one turn create together by default.
+pub const DEFAULT_TURN_CREATED_ENTRIES: u64 = 10_000;
+
 /// The budgets of every turn of a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TurnBudgets {
@@ -31,6 +37,11 @@ pub struct TurnBudgets {
     /// Model calls of the whole run, every turn of every step and sub-agent counted in one
     /// [`ModelCalls`] (`--max-model-calls`).
     pub run_model_calls: u64,
+    /// Bytes the calls of one turn write together, to their folders and the database
+    /// (`--max-turn-write-mib`).
+    pub write_bytes: u64,
+    /// Files and folders the calls of one turn create together.
+    pub created_entries: u64,
 }
 
 impl Default for TurnBudgets {
@@ -40,6 +51,8 @@ impl Default for TurnBudgets {
             concurrent_calls: default_concurrent_calls(),
             result_bytes: DEFAULT_TURN_RESULT_BYTES,
             run_model_calls: DEFAULT_RUN_MODEL_CALLS,
+            write_bytes: DEFAULT_TURN_WRITE_BYTES,
+            created_entries: DEFAULT_TURN_CREATED_ENTRIES,
         }
     }
 }
@@ -94,7 +107,7 @@ pub struct ModelCalls {
 
 impl ModelCalls {
     /// Counts one more call; `false` (nothing counted) once `max` were made.
-    pub(super) fn take(&self, max: u64) -> bool {
+    pub fn take(&self, max: u64) -> bool {
         self.made
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |made| {
                 (made < max).then_some(made + 1)

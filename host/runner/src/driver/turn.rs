@@ -122,8 +122,13 @@ impl StepRunner<'_> {
     ) -> Result<(), TurnEnd> {
         run.turns += 1;
         run.session.execution_turn_count += 1;
-        // What the database may grow by, for the whole turn: its database tool calls share it.
-        let db_budget = DbWriteBudget::new(self.limits.fs);
+        // What the calls of the turn may write together: its database tool calls grow the
+        // database out of it, and its plugin calls write their files out of it too.
+        let db_budget = DbWriteBudget::new(trellis_sandbox::capabilities::FsLimits {
+            write_bytes: self.budgets.write_bytes,
+            created_entries: self.budgets.created_entries,
+            ..self.limits.fs
+        });
         // What one model answer can make the host do (see `budget`): calls at once, and the
         // bytes of results the turn keeps, shared by all its rounds.
         let slots = Semaphore::new(self.budgets.concurrent_calls.max(1));
@@ -482,7 +487,13 @@ impl StepRunner<'_> {
             )),
             Ok(a) => self
                 .registry
-                .call_tool(&call.name, a, &grant.grant, &self.limits)
+                .call_tool_cancellable(
+                    &call.name,
+                    a,
+                    &grant.grant.clone().with_turn_writes(db_budget),
+                    &self.limits,
+                    &self.cancel_calls,
+                )
                 .await
                 .map_err(|e| e.to_string()),
         };

@@ -16,6 +16,8 @@ pub struct RunEnv<'a> {
     pub retry: RetryPolicy,
     /// Set to stop at the next boundary (the session records `stopped`).
     pub cancel: Arc<AtomicBool>,
+    /// Cancelled with `cancel` by whoever stops the run: ends the tool calls in flight.
+    pub cancel_calls: tokio_util::sync::CancellationToken,
     /// Receives the events of every step.
     pub observer: Observer,
     /// The models of the steps.
@@ -47,6 +49,7 @@ impl<'a> RunEnv<'a> {
             limits: Limits::default(),
             retry: RetryPolicy::default(),
             cancel: Arc::new(AtomicBool::new(false)),
+            cancel_calls: tokio_util::sync::CancellationToken::new(),
             observer: Observer::default(),
             llm,
             steering: None,
@@ -90,6 +93,7 @@ impl<'a> RunEnv<'a> {
         .with_turn_budgets(self.turn_budgets)
         .with_model_calls(self.model_calls.clone())
         .with_cancel(self.cancel.clone())
+        .with_cancel_calls(self.cancel_calls.clone())
         .with_observer(self.observer.clone())
         .with_step_ends_behind();
         if let Some(steering) = &self.steering {

@@ -8,8 +8,11 @@
 //! reports the first difference when a request does not match.
 //!
 //! A [`Recorder`] wraps provider calls and appends each answered one to its
-//! cassette, rewriting the file atomically after every interaction, so a run
-//! killed half way leaves a whole cassette of what happened until then.
+//! cassette in place, one interaction a line ([`RECORDING_HEADER`], the lines, then
+//! [`RECORDING_FOOTER`]): each interaction costs the bytes of its own line, not a rewrite
+//! of the whole file. A run killed half way leaves a cassette whose last line may be cut
+//! short; the reader replays its whole interactions and drops that cut line. A recording
+//! stops at its cap ([`RECORD_CAP`] by default), leaving the cassette whole.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -113,18 +116,15 @@ impl RecordedRequest {
 }
 
 impl Cassette {
-    /// Reads a cassette file.
+    /// Reads a cassette file (a recording cut short too: its whole interactions).
     pub fn load(path: &Path) -> Result<Cassette> {
-        let text = std::fs::read_to_string(path)
+        let bytes = std::fs::read(path)
             .with_context(|| format!("cassette {}: cannot read", path.display()))?;
-        let value: serde_json::Value = serde_json::from_str(&text)
-            .with_context(|| format!("cassette {}: not JSON", path.display()))?;
-        let parsed = if value.is_array() {
-            serde_json::from_value(value).map(|interactions| Cassette { interactions })
-        } else {
-            serde_json::from_value(value)
-        };
-        parsed.with_context(|| format!("cassette {}", path.display()))
+        let name = path.display().to_string();
+        let list = interactions(&name, &bytes)?;
+        let interactions = serde_json::from_value(serde_json::Value::Array(list))
+            .with_context(|| format!("cassette {name}"))?;
+        Ok(Cassette { interactions })
     }
 
     /// Writes the cassette atomically.
@@ -157,11 +157,36 @@ pub fn check_replay_model_id(model_id: &str) -> Result<(), String> {
     }
 }
 
+/// The first line of a cassette a [`Recorder`] writes; one interaction a line follows
+/// (the second and later ones led by a comma), then [`RECORDING_FOOTER`].
+pub const RECORDING_HEADER: &str = "{\"interactions\": [\n";
+
+/// The last line of a cassette a [`Recorder`] writes.
+pub const RECORDING_FOOTER: &str = "]}\n";
+
+/// Bytes one recording writes to its cassette by default: the most Trellis reads of a
+/// workspace file, so that what is recorded can be replayed from a workspace.
+pub const RECORD_CAP: u64 = crate::store::workspace_fs::READ_CAP;
+
 /// The interactions of the cassette `name` (its JSON text `bytes`), as the `replay`
-/// provider reads them: `{"interactions": [...]}` or a bare list.
+/// provider reads them: `{"interactions": [...]}` or a bare list. A recording cut short
+/// (it starts with [`RECORDING_HEADER`], every whole line after it is one interaction,
+/// and only its last line, with no end of line, is not) gives its whole interactions.
 pub fn interactions(name: &str, bytes: &[u8]) -> Result<Vec<serde_json::Value>> {
-    let value: serde_json::Value =
-        serde_json::from_slice(bytes).with_context(|| format!("cassette {name}: not JSON"))?;
+    let value: serde_json::Value = match serde_json::from_slice(bytes) {
+        Ok(value) => value,
+        Err(err) => {
+            if let Some(list) = cut_recording(bytes) {
+                tracing::warn!(
+                    "cassette {name} ends part way through an interaction (a recording cut \
+                     short): replaying its {} whole interaction(s)",
+                    list.len()
+                );
+                return Ok(list);
+            }
+            return Err(anyhow::Error::new(err).context(format!("cassette {name}: not JSON")));
+        }
+    };
     match value {
         serde_json::Value::Array(list) => Ok(list),
         serde_json::Value::Object(mut map) => match map.remove("interactions") {
@@ -174,6 +199,28 @@ pub fn interactions(name: &str, bytes: &[u8]) -> Result<Vec<serde_json::Value>> 
             "cassette {name}: expected {{\"interactions\": [...]}} or a list of interactions"
         ),
     }
+}
+
+/// The whole interactions of a recording cut short: `None` unless `bytes` start with
+/// [`RECORDING_HEADER`] and every whole line after it is one interaction (a comma before
+/// it from the second on); the last line, not ended, is dropped.
+fn cut_recording(bytes: &[u8]) -> Option<Vec<serde_json::Value>> {
+    let rest = bytes.strip_prefix(RECORDING_HEADER.as_bytes())?;
+    let whole = &rest[..rest.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1)];
+    let mut list = Vec::new();
+    for line in whole.split_inclusive(|&b| b == b'\n') {
+        let line = &line[..line.len() - 1];
+        let item = if list.is_empty() {
+            line
+        } else {
+            line.strip_prefix(b",")?
+        };
+        match serde_json::from_slice::<serde_json::Value>(item) {
+            Ok(value @ serde_json::Value::Object(_)) => list.push(value),
+            _ => return None,
+        }
+    }
+    Some(list)
 }
 
 /// The position in a cassette across the calls of a run. Every provider call is
@@ -267,24 +314,63 @@ impl ReplayCursor {
     }
 }
 
-/// Appends every answered call to a cassette file.
+/// Appends every answered call to a cassette file, in place, up to its cap.
 #[derive(Debug)]
 pub struct Recorder {
     path: PathBuf,
     model: Option<String>,
-    cassette: Mutex<Cassette>,
+    cap: u64,
+    state: Mutex<RecorderState>,
+}
+
+#[derive(Debug)]
+struct RecorderState {
+    file: std::fs::File,
+    /// The file's length (ending with the footer).
+    len: u64,
+    /// Interactions recorded.
+    count: usize,
+    /// Bytes written to the file since it was created.
+    written: u64,
+    /// Set once an interaction did not fit under the cap: nothing more is recorded.
+    stopped: bool,
 }
 
 impl Recorder {
-    /// Starts a new, empty cassette at `path` (written at once, replacing any file there).
+    /// Starts a new, empty cassette at `path` (written at once, replacing any file there),
+    /// capped at [`RECORD_CAP`] bytes.
     pub fn create(path: impl Into<PathBuf>) -> Result<Recorder> {
+        use std::io::Write;
         let path = path.into();
-        let cassette = Cassette::default();
-        cassette.save(&path)?;
+        let empty = format!("{RECORDING_HEADER}{RECORDING_FOOTER}");
+        let file = (|| -> std::io::Result<std::fs::File> {
+            let dir = match path.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p,
+                _ => Path::new("."),
+            };
+            std::fs::create_dir_all(dir)?;
+            let mut tmp = tempfile::Builder::new()
+                .prefix(".trellis-")
+                .suffix(".tmp")
+                .tempfile_in(dir)?;
+            tmp.write_all(empty.as_bytes())?;
+            tmp.as_file().sync_all()?;
+            let file = tmp.persist(&path).map_err(|e| e.error)?;
+            std::fs::File::open(dir)?.sync_all()?;
+            Ok(file)
+        })()
+        .with_context(|| format!("writing cassette {}", path.display()))?;
         Ok(Recorder {
             path,
             model: None,
-            cassette: Mutex::new(cassette),
+            cap: RECORD_CAP,
+            state: Mutex::new(RecorderState {
+                file,
+                len: empty.len() as u64,
+                count: 0,
+                written: empty.len() as u64,
+                stopped: false,
+            }),
         })
     }
 
@@ -296,6 +382,13 @@ impl Recorder {
         self
     }
 
+    /// Caps the cassette at `bytes` (instead of [`RECORD_CAP`]): an interaction that would
+    /// take it past them is not written, and the recording stops there.
+    pub fn with_cap(mut self, bytes: u64) -> Self {
+        self.cap = bytes;
+        self
+    }
+
     /// The cassette file.
     pub fn path(&self) -> &Path {
         &self.path
@@ -303,7 +396,7 @@ impl Recorder {
 
     /// How many interactions are recorded.
     pub fn len(&self) -> usize {
-        self.lock().interactions.len()
+        self.lock().count
     }
 
     /// Whether nothing is recorded yet.
@@ -311,22 +404,78 @@ impl Recorder {
         self.len() == 0
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Cassette> {
-        self.cassette.lock().unwrap_or_else(|e| e.into_inner())
+    /// Bytes written to the cassette file since it was created (the empty cassette
+    /// included).
+    pub fn bytes_written(&self) -> u64 {
+        self.lock().written
     }
 
-    /// Appends one interaction and rewrites the file.
+    /// Whether the recording stopped at its cap.
+    pub fn stopped(&self) -> bool {
+        self.lock().stopped
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, RecorderState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Appends one interaction: its line and the footer are written over the old footer.
+    /// Past the cap nothing is written, and the recording stops (an error says so once;
+    /// later calls record nothing and return `Ok`).
     pub fn record(&self, request: &Request, response: &Response) -> Result<()> {
+        use std::os::unix::fs::FileExt;
         let mut recorded = RecordedRequest::from(request);
         if let Some(model) = &self.model {
             recorded.model = model.clone();
         }
-        let mut cassette = self.lock();
-        cassette.interactions.push(Interaction {
+        let interaction = Interaction {
             request: recorded,
             response: response.clone(),
-        });
-        cassette.save(&self.path)
+        };
+        let mut state = self.lock();
+        if state.stopped {
+            return Ok(());
+        }
+        let mut line = Vec::new();
+        if state.count > 0 {
+            line.push(b',');
+        }
+        serde_json::to_writer(&mut line, &interaction).with_context(|| {
+            format!("cassette {}: encoding an interaction", self.path.display())
+        })?;
+        line.push(b'\n');
+        line.extend_from_slice(RECORDING_FOOTER.as_bytes());
+        let at = state.len - RECORDING_FOOTER.len() as u64;
+        let new_len = at + line.len() as u64;
+        if new_len > self.cap {
+            state.stopped = true;
+            anyhow::bail!(
+                "cassette {}: recording stopped: interaction {} ({} bytes) would take the \
+                 cassette past its cap of {} bytes (--record-max-mib); it holds the {} \
+                 interaction(s) before, and the run goes on unrecorded",
+                self.path.display(),
+                state.count + 1,
+                line.len() - RECORDING_FOOTER.len(),
+                self.cap,
+                state.count
+            );
+        }
+        // Cut the footer first: a run killed between the two leaves whole lines alone.
+        let written = state
+            .file
+            .set_len(at)
+            .and_then(|()| state.file.write_all_at(&line, at));
+        if let Err(err) = written {
+            state.stopped = true;
+            return Err(anyhow::Error::new(err).context(format!(
+                "writing cassette {}: recording stopped",
+                self.path.display()
+            )));
+        }
+        state.len = new_len;
+        state.written += line.len() as u64;
+        state.count += 1;
+        Ok(())
     }
 
     /// Makes the call through `registry` and records it when it answered. A

@@ -433,13 +433,24 @@ impl std::fmt::Debug for HostDb {
     }
 }
 
-/// What the database may grow by, shared by several host calls (the database tool calls of
-/// one agent turn): each call's growth comes out of the same budget.
+/// What the calls of one agent turn may write together: what its database tool calls grow
+/// the database by, and (given to the plugin calls of the turn with
+/// [`crate::Grant::with_turn_writes`]) the bytes and files its plugin calls write, each
+/// call's on top of its own per-call budget.
 #[derive(Debug, Clone)]
-pub struct DbWriteBudget(Arc<FsBudget>);
+pub struct DbWriteBudget(pub(crate) Arc<FsBudget>);
+
+impl PartialEq for DbWriteBudget {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for DbWriteBudget {}
 
 impl DbWriteBudget {
-    /// A fresh budget of `limits` (its bytes-written cap is what the database may grow by).
+    /// A fresh budget of `limits` (its bytes-written cap is what the calls may write and the
+    /// database grow by, together; its created-entries cap the files and folders they make).
     pub fn new(limits: crate::capabilities::FsLimits) -> Self {
         DbWriteBudget(FsBudget::new(limits))
     }

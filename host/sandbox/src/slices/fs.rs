@@ -42,7 +42,11 @@ impl FsState {
         extra(&mut builder)?;
         Ok(FsState {
             wasi: builder.build(),
-            budget: FsBudget::for_folders(limits.fs, grant.folder_identities()),
+            budget: FsBudget::for_folders_in(
+                limits.fs,
+                grant.folder_identities(),
+                grant.turn_writes().map(|turn| turn.0.clone()),
+            ),
         })
     }
 

@@ -18,7 +18,9 @@
 //!   writable folder it can still be replaced, by renaming a new file over it.)
 //! - **A disk budget per call** ([`FsBudget`]): bytes written and files or folders created in
 //!   read-write folders, and descriptors open at once. Going over it fails the operation with
-//!   `quota` and is recorded, so the host reports the call as over its limit.
+//!   `quota` and is recorded, so the host reports the call as over its limit. A call of an
+//!   agent turn also takes its bytes and files out of the turn's budget, shared by every call
+//!   of the turn (and its database growth), so many calls cannot multiply the per-call one.
 //! - **A depth limit** ([`FsLimits::folder_depth`]): no folder is made, or moved, more than
 //!   that many levels below the granted folder it is in ([`depth`]), so a guest cannot grow
 //!   a chain of folders deeper than the host's walks go, not even over many calls. Going past
@@ -96,6 +98,18 @@ pub enum FsLimitExceeded {
     /// [`FsLimits::folder_depth`].
     #[error("made a folder more than {0} levels below its granted folder (the depth limit)")]
     FolderDepth(u64),
+    /// The write budget of the call's turn: its bytes written.
+    #[error(
+        "wrote more than {0} bytes to its folders together with the other calls of its turn \
+         (the per-turn limit, --max-turn-write-mib)"
+    )]
+    TurnWriteBytes(u64),
+    /// The write budget of the call's turn: its files and folders created.
+    #[error(
+        "created more than {0} files and folders together with the other calls of its turn \
+         (the per-turn limit)"
+    )]
+    TurnCreatedEntries(u64),
 }
 
 /// What one call has used of its [`FsLimits`]; shared with the output streams it opens.
@@ -111,6 +125,8 @@ pub(crate) struct FsBudget {
     exceeded: Mutex<Option<FsLimitExceeded>>,
     /// The granted folders, which [`FsLimits::folder_depth`] counts from.
     roots: Vec<FolderId>,
+    /// The budget of the turn the call is part of: what is written is taken out of it too.
+    turn: Option<Arc<FsBudget>>,
 }
 
 impl FsBudget {
@@ -121,7 +137,17 @@ impl FsBudget {
 
     /// The budget of a call granted the folders `roots` (device and inode of each).
     pub(crate) fn for_folders(limits: FsLimits, roots: Vec<FolderId>) -> Arc<Self> {
+        FsBudget::for_folders_in(limits, roots, None)
+    }
+
+    /// [`FsBudget::for_folders`], for a call whose writes also come out of `turn`.
+    pub(crate) fn for_folders_in(
+        limits: FsLimits,
+        roots: Vec<FolderId>,
+        turn: Option<Arc<FsBudget>>,
+    ) -> Arc<Self> {
         Arc::new(FsBudget {
+            turn,
             limits,
             written: AtomicU64::new(0),
             created: AtomicU64::new(0),
@@ -154,37 +180,66 @@ impl FsBudget {
     }
 
     fn charge_bytes(&self, n: u64) -> Result<(), ErrorCode> {
-        if Self::take(&self.written, n, self.limits.write_bytes) {
-            Ok(())
-        } else {
-            Err(self.over(FsLimitExceeded::WriteBytes(self.limits.write_bytes)))
+        if !Self::take(&self.written, n, self.limits.write_bytes) {
+            return Err(self.over(FsLimitExceeded::WriteBytes(self.limits.write_bytes)));
         }
+        if let Some(turn) = &self.turn
+            && !Self::take(&turn.written, n, turn.limits.write_bytes)
+        {
+            self.written.fetch_sub(n, Ordering::Relaxed);
+            return Err(self.over(FsLimitExceeded::TurnWriteBytes(turn.limits.write_bytes)));
+        }
+        Ok(())
     }
 
     fn charge_entry(&self) -> Result<(), ErrorCode> {
-        if Self::take(&self.created, 1, self.limits.created_entries) {
-            Ok(())
-        } else {
-            Err(self.over(FsLimitExceeded::CreatedEntries(self.limits.created_entries)))
+        if !Self::take(&self.created, 1, self.limits.created_entries) {
+            return Err(self.over(FsLimitExceeded::CreatedEntries(self.limits.created_entries)));
         }
+        if let Some(turn) = &self.turn
+            && !Self::take(&turn.created, 1, turn.limits.created_entries)
+        {
+            self.created.fetch_sub(1, Ordering::Relaxed);
+            return Err(self.over(FsLimitExceeded::TurnCreatedEntries(
+                turn.limits.created_entries,
+            )));
+        }
+        Ok(())
     }
 
-    /// Bytes the call may still write.
+    /// Bytes the call may still write (within its turn's budget too).
     pub(crate) fn write_bytes_left(&self) -> u64 {
-        self.limits
+        let own = self
+            .limits
             .write_bytes
-            .saturating_sub(self.written.load(Ordering::Relaxed))
+            .saturating_sub(self.written.load(Ordering::Relaxed));
+        self.turn
+            .as_ref()
+            .map_or(own, |turn| own.min(turn.write_bytes_left()))
     }
 
     /// Takes `n` bytes a write outside the filesystem made (the workflow database grew by
-    /// them) out of the budget; whatever is left may still be written.
+    /// them) out of the budget (and the turn's); whatever is left may still be written.
     pub(crate) fn charge_growth(&self, n: u64) {
         let _ = self.written.fetch_add(n, Ordering::Relaxed);
+        if let Some(turn) = &self.turn {
+            turn.charge_growth(n);
+        }
     }
 
     /// A write outside the filesystem (the workflow database) ran into the write budget.
     pub(crate) fn note_write_limit(&self) {
-        let _ = self.over(FsLimitExceeded::WriteBytes(self.limits.write_bytes));
+        let own = self
+            .limits
+            .write_bytes
+            .saturating_sub(self.written.load(Ordering::Relaxed));
+        let which = match &self.turn {
+            Some(turn) if turn.write_bytes_left() < own => {
+                FsLimitExceeded::TurnWriteBytes(turn.limits.write_bytes)
+            }
+            _ => FsLimitExceeded::WriteBytes(self.limits.write_bytes),
+        };
+        let _ = self.over(which);
     }
 
     fn too_deep(&self) -> ErrorCode {
