@@ -226,16 +226,21 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
     let mut interrupts = signal(SignalKind::interrupt()).context("listening for Ctrl-C")?;
     let id = runtime.start_workflow(root, start);
     // Ctrl-C asks the execution to stop at the next boundary (before an item, between
-    // foreach rows or tool rounds); the session records `stopped`. A second
-    // Ctrl-C is the usual hard stop.
+    // foreach rows or tool rounds); the session records `stopped`. A second cancels the
+    // tool calls in flight too (guest code is interrupted); a third is the usual hard stop.
     let watcher = {
         let (runtime, id) = (runtime.clone(), id.clone());
         let progress = progress.clone();
         tokio::spawn(async move {
             if interrupts.recv().await.is_some() {
                 progress.finish();
-                eprintln!("stopping at the next boundary (Ctrl-C again to abort)");
+                eprintln!(
+                    "stopping at the next boundary (Ctrl-C again to cancel the tool calls running)"
+                );
                 runtime.stop(&id);
+                let _ = interrupts.recv().await;
+                eprintln!("cancelling the tool calls running (Ctrl-C again to abort)");
+                runtime.stop_now(&id);
                 let _ = interrupts.recv().await;
                 std::process::exit(130);
             }

@@ -307,7 +307,7 @@ async fn a_panic_in_an_execution_ends_it_as_failed() {
 async fn a_stop_ends_a_spinning_guest_while_the_turns_other_calls_finish() {
     // One answer asks for a guest call that loops forever and for a write. Before, a call
     // of `trellis run` had no cancel token: the spinning guest held its thread until its
-    // deadline (here ten minutes) and a stop waited for it. Now the stop interrupts it, its
+    // deadline (here ten minutes) and a stop waited for it. Now `stop_now` interrupts it, its
     // call ends cancelled, and the write of the same turn is done meanwhile.
     let out = "runs/iteration-0/execution/answer";
     let server = FakeServer::start(Box::new(move |body| {
@@ -346,7 +346,7 @@ async fn a_stop_ends_a_spinning_guest_while_the_turns_other_calls_finish() {
         assert_eq!(runtime.status(&id), Some(ExecutionStatus::Running));
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(runtime.stop(&id));
+    assert!(runtime.stop_now(&id));
     let run = runtime.wait(&id).await.unwrap().unwrap();
     assert!(!run.succeeded());
     assert_eq!(runtime.status(&id), Some(ExecutionStatus::Cancelled));

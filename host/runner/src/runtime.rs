@@ -506,8 +506,22 @@ impl Runtime {
     }
 
     /// Asks execution `id` to stop at its next boundary (before an item, between foreach
-    /// rows and tool rounds; an LLM call in flight ends first). Returns whether it was running.
+    /// rows and tool rounds; an LLM call or a tool round in flight ends first). Returns
+    /// whether it was running.
     pub fn stop(&self, id: &ExecutionId) -> bool {
+        match self.get(id) {
+            Some(execution) if execution.status() == ExecutionStatus::Running => {
+                execution.cancel.store(true, Ordering::SeqCst);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// [`Runtime::stop`], and the tool calls in flight are cancelled too: guest code running
+    /// is interrupted at its next epoch tick, and each such call ends `cancelled`. Returns
+    /// whether it was running.
+    pub fn stop_now(&self, id: &ExecutionId) -> bool {
         match self.get(id) {
             Some(execution) if execution.status() == ExecutionStatus::Running => {
                 execution.cancel.store(true, Ordering::SeqCst);
