@@ -248,22 +248,38 @@ pub fn kind_of(v: &Value) -> &'static str {
     }
 }
 
+/// The longest word or candidate [`did_you_mean`] compares.
+pub const MAX_SUGGESTED_LEN: usize = 128;
+
 /// The closest of `candidates` to `word`, when one is close enough to be a likely typo.
 pub fn did_you_mean<'a>(
     word: &str,
     candidates: impl IntoIterator<Item = &'a str>,
 ) -> Option<&'a str> {
+    // A suggestion is for a typo of a name: the distance of long texts costs the product of
+    // their lengths, and is not worked out for them.
+    if word.len() > MAX_SUGGESTED_LEN {
+        return candidates
+            .into_iter()
+            .find(|c| c.eq_ignore_ascii_case(word));
+    }
     let lower = word.to_ascii_lowercase();
     let mut best: Option<(usize, &str)> = None;
     for c in candidates {
         if c.eq_ignore_ascii_case(word) {
             return Some(c);
         }
+        if c.len() > MAX_SUGGESTED_LEN {
+            continue;
+        }
         let cl = c.to_ascii_lowercase();
         // A word that is a clear prefix of a key ("contract" for "contract_version") is a
         // likely abbreviation even though the edit distance is large.
         let d = if lower.len() >= 4 && cl.starts_with(&lower) {
             1
+        } else if cl.len().abs_diff(lower.len()) > 3 {
+            // Further than any limit below.
+            continue;
         } else {
             strsim::damerau_levenshtein(&lower, &cl)
         };
@@ -662,6 +678,18 @@ mod tests {
         assert_eq!(did_you_mean("mesage", keys), Some("message"));
         assert_eq!(did_you_mean("MESSAGE", keys), Some("message"));
         assert_eq!(did_you_mean("zebra", keys), None);
+        assert_eq!(
+            did_you_mean("contract", ["contract_version"]),
+            Some("contract_version")
+        );
+        // Long texts are not compared (their distance costs the product of their lengths);
+        // the same text is still found.
+        let (a, b) = ("a".repeat(40_000), format!("{}b", "a".repeat(39_999)));
+        assert_eq!(did_you_mean(&a, [b.as_str()]), None);
+        assert_eq!(did_you_mean(&a, [a.as_str()]), Some(a.as_str()));
+        let near = format!("{}x", "a".repeat(MAX_SUGGESTED_LEN - 1));
+        let long = "a".repeat(MAX_SUGGESTED_LEN);
+        assert_eq!(did_you_mean(&near, [long.as_str()]), Some(long.as_str()));
     }
 
     #[test]

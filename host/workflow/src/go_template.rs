@@ -51,8 +51,20 @@ pub fn parse(source: &str) -> Result<Template, String> {
     Ok(template)
 }
 
-/// Renders `template` with `data`, stopping at [`MAX_RENDERED_BYTES`] of output.
+/// What the functions of one rendering may make in all: a value a function returns is kept
+/// as long as a variable holds it, so each return is counted against this.
+pub const MAX_MADE_BYTES: usize = 4 * MAX_RENDERED_BYTES;
+
+thread_local! {
+    /// Bytes the functions of the rendering on this thread made so far ([`render`] resets
+    /// it; gtmpl calls the functions on the thread that renders).
+    static MADE: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Renders `template` with `data`, stopping at [`MAX_RENDERED_BYTES`] of output and at
+/// [`MAX_MADE_BYTES`] made by its functions.
 pub fn render(template: &Template, data: &gtmpl::Context) -> Result<String, String> {
+    MADE.with(|m| m.set(0));
     let mut out = Capped(Vec::new());
     match template.execute(&mut out, data) {
         Ok(()) => String::from_utf8(out.0).map_err(|e| e.to_string()),
@@ -90,34 +102,76 @@ fn builtin(name: &str) -> Func {
         .unwrap_or_else(|| panic!("gtmpl has a builtin {name}"))
 }
 
-/// `value`, unless it is a string longer than [`MAX_RENDERED_BYTES`].
-fn bounded(name: &str, value: Result<Value, FuncError>) -> Result<Value, FuncError> {
-    match value? {
-        Value::String(s) if s.len() > MAX_RENDERED_BYTES => Err(FuncError::Generic(format!(
-            "{name} made {} bytes, more than the {MAX_RENDERED_BYTES} a message may be",
-            s.len()
-        ))),
-        v => Ok(v),
+/// About how many bytes `value` prints as.
+fn printed_size(value: &Value) -> usize {
+    match value {
+        Value::String(s) => s.len(),
+        Value::Array(a) => a.iter().map(printed_size).sum::<usize>() + a.len() + 2,
+        Value::Object(o) | Value::Map(o) => {
+            o.iter()
+                .map(|(k, v)| k.len() + printed_size(v) + 2)
+                .sum::<usize>()
+                + 2
+        }
+        _ => 32,
     }
+}
+
+/// Calls gtmpl's builtin `name` when what it would make (the arguments' printed size times
+/// `times`, plus `extra`) fits in a message and in what the rendering may still make, and
+/// counts what it returned.
+fn bounded(name: &str, args: &[Value], times: usize, extra: usize) -> Result<Value, FuncError> {
+    let would = args
+        .iter()
+        .map(printed_size)
+        .fold(extra, |sum, n| sum.saturating_add(n.saturating_mul(times)));
+    let made = MADE.with(std::cell::Cell::get);
+    if would > MAX_RENDERED_BYTES {
+        return Err(FuncError::Generic(format!(
+            "{name} would make about {would} bytes, more than the {MAX_RENDERED_BYTES} a \
+             message may be"
+        )));
+    }
+    if made.saturating_add(would) > MAX_MADE_BYTES {
+        return Err(FuncError::Generic(format!(
+            "{name}: the functions of this message made more than {MAX_MADE_BYTES} bytes, the \
+             most one message may make"
+        )));
+    }
+    let value = builtin(name)(args)?;
+    let len = match &value {
+        Value::String(s) => s.len(),
+        _ => 0,
+    };
+    if len > MAX_RENDERED_BYTES {
+        return Err(FuncError::Generic(format!(
+            "{name} made {len} bytes, more than the {MAX_RENDERED_BYTES} a message may be"
+        )));
+    }
+    MADE.with(|m| m.set(made.saturating_add(len)));
+    Ok(value)
 }
 
 fn printf(args: &[Value]) -> Result<Value, FuncError> {
+    let mut verbs = 0;
     if let Some(Value::String(format)) = args.first() {
         check_printf_format(format).map_err(FuncError::Generic)?;
+        verbs = format.matches('%').count();
     }
-    bounded("printf", builtin("printf")(args))
+    bounded("printf", args, 1, verbs.saturating_mul(MAX_PRINTF_WIDTH))
 }
 
 fn print(args: &[Value]) -> Result<Value, FuncError> {
-    bounded("print", builtin("print")(args))
+    bounded("print", args, 1, args.len())
 }
 
 fn println(args: &[Value]) -> Result<Value, FuncError> {
-    bounded("println", builtin("println")(args))
+    bounded("println", args, 1, args.len())
 }
 
+/// An escaped byte is three (`%2F`).
 fn urlquery(args: &[Value]) -> Result<Value, FuncError> {
-    bounded("urlquery", builtin("urlquery")(args))
+    bounded("urlquery", args, 3, args.len())
 }
 
 /// Refuses `printf` formats whose verbs take their width or precision from an argument
@@ -521,6 +575,29 @@ mod tests {
         let t = parse("{{printf .}}").unwrap();
         let err = render(&t, &gtmpl::Context::from(gtmpl::Value::from("%70000d"))).unwrap_err();
         assert!(err.contains("at most 1000"), "{err}");
+
+        // A call is refused before it makes what would be too long, and what the calls of one
+        // rendering make in all is bounded (variables keep each value alive).
+        let a = format!(
+            "{{{{$a := printf \"{}\" {}}}}}",
+            "%1000d".repeat(1000),
+            "1 ".repeat(1000)
+        );
+        let b = format!("{a}{{{{$b := printf \"%s%s%s%s\" $a $a $a $a}}}}");
+        let t = parse(&format!("{b}{{{{print {}}}}}", "$b ".repeat(300))).unwrap();
+        let err = render(&t, &gtmpl::Context::empty()).unwrap_err();
+        assert!(err.contains("print would make about"), "{err}");
+        let many: String = (0..20)
+            .map(|i| format!("{{{{$v{i} := print $a $a $a}}}}"))
+            .collect();
+        let t = parse(&format!("{a}{many}")).unwrap();
+        let err = render(&t, &gtmpl::Context::empty()).unwrap_err();
+        assert!(err.contains("made more than 16777216 bytes"), "{err}");
+        // Another rendering starts afresh.
+        assert_eq!(
+            render(&parse("{{print 1}}").unwrap(), &gtmpl::Context::empty()).unwrap(),
+            "1"
+        );
     }
 
     #[test]

@@ -3,13 +3,17 @@
 
 use super::*;
 
+/// How many references to missing steps get a "did you mean".
+const MAX_HINTS: usize = 20;
+
 /// Checks what can only be seen with the whole plan: unique step ids and step references.
 pub(super) fn check_references(ctx: &mut Ctx, value: &Value, plan: &Plan) {
     let mut ids: Vec<&str> = Vec::new();
+    let mut known: std::collections::HashSet<&str> = std::collections::HashSet::new();
     let lists = [("steps", &plan.steps), ("orphan_steps", &plan.orphan_steps)];
     for (list, steps) in lists {
         for s in steps.iter() {
-            if ids.contains(&s.id.as_str()) {
+            if !known.insert(s.id.as_str()) {
                 let i = index_of(value, list, &s.id).unwrap_or(0);
                 let outer = ctx.set_step(Some(s.id.clone()));
                 ctx.error(
@@ -21,12 +25,13 @@ pub(super) fn check_references(ctx: &mut Ctx, value: &Value, plan: &Plan) {
             ids.push(&s.id);
         }
     }
-    let raw_ids: Vec<&str> = ["steps", "orphan_steps"]
+    let raw_ids: std::collections::HashSet<&str> = ["steps", "orphan_steps"]
         .iter()
         .filter_map(|list| value.get(*list).and_then(Value::as_array))
         .flatten()
         .filter_map(|step| step.get("id").and_then(Value::as_str))
         .collect();
+    let mut hints = 0;
     for (list, steps) in lists {
         for (i, s) in steps.iter().enumerate() {
             let path = JsonPath::root().key(list).index(i);
@@ -62,12 +67,18 @@ pub(super) fn check_references(ctx: &mut Ctx, value: &Value, plan: &Plan) {
                 // references to it are not errors on top of them.
                 if target != END
                     && !target.is_empty()
-                    && !ids.contains(&target)
-                    && !raw_ids.contains(&target)
+                    && !known.contains(target)
+                    && !raw_ids.contains(target)
                 {
-                    let hint = did_you_mean(target, ids.iter().copied())
-                        .map(|c| format!(" (did you mean \"{c}\"?)"))
-                        .unwrap_or_default();
+                    // Each suggestion looks at every step id: the first few get one.
+                    let hint = if hints < MAX_HINTS {
+                        hints += 1;
+                        did_you_mean(target, ids.iter().copied())
+                            .map(|c| format!(" (did you mean \"{c}\"?)"))
+                            .unwrap_or_default()
+                    } else {
+                        String::new()
+                    };
                     ctx.error(
                         &p,
                         format!(

@@ -56,14 +56,14 @@ pub(super) fn file_from_value(ctx: &mut Ctx, value: &Value) -> Option<StepConfig
         }
     };
     let mut steps = Vec::with_capacity(entries.len());
-    let mut seen: Vec<&str> = Vec::new();
+    let mut seen: std::collections::HashSet<&str> = std::collections::HashSet::new();
     for (i, entry) in entries.iter().enumerate() {
         let path = base.index(i);
         let Some(config) = parse_entry(ctx, entry, path.clone()) else {
             continue;
         };
         let id = entry.get("id").and_then(Value::as_str).unwrap_or_default();
-        if seen.contains(&id) {
+        if !seen.insert(id) {
             let outer = ctx.set_step(Some(id.to_string()));
             ctx.error(
                 &path.key("id"),
@@ -74,7 +74,6 @@ pub(super) fn file_from_value(ctx: &mut Ctx, value: &Value) -> Option<StepConfig
             );
             ctx.set_step(outer);
         }
-        seen.push(id);
         steps.push(config);
     }
     Some(StepConfigFile {
