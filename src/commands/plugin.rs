@@ -27,6 +27,7 @@ use trellis_sandbox::store::{Kind as EntryKind, WorkspaceFs};
 use trellis_sandbox::{Engine, PluginRegistry};
 
 use super::CacheArgs;
+use crate::terminal::println_shown;
 
 /// Subcommands of `trellis plugin`.
 #[derive(Subcommand, Debug)]
@@ -273,7 +274,8 @@ async fn build(engine: &Engine, args: &BuildArgs) -> Result<()> {
         .with_context(|| format!("the built plugin in {} does not load", out.display()))?;
     let plugin = registry.get(&id).context("the plugin just loaded")?;
     let size = bytes.len();
-    println!(
+    // The manifest's fields and the tools' names are the project's text: escaped.
+    println_shown!(
         "built {} ({:.1} MB): {} plugin `{id}` {}",
         component.display(),
         size as f64 / 1e6,
@@ -282,8 +284,8 @@ async fn build(engine: &Engine, args: &BuildArgs) -> Result<()> {
     );
     if manifest.kind == PluginKind::Tool {
         let names: Vec<_> = plugin.tools().iter().map(|t| t.name.as_str()).collect();
-        println!("tools: {}", names.join(", "));
+        println_shown!("tools: {}", names.join(", "));
     }
-    println!("load it with --plugins {}", out.display());
+    println_shown!("load it with --plugins {}", out.display());
     Ok(())
 }

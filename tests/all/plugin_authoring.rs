@@ -404,6 +404,25 @@ fn an_error_in_plugin_py_fails_the_build_with_its_traceback_and_leaves_no_compon
     assert!(left.is_empty(), "{left:?}");
 }
 
+/// What a project's `plugin.json` says (its version, its component's name) is printed by
+/// `plugin build` with its control characters escaped, as `plugins list` prints them.
+#[test]
+fn plugin_build_prints_the_projects_text_escaped() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = dir.path().join("shouty");
+    new_python_tool(&project);
+    let manifest = project.join("plugin.json");
+    let mut json: Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    json["version"] = Value::String("0.1.0\u{1b}[31m".into());
+    std::fs::write(&manifest, json.to_string()).unwrap();
+    let built = build(&project, &[]);
+    assert!(built.contains("0.1.0\\x1b[31m"), "{built}");
+    assert!(
+        !built.contains('\u{1b}'),
+        "an escape reached the terminal: {built:?}"
+    );
+}
+
 #[test]
 fn a_componentize_py_that_is_not_the_pinned_release_is_refused() {
     let dir = tempfile::tempdir().unwrap();
