@@ -22,6 +22,12 @@ use cap_std::fs::Dir;
 /// then the folder flushed.
 /// Files under a workspace go through [`WorkspaceFs`] instead.
 pub fn write_named_file_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    create_named_file_atomic(path, bytes).map(drop)
+}
+
+/// [`write_named_file_atomic`], returning the new file open for writing (a recording
+/// appends to it).
+pub fn create_named_file_atomic(path: &Path, bytes: &[u8]) -> io::Result<std::fs::File> {
     use std::io::Write;
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
@@ -34,9 +40,10 @@ pub fn write_named_file_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
         .tempfile_in(dir)?;
     tmp.write_all(bytes)?;
     tmp.as_file().sync_all()?;
-    tmp.persist(path).map_err(|e| e.error)?;
+    let file = tmp.persist(path).map_err(|e| e.error)?;
     // The rename survives a power loss once the folder's entries are on disk too.
-    std::fs::File::open(dir)?.sync_all()
+    std::fs::File::open(dir)?.sync_all()?;
+    Ok(file)
 }
 
 /// Checks that `name` is a relative path that stays inside the folder it is resolved in:

@@ -340,26 +340,10 @@ impl Recorder {
     /// Starts a new, empty cassette at `path` (written at once, replacing any file there),
     /// capped at [`RECORD_CAP`] bytes.
     pub fn create(path: impl Into<PathBuf>) -> Result<Recorder> {
-        use std::io::Write;
         let path = path.into();
         let empty = format!("{RECORDING_HEADER}{RECORDING_FOOTER}");
-        let file = (|| -> std::io::Result<std::fs::File> {
-            let dir = match path.parent() {
-                Some(p) if !p.as_os_str().is_empty() => p,
-                _ => Path::new("."),
-            };
-            std::fs::create_dir_all(dir)?;
-            let mut tmp = tempfile::Builder::new()
-                .prefix(".trellis-")
-                .suffix(".tmp")
-                .tempfile_in(dir)?;
-            tmp.write_all(empty.as_bytes())?;
-            tmp.as_file().sync_all()?;
-            let file = tmp.persist(&path).map_err(|e| e.error)?;
-            std::fs::File::open(dir)?.sync_all()?;
-            Ok(file)
-        })()
-        .with_context(|| format!("writing cassette {}", path.display()))?;
+        let file = crate::store::create_named_file_atomic(&path, empty.as_bytes())
+            .with_context(|| format!("writing cassette {}", path.display()))?;
         Ok(Recorder {
             path,
             model: None,
