@@ -594,6 +594,40 @@ fn serve_refuses_a_body_of_many_small_values_without_parsing_it() {
     assert_eq!(post(port, &host, INIT), 200, "the server still serves");
 }
 
+/// A stdio line within the byte cap that is eight million tiny JSON values is dropped
+/// unparsed: the client is answered with an error, the operator's log says why, the server's
+/// memory stays where it was, and the next message is served.
+#[test]
+fn serve_over_stdio_refuses_a_line_of_many_small_values_without_parsing_it() {
+    let tree = Tree::new();
+    let mut serve = StdioServe::start(&tree, &[]);
+    let digits = "1,".repeat(8_000_000 - 1) + "1";
+    let line = format!(
+        r#"{{"jsonrpc":"2.0","id":90,"method":"tools/call","params":{{"name":"x","arguments":{{"v":[{digits}]}}}}}}"#
+    );
+    assert!(line.len() < 16 << 20, "within the byte cap: {}", line.len());
+    serve.send(&line);
+    let answer = loop {
+        let line = serve
+            .lines
+            .recv_timeout(Duration::from_secs(120))
+            .expect("the server answered");
+        if let Ok(message) = serde_json::from_str::<Value>(&line) {
+            break message;
+        }
+    };
+    assert_eq!(answer["id"], Value::Null, "{answer}");
+    assert_eq!(answer["error"]["code"], json!(-32600), "{answer}");
+    serve.wait_for_log(
+        "refused a message from the client: a message may hold 100000 JSON values, this one holds more",
+        1,
+    );
+    let peak = high_water(serve.child.id()).expect("the server runs");
+    assert!(peak < 200 << 20, "peak {peak} bytes");
+    let list = serve.request("tools/list", json!({}));
+    assert!(list["result"]["tools"].is_array(), "{list}");
+}
+
 /// The resident memory of process `pid`, in KiB.
 fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))

@@ -21,16 +21,21 @@
 //! `initialize` past the cap), requests without a session in progress (rmcp serves a request
 //! that names its protocol version itself without one: `503` past the same cap, until its
 //! answer is sent), a request's headers ([`HEADER_READ_TIMEOUT`], then closed) and its body
-//! ([`MAX_BODY_BYTES`], else `413`; [`BODY_READ_TIMEOUT`], else `408`).
+//! ([`MAX_BODY_BYTES`], else `413`; [`BODY_READ_TIMEOUT`], else `408`). Over stdio a
+//! message is one line of at most [`MAX_LINE_BYTES`] bytes and [`MAX_BODY_VALUES`] JSON
+//! values; a line over either is dropped unparsed and answered with an `Invalid Request`
+//! error.
 
 mod body_values;
 mod sessions;
+mod stdio_lines;
 
 pub use body_values::MAX_BODY_VALUES;
 use body_values::json_values;
 use sessions::{
     CappedSessions, SESSION_HEADER, SESSION_REFUSED, opens_session, sessionless_full, sessions_full,
 };
+pub use stdio_lines::MAX_LINE_BYTES;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -267,7 +272,7 @@ impl ToolServer {
         W: tokio::io::AsyncWrite + Send + Unpin + 'static,
     {
         let running = self
-            .serve((reader, writer))
+            .serve((stdio_lines::bounded_lines(reader), writer))
             .await
             .context("starting the MCP session on stdio")?;
         running.waiting().await.context("serving MCP on stdio")?;
