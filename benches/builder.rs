@@ -35,6 +35,7 @@ use trellis_runner::builder::{
 use trellis_runner::llm_choice::{LlmSetup, parse_llm_spec};
 use trellis_runner::runtime::{Runtime, StartOptions};
 use trellis_runner::workflow_run::RunOptions;
+use trellis_sandbox::capabilities::DbWriteBudget;
 use trellis_sandbox::llm::{
     Endpoint, KeyApprovals, Message, Request, RetryPolicy, Secret, Target, Usage,
     complete_with_options,
@@ -93,6 +94,7 @@ impl Bench {
                 retry: RetryPolicy::default(),
                 max_rounds: 10,
                 max_turn_result_bytes: trellis_runner::builder::DEFAULT_TURN_RESULT_BYTES,
+                max_turn_write_bytes: trellis_runner::builder::DEFAULT_TURN_WRITE_BYTES,
                 max_model_calls: trellis_runner::driver::DEFAULT_RUN_MODEL_CALLS,
                 observer: BuilderObserver::none(),
             },
@@ -118,11 +120,13 @@ impl Bench {
             .collect();
         let observer = BuilderObserver::none();
         let limits = Limits::default();
+        let writes = DbWriteBudget::new(limits.fs);
         let ctx = ToolContext {
             root: &self.root,
             mode: Mode::Builder,
             registry: &self.registry,
             limits: &limits,
+            turn_writes: &writes,
             session_id: "bench",
             observer: &observer,
         };

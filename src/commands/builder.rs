@@ -79,6 +79,11 @@ pub struct BuilderArgs {
     /// `trellis run`; a result past it is replaced by an error telling the model so.
     #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=65_536))]
     max_turn_result_mib: Option<u64>,
+    /// MiB the tool calls of one builder turn write together, to the workspace's folders and
+    /// its database (default 1024), as for `trellis run`; a write past it fails and the
+    /// model is told the call went over the turn's limit.
+    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
+    max_turn_write_mib: Option<u64>,
     /// Retries of a failed LLM call (default 3), as for `trellis run`.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=100))]
     llm_retries: Option<u32>,
@@ -168,6 +173,11 @@ pub async fn run(engine: impl FnOnce() -> Result<Engine>, args: BuilderArgs) -> 
             max_turn_result_bytes: args
                 .max_turn_result_mib
                 .map_or(trellis_runner::builder::DEFAULT_TURN_RESULT_BYTES, |mib| {
+                    mib << 20
+                }),
+            max_turn_write_bytes: args
+                .max_turn_write_mib
+                .map_or(trellis_runner::builder::DEFAULT_TURN_WRITE_BYTES, |mib| {
                     mib << 20
                 }),
             max_model_calls: args

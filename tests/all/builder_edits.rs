@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 use trellis_runner::builder::edits;
 use trellis_runner::builder::{BuilderObserver, Mode, ToolContext, ToolFailure};
 use trellis_sandbox::Limits;
+use trellis_sandbox::capabilities::DbWriteBudget;
 use trellis_sandbox::plugins::PluginRegistry;
 use trellis_workflow::{StepKind, Workspace};
 
@@ -36,11 +37,13 @@ impl Env {
     }
 
     fn call(&self, tool: &str, args: Value) -> Result<Value, ToolFailure> {
+        let writes = DbWriteBudget::new(self.limits.fs);
         let ctx = ToolContext {
             root: self.root(),
             mode: Mode::Builder,
             registry: &self.registry,
             limits: &self.limits,
+            turn_writes: &writes,
             session_id: "test",
             observer: &self.observer,
         };

@@ -22,6 +22,7 @@ use trellis_runner::runtime::{ExecutionStatus, Runtime, StartOptions};
 use trellis_runner::workflow_run::RunOptions;
 use trellis_runner::workspace_lock::is_held;
 use trellis_sandbox::Limits;
+use trellis_sandbox::capabilities::DbWriteBudget;
 
 /// Answers held back: request `n` (from 0) waits while `held(n)` and the gate is closed.
 #[derive(Clone, Default)]
@@ -121,11 +122,13 @@ impl Session {
     }
 
     async fn call(&self, root: &Path, tool: &str, args: Value) -> Result<Value, Value> {
+        let writes = DbWriteBudget::new(self.limits.fs);
         let ctx = ToolContext {
             root,
             mode: Mode::Optimizer,
             registry: self.runtime.registry(),
             limits: &self.limits,
+            turn_writes: &writes,
             session_id: "test-session",
             observer: &self.observer,
         };

@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 use support::tree_digest;
 use support::workspace::{copy_workspace, example_dir, write_file, write_files};
 use trellis_runner::builder::{BuilderObserver, Mode, ToolContext, ToolFailure, files, reads};
+use trellis_sandbox::capabilities::DbWriteBudget;
 use trellis_sandbox::{Limits, PluginRegistry};
 
 const STEP: &str = "triage-tickets";
@@ -101,11 +102,13 @@ async fn read_in(
 ) -> Result<Value, ToolFailure> {
     let limits = Limits::default();
     let observer = BuilderObserver::none();
+    let writes = DbWriteBudget::new(limits.fs);
     let ctx = ToolContext {
         root,
         mode,
         registry,
         limits: &limits,
+        turn_writes: &writes,
         session_id: "test",
         observer: &observer,
     };
@@ -121,11 +124,13 @@ async fn file_tool(
 ) -> Result<Value, ToolFailure> {
     let limits = Limits::default();
     let observer = BuilderObserver::none();
+    let writes = DbWriteBudget::new(limits.fs);
     let ctx = ToolContext {
         root,
         mode,
         registry,
         limits: &limits,
+        turn_writes: &writes,
         session_id: "test",
         observer: &observer,
     };

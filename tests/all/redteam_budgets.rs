@@ -406,6 +406,79 @@ fn the_builders_turn_keeps_a_bounded_amount_of_tool_results() {
     );
 }
 
+/// The builder's file and database calls of one turn write out of one budget, as a step's
+/// calls do: three writes of 600 KB under `--max-turn-write-mib 1` are not all made. Each
+/// builder call had a budget of its own (1 GiB), so one answer of 64 calls could write
+/// 64 GiB, and every round as much again.
+#[test]
+fn the_builders_turn_writes_out_of_one_budget() {
+    let content = "x".repeat(600_000);
+    let llm = FakeServer::start(Box::new(move |body| {
+        let messages = body["messages"].as_array().cloned().unwrap_or_default();
+        if messages.iter().any(|m| m["role"] == "tool") {
+            return (200, support::fake_llm::completion("done", &[]));
+        }
+        let calls: Vec<(&str, Value)> = (0..3)
+            .map(|i| {
+                let args = json!({"path": format!("learnings/w{i}.txt"), "content": content});
+                ("write_workspace_file", args)
+            })
+            .collect();
+        (200, support::fake_llm::completion("", &calls))
+    }));
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path();
+    support::workspace::write_files(
+        ws,
+        &[
+            (
+                "planning/plan.json",
+                json!({"objective": "o", "steps": [
+                    {"id": "greet", "type": "regular", "title": "Greet", "description": "Hi."}
+                ]})
+                .to_string(),
+            ),
+            ("planning/step_config.json", r#"{"steps": []}"#.to_string()),
+            (
+                "workflow.json",
+                json!({"llm": {"provider": "openai", "model_id": "m"},
+                       "providers": llm.providers()})
+                .to_string(),
+            ),
+        ],
+    );
+    let out = support::trellis(&[
+        "builder",
+        ws.to_str().unwrap(),
+        "--max-turn-write-mib",
+        "1",
+        "--allow-host",
+        "127.0.0.1",
+        "-m",
+        "write them",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let results = llm.last_tool_results();
+    assert_eq!(results.len(), 3, "{results:?}");
+    let written: Vec<bool> = (0..3)
+        .map(|i| ws.join(format!("learnings/w{i}.txt")).exists())
+        .collect();
+    assert_eq!(written, [true, false, false], "{results:?}");
+    assert!(
+        results[1].1.contains("turn"),
+        "told why: {:?}",
+        results[1].1
+    );
+    assert_eq!(
+        std::fs::read(ws.join("learnings/w0.txt")).unwrap().len(),
+        600_000
+    );
+}
+
 /// Before, the builder's own agent loop was outside every model-call cap: a model that
 /// always asks for one more tool made calls until the rounds ran out, turn after turn. Now
 /// the session's calls come out of `--max-model-calls`, as a run's do.
@@ -464,4 +537,142 @@ fn the_builders_model_calls_stop_at_the_sessions_budget() {
         ),
         "{text}"
     );
+}
+
+/// A plan of 30,000 `human_input` steps (and a step config entry for each) is walked once
+/// by the preflight, not once per step: each step it reached looked the next one up by a
+/// scan of the plan, some ten seconds of host time for this plan. The error lists the first
+/// twenty missing answers and counts the rest, where it listed all 30,000.
+#[test]
+fn a_plan_of_thirty_thousand_steps_is_refused_with_a_short_list() {
+    const STEPS: usize = 30_000;
+    let dir = tempfile::tempdir().unwrap();
+    let steps: Vec<Value> = (0..STEPS)
+        .map(|i| {
+            json!({"id": format!("s{i}"), "type": "human_input", "title": "S",
+                   "description": "Q?", "question": "Ready?", "variable_name": format!("v{i}")})
+        })
+        .collect();
+    let configs: Vec<Value> = (0..STEPS)
+        .map(|i| json!({"id": format!("s{i}"), "agent_configs": {}}))
+        .collect();
+    support::workspace::write_files(
+        dir.path(),
+        &[
+            (
+                "planning/plan.json",
+                json!({"objective": "t", "steps": steps}).to_string(),
+            ),
+            (
+                "planning/step_config.json",
+                json!({"steps": configs}).to_string(),
+            ),
+        ],
+    );
+    let before = support::tree_digest(dir.path());
+    let out = support::trellis(&["run", dir.path().to_str().unwrap(), "--input", "v3=yes"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let listed: Vec<String> = (0..21)
+        .filter(|i| *i != 3)
+        .map(|i| format!("step \"s{i}\" needs --input v{i}=VALUE (Ready?)"))
+        .collect();
+    let expected = format!(
+        "missing human input: {}; and {} more",
+        listed[..20].join("; "),
+        STEPS - 1 - 20
+    );
+    assert!(stderr.contains(&expected), "{expected:?} in {stderr}");
+    assert!(stderr.len() < 4096, "{} bytes of error", stderr.len());
+    assert_eq!(
+        support::tree_digest(dir.path()),
+        before,
+        "the refused run changed files"
+    );
+}
+
+/// `[0,0,...]` with more JSON values than a file the host parses whole may hold.
+fn many_values() -> String {
+    format!(
+        "[{}0]",
+        "0,".repeat(trellis_sandbox::json_values::MAX_FILE_VALUES)
+    )
+}
+
+/// A workspace file, a cassette or a log `runs show` reads that holds more JSON values than
+/// the host parses of a file is refused before it is parsed, naming the file: a 64 MiB
+/// cassette or gate report of small values took over a gigabyte parsed (1.2 GB and 2.1 GB).
+#[test]
+fn files_of_too_many_json_values_are_refused_unparsed() {
+    use trellis_sandbox::json_values::{MAX_FILE_VALUES, json_values};
+    let budget = MAX_FILE_VALUES;
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path();
+    let root = ws.to_str().unwrap();
+    let plan = json!({"objective": "t", "steps": [
+        {"id": "alpha", "type": "regular", "title": "A", "description": "Answer."}
+    ]});
+    let replay = json!({"llm": {"provider": "replay", "model_id": "tape"}});
+    // The plan itself.
+    let big_plan = format!(
+        r#"{{"objective": "t", "steps": [], "x": {}}}"#,
+        many_values()
+    );
+    support::workspace::write_files(
+        ws,
+        &[
+            ("planning/plan.json", big_plan.clone()),
+            ("workflow.json", replay.to_string()),
+        ],
+    );
+    let out = support::trellis(&["validate", root]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let said = format!(
+        "holds about {} JSON values, more than the {budget} Trellis parses of one file",
+        json_values(big_plan.as_bytes())
+    );
+    let told = format!("{stdout}{stderr}");
+    assert_eq!(out.status.code(), Some(1), "{told}");
+    assert!(
+        told.lines()
+            .any(|l| l.starts_with("planning/plan.json: ") && l.contains(&said)),
+        "{said:?} in {told}"
+    );
+    // The cassette of the model the step replays.
+    support::workspace::write_files(
+        ws,
+        &[
+            ("planning/plan.json", plan.to_string()),
+            ("cassettes/tape.json", many_values()),
+        ],
+    );
+    let out = support::trellis(&["run", root]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let said = format!(
+        "cassette cassettes/tape.json: holds about {} JSON values, more than the {budget}",
+        budget + 2
+    );
+    assert!(stderr.contains(&said), "{said:?} in {stderr}");
+    // A gate report in the run's logs.
+    let report = format!(r#"{{"passed": false, "checks": {}}}"#, many_values());
+    support::workspace::write_files(
+        ws,
+        &[
+            ("runs/iteration-0/execution/alpha/out.txt", "x".to_string()),
+            (
+                "runs/iteration-0/logs/alpha/pre_validation_final_attempt_1.json",
+                report.clone(),
+            ),
+        ],
+    );
+    let out = support::trellis(&["runs", "show", root, "alpha"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let said = format!(
+        "pre_validation_final_attempt_1.json: holds about {} JSON values, more than the {budget}",
+        json_values(report.as_bytes())
+    );
+    assert!(stderr.contains(&said), "{said:?} in {stderr}");
 }

@@ -17,6 +17,7 @@ use support::tree_digest;
 use support::workspace::{copy_workspace, example_dir, write_file, write_files};
 use trellis_runner::builder::{BuilderObserver, Mode, ToolContext, ToolFailure};
 use trellis_runner::builder::{edits, files, reads};
+use trellis_sandbox::capabilities::DbWriteBudget;
 use trellis_sandbox::{Limits, PluginRegistry};
 
 const SECRET: &str = "OUTSIDE-SECRET-7f3a";
@@ -27,6 +28,7 @@ struct Env {
     dir: tempfile::TempDir,
     registry: PluginRegistry,
     limits: Limits,
+    writes: DbWriteBudget,
     observer: BuilderObserver,
 }
 
@@ -54,6 +56,7 @@ impl Env {
             dir,
             registry: support::registry().await,
             limits: Limits::default(),
+            writes: DbWriteBudget::new(Limits::default().fs),
             observer: BuilderObserver::none(),
         }
     }
@@ -77,6 +80,7 @@ impl Env {
             mode,
             registry: &self.registry,
             limits: &self.limits,
+            turn_writes: &self.writes,
             session_id: "redteam",
             observer: &self.observer,
         }
@@ -802,11 +806,13 @@ async fn executions_refuse_path_like_ids_and_other_sessions_executions() {
     let other = Executions::new(runtime.clone(), template);
     let limits = Limits::default();
     let observer = BuilderObserver::none();
+    let writes = DbWriteBudget::new(limits.fs);
     let ctx = ToolContext {
         root: &ws,
         mode: Mode::Optimizer,
         registry: runtime.registry(),
         limits: &limits,
+        turn_writes: &writes,
         session_id: "redteam",
         observer: &observer,
     };

@@ -40,9 +40,12 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use trellis_sandbox::Limits;
+use trellis_sandbox::capabilities::DbWriteBudget;
 use trellis_sandbox::plugins::PluginRegistry;
 
-pub use agent::{BuilderSession, DEFAULT_TURN_RESULT_BYTES, SessionOptions, TurnReport};
+pub use agent::{
+    BuilderSession, DEFAULT_TURN_RESULT_BYTES, DEFAULT_TURN_WRITE_BYTES, SessionOptions, TurnReport,
+};
 pub use modes::Mode;
 pub use tool::{ToolFailure, ToolResult, ToolSpec};
 
@@ -121,6 +124,10 @@ pub struct ToolContext<'a> {
     pub registry: &'a PluginRegistry,
     /// Bounds of every plugin call.
     pub limits: &'a Limits,
+    /// What the calls of the turn write together (database growth, and the bytes, files and
+    /// folders of the file tools), on top of each call's own limits; an operator's call
+    /// outside a turn has one of its own.
+    pub turn_writes: &'a DbWriteBudget,
     /// The session's id.
     pub session_id: &'a str,
     /// Where events go.

@@ -31,8 +31,8 @@ use serde_json::{Map, Value};
 
 use trellis_sandbox::llm::record::check_replay_model_id;
 use trellis_sandbox::llm::{
-    Endpoint, KeyApprovals, Options, ProviderDefaults, Recorder, ReplayCursor, Secret, Target,
-    is_loopback_base_url,
+    Endpoint, KeyApprovals, MAX_REPLAY_VALUES, Options, ProviderDefaults, Recorder, ReplayCursor,
+    Secret, Target, is_loopback_base_url,
 };
 use trellis_workflow::step_config::{ExecutionTier, LlmRef};
 use trellis_workflow::{Step, StepKind, Workspace};
@@ -466,6 +466,19 @@ impl LlmSetup {
             return Ok(cursor.clone());
         }
         let cursor = ReplayCursor::in_workspace(root, model_id)?;
+        // Each cassette stays parsed for the whole run: their values count together.
+        let held = cursors
+            .values()
+            .map(ReplayCursor::values)
+            .fold(cursor.values(), usize::saturating_add);
+        if held > MAX_REPLAY_VALUES {
+            bail!(
+                "cassette {}: the run's cassettes would hold about {held} JSON values together, \
+                 more than the {MAX_REPLAY_VALUES} one run replays; record fewer calls or use \
+                 fewer models",
+                cursor.cassette().display()
+            );
+        }
         cursors.insert(key, cursor.clone());
         Ok(cursor)
     }
@@ -912,6 +925,48 @@ mod tests {
         let b = setup.step_llm(&ws, "b").unwrap().unwrap().replay.unwrap();
         a.next_endpoint().unwrap();
         assert_eq!(b.position(), 1);
+    }
+
+    #[test]
+    fn the_cassettes_of_a_run_count_their_values_together() {
+        // Five models, each replaying a cassette of just under the budget of one: the
+        // fifth would keep more parsed than a run may hold, and is refused.
+        let dir = tempfile::tempdir().unwrap();
+        let models = ["m0", "m1", "m2", "m3", "m4"];
+        let configs: Vec<Value> = models
+            .iter()
+            .map(|m| {
+                json!({"id": m, "agent_configs": {"execution_llm":
+                {"provider": "replay", "model_id": m}}})
+            })
+            .collect();
+        let ws = workspace(
+            dir.path(),
+            Value::Array(configs),
+            json!({"llm": {"provider": "replay", "model_id": "m0"}}),
+        );
+        std::fs::create_dir_all(dir.path().join(CASSETTES_DIR)).unwrap();
+        let per_cassette = MAX_REPLAY_VALUES / 4 - 2;
+        let cassette = format!("[{}0]", "0,".repeat(per_cassette - 2));
+        for m in models {
+            std::fs::write(cassette_path(dir.path(), m), &cassette).unwrap();
+        }
+        let setup = LlmSetup::new(None);
+        for m in &models[..4] {
+            let cursor = setup.step_llm(&ws, m).unwrap().unwrap().replay.unwrap();
+            assert_eq!(cursor.values(), per_cassette);
+        }
+        let err = format!("{:#}", setup.step_llm(&ws, "m4").unwrap_err());
+        assert!(
+            err.contains(&format!(
+                "cassettes/m4.json: the run's cassettes would hold about {} JSON values \
+                 together, more than the {MAX_REPLAY_VALUES} one run replays",
+                5 * per_cassette
+            )),
+            "{err}"
+        );
+        // A model already replayed is not counted twice.
+        assert!(setup.step_llm(&ws, "m0").is_ok());
     }
 
     #[test]

@@ -26,20 +26,16 @@
 //! values; a line over either is dropped unparsed and answered with an `Invalid Request`
 //! error.
 
-mod body_values;
 mod sessions;
 mod stdio_lines;
 
-pub use body_values::MAX_BODY_VALUES;
-use body_values::json_values;
 use sessions::{
     CappedSessions, SESSION_HEADER, SESSION_REFUSED, opens_session, sessionless_full, sessions_full,
 };
-pub use stdio_lines::MAX_LINE_BYTES;
-
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
+pub use stdio_lines::MAX_LINE_BYTES;
 
 use anyhow::{Context, Result};
 use http_body_util::BodyExt;
@@ -51,8 +47,13 @@ use rmcp::model::{
 use rmcp::service::RequestContext;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
+use trellis_sandbox::json_values::json_values;
 use trellis_sandbox::plugins::PluginKind;
 use trellis_sandbox::{Grant, Limits, PluginRegistry};
+
+/// The JSON values a request body (or a stdio line) may hold: arrays, objects and scalars
+/// together.
+pub const MAX_BODY_VALUES: usize = 100_000;
 
 /// Separates the plugin id from the tool name in an MCP tool name (`workspace__read_file`):
 /// clients accept only `^[a-zA-Z0-9_-]{1,64}$`, so the `:` of `server:tool` cannot stay.

@@ -14,6 +14,7 @@ use super::session::{
     FINAL_SUMMARY_FILE, FinalSummary, Session, SessionEntry, Status, TurnSummary, logs_dir,
     turn_log_dirs, turn_log_paths, turn_logs_dir,
 };
+use trellis_sandbox::json_values::{MAX_FILE_VALUES, check_values};
 use trellis_sandbox::store::{Kind, WorkspaceFs};
 
 /// One run folder and the steps found in its `execution/`.
@@ -425,7 +426,7 @@ fn gate_results(fs: &WorkspaceFs, logs: &Path) -> Result<Vec<GateResult>> {
     let mut out = Vec::new();
     for (label, (attempt, name)) in last {
         let report: serde_json::Value = read_json(fs, &logs.join(&name))?;
-        let checks = report["checks"].as_array().cloned().unwrap_or_default();
+        let checks = report["checks"].as_array().map_or(&[][..], Vec::as_slice);
         let text = |v: &serde_json::Value| match v {
             serde_json::Value::String(s) => s.clone(),
             serde_json::Value::Null => String::new(),
@@ -635,12 +636,14 @@ fn dir_names(fs: &WorkspaceFs, dir: &Path) -> Result<Vec<String>> {
         .collect())
 }
 
-/// Reads a log as JSON, after this process's queued writes are on disk.
+/// Reads a log as JSON, after this process's queued writes are on disk; one of more than
+/// [`MAX_FILE_VALUES`] JSON values is refused unparsed.
 fn read_json<T: serde::de::DeserializeOwned>(fs: &WorkspaceFs, path: &Path) -> Result<T> {
     trellis_sandbox::store::write_behind::flush()?;
     let bytes = fs
         .read(path)
         .with_context(|| format!("reading {}", path.display()))?;
+    check_values(&path.display().to_string(), &bytes, MAX_FILE_VALUES)?;
     serde_json::from_slice(&bytes).with_context(|| format!("parsing {}", path.display()))
 }
 

@@ -26,6 +26,7 @@ pub mod bundled;
 pub(crate) mod call;
 pub mod capabilities;
 pub mod engine;
+pub mod json_values;
 pub mod llm;
 pub(crate) mod output;
 pub mod plugins;

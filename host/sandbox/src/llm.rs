@@ -29,8 +29,8 @@ pub use http::{
     HostRule, RequestLimits, ScriptNet, is_loopback_base_url, is_loopback_host, secret_placeholder,
 };
 pub use record::{
-    Cassette, Interaction, RECORD_CAP, RECORDING_FOOTER, RECORDING_HEADER, RecordedRequest,
-    RecordedTool, Recorder, ReplayCursor,
+    Cassette, Interaction, MAX_CASSETTE_VALUES, MAX_REPLAY_VALUES, RECORD_CAP, RECORDING_FOOTER,
+    RECORDING_HEADER, RecordedRequest, RecordedTool, Recorder, ReplayCursor,
 };
 pub use redact::{MIN_SECRET_CHARS, REDACTED, redact_secrets};
 pub use retry::{

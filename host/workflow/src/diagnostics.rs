@@ -10,6 +10,7 @@ use std::fmt;
 
 use serde::Serialize;
 use serde_json::{Map, Value};
+use trellis_sandbox::json_values::{MAX_FILE_VALUES, json_values};
 
 /// How bad a diagnostic is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -159,8 +160,24 @@ pub(crate) fn finish<T>(value: Option<T>, diagnostics: Diagnostics) -> Parsed<T>
     }
 }
 
-/// Parses JSON text, reporting a syntax error with its line and column.
+/// Parses JSON text, reporting a syntax error with its line and column; a text of more than
+/// [`MAX_FILE_VALUES`] JSON values is refused unparsed.
 pub(crate) fn parse_json(text: &str, file: &str, diags: &mut Diagnostics) -> Option<Value> {
+    // Counted before it is parsed: a file of many small values costs far more parsed.
+    let values = json_values(text.as_bytes());
+    if values > MAX_FILE_VALUES {
+        diags.push(Diagnostic {
+            file: file.to_string(),
+            json_path: String::new(),
+            step_id: None,
+            message: format!(
+                "holds about {values} JSON values, more than the {MAX_FILE_VALUES} Trellis \
+                 parses of one file"
+            ),
+            severity: Severity::Error,
+        });
+        return None;
+    }
     match serde_json::from_str::<Value>(text) {
         Ok(v) => Some(v),
         Err(e) => {
@@ -630,6 +647,19 @@ pub fn enum_value<T: Copy>(
     }
     ctx.error(path, msg);
     None
+}
+
+/// How many names a message lists before it says how many more there are.
+pub const LISTED: usize = 20;
+
+/// `names` joined with `sep`, the first [`LISTED`] of them and then how many more: a message
+/// about a plan of thousands of steps stays a message.
+pub fn listed<S: AsRef<str>>(names: &[S], sep: &str) -> String {
+    let shown: Vec<&str> = names.iter().take(LISTED).map(AsRef::as_ref).collect();
+    match names.len() {
+        n if n <= LISTED => shown.join(sep),
+        n => format!("{}{sep}and {} more", shown.join(sep), n - LISTED),
+    }
 }
 
 /// A string quoted as JSON, so odd characters stay visible in a message.

@@ -14,7 +14,7 @@ use std::path::Path;
 use trellis_sandbox::capabilities::sql::{self, SqlAccess};
 use trellis_sandbox::store::Kind;
 
-use crate::diagnostics::{Diagnostic, Diagnostics, Severity};
+use crate::diagnostics::{Diagnostic, Diagnostics, Severity, listed};
 use crate::plan::ItemBody;
 use crate::template_fields::row_fields;
 use crate::{PLAN_FILE, Step, StepKind, Workspace};
@@ -93,8 +93,8 @@ pub fn check_foreach_queries(ws: &Workspace) -> Diagnostics {
                                 format!(
                                     "names {}, which {are} of the query (columns: {}): \
                                      {they} empty",
-                                    listed(&missing),
-                                    listed(&columns)
+                                    listed(&missing, ", "),
+                                    listed(&columns, ", ")
                                 ),
                                 Severity::Warning,
                             );
@@ -180,15 +180,4 @@ fn may_write_database(ws: &Workspace, step: &Step) -> bool {
             let name = name.to_ascii_lowercase();
             name.contains("db") || name.contains("sql")
         })
-}
-
-/// How many names a warning lists before it says how many more there are.
-const LISTED: usize = 20;
-
-/// `names` joined with `, `, the first [`LISTED`] of them and then how many more.
-fn listed(names: &[String]) -> String {
-    match names.len() {
-        n if n <= LISTED => names.join(", "),
-        n => format!("{}, and {} more", names[..LISTED].join(", "), n - LISTED),
-    }
 }

@@ -29,6 +29,7 @@ pub use trellis_sandbox::plugins::{CustomOutcome, ValidatorError};
 
 use json_checks::{Sink, run_check};
 use schema::{MAX_CHECKS_PER_FILE, MAX_FILES, MAX_JSON_BYTES};
+use trellis_sandbox::json_values::MAX_FILE_VALUES;
 
 /// Why a gate could not run.
 #[derive(Debug, thiserror::Error)]
@@ -358,6 +359,14 @@ pub async fn run_gate(
                 )]));
             }
         };
+        // Counted before it is parsed, as every JSON file the host parses whole.
+        let values = trellis_sandbox::json_values::json_values(&bytes);
+        if values > MAX_FILE_VALUES {
+            return Err(GateError::Schema(vec![format!(
+                "{name} holds about {values} JSON values, over the {MAX_FILE_VALUES} a JSON check \
+                 parses"
+            )]));
+        }
         let doc = match serde_json::from_slice::<Value>(&bytes) {
             Ok(v) => v,
             Err(e) => {

@@ -24,11 +24,12 @@ use super::{
     BuilderEvent, BuilderObserver, PHASE_ID, ToolContext, ToolFailure, ToolSpec, edits, files,
     reads,
 };
-pub use crate::driver::DEFAULT_TURN_RESULT_BYTES;
 use crate::driver::{DEFAULT_CALLS_PER_ANSWER, not_run};
+pub use crate::driver::{DEFAULT_TURN_RESULT_BYTES, DEFAULT_TURN_WRITE_BYTES};
 use crate::llm_choice::{LlmSetup, StepLlm};
 use crate::runtime::{Runtime, WorkspaceHold, panic_message};
 use trellis_sandbox::Limits;
+use trellis_sandbox::capabilities::DbWriteBudget;
 use trellis_sandbox::llm::{Message, Request, RetryPolicy, ToolCall, Usage};
 use trellis_sandbox::plugins::PluginRegistry;
 use trellis_sandbox::store::{WorkspaceFs, now_rfc3339};
@@ -63,6 +64,10 @@ pub struct SessionOptions {
     /// Bytes of tool results one turn keeps in the conversation, as for a step's agent
     /// (`--max-turn-result-mib`; default [`DEFAULT_TURN_RESULT_BYTES`]).
     pub max_turn_result_bytes: u64,
+    /// Bytes the tool calls of one turn write together, to the workspace's folders and its
+    /// database (`--max-turn-write-mib`; default [`DEFAULT_TURN_WRITE_BYTES`], as for a run),
+    /// each call also within its own limits.
+    pub max_turn_write_bytes: u64,
     /// Model calls of the whole session, every turn and side agent together
     /// (`--max-model-calls`; default [`crate::driver::DEFAULT_RUN_MODEL_CALLS`], as for a run).
     pub max_model_calls: u64,
@@ -96,6 +101,7 @@ struct Agent {
     retry: RetryPolicy,
     max_rounds: usize,
     max_turn_result_bytes: u64,
+    max_turn_write_bytes: u64,
     /// The model calls the session made, shared with its side agents.
     model_calls: Arc<crate::driver::ModelCalls>,
     max_model_calls: u64,
@@ -205,6 +211,7 @@ impl BuilderSession {
             retry: options.retry,
             max_rounds: options.max_rounds,
             max_turn_result_bytes: options.max_turn_result_bytes,
+            max_turn_write_bytes: options.max_turn_write_bytes,
             model_calls: Arc::default(),
             max_model_calls: options.max_model_calls,
             observer: options.observer,
@@ -260,7 +267,8 @@ impl BuilderSession {
     /// Calls tool `name` in the operator's name (a slash command of the chat), in the
     /// session's mode: the answer, or the failure as JSON.
     pub async fn operator_call(&self, name: &str, args: &Value) -> Value {
-        match self.agent.dispatch(self.mode, name, args).await {
+        let writes = DbWriteBudget::new(self.agent.limits.fs);
+        match self.agent.dispatch(self.mode, name, args, &writes).await {
             Ok(value) => value,
             Err(failure) => failure.to_json(),
         }
@@ -400,8 +408,13 @@ impl Agent {
         // Made once per turn, from the workspace as the turn finds it: what executions
         // started in this turn do meanwhile is not the state the turn began in.
         let system = system_prompt(&self.root, mode);
-        // What the turn's tool results may add to the conversation, all rounds together.
+        // What the turn's tool results may add to the conversation, and what its calls may
+        // write, all rounds together.
         let mut result_bytes_left = self.max_turn_result_bytes;
+        let writes = DbWriteBudget::new(trellis_sandbox::capabilities::FsLimits {
+            write_bytes: self.max_turn_write_bytes,
+            ..self.limits.fs
+        });
         for _ in 0..self.max_rounds {
             let mut messages = vec![Message::system(system.clone())];
             messages.extend(history.iter().cloned());
@@ -445,7 +458,7 @@ impl Agent {
             for (i, call) in response.tool_calls.iter().enumerate() {
                 let content = if i < DEFAULT_CALLS_PER_ANSWER {
                     tool_calls += 1;
-                    let content = self.tool_call(mode, call).await;
+                    let content = self.tool_call(mode, call, &writes).await;
                     let len = u64::try_from(content.len()).unwrap_or(u64::MAX);
                     match result_bytes_left.checked_sub(len) {
                         Some(left) => {
@@ -507,7 +520,7 @@ impl Agent {
     }
 
     /// One tool call, never failing: what the model reads back.
-    async fn tool_call(&self, mode: Mode, call: &ToolCall) -> String {
+    async fn tool_call(&self, mode: Mode, call: &ToolCall, writes: &DbWriteBudget) -> String {
         let arguments: Result<Value, String> = if call.arguments.trim().is_empty() {
             Ok(json!({}))
         } else {
@@ -524,7 +537,7 @@ impl Agent {
             Ok(_) if !mode.allows(&call.name) => {
                 Err(ToolFailure::new(modes::refusal(mode, &call.name)))
             }
-            Ok(args) => self.dispatch(mode, &call.name, &args).await,
+            Ok(args) => self.dispatch(mode, &call.name, &args, writes).await,
         };
         let (ok, summary, content) = match outcome {
             Ok(value) => (true, summarize(&value), value),
@@ -541,9 +554,15 @@ impl Agent {
 
     /// Calls tool `name`. A tool that panics answers a failure the model reads (`the tool
     /// panicked: ...`); the session goes on.
-    async fn dispatch(&self, mode: Mode, name: &str, args: &Value) -> super::ToolResult {
+    async fn dispatch(
+        &self,
+        mode: Mode,
+        name: &str,
+        args: &Value,
+        writes: &DbWriteBudget,
+    ) -> super::ToolResult {
         use futures::FutureExt;
-        std::panic::AssertUnwindSafe(self.dispatch_unguarded(mode, name, args))
+        std::panic::AssertUnwindSafe(self.dispatch_unguarded(mode, name, args, writes))
             .catch_unwind()
             .await
             .unwrap_or_else(|panic| {
@@ -554,7 +573,13 @@ impl Agent {
             })
     }
 
-    async fn dispatch_unguarded(&self, mode: Mode, name: &str, args: &Value) -> super::ToolResult {
+    async fn dispatch_unguarded(
+        &self,
+        mode: Mode,
+        name: &str,
+        args: &Value,
+        writes: &DbWriteBudget,
+    ) -> super::ToolResult {
         #[cfg(test)]
         if tests::PANIC_IN.with(|tool| tool.get()) == Some(name) {
             panic!("broken on purpose");
@@ -564,6 +589,7 @@ impl Agent {
             mode,
             registry: &self.registry,
             limits: &self.limits,
+            turn_writes: writes,
             session_id: &self.session_id,
             observer: &self.observer,
         };
@@ -804,23 +830,30 @@ mod tests {
                 retry: Default::default(),
                 max_rounds: 5,
                 max_turn_result_bytes: DEFAULT_TURN_RESULT_BYTES,
+                max_turn_write_bytes: DEFAULT_TURN_WRITE_BYTES,
                 max_model_calls: crate::driver::DEFAULT_RUN_MODEL_CALLS,
                 observer: BuilderObserver::none(),
             },
         )
         .unwrap();
         let tool = "list_workspace_files";
+        let writes = DbWriteBudget::new(Limits::default().fs);
         PANIC_IN.with(|t| t.set(Some(tool)));
-        let answer = session.agent.tool_call(Mode::Builder, &call(tool)).await;
+        let answer = session
+            .agent
+            .tool_call(Mode::Builder, &call(tool), &writes)
+            .await;
         PANIC_IN.with(|t| t.set(None));
         let answer: Value = serde_json::from_str(&answer).unwrap();
         assert_eq!(
             answer,
             ToolFailure::new("the tool panicked: broken on purpose").to_json()
         );
-        let next: Value =
-            serde_json::from_str(&session.agent.tool_call(Mode::Builder, &call(tool)).await)
-                .unwrap();
+        let next = session
+            .agent
+            .tool_call(Mode::Builder, &call(tool), &writes)
+            .await;
+        let next: Value = serde_json::from_str(&next).unwrap();
         assert!(next.get("error").is_none(), "{next}");
     }
 }

@@ -5,14 +5,14 @@
 //! Both run through [`crate::db_tools`] on the connection a guest's `workflow-db` calls get:
 //! the same authorizer (no `ATTACH`, only descriptive and checking pragmas, no
 //! `load_extension`), the call's deadline, row caps, and a ceiling on what one call may grow
-//! the database by. The folder `db/` must be a folder and the database a regular file (SQLite
+//! the database by, out of what the calls of the turn may write together. The folder `db/` must be a folder and the database a regular file (SQLite
 //! opens by path and follows links): a link there is refused before anything opens.
 //! `query_workflow_db` returns at most [`MAX_ROWS`] rows: a larger `max_rows` is cut to it,
 //! as the original does.
 
 use serde_json::Value;
 
-use trellis_sandbox::capabilities::{DbGrant, DbWriteBudget, resolve_in_root};
+use trellis_sandbox::capabilities::{DbGrant, resolve_in_root};
 use trellis_sandbox::store::{Kind, WorkspaceFs};
 
 use super::{ToolContext, ToolFailure, ToolResult, ToolSpec};
@@ -66,8 +66,7 @@ pub async fn call(ctx: &ToolContext<'_>, name: &str, args: &Value) -> ToolResult
         (MUTATE_WORKFLOW_DB, args.clone(), true)
     };
     let grant = grant(ctx, writable)?;
-    let budget = DbWriteBudget::new(ctx.limits.fs);
-    db_tools::call(tool, args, Some(grant), ctx.limits, &budget)
+    db_tools::call(tool, args, Some(grant), ctx.limits, ctx.turn_writes)
         .await
         .map_err(|e| ToolFailure::new(format!("{name}: {e}")))
 }

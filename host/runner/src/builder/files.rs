@@ -83,7 +83,7 @@ pub async fn call(ctx: &ToolContext<'_>, name: &str, args: &Value) -> ToolResult
         }
     };
     // Last: it creates the mode's missing folders, which a refused call must not do.
-    let grant = mode_grant(ctx)?;
+    let grant = mode_grant(ctx)?.with_turn_writes(ctx.turn_writes);
     let answer = ctx
         .registry
         .call_tool(tool, &plugin_args, &grant, ctx.limits)

@@ -19,7 +19,6 @@ use std::path::{Component, Path, PathBuf};
 
 use serde_json::{Map, Value, json};
 
-use trellis_sandbox::capabilities::DbWriteBudget;
 use trellis_sandbox::store::WorkspaceFs;
 use trellis_workflow::manifest::{VARIABLES_FILE, WorkflowManifest};
 use trellis_workflow::{Diagnostics, PLAN_FILE, STEP_CONFIG_FILE, WORKFLOW_FILE};
@@ -642,13 +641,12 @@ async fn query_database(ctx: &ToolContext<'_>, args: &Value) -> ToolResult {
             query.insert(key.into(), v.clone());
         }
     }
-    let budget = DbWriteBudget::new(ctx.limits.fs);
     db_tools::call(
         db_tools::QUERY_WORKFLOW_DB,
         Value::Object(query),
         Some(grant),
         ctx.limits,
-        &budget,
+        ctx.turn_writes,
     )
     .await
     .map_err(|e| ToolFailure::new(format!("query refused or failed: {e}")))

@@ -6,7 +6,7 @@
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader, DuplexStream};
 
 use super::MAX_BODY_VALUES;
-use super::body_values::ValueCounter;
+use trellis_sandbox::json_values::ValueCounter;
 
 /// The bytes of one stdio message, its newline included (rmcp's own line cap).
 pub const MAX_LINE_BYTES: usize = 16 << 20;

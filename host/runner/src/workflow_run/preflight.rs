@@ -1,6 +1,11 @@
 //! The preflight of a run: the steps a run can reach, and every check made on them before
 //! anything in the workspace changes (inputs, models, groups, the files opened first).
 
+use std::collections::{HashMap, HashSet};
+
+use trellis_workflow::AgentConfigs;
+use trellis_workflow::diagnostics::listed;
+
 use super::*;
 
 /// The steps a run would visit from `start` if every branch were taken (routes, yes/no and
@@ -20,47 +25,99 @@ pub(super) fn reachable_in<'w>(ws: &'w Workspace, opts: &RunOptions) -> Vec<&'w 
     }
 }
 
+/// The plan by step id, made once for a walk so that each step it visits costs a lookup, not
+/// a scan of the plan: the first step of each id (main path, then orphans, as
+/// [`trellis_workflow::plan::Plan::step`] finds it), the step after each on the main path and
+/// each step's agent settings.
+struct PlanIndex<'w> {
+    steps: HashMap<&'w str, &'w Step>,
+    after: HashMap<&'w str, &'w str>,
+    configs: HashMap<&'w str, Option<&'w AgentConfigs>>,
+}
+
+impl<'w> PlanIndex<'w> {
+    fn new(ws: &'w Workspace) -> Self {
+        let mut steps = HashMap::new();
+        for step in ws.plan.all_steps() {
+            steps.entry(step.id.as_str()).or_insert(step);
+        }
+        let mut after = HashMap::new();
+        for pair in ws.plan.steps.windows(2) {
+            after
+                .entry(pair[0].id.as_str())
+                .or_insert(pair[1].id.as_str());
+        }
+        let mut configs = HashMap::new();
+        for entry in &ws.step_configs.steps {
+            // The first entry of an id is the one in force, as `StepConfigFile::get` finds it.
+            configs
+                .entry(entry.id.as_str())
+                .or_insert(entry.agent_configs.as_ref());
+        }
+        Self {
+            steps,
+            after,
+            configs,
+        }
+    }
+
+    /// `next_step_id`, else the next step in array order (see `default_next`).
+    fn next(&self, step: &'w Step) -> Option<&'w str> {
+        match &step.next_step_id {
+            Some(n) => Some(n.as_str()),
+            None => self.after.get(step.id.as_str()).copied(),
+        }
+    }
+}
+
 fn reachable_walk<'w>(ws: &'w Workspace, start: Option<&str>, from: Option<&str>) -> Vec<&'w Step> {
-    let steps = &ws.plan.steps;
-    let mut seen = BTreeSet::new();
+    let index = PlanIndex::new(ws);
+    let mut seen: HashSet<&str> = HashSet::new();
     let mut out = Vec::new();
-    let mut todo: Vec<String> = match (start, from) {
-        (Some(s), _) | (None, Some(s)) => vec![s.to_string()],
-        (None, None) => steps.first().map(|s| s.id.clone()).into_iter().collect(),
+    let first = match (start, from) {
+        (Some(s), _) | (None, Some(s)) => index.steps.get(s).copied(),
+        (None, None) => ws.plan.steps.first(),
     };
-    while let Some(id) = todo.pop() {
-        if id == "end" || !seen.insert(id.clone()) {
+    let mut todo: Vec<&'w Step> = first.into_iter().collect();
+    while let Some(step) = todo.pop() {
+        if step.id == "end" || !seen.insert(step.id.as_str()) {
             continue;
         }
-        let Some(step) = ws.plan.step(&id) else {
-            continue;
-        };
         out.push(step);
-        let configs = ws.agent_configs(&id);
-        if configs.enable_prerequisite_detection == Some(true) {
-            todo.extend(
+        let mut next: Vec<&'w str> = Vec::new();
+        if let Some(Some(configs)) = index.configs.get(step.id.as_str())
+            && configs.enable_prerequisite_detection == Some(true)
+        {
+            next.extend(
                 configs
                     .prerequisite_rules
                     .iter()
                     .flatten()
-                    .map(|r| r.depends_on_step.clone()),
+                    .map(|r| r.depends_on_step.as_str()),
             );
         }
-        if start == Some(id.as_str()) {
-            continue;
-        }
-        let mut next: Vec<String> = Vec::new();
-        match &step.kind {
-            StepKind::Routing(r) => next.extend(r.routes.iter().map(|r| r.next_step_id.clone())),
-            StepKind::HumanInput(h) => {
-                next.extend(h.if_yes_next_step_id.clone());
-                next.extend(h.if_no_next_step_id.clone());
-                next.extend(h.option_routes.iter().flat_map(|m| m.values().cloned()));
+        if start != Some(step.id.as_str()) {
+            match &step.kind {
+                StepKind::Routing(r) => {
+                    next.extend(r.routes.iter().map(|r| r.next_step_id.as_str()))
+                }
+                StepKind::HumanInput(h) => {
+                    next.extend(h.if_yes_next_step_id.as_deref());
+                    next.extend(h.if_no_next_step_id.as_deref());
+                    next.extend(
+                        h.option_routes
+                            .iter()
+                            .flat_map(|m| m.values().map(String::as_str)),
+                    );
+                }
+                _ => {}
             }
-            _ => {}
+            next.extend(index.next(step));
         }
-        next.extend(default_next(ws, step));
-        todo.extend(next);
+        todo.extend(
+            next.into_iter()
+                .filter_map(|id| index.steps.get(id).copied()),
+        );
     }
     out
 }
@@ -78,11 +135,12 @@ pub fn check_inputs(ws: &Workspace, opts: &RunOptions) -> Result<()> {
             _ => None,
         })
         .collect();
+    let asked_set: HashSet<&str> = asked.iter().copied().collect();
     let unknown: Vec<&str> = opts
         .inputs
         .keys()
         .map(String::as_str)
-        .filter(|name| !asked.contains(name))
+        .filter(|name| !asked_set.contains(name))
         .collect();
     if !unknown.is_empty() {
         bail!(
@@ -92,7 +150,7 @@ pub fn check_inputs(ws: &Workspace, opts: &RunOptions) -> Result<()> {
             if asked.is_empty() {
                 "nothing".to_string()
             } else {
-                asked.join(", ")
+                listed(&asked, ", ")
             }
         );
     }
@@ -111,7 +169,7 @@ pub fn check_inputs(ws: &Workspace, opts: &RunOptions) -> Result<()> {
         })
         .collect();
     if !missing.is_empty() {
-        bail!("missing human input: {}", missing.join("; "));
+        bail!("missing human input: {}", listed(&missing, "; "));
     }
     Ok(())
 }

@@ -168,11 +168,32 @@ pub const RECORDING_FOOTER: &str = "]}\n";
 /// workspace file, so that what is recorded can be replayed from a workspace.
 pub const RECORD_CAP: u64 = crate::store::workspace_fs::READ_CAP;
 
+/// The JSON values one cassette may hold, counted before it is parsed: about 100 MB parsed
+/// at most, where a cassette of [`RECORD_CAP`] bytes of small values would take over a
+/// gigabyte. A recording of the longest runs holds far fewer (some tens per interaction).
+pub const MAX_CASSETTE_VALUES: usize = crate::json_values::MAX_FILE_VALUES;
+
+/// The JSON values the cassettes one run replays may hold together: each is kept parsed for
+/// the whole run, once per model.
+pub const MAX_REPLAY_VALUES: usize = 4 * MAX_CASSETTE_VALUES;
+
 /// The interactions of the cassette `name` (its JSON text `bytes`), as the `replay`
 /// provider reads them: `{"interactions": [...]}` or a bare list. A recording cut short
 /// (it starts with [`RECORDING_HEADER`], every whole line after it is one interaction,
 /// and only its last line, with no end of line, is not) gives its whole interactions.
+/// A cassette of more than [`MAX_CASSETTE_VALUES`] JSON values is refused unparsed.
 pub fn interactions(name: &str, bytes: &[u8]) -> Result<Vec<serde_json::Value>> {
+    counted_interactions(name, bytes).map(|(list, _)| list)
+}
+
+/// [`interactions`] and how many JSON values the cassette holds.
+fn counted_interactions(name: &str, bytes: &[u8]) -> Result<(Vec<serde_json::Value>, usize)> {
+    let values =
+        crate::json_values::check_values(&format!("cassette {name}"), bytes, MAX_CASSETTE_VALUES)?;
+    Ok((parse_interactions(name, bytes)?, values))
+}
+
+fn parse_interactions(name: &str, bytes: &[u8]) -> Result<Vec<serde_json::Value>> {
     let value: serde_json::Value = match serde_json::from_slice(bytes) {
         Ok(value) => value,
         Err(err) => {
@@ -231,6 +252,8 @@ fn cut_recording(bytes: &[u8]) -> Option<Vec<serde_json::Value>> {
 pub struct ReplayCursor {
     cassette: PathBuf,
     name: String,
+    /// The JSON values of the cassette, once read (see [`MAX_REPLAY_VALUES`]).
+    values: usize,
     loaded: Arc<Mutex<Option<Arc<Vec<serde_json::Value>>>>>,
     next: Arc<AtomicUsize>,
 }
@@ -243,6 +266,7 @@ impl ReplayCursor {
         ReplayCursor {
             name: cassette.display().to_string(),
             cassette,
+            values: 0,
             loaded: Arc::default(),
             next: Arc::new(AtomicUsize::new(0)),
         }
@@ -267,10 +291,11 @@ impl ReplayCursor {
                     shown.display()
                 )
             })?;
-        let interactions = interactions(&name, &bytes)?;
+        let (interactions, values) = counted_interactions(&name, &bytes)?;
         Ok(ReplayCursor {
             cassette: shown,
             name,
+            values,
             loaded: Arc::new(Mutex::new(Some(Arc::new(interactions)))),
             next: Arc::new(AtomicUsize::new(0)),
         })
@@ -301,6 +326,12 @@ impl ReplayCursor {
             &self.interactions()?,
             index,
         ))
+    }
+
+    /// The JSON values of the cassette, when [`ReplayCursor::in_workspace`] read it (0 for a
+    /// cursor of [`ReplayCursor::new`], which reads on the first call).
+    pub fn values(&self) -> usize {
+        self.values
     }
 
     /// The cassette file.

@@ -311,10 +311,18 @@ impl WorkspaceFs {
     }
 
     /// Reads the workspace JSON file at `path` as UTF-8: at most [`JSON_READ_CAP`] bytes, a
-    /// larger file refused naming itself, its size and the cap. Every file of settings the
-    /// host parses whole is read through it.
+    /// larger file refused naming itself, its size and the cap, and so is one of more than
+    /// [`crate::json_values::MAX_FILE_VALUES`] JSON values. Every file of settings the host
+    /// parses whole is read through it.
     pub fn read_json_text(&self, path: impl AsRef<Path>) -> io::Result<String> {
-        let bytes = self.read_capped_as(path.as_ref(), JSON_READ_CAP, "of a JSON file")?;
+        let path = path.as_ref();
+        let bytes = self.read_capped_as(path, JSON_READ_CAP, "of a JSON file")?;
+        crate::json_values::check_values(
+            &path.display().to_string(),
+            &bytes,
+            crate::json_values::MAX_FILE_VALUES,
+        )
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
         String::from_utf8(bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
     }
 

@@ -380,6 +380,19 @@ fn limits_are_schema_errors() {
         err.to_string(),
         "the validation schema cannot be used: big.json is 10485761 bytes, over the 10485760-byte limit for JSON checks"
     );
+    // Under the bytes, over the values: refused before it is parsed.
+    let many = format!(
+        "[{}0]",
+        "0,".repeat(trellis_sandbox::json_values::MAX_FILE_VALUES)
+    );
+    std::fs::write(ws.out().join("many.json"), many).unwrap();
+    let err = ws
+        .gate(json!({"files": [{"file_name": "many.json", "validation_type": "json"}]}))
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "the validation schema cannot be used: many.json holds about 1000002 JSON values, over the 1000000 a JSON check parses"
+    );
 }
 
 #[test]

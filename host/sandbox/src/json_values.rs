@@ -1,21 +1,27 @@
-//! How many JSON values a request body holds, counted before anything parses it: parsed, a
-//! body of many small values costs far more memory than its bytes.
+//! How many JSON values a text holds, counted before anything parses it: parsed, a text of
+//! many small values costs far more memory than its bytes (`[1,1,...]` of 64 MiB is some
+//! 33 million values, over a gigabyte as `serde_json::Value`). Whatever the host parses of
+//! untrusted JSON larger than a few megabytes (request bodies, cassettes, logs a workspace
+//! holds) is counted first and refused over its budget.
 
-/// The JSON values a request body may hold (arrays, objects and scalars together).
-pub const MAX_BODY_VALUES: usize = 100_000;
+use anyhow::{Result, bail};
 
-/// About how many JSON values `body` holds, counted without parsing: each `,` and `:` outside
+/// The JSON values a file the host parses whole may hold (a cassette, a log `runs show`
+/// reads): about 100 MB parsed at most.
+pub const MAX_FILE_VALUES: usize = 1_000_000;
+
+/// About how many JSON values `text` holds, counted without parsing: each `,` and `:` outside
 /// strings, plus each `[` and `{`, plus one. Exact for well-formed JSON up to the keys of
 /// objects (counted as values), which is the cost that matters: what a parse would allocate.
-pub(super) fn json_values(body: &[u8]) -> usize {
+pub fn json_values(text: &[u8]) -> usize {
     let mut counter = ValueCounter::default();
-    counter.feed(body);
+    counter.feed(text);
     counter.values()
 }
 
 /// [`json_values`] of a message that arrives in pieces.
 #[derive(Debug, Default)]
-pub(super) struct ValueCounter {
+pub struct ValueCounter {
     separators: usize,
     in_string: bool,
     escaped: bool,
@@ -23,7 +29,7 @@ pub(super) struct ValueCounter {
 
 impl ValueCounter {
     /// Counts the next piece of the message.
-    pub(super) fn feed(&mut self, piece: &[u8]) {
+    pub fn feed(&mut self, piece: &[u8]) {
         for &b in piece {
             if self.in_string {
                 match b {
@@ -43,9 +49,22 @@ impl ValueCounter {
     }
 
     /// The values counted so far.
-    pub(super) fn values(&self) -> usize {
+    pub fn values(&self) -> usize {
         self.separators.saturating_add(1)
     }
+}
+
+/// Refuses `text`, the JSON of `what`, when it holds more than `budget` values
+/// ([`json_values`]): the error names it, the count and the budget. Returns the count.
+pub fn check_values(what: &str, text: &[u8], budget: usize) -> Result<usize> {
+    let values = json_values(text);
+    if values > budget {
+        bail!(
+            "{what}: holds about {values} JSON values, more than the {budget} Trellis parses \
+             of one file"
+        );
+    }
+    Ok(values)
 }
 
 #[cfg(test)]
