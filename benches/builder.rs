@@ -26,12 +26,10 @@ use criterion::{Criterion, criterion_group};
 use serde_json::json;
 
 use fake_llm::{FakeServer, completion};
-use trellis_runner::builder::agent::specs_of;
-use trellis_runner::builder::executions::Executions;
-use trellis_runner::builder::prompt::system_prompt;
-use trellis_runner::builder::{
-    BuilderObserver, BuilderSession, Mode, SessionOptions, ToolContext, reads,
-};
+use trellis_builder::agent::specs_of;
+use trellis_builder::executions::Executions;
+use trellis_builder::prompt::system_prompt;
+use trellis_builder::{BuilderObserver, BuilderSession, Mode, SessionOptions, ToolContext, reads};
 use trellis_runner::llm_choice::{LlmSetup, parse_llm_spec};
 use trellis_runner::runtime::{Runtime, StartOptions};
 use trellis_runner::workflow_run::RunOptions;
@@ -93,8 +91,8 @@ impl Bench {
                 limits: Limits::default(),
                 retry: RetryPolicy::default(),
                 max_rounds: 10,
-                max_turn_result_bytes: trellis_runner::builder::DEFAULT_TURN_RESULT_BYTES,
-                max_turn_write_bytes: trellis_runner::builder::DEFAULT_TURN_WRITE_BYTES,
+                max_turn_result_bytes: trellis_builder::DEFAULT_TURN_RESULT_BYTES,
+                max_turn_write_bytes: trellis_builder::DEFAULT_TURN_WRITE_BYTES,
                 max_model_calls: trellis_runner::driver::DEFAULT_RUN_MODEL_CALLS,
                 observer: BuilderObserver::none(),
             },

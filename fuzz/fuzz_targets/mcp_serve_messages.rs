@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use trellis_runner::mcp_serve::ToolServer;
+use trellis_mcp::serve::ToolServer;
 use trellis_sandbox::{CacheSetting, Engine, Grant, Limits, PluginRegistry};
 
 /// How long the server may take to answer everything and end once its input closed.

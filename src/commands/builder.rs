@@ -11,9 +11,9 @@ use clap::{Args, Subcommand};
 use serde_json::Value;
 use tokio::sync::mpsc;
 
-use trellis_runner::builder::agent::{DEFAULT_MAX_ROUNDS, specs_of};
-use trellis_runner::builder::executions::Executions;
-use trellis_runner::builder::{
+use trellis_builder::agent::{DEFAULT_MAX_ROUNDS, specs_of};
+use trellis_builder::executions::Executions;
+use trellis_builder::{
     BuilderEvent, BuilderObserver, BuilderSession, Mode, SessionOptions, TurnReport,
 };
 use trellis_runner::llm_choice::{LlmSetup, parse_llm_spec};
@@ -172,14 +172,10 @@ pub async fn run(engine: impl FnOnce() -> Result<Engine>, args: BuilderArgs) -> 
             max_rounds: args.max_rounds as usize,
             max_turn_result_bytes: args
                 .max_turn_result_mib
-                .map_or(trellis_runner::builder::DEFAULT_TURN_RESULT_BYTES, |mib| {
-                    mib << 20
-                }),
+                .map_or(trellis_builder::DEFAULT_TURN_RESULT_BYTES, |mib| mib << 20),
             max_turn_write_bytes: args
                 .max_turn_write_mib
-                .map_or(trellis_runner::builder::DEFAULT_TURN_WRITE_BYTES, |mib| {
-                    mib << 20
-                }),
+                .map_or(trellis_builder::DEFAULT_TURN_WRITE_BYTES, |mib| mib << 20),
             max_model_calls: args
                 .max_model_calls
                 .unwrap_or(trellis_runner::driver::DEFAULT_RUN_MODEL_CALLS),

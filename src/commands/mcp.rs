@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::Subcommand;
-use trellis_runner::mcp_serve::{
+use trellis_mcp::serve::{
     DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_SESSIONS, DEFAULT_MAX_WAITING_CALLS, HTTP_PATH,
     HttpAccess, HttpLimits, HttpServer, ToolServer, default_max_concurrent_calls,
 };

@@ -487,8 +487,8 @@ fn a_refused_edit_returns_its_diagnostics_to_the_model_and_writes_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rewrite_that_would_shrink_the_history_is_refused() {
-    use trellis_runner::builder::executions::Executions;
-    use trellis_runner::builder::{BuilderObserver, BuilderSession, SessionOptions};
+    use trellis_builder::executions::Executions;
+    use trellis_builder::{BuilderObserver, BuilderSession, SessionOptions};
     use trellis_runner::llm_choice::parse_llm_spec;
     use trellis_runner::runtime::{Runtime, StartOptions};
     use trellis_runner::workflow_run::RunOptions;
@@ -514,8 +514,8 @@ async fn a_rewrite_that_would_shrink_the_history_is_refused() {
             limits: Default::default(),
             retry: Default::default(),
             max_rounds: 5,
-            max_turn_result_bytes: trellis_runner::builder::DEFAULT_TURN_RESULT_BYTES,
-            max_turn_write_bytes: trellis_runner::builder::DEFAULT_TURN_WRITE_BYTES,
+            max_turn_result_bytes: trellis_builder::DEFAULT_TURN_RESULT_BYTES,
+            max_turn_write_bytes: trellis_builder::DEFAULT_TURN_WRITE_BYTES,
             max_model_calls: trellis_runner::driver::DEFAULT_RUN_MODEL_CALLS,
             observer: BuilderObserver::none(),
         },

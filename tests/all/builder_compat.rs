@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex};
 use serde_json::{Value, json};
 use support::fake_llm::{FakeServer, completion, result_of, tool_results_of};
 use support::workspace::{copy_workspace, create_db, read_json, write_file};
-use trellis_runner::builder::executions::Executions;
-use trellis_runner::builder::{BuilderObserver, BuilderSession, Mode, SessionOptions};
+use trellis_builder::executions::Executions;
+use trellis_builder::{BuilderObserver, BuilderSession, Mode, SessionOptions};
 use trellis_runner::llm_choice::parse_llm_spec;
 use trellis_runner::runtime::{Runtime, StartOptions};
 use trellis_runner::workflow_run::RunOptions;
@@ -113,8 +113,8 @@ impl World {
                 limits: Default::default(),
                 retry: Default::default(),
                 max_rounds: 10,
-                max_turn_result_bytes: trellis_runner::builder::DEFAULT_TURN_RESULT_BYTES,
-                max_turn_write_bytes: trellis_runner::builder::DEFAULT_TURN_WRITE_BYTES,
+                max_turn_result_bytes: trellis_builder::DEFAULT_TURN_RESULT_BYTES,
+                max_turn_write_bytes: trellis_builder::DEFAULT_TURN_WRITE_BYTES,
                 max_model_calls: trellis_runner::driver::DEFAULT_RUN_MODEL_CALLS,
                 observer: BuilderObserver::none(),
             },

@@ -1,4 +1,4 @@
-//! The builder's plan and config edits (`trellis_runner::builder::edits`) on real workspaces
+//! The builder's plan and config edits (`trellis_builder::edits`) on real workspaces
 //! in temp folders: each edit re-read through the typed model, logged to the changelog, and
 //! refused whole (no byte changed) when the workspace would not validate after it.
 
@@ -6,8 +6,8 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
-use trellis_runner::builder::edits;
-use trellis_runner::builder::{BuilderObserver, Mode, ToolContext, ToolFailure};
+use trellis_builder::edits;
+use trellis_builder::{BuilderObserver, Mode, ToolContext, ToolFailure};
 use trellis_sandbox::Limits;
 use trellis_sandbox::capabilities::DbWriteBudget;
 use trellis_sandbox::plugins::PluginRegistry;
@@ -151,8 +151,8 @@ fn built() -> Env {
 fn every_tool_has_a_strict_schema_and_the_family_covers_its_table_rows() {
     let specs = edits::specs();
     let names: Vec<&str> = specs.iter().map(|s| s.name).collect();
-    let mut expected: Vec<&str> = trellis_runner::builder::modes::PLAN_TOOLS.to_vec();
-    expected.extend(trellis_runner::builder::modes::CONFIG_TOOLS);
+    let mut expected: Vec<&str> = trellis_builder::modes::PLAN_TOOLS.to_vec();
+    expected.extend(trellis_builder::modes::CONFIG_TOOLS);
     assert_eq!(names, expected);
     // The original system calls these with no reason: they take one, and log a placeholder
     // without it.

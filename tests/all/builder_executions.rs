@@ -1,4 +1,4 @@
-//! The builder's execution tools (`trellis_runner::builder::executions`) on real workspaces,
+//! The builder's execution tools (`trellis_builder::executions`) on real workspaces,
 //! against a real OpenAI-compatible server on 127.0.0.1 that holds answers back until the
 //! test lets them go: a start returns at once and the run is watched live, a step started
 //! twice is one execution, a message reaches the running agent's next request, a stop
@@ -16,8 +16,8 @@ use serde_json::{Value, json};
 use support::fake_llm::{FakeServer, completion};
 use support::tree_digest;
 use support::workspace::write_file;
-use trellis_runner::builder::executions::{Executions, Finished};
-use trellis_runner::builder::{BuilderEvent, BuilderObserver, Mode, ToolContext};
+use trellis_builder::executions::{Executions, Finished};
+use trellis_builder::{BuilderEvent, BuilderObserver, Mode, ToolContext};
 use trellis_runner::runtime::{ExecutionStatus, Runtime, StartOptions};
 use trellis_runner::workflow_run::RunOptions;
 use trellis_runner::workspace_lock::is_held;

@@ -1,4 +1,4 @@
-//! The builder's read set and file tools (`trellis_runner::builder::{reads, files}`) on real
+//! The builder's read set and file tools (`trellis_builder::{reads, files}`) on real
 //! workspaces, with the bundled `workspace` plugin: each tool's answer, and the attacks a
 //! model can try through them (secrets, links out, `..`, SQL that writes, writes outside the
 //! mode's folders), each refused with nothing outside the grant changed.
@@ -11,7 +11,7 @@ use std::path::Path;
 use serde_json::{Value, json};
 use support::tree_digest;
 use support::workspace::{copy_workspace, example_dir, write_file, write_files};
-use trellis_runner::builder::{BuilderObserver, Mode, ToolContext, ToolFailure, files, reads};
+use trellis_builder::{BuilderObserver, Mode, ToolContext, ToolFailure, files, reads};
 use trellis_sandbox::capabilities::DbWriteBudget;
 use trellis_sandbox::{Limits, PluginRegistry};
 

@@ -15,8 +15,8 @@ use serde_json::{Value, json};
 use support::fake_llm::{FakeServer, completion, result_of};
 use support::tree_digest;
 use support::workspace::{copy_workspace, example_dir, write_file, write_files};
-use trellis_runner::builder::{BuilderObserver, Mode, ToolContext, ToolFailure};
-use trellis_runner::builder::{edits, files, reads};
+use trellis_builder::{BuilderObserver, Mode, ToolContext, ToolFailure};
+use trellis_builder::{edits, files, reads};
 use trellis_sandbox::capabilities::DbWriteBudget;
 use trellis_sandbox::{Limits, PluginRegistry};
 
@@ -791,7 +791,7 @@ fn an_edited_base_url_does_not_receive_the_operators_key() {
 /// another session: refused before anything runs, nothing changed.
 #[tokio::test]
 async fn executions_refuse_path_like_ids_and_other_sessions_executions() {
-    use trellis_runner::builder::executions::Executions;
+    use trellis_builder::executions::Executions;
     use trellis_runner::runtime::{Runtime, StartOptions};
     use trellis_runner::workflow_run::RunOptions;
 

@@ -82,7 +82,7 @@ pub const NO_TURN_CONCERN: &str = "the step ran no agent turn";
 /// The session item type of the reflection turn.
 pub const REFLECTION_ITEM_TYPE: &str = "reflection";
 
-pub(crate) use budget::not_run;
+pub use budget::not_run;
 pub use budget::{
     DEFAULT_CALLS_PER_ANSWER, DEFAULT_RUN_MODEL_CALLS, DEFAULT_TURN_RESULT_BYTES,
     DEFAULT_TURN_WRITE_BYTES, ModelCalls, TurnBudgets, default_concurrent_calls,

@@ -21,12 +21,9 @@
 //! - [`events`]: what a running step reports as it goes (live progress).
 //! - [`steering`]: messages sent to a running step's agent from outside.
 //! - [`routes`]: `call_sub_agent` and where a step's sub-agents keep their things.
-//! - [`builder`]: the interactive builder's agent, its tools and workshop modes.
 //! - [`llm_choice`]: the models of each step (`--llm`, `execution_llm`, tiers, default).
-//! - [`mcp_serve`]: tool plugins served to MCP clients (`trellis mcp serve`).
 //! - [`mcp_servers`]: external MCP servers the operator configured, as tool sources.
 
-pub mod builder;
 pub mod db_tools;
 pub mod driver;
 pub mod events;
@@ -34,7 +31,6 @@ pub mod filters;
 pub mod foreach;
 pub mod grants;
 pub mod llm_choice;
-pub mod mcp_serve;
 pub mod mcp_servers;
 pub mod prerequisites;
 pub mod routes;

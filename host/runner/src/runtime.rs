@@ -597,7 +597,7 @@ fn run_in_thread(
 }
 
 /// The message a panic was raised with (`panic!("...")`'s text).
-pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     panic
         .downcast_ref::<&str>()
         .map(|s| s.to_string())

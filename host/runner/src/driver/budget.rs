@@ -130,7 +130,7 @@ pub(super) fn out_of_model_calls(max: u64) -> String {
 }
 
 /// The error of a call an answer asked for past the per-answer budget.
-pub(crate) fn not_run(asked: usize, budget: usize) -> String {
+pub fn not_run(asked: usize, budget: usize) -> String {
     format!(
         "not run: this answer asked for {asked} tool calls and at most {budget} run per \
          answer (--max-calls-per-answer); ask again for the calls you still need, at most \

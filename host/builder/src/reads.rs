@@ -8,7 +8,7 @@
 //!   absolute path, no symbolic link anywhere on the way (whether it leads out or not), no
 //!   file with other hard links.
 //! - `query_database` runs on the connection guests' `workflow-db` calls get, opened
-//!   read-only, with the same fences ([`crate::db_tools`]).
+//!   read-only, with the same fences ([`trellis_runner::db_tools`]).
 //! - Each call's arguments are checked against its JSON Schema before anything is read.
 
 mod runs;
@@ -24,7 +24,7 @@ use trellis_workflow::manifest::{VARIABLES_FILE, WorkflowManifest};
 use trellis_workflow::{Diagnostics, PLAN_FILE, STEP_CONFIG_FILE, WORKFLOW_FILE};
 
 use super::{ToolContext, ToolFailure, ToolResult, ToolSpec};
-use crate::db_tools;
+use trellis_runner::db_tools;
 
 /// The run folder the builder works in (spec section 11).
 pub const ACTIVE_RUN: &str = "iteration-0";

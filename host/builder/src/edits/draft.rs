@@ -12,7 +12,7 @@ use trellis_workflow::manifest::VARIABLES_FILE;
 use trellis_workflow::{Candidate, Diagnostic, PLAN_FILE, STEP_CONFIG_FILE, WORKFLOW_FILE};
 
 use super::changelog::{self, Change};
-use crate::builder::ToolFailure;
+use crate::ToolFailure;
 
 /// One JSON file of the workspace as it was read and as the edit leaves it.
 #[derive(Debug, Clone)]

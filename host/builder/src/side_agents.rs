@@ -10,7 +10,7 @@ use serde_json::json;
 use super::agent::TurnReport;
 use super::executions::Finished;
 use super::{ToolFailure, ToolResult, ToolSpec};
-use crate::runtime::{ExecutionStatus, panic_message};
+use trellis_runner::runtime::{ExecutionStatus, panic_message};
 
 /// Side agents of one session running at once.
 pub const MAX_RUNNING: usize = 4;

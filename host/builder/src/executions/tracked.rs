@@ -11,10 +11,12 @@ use tokio::sync::Notify;
 
 use super::super::{BuilderEvent, BuilderObserver, ToolFailure, ToolResult};
 use super::{ARGUMENTS_SHOWN, Finished, POLL_WINDOW, Running, UNCHANGED_POLLS};
-use crate::events::RunEvent;
-use crate::runtime::{ExecutionEvent, ExecutionId, ExecutionKind, ExecutionStatus, Runtime};
-use crate::session::now_rfc3339;
-use crate::workflow_run::WorkflowRun;
+use trellis_runner::events::RunEvent;
+use trellis_runner::runtime::{
+    ExecutionEvent, ExecutionId, ExecutionKind, ExecutionStatus, Runtime,
+};
+use trellis_runner::session::now_rfc3339;
+use trellis_runner::workflow_run::WorkflowRun;
 
 /// What the executions of a session share with the threads following them.
 #[derive(Default)]
@@ -281,7 +283,7 @@ fn summarize(run: &WorkflowRun, status: ExecutionStatus) -> String {
         .units
         .iter()
         .flat_map(|u| &u.steps)
-        .find(|s| s.status != crate::session::Status::Completed)
+        .find(|s| s.status != trellis_runner::session::Status::Completed)
         .map(|s| format!(": {}", cut(&s.detail, 300)))
         .unwrap_or_default();
     let steps = if steps.is_empty() {

@@ -8,7 +8,7 @@ use std::path::Path;
 use super::modes::{
     CONFIG_TOOLS, FILE_TOOLS, Mode, PLAN_TOOLS, READ_TOOLS, START_TOOLS, STOP_TOOLS, WATCH_TOOLS,
 };
-use crate::runs::list_runs;
+use trellis_runner::runs::list_runs;
 use trellis_workflow::Workspace;
 
 /// Where the workflow is, as the builder should see it.

@@ -2,7 +2,7 @@
 //! per step at a time), watched, steered and stopped; their ends announced to the session.
 //!
 //! The tools are thin clients of the runtime. What they answer about an execution comes
-//! from its [`crate::runtime::ExecutionEvent`]s, which a thread per execution reads as they
+//! from its [`trellis_runner::runtime::ExecutionEvent`]s, which a thread per execution reads as they
 //! come ([`tracked`]): it keeps the execution's state (item, turn, tool calls, result) for
 //! `query_step` and `list_executions`, reports a line per event to the session's observer,
 //! and records the end for [`Executions::take_finished`]. The builder always works in
@@ -26,9 +26,9 @@ use serde_json::{Value, json};
 
 use super::tool::{opt_str_arg, str_arg};
 use super::{ToolContext, ToolFailure, ToolResult, ToolSpec};
-use crate::runtime::{ExecutionKind, ExecutionStatus, Runtime, StartOptions};
-use crate::workflow_run::{RunOptions, input_key, missing_inputs, select_groups};
 use tracked::{Shared, Tracked};
+use trellis_runner::runtime::{ExecutionKind, ExecutionStatus, Runtime, StartOptions};
+use trellis_runner::workflow_run::{RunOptions, input_key, missing_inputs, select_groups};
 use trellis_workflow::{StepKind, Workspace};
 
 /// The time as the poll guard reads it; a test may move it on.

@@ -5,7 +5,7 @@ use serde_json::Value;
 
 use trellis_workflow::diagnostics::did_you_mean;
 
-use crate::builder::{ToolFailure, ToolSpec};
+use crate::{ToolFailure, ToolSpec};
 
 /// Violations listed in one refusal at most.
 const MAX_LISTED: usize = 10;

@@ -24,10 +24,10 @@ use super::{
     BuilderEvent, BuilderObserver, PHASE_ID, ToolContext, ToolFailure, ToolSpec, edits, files,
     reads,
 };
-use crate::driver::{DEFAULT_CALLS_PER_ANSWER, not_run};
-pub use crate::driver::{DEFAULT_TURN_RESULT_BYTES, DEFAULT_TURN_WRITE_BYTES};
-use crate::llm_choice::{LlmSetup, StepLlm};
-use crate::runtime::{Runtime, WorkspaceHold, panic_message};
+use trellis_runner::driver::{DEFAULT_CALLS_PER_ANSWER, not_run};
+pub use trellis_runner::driver::{DEFAULT_TURN_RESULT_BYTES, DEFAULT_TURN_WRITE_BYTES};
+use trellis_runner::llm_choice::{LlmSetup, StepLlm};
+use trellis_runner::runtime::{Runtime, WorkspaceHold, panic_message};
 use trellis_sandbox::Limits;
 use trellis_sandbox::capabilities::DbWriteBudget;
 use trellis_sandbox::llm::{Message, Request, RetryPolicy, ToolCall, Usage};
@@ -69,7 +69,7 @@ pub struct SessionOptions {
     /// each call also within its own limits.
     pub max_turn_write_bytes: u64,
     /// Model calls of the whole session, every turn and side agent together
-    /// (`--max-model-calls`; default [`crate::driver::DEFAULT_RUN_MODEL_CALLS`], as for a run).
+    /// (`--max-model-calls`; default [`trellis_runner::driver::DEFAULT_RUN_MODEL_CALLS`], as for a run).
     pub max_model_calls: u64,
     /// Where the turn's events go.
     pub observer: BuilderObserver,
@@ -103,7 +103,7 @@ struct Agent {
     max_turn_result_bytes: u64,
     max_turn_write_bytes: u64,
     /// The model calls the session made, shared with its side agents.
-    model_calls: Arc<crate::driver::ModelCalls>,
+    model_calls: Arc<trellis_runner::driver::ModelCalls>,
     max_model_calls: u64,
     observer: BuilderObserver,
     session_id: String,
@@ -504,7 +504,7 @@ impl Agent {
                 self.max_model_calls
             ));
         }
-        crate::llm_choice::complete(
+        trellis_runner::llm_choice::complete(
             &self.registry,
             &llm.targets,
             &llm.options,
@@ -708,7 +708,7 @@ fn hold(runtime: &Runtime, root: &Path, fs: &WorkspaceFs) -> Result<Hold> {
             fs: fs.clone(),
         }),
         Err(e) => {
-            let holder = crate::workspace_lock::holder_of(root);
+            let holder = trellis_runner::workspace_lock::holder_of(root);
             let session = fs
                 .read_json_optional(ACTIVE_SESSION_FILE)
                 .ok()
@@ -816,7 +816,7 @@ mod tests {
         let runtime = Runtime::new(Arc::new(registry));
         let executions = Executions::new(
             runtime.clone(),
-            crate::runtime::StartOptions::new(Default::default(), LlmSetup::new(None)),
+            trellis_runner::runtime::StartOptions::new(Default::default(), LlmSetup::new(None)),
         );
         let session = BuilderSession::open(
             &runtime,
@@ -831,7 +831,7 @@ mod tests {
                 max_rounds: 5,
                 max_turn_result_bytes: DEFAULT_TURN_RESULT_BYTES,
                 max_turn_write_bytes: DEFAULT_TURN_WRITE_BYTES,
-                max_model_calls: crate::driver::DEFAULT_RUN_MODEL_CALLS,
+                max_model_calls: trellis_runner::driver::DEFAULT_RUN_MODEL_CALLS,
                 observer: BuilderObserver::none(),
             },
         )

@@ -9,10 +9,10 @@ use trellis_sandbox::store::WorkspaceFs;
 use trellis_workflow::{STEP_CONFIG_FILE, step_config_location};
 
 use super::{id_of, locate, step_config_entries, steps_mut, top_ids, unknown_step};
-use crate::builder::ToolResult;
-use crate::builder::edits::args::req_str;
-use crate::builder::edits::changelog::Change;
-use crate::builder::edits::draft::Draft;
+use crate::ToolResult;
+use crate::edits::args::req_str;
+use crate::edits::changelog::Change;
+use crate::edits::draft::Draft;
 
 /// The step config in force for builder runs (`runs/iteration-0/...` when it exists) and the
 /// `validation_schema` it holds for step `id`.
@@ -31,7 +31,7 @@ fn config_schema_in_force(fs: &WorkspaceFs, draft_config: &Value, id: &str) -> O
 }
 
 /// `update_validation_schema`.
-pub(in crate::builder::edits) fn update_validation_schema(root: &Path, args: &Value) -> ToolResult {
+pub(in crate::edits) fn update_validation_schema(root: &Path, args: &Value) -> ToolResult {
     let reason = req_str(args, "reason")?;
     let id = req_str(args, "step_id")?;
     let new = args

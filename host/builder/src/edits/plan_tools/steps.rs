@@ -8,11 +8,11 @@ use serde_json::{Map, Value, json};
 use super::{
     Kind, all_step_ids, id_of, insert_index, locate, step_list, steps_mut, top_ids, unknown_step,
 };
-use crate::builder::edits::args::{opt_str, req_str};
-use crate::builder::edits::changelog::{self, Change};
-use crate::builder::edits::draft::Draft;
-use crate::builder::edits::tool_specs::kind_fields;
-use crate::builder::{ToolFailure, ToolResult};
+use crate::edits::args::{opt_str, req_str};
+use crate::edits::changelog::{self, Change};
+use crate::edits::draft::Draft;
+use crate::edits::tool_specs::kind_fields;
+use crate::{ToolFailure, ToolResult};
 
 /// Arguments that are not step fields.
 const CONTROL_ARGS: &[&str] = &[
@@ -75,7 +75,7 @@ fn declare_scripted(draft: &mut Draft, id: &str, title: Option<&str>) -> Option<
 }
 
 /// `add_*_step`.
-pub(in crate::builder::edits) fn add(root: &Path, kind: Kind, args: &Value) -> ToolResult {
+pub(in crate::edits) fn add(root: &Path, kind: Kind, args: &Value) -> ToolResult {
     let reason = req_str(args, "reason")?;
     let id = req_str(args, "id")?;
     let mut draft = Draft::open(root)?;
@@ -141,7 +141,7 @@ pub(in crate::builder::edits) fn add(root: &Path, kind: Kind, args: &Value) -> T
 }
 
 /// `update_*_step`.
-pub(in crate::builder::edits) fn update(root: &Path, kind: Kind, args: &Value) -> ToolResult {
+pub(in crate::edits) fn update(root: &Path, kind: Kind, args: &Value) -> ToolResult {
     let reason = req_str(args, "reason")?;
     let id = req_str(args, "step_id")?;
     let mut draft = Draft::open(root)?;

@@ -18,7 +18,7 @@
 //! - [`files`]: script, knowledge, evaluation and report files, written through the
 //!   sandboxed `workspace` plugin with the mode's grant.
 //! - [`executions`]: steps and whole workflows run in the background on the
-//!   [`crate::runtime::Runtime`], watched, steered and stopped.
+//!   [`trellis_runner::runtime::Runtime`], watched, steered and stopped.
 
 pub mod agent;
 pub mod costs;

@@ -1,5 +1,5 @@
 //! `debug_step`: what to look at when a step goes wrong, from the files its runs left in
-//! `iteration-0` (see [`crate::runs::show_step`]) and its learnings, plus the error of its
+//! `iteration-0` (see [`trellis_runner::runs::show_step`]) and its learnings, plus the error of its
 //! last execution in the session.
 
 use std::path::Path;
@@ -11,10 +11,10 @@ use super::super::tool::{opt_str_arg, str_arg};
 use super::super::{ToolFailure, ToolResult};
 use super::tracked::{Shared, cut};
 use super::{open, unknown_step};
-use crate::run_folder::ACTIVE_RUN;
-use crate::runs::show_step;
-use crate::session::{Status, logs_dir};
-use crate::workflow_run::{existing_group_run_folder, select_groups};
+use trellis_runner::run_folder::ACTIVE_RUN;
+use trellis_runner::runs::show_step;
+use trellis_runner::session::{Status, logs_dir};
+use trellis_runner::workflow_run::{existing_group_run_folder, select_groups};
 use trellis_sandbox::store::{Kind, WorkspaceFs};
 
 /// Learning files shown, at most, and characters of each.

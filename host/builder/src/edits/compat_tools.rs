@@ -13,7 +13,7 @@ use super::args::{opt_str, req_str};
 use super::changelog::Change;
 use super::draft::Draft;
 use super::plan_tools::{all_step_ids, unknown_step};
-use crate::builder::{ToolFailure, ToolResult};
+use crate::{ToolFailure, ToolResult};
 use trellis_workflow::ContractVersion;
 
 /// The rationale of a tool whose original takes none.
@@ -389,8 +389,8 @@ pub(super) fn set_workflow_llm_config(root: &Path, args: &Value) -> ToolResult {
 }
 
 /// The specs of the tools of this module.
-pub(super) fn specs() -> Vec<crate::builder::ToolSpec> {
-    use crate::builder::ToolSpec;
+pub(super) fn specs() -> Vec<crate::ToolSpec> {
+    use crate::ToolSpec;
     let reason = json!({"type": "string", "minLength": 1,
         "description": "Why you make this change, in a sentence (logged to planning/changelog/)."});
     let strict = |props: Value, required: &[&str]| {

@@ -9,12 +9,12 @@ use trellis_sandbox::store::WorkspaceFs;
 use trellis_workflow::PLAN_FILE;
 use trellis_workflow::migrate::{MigrationError, migrate_message_sequence_code_items};
 
-use crate::builder::edits::args::req_str;
-use crate::builder::edits::changelog::{self, Change};
-use crate::builder::{ToolFailure, ToolResult};
+use crate::edits::args::req_str;
+use crate::edits::changelog::{self, Change};
+use crate::{ToolFailure, ToolResult};
 
 /// `migrate_message_sequence_code_items`.
-pub(in crate::builder::edits) fn migrate(root: &Path, args: &Value) -> ToolResult {
+pub(in crate::edits) fn migrate(root: &Path, args: &Value) -> ToolResult {
     let reason = req_str(args, "reason")?;
     let fs = WorkspaceFs::open(root)
         .map_err(|e| ToolFailure::new(format!("the workspace cannot be opened: {e}")))?;

@@ -1,12 +1,12 @@
 //! `list_run_artifacts` and `get_cost_summary`: what runs and builder sessions left behind,
-//! read through [`crate::runs`] (which only reads, never follows links) and, for one
+//! read through [`trellis_runner::runs`] (which only reads, never follows links) and, for one
 //! artifact by path, through the same sandboxed read as `read_workspace_file`.
 
 use std::path::Path;
 
 use serde_json::{Map, Value, json};
 
-use crate::runs::{StepReport, first_line, list_runs, show_step};
+use trellis_runner::runs::{StepReport, first_line, list_runs, show_step};
 
 use super::workspace_files::read_file;
 use super::{
@@ -105,15 +105,18 @@ pub async fn list_run_artifacts(ctx: &ToolContext<'_>, args: &Value) -> ToolResu
 fn step_json(root: &Path, run: &str, r: &StepReport) -> Value {
     let step_dir = format!("runs/{run}/execution/{}", r.step_id);
     let logs_dir = format!("runs/{run}/logs/{}", r.step_id);
-    let session = root.join(&step_dir).join(crate::session::SESSION_FILE);
+    let session = root
+        .join(&step_dir)
+        .join(trellis_runner::session::SESSION_FILE);
     // Beside the turn logs (where the original system puts it), else in the output folder
     // (run folders of the earlier layout).
     let summary_path = [
-        root.join(&logs_dir).join(crate::session::TURN_LOGS_DIR),
+        root.join(&logs_dir)
+            .join(trellis_runner::session::TURN_LOGS_DIR),
         root.join(&step_dir),
     ]
     .into_iter()
-    .map(|dir| dir.join(crate::session::FINAL_SUMMARY_FILE))
+    .map(|dir| dir.join(trellis_runner::session::FINAL_SUMMARY_FILE))
     .find(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_file()));
     let final_summary = summary_path.and_then(|summary_path| {
         let fs = trellis_sandbox::store::WorkspaceFs::open(root).ok()?;
@@ -243,7 +246,7 @@ pub fn cost_summary(ctx: &ToolContext<'_>) -> ToolResult {
             };
             // The counts come from files anyone who wrote the workspace may have planted:
             // their sums saturate rather than overflow (which panics).
-            let sum = |count: fn(&crate::runs::TurnLog) -> u64| {
+            let sum = |count: fn(&trellis_runner::runs::TurnLog) -> u64| {
                 report.turns.iter().map(count).fold(0, u64::saturating_add)
             };
             let prompt = sum(|t| t.prompt_tokens);

@@ -7,7 +7,7 @@
 
 use serde_json::{Value, json};
 
-use crate::builder::ToolFailure;
+use crate::ToolFailure;
 
 mod delete;
 mod migrate;

@@ -10,12 +10,12 @@ use trellis_workflow::{PLAN_FILE, STEP_CONFIG_FILE};
 use super::{
     all_step_ids, id_of, step_config_entries, step_list, steps_mut, top_ids, unknown_step,
 };
-use crate::builder::ToolFailure;
-use crate::builder::ToolResult;
-use crate::builder::edits::args::{req_str, str_list};
-use crate::builder::edits::changelog::Change;
-use crate::builder::edits::config_tools::run_specific_configs;
-use crate::builder::edits::draft::Draft;
+use crate::ToolFailure;
+use crate::ToolResult;
+use crate::edits::args::{req_str, str_list};
+use crate::edits::changelog::Change;
+use crate::edits::config_tools::run_specific_configs;
+use crate::edits::draft::Draft;
 
 /// A reference to a step that a deletion would leave dangling.
 fn reference(file: &str, from: Option<&str>, path: String, target: &str) -> Value {
@@ -152,7 +152,7 @@ fn dangling_references(draft: &Draft, gone: &[String]) -> Vec<Value> {
 }
 
 /// `delete_plan_steps`.
-pub(in crate::builder::edits) fn delete(root: &Path, args: &Value) -> ToolResult {
+pub(in crate::edits) fn delete(root: &Path, args: &Value) -> ToolResult {
     let reason = req_str(args, "reason")?;
     let ids = str_list(args, "step_ids");
     let mut draft = Draft::open(root)?;

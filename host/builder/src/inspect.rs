@@ -18,8 +18,8 @@ use trellis_workflow::{StepKind, Workspace};
 use super::executions::known_step;
 use super::reads::{check_args, strict};
 use super::{ToolContext, ToolFailure, ToolResult, ToolSpec};
-use crate::llm_choice::step_models;
-use crate::session::{logs_dir, turn_log_dirs};
+use trellis_runner::llm_choice::step_models;
+use trellis_runner::session::{logs_dir, turn_log_dirs};
 
 /// Characters of a script `review_step_code` shows.
 pub const SCRIPT_CHARS: usize = 12_000;
@@ -195,7 +195,7 @@ fn step_prompts(root: &Path, args: &Value) -> ToolResult {
         answer["items"] = json!(items);
         return Ok(answer);
     }
-    let system = crate::driver::step_system_prompt(&ws, &step.id)
+    let system = trellis_runner::driver::step_system_prompt(&ws, &step.id)
         .map(|s| cut(&s, PROMPT_CHARS))
         .unwrap_or_else(|e| format!("(not built here: {e:#})"));
     Ok(json!({

@@ -15,7 +15,7 @@ use super::changelog::Change;
 use super::draft::Draft;
 use super::plan_tools::{all_step_ids, unknown_step};
 use super::tool_specs::{step_config_fields, workflow_fields};
-use crate::builder::{ToolFailure, ToolResult};
+use crate::{ToolFailure, ToolResult};
 
 /// Arguments of the field-setting tools that are not fields.
 const CONTROL_ARGS: &[&str] = &["step_id", "reason", "clear_fields"];

@@ -2,7 +2,7 @@
 //! system's builder: `query_workflow_db` (every mode, read-only) and `mutate_workflow_db`
 //! (builder and optimizer modes), on `db/db.sqlite`.
 //!
-//! Both run through [`crate::db_tools`] on the connection a guest's `workflow-db` calls get:
+//! Both run through [`trellis_runner::db_tools`] on the connection a guest's `workflow-db` calls get:
 //! the same authorizer (no `ATTACH`, only descriptive and checking pragmas, no
 //! `load_extension`), the call's deadline, row caps, and a ceiling on what one call may grow
 //! the database by, out of what the calls of the turn may write together. The folder `db/` must be a folder and the database a regular file (SQLite
@@ -16,8 +16,8 @@ use trellis_sandbox::capabilities::{DbGrant, resolve_in_root};
 use trellis_sandbox::store::{Kind, WorkspaceFs};
 
 use super::{ToolContext, ToolFailure, ToolResult, ToolSpec};
-use crate::db_tools::{self, MUTATE_WORKFLOW_DB, QUERY_WORKFLOW_DB};
-use crate::grants::DB_FILE;
+use trellis_runner::db_tools::{self, MUTATE_WORKFLOW_DB, QUERY_WORKFLOW_DB};
+use trellis_runner::grants::DB_FILE;
 
 /// The most rows a builder query returns.
 pub const MAX_ROWS: usize = 1000;

@@ -5,7 +5,7 @@
 use serde_json::{Map, Value, json};
 
 use super::plan_tools::Kind;
-use crate::builder::ToolSpec;
+use crate::ToolSpec;
 
 fn strings() -> Value {
     json!({"type": "array", "items": {"type": "string"}})
@@ -266,8 +266,8 @@ fn with_fields(
     props
 }
 
-/// Every spec of the family, in the order of [`crate::builder::modes::PLAN_TOOLS`] then
-/// [`crate::builder::modes::CONFIG_TOOLS`].
+/// Every spec of the family, in the order of [`crate::modes::PLAN_TOOLS`] then
+/// [`crate::modes::CONFIG_TOOLS`].
 pub(super) fn all() -> Vec<ToolSpec> {
     let mut out: Vec<ToolSpec> = Kind::ALL.into_iter().map(add_spec).collect();
     out.extend(Kind::ALL.into_iter().map(update_spec));
