@@ -11,6 +11,7 @@ pub mod run;
 pub mod runs;
 pub mod schema;
 pub mod script;
+pub mod serve;
 pub mod tool;
 pub mod validate;
 

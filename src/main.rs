@@ -16,7 +16,7 @@ use clap::{Parser, Subcommand};
 use trellis_sandbox::{CacheSetting, Engine};
 
 use commands::{
-    builder, check, mcp, migrate, plugin, plugins, run, runs, schema, script, tool, validate,
+    builder, check, mcp, migrate, plugin, plugins, run, runs, schema, script, serve, tool, validate,
 };
 
 /// Trellis: a sandboxed runtime for agent workflows.
@@ -149,6 +149,19 @@ enum Command {
     ///   trellis builder tools --mode run
     #[command(verbatim_doc_comment)]
     Builder(builder::BuilderArgs),
+    /// Serve the operator console of a workspace over HTTP: the builder chat, live
+    /// executions and run results, at http://127.0.0.1:7878/ by default.
+    ///
+    /// A query to the builder is answered at once and its turn runs in the background; its
+    /// events (the agent's text, each tool call, executions) stream as server-sent events.
+    /// Any address but loopback needs TRELLIS_TOKEN (every request then needs
+    /// `Authorization: Bearer <token>`). docs/server.md lists every endpoint.
+    ///
+    /// Examples:
+    ///   trellis serve examples/builder-demo
+    ///   TRELLIS_TOKEN=... trellis serve WS --addr 0.0.0.0:7878
+    #[command(verbatim_doc_comment)]
+    Serve(serve::ServeArgs),
 }
 
 /// Raises the soft limit on open files to the hard limit: a turn's grant holds one descriptor
@@ -237,6 +250,7 @@ impl Command {
             Command::Run(args) => Some(&args.workspace),
             Command::Validate(args) => Some(&args.workspace),
             Command::Builder(args) => args.workspace(),
+            Command::Serve(args) => Some(&args.workspace),
             // A long-lived server may grant folders of ROOT read-write: no cache there.
             Command::Mcp(command) => Some(command.root()),
             _ => None,
@@ -257,6 +271,7 @@ impl Command {
             Command::Run(args) => Some(&args.cache),
             Command::Validate(args) => Some(&args.cache),
             Command::Builder(args) => Some(&args.cache),
+            Command::Serve(args) => Some(&args.cache),
             _ => None,
         }
     }
@@ -271,6 +286,7 @@ impl Command {
             Command::Validate(args) => Some(&args.workspace),
             Command::Migrate(args) => Some(&args.workspace),
             Command::Builder(args) => args.workspace(),
+            Command::Serve(args) => Some(&args.workspace),
             Command::Runs(command) => Some(command.workspace()),
             _ => None,
         }
@@ -332,5 +348,6 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Check(args) => check::run(&engine()?, &args).await,
         Command::Run(args) => run::run(&engine()?, args).await,
         Command::Builder(args) => builder::run(engine, args).await,
+        Command::Serve(args) => serve::run(&engine()?, args).await,
     }
 }

@@ -115,6 +115,55 @@ impl BuilderArgs {
     }
 }
 
+/// The `--allow-key` and `--allow-host` arguments of a command.
+pub(crate) struct Approvals<'a> {
+    pub keys: &'a [String],
+    pub hosts: &'a [String],
+}
+
+/// What a builder session is made with: the runtime its executions run on, the builder's
+/// own model setup (`--llm` over `builder_llm`), the options its executions start with
+/// (their steps' own models, the operator's MCP servers) and the retries of its LLM calls.
+pub(crate) struct BuilderSetup {
+    pub runtime: Runtime,
+    pub own: LlmSetup,
+    pub template: StartOptions,
+    pub retry: RetryPolicy,
+}
+
+/// The [`BuilderSetup`] of `trellis builder` and `trellis serve`.
+pub(crate) async fn builder_setup(
+    engine: &Engine,
+    plugins: &PluginDirs,
+    mcp: &super::McpConfigArg,
+    approvals: Approvals<'_>,
+    llm: Option<&str>,
+    llm_retries: Option<u32>,
+) -> Result<BuilderSetup> {
+    let runtime = Runtime::new(Arc::new(registry(engine, plugins).await?));
+    let approvals = super::approvals(approvals.keys, approvals.hosts)?;
+    let override_llm = llm.map(parse_llm_spec).transpose()?;
+    let own = LlmSetup::new(override_llm)
+        .with_approvals(approvals.clone())
+        .with_providers(runtime.registry().llm_provider_ids());
+    let mut retry = RetryPolicy::default();
+    if let Some(n) = llm_retries {
+        retry.max_retries = n;
+    }
+    let steps_llm = LlmSetup::new(None)
+        .with_approvals(approvals)
+        .with_providers(runtime.registry().llm_provider_ids());
+    let mut template = StartOptions::new(RunOptions::default(), steps_llm);
+    template.retry = retry;
+    template.mcp_config = Arc::new(super::mcp_config(mcp, runtime.registry())?);
+    Ok(BuilderSetup {
+        runtime,
+        own,
+        template,
+        retry,
+    })
+}
+
 /// Runs `trellis builder`.
 pub async fn run(engine: impl FnOnce() -> Result<Engine>, args: BuilderArgs) -> Result<ExitCode> {
     if let Some(BuilderCommand::Tools { mode }) = &args.command {
@@ -132,29 +181,31 @@ pub async fn run(engine: impl FnOnce() -> Result<Engine>, args: BuilderArgs) -> 
         .transpose()
         .map_err(anyhow::Error::msg)
         .context("--mode")?;
-    let runtime = Runtime::new(Arc::new(registry(&engine, &args.plugins).await?));
-    let approvals = super::approvals(&args.allow_keys, &args.allow_hosts)?;
-    let override_llm = args.llm.as_deref().map(parse_llm_spec).transpose()?;
-    let mut own = LlmSetup::new(override_llm.clone())
-        .with_approvals(approvals.clone())
-        .with_providers(runtime.registry().llm_provider_ids());
+    let BuilderSetup {
+        runtime,
+        mut own,
+        template,
+        retry,
+    } = builder_setup(
+        &engine,
+        &args.plugins,
+        &args.mcp,
+        Approvals {
+            keys: &args.allow_keys,
+            hosts: &args.allow_hosts,
+        },
+        args.llm.as_deref(),
+        args.llm_retries,
+    )
+    .await?;
     if let Some(file) = &args.record {
+        let override_llm = args.llm.as_deref().map(parse_llm_spec).transpose()?;
         own = own.with_recorder(super::recorder(
             file,
             override_llm.as_ref(),
             args.record_max_mib,
         )?);
     }
-    let mut retry = RetryPolicy::default();
-    if let Some(n) = args.llm_retries {
-        retry.max_retries = n;
-    }
-    let steps_llm = LlmSetup::new(None)
-        .with_approvals(approvals)
-        .with_providers(runtime.registry().llm_provider_ids());
-    let mut template = StartOptions::new(RunOptions::default(), steps_llm);
-    template.retry = retry;
-    template.mcp_config = Arc::new(super::mcp_config(&args.mcp, runtime.registry())?);
     let executions = Executions::new(runtime.clone(), template);
     let interactive = args.messages.is_empty();
     let observer = printer(interactive);
@@ -394,6 +445,8 @@ fn printer(interactive: bool) -> BuilderObserver {
             BuilderEvent::Execution { id, line } => {
                 writeln!(out, "  [{id}] {}", shown(&first_line(line)))
             }
+            // The session's loop prints the end of each turn itself.
+            BuilderEvent::TurnStarted { .. } | BuilderEvent::TurnEnded { .. } => Ok(()),
         };
     })
 }

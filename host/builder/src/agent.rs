@@ -287,6 +287,9 @@ impl BuilderSession {
     /// One turn: `text` as the operator's message, then the agent loop until a plain reply.
     /// The conversation and the costs are written at its end, whatever happened.
     pub async fn turn(&mut self, text: &str) -> Result<TurnReport> {
+        self.agent.observer.report(&BuilderEvent::TurnStarted {
+            message: text.to_string(),
+        });
         let mut history = std::mem::take(&mut self.conversation.conversation_history);
         history.push(Message::user(text));
         let outcome = self.agent.run_turn(self.mode, &mut history).await;
@@ -305,7 +308,11 @@ impl BuilderSession {
             },
         };
         self.conversation.cumulative_usage += report.usage;
-        self.save()?;
+        let saved = self.save();
+        self.agent.observer.report(&BuilderEvent::TurnEnded {
+            report: report.clone(),
+        });
+        saved?;
         Ok(report)
     }
 

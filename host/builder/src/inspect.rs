@@ -250,6 +250,12 @@ fn logged_prompts(root: &Path, step: &str, args: &Value) -> Result<Option<Value>
     let bytes = fs
         .read(&path)
         .map_err(|e| ToolFailure::new(e.to_string()))?;
+    trellis_sandbox::json_values::check_values(
+        &path.display().to_string(),
+        &bytes,
+        trellis_sandbox::json_values::MAX_FILE_VALUES,
+    )
+    .map_err(|e| ToolFailure::new(e.to_string()))?;
     let conv: Value = serde_json::from_slice(&bytes)
         .map_err(|e| ToolFailure::new(format!("{}: not a turn log: {e}", path.display())))?;
     let messages = conv["messages"].as_array().cloned().unwrap_or_default();

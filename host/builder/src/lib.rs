@@ -55,6 +55,17 @@ pub const PHASE_ID: &str = "workflow-builder";
 /// Something a builder turn reports as it goes, for a front end to show.
 #[derive(Debug, Clone, PartialEq)]
 pub enum BuilderEvent {
+    /// A turn starts on this message: the operator's, or the announcement of an execution
+    /// that ended (a completion turn).
+    TurnStarted {
+        /// The message.
+        message: String,
+    },
+    /// A turn ended.
+    TurnEnded {
+        /// How.
+        report: TurnReport,
+    },
     /// Text of the agent's reply.
     AgentText(String),
     /// A tool call starts.

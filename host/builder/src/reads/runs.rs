@@ -120,7 +120,14 @@ fn step_json(root: &Path, run: &str, r: &StepReport) -> Value {
     .find(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_file()));
     let final_summary = summary_path.and_then(|summary_path| {
         let fs = trellis_sandbox::store::WorkspaceFs::open(root).ok()?;
-        let v: Value = serde_json::from_slice(&fs.read(&summary_path).ok()?).ok()?;
+        let bytes = fs.read(&summary_path).ok()?;
+        trellis_sandbox::json_values::check_values(
+            "final summary",
+            &bytes,
+            trellis_sandbox::json_values::MAX_FILE_VALUES,
+        )
+        .ok()?;
+        let v: Value = serde_json::from_slice(&bytes).ok()?;
         Some(json!({
             "path": rel_str(root, &summary_path),
             "status": v["status"],
@@ -194,6 +201,10 @@ async fn read_artifact(ctx: &ToolContext<'_>, path: &str) -> ToolResult {
         && answer["truncated"] == false
         && let Some(parsed) = answer["content"]
             .as_str()
+            .filter(|t| {
+                trellis_sandbox::json_values::json_values(t.as_bytes())
+                    <= trellis_sandbox::json_values::MAX_FILE_VALUES
+            })
             .and_then(|t| serde_json::from_str::<Value>(t).ok())
     {
         answer["json"] = parsed;

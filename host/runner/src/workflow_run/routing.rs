@@ -18,6 +18,11 @@ pub(super) fn read_selection(fs: &WorkspaceFs, path: &Path) -> Result<String> {
     let text = fs
         .read_to_string(path)
         .with_context(|| format!("reading {}", path.display()))?;
+    trellis_sandbox::json_values::check_values(
+        &path.display().to_string(),
+        text.as_bytes(),
+        trellis_sandbox::json_values::MAX_FILE_VALUES,
+    )?;
     let value: Value =
         serde_json::from_str(&text).with_context(|| format!("{}: not JSON", path.display()))?;
     SELECTION_KEYS

@@ -6,10 +6,12 @@
 //! array at `$.items` does not mean "or nothing".
 
 use serde_json::Value;
-use serde_json_path::JsonPath;
 
 use super::report::CheckResult;
-use super::schema::{ConsistencyKind, JsonCheck, first_line};
+use super::schema::{ConsistencyKind, JsonCheck, first_line, parse_json_path};
+
+/// The values one check's path may select (each gets a record in the report).
+pub const MAX_SELECTED_NODES: usize = 10_000;
 use crate::diagnostics::{describe, kind_of};
 
 /// Where results go while one document is checked.
@@ -70,16 +72,24 @@ fn same(a: &Value, b: &Value) -> bool {
 /// Runs one check on `doc`. `Err` is a schema error (an unparsable JSONPath): the gate cannot
 /// run.
 pub(crate) fn run_check(sink: &mut Sink, doc: &Value, check: &JsonCheck) -> Result<(), String> {
-    let path = JsonPath::parse(&check.path)
-        .map_err(|e| format!("invalid JSONPath {:?}: {e}", check.path))?;
-    let compare = match &check.consistency_check {
-        Some(c) => Some((
-            c,
-            JsonPath::parse(&c.compare_with_path)
-                .map_err(|e| format!("invalid JSONPath {:?}: {e}", c.compare_with_path))?,
-        )),
+    let path = parse_json_path(&check.path)?;
+    let compare_path = match &check.consistency_check {
+        Some(c) => Some((c, parse_json_path(&c.compare_with_path)?)),
         None => None,
     };
+    // The value compared with is the same for every node: looked up once.
+    let compare = compare_path
+        .as_ref()
+        .map(|(c, other_path)| (*c, other_path.query(doc).first()));
+    // Counted first without their locations (a location is as long as the node is deep).
+    let selected = path.query(doc).len();
+    if selected > MAX_SELECTED_NODES {
+        return Err(format!(
+            "JSONPath {:?} selects {selected} values of {}, more than the {MAX_SELECTED_NODES} \
+             a check examines; narrow the path",
+            check.path, sink.file
+        ));
+    }
     let located = path.query_located(doc).all();
     let has_value_checks = check.value_type.is_some()
         || check.min_length.is_some()
@@ -232,8 +242,7 @@ pub(crate) fn run_check(sink: &mut Sink, doc: &Value, check: &JsonCheck) -> Resu
                 },
             );
         }
-        if let Some((c, other_path)) = &compare {
-            let other = other_path.query(doc).first();
+        if let Some((c, other)) = compare {
             let kind = c.kind.name();
             let Some(other) = other else {
                 sink.record(

@@ -354,9 +354,90 @@ pub fn check_json_path(p: &str) -> Result<(), String> {
             quote(p)
         ));
     }
-    serde_json_path::JsonPath::parse(p)
-        .map(|_| ())
-        .map_err(|e| format!("invalid JSONPath {}: {e}", quote(p)))
+    parse_json_path(p).map(|_| ())
+}
+
+/// The longest JSONPath a check may have, in bytes.
+pub const MAX_JSON_PATH_BYTES: usize = 4096;
+
+/// How deep the brackets and parentheses of a JSONPath may nest (the parser recurses once
+/// per level: far deeper paths overflowed the host's stack).
+pub const MAX_JSON_PATH_NESTING: usize = 32;
+
+/// Parses a check's JSONPath after bounding what its evaluation may cost: at most
+/// [`MAX_JSON_PATH_BYTES`] bytes, brackets and parentheses [`MAX_JSON_PATH_NESTING`] deep, and
+/// one descendant segment (`..`) at most (each more multiplies the nodes selected by the
+/// document's depth).
+pub fn parse_json_path(p: &str) -> Result<serde_json_path::JsonPath, String> {
+    if p.len() > MAX_JSON_PATH_BYTES {
+        return Err(format!(
+            "a JSONPath of {} bytes: a check's path may be {MAX_JSON_PATH_BYTES} bytes at most",
+            p.len()
+        ));
+    }
+    let (mut depth, mut deepest, mut descendants) = (0usize, 0usize, 0usize);
+    let mut quote_char: Option<char> = None;
+    let mut escaped = false;
+    let mut previous = '\0';
+    let mut word = String::new();
+    let mut regex_function = None;
+    for c in p.chars() {
+        if let Some(q) = quote_char {
+            match c {
+                _ if escaped => escaped = false,
+                '\\' => escaped = true,
+                _ if c == q => quote_char = None,
+                _ => {}
+            }
+            continue;
+        }
+        if c.is_ascii_alphanumeric() || c == '_' {
+            word.push(c);
+        } else {
+            if c == '(' && (word == "match" || word == "search") {
+                regex_function.get_or_insert_with(|| word.clone());
+            }
+            word.clear();
+        }
+        match c {
+            '\'' | '"' => quote_char = Some(c),
+            '(' | '[' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            ')' | ']' => depth = depth.saturating_sub(1),
+            '.' if previous == '.' => {
+                descendants += 1;
+                // `...` counts once.
+                previous = '\0';
+                continue;
+            }
+            _ => {}
+        }
+        previous = c;
+    }
+    if deepest > MAX_JSON_PATH_NESTING {
+        return Err(format!(
+            "JSONPath {}: brackets and parentheses nest {deepest} deep, more than the \
+             {MAX_JSON_PATH_NESTING} a check's path may",
+            quote(&p.chars().take(80).collect::<String>())
+        ));
+    }
+    if let Some(function) = regex_function {
+        // The filter functions compile their pattern again for every value they test.
+        return Err(format!(
+            "JSONPath {}: {function}() is not run in a check's path; select the values and \
+             give the check a `pattern` instead",
+            quote(p)
+        ));
+    }
+    if descendants > 1 {
+        return Err(format!(
+            "JSONPath {}: {descendants} descendant segments (`..`); a check's path may have one",
+            quote(p)
+        ));
+    }
+    serde_json_path::JsonPath::parse(p).map_err(|e| format!("invalid JSONPath {}: {e}", quote(p)))
 }
 
 fn parse_check(ctx: &mut Ctx, value: &Value, path: JsonPath) -> Option<JsonCheck> {

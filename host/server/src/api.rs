@@ -1,0 +1,364 @@
+//! The handlers of `/api`: builder queries and their events, executions, and what the
+//! workspace holds (plan, runs). Every error is JSON `{error, detail}` with its status.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::Stream;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use trellis_builder::Mode;
+use trellis_runner::runtime::ExecutionId;
+
+use crate::App;
+use crate::events::EventLog;
+
+/// The heartbeat of an event stream: a comment line this often keeps proxies from closing it.
+pub const HEARTBEAT: Duration = Duration::from_secs(15);
+
+/// Events one poll or one stream read gives at most.
+const EVENTS_PER_READ: usize = 500;
+
+/// An error answer: `{error, detail}` with `status`.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    error: &'static str,
+    detail: String,
+}
+
+impl ApiError {
+    /// An error `error` (a stable code) with `detail` (a sentence).
+    pub fn new(status: StatusCode, error: &'static str, detail: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            error,
+            detail: detail.into(),
+        }
+    }
+
+    fn bad_request(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "bad_request", detail)
+    }
+
+    fn not_found(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", detail)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (
+            self.status,
+            Json(json!({"error": self.error, "detail": self.detail})),
+        )
+            .into_response()
+    }
+}
+
+type ApiResult = Result<Json<Value>, ApiError>;
+
+/// The JSON object of a request body, or the error naming what is wrong with it.
+fn body_object<T: for<'de> Deserialize<'de>>(
+    body: Result<Bytes, BytesRejection>,
+) -> Result<T, ApiError> {
+    let bytes = body.map_err(|e| match e {
+        BytesRejection::FailedToBufferBody(_) => ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            format!(
+                "a request body may be {} bytes at most",
+                crate::MAX_BODY_BYTES
+            ),
+        ),
+        other => ApiError::bad_request(other.body_text()),
+    })?;
+    serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_request(format!("the body: {e}")))
+}
+
+/// `POST /api/query`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueryRequest {
+    query: String,
+    #[serde(default)]
+    session_id: Option<String>,
+    #[serde(default)]
+    workspace: Option<String>,
+    #[serde(default)]
+    agent_mode: Option<String>,
+    #[serde(default)]
+    phase_id: Option<String>,
+    #[serde(default)]
+    execution_options: Option<ExecutionOptions>,
+}
+
+/// The options of a query.
+#[derive(Debug, Deserialize)]
+pub struct ExecutionOptions {
+    #[serde(default)]
+    workshop_mode: Option<String>,
+}
+
+/// Starts a builder turn on `query` in the background: answers at once with the session
+/// and the query's id; `409 workflow_busy` while another turn runs on the workspace.
+pub async fn query(
+    State(app): State<Arc<App>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let request: QueryRequest = body_object(body)?;
+    if request.query.trim().is_empty() {
+        return Err(ApiError::bad_request(
+            "query: give the message for the builder",
+        ));
+    }
+    app.check_workspace(request.workspace.as_deref())?;
+    if let Some(phase) = request.phase_id.as_deref()
+        && phase != trellis_builder::PHASE_ID
+    {
+        return Err(ApiError::bad_request(format!(
+            "phase_id {phase:?}: this server runs the builder's phase, {:?}",
+            trellis_builder::PHASE_ID
+        )));
+    }
+    if let Some(agent_mode) = request.agent_mode.as_deref()
+        && agent_mode != "workflow_phase"
+    {
+        return Err(ApiError::bad_request(format!(
+            "agent_mode {agent_mode:?}: only \"workflow_phase\" is served"
+        )));
+    }
+    let mode = request
+        .execution_options
+        .and_then(|o| o.workshop_mode)
+        .map(|m| m.parse::<Mode>())
+        .transpose()
+        .map_err(|e| ApiError::bad_request(format!("execution_options.workshop_mode: {e}")))?;
+    if app.busy.swap(true, Ordering::SeqCst) {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "workflow_busy",
+            "a builder turn is running on this workspace; wait for its turn_ended event",
+        ));
+    }
+    let live = match app.session(request.session_id.as_deref(), mode) {
+        Ok(live) => live,
+        Err(e) => {
+            app.busy.store(false, Ordering::SeqCst);
+            return Err(e);
+        }
+    };
+    let query_id = format!("q-{}", app.queries.fetch_add(1, Ordering::SeqCst) + 1);
+    let session_id = live.id.clone();
+    let task_app = app.clone();
+    let task_query = query_id.clone();
+    tokio::spawn(async move {
+        let log = live.log.clone();
+        log.push(json!({"type": "query", "query_id": task_query, "query": request.query}));
+        let outcome = async {
+            let mut session = live.session.lock().await;
+            if let Some(mode) = mode {
+                session.set_mode(mode)?;
+            }
+            session.turn(&request.query).await?;
+            session.settle().await
+        }
+        .await;
+        if let Err(e) = outcome {
+            log.push(json!({"type": "error", "query_id": task_query, "detail": format!("{e:#}")}));
+        }
+        log.push(json!({"type": "session_status", "status": "idle", "query_id": task_query}));
+        task_app.busy.store(false, Ordering::SeqCst);
+    });
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({"session_id": session_id, "query_id": query_id, "status": "accepted"})),
+    ))
+}
+
+/// `?since=N`.
+#[derive(Debug, Deserialize)]
+pub struct Since {
+    #[serde(default)]
+    since: Option<u64>,
+}
+
+fn log_of(app: &App, id: &str) -> Result<Arc<EventLog>, ApiError> {
+    app.sessions
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(id)
+        .map(|live| live.log.clone())
+        .ok_or_else(|| ApiError::not_found(format!("no session {id:?} on this server")))
+}
+
+/// `GET /api/sessions/{id}/events?since=N`: the events after `N` (at most 500), and the
+/// number of the last one.
+pub async fn events(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    Query(q): Query<Since>,
+) -> ApiResult {
+    let log = log_of(&app, &id)?;
+    let since = q.since.unwrap_or(0);
+    Ok(Json(
+        json!({"events": log.since(since, EVENTS_PER_READ), "last": log.last()}),
+    ))
+}
+
+/// `GET /api/sessions/{id}/events/stream`: server-sent events, each with its number as its
+/// `id`, from after `Last-Event-ID` (or `?since=`), and a heartbeat comment every 15 s.
+/// At most `--max-streams` are open at once (`503` past it).
+pub async fn stream(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    Query(q): Query<Since>,
+    headers: HeaderMap,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let log = log_of(&app, &id)?;
+    let permit = app.streams.clone().try_acquire_owned().map_err(|_| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too_many_streams",
+            format!(
+                "{} event streams are open, the limit (`trellis serve --max-streams`); poll \
+                 /api/sessions/{id}/events instead, or close one",
+                app.max_streams
+            ),
+        )
+    })?;
+    let resume = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    let since = resume.or(q.since).unwrap_or(0);
+    let rx = log.subscribe();
+    let state = (log, rx, since, Vec::<Value>::new().into_iter(), permit);
+    let stream = futures::stream::unfold(
+        state,
+        |(log, mut rx, mut since, mut pending, permit)| async move {
+            loop {
+                if let Some(event) = pending.next() {
+                    since = event["id"].as_u64().unwrap_or(since);
+                    let sse = Event::default()
+                        .id(since.to_string())
+                        .event(event["type"].as_str().unwrap_or("event"))
+                        .data(event.to_string());
+                    return Some((Ok(sse), (log, rx, since, pending, permit)));
+                }
+                let batch = log.since(since, EVENTS_PER_READ);
+                if !batch.is_empty() {
+                    pending = batch.into_iter();
+                    continue;
+                }
+                // Nothing new: wait for the next event (a closed log ends the stream).
+                if rx.changed().await.is_err() {
+                    return None;
+                }
+            }
+        },
+    );
+    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(HEARTBEAT).text("heartbeat")))
+}
+
+/// `GET /api/workflow/plan`: the plan and the step config as Trellis reads them, or every
+/// problem the workspace's files have.
+pub async fn plan(State(app): State<Arc<App>>) -> ApiResult {
+    match trellis_workflow::Workspace::open(&app.root) {
+        Ok(ws) => Ok(Json(json!({
+            "plan": serde_json::to_value(&ws.plan).unwrap_or(Value::Null),
+            "step_config": serde_json::to_value(&ws.step_configs).unwrap_or(Value::Null),
+            "warnings": ws.warnings.lines(),
+        }))),
+        Err(diags) => Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "workspace_errors",
+            diags.lines().join("\n"),
+        )),
+    }
+}
+
+/// `GET /api/workflow/runs`: each run folder with the state of its steps.
+pub async fn runs(State(app): State<Arc<App>>) -> ApiResult {
+    let runs = trellis_runner::runs::list_runs(&app.root)
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "runs", format!("{e:#}")))?;
+    let runs: Vec<Value> = runs
+        .iter()
+        .map(|run| {
+            json!({
+                "run_folder": run.run_folder,
+                "steps": run.steps.iter().map(|s| json!({
+                    "step_id": s.step_id, "status": s.status, "completed_at": s.completed_at,
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    Ok(Json(json!({"runs": runs})))
+}
+
+/// `GET /api/workflow/executions`: the executions of this server's runtime.
+pub async fn executions(State(app): State<Arc<App>>) -> ApiResult {
+    let list: Vec<Value> = app
+        .runtime
+        .list()
+        .into_iter()
+        .map(|e| {
+            json!({
+                "execution_id": e.id.as_str(),
+                "kind": format!("{:?}", e.kind),
+                "status": e.status.to_string(),
+            })
+        })
+        .collect();
+    Ok(Json(json!({"executions": list})))
+}
+
+/// `POST /api/executions/{id}/stop`: asks the execution to stop at its next step boundary.
+pub async fn stop_execution(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResult {
+    let id = ExecutionId::from(id.as_str());
+    if app.runtime.status(&id).is_none() {
+        return Err(ApiError::not_found(format!("no execution {id}")));
+    }
+    Ok(Json(
+        json!({"execution_id": id.as_str(), "stopping": app.runtime.stop(&id)}),
+    ))
+}
+
+/// `POST /api/executions/{id}/message {message}`: a message for the running step's agent.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SteerRequest {
+    message: String,
+}
+
+/// Delivers a steering message to an execution.
+pub async fn message_execution(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult {
+    let request: SteerRequest = body_object(body)?;
+    let id = ExecutionId::from(id.as_str());
+    if app.runtime.status(&id).is_none() {
+        return Err(ApiError::not_found(format!("no execution {id}")));
+    }
+    let delivery = app.runtime.send_message(&id, &request.message);
+    Ok(Json(
+        json!({"execution_id": id.as_str(), "delivery": format!("{delivery:?}")}),
+    ))
+}
+
+/// Any other path under `/api`.
+pub async fn unknown() -> ApiError {
+    ApiError::not_found("no such endpoint; see docs/server.md")
+}

@@ -1,0 +1,121 @@
+//! `trellis serve`: the operator console of one workspace over HTTP: the builder chat, live
+//! executions and run results, for the page at `/` and any other client (docs/server.md).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use clap::Args;
+
+use trellis_builder::executions::Executions;
+use trellis_builder::{BuilderSession, Mode, SessionOptions};
+use trellis_sandbox::Engine;
+use trellis_server::{Limits, ServerOptions, SessionFactory};
+
+use super::builder::{Approvals, BuilderSetup, builder_setup};
+use super::{CacheArgs, PluginDirs};
+
+/// Arguments of `trellis serve`.
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// The workspace folder.
+    pub(crate) workspace: PathBuf,
+    /// The address to listen on. Any address but loopback needs TRELLIS_TOKEN set; with it
+    /// set, every request needs `Authorization: Bearer <token>`.
+    #[arg(long, value_name = "IP:PORT", default_value = trellis_server::DEFAULT_ADDR)]
+    addr: SocketAddr,
+    /// The builder's model (PROVIDER:MODEL), over workflow.json's `builder_llm`.
+    #[arg(long, value_name = "PROVIDER:MODEL")]
+    llm: Option<String>,
+    /// Let the key in environment variable VAR go to ORIGIN (repeatable), as for `trellis run`.
+    #[arg(long = "allow-key", value_name = "VAR=ORIGIN")]
+    allow_keys: Vec<String>,
+    /// Let step scripts, and LLM providers at workflow.json's base_url, reach HOST although
+    /// it is loopback or private (repeatable), as for `trellis run`.
+    #[arg(long = "allow-host", value_name = "HOST")]
+    allow_hosts: Vec<String>,
+    /// Event streams open at once (default 64); past it a stream is refused with 503.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    max_streams: Option<u32>,
+    /// Builder sessions the server holds (default 16); past it a query for a new session is
+    /// refused with 503.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1_000))]
+    max_sessions: Option<u32>,
+    #[command(flatten)]
+    plugins: PluginDirs,
+    #[command(flatten)]
+    mcp: super::McpConfigArg,
+    #[command(flatten)]
+    pub(crate) cache: CacheArgs,
+}
+
+/// Runs `trellis serve` until the process is stopped.
+pub async fn run(engine: &Engine, args: ServeArgs) -> Result<ExitCode> {
+    let token = std::env::var("TRELLIS_TOKEN")
+        .ok()
+        .filter(|t| !t.is_empty());
+    let BuilderSetup {
+        runtime,
+        own,
+        template,
+        retry,
+    } = builder_setup(
+        engine,
+        &args.plugins,
+        &args.mcp,
+        Approvals {
+            keys: &args.allow_keys,
+            hosts: &args.allow_hosts,
+        },
+        args.llm.as_deref(),
+        None,
+    )
+    .await?;
+    let root = args.workspace.clone();
+    let session_runtime = runtime.clone();
+    let sessions: SessionFactory = Arc::new(move |id, mode: Option<Mode>, observer| {
+        let executions = Executions::new(session_runtime.clone(), template.clone());
+        BuilderSession::open(
+            &session_runtime,
+            executions,
+            SessionOptions {
+                root: root.clone(),
+                session_id: id.map(str::to_string),
+                mode,
+                llm: own.clone(),
+                limits: Default::default(),
+                retry,
+                max_rounds: trellis_builder::agent::DEFAULT_MAX_ROUNDS,
+                max_turn_result_bytes: trellis_builder::DEFAULT_TURN_RESULT_BYTES,
+                max_turn_write_bytes: trellis_builder::DEFAULT_TURN_WRITE_BYTES,
+                max_model_calls: trellis_runner::driver::DEFAULT_RUN_MODEL_CALLS,
+                observer,
+            },
+        )
+    });
+    let defaults = Limits::default();
+    let limits = Limits {
+        streams: args.max_streams.map_or(defaults.streams, |n| n as usize),
+        sessions: args.max_sessions.map_or(defaults.sessions, |n| n as usize),
+        ..defaults
+    };
+    let workspace = args.workspace.display().to_string();
+    trellis_server::serve(
+        ServerOptions {
+            root: args.workspace,
+            addr: args.addr,
+            token,
+            runtime,
+            sessions,
+            limits,
+        },
+        |addr| {
+            eprintln!("serving {workspace} on http://{addr}/ (Ctrl-C stops)");
+        },
+    )
+    .await
+    .context("trellis serve")?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,160 @@
+//! Attacks of the fifth red team on what a workspace's gate makes the host do, through the
+//! `trellis` binary: the JSONPaths of `json_checks` are bounded before they are parsed
+//! (length, nesting, descendant segments, regex functions) and in what they select.
+
+use crate::support;
+
+use std::path::Path;
+
+use serde_json::{Value, json};
+use support::workspace::write_files;
+
+/// A workspace whose step `s` has one JSON check `check` on `out.json`, and `out` as the
+/// step's output in the active run.
+fn gate_workspace(root: &Path, check: Value, out: &str) {
+    let plan = json!({"objective": "o", "steps": [
+        {"id": "s", "type": "regular", "title": "t", "description": "d",
+         "context_output": ["out.json"],
+         "validation_schema": {"files": [{"file_name": "out.json", "json_checks": [check]}]}}
+    ]});
+    write_files(
+        root,
+        &[
+            ("planning/plan.json", plan.to_string()),
+            ("runs/iteration-0/execution/s/out.json", out.to_string()),
+        ],
+    );
+}
+
+fn told(out: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// A path of 10,000 nested parentheses overflowed the parser's stack and aborted
+/// `validate`, `run` and `check` (and the builder, from one model tool call); two
+/// descendant segments made `$..*..*` select depth x depth x nodes (4.5 GB from a 20 KB
+/// output); `match()` compiled its pattern for every value (103 s for 4,000). Each is now
+/// refused by `validate` with the reason.
+#[test]
+fn hostile_json_paths_are_refused_before_they_are_parsed() {
+    let deep = format!("$[?{}@{}]", "(".repeat(10_000), ")".repeat(10_000));
+    let nested = format!("$[?{}@]", "(".repeat(40));
+    for (path, said) in [
+        (
+            deep.as_str(),
+            "a JSONPath of 20005 bytes: a check's path may be 4096 bytes at most",
+        ),
+        (
+            nested.as_str(),
+            "brackets and parentheses nest 41 deep, more than the 32 a check's path may",
+        ),
+        (
+            "$..*..*",
+            "2 descendant segments (`..`); a check's path may have one",
+        ),
+        (
+            "$[?match(@, \"\\\\w{60}\")]",
+            "match() is not run in a check's path",
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        gate_workspace(dir.path(), json!({"path": path, "must_exist": true}), "[1]");
+        for command in ["validate", "check"] {
+            let mut args = vec![command, dir.path().to_str().unwrap()];
+            if command == "check" {
+                args.extend(["--step", "s"]);
+            }
+            let out = support::trellis(&args);
+            let text = told(&out);
+            assert_eq!(out.status.code(), Some(1), "{command} {path:.40}: {text}");
+            assert!(text.contains(said), "{command}: {said:?} in {text:.2000}");
+        }
+    }
+    // A string holding brackets or dots is not counted.
+    let dir = tempfile::tempdir().unwrap();
+    gate_workspace(
+        dir.path(),
+        json!({"path": "$['..((((((((((((((((((((((((((((((((((']", "must_exist": false}),
+        "{}",
+    );
+    let out = support::trellis(&["validate", dir.path().to_str().unwrap()]);
+    assert!(out.status.success(), "{}", told(&out));
+}
+
+/// A path selecting more than 10,000 values is a schema error of the gate, counted before
+/// the values' locations are made; a consistency check looks its other value up once, not
+/// once per value (160,000 values took 55 s).
+#[test]
+fn a_check_selecting_too_many_values_is_refused_and_comparisons_are_not_quadratic() {
+    let dir = tempfile::tempdir().unwrap();
+    let zeros = |n: usize| format!("[{}0]", "0,".repeat(n - 1));
+    gate_workspace(
+        dir.path(),
+        json!({"path": "$[*]", "consistency_check":
+               {"compare_with_path": "$[0]", "type": "equals"}}),
+        &zeros(160_000),
+    );
+    let root = dir.path().to_str().unwrap();
+    let out = support::trellis(&["check", root, "--step", "s"]);
+    let text = told(&out);
+    assert_eq!(out.status.code(), Some(1), "{text:.2000}");
+    assert!(
+        text.contains(
+            "JSONPath \"$[*]\" selects 160000 values of out.json, more than the 10000 a check \
+             examines; narrow the path"
+        ),
+        "{text:.2000}"
+    );
+    // Under the cap every value is compared with the one other value.
+    write_files(
+        dir.path(),
+        &[("runs/iteration-0/execution/s/out.json", zeros(10_000))],
+    );
+    let out = support::trellis(&["check", root, "--step", "s"]);
+    let text = told(&out);
+    assert!(out.status.success(), "{text:.2000}");
+    assert_eq!(
+        text.lines()
+            .filter(|l| l.starts_with("PASS out.json $[") && l.ends_with("is equal to 0"))
+            .count(),
+        10_000,
+        "{text:.2000}"
+    );
+}
+
+/// The selection file a routing step reads is a guest's output: one of many small values
+/// (64 MiB of them took 1.2 GB parsed) is refused unparsed, naming the file.
+#[test]
+fn a_route_file_of_too_many_values_is_refused_unparsed() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = json!({"objective": "o", "steps": [
+        {"id": "pick", "type": "routing", "title": "Pick", "route_source_file": "route.json",
+         "routes": [{"route_id": "a", "next_step_id": "end"}], "default_route_id": "a"}
+    ]});
+    let budget = trellis_sandbox::json_values::MAX_FILE_VALUES;
+    let route = format!(
+        r#"{{"select_route": "a", "pad": [{}0]}}"#,
+        "0,".repeat(budget)
+    );
+    write_files(
+        dir.path(),
+        &[
+            ("planning/plan.json", plan.to_string()),
+            ("runs/iteration-0/execution/route.json", route),
+        ],
+    );
+    let out = support::trellis(&["run", dir.path().to_str().unwrap(), "--step", "pick"]);
+    let text = told(&out);
+    assert_eq!(out.status.code(), Some(1), "{text:.2000}");
+    assert!(
+        text.contains("route.json: holds about")
+            && text.contains(&format!(
+                "more than the {budget} Trellis parses of one file"
+            )),
+        "{text:.2000}"
+    );
+}
