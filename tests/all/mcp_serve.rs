@@ -439,12 +439,13 @@ async fn a_cancelled_call_stops_a_busy_guest() {
     let marker = dir.path().join("started");
     let cancel = tokio_util::sync::CancellationToken::new();
     let trigger = cancel.clone();
-    // From another thread, once the guest says it is in its loop: the loop holds this one
-    // until the epoch check stops it.
+    // From another thread, once the guest says it is in its loop (the marker written, not
+    // only created: a cancel between the two found it empty): the loop holds this one until
+    // the epoch check stops it.
     let watcher = {
         let marker = marker.clone();
         std::thread::spawn(move || {
-            while !marker.exists() {
+            while std::fs::read_to_string(&marker).ok().as_deref() != Some("started") {
                 std::thread::sleep(Duration::from_millis(5));
             }
             trigger.cancel();

@@ -1216,6 +1216,56 @@ fn a_server_message_over_the_cap_is_refused_unread() {
     assert_eq!(outside_runs(&ws), before);
 }
 
+/// A result of 1,100,000 zeros (a few MB, under the byte cap) would cost over 30 times its
+/// bytes parsed (862 MB for a 16 MiB line): the line is refused while it streams in, as a
+/// line over the byte cap is.
+#[test]
+fn a_server_message_of_too_many_values_is_refused_unread() {
+    let dir = tempfile::tempdir().unwrap();
+    let started = dir.path().join("started");
+    let config = fixture_file(dir.path(), &started);
+    let llm = FakeServer::start(Box::new(move |body| {
+        let answered = body["messages"]
+            .as_array()
+            .map_or(0, |m| m.iter().filter(|m| m["role"] == "tool").count());
+        match answered {
+            0 => (
+                200,
+                completion("", &[("fx__many", json!({"count": 1_100_000}))]),
+            ),
+            _ => (200, completion("done", &[])),
+        }
+    }));
+    let ws = dir.path().join("ws");
+    workspace(&ws, json!({"selected_servers": ["fx"]}), &llm);
+    let out = trellis_command(&[
+        "run",
+        ws.to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
+        "--mcp-config",
+        config.to_str().unwrap(),
+    ])
+    .output()
+    .unwrap();
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let results = llm.last_tool_results();
+    assert_eq!(results.len(), 1, "{all}");
+    let many = &results[0].1;
+    assert!(
+        many.starts_with("error:")
+            && many.contains(r#"MCP server "fx""#)
+            && many.contains("or of more than 1000000 JSON values"),
+        "{}",
+        &many[..many.len().min(300)]
+    );
+    assert!(out.status.success(), "{all}");
+}
+
 /// An LLM that asks the `fx` fixture for a result of `size` bytes, then for `tool` with
 /// `args`, one call a turn, then ends.
 fn huge_then(size: usize, tool: &'static str, args: Value) -> FakeServer {

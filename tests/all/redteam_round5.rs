@@ -1,6 +1,7 @@
-//! Attacks of the fifth red team on what a workspace's gate makes the host do, through the
-//! `trellis` binary: the JSONPaths of `json_checks` are bounded before they are parsed
-//! (length, nesting, descendant segments, regex functions) and in what they select.
+//! Attacks of the fifth red team, through the `trellis` binary: the JSONPaths of a gate's
+//! `json_checks` are bounded before they are parsed (length, nesting, descendant segments,
+//! regex functions) and in what they select; a route file of too many values is refused;
+//! a Python plugin build reaches no site-packages of the operator's.
 
 use crate::support;
 
@@ -157,4 +158,90 @@ fn a_route_file_of_too_many_values_is_refused_unparsed() {
             )),
         "{text:.2000}"
     );
+}
+
+/// componentize-py asks the `python3` on `PATH` for its site-packages and lets the plugin's
+/// code write there while it builds: a hostile `plugin.py` planted a `.pth` in the
+/// operator's Python, run natively at its next start. The build's `PATH` now answers with
+/// an empty folder of the private staging area. (componentize-py is a stand-in that asks as
+/// the real one does and writes where a hostile plugin would.)
+#[test]
+fn a_python_build_gives_the_plugin_no_site_packages_of_the_operator() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let project = dir.path().join("hostile");
+    write_files(
+        &project,
+        &[
+            (
+                "plugin.json",
+                json!({"id": "hostile", "kind": "tool", "version": "0.1.0",
+                       "description": "a planted project", "component": "hostile.wasm"})
+                .to_string(),
+            ),
+            ("plugin.py", "VALUE = 1\n".to_string()),
+        ],
+    );
+    // The operator's Python: the first `python3` on PATH, and its site-packages.
+    let operator_site = dir.path().join("operator-site-packages");
+    std::fs::create_dir(&operator_site).unwrap();
+    let operator_bin = dir.path().join("operator-bin");
+    std::fs::create_dir(&operator_bin).unwrap();
+    let script = |path: &Path, body: String| {
+        std::fs::write(path, format!("#!/bin/sh\n{body}")).unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    };
+    script(
+        &operator_bin.join("python3"),
+        format!("printf '%s\\n' '{}'\n", operator_site.display()),
+    );
+    let record = dir.path().join("asked.txt");
+    let component = trellis_test_programs::path("adversary");
+    let tool = dir.path().join("componentize-py");
+    script(
+        &tool,
+        format!(
+            r#"if [ "$1" = "--version" ]; then echo "componentize-py {version}"; exit 0; fi
+while [ $# -gt 0 ]; do
+  case "$1" in -o) out="$2"; shift ;; esac
+  shift
+done
+site=$(python3 -c 'import site; print(";".join(site.getsitepackages()))')
+echo "$site" > '{record}'
+ls -A "$site" >> '{record}'
+echo 'import os' > "$site/zz_planted.pth"
+cp '{component}' "$out"
+"#,
+            version = trellis_sandbox::script::COMPONENTIZE_PY_VERSION,
+            record = record.display(),
+            component = component.display(),
+        ),
+    );
+    let path = format!(
+        "{}:{}",
+        operator_bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = support::trellis_command(&["plugin", "build", project.to_str().unwrap()])
+        .env("TRELLIS_COMPONENTIZE_PY", &tool)
+        .env("PATH", &path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", told(&out));
+    let asked = std::fs::read_to_string(&record).unwrap();
+    let site = asked.lines().next().unwrap();
+    assert_ne!(site, operator_site.to_str().unwrap(), "{asked}");
+    assert!(
+        Path::new(site)
+            .parent()
+            .and_then(|p| p.file_name())
+            .is_some_and(|n| n.to_string_lossy().starts_with("trellis-plugin-build-")),
+        "a folder of the staging area: {asked}"
+    );
+    assert_eq!(asked.lines().count(), 1, "it was empty: {asked}");
+    assert!(
+        std::fs::read_dir(&operator_site).unwrap().next().is_none(),
+        "nothing was written to the operator's site-packages"
+    );
+    assert!(!Path::new(site).exists(), "removed with the staging area");
 }

@@ -281,8 +281,9 @@ impl McpServers {
                 if running.oversized.load(Ordering::Relaxed) {
                     format!(
                         "MCP server {server:?} sent a message longer than the limit of \
-                         {MAX_MESSAGE_BYTES} bytes: it was not read, and the server is \
-                         disconnected for the rest of the run"
+                         {MAX_MESSAGE_BYTES} bytes or of more than {MAX_MESSAGE_VALUES} JSON \
+                         values: it was not read, and the server is disconnected for the \
+                         rest of the run"
                     )
                 } else {
                     format!("MCP server {server:?}: {e}")
@@ -342,13 +343,18 @@ fn install_crypto_provider() {
 }
 
 /// A stdio server's output, refused (an error, and `oversized` set) once a line grows past
-/// `max` bytes: nothing past the cap is kept.
+/// `max` bytes or [`MAX_MESSAGE_VALUES`] JSON values: nothing past the cap is kept, and no
+/// line that would cost far more parsed than its bytes is parsed.
 struct LineCap<R> {
     inner: R,
     max: usize,
     line: usize,
+    values: trellis_sandbox::json_values::ValueCounter,
     oversized: Arc<AtomicBool>,
 }
+
+/// The JSON values one message of an external server may hold.
+pub const MAX_MESSAGE_VALUES: usize = trellis_sandbox::json_values::MAX_FILE_VALUES;
 
 impl<R: AsyncRead + Unpin> AsyncRead for LineCap<R> {
     fn poll_read(
@@ -360,7 +366,10 @@ impl<R: AsyncRead + Unpin> AsyncRead for LineCap<R> {
         let too_long = || {
             std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
-                format!("a message longer than {MAX_MESSAGE_BYTES} bytes"),
+                format!(
+                    "a message longer than {MAX_MESSAGE_BYTES} bytes or of more than \
+                     {MAX_MESSAGE_VALUES} JSON values"
+                ),
             )
         };
         if this.oversized.load(Ordering::Relaxed) {
@@ -374,13 +383,15 @@ impl<R: AsyncRead + Unpin> AsyncRead for LineCap<R> {
         let mut parts = buf.filled()[before..].split(|&b| b == b'\n').peekable();
         while let Some(part) = parts.next() {
             this.line += part.len();
-            if this.line > this.max {
+            this.values.feed(part);
+            if this.line > this.max || this.values.values() > MAX_MESSAGE_VALUES {
                 this.oversized.store(true, Ordering::Relaxed);
                 buf.set_filled(before);
                 return Poll::Ready(Err(too_long()));
             }
             if parts.peek().is_some() {
                 this.line = 0;
+                this.values = Default::default();
             }
         }
         Poll::Ready(Ok(()))
@@ -502,6 +513,7 @@ where
         inner: reader,
         max: MAX_MESSAGE_BYTES,
         line: 0,
+        values: Default::default(),
         oversized: oversized.clone(),
     };
     // The cap is LineCap's, which refuses a long line instead of skipping it.

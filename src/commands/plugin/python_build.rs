@@ -105,6 +105,7 @@ fn build_in(
         std::fs::write(&path, text)?;
     }
     let built = staging.join("plugin.wasm");
+    let path = site_packages_shim(staging)?;
     let output = tool
         .command()
         .arg("-d")
@@ -117,6 +118,7 @@ fn build_in(
         // The plugin must not pick up packages of whatever virtual environment is active.
         .env_remove("VIRTUAL_ENV")
         .env_remove("PYTHONPATH")
+        .env("PATH", path)
         // Its errors are about the plugin: no backtrace of componentize-py itself.
         .env("RUST_BACKTRACE", "0")
         .env("RUST_LIB_BACKTRACE", "0")
@@ -177,6 +179,34 @@ fn find_sources(project: &WorkspaceFs) -> Result<Vec<PathBuf>> {
 struct PythonTool {
     program: OsString,
     args: Vec<OsString>,
+}
+
+/// componentize-py asks the `python3` on `PATH` for its site-packages folders and grants them
+/// to the plugin's code, read-write, while it pre-initializes the component: the operator's
+/// own Python (a `.pth` planted there runs natively at its next start). A `python3` first on
+/// the build's `PATH` answers with an empty folder of the staging area instead. Returns that
+/// `PATH`.
+fn site_packages_shim(staging: &Path) -> Result<std::ffi::OsString> {
+    use std::os::unix::fs::PermissionsExt;
+    let site = staging.join("site-packages");
+    let bin = staging.join("bin");
+    std::fs::create_dir(&site)?;
+    std::fs::create_dir(&bin)?;
+    let shown = site.to_str().filter(|s| !s.contains('\''));
+    let Some(shown) = shown else {
+        bail!(
+            "the staging folder {} has a name the build cannot use",
+            staging.display()
+        );
+    };
+    let shim = bin.join("python3");
+    std::fs::write(&shim, format!("#!/bin/sh\nprintf '%s\\n' '{shown}'\n"))?;
+    std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o700))?;
+    let mut paths = vec![bin];
+    paths.extend(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    ));
+    std::env::join_paths(paths).context("the build's PATH")
 }
 
 impl PythonTool {

@@ -61,6 +61,11 @@ def huge(size: int) -> str:
     return "x" * size
 
 
+@server.tool(description="A result of `count` zeros: many small JSON values.")
+def many(count: int) -> list[int]:
+    return [0] * count
+
+
 @server.tool(description="Fails with an error message of `size` bytes.")
 def huge_error(size: int) -> str:
     from mcp.server.mcpserver.exceptions import ToolError
