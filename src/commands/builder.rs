@@ -71,8 +71,9 @@ pub struct BuilderArgs {
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_ROUNDS as u32,
           value_parser = clap::value_parser!(u32).range(1..=10_000))]
     max_rounds: u32,
-    /// Model calls of the whole session, every turn and side agent together (default
-    /// 10000, as for a run); past it no call is made and the turn ends saying so.
+    /// Model calls of the whole session, every turn, side agent and execution it started
+    /// together (default 10000, as for a run); past it no call is made and the turn (or the
+    /// execution) ends saying so.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     max_model_calls: Option<u64>,
     /// MiB of tool results one builder turn keeps in its conversation (default 256), as for

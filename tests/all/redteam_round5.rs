@@ -245,3 +245,69 @@ cp '{component}' "$out"
     );
     assert!(!Path::new(site).exists(), "removed with the staging area");
 }
+
+/// The executions a builder session starts take their model calls from the session's
+/// `--max-model-calls`: each had 10,000 of its own, so a session capped at 2 calls made 63.
+/// Here the builder's model starts the step and the step's agent asks for a tool call
+/// forever; under a budget of 3 the model is called 3 times in all.
+#[test]
+fn the_builders_executions_take_their_model_calls_from_the_sessions_budget() {
+    use support::fake_llm::{FakeServer, completion};
+    let llm = FakeServer::start(Box::new(|body| {
+        let system = body["messages"][0]["content"].as_str().unwrap_or_default();
+        let answered = body["messages"]
+            .as_array()
+            .map_or(0, |m| m.iter().filter(|m| m["role"] == "tool").count());
+        if system.contains("Say hello.") {
+            // The step's agent: one more tool call, always.
+            let args = json!({"path": "planning/plan.json"});
+            (200, completion("", &[("workspace__read_file", args)]))
+        } else if answered == 0 {
+            (
+                200,
+                completion("", &[("execute_step", json!({"step_id": "greet"}))]),
+            )
+        } else {
+            (200, completion("started", &[]))
+        }
+    }));
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path();
+    write_files(
+        ws,
+        &[
+            (
+                "planning/plan.json",
+                json!({"objective": "o", "steps": [
+                    {"id": "greet", "type": "regular", "title": "Greet",
+                     "description": "Say hello."}
+                ]})
+                .to_string(),
+            ),
+            ("planning/step_config.json", r#"{"steps": []}"#.to_string()),
+            (
+                "workflow.json",
+                json!({"llm": {"provider": "openai", "model_id": "m"},
+                       "providers": llm.providers()})
+                .to_string(),
+            ),
+        ],
+    );
+    let out = support::trellis(&[
+        "builder",
+        ws.to_str().unwrap(),
+        "--max-model-calls",
+        "3",
+        "--allow-host",
+        "127.0.0.1",
+        "-m",
+        "run greet",
+    ]);
+    let text = told(&out);
+    let seen = llm.seen().len();
+    assert_eq!(seen, 3, "model calls in all: {text:.3000}");
+    assert!(
+        text.contains("model calls"),
+        "the limit is named: {text:.3000}"
+    );
+}

@@ -68,8 +68,8 @@ pub struct SessionOptions {
     /// database (`--max-turn-write-mib`; default [`DEFAULT_TURN_WRITE_BYTES`], as for a run),
     /// each call also within its own limits.
     pub max_turn_write_bytes: u64,
-    /// Model calls of the whole session, every turn and side agent together
-    /// (`--max-model-calls`; default [`trellis_runner::driver::DEFAULT_RUN_MODEL_CALLS`], as for a run).
+    /// Model calls of the whole session, every turn, side agent and execution it started
+    /// together (`--max-model-calls`; default [`trellis_runner::driver::DEFAULT_RUN_MODEL_CALLS`], as for a run).
     pub max_model_calls: u64,
     /// Where the turn's events go.
     pub observer: BuilderObserver,
@@ -202,6 +202,10 @@ impl BuilderSession {
             }),
         )
         .with_context(|| format!("writing {ACTIVE_SESSION_FILE}"))?;
+        // The session's model calls: its own turns', its side agents' and its executions'.
+        let model_calls: Arc<trellis_runner::driver::ModelCalls> = Arc::default();
+        let mut executions = executions;
+        executions.share_model_calls(model_calls.clone(), options.max_model_calls);
         let agent = Agent {
             root,
             registry: runtime.shared_registry(),
@@ -212,7 +216,7 @@ impl BuilderSession {
             max_rounds: options.max_rounds,
             max_turn_result_bytes: options.max_turn_result_bytes,
             max_turn_write_bytes: options.max_turn_write_bytes,
-            model_calls: Arc::default(),
+            model_calls,
             max_model_calls: options.max_model_calls,
             observer: options.observer,
             session_id: conversation.session_id.clone(),

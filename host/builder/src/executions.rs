@@ -92,6 +92,13 @@ impl Executions {
         }
     }
 
+    /// Counts the model calls of every execution in `calls`, up to `max` together: a builder
+    /// session's own count, so that its executions cannot make more than the session may.
+    pub fn share_model_calls(&mut self, calls: Arc<trellis_runner::driver::ModelCalls>, max: u64) {
+        self.template.model_calls = Some(calls);
+        self.template.turn_budgets.run_model_calls = max;
+    }
+
     /// The same, with the poll guard reading `clock`.
     pub fn with_clock(mut self, clock: Clock) -> Self {
         self.clock = clock;

@@ -149,6 +149,10 @@ pub struct StartOptions {
     pub instructions: Option<String>,
     /// The external MCP servers the operator configured.
     pub mcp_config: Arc<crate::mcp_servers::McpConfig>,
+    /// The count of model calls the run takes from, when it shares one (a builder session
+    /// counts its executions' calls with its own, up to `turn_budgets.run_model_calls`);
+    /// else the run counts its own.
+    pub model_calls: Option<Arc<crate::driver::ModelCalls>>,
 }
 
 impl StartOptions {
@@ -165,6 +169,7 @@ impl StartOptions {
             wait_for_workspace: false,
             instructions: None,
             mcp_config: Arc::new(crate::mcp_servers::McpConfig::empty()),
+            model_calls: None,
         }
     }
 }
@@ -629,6 +634,9 @@ fn run_execution(
         env.retry = options.retry;
         env.max_tool_rounds = options.max_tool_rounds;
         env.turn_budgets = options.turn_budgets;
+        if let Some(calls) = &options.model_calls {
+            env.share_model_calls(calls.clone());
+        }
         env.mcp_config = options.mcp_config.clone();
         env.cancel = execution.cancel.clone();
         env.cancel_calls = execution.cancel_calls.clone();

@@ -127,6 +127,11 @@ impl<'a> RunEnv<'a> {
     }
 
     /// Whether the run made all the model calls it may: no later step or group starts.
+    /// Counts the run's model calls in `calls`, shared with whoever else holds it.
+    pub fn share_model_calls(&mut self, calls: Arc<crate::driver::ModelCalls>) {
+        self.model_calls = calls;
+    }
+
     pub(super) fn out_of_model_calls(&self) -> bool {
         self.model_calls.spent(self.turn_budgets.run_model_calls)
     }
