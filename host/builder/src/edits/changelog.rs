@@ -56,20 +56,21 @@ pub(super) fn sha256(bytes: Option<&[u8]>) -> Value {
 pub(super) fn read_entries(fs: &WorkspaceFs, rel: &Path) -> io::Result<Vec<Value>> {
     match fs.read_optional(rel)? {
         None => Ok(Vec::new()),
-        Some(text) => match trellis_sandbox::json_values::check_values(
-            &rel.display().to_string(),
-            text.as_bytes(),
-            trellis_sandbox::json_values::MAX_FILE_VALUES,
-        )
-        .map_err(|e| io::Error::other(e.to_string()))
-        .map(|_| serde_json::from_str::<Value>(&text))?
-        {
-            Ok(Value::Array(entries)) => Ok(entries),
-            _ => Err(io::Error::other(format!(
-                "{} is not a JSON array of changelog entries: fix or move it, then retry",
-                rel.display()
-            ))),
-        },
+        Some(text) => {
+            trellis_sandbox::json_values::check_values(
+                &rel.display().to_string(),
+                text.as_bytes(),
+                trellis_sandbox::json_values::MAX_FILE_VALUES,
+            )
+            .map_err(|e| io::Error::other(e.to_string()))?;
+            match serde_json::from_str::<Value>(&text) {
+                Ok(Value::Array(entries)) => Ok(entries),
+                _ => Err(io::Error::other(format!(
+                    "{} is not a JSON array of changelog entries: fix or move it, then retry",
+                    rel.display()
+                ))),
+            }
+        }
     }
 }
 
