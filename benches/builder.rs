@@ -127,6 +127,7 @@ impl Bench {
             turn_writes: &writes,
             session_id: "bench",
             observer: &observer,
+            work: &trellis_builder::call_work(),
         };
         let mut history = vec![Message::system(system)];
         let mut usage = Usage::default();

@@ -46,6 +46,7 @@ impl Env {
             turn_writes: &writes,
             session_id: "test",
             observer: &self.observer,
+            work: &trellis_builder::call_work(),
         };
         edits::call(&ctx, tool, &args)
     }

@@ -131,6 +131,7 @@ impl Session {
             turn_writes: &writes,
             session_id: "test-session",
             observer: &self.observer,
+            work: &trellis_builder::call_work(),
         };
         self.executions
             .call(&ctx, tool, &args)

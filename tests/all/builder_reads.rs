@@ -111,6 +111,7 @@ async fn read_in(
         turn_writes: &writes,
         session_id: "test",
         observer: &observer,
+        work: &trellis_builder::call_work(),
     };
     reads::call(&ctx, tool, &args).await
 }
@@ -133,6 +134,7 @@ async fn file_tool(
         turn_writes: &writes,
         session_id: "test",
         observer: &observer,
+        work: &trellis_builder::call_work(),
     };
     files::call(&ctx, tool, &args).await
 }

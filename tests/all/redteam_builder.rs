@@ -30,6 +30,7 @@ struct Env {
     limits: Limits,
     writes: DbWriteBudget,
     observer: BuilderObserver,
+    work: std::sync::Arc<trellis_sandbox::store::HostWork>,
 }
 
 impl Env {
@@ -58,6 +59,7 @@ impl Env {
             limits: Limits::default(),
             writes: DbWriteBudget::new(Limits::default().fs),
             observer: BuilderObserver::none(),
+            work: trellis_builder::call_work(),
         }
     }
 
@@ -83,6 +85,7 @@ impl Env {
             turn_writes: &self.writes,
             session_id: "redteam",
             observer: &self.observer,
+            work: &self.work,
         }
     }
 
@@ -815,6 +818,7 @@ async fn executions_refuse_path_like_ids_and_other_sessions_executions() {
         turn_writes: &writes,
         session_id: "redteam",
         observer: &observer,
+        work: &trellis_builder::call_work(),
     };
     let before = tree_digest(dir.path());
     for (tool, args) in [

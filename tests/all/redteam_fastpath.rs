@@ -412,8 +412,10 @@ fn keep_swapping(
 /// A regular file swapped with a FIFO, again and again, while calls read it: the check and
 /// the open are two looks at the path, so a call may pass the check on the file and open
 /// the FIFO. No call waits on it (the watchdog here plays the writer a waiting call would
-/// need, and counts the calls it had to free); each call reads the file or is refused as
-/// the FIFO. (`fs_races` puts the FIFO there at exactly that moment, once.)
+/// need, and counts the calls it had to free: a reader on the FIFO while the call has run
+/// for 40 ms, since a call's own non-blocking open is a reader for a moment too); each call
+/// reads the file or is refused as the FIFO. (`fs_races` puts the FIFO there at exactly that
+/// moment, once.)
 #[tokio::test]
 async fn a_file_swapped_for_a_fifo_between_the_check_and_the_open_never_blocks_a_call() {
     let registry = registry_with_adversary().await;
@@ -428,21 +430,30 @@ async fn a_file_swapped_for_a_fifo_between_the_check_and_the_open_never_blocks_a
         world.path("ws/granted/fifo"),
         stop.clone(),
     );
+    // The number of the call under way (0 between calls), for the watchdog.
+    let current = Arc::new(AtomicUsize::new(0));
     let watchdog = {
         let stop = stop.clone();
         let freed = freed.clone();
+        let current = current.clone();
         let names = ["x", "fifo"].map(|n| world.path("ws/granted").join(n));
         std::thread::spawn(move || {
             use std::os::unix::fs::OpenOptionsExt;
+            let mut seen = 0;
             while !stop.load(Ordering::Relaxed) {
-                std::thread::sleep(Duration::from_millis(50));
+                std::thread::sleep(Duration::from_millis(40));
+                // The same call under way as 40 ms ago: it may be waiting.
+                let now = current.load(Ordering::Relaxed);
+                let long = now != 0 && now == seen;
+                seen = now;
                 for name in &names {
-                    // Succeeds only on a FIFO with a reader waiting: a blocked call.
-                    if std::fs::OpenOptions::new()
-                        .write(true)
-                        .custom_flags(libc::O_NONBLOCK)
-                        .open(name)
-                        .is_ok_and(|f| f.metadata().is_ok_and(|m| !m.is_file()))
+                    // Succeeds only on a FIFO with a reader: a blocked call, when long.
+                    if long
+                        && std::fs::OpenOptions::new()
+                            .write(true)
+                            .custom_flags(libc::O_NONBLOCK)
+                            .open(name)
+                            .is_ok_and(|f| f.metadata().is_ok_and(|m| !m.is_file()))
                     {
                         freed.fetch_add(1, Ordering::Relaxed);
                     }
@@ -452,8 +463,11 @@ async fn a_file_swapped_for_a_fifo_between_the_check_and_the_open_never_blocks_a
     };
     let grant = world.grant();
     let mut outcomes = [0usize; 2];
-    for _ in 0..2000 {
-        match call(&registry, "read", json!({"path": "/granted/x"}), &grant).await {
+    for n in 1..=2000 {
+        current.store(n, Ordering::Relaxed);
+        let result = call(&registry, "read", json!({"path": "/granted/x"}), &grant).await;
+        current.store(0, Ordering::Relaxed);
+        match result {
             Ok(content) => {
                 assert_eq!(content, json!("regular"));
                 outcomes[0] += 1;

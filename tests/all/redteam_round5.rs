@@ -311,3 +311,234 @@ fn the_builders_executions_take_their_model_calls_from_the_sessions_budget() {
         "the limit is named: {text:.3000}"
     );
 }
+
+/// Runs `trellis builder WS -m go` against a model whose first answer is one call of `tool`
+/// with `args` and whose second is plain text; answers what the tool answered and the
+/// builder's output.
+fn builder_tool_result(ws: &Path, tool: &str, args: Value) -> (String, String) {
+    use support::fake_llm::{FakeServer, completion};
+    let (tool, first) = (tool.to_string(), args);
+    let llm = FakeServer::start(Box::new(move |body| {
+        let answered = body["messages"]
+            .as_array()
+            .is_some_and(|m| m.iter().any(|m| m["role"] == "tool"));
+        if answered {
+            (200, completion("done", &[]))
+        } else {
+            (200, completion("", &[(tool.as_str(), first.clone())]))
+        }
+    }));
+    write_files(
+        ws,
+        &[(
+            "workflow.json",
+            json!({"llm": {"provider": "openai", "model_id": "m"},
+                   "providers": llm.providers()})
+            .to_string(),
+        )],
+    );
+    let out = support::trellis(&[
+        "builder",
+        ws.to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
+        "-m",
+        "go",
+    ]);
+    let text = told(&out);
+    let result = llm
+        .seen()
+        .iter()
+        .flat_map(|body| body["messages"].as_array().cloned().unwrap_or_default())
+        .find(|m| m["role"] == "tool")
+        .map(|m| m["content"].as_str().unwrap_or_default().to_string())
+        .unwrap_or_else(|| panic!("the tool's result reached the model: {text:.3000}"));
+    (result, text)
+}
+
+/// Files of `len` bytes that take no disk: NUL bytes, which are valid UTF-8.
+fn sparse_file(path: &Path, len: u64) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::File::create(path).unwrap().set_len(len).unwrap();
+}
+
+/// One `validate_plan_change` of 20 references over 20 run folders, each with a sparse
+/// 64 MiB step config, spun 71 s of host CPU (each reference searched each file whole); one
+/// answer could carry 400,000 references. Now the references are searched in one pass, a
+/// call reads at most 256 MiB, and what it could not check is a failure naming the budget.
+#[test]
+fn a_builder_host_tool_reads_within_its_calls_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path();
+    write_files(
+        ws,
+        &[
+            (
+                "planning/plan.json",
+                json!({"objective": "o", "steps": [
+                    {"id": "a", "type": "regular", "title": "A", "description": "q3 here"}
+                ]})
+                .to_string(),
+            ),
+            ("planning/step_config.json", r#"{"steps": []}"#.to_string()),
+        ],
+    );
+    for n in 0..20 {
+        sparse_file(
+            &ws.join(format!("runs/iteration-{n}/planning/step_config.json")),
+            64 << 20,
+        );
+    }
+    let references: Vec<String> = (0..20).map(|n| format!("q{n}")).collect();
+    let (result, text) = builder_tool_result(
+        ws,
+        "validate_plan_change",
+        json!({"forbidden_references": references}),
+    );
+    let answer: Value = serde_json::from_str(&result).unwrap_or_else(|e| panic!("{e}: {result}"));
+    assert_eq!(answer["passed"], false, "{result:.3000}");
+    let failures = answer["failures"].as_array().unwrap();
+    assert!(
+        failures.iter().any(|f| f["check"] == "forbidden_reference"
+            && f["reference"] == "q3"
+            && f["file"] == "planning/plan.json"),
+        "the plan's reference is still found: {result:.3000}"
+    );
+    let unchecked: Vec<&Value> = failures
+        .iter()
+        .filter(|f| f["check"] == "not_checked")
+        .collect();
+    assert_eq!(unchecked.len(), 1, "{result:.3000}");
+    assert!(
+        unchecked[0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("budget of 268435456 bytes of host reads"),
+        "{result:.3000}"
+    );
+    assert!(text.contains("done"), "the turn went on: {text:.3000}");
+
+    // More references than a call searches for are refused by the tool's schema.
+    let many: Vec<String> = (0..257).map(|n| format!("r{n}")).collect();
+    let (result, _) = builder_tool_result(
+        ws,
+        "validate_plan_change",
+        json!({"forbidden_references": many}),
+    );
+    assert!(result.contains("forbidden_references"), "{result:.3000}");
+    assert!(!result.contains("\"passed\""), "{result:.3000}");
+}
+
+/// `review_step_code` read each script whole (up to 64 MiB) to show 12,000 characters of
+/// it: 200 sparse scripts took 56 s, and a script past 64 MiB could not be shown at all.
+/// Now it reads what it shows.
+#[test]
+fn review_step_code_reads_only_what_it_shows() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path();
+    write_files(
+        ws,
+        &[
+            (
+                "planning/plan.json",
+                json!({"objective": "o", "steps": [
+                    {"id": "a", "type": "regular", "title": "A", "description": "d"}
+                ]})
+                .to_string(),
+            ),
+            (
+                "planning/step_config.json",
+                json!({"steps": [{"id": "a",
+                        "agent_configs": {"declared_execution_mode": "scripted"}}]})
+                .to_string(),
+            ),
+        ],
+    );
+    let script = ws.join("code/a/main.py");
+    sparse_file(&script, 100 << 20);
+    let (result, text) = builder_tool_result(ws, "review_step_code", json!({}));
+    let answer: Value = serde_json::from_str(&result).unwrap_or_else(|e| panic!("{e}: {result}"));
+    let shown = answer["steps"][0]["script"].as_str().unwrap_or_default();
+    assert!(shown.ends_with("[... cut]"), "{result:.2000} {text:.2000}");
+    assert_eq!(shown.chars().filter(|c| *c == '\0').count(), 12_000);
+}
+
+/// Every turn rewrote the step's whole conversation to `session.json` (three times a row of
+/// a foreach): 1,000 rows of 16,000-character replies wrote 7.8 GB. Now the session is
+/// rewritten when its conversation has grown by half, and at the step's end, and still holds
+/// the whole conversation then.
+#[test]
+fn a_long_foreach_writes_its_session_a_bounded_number_of_times() {
+    use support::fake_llm::{FakeServer, completion};
+    const ROWS: usize = 200;
+    let reply = "x".repeat(16_000);
+    let llm = FakeServer::start(Box::new(move |_| (200, completion(&reply, &[]))));
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path();
+    let seed: String = (0..ROWS)
+        .map(|n| format!("INSERT INTO t VALUES({n});\n"))
+        .collect();
+    write_files(
+        ws,
+        &[
+            (
+                "planning/plan.json",
+                json!({"objective": "o", "steps": [
+                    {"id": "s", "type": "message_sequence", "title": "t", "description": "d",
+                     "items": [{"id": "each", "type": "foreach", "max_iterations": ROWS,
+                                "source_sql": "SELECT n FROM t ORDER BY n",
+                                "message": "row {{.n}}"}]}
+                ]})
+                .to_string(),
+            ),
+            ("db/seed.sql", format!("CREATE TABLE t(n INTEGER);\n{seed}")),
+            (
+                "workflow.json",
+                json!({"llm": {"provider": "openai", "model_id": "m"},
+                       "providers": llm.providers()})
+                .to_string(),
+            ),
+        ],
+    );
+    let mut child =
+        support::trellis_command(&["run", ws.to_str().unwrap(), "--allow-host", "127.0.0.1"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+    // What the process wrote, read from /proc while it runs (the last reading before it
+    // ends misses at most its last moments).
+    let io = format!("/proc/{}/io", child.id());
+    let mut written = 0u64;
+    let status = loop {
+        if let Ok(text) = std::fs::read_to_string(&io)
+            && let Some(n) = text
+                .lines()
+                .find_map(|l| l.strip_prefix("wchar: "))
+                .and_then(|n| n.parse().ok())
+        {
+            written = n;
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    assert!(status.success());
+    let session: Value = serde_json::from_slice(
+        &std::fs::read(ws.join("runs/iteration-0/execution/s/session.json")).unwrap(),
+    )
+    .unwrap();
+    let messages = session["conversation_history"].as_array().unwrap();
+    assert_eq!(
+        messages.len(),
+        1 + 2 * ROWS,
+        "the whole conversation is kept"
+    );
+    // 3.2 MB of replies: the session (at most three times its size), the turn logs (each
+    // turn's messages once) and the database. Every turn writing the whole session was 960 MB.
+    assert!(
+        written < 48 << 20,
+        "{written} bytes written for {ROWS} rows"
+    );
+}

@@ -595,6 +595,7 @@ impl Agent {
         if tests::PANIC_IN.with(|tool| tool.get()) == Some(name) {
             panic!("broken on purpose");
         }
+        let work = super::call_work();
         let ctx = ToolContext {
             root: &self.root,
             mode,
@@ -603,6 +604,7 @@ impl Agent {
             turn_writes: writes,
             session_id: &self.session_id,
             observer: &self.observer,
+            work: &work,
         };
         if READ_TOOLS.contains(&name) {
             reads::call(&ctx, name, args).await

@@ -12,7 +12,7 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
-use trellis_sandbox::store::{Kind, WorkspaceFs};
+use trellis_sandbox::store::Kind;
 use trellis_workflow::{StepKind, Workspace};
 
 use super::executions::known_step;
@@ -25,6 +25,8 @@ use trellis_runner::session::{logs_dir, turn_log_dirs};
 pub const SCRIPT_CHARS: usize = 12_000;
 /// Characters of a prompt `get_step_prompts` shows.
 pub const PROMPT_CHARS: usize = 40_000;
+/// Occurrences of forbidden references one `validate_plan_change` counts at most.
+const MAX_COUNTED_MATCHES: usize = 100_000;
 /// Workspace files `validate_plan_change` searches for forbidden references.
 const CHECKED_FILES: [&str; 4] = [
     "planning/plan.json",
@@ -76,7 +78,8 @@ pub fn specs() -> Vec<ToolSpec> {
             parameters: json!({
                 "type": "object",
                 "properties": {
-                    "forbidden_references": {"type": "array", "items": {"type": "string", "minLength": 1}},
+                    "forbidden_references": {"type": "array", "maxItems": 256,
+                        "items": {"type": "string", "minLength": 1, "maxLength": 1024}},
                     "expected_context_dependencies": {"type": "object",
                         "additionalProperties": {"type": "array", "items": {"type": "string"}}}
                 },
@@ -111,9 +114,9 @@ pub async fn call(ctx: &ToolContext<'_>, name: &str, args: &Value) -> ToolResult
     match name {
         "get_workflow_config" => super::reads::call(ctx, "read_workflow_config", &json!({})).await,
         "get_llm_config" => llm_config(ctx.root),
-        "get_step_prompts" => step_prompts(ctx.root, args),
-        "validate_plan_change" => validate_plan_change(ctx.root, args),
-        "review_step_code" => review_step_code(ctx.root, args),
+        "get_step_prompts" => step_prompts(ctx, args),
+        "validate_plan_change" => validate_plan_change(ctx, args),
+        "review_step_code" => review_step_code(ctx, args),
         _ => Err(ToolFailure::new(format!(
             "{name:?} is not an inspection tool"
         ))),
@@ -160,7 +163,8 @@ fn cut(text: &str, chars: usize) -> String {
     out
 }
 
-fn step_prompts(root: &Path, args: &Value) -> ToolResult {
+fn step_prompts(ctx: &ToolContext<'_>, args: &Value) -> ToolResult {
+    let root = ctx.root;
     let ws = open(root)?;
     let step = known_step(&ws, args["step_id"].as_str().unwrap_or_default())?;
     let step = match args.get("route_id").and_then(Value::as_str) {
@@ -189,7 +193,7 @@ fn step_prompts(root: &Path, args: &Value) -> ToolResult {
         .iter()
         .map(|i| serde_json::to_value(i).unwrap_or(Value::Null))
         .collect();
-    if let Some(logged) = logged_prompts(root, &step.id, args)? {
+    if let Some(logged) = logged_prompts(ctx, &step.id, args)? {
         let mut answer = logged;
         answer["step_id"] = json!(step.id);
         answer["items"] = json!(items);
@@ -208,8 +212,13 @@ fn step_prompts(root: &Path, args: &Value) -> ToolResult {
 
 /// The system prompt and first user message of a logged turn of `step`: the one `args`
 /// names, else the latest; `None` when it has none.
-fn logged_prompts(root: &Path, step: &str, args: &Value) -> Result<Option<Value>, ToolFailure> {
-    let fs = WorkspaceFs::open(root).map_err(|e| ToolFailure::new(e.to_string()))?;
+fn logged_prompts(
+    ctx: &ToolContext<'_>,
+    step: &str,
+    args: &Value,
+) -> Result<Option<Value>, ToolFailure> {
+    let root = ctx.root;
+    let fs = ctx.fs()?;
     let logs = logs_dir(&root.join("runs").join(super::reads::ACTIVE_RUN), step);
     let want = (
         args.get("attempt").and_then(Value::as_u64),
@@ -276,8 +285,9 @@ fn logged_prompts(root: &Path, step: &str, args: &Value) -> Result<Option<Value>
     })))
 }
 
-fn validate_plan_change(root: &Path, args: &Value) -> ToolResult {
-    let fs = WorkspaceFs::open(root).map_err(|e| ToolFailure::new(e.to_string()))?;
+fn validate_plan_change(ctx: &ToolContext<'_>, args: &Value) -> ToolResult {
+    let root = ctx.root;
+    let fs = ctx.fs()?;
     let mut failures = Vec::new();
     let forbidden: Vec<&str> = args["forbidden_references"]
         .as_array()
@@ -294,20 +304,53 @@ fn validate_plan_change(root: &Path, args: &Value) -> ToolResult {
             }
         }
     }
-    for file in &files {
-        if fs.kind(file).ok().flatten() != Some(Kind::File) {
-            continue;
-        }
-        let Ok(text) = fs.read_to_string(file) else {
-            continue;
-        };
-        for reference in &forbidden {
-            let count = text.matches(reference).count();
-            if count > 0 {
+    if !forbidden.is_empty() {
+        // One pass over each file finds every reference; the call's reads and deadline
+        // bound the files, and MAX_COUNTED_MATCHES the counting.
+        let searcher = aho_corasick::AhoCorasick::new(&forbidden)
+            .map_err(|e| ToolFailure::new(format!("forbidden_references: {e}")))?;
+        let mut counted = 0usize;
+        for file in &files {
+            if fs.kind(file).ok().flatten() != Some(Kind::File) {
+                continue;
+            }
+            let text = match fs.read(file) {
+                Ok(text) => text,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::QuotaExceeded | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    failures.push(json!({"check": "not_checked", "file": file,
+                                         "error": e.to_string()}));
+                    break;
+                }
+                Err(_) => continue,
+            };
+            let mut counts = vec![0usize; forbidden.len()];
+            for found in searcher.find_overlapping_iter(&text) {
+                counts[found.pattern().as_usize()] += 1;
+                counted += 1;
+                if counted >= MAX_COUNTED_MATCHES {
+                    break;
+                }
+            }
+            for (reference, count) in forbidden.iter().zip(counts) {
+                if count > 0 {
+                    failures.push(
+                        json!({"check": "forbidden_reference", "reference": reference,
+                                         "file": file, "occurrences": count}),
+                    );
+                }
+            }
+            if counted >= MAX_COUNTED_MATCHES {
                 failures.push(
-                    json!({"check": "forbidden_reference", "reference": reference,
-                                     "file": file, "occurrences": count}),
+                    json!({"check": "not_checked", "file": file, "error": format!(
+                    "{MAX_COUNTED_MATCHES} occurrences counted: the rest of this file and the \
+                     files after it are not searched")}),
                 );
+                break;
             }
         }
     }
@@ -343,8 +386,8 @@ fn validate_plan_change(root: &Path, args: &Value) -> ToolResult {
     Ok(json!({"passed": failures.is_empty(), "failures": failures, "files_checked": files}))
 }
 
-fn review_step_code(root: &Path, args: &Value) -> ToolResult {
-    let ws = open(root)?;
+fn review_step_code(ctx: &ToolContext<'_>, args: &Value) -> ToolResult {
+    let ws = open(ctx.root)?;
     let only = args.get("step_id").and_then(Value::as_str);
     let steps: Vec<&trellis_workflow::Step> = match only {
         Some(id) => vec![known_step(&ws, id)?],
@@ -356,15 +399,24 @@ fn review_step_code(root: &Path, args: &Value) -> ToolResult {
             })
             .collect(),
     };
-    let fs = &ws.fs;
+    let fs = ctx.fs()?;
     let reviewed: Vec<Value> = steps
         .iter()
         .map(|step| {
             let rel = format!("code/{}/main.py", step.id);
             let script = match fs.kind(&rel).ok().flatten() {
+                // A script longer than what is shown is read only as far as it is shown.
                 Some(Kind::File) => fs
-                    .read_to_string(&rel)
-                    .map(|t| json!(cut(&t, SCRIPT_CHARS)))
+                    .read_head(&rel, SCRIPT_CHARS as u64 * 4)
+                    .map(|(head, len)| {
+                        let text = String::from_utf8_lossy(&head);
+                        let shown = cut(&text, SCRIPT_CHARS);
+                        if (head.len() as u64) < len && shown.len() == text.len() {
+                            json!(format!("{shown}\n[... cut]"))
+                        } else {
+                            json!(shown)
+                        }
+                    })
                     .unwrap_or_else(|e| json!(format!("(cannot be read: {e})"))),
                 Some(_) => json!("(not a regular file: not read)"),
                 None => Value::Null,

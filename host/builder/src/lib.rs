@@ -42,12 +42,30 @@ use serde_json::Value;
 use trellis_sandbox::Limits;
 use trellis_sandbox::capabilities::DbWriteBudget;
 use trellis_sandbox::plugins::PluginRegistry;
+use trellis_sandbox::store::{HostWork, WorkspaceFs};
 
 pub use agent::{
     BuilderSession, DEFAULT_TURN_RESULT_BYTES, DEFAULT_TURN_WRITE_BYTES, SessionOptions, TurnReport,
 };
 pub use modes::Mode;
 pub use tool::{ToolFailure, ToolResult, ToolSpec};
+
+/// Bytes of workspace files the host code of one builder tool call reads at most (a
+/// `validate_plan_change` over many run folders, a `review_step_code` of every step).
+pub const CALL_READ_BYTES: u64 = 256 << 20;
+
+/// Seconds of host work one builder tool call may begin new work in; an execution it
+/// starts runs on, under its own limits.
+pub const CALL_SECONDS: u64 = 30;
+
+/// The host work of one builder tool call: [`CALL_READ_BYTES`] and [`CALL_SECONDS`].
+pub fn call_work() -> Arc<HostWork> {
+    Arc::new(HostWork::new(
+        "this builder tool call",
+        CALL_READ_BYTES,
+        std::time::Duration::from_secs(CALL_SECONDS),
+    ))
+}
 
 /// The phase id of builder sessions in costs and conversation files.
 pub const PHASE_ID: &str = "workflow-builder";
@@ -143,4 +161,22 @@ pub struct ToolContext<'a> {
     pub session_id: &'a str,
     /// Where events go.
     pub observer: &'a BuilderObserver,
+    /// What the call's host code may still read, and until when it may work.
+    pub work: &'a Arc<HostWork>,
+}
+
+impl ToolContext<'_> {
+    /// The workspace, its reads charged to the call's [`ToolContext::work`].
+    pub fn fs(&self) -> Result<WorkspaceFs, ToolFailure> {
+        WorkspaceFs::open(self.root)
+            .map(|fs| fs.with_work(self.work.clone()))
+            .map_err(|e| ToolFailure::new(e.to_string()))
+    }
+
+    /// A failure when the call's deadline has passed.
+    pub fn check_time(&self) -> Result<(), ToolFailure> {
+        self.work
+            .check_time()
+            .map_err(|e| ToolFailure::new(e.to_string()))
+    }
 }

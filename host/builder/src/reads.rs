@@ -295,7 +295,7 @@ pub fn has_other_links(fs: &WorkspaceFs, rel: &Path) -> bool {
 }
 
 fn open_fs(ctx: &ToolContext<'_>) -> Result<WorkspaceFs, ToolFailure> {
-    WorkspaceFs::open(ctx.root).map_err(|e| ToolFailure::new(e.to_string()))
+    ctx.fs()
 }
 
 /// The text of a workspace file, `Ok(None)` when it does not exist; a file with other hard

@@ -9,10 +9,11 @@
 use std::io::{self, Read};
 use std::path::{Component, Path};
 
+mod host_work;
 pub mod workspace_fs;
 pub mod write_behind;
 
-pub use workspace_fs::{Kind, WorkspaceFs, json_bytes};
+pub use workspace_fs::{HostWork, Kind, WorkspaceFs, json_bytes};
 
 use cap_std::ambient_authority;
 use cap_std::fs::Dir;

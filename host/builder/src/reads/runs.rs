@@ -7,6 +7,7 @@ use std::path::Path;
 use serde_json::{Map, Value, json};
 
 use trellis_runner::runs::{StepReport, first_line, list_runs, show_step};
+use trellis_sandbox::store::WorkspaceFs;
 
 use super::workspace_files::read_file;
 use super::{
@@ -84,8 +85,9 @@ pub async fn list_run_artifacts(ctx: &ToolContext<'_>, args: &Value) -> ToolResu
     };
     let mut steps = Vec::new();
     for id in &wanted {
+        ctx.check_time()?;
         match show_step(ctx.root, &run, id) {
-            Ok(report) => steps.push(step_json(ctx.root, &run, &report)),
+            Ok(report) => steps.push(step_json(ctx.root, &fs, &run, &report)),
             Err(e) => steps.push(json!({"step_id": id, "error": format!("{e:#}")})),
         }
     }
@@ -102,7 +104,7 @@ pub async fn list_run_artifacts(ctx: &ToolContext<'_>, args: &Value) -> ToolResu
     Ok(Value::Object(answer))
 }
 
-fn step_json(root: &Path, run: &str, r: &StepReport) -> Value {
+fn step_json(root: &Path, fs: &WorkspaceFs, run: &str, r: &StepReport) -> Value {
     let step_dir = format!("runs/{run}/execution/{}", r.step_id);
     let logs_dir = format!("runs/{run}/logs/{}", r.step_id);
     let session = root
@@ -119,7 +121,6 @@ fn step_json(root: &Path, run: &str, r: &StepReport) -> Value {
     .map(|dir| dir.join(trellis_runner::session::FINAL_SUMMARY_FILE))
     .find(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_file()));
     let final_summary = summary_path.and_then(|summary_path| {
-        let fs = trellis_sandbox::store::WorkspaceFs::open(root).ok()?;
         let bytes = fs.read(&summary_path).ok()?;
         trellis_sandbox::json_values::check_values(
             "final summary",
@@ -230,6 +231,7 @@ pub fn cost_summary(ctx: &ToolContext<'_>) -> ToolResult {
         && let Ok(entries) = fs.list(DAILY_DIR)
     {
         for (name, kind) in entries {
+            ctx.check_time()?;
             if kind != trellis_sandbox::store::Kind::File || !name.ends_with(".json") {
                 continue;
             }
@@ -252,6 +254,7 @@ pub fn cost_summary(ctx: &ToolContext<'_>) -> ToolResult {
     }) {
         let mut steps = Vec::new();
         for step in &listing.steps {
+            ctx.check_time()?;
             let Ok(report) = show_step(ctx.root, &listing.run_folder, &step.step_id) else {
                 continue;
             };

@@ -78,7 +78,7 @@ impl StepRunner<'_> {
     /// [`RunEvent::ItemStarted`]. Returns the entry's index.
     pub(super) fn begin_item(&self, run: &mut Run<'_>, item_id: &str, item_type: &str) -> usize {
         let entry = run.start_entry(item_id, item_type);
-        let _ = run.save_session();
+        let _ = run.checkpoint_session();
         self.observer.emit(RunEvent::ItemStarted {
             step_id: run.label.clone(),
             item_id: item_id.to_string(),
@@ -103,7 +103,7 @@ impl StepRunner<'_> {
             status,
         });
         run.session.end_entry(entry, status, summary);
-        run.save_session()
+        run.checkpoint_session()
             .map_err(|e| TurnEnd::Failed(format!("{e:#}")))
     }
 

@@ -341,7 +341,7 @@ impl StepRunner<'_> {
         if let Err(e) = write_turn_logs(&run.ws.fs, &run.logs, &summary, &conv) {
             tracing::warn!("{}: turn {item_id}: writing the turn logs: {e}", run.label);
         }
-        let _ = run.save_session();
+        let _ = run.checkpoint_session();
         let ok = result?;
         let (failed_reason, concerns) = scan_reply(&ok.text);
         run.concerns.extend(concerns);

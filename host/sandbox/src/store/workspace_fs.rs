@@ -30,11 +30,12 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use cap_std::fs::{Dir, OpenOptions, OpenOptionsExt};
+use cap_std::fs::{Dir, File, OpenOptions, OpenOptionsExt};
 use serde::Serialize;
 
 mod tree;
 
+pub use super::host_work::HostWork;
 pub use tree::MAX_WALK_DEPTH;
 
 /// The largest file the host reads from a workspace (plans, configs, sessions, logs, seeds).
@@ -75,6 +76,8 @@ pub struct WorkspaceFs {
     root: PathBuf,
     canonical: PathBuf,
     dir: Arc<Dir>,
+    /// The budget and deadline this handle's reads, listings and walks are charged to.
+    work: Option<Arc<HostWork>>,
 }
 
 fn refused(msg: String) -> io::Error {
@@ -122,7 +125,22 @@ impl WorkspaceFs {
             root: root.to_path_buf(),
             canonical,
             dir: Arc::new(dir),
+            work: None,
         })
+    }
+
+    /// This handle, its reads charged to `work` and its reads, listings and walks stopped by
+    /// its deadline (see [`HostWork`]).
+    pub fn with_work(&self, work: Arc<HostWork>) -> WorkspaceFs {
+        WorkspaceFs {
+            work: Some(work),
+            ..self.clone()
+        }
+    }
+
+    /// An error when the deadline of this handle's work has passed.
+    fn check_time(&self) -> io::Result<()> {
+        self.work.as_ref().map_or(Ok(()), |w| w.check_time())
     }
 
     /// Whether `other` writes through the same opened folder (a clone of this one).
@@ -348,6 +366,43 @@ impl WorkspaceFs {
         } else {
             format!(" {what}")
         };
+        let (rel, file, len) = self.open_regular(path)?;
+        if len > cap {
+            return Err(refused(format!(
+                "{} is {len} bytes, more than the {cap} Trellis reads{what}",
+                shown(&rel),
+            )));
+        }
+        if let Some(work) = &self.work {
+            work.charge_read(&rel, len)?;
+        }
+        let mut bytes = Vec::with_capacity(len as usize);
+        file.take(cap + 1).read_to_end(&mut bytes)?;
+        if bytes.len() as u64 > cap {
+            return Err(refused(format!(
+                "{} is more than the {cap} bytes Trellis reads{what}",
+                shown(&rel)
+            )));
+        }
+        Ok(bytes)
+    }
+
+    /// The first `max` bytes at most of the regular file at `path`, and the file's length.
+    pub fn read_head(&self, path: impl AsRef<Path>, max: u64) -> io::Result<(Vec<u8>, u64)> {
+        let (rel, file, len) = self.open_regular(path.as_ref())?;
+        let head = len.min(max);
+        if let Some(work) = &self.work {
+            work.charge_read(&rel, head)?;
+        }
+        let mut bytes = Vec::with_capacity(head as usize);
+        file.take(head).read_to_end(&mut bytes)?;
+        Ok((bytes, len))
+    }
+
+    /// Opens the regular file at `path` for reading, without following links or blocking:
+    /// its path relative to the workspace, the file and its length.
+    fn open_regular(&self, path: &Path) -> io::Result<(PathBuf, File, u64)> {
+        self.check_time()?;
         let rel = self.relative(path)?;
         match self.check(&rel)? {
             Some(Kind::File) => {}
@@ -376,22 +431,7 @@ impl WorkspaceFs {
         if !meta.is_file() {
             return Err(special_error(&rel));
         }
-        if meta.len() > cap {
-            return Err(refused(format!(
-                "{} is {} bytes, more than the {cap} Trellis reads{what}",
-                shown(&rel),
-                meta.len()
-            )));
-        }
-        let mut bytes = Vec::with_capacity(meta.len() as usize);
-        file.take(cap + 1).read_to_end(&mut bytes)?;
-        if bytes.len() as u64 > cap {
-            return Err(refused(format!(
-                "{} is more than the {cap} bytes Trellis reads{what}",
-                shown(&rel)
-            )));
-        }
-        Ok(bytes)
+        Ok((rel, file, meta.len()))
     }
 
     /// `Ok(None)` when `path` does not exist, else [`WorkspaceFs::read_to_string`].
@@ -529,6 +569,7 @@ impl WorkspaceFs {
 
     /// The entries of the folder `path`: name and kind (links are reported as links).
     pub fn list(&self, path: impl AsRef<Path>) -> io::Result<Vec<(String, Kind)>> {
+        self.check_time()?;
         let rel = self.relative(path.as_ref())?;
         match self.check(&rel)? {
             Some(Kind::Dir) => {}
@@ -581,6 +622,7 @@ impl WorkspaceFs {
         };
         enter(&mut pending, path.as_ref(), 1)?;
         while let Some((entry, kind, depth)) = pending.pop() {
+            self.check_time()?;
             if visit(&entry, kind) && kind == Kind::Dir && depth < MAX_WALK_DEPTH {
                 enter(&mut pending, &entry, depth + 1)?;
             }
