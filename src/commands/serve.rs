@@ -75,6 +75,7 @@ pub async fn run(engine: &Engine, args: ServeArgs) -> Result<ExitCode> {
     .await?;
     let root = args.workspace.clone();
     let session_runtime = runtime.clone();
+    let api_template = template.clone();
     let sessions: SessionFactory = Arc::new(move |id, mode: Option<Mode>, observer| {
         let executions = Executions::new(session_runtime.clone(), template.clone());
         BuilderSession::open(
@@ -108,6 +109,7 @@ pub async fn run(engine: &Engine, args: ServeArgs) -> Result<ExitCode> {
             addr: args.addr,
             token,
             runtime,
+            template: api_template,
             sessions,
             limits,
         },

@@ -51,6 +51,7 @@ mod scripted_steps;
 mod scripts;
 mod sequence_driver;
 mod serve;
+mod serve_api;
 mod turn_budgets;
 mod turn_grants;
 mod validators;

@@ -17,6 +17,7 @@ pub mod mcp_serve;
 pub mod mcp_servers;
 pub mod measure;
 pub mod plugin_build;
+pub mod serve;
 mod skip;
 pub mod tape;
 pub mod workspace;

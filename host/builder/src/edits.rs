@@ -14,7 +14,7 @@
 //!   routes, orphan step configs, the contract stamp, the LLM config).
 
 mod args;
-mod changelog;
+pub mod changelog;
 mod compat_tools;
 mod config_tools;
 mod draft;

@@ -17,6 +17,8 @@ mod debug;
 mod specs;
 mod tracked;
 
+pub use tracked::line as event_line;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -433,7 +435,8 @@ impl Executions {
         }
     }
 
-    fn stop_all(&self) -> Value {
+    /// Asks every running execution of the session to stop; answers `{stopping: [ids]}`.
+    pub fn stop_all(&self) -> Value {
         let stopped: Vec<String> = self
             .shared
             .all()

@@ -17,6 +17,7 @@
 //!   validated before it is written and logged to `planning/changelog/`.
 //! - [`files`]: script, knowledge, evaluation and report files, written through the
 //!   sandboxed `workspace` plugin with the mode's grant.
+//! - [`operator`]: the read tools for a front end without a session (the server).
 //! - [`executions`]: steps and whole workflows run in the background on the
 //!   [`trellis_runner::runtime::Runtime`], watched, steered and stopped.
 
@@ -28,6 +29,7 @@ pub mod executions;
 pub mod files;
 pub mod inspect;
 pub mod modes;
+pub mod operator;
 pub mod persist;
 pub mod prompt;
 pub mod reads;

@@ -32,7 +32,9 @@ use trellis_sandbox::Limits;
 use trellis_sandbox::llm::RetryPolicy;
 use trellis_sandbox::plugins::PluginRegistry;
 
-/// Names one execution of a [`Runtime`] (`exec-1`, `exec-2`, ...).
+/// Names one execution of a [`Runtime`]: `exec-<step>-<n>` for the `n`th execution of a step,
+/// `workflow-full-<n>` for the `n`th of a whole workflow (the original system's names), counted
+/// per runtime.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ExecutionId(String);
 
@@ -180,6 +182,8 @@ pub struct Runtime {
     registry: Arc<PluginRegistry>,
     executions: Arc<Mutex<BTreeMap<ExecutionId, Arc<Execution>>>>,
     next: Arc<AtomicU64>,
+    /// The last number given per step (`exec-<step>-<n>`), and to whole workflows (`""`).
+    numbers: Arc<Mutex<BTreeMap<String, u64>>>,
     holds: Arc<Mutex<Holds>>,
 }
 
@@ -271,6 +275,8 @@ const KEPT_EVENTS: usize = 100_000;
 
 #[derive(Debug)]
 struct Execution {
+    /// Its place in the order executions started.
+    seq: u64,
     info: Mutex<ExecutionInfo>,
     cancel: Arc<AtomicBool>,
     /// Cancelled with `cancel`: ends the tool calls in flight.
@@ -362,6 +368,7 @@ impl Runtime {
             registry,
             executions: Arc::default(),
             next: Arc::new(AtomicU64::new(1)),
+            numbers: Arc::default(),
             holds: Arc::default(),
         }
     }
@@ -409,9 +416,24 @@ impl Runtime {
     }
 
     fn start(&self, workspace: &Path, kind: ExecutionKind, options: StartOptions) -> ExecutionId {
-        let id = ExecutionId(format!("exec-{}", self.next.fetch_add(1, Ordering::SeqCst)));
+        let key = match &kind {
+            ExecutionKind::Step(step) => step.as_str(),
+            ExecutionKind::Workflow => "",
+        };
+        let n = {
+            let mut numbers = self.numbers.lock().unwrap_or_else(|e| e.into_inner());
+            let n = numbers.entry(key.to_string()).or_insert(0);
+            *n += 1;
+            *n
+        };
+        let id = ExecutionId(match &kind {
+            ExecutionKind::Step(step) => format!("exec-{step}-{n}"),
+            ExecutionKind::Workflow => format!("workflow-full-{n}"),
+        });
+        let seq = self.next.fetch_add(1, Ordering::SeqCst);
         let (sender, _) = broadcast::channel(1024);
         let execution = Arc::new(Execution {
+            seq,
             info: Mutex::new(ExecutionInfo {
                 id: id.clone(),
                 workspace: workspace.to_path_buf(),
@@ -540,17 +562,17 @@ impl Runtime {
     /// Every execution this runtime started, oldest first.
     pub fn list(&self) -> Vec<ExecutionInfo> {
         let executions = self.executions.lock().unwrap_or_else(|e| e.into_inner());
-        let mut all: Vec<ExecutionInfo> = executions
+        let mut all: Vec<(u64, ExecutionInfo)> = executions
             .values()
-            .map(|e| e.info.lock().unwrap_or_else(|p| p.into_inner()).clone())
+            .map(|e| {
+                (
+                    e.seq,
+                    e.info.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+                )
+            })
             .collect();
-        all.sort_by_key(|e| {
-            e.id.0
-                .trim_start_matches("exec-")
-                .parse::<u64>()
-                .unwrap_or(u64::MAX)
-        });
-        all
+        all.sort_by_key(|(seq, _)| *seq);
+        all.into_iter().map(|(_, info)| info).collect()
     }
 
     /// Waits for execution `id` to end and returns what it ran: the run, or the error of a

@@ -9,7 +9,7 @@ use std::time::Duration;
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{FromRequestParts, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -47,11 +47,16 @@ impl ApiError {
         }
     }
 
-    fn bad_request(detail: impl Into<String>) -> Self {
+    /// Its status.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    pub(crate) fn bad_request(detail: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "bad_request", detail)
     }
 
-    fn not_found(detail: impl Into<String>) -> Self {
+    pub(crate) fn not_found(detail: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_FOUND, "not_found", detail)
     }
 }
@@ -66,10 +71,30 @@ impl IntoResponse for ApiError {
     }
 }
 
-type ApiResult = Result<Json<Value>, ApiError>;
+/// The query string as `T`: a bad one is a JSON `400 bad_request` naming what is wrong
+/// (axum's own `Query` answers plain text).
+#[derive(Debug)]
+pub struct Params<T>(pub T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequestParts<S> for Params<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Query(q)| Params(q))
+            .map_err(|e| ApiError::bad_request(format!("the query string: {}", e.body_text())))
+    }
+}
+
+/// A JSON answer or an error.
+pub type ApiResult = Result<Json<Value>, ApiError>;
 
 /// The JSON object of a request body, or the error naming what is wrong with it.
-fn body_object<T: for<'de> Deserialize<'de>>(
+pub(crate) fn body_object<T: for<'de> Deserialize<'de>>(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<T, ApiError> {
     let bytes = body.map_err(|e| match e {
@@ -158,6 +183,7 @@ pub async fn query(
             return Err(e);
         }
     };
+    *app.last_session.lock().unwrap_or_else(|e| e.into_inner()) = Some(live.clone());
     let query_id = format!("q-{}", app.queries.fetch_add(1, Ordering::SeqCst) + 1);
     let session_id = live.id.clone();
     let task_app = app.clone();
@@ -207,7 +233,7 @@ fn log_of(app: &App, id: &str) -> Result<Arc<EventLog>, ApiError> {
 pub async fn events(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
-    Query(q): Query<Since>,
+    Params(q): Params<Since>,
 ) -> ApiResult {
     let log = log_of(&app, &id)?;
     let since = q.since.unwrap_or(0);
@@ -222,17 +248,56 @@ pub async fn events(
 pub async fn stream(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
-    Query(q): Query<Since>,
+    Params(q): Params<Since>,
     headers: HeaderMap,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     let log = log_of(&app, &id)?;
+    sse(
+        &app,
+        log,
+        &format!("/api/sessions/{id}/events"),
+        q,
+        &headers,
+    )
+}
+
+/// `GET /api/executions/events?since=N`: the events of every execution, as
+/// [`events`] gives a session's.
+pub async fn execution_events(State(app): State<Arc<App>>, Params(q): Params<Since>) -> ApiResult {
+    let log = &app.execution_log;
+    let since = q.since.unwrap_or(0);
+    Ok(Json(
+        json!({"events": log.since(since, EVENTS_PER_READ), "last": log.last()}),
+    ))
+}
+
+/// `GET /api/executions/events/stream`: the events of every execution, streamed as
+/// [`stream`] streams a session's.
+pub async fn execution_stream(
+    State(app): State<Arc<App>>,
+    Params(q): Params<Since>,
+    headers: HeaderMap,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let log = app.execution_log.clone();
+    sse(&app, log, "/api/executions/events", q, &headers)
+}
+
+/// The events of `log` as server-sent events, from after `Last-Event-ID` (or `?since=`),
+/// under the server's cap of streams (`poll`: the polling form, named when refused).
+fn sse(
+    app: &App,
+    log: Arc<EventLog>,
+    poll: &str,
+    q: Since,
+    headers: &HeaderMap,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>> + use<>>, ApiError> {
     let permit = app.streams.clone().try_acquire_owned().map_err(|_| {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "too_many_streams",
             format!(
                 "{} event streams are open, the limit (`trellis serve --max-streams`); poll \
-                 /api/sessions/{id}/events instead, or close one",
+                 {poll} instead, or close one",
                 app.max_streams
             ),
         )
@@ -269,6 +334,125 @@ pub async fn stream(
         },
     );
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(HEARTBEAT).text("heartbeat")))
+}
+
+/// `GET /api/workflow/builder-session`: the session to show when the page opens: the one
+/// this server last ran a turn of, else the latest in the workspace's index; with its
+/// messages. `POST /api/query` with its `session_id` continues it.
+pub async fn builder_session(
+    State(app): State<Arc<App>>,
+    Params(q): Params<WorkspaceQuery>,
+) -> ApiResult {
+    app.check_workspace(q.workspace.as_deref())?;
+    let live = app
+        .last_session
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    if let Some(live) = live {
+        // A turn holds the session: its messages are in its events until it ends.
+        let messages = match live.session.try_lock() {
+            Ok(session) => Some(messages_json(session.history())),
+            Err(_) => None,
+        };
+        return Ok(Json(json!({
+            "session_id": live.id, "live": true, "busy": messages.is_none(),
+            "last_event": live.log.last(), "messages": messages,
+        })));
+    }
+    let fs = trellis_sandbox::store::WorkspaceFs::open(&app.root).map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "workspace",
+            e.to_string(),
+        )
+    })?;
+    let index = trellis_builder::persist::read_index(&fs).map_err(|e| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "refused",
+            format!("{e:#}"),
+        )
+    })?;
+    let Some(latest) = index.sessions.last() else {
+        return Ok(Json(
+            json!({"session_id": null, "live": false, "messages": []}),
+        ));
+    };
+    let (file, _) = trellis_builder::persist::load(&fs, &latest.session_id).map_err(|e| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "refused",
+            format!("{e:#}"),
+        )
+    })?;
+    Ok(Json(json!({
+        "session_id": latest.session_id, "live": false, "mode": latest.workshop_mode,
+        "updated_at": latest.updated_at, "messages": messages_json(&file.conversation_history),
+    })))
+}
+
+/// `?workspace=`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkspaceQuery {
+    #[serde(default)]
+    workspace: Option<String>,
+}
+
+/// The user and assistant messages of a history, as the page shows them (tool results and
+/// the system prompt left out).
+fn messages_json(history: &[trellis_sandbox::llm::Message]) -> Vec<Value> {
+    use trellis_sandbox::llm::Role;
+    history
+        .iter()
+        .filter(|m| matches!(m.role, Role::User | Role::Assistant))
+        .map(|m| {
+            json!({
+                "role": if m.role == Role::User { "user" } else { "assistant" },
+                "text": m.content,
+                "tool_calls": m.tool_calls.iter().map(|c| c.name.clone()).collect::<Vec<_>>(),
+            })
+        })
+        .collect()
+}
+
+/// `POST /api/session/stop {session_id}`: asks every execution the session started to stop
+/// at its next boundary. A turn running now goes on to its end.
+pub async fn stop_session(
+    State(app): State<Arc<App>>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct StopRequest {
+        session_id: String,
+    }
+    let request: StopRequest = body_object(body)?;
+    let live = app
+        .sessions
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&request.session_id)
+        .cloned()
+        .ok_or_else(|| {
+            ApiError::not_found(format!(
+                "no session {:?} on this server",
+                request.session_id
+            ))
+        })?;
+    let ids: Vec<String> = live
+        .executions
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .cloned()
+        .collect();
+    let stopping: Vec<String> = ids
+        .into_iter()
+        .filter(|id| app.runtime.stop(&ExecutionId::from(id.as_str())))
+        .collect();
+    Ok(Json(json!({"session_id": live.id, "stopping": stopping})))
 }
 
 /// `GET /api/workflow/plan`: the plan and the step config as Trellis reads them, or every

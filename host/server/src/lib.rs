@@ -1,7 +1,12 @@
 //! `trellis serve`: one workspace's builder, live executions and run results over HTTP (spec
 //! section 12), for the web page at `/` and for any other client.
 //!
-//! - [`api`]: the handlers of `/api`, every error JSON `{error, detail}`.
+//! - [`api`]: the handlers of `/api` for the builder and the plan, every error JSON
+//!   `{error, detail}`.
+//! - [`executions`]: executions started without the chat, and the log of every execution's
+//!   events.
+//! - [`workspace`]: costs, changelog, knowledge, artifacts, files and the database, read
+//!   through the builder's read tools.
 //! - [`events`]: the numbered events of each builder session, streamed and polled.
 //! - [`guard`]: what every request must show (token, `Host`, `Origin`, JSON writes).
 //!
@@ -11,9 +16,11 @@
 
 pub mod api;
 pub mod events;
+pub mod executions;
 pub mod guard;
+pub mod workspace;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64};
@@ -30,7 +37,7 @@ use axum::routing::{get, post};
 use tokio::sync::Semaphore;
 
 use trellis_builder::{BuilderObserver, BuilderSession, Mode};
-use trellis_runner::runtime::Runtime;
+use trellis_runner::runtime::{Runtime, StartOptions};
 
 use api::ApiError;
 use events::EventLog;
@@ -84,6 +91,8 @@ pub struct ServerOptions {
     pub token: Option<String>,
     /// The runtime executions run on.
     pub runtime: Runtime,
+    /// What an execution started without the chat runs with (models, approvals, limits).
+    pub template: StartOptions,
     /// How builder sessions are opened.
     pub sessions: SessionFactory,
     /// The bounds.
@@ -109,6 +118,8 @@ pub struct LiveSession {
     pub log: Arc<EventLog>,
     /// The session; one turn at a time.
     pub session: tokio::sync::Mutex<BuilderSession>,
+    /// The executions it started (from its events), for `POST /api/session/stop`.
+    pub executions: Arc<Mutex<BTreeSet<String>>>,
 }
 
 impl std::fmt::Debug for LiveSession {
@@ -122,8 +133,13 @@ pub struct App {
     /// The workspace folder.
     pub root: PathBuf,
     runtime: Runtime,
+    template: StartOptions,
+    /// The events of every execution, the server's and the sessions'.
+    execution_log: Arc<EventLog>,
     factory: SessionFactory,
     sessions: Mutex<HashMap<String, Arc<LiveSession>>>,
+    /// The session of the latest query.
+    last_session: Mutex<Option<Arc<LiveSession>>>,
     max_sessions: usize,
     /// Set while a builder turn runs on the workspace.
     busy: AtomicBool,
@@ -177,8 +193,18 @@ impl App {
         }
         let log = Arc::new(EventLog::default());
         let sink = log.clone();
+        let executions = Arc::new(Mutex::new(BTreeSet::new()));
+        let (all, started) = (self.execution_log.clone(), executions.clone());
         let observer = BuilderObserver::new(move |event| {
-            sink.push(events::builder_event(event));
+            let value = events::builder_event(event);
+            if let trellis_builder::BuilderEvent::Execution { id, .. } = event {
+                started
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(id.clone());
+                all.push(value.clone());
+            }
+            sink.push(value);
         });
         let session = (self.factory)(id, mode, observer)
             .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "session", format!("{e:#}")))?;
@@ -186,6 +212,7 @@ impl App {
             id: session.id().to_string(),
             log,
             session: tokio::sync::Mutex::new(session),
+            executions,
         });
         sessions.insert(live.id.clone(), live.clone());
         Ok(live)
@@ -199,9 +226,22 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/api/query", post(api::query))
         .route("/api/sessions/{id}/events", get(api::events))
         .route("/api/sessions/{id}/events/stream", get(api::stream))
+        .route("/api/session/stop", post(api::stop_session))
+        .route("/api/workflow/builder-session", get(api::builder_session))
         .route("/api/workflow/plan", get(api::plan))
         .route("/api/workflow/runs", get(api::runs))
         .route("/api/workflow/executions", get(api::executions))
+        .route("/api/workflow/costs", get(workspace::costs))
+        .route("/api/workflow/llm-config", get(workspace::llm_config))
+        .route("/api/workflow/changelog", get(workspace::changelog))
+        .route("/api/workflow/knowledge", get(workspace::knowledge))
+        .route("/api/workflow/artifacts", get(workspace::artifacts))
+        .route("/api/workflow/files", get(workspace::list_files))
+        .route("/api/workflow/file", get(workspace::read_file))
+        .route("/api/workflow/db/query", post(workspace::db_query))
+        .route("/api/executions", post(executions::start))
+        .route("/api/executions/events", get(api::execution_events))
+        .route("/api/executions/events/stream", get(api::execution_stream))
         .route("/api/executions/{id}/stop", post(api::stop_execution))
         .route("/api/executions/{id}/message", post(api::message_execution))
         .fallback(api::unknown)
@@ -242,8 +282,11 @@ pub async fn serve(options: ServerOptions, bound: impl FnOnce(SocketAddr)) -> Re
     let app = Arc::new(App {
         root: options.root,
         runtime: options.runtime,
+        template: options.template,
+        execution_log: Arc::default(),
         factory: options.sessions,
         sessions: Mutex::default(),
+        last_session: Mutex::default(),
         max_sessions: limits.sessions,
         busy: AtomicBool::new(false),
         queries: AtomicU64::new(0),

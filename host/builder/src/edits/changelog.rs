@@ -53,7 +53,7 @@ pub(super) fn sha256(bytes: Option<&[u8]>) -> Value {
 
 /// The entries already in the changelog file `rel`; an error when it is not a JSON array
 /// (checked before an edit writes anything, so a broken log never half-records an edit).
-pub(super) fn read_entries(fs: &WorkspaceFs, rel: &Path) -> io::Result<Vec<Value>> {
+pub fn read_entries(fs: &WorkspaceFs, rel: &Path) -> io::Result<Vec<Value>> {
     match fs.read_optional(rel)? {
         None => Ok(Vec::new()),
         Some(text) => {

@@ -2,7 +2,7 @@
 //! reads them as they come ([`follow`]), updates the execution's [`Tracked`], reports a line
 //! per event to the session's observer, and at the end records how it ended.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -29,8 +29,6 @@ pub(super) struct Shared {
 struct State {
     /// In start order.
     executions: Vec<Tracked>,
-    /// The last number given per step (`exec-<step>-<n>`), and to full runs.
-    numbers: BTreeMap<String, u64>,
     /// Bumped by every start and every event: what the poll guard compares.
     changes: u64,
     /// The polls of the window: when, and `changes` then.
@@ -304,7 +302,7 @@ pub(super) fn cut(text: &str, max: usize) -> String {
 
 /// The line reported for a run event: the run's own line, else a short one for an event
 /// inside a step.
-fn line(event: &RunEvent) -> String {
+pub fn line(event: &RunEvent) -> String {
     if let Some(line) = event.run_line() {
         return line;
     }
@@ -404,16 +402,8 @@ impl Shared {
         if let Some(t) = state.executions.iter().find(|t| t.runtime_id == runtime_id) {
             return (t.id.clone(), false);
         }
-        let key = match &target {
-            ExecutionKind::Step(step) => step.clone(),
-            ExecutionKind::Workflow => String::new(),
-        };
-        let n = state.numbers.entry(key).or_insert(0);
-        *n += 1;
-        let id = match &target {
-            ExecutionKind::Step(step) => format!("exec-{step}-{n}"),
-            ExecutionKind::Workflow => format!("workflow-full-{n}"),
-        };
+        // The runtime's id, which the server and the events use too.
+        let id = runtime_id.as_str().to_string();
         state.changes += 1;
         state.executions.push(Tracked {
             id: id.clone(),

@@ -1,0 +1,218 @@
+//! The endpoints that show what the workspace holds beyond the plan: costs, the changelog,
+//! the knowledge base and learnings, run artifacts and turn logs, any workspace file and the
+//! database. Each reads through the builder's read tools (`trellis_builder::operator`), so
+//! it refuses what the builder's model is refused (links, hard links, FIFOs, `..`, secret
+//! files, SQL that writes) and reads within the same budgets.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::http::StatusCode;
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+
+use trellis_builder::edits::changelog::{CHANGELOG_DIR, read_entries};
+use trellis_sandbox::store::{HostWork, Kind, WorkspaceFs};
+
+use crate::App;
+use crate::api::{ApiError, ApiResult, Params, body_object};
+
+/// Changelog files (one per day) `GET /api/workflow/changelog` reads, newest first.
+const CHANGELOG_DAYS: usize = 14;
+
+/// The answer of read tool `name`, or its failure as an error: `404` for what does not
+/// exist, `422 refused` for the rest (a link, a secret file, SQL that writes, bad values).
+async fn read_tool(app: &App, name: &str, args: Value) -> ApiResult {
+    trellis_builder::operator::read(
+        &app.root,
+        app.runtime.registry(),
+        &Default::default(),
+        name,
+        &args,
+    )
+    .await
+    .map(Json)
+    .map_err(|failure| {
+        let detail = match &failure.details {
+            Some(details) => format!("{} ({details})", failure.message),
+            None => failure.message.clone(),
+        };
+        if failure.message.contains("does not exist") || failure.message.contains("no such") {
+            ApiError::new(StatusCode::NOT_FOUND, "not_found", detail)
+        } else {
+            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "refused", detail)
+        }
+    })
+}
+
+/// The string query parameters of an endpoint, each optional.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PathQuery {
+    #[serde(default)]
+    path: Option<String>,
+    #[serde(default)]
+    max_depth: Option<u64>,
+    #[serde(default)]
+    offset_line: Option<u64>,
+    #[serde(default)]
+    max_lines: Option<u64>,
+}
+
+/// The arguments object of the parameters given.
+fn args_of(pairs: &[(&str, Option<Value>)]) -> Value {
+    Value::Object(
+        pairs
+            .iter()
+            .filter_map(|(k, v)| v.clone().map(|v| (k.to_string(), v)))
+            .collect::<Map<String, Value>>(),
+    )
+}
+
+/// `GET /api/workflow/costs`: the builder's token usage (totals, by day) and the steps' from
+/// their turn logs.
+pub async fn costs(State(app): State<Arc<App>>) -> ApiResult {
+    read_tool(&app, "get_cost_summary", json!({})).await
+}
+
+/// `GET /api/workflow/llm-config`: the models in force, the builder's and each step's.
+pub async fn llm_config(State(app): State<Arc<App>>) -> ApiResult {
+    read_tool(&app, "get_llm_config", json!({})).await
+}
+
+/// `GET /api/workflow/files?path=&max_depth=`: the files under a workspace folder.
+pub async fn list_files(State(app): State<Arc<App>>, Params(q): Params<PathQuery>) -> ApiResult {
+    let args = args_of(&[
+        ("path", q.path.map(Value::from)),
+        ("max_depth", q.max_depth.map(Value::from)),
+    ]);
+    read_tool(&app, "list_workspace_files", args).await
+}
+
+/// `GET /api/workflow/file?path=&offset_line=&max_lines=`: a workspace file's text.
+pub async fn read_file(State(app): State<Arc<App>>, Params(q): Params<PathQuery>) -> ApiResult {
+    let Some(path) = q.path else {
+        return Err(ApiError::bad_request(
+            "path: give the workspace file to read",
+        ));
+    };
+    let args = args_of(&[
+        ("path", Some(Value::from(path))),
+        ("offset_line", q.offset_line.map(Value::from)),
+        ("max_lines", q.max_lines.map(Value::from)),
+    ]);
+    read_tool(&app, "read_workspace_file", args).await
+}
+
+/// `GET /api/workflow/knowledge`: the files of the knowledge base and of the learnings.
+pub async fn knowledge(State(app): State<Arc<App>>) -> ApiResult {
+    let mut answer = Map::new();
+    for folder in ["knowledgebase", "learnings"] {
+        let listing = match read_tool(&app, "list_workspace_files", json!({"path": folder})).await {
+            Ok(Json(listing)) => listing,
+            Err(e) if e.status() == StatusCode::NOT_FOUND => json!({"files": [], "note":
+                format!("{folder}/ does not exist yet")}),
+            Err(e) => return Err(e),
+        };
+        answer.insert(folder.to_string(), listing);
+    }
+    Ok(Json(Value::Object(answer)))
+}
+
+/// `GET /api/workflow/artifacts?step_id=&group_name=&path=`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArtifactQuery {
+    #[serde(default)]
+    step_id: Option<String>,
+    #[serde(default)]
+    group_name: Option<String>,
+    #[serde(default)]
+    path: Option<String>,
+}
+
+/// `GET /api/workflow/artifacts`: the run folders, and each step's outputs, session, turn
+/// logs and summary in the active run (of a group, or one step); with `path`, the artifact
+/// under `runs/` itself.
+pub async fn artifacts(State(app): State<Arc<App>>, Params(q): Params<ArtifactQuery>) -> ApiResult {
+    let args = args_of(&[
+        ("step_id", q.step_id.map(Value::from)),
+        ("group_name", q.group_name.map(Value::from)),
+        ("path", q.path.map(Value::from)),
+    ]);
+    read_tool(&app, "list_run_artifacts", args).await
+}
+
+/// `POST /api/workflow/db/query {sql, params?, max_rows?}`: one read-only statement on the
+/// workflow database.
+pub async fn db_query(
+    State(app): State<Arc<App>>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct DbQuery {
+        sql: String,
+        #[serde(default)]
+        params: Option<Vec<Value>>,
+        #[serde(default)]
+        max_rows: Option<u64>,
+    }
+    let q: DbQuery = body_object(body)?;
+    let args = args_of(&[
+        ("sql", Some(Value::from(q.sql))),
+        ("params", q.params.map(Value::from)),
+        ("max_rows", q.max_rows.map(Value::from)),
+    ]);
+    read_tool(&app, "query_database", args).await
+}
+
+/// `GET /api/workflow/changelog`: the plan edits of the last days with changes, newest day
+/// first (`planning/changelog/changelog-<day>.json`).
+pub async fn changelog(State(app): State<Arc<App>>) -> ApiResult {
+    let fs = WorkspaceFs::open(&app.root)
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "workspace",
+                e.to_string(),
+            )
+        })?
+        .with_work(Arc::new(HostWork::new(
+            "this request",
+            trellis_builder::CALL_READ_BYTES,
+            std::time::Duration::from_secs(trellis_builder::CALL_SECONDS),
+        )));
+    let mut days: Vec<String> = match fs.kind(CHANGELOG_DIR) {
+        Ok(Some(Kind::Dir)) => fs
+            .list(CHANGELOG_DIR)
+            .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "refused", e.to_string()))?
+            .into_iter()
+            .filter(|(name, kind)| {
+                *kind == Kind::File && name.starts_with("changelog-") && name.ends_with(".json")
+            })
+            .map(|(name, _)| name)
+            .collect(),
+        _ => Vec::new(),
+    };
+    days.sort_unstable_by(|a, b| b.cmp(a));
+    let mut files = Vec::new();
+    for name in days.iter().take(CHANGELOG_DAYS) {
+        let rel = format!("{CHANGELOG_DIR}/{name}");
+        if trellis_builder::reads::has_other_links(&fs, std::path::Path::new(&rel)) {
+            files.push(json!({"file": rel, "error": "refused: it has other hard links"}));
+            continue;
+        }
+        let entry = match read_entries(&fs, std::path::Path::new(&rel)) {
+            Ok(entries) => json!({"file": rel, "entries": entries}),
+            Err(e) => json!({"file": rel, "error": e.to_string()}),
+        };
+        files.push(entry);
+    }
+    Ok(Json(
+        json!({"days": files, "more_days": days.len().saturating_sub(CHANGELOG_DAYS)}),
+    ))
+}

@@ -1,0 +1,325 @@
+//! The endpoints of `trellis serve` beyond the builder's chat, through the binary over real
+//! HTTP: what the workspace holds (files, knowledge, artifacts, costs, changelog, the
+//! database) read through the builder's fences, executions started without the chat with
+//! their events streamed, and the builder session restored after a restart. Each handler's
+//! bad input gets its JSON error.
+
+use crate::support;
+
+use std::path::Path;
+
+use serde_json::{Value, json};
+use support::fake_llm::{FakeServer, completion};
+use support::serve::{DEMO_QUERY, Serve, demo};
+use support::tree_digest;
+use support::workspace::{create_db, write_files};
+
+const SECRET: &str = "outside-secret-7f3a";
+
+/// The `error` code of an error answer, with the answer when it is not one.
+fn code(answer: &(u16, Value)) -> (u16, String) {
+    (
+        answer.0,
+        answer.1["error"]
+            .as_str()
+            .unwrap_or("(not an error)")
+            .to_string(),
+    )
+}
+
+/// The demo workspace with a database, a key file, and links out: a symbolic link and a
+/// hard link in the knowledge base to `outside/secret.txt`.
+fn hostile_demo(dir: &Path) -> std::path::PathBuf {
+    let ws = demo(dir);
+    write_files(dir, &[("outside/secret.txt", SECRET)]);
+    write_files(&ws, &[(".env", format!("OPENAI_API_KEY=sk-{SECRET}\n"))]);
+    create_db(
+        &ws,
+        "CREATE TABLE notes(name TEXT); INSERT INTO notes VALUES ('escalation');",
+    );
+    std::os::unix::fs::symlink(
+        dir.join("outside/secret.txt"),
+        ws.join("knowledgebase/linked.md"),
+    )
+    .unwrap();
+    std::fs::hard_link(
+        dir.join("outside/secret.txt"),
+        ws.join("knowledgebase/hard.md"),
+    )
+    .unwrap();
+    ws
+}
+
+/// Files, knowledge, artifacts, costs, the changelog and the database through the server:
+/// what is in the workspace is served, and nothing outside it (`..`, a symbolic or hard
+/// link out, the key file), no SQL write, and every bad request a JSON error.
+#[test]
+fn workspace_reads_are_served_within_the_builders_fences() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = hostile_demo(dir.path());
+    let outside = tree_digest(&dir.path().join("outside"));
+    let serve = Serve::start(&ws, None, &[]);
+
+    let (status, knowledge) = serve.get("/api/workflow/knowledge", &[]);
+    assert_eq!(status, 200, "{knowledge}");
+    let listed = knowledge["knowledgebase"].to_string();
+    assert!(listed.contains("escalation.md"), "{knowledge}");
+    assert!(!knowledge["learnings"].is_null(), "{knowledge}");
+
+    let (status, file) = serve.get(
+        "/api/workflow/file?path=knowledgebase/notes/escalation.md",
+        &[],
+    );
+    assert_eq!(status, 200, "{file}");
+    let kept = std::fs::read_to_string(ws.join("knowledgebase/notes/escalation.md")).unwrap();
+    let first = kept.lines().next().unwrap();
+    assert!(file.to_string().contains(first), "{file}");
+
+    for path in [
+        "../outside/secret.txt",
+        "knowledgebase/linked.md",
+        "knowledgebase/hard.md",
+        ".env",
+        "/etc/passwd",
+    ] {
+        let answer = serve.get(&format!("/api/workflow/file?path={path}"), &[]);
+        assert!(
+            matches!(answer.0, 404 | 422),
+            "{path}: {} {}",
+            answer.0,
+            answer.1
+        );
+        assert!(answer.1["detail"].is_string(), "{path}: {}", answer.1);
+        assert!(
+            !answer.1.to_string().contains(SECRET),
+            "{path}: {}",
+            answer.1
+        );
+    }
+    assert_eq!(
+        code(&serve.get("/api/workflow/file", &[])),
+        (400, "bad_request".into())
+    );
+    assert_eq!(
+        code(&serve.get("/api/workflow/file?path=a&colour=red", &[])),
+        (400, "bad_request".into())
+    );
+    assert_eq!(
+        code(&serve.get("/api/workflow/files?max_depth=deep", &[])),
+        (400, "bad_request".into())
+    );
+    let (status, files) = serve.get("/api/workflow/files?path=knowledgebase", &[]);
+    assert_eq!(status, 200, "{files}");
+    assert!(!files.to_string().contains(SECRET));
+
+    // The database: rows read, writes and attachments refused, the table as it was.
+    let (status, rows) = serve.post(
+        "/api/workflow/db/query",
+        &json!({"sql": "SELECT name FROM notes WHERE name = ?", "params": ["escalation"]}),
+    );
+    assert_eq!(status, 200, "{rows}");
+    assert!(rows.to_string().contains("escalation"), "{rows}");
+    for sql in [
+        "DELETE FROM notes",
+        "ATTACH DATABASE '/tmp/x.db' AS x",
+        "PRAGMA writable_schema = 1",
+    ] {
+        let answer = serve.post("/api/workflow/db/query", &json!({"sql": sql}));
+        assert_eq!(
+            code(&answer),
+            (422, "refused".into()),
+            "{sql}: {}",
+            answer.1
+        );
+    }
+    let (_, rows) = serve.post(
+        "/api/workflow/db/query",
+        &json!({"sql": "SELECT count(*) AS n FROM notes"}),
+    );
+    assert!(rows.to_string().contains("\"n\":1"), "{rows}");
+    assert_eq!(
+        code(&serve.post("/api/workflow/db/query", &json!({"query": "SELECT 1"}))),
+        (400, "bad_request".into())
+    );
+
+    let (status, costs) = serve.get("/api/workflow/costs", &[]);
+    assert_eq!(status, 200, "{costs}");
+    assert!(costs.get("builder").is_some(), "{costs}");
+    let (status, changelog) = serve.get("/api/workflow/changelog", &[]);
+    assert_eq!(status, 200, "{changelog}");
+    assert_eq!(changelog["days"], json!([]), "{changelog}");
+    let (status, artifacts) = serve.get("/api/workflow/artifacts", &[]);
+    assert_eq!(status, 200, "{artifacts}");
+    assert_eq!(
+        code(&serve.get(
+            "/api/workflow/artifacts?path=runs/../../outside/secret.txt",
+            &[]
+        ))
+        .0,
+        422
+    );
+    let (status, llm) = serve.get("/api/workflow/llm-config", &[]);
+    assert_eq!(status, 200, "{llm}");
+
+    assert_eq!(tree_digest(&dir.path().join("outside")), outside);
+}
+
+/// A workspace of two steps whose agents answer at once, `slow` after `delay`.
+fn two_steps(dir: &Path, llm: &FakeServer) -> std::path::PathBuf {
+    let ws = dir.join("ws");
+    write_files(
+        &ws,
+        &[
+            (
+                "planning/plan.json",
+                json!({"objective": "o", "steps": [
+                    {"id": "greet", "type": "regular", "title": "Greet", "description": "Say hi."},
+                    {"id": "slow", "type": "regular", "title": "Slow", "description": "Take time."}
+                ]})
+                .to_string(),
+            ),
+            ("planning/step_config.json", r#"{"steps": []}"#.to_string()),
+            (
+                "workflow.json",
+                json!({"llm": {"provider": "openai", "model_id": "m"},
+                       "providers": llm.providers()})
+                .to_string(),
+            ),
+        ],
+    );
+    ws
+}
+
+/// `POST /api/executions` runs a step without the chat: answered at once with the id the
+/// events carry, its events streamed until it ends, its result in the runs; a second one is
+/// stopped; bad requests are JSON errors.
+#[test]
+fn executions_start_without_the_chat_and_stream_their_events() {
+    let llm = FakeServer::start(Box::new(|body| {
+        let system = body["messages"][0]["content"].as_str().unwrap_or_default();
+        if system.contains("Take time.") {
+            std::thread::sleep(std::time::Duration::from_millis(1500));
+            // A tool call, so the step has another model call to stop before.
+            return (
+                200,
+                completion("", &[("workspace__list_directory", json!({"path": "."}))]),
+            );
+        }
+        (200, completion("Hi. STATUS: COMPLETED", &[]))
+    }));
+    let dir = tempfile::tempdir().unwrap();
+    let ws = two_steps(dir.path(), &llm);
+    let serve = Serve::start(&ws, None, &["--allow-host", "127.0.0.1"]);
+
+    let (status, started) = serve.post("/api/executions", &json!({"step_id": "greet"}));
+    assert_eq!(status, 202, "{started}");
+    assert_eq!(started["execution_id"], "exec-greet-1");
+    let events = serve.stream_at_until("/api/executions/events/stream", None, "execution_ended");
+    let ids: Vec<u64> = events.iter().map(|e| e["id"].as_u64().unwrap()).collect();
+    assert_eq!(ids, (1..=ids.len() as u64).collect::<Vec<_>>());
+    assert_eq!(events[0]["type"], "execution_started", "{events:?}");
+    assert!(
+        events.iter().all(|e| e["execution_id"] == "exec-greet-1"),
+        "{events:?}"
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| e["line"].as_str().is_some_and(|l| l.contains("greet"))),
+        "{events:?}"
+    );
+    assert_eq!(events.last().unwrap()["status"], "done", "{events:?}");
+    let (_, runs) = serve.get("/api/workflow/runs", &[]);
+    assert!(
+        runs["runs"][0]["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["step_id"] == "greet" && s["status"] == "completed"),
+        "{runs}"
+    );
+
+    let (status, slow) = serve.post("/api/executions", &json!({"step_id": "slow"}));
+    assert_eq!(status, 202, "{slow}");
+    let (status, stopping) = serve.post("/api/executions/exec-slow-1/stop", &json!({}));
+    assert_eq!(status, 200, "{stopping}");
+    let last = events.last().unwrap()["id"].as_u64().unwrap();
+    let rest = serve.stream_at_until(
+        "/api/executions/events/stream",
+        Some(last),
+        "execution_ended",
+    );
+    assert_eq!(rest.last().unwrap()["execution_id"], "exec-slow-1");
+    assert_eq!(rest.last().unwrap()["status"], "cancelled", "{rest:?}");
+
+    assert_eq!(
+        code(&serve.post("/api/executions", &json!({"step_id": "nope"}))),
+        (404, "not_found".into())
+    );
+    assert_eq!(
+        code(&serve.post(
+            "/api/executions",
+            &json!({"step_id": "greet", "group": "g"})
+        )),
+        (400, "bad_request".into())
+    );
+    assert_eq!(
+        code(&serve.post("/api/executions", &json!({"steps": ["greet"]}))),
+        (400, "bad_request".into())
+    );
+    let (status, polled) = serve.get("/api/executions/events?since=0", &[]);
+    assert_eq!(status, 200);
+    assert_eq!(
+        polled["events"].as_array().unwrap().len(),
+        events.len() + rest.len()
+    );
+    assert_eq!(
+        code(&serve.get("/api/executions/events?since=-1", &[])),
+        (400, "bad_request".into())
+    );
+}
+
+/// The session the page opens: none before any query, the live one after it, and after a
+/// restart the latest from the workspace's index, with its messages; a query with its id
+/// continues it. Stopping an unknown session is a 404.
+#[test]
+fn the_builder_session_is_restored_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = demo(dir.path());
+    let serve = Serve::start(&ws, None, &[]);
+    let (status, none) = serve.get("/api/workflow/builder-session", &[]);
+    assert_eq!(status, 200, "{none}");
+    assert_eq!(none["session_id"], Value::Null);
+    let (_, ack) = serve.post("/api/query", &json!({"query": DEMO_QUERY}));
+    let session = ack["session_id"].as_str().unwrap().to_string();
+    serve.stream_until(&session, None, "session_status");
+    let (_, live) = serve.get("/api/workflow/builder-session", &[]);
+    assert_eq!(live["session_id"], session.as_str());
+    assert_eq!(live["live"], true);
+    let (status, stopped) = serve.post("/api/session/stop", &json!({"session_id": session}));
+    assert_eq!(status, 200, "{stopped}");
+    assert_eq!(
+        code(&serve.post("/api/session/stop", &json!({"session_id": "nope"}))),
+        (404, "not_found".into())
+    );
+    assert_eq!(
+        code(&serve.get("/api/workflow/builder-session?workspace=other", &[])),
+        (404, "unknown_workspace".into())
+    );
+    drop(serve);
+
+    let serve = Serve::start(&ws, None, &[]);
+    let (status, restored) = serve.get("/api/workflow/builder-session", &[]);
+    assert_eq!(status, 200, "{restored}");
+    assert_eq!(restored["session_id"], session.as_str());
+    assert_eq!(restored["live"], false);
+    let messages = restored["messages"].as_array().unwrap();
+    assert_eq!(messages[0]["role"], "user");
+    assert_eq!(messages[0]["text"], DEMO_QUERY);
+    assert!(
+        messages
+            .iter()
+            .any(|m| m["text"].as_str().unwrap_or_default().contains("22 in all")),
+        "{restored}"
+    );
+}
