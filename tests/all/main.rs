@@ -52,6 +52,7 @@ mod scripts;
 mod sequence_driver;
 mod serve;
 mod serve_api;
+mod serve_browser;
 mod turn_budgets;
 mod turn_grants;
 mod validators;

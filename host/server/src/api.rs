@@ -392,6 +392,37 @@ pub async fn builder_session(
     })))
 }
 
+/// `GET /api/workflow/builder-sessions`: the sessions of the workspace's index, newest
+/// first (`session_id`, `workshop_mode`, `updated_at`, `message_count`, `first_query`).
+pub async fn builder_sessions(State(app): State<Arc<App>>) -> ApiResult {
+    let fs = trellis_sandbox::store::WorkspaceFs::open(&app.root).map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "workspace",
+            e.to_string(),
+        )
+    })?;
+    let index = trellis_builder::persist::read_index(&fs).map_err(|e| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "refused",
+            format!("{e:#}"),
+        )
+    })?;
+    let sessions: Vec<Value> = index
+        .sessions
+        .iter()
+        .rev()
+        .take(200)
+        .map(|s| {
+            json!({"session_id": s.session_id, "workshop_mode": s.workshop_mode,
+                   "updated_at": s.updated_at, "message_count": s.message_count,
+                   "first_query": s.first_query})
+        })
+        .collect();
+    Ok(Json(json!({"sessions": sessions})))
+}
+
 /// `?workspace=`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -462,6 +493,7 @@ pub async fn plan(State(app): State<Arc<App>>) -> ApiResult {
         Ok(ws) => Ok(Json(json!({
             "plan": serde_json::to_value(&ws.plan).unwrap_or(Value::Null),
             "step_config": serde_json::to_value(&ws.step_configs).unwrap_or(Value::Null),
+            "groups": serde_json::to_value(&ws.manifest.groups).unwrap_or(Value::Null),
             "warnings": ws.warnings.lines(),
         }))),
         Err(diags) => Err(ApiError::new(

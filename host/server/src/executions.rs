@@ -14,7 +14,9 @@ use axum::http::StatusCode;
 use serde::Deserialize;
 use serde_json::json;
 
-use trellis_runner::runtime::{ExecutionEvent, ExecutionId, ExecutionKind};
+use trellis_runner::runtime::{ExecutionEvent, ExecutionId, ExecutionKind, Runtime};
+
+use crate::events::EventLog;
 
 use crate::App;
 use crate::api::{ApiError, body_object};
@@ -68,17 +70,11 @@ pub async fn start(
     options.run.group = request.group;
     options.run.inputs = request.inputs;
     options.run.route_selections = request.route_selections;
-    let (id, kind) = match request.step_id {
-        Some(step) => (
-            app.runtime.start_step(&app.root, &step, options),
-            ExecutionKind::Step(step),
-        ),
-        None => (
-            app.runtime.start_workflow(&app.root, options),
-            ExecutionKind::Workflow,
-        ),
+    let id = match request.step_id {
+        Some(step) => app.runtime.start_step(&app.root, &step, options),
+        None => app.runtime.start_workflow(&app.root, options),
     };
-    watch(&app, id.clone(), &kind, "api");
+    app.watcher.watch(id.clone(), "api");
     Ok((
         StatusCode::ACCEPTED,
         Json(json!({"execution_id": id.as_str(), "status": "running"})),
@@ -86,36 +82,54 @@ pub async fn start(
 }
 
 /// What an execution runs, as the events say it.
-fn target(kind: &ExecutionKind) -> String {
+pub(crate) fn target(kind: &ExecutionKind) -> String {
     match kind {
         ExecutionKind::Step(step) => step.clone(),
         ExecutionKind::Workflow => "workflow".into(),
     }
 }
 
-/// Copies the events of execution `id` into the server's execution log until it ends
-/// (`started_by`: `api`, or the builder session that started it).
-pub(crate) fn watch(app: &App, id: ExecutionId, kind: &ExecutionKind, started_by: &str) {
-    let Some(mut events) = app.runtime.events(&id) else {
-        return;
-    };
-    let log = app.execution_log.clone();
-    log.push(
-        json!({"type": "execution_started", "execution_id": id.as_str(),
-                    "target": target(kind), "started_by": started_by}),
-    );
-    tokio::spawn(async move {
-        while let Some(event) = events.next().await {
-            let value = match &event {
-                ExecutionEvent::Run(run) => json!({"type": "execution", "execution_id":
-                    id.as_str(), "line": trellis_builder::executions::event_line(run)}),
-                ExecutionEvent::Delivery { text, delivery } => json!({"type": "execution",
-                    "execution_id": id.as_str(),
-                    "line": format!("message {text:?}: {delivery:?}")}),
-                ExecutionEvent::End { status, error } => json!({"type": "execution_ended",
-                    "execution_id": id.as_str(), "status": status.to_string(), "error": error}),
-            };
-            log.push(value);
-        }
-    });
+/// Where the events of every execution go: the server's log, copied by tasks on the
+/// server's runtime (a builder session's side agent reports from a thread of its own).
+#[derive(Clone)]
+pub(crate) struct Watcher {
+    pub(crate) runtime: Runtime,
+    pub(crate) log: Arc<EventLog>,
+    pub(crate) handle: tokio::runtime::Handle,
+}
+
+impl Watcher {
+    /// Copies the events of execution `id` into the log until it ends (`started_by`:
+    /// `api`, or the builder session that started it).
+    pub(crate) fn watch(&self, id: ExecutionId, started_by: &str) {
+        let Some(mut events) = self.runtime.events(&id) else {
+            return;
+        };
+        let target = self
+            .runtime
+            .list()
+            .into_iter()
+            .find(|e| e.id == id)
+            .map_or_else(|| "workflow".to_string(), |e| target(&e.kind));
+        let log = self.log.clone();
+        log.push(
+            json!({"type": "execution_started", "execution_id": id.as_str(),
+                        "target": target, "started_by": started_by}),
+        );
+        self.handle.spawn(async move {
+            while let Some(event) = events.next().await {
+                let value = match &event {
+                    ExecutionEvent::Run(run) => json!({"type": "execution", "execution_id":
+                        id.as_str(), "line": trellis_builder::executions::event_line(run)}),
+                    ExecutionEvent::Delivery { text, delivery } => json!({"type": "execution",
+                        "execution_id": id.as_str(),
+                        "line": format!("message {text:?}: {delivery:?}")}),
+                    ExecutionEvent::End { status, error } => json!({"type": "execution_ended",
+                        "execution_id": id.as_str(), "status": status.to_string(),
+                        "error": error}),
+                };
+                log.push(value);
+            }
+        });
+    }
 }

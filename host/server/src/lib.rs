@@ -136,6 +136,8 @@ pub struct App {
     template: StartOptions,
     /// The events of every execution, the server's and the sessions'.
     execution_log: Arc<EventLog>,
+    /// Copies each execution's events into `execution_log`.
+    watcher: executions::Watcher,
     factory: SessionFactory,
     sessions: Mutex<HashMap<String, Arc<LiveSession>>>,
     /// The session of the latest query.
@@ -194,20 +196,25 @@ impl App {
         let log = Arc::new(EventLog::default());
         let sink = log.clone();
         let executions = Arc::new(Mutex::new(BTreeSet::new()));
-        let (all, started) = (self.execution_log.clone(), executions.clone());
+        let (watcher, started) = (self.watcher.clone(), executions.clone());
+        let by = Arc::new(Mutex::new(String::new()));
+        let session_of = by.clone();
         let observer = BuilderObserver::new(move |event| {
-            let value = events::builder_event(event);
             if let trellis_builder::BuilderEvent::Execution { id, .. } = event {
-                started
+                let new = started
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .insert(id.clone());
-                all.push(value.clone());
+                if new {
+                    let by = session_of.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                    watcher.watch(trellis_runner::runtime::ExecutionId::from(id.as_str()), &by);
+                }
             }
-            sink.push(value);
+            sink.push(events::builder_event(event));
         });
         let session = (self.factory)(id, mode, observer)
             .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "session", format!("{e:#}")))?;
+        *by.lock().unwrap_or_else(|e| e.into_inner()) = format!("session {}", session.id());
         let live = Arc::new(LiveSession {
             id: session.id().to_string(),
             log,
@@ -233,6 +240,8 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/api/workflow/executions", get(api::executions))
         .route("/api/workflow/costs", get(workspace::costs))
         .route("/api/workflow/llm-config", get(workspace::llm_config))
+        .route("/api/workflow/steps/{id}/grant", get(workspace::step_grant))
+        .route("/api/workflow/builder-sessions", get(api::builder_sessions))
         .route("/api/workflow/changelog", get(workspace::changelog))
         .route("/api/workflow/knowledge", get(workspace::knowledge))
         .route("/api/workflow/artifacts", get(workspace::artifacts))
@@ -279,11 +288,18 @@ pub async fn serve(options: ServerOptions, bound: impl FnOnce(SocketAddr)) -> Re
         .with_context(|| format!("binding {}", options.addr))?;
     let addr = listener.local_addr()?;
     let limits = options.limits;
+    let execution_log = Arc::new(EventLog::default());
+    let runtime = options.runtime;
     let app = Arc::new(App {
         root: options.root,
-        runtime: options.runtime,
+        runtime: runtime.clone(),
         template: options.template,
-        execution_log: Arc::default(),
+        execution_log: execution_log.clone(),
+        watcher: executions::Watcher {
+            runtime,
+            log: execution_log,
+            handle: tokio::runtime::Handle::current(),
+        },
         factory: options.sessions,
         sessions: Mutex::default(),
         last_session: Mutex::default(),

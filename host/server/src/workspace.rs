@@ -216,3 +216,69 @@ pub async fn changelog(State(app): State<Arc<App>>) -> ApiResult {
         json!({"days": files, "more_days": days.len().saturating_sub(CHANGELOG_DAYS)}),
     ))
 }
+
+/// `GET /api/workflow/steps/{id}/grant`: what each turn of the step may see, as the next run
+/// of the active run (`iteration-0`) grants it: every folder with its access and role, the
+/// database, and what the step declares that does not exist yet. Like a run, it creates the
+/// step's empty output folders when missing; it writes nothing else.
+pub async fn step_grant(
+    State(app): State<Arc<App>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> ApiResult {
+    use trellis_runner::grants::{TurnContext, TurnPurpose, turn_grant};
+    use trellis_sandbox::capabilities::Access;
+    let ws = trellis_workflow::Workspace::open(&app.root).map_err(|diags| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "workspace_errors",
+            diags.lines().join("\n"),
+        )
+    })?;
+    let Some(step) = ws.plan.find_step(&id) else {
+        return Err(ApiError::not_found(format!("the plan has no step {id:?}")));
+    };
+    let configs = ws.agent_configs(&step.id);
+    let ctx = TurnContext {
+        root: &ws.root,
+        run_folder: "iteration-0",
+        step,
+        configs: &configs,
+    };
+    let mut turns = Vec::new();
+    for item in step.effective_items() {
+        let grant = turn_grant(&ctx, TurnPurpose::Item(&item)).map_err(|e| {
+            ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "refused",
+                format!("{e:#}"),
+            )
+        })?;
+        let folders: Vec<Value> = grant
+            .folders
+            .iter()
+            .map(|f| {
+                json!({"path": f.path, "role": f.role, "access": match f.access {
+                    Access::ReadOnly => "read-only",
+                    Access::ReadWrite => "read-write",
+                }})
+            })
+            .collect();
+        let missing: Vec<Value> = grant
+            .missing
+            .iter()
+            .map(|(field, path)| json!({"field": field, "path": path}))
+            .collect();
+        turns.push(json!({
+            "item_id": item.id,
+            "folders": folders,
+            "database": grant.db_writable.map(|w| if w { "read-write" } else { "read-only" }),
+            "missing": missing,
+        }));
+    }
+    Ok(Json(json!({
+        "step_id": step.id,
+        "run_folder": "iteration-0",
+        "turns": turns,
+        "agent_configs": serde_json::to_value(&configs).unwrap_or(Value::Null),
+    })))
+}

@@ -1,0 +1,155 @@
+"""The page of `trellis serve` in headless Chromium, through its WebDriver (Selenium).
+
+Run by tests/all/serve_browser.rs, which starts the servers: reads {"demo": URL, "agents":
+URL, "screenshots": DIR, "query": TEXT, "chromium": PATH, "driver": PATH} on stdin, and
+exits non-zero (with the step that failed) when the page does not do what an operator needs:
+
+- demo (the builder-demo example, its replay cassette): the page loads with the plan graph,
+  a builder message streams in (tool calls one by one before the reply), the step the
+  builder adds appears in the graph and turns completed, and it reads at 390 px wide;
+- agents (a workflow whose steps' model is a fake): a step started from the page shows its
+  tool calls and its end in the executions panel, and a second one is stopped from it.
+
+Screenshots (desktop 1280x800 and narrow 390x844) go to DIR.
+"""
+
+import json
+import os
+import sys
+import time
+
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+
+args = json.load(sys.stdin)
+shots = args["screenshots"]
+os.makedirs(shots, exist_ok=True)
+
+options = webdriver.ChromeOptions()
+options.binary_location = args["chromium"]
+for flag in ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+             "--window-size=1280,800", "--no-first-run", "--disable-extensions"]:
+    options.add_argument(flag)
+driver = webdriver.Chrome(service=Service(executable_path=args["driver"]), options=options)
+driver.set_window_size(1280, 800)
+
+
+def fail(step, detail=""):
+    driver.save_screenshot(os.path.join(shots, "failed.png"))
+    log = driver.execute_script(
+        "return [...document.querySelectorAll('.ev, .exec')].map(e => e.innerText).join('\\n')")
+    print(f"FAILED: {step}: {detail}\n--- the page's log and executions:\n{log}", file=sys.stderr)
+    driver.quit()
+    sys.exit(1)
+
+
+def wait(step, check, timeout=90):
+    """Waits until check() is truthy; fails naming the step."""
+    end = time.time() + timeout
+    last = None
+    while time.time() < end:
+        try:
+            value = check()
+            if value:
+                return value
+        except Exception as e:  # the element is not there yet
+            last = e
+        time.sleep(0.05)
+    fail(step, f"not within {timeout} s ({last})")
+
+
+def node(step_id):
+    found = driver.find_elements(By.CSS_SELECTOR, f'#graph g.node[data-step="{step_id}"]')
+    return found[0] if found else None
+
+
+def click(element):
+    driver.execute_script(
+        "arguments[0].dispatchEvent(new MouseEvent('click', {bubbles: true}))", element)
+
+
+def no_sideways_scroll(step):
+    width = driver.execute_script("return document.documentElement.scrollWidth")
+    inner = driver.execute_script("return window.innerWidth")
+    if width > inner + 1:
+        fail(step, f"the page is {width} px wide in a {inner} px window")
+
+
+# ---- the builder-demo example: chat, streaming, the graph ----
+driver.get(args["demo"])
+wait("the plan is drawn", lambda: "no steps yet" in
+     driver.find_element(By.ID, "graph").get_attribute("innerHTML"))
+driver.save_screenshot(os.path.join(shots, "desktop-start.png"))
+box = driver.find_element(By.ID, "query")
+box.send_keys(args["query"])
+driver.find_element(By.CSS_SELECTOR, "#ask button").click()
+
+# Streaming: the page shows the turn's events as they come, so the count of lines is seen
+# growing in several steps before the reply that ends the session's turns is there.
+counts = set()
+def final_reply():
+    lines = driver.find_elements(By.CSS_SELECTOR, "#log .ev")
+    counts.add(len(lines))
+    return any("22 in all" in l.text for l in lines if l.get_attribute("data-type") == "text")
+wait("the builder's reply", final_reply, timeout=180)
+if len([c for c in counts if c > 0]) < 3:
+    fail("the reply streamed in", f"the log was seen with only these line counts: {sorted(counts)}")
+tools = [e.get_attribute("data-tool") for e in
+         driver.find_elements(By.CSS_SELECTOR, '#log .ev[data-type="tool_ended"]')]
+if "add_scripted_step" not in tools or "execute_step" not in tools:
+    fail("the tool calls are shown", f"tool_ended lines: {tools}")
+wait("the new step is in the graph", lambda: node("count-words"))
+wait("the new step's last run is completed",
+     lambda: node("count-words").get_attribute("data-status") == "completed")
+# The builder's executions are in the executions panel too.
+wait("the builder's first execution ends failed in the panel",
+     lambda: driver.find_element(By.CSS_SELECTOR, '.exec[data-execution="exec-count-words-1"]')
+     .get_attribute("data-status") == "failed")
+wait("the builder's second execution ends done in the panel",
+     lambda: driver.find_element(By.CSS_SELECTOR, '.exec[data-execution="exec-count-words-2"]')
+     .get_attribute("data-status") == "done")
+click(node("count-words"))
+wait("the step panel shows the grant",
+     lambda: "read-write" in driver.find_element(By.CSS_SELECTOR, '#tab-body').text)
+driver.save_screenshot(os.path.join(shots, "desktop-builder.png"))
+no_sideways_scroll("desktop")
+driver.set_window_size(390, 844)
+time.sleep(0.3)
+no_sideways_scroll("narrow")
+driver.save_screenshot(os.path.join(shots, "narrow-builder.png"))
+driver.set_window_size(1280, 800)
+
+# ---- executions from the page: tool calls and the end, and a stop ----
+driver.get(args["agents"])
+wait("the agents' plan is drawn", lambda: node("greet") and node("slow"))
+click(node("greet"))
+run = wait("the step panel has a run button", lambda: [
+    b for b in driver.find_elements(By.CSS_SELECTOR, "#tab-body button") if b.text == "Run this step"])
+run[0].click()
+row = '.exec[data-execution="exec-greet-1"]'
+wait("the execution ends done", lambda: driver.find_element(By.CSS_SELECTOR, row)
+     .get_attribute("data-status") == "done")
+lines = driver.find_element(By.CSS_SELECTOR, row + " .lines").text
+if "tool workspace__list_directory" not in lines:
+    fail("the execution's tool calls are shown", lines)
+wait("the graph shows greet completed", lambda: node("greet").get_attribute("data-status") == "completed")
+click(node("slow"))
+run = wait("the slow step's run button", lambda: [
+    b for b in driver.find_elements(By.CSS_SELECTOR, "#tab-body button")
+    if b.text == "Run this step" and
+    driver.find_element(By.CSS_SELECTOR, "#tab-body [data-step]").get_attribute("data-step") == "slow"])
+run[0].click()
+slow = '.exec[data-execution="exec-slow-1"]'
+wait("the slow step runs a tool", lambda: "tool workspace__list_directory" in
+     driver.find_element(By.CSS_SELECTOR, slow + " .lines").text)
+driver.find_element(By.CSS_SELECTOR, slow + ' button[data-stop="exec-slow-1"]').click()
+wait("the stopped execution ends cancelled", lambda: driver.find_element(By.CSS_SELECTOR, slow)
+     .get_attribute("data-status") == "cancelled")
+driver.save_screenshot(os.path.join(shots, "desktop-executions.png"))
+driver.set_window_size(390, 844)
+time.sleep(0.3)
+no_sideways_scroll("narrow executions")
+driver.save_screenshot(os.path.join(shots, "narrow-executions.png"))
+driver.quit()
+print("ok")
