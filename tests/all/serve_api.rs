@@ -202,7 +202,13 @@ fn executions_start_without_the_chat_and_stream_their_events() {
             // A tool call, so the step has another model call to stop before.
             return (
                 200,
-                completion("", &[("workspace__list_directory", json!({"path": "."}))]),
+                completion(
+                    "",
+                    &[(
+                        "workspace__list_dir",
+                        json!({"path": "runs/iteration-0/execution/slow"}),
+                    )],
+                ),
             );
         }
         (200, completion("Hi. STATUS: COMPLETED", &[]))

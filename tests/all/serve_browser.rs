@@ -116,14 +116,18 @@ fn the_page_streams_the_builder_updates_the_graph_and_runs_and_stops_executions(
         let messages = body["messages"].as_array().cloned().unwrap_or_default();
         let system = messages[0]["content"].as_str().unwrap_or_default();
         let answered = messages.iter().any(|m| m["role"] == "tool");
-        let list = || completion("", &[("workspace__list_directory", json!({"path": "."}))]);
+        // Each step lists its own output folder.
+        let list = |step: &str| {
+            let path = format!("runs/iteration-0/execution/{step}");
+            completion("", &[("workspace__list_dir", json!({ "path": path }))])
+        };
         if system.contains("Take time.") {
             std::thread::sleep(std::time::Duration::from_millis(400));
-            (200, list())
+            (200, list("slow"))
         } else if answered {
             (200, completion("Hi. STATUS: COMPLETED", &[]))
         } else {
-            (200, list())
+            (200, list("greet"))
         }
     }));
     let dir = tempfile::tempdir().unwrap();

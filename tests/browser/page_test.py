@@ -131,7 +131,7 @@ row = '.exec[data-execution="exec-greet-1"]'
 wait("the execution ends done", lambda: driver.find_element(By.CSS_SELECTOR, row)
      .get_attribute("data-status") == "done")
 lines = driver.find_element(By.CSS_SELECTOR, row + " .lines").text
-if "tool workspace__list_directory" not in lines:
+if "tool workspace:list_dir (" not in lines:
     fail("the execution's tool calls are shown", lines)
 wait("the graph shows greet completed", lambda: node("greet").get_attribute("data-status") == "completed")
 click(node("slow"))
@@ -141,7 +141,7 @@ run = wait("the slow step's run button", lambda: [
     driver.find_element(By.CSS_SELECTOR, "#tab-body [data-step]").get_attribute("data-step") == "slow"])
 run[0].click()
 slow = '.exec[data-execution="exec-slow-1"]'
-wait("the slow step runs a tool", lambda: "tool workspace__list_directory" in
+wait("the slow step runs a tool", lambda: "tool workspace:list_dir (" in
      driver.find_element(By.CSS_SELECTOR, slow + " .lines").text)
 driver.find_element(By.CSS_SELECTOR, slow + ' button[data-stop="exec-slow-1"]').click()
 wait("the stopped execution ends cancelled", lambda: driver.find_element(By.CSS_SELECTOR, slow)
