@@ -41,11 +41,16 @@ impl Default for EventLog {
 }
 
 impl EventLog {
-    /// Appends `event` (an object with a `type`), numbering it; returns its number.
+    /// Appends `event` (an object with a `type`), numbering it and stamping it with the time
+    /// (`at_us`: microseconds since the Unix epoch); returns its number.
     pub fn push(&self, mut event: Value) -> u64 {
+        let at = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64);
         let mut kept = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let id = kept.first + kept.events.len() as u64;
         event["id"] = json!(id);
+        event["at_us"] = json!(at);
         kept.events.push_back(event);
         if kept.events.len() > KEPT_EVENTS {
             kept.events.pop_front();
