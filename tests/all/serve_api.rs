@@ -329,3 +329,84 @@ fn the_builder_session_is_restored_after_a_restart() {
         "{restored}"
     );
 }
+
+/// The bounds no request can see in its answer: a client that sends no headers within 10 s
+/// is disconnected, a connection past the 256 open at once is closed unread, and a query
+/// for a new session past `--max-sessions` is refused naming the flag.
+#[test]
+fn idle_connections_time_out_and_connections_and_sessions_are_capped() {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::time::{Duration, Instant};
+    let llm = FakeServer::start(Box::new(|_| (200, completion("Hello.", &[]))));
+    let dir = tempfile::tempdir().unwrap();
+    let ws = two_steps(dir.path(), &llm);
+    // The fixture's workflow.json names the model as `llm`: the builder uses it too.
+    let serve = Serve::start(
+        &ws,
+        None,
+        &["--allow-host", "127.0.0.1", "--max-sessions", "1"],
+    );
+
+    // 256 connections that send nothing hold every slot.
+    let idle: Vec<TcpStream> = (0..256)
+        .map(|_| TcpStream::connect(("127.0.0.1", serve.port)).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut extra = TcpStream::connect(("127.0.0.1", serve.port)).unwrap();
+    extra
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let _ = write!(
+        extra,
+        "GET /api/workflow/plan HTTP/1.1\r\nHost: 127.0.0.1:{}\r\n\r\n",
+        serve.port
+    );
+    let mut answer = Vec::new();
+    let read = extra.read_to_end(&mut answer);
+    assert!(
+        answer.is_empty(),
+        "the 257th connection is closed unanswered: {read:?} {}",
+        String::from_utf8_lossy(&answer)
+    );
+    // Each idle one is closed within the header timeout (10 s), and the server answers again.
+    let started = Instant::now();
+    for mut conn in idle {
+        conn.set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        let mut rest = Vec::new();
+        let _ = conn.read_to_end(&mut rest);
+        assert!(
+            String::from_utf8_lossy(&rest).is_empty() || rest.starts_with(b"HTTP/1.1 408"),
+            "{}",
+            String::from_utf8_lossy(&rest)
+        );
+    }
+    assert!(started.elapsed() < Duration::from_secs(30));
+    let (status, _) = serve.get("/api/workflow/plan", &[]);
+    assert_eq!(status, 200);
+
+    // One session is the limit: a query for a second one is refused, the first continues.
+    let (status, first) = serve.post("/api/query", &json!({"query": "hi"}));
+    assert_eq!(status, 202, "{first}");
+    let session = first["session_id"].as_str().unwrap().to_string();
+    serve.stream_until(&session, None, "session_status");
+    let refused = serve.post("/api/query", &json!({"query": "again"}));
+    assert_eq!(
+        code(&refused),
+        (503, "too_many_sessions".into()),
+        "{}",
+        refused.1
+    );
+    assert!(
+        refused.1["detail"]
+            .as_str()
+            .unwrap()
+            .contains("--max-sessions")
+    );
+    let (status, _) = serve.post(
+        "/api/query",
+        &json!({"query": "again", "session_id": session}),
+    );
+    assert_eq!(status, 202);
+}
