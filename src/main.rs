@@ -250,7 +250,7 @@ impl Command {
             Command::Run(args) => Some(&args.workspace),
             Command::Validate(args) => Some(&args.workspace),
             Command::Builder(args) => args.workspace(),
-            Command::Serve(args) => Some(&args.workspace),
+            Command::Serve(args) => Some(args.workspace()),
             // A long-lived server may grant folders of ROOT read-write: no cache there.
             Command::Mcp(command) => Some(command.root()),
             _ => None,
@@ -286,7 +286,7 @@ impl Command {
             Command::Validate(args) => Some(&args.workspace),
             Command::Migrate(args) => Some(&args.workspace),
             Command::Builder(args) => args.workspace(),
-            Command::Serve(args) => Some(&args.workspace),
+            Command::Serve(args) => Some(args.workspace()),
             Command::Runs(command) => Some(command.workspace()),
             _ => None,
         }
@@ -331,6 +331,14 @@ async fn run(cli: Cli) -> Result<ExitCode> {
     }
     if let (CacheSetting::Dir(dir), Some(workspace)) = (&cache, cli.command.workspace()) {
         refuse_cache_inside(dir, workspace)?;
+    }
+    if let Command::Serve(args) = &cli.command {
+        for workspace in args.more_workspaces() {
+            commands::check_workspace_folder(workspace)?;
+            if let CacheSetting::Dir(dir) = &cache {
+                refuse_cache_inside(dir, workspace)?;
+            }
+        }
     }
     // Commands that run no plugin start no engine. The engine owns the writer of the logs
     // written behind the agent loop: they are on disk once it is dropped, whatever the outcome.

@@ -12,7 +12,7 @@ use clap::Args;
 use trellis_builder::executions::Executions;
 use trellis_builder::{BuilderSession, Mode, SessionOptions};
 use trellis_sandbox::Engine;
-use trellis_server::{Limits, ServerOptions, SessionFactory};
+use trellis_server::{Limits, ServedWorkspace, ServerOptions, SessionFactory};
 
 use super::builder::{Approvals, BuilderSetup, builder_setup};
 use super::{CacheArgs, PluginDirs};
@@ -20,8 +20,10 @@ use super::{CacheArgs, PluginDirs};
 /// Arguments of `trellis serve`.
 #[derive(Args, Debug)]
 pub struct ServeArgs {
-    /// The workspace folder.
-    pub(crate) workspace: PathBuf,
+    /// The workspace folder, and any more to serve beside it (a request names one by its
+    /// folder's name with `?workspace=NAME`; without it, the first).
+    #[arg(required = true, num_args = 1.., value_name = "WORKSPACE")]
+    pub(crate) workspaces: Vec<PathBuf>,
     /// The address to listen on. Any address but loopback needs TRELLIS_TOKEN set; with it
     /// set, every request needs `Authorization: Bearer <token>`.
     #[arg(long, value_name = "IP:PORT", default_value = trellis_server::DEFAULT_ADDR)]
@@ -39,7 +41,7 @@ pub struct ServeArgs {
     /// Event streams open at once (default 64); past it a stream is refused with 503.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=10_000))]
     max_streams: Option<u32>,
-    /// Builder sessions the server holds (default 16); past it a query for a new session is
+    /// Builder sessions the server holds per workspace (default 16); past it a query for a new session is
     /// refused with 503.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1_000))]
     max_sessions: Option<u32>,
@@ -73,44 +75,59 @@ pub async fn run(engine: &Engine, args: ServeArgs) -> Result<ExitCode> {
         None,
     )
     .await?;
-    let root = args.workspace.clone();
-    let session_runtime = runtime.clone();
     let api_template = template.clone();
-    let sessions: SessionFactory = Arc::new(move |id, mode: Option<Mode>, observer| {
-        let executions = Executions::new(session_runtime.clone(), template.clone());
-        BuilderSession::open(
-            &session_runtime,
-            executions,
-            SessionOptions {
-                root: root.clone(),
-                session_id: id.map(str::to_string),
-                mode,
-                llm: own.clone(),
-                limits: Default::default(),
-                retry,
-                max_rounds: trellis_builder::agent::DEFAULT_MAX_ROUNDS,
-                max_turn_result_bytes: trellis_builder::DEFAULT_TURN_RESULT_BYTES,
-                max_turn_write_bytes: trellis_builder::DEFAULT_TURN_WRITE_BYTES,
-                max_model_calls: trellis_runner::driver::DEFAULT_RUN_MODEL_CALLS,
-                observer,
-            },
-        )
-    });
+    let workspaces = args
+        .workspaces
+        .iter()
+        .map(|root| {
+            let served = root.clone();
+            let (root, session_runtime) = (root.clone(), runtime.clone());
+            let (template, own) = (template.clone(), own.clone());
+            let sessions: SessionFactory = Arc::new(move |id, mode: Option<Mode>, observer| {
+                let executions = Executions::new(session_runtime.clone(), template.clone());
+                BuilderSession::open(
+                    &session_runtime,
+                    executions,
+                    SessionOptions {
+                        root: root.clone(),
+                        session_id: id.map(str::to_string),
+                        mode,
+                        llm: own.clone(),
+                        limits: Default::default(),
+                        retry,
+                        max_rounds: trellis_builder::agent::DEFAULT_MAX_ROUNDS,
+                        max_turn_result_bytes: trellis_builder::DEFAULT_TURN_RESULT_BYTES,
+                        max_turn_write_bytes: trellis_builder::DEFAULT_TURN_WRITE_BYTES,
+                        max_model_calls: trellis_runner::driver::DEFAULT_RUN_MODEL_CALLS,
+                        observer,
+                    },
+                )
+            });
+            ServedWorkspace {
+                root: served,
+                sessions,
+            }
+        })
+        .collect();
     let defaults = Limits::default();
     let limits = Limits {
         streams: args.max_streams.map_or(defaults.streams, |n| n as usize),
         sessions: args.max_sessions.map_or(defaults.sessions, |n| n as usize),
         ..defaults
     };
-    let workspace = args.workspace.display().to_string();
+    let shown: Vec<String> = args
+        .workspaces
+        .iter()
+        .map(|w| w.display().to_string())
+        .collect();
+    let workspace = shown.join(", ");
     trellis_server::serve(
         ServerOptions {
-            root: args.workspace,
+            workspaces,
             addr: args.addr,
             token,
             runtime,
             template: api_template,
-            sessions,
             limits,
         },
         |addr| {
@@ -120,4 +137,16 @@ pub async fn run(engine: &Engine, args: ServeArgs) -> Result<ExitCode> {
     .await
     .context("trellis serve")?;
     Ok(ExitCode::SUCCESS)
+}
+
+impl ServeArgs {
+    /// The first workspace: the one a request without `?workspace=` is for.
+    pub(crate) fn workspace(&self) -> &std::path::Path {
+        &self.workspaces[0]
+    }
+
+    /// The workspaces after the first.
+    pub(crate) fn more_workspaces(&self) -> &[PathBuf] {
+        &self.workspaces[1..]
+    }
 }

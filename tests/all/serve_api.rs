@@ -410,3 +410,137 @@ fn idle_connections_time_out_and_connections_and_sessions_are_capped() {
     );
     assert_eq!(status, 202);
 }
+
+/// A workspace `name` under `dir` of one agent step `<name>-step`, on the model at `llm`.
+fn named_workspace(dir: &Path, name: &str, llm: &FakeServer) -> std::path::PathBuf {
+    let ws = dir.join(name);
+    write_files(
+        &ws,
+        &[
+            (
+                "planning/plan.json",
+                json!({"objective": "o", "steps": [
+                    {"id": format!("{name}-step"), "type": "regular", "title": "T",
+                     "description": "Answer."}
+                ]})
+                .to_string(),
+            ),
+            ("planning/step_config.json", r#"{"steps": []}"#.to_string()),
+            (
+                "workflow.json",
+                json!({"llm": {"provider": "openai", "model_id": "m"},
+                       "providers": llm.providers()})
+                .to_string(),
+            ),
+        ],
+    );
+    ws
+}
+
+/// One server, two workspaces: a request names its workspace with `?workspace=` (the first
+/// without it), a query with `workspace` in its body; each has its own plan, executions and
+/// sessions; an unknown name is a 404 naming the served ones (after the guard); two folders
+/// of one name are refused at start.
+#[test]
+fn one_server_serves_several_workspaces_each_on_its_own() {
+    let llm = FakeServer::start(Box::new(|_| (200, completion("Hello.", &[]))));
+    let dir = tempfile::tempdir().unwrap();
+    let alpha = named_workspace(dir.path(), "alpha", &llm);
+    let beta = named_workspace(dir.path(), "beta", &llm);
+    let serve = Serve::start(
+        &alpha,
+        None,
+        &[beta.to_str().unwrap(), "--allow-host", "127.0.0.1"],
+    );
+    let step_of = |answer: &Value| {
+        answer["plan"]["steps"][0]["id"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let (status, plan) = serve.get("/api/workflow/plan", &[]);
+    assert_eq!((status, step_of(&plan)), (200, "alpha-step".into()));
+    let (_, plan) = serve.get("/api/workflow/plan?workspace=beta", &[]);
+    assert_eq!(step_of(&plan), "beta-step");
+    let unknown = serve.get("/api/workflow/plan?workspace=gamma", &[]);
+    assert_eq!(code(&unknown), (404, "unknown_workspace".into()));
+    let detail = unknown.1["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("\"alpha\"") && detail.contains("\"beta\""),
+        "{detail}"
+    );
+    let (status, _, _) = serve.request(
+        "GET",
+        "/api/workflow/plan?workspace=gamma",
+        &["Origin: http://evil.example"],
+        "",
+    );
+    assert_eq!(status, 403, "the guard comes first");
+    let (_, list) = serve.get("/api/workspaces", &[]);
+    let names: Vec<&str> = list["workspaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["alpha", "beta"]);
+
+    let (status, started) = serve.post(
+        "/api/executions?workspace=beta",
+        &json!({"step_id": "beta-step"}),
+    );
+    assert_eq!(status, 202, "{started}");
+    assert_eq!(started["execution_id"], "exec-beta-step-1");
+    let events = serve.stream_at_until(
+        "/api/executions/events/stream?workspace=beta",
+        None,
+        "execution_ended",
+    );
+    assert_eq!(events.last().unwrap()["status"], "done", "{events:?}");
+    let (_, alpha_events) = serve.get("/api/executions/events?since=0", &[]);
+    assert_eq!(
+        alpha_events["events"],
+        json!([]),
+        "alpha's log has none of beta's"
+    );
+    assert!(beta.join("runs/iteration-0/execution/beta-step").is_dir());
+    assert!(!alpha.join("runs/iteration-0/execution/beta-step").exists());
+    assert_eq!(
+        code(&serve.post("/api/executions", &json!({"step_id": "beta-step"}))),
+        (404, "not_found".into()),
+        "without ?workspace= it is alpha's plan"
+    );
+
+    // A query naming beta in its body runs there.
+    let (status, ack) = serve.post("/api/query", &json!({"query": "hi", "workspace": "beta"}));
+    assert_eq!(status, 202, "{ack}");
+    let session = ack["session_id"].as_str().unwrap().to_string();
+    serve.stream_at_until(
+        &format!("/api/sessions/{session}/events/stream?workspace=beta"),
+        None,
+        "session_status",
+    );
+    assert!(beta.join("builder").is_dir());
+    assert!(!alpha.join("builder").exists());
+    assert_eq!(
+        code(&serve.post("/api/query", &json!({"query": "hi", "workspace": "gamma"}))),
+        (404, "unknown_workspace".into())
+    );
+    drop(serve);
+
+    let other = tempfile::tempdir().unwrap();
+    let twin = named_workspace(other.path(), "alpha", &llm);
+    let out = support::trellis(&[
+        "serve",
+        alpha.to_str().unwrap(),
+        twin.to_str().unwrap(),
+        "--addr",
+        "127.0.0.1:0",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("two workspaces are named \"alpha\""),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

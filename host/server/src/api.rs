@@ -147,7 +147,7 @@ pub async fn query(
             "query: give the message for the builder",
         ));
     }
-    app.check_workspace(request.workspace.as_deref())?;
+    let app = app.resolve(request.workspace.as_deref())?;
     if let Some(phase) = request.phase_id.as_deref()
         && phase != trellis_builder::PHASE_ID
     {
@@ -343,7 +343,7 @@ pub async fn builder_session(
     State(app): State<Arc<App>>,
     Params(q): Params<WorkspaceQuery>,
 ) -> ApiResult {
-    app.check_workspace(q.workspace.as_deref())?;
+    let app = app.resolve(q.workspace.as_deref())?;
     let live = app
         .last_session
         .lock()
@@ -421,6 +421,17 @@ pub async fn builder_sessions(State(app): State<Arc<App>>) -> ApiResult {
         })
         .collect();
     Ok(Json(json!({"sessions": sessions})))
+}
+
+/// `GET /api/workspaces`: the workspaces this server serves, the first the one a request
+/// without `?workspace=` is for.
+pub async fn workspaces(State(app): State<Arc<App>>) -> ApiResult {
+    let peers = app.peers.get().cloned().unwrap_or_default();
+    let list: Vec<Value> = peers
+        .iter()
+        .map(|(name, a)| json!({"name": name, "root": a.root.display().to_string()}))
+        .collect();
+    Ok(Json(json!({"workspaces": list})))
 }
 
 /// `?workspace=`.

@@ -81,10 +81,26 @@ impl Default for Limits {
     }
 }
 
+/// One workspace a server serves, and how its builder sessions are opened.
+pub struct ServedWorkspace {
+    /// The workspace folder; requests name it by its folder name (`?workspace=NAME`).
+    pub root: PathBuf,
+    /// How its builder sessions are opened.
+    pub sessions: SessionFactory,
+}
+
+impl std::fmt::Debug for ServedWorkspace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServedWorkspace")
+            .field("root", &self.root)
+            .finish_non_exhaustive()
+    }
+}
+
 /// What `trellis serve` serves.
 pub struct ServerOptions {
-    /// The workspace folder.
-    pub root: PathBuf,
+    /// The workspaces: a request without `?workspace=` is for the first.
+    pub workspaces: Vec<ServedWorkspace>,
     /// Where to listen.
     pub addr: SocketAddr,
     /// The bearer token every request needs (`TRELLIS_TOKEN`); required off loopback.
@@ -93,8 +109,6 @@ pub struct ServerOptions {
     pub runtime: Runtime,
     /// What an execution started without the chat runs with (models, approvals, limits).
     pub template: StartOptions,
-    /// How builder sessions are opened.
-    pub sessions: SessionFactory,
     /// The bounds.
     pub limits: Limits,
 }
@@ -102,7 +116,10 @@ pub struct ServerOptions {
 impl std::fmt::Debug for ServerOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ServerOptions")
-            .field("root", &self.root)
+            .field(
+                "workspaces",
+                &self.workspaces.iter().map(|w| &w.root).collect::<Vec<_>>(),
+            )
             .field("addr", &self.addr)
             .field("token", &self.token.as_ref().map(|_| "[set]"))
             .field("limits", &self.limits)
@@ -128,10 +145,17 @@ impl std::fmt::Debug for LiveSession {
     }
 }
 
-/// The state the handlers share.
+/// The workspaces of a server by name, the first first.
+pub type Workspaces = Arc<Vec<(String, Arc<App>)>>;
+
+/// The state the handlers of one workspace share.
 pub struct App {
     /// The workspace folder.
     pub root: PathBuf,
+    /// Its name in requests: the folder's name.
+    pub name: String,
+    /// Every workspace of the server (this one too), set once they all exist.
+    pub(crate) peers: std::sync::OnceLock<Workspaces>,
     runtime: Runtime,
     template: StartOptions,
     /// The events of every execution, the server's and the sessions'.
@@ -158,22 +182,18 @@ impl std::fmt::Debug for App {
 }
 
 impl App {
-    /// Refuses a `workspace` that is not the served one (by folder name or path).
-    fn check_workspace(&self, given: Option<&str>) -> Result<(), ApiError> {
-        let Some(given) = given else { return Ok(()) };
-        let name = self
-            .root
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or_default();
-        if given == name || std::path::Path::new(given) == self.root {
-            return Ok(());
-        }
-        Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "unknown_workspace",
-            format!("workspace {given:?}: this server serves {name:?}"),
-        ))
+    /// The workspace `given` names (by folder name), this one when none is given; `404
+    /// unknown_workspace` naming the served ones for any other.
+    fn resolve(self: &Arc<Self>, given: Option<&str>) -> Result<Arc<App>, ApiError> {
+        let Some(given) = given else {
+            return Ok(self.clone());
+        };
+        let peers = self.peers.get().cloned().unwrap_or_default();
+        peers
+            .iter()
+            .find(|(name, _)| name == given)
+            .map(|(_, app)| app.clone())
+            .ok_or_else(|| unknown_workspace(given, &peers))
     }
 
     /// The session `id` (held, or restored from its conversation file), or a new one.
@@ -226,6 +246,23 @@ impl App {
     }
 }
 
+/// `404 unknown_workspace` for `given`, naming the served ones.
+fn unknown_workspace(given: &str, peers: &[(String, Arc<App>)]) -> ApiError {
+    let names: Vec<&str> = peers.iter().map(|(n, _)| n.as_str()).collect();
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "unknown_workspace",
+        format!(
+            "workspace {given:?}: this server serves {}",
+            names
+                .iter()
+                .map(|n| format!("{n:?}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    )
+}
+
 /// The routes, with every request through the guard.
 pub fn router(app: Arc<App>) -> Router {
     Router::new()
@@ -234,6 +271,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/api/sessions/{id}/events", get(api::events))
         .route("/api/sessions/{id}/events/stream", get(api::stream))
         .route("/api/session/stop", post(api::stop_session))
+        .route("/api/workspaces", get(api::workspaces))
         .route("/api/workflow/builder-session", get(api::builder_session))
         .route("/api/workflow/plan", get(api::plan))
         .route("/api/workflow/runs", get(api::runs))
@@ -288,32 +326,62 @@ pub async fn serve(options: ServerOptions, bound: impl FnOnce(SocketAddr)) -> Re
         .with_context(|| format!("binding {}", options.addr))?;
     let addr = listener.local_addr()?;
     let limits = options.limits;
-    let execution_log = Arc::new(EventLog::default());
-    let runtime = options.runtime;
-    let app = Arc::new(App {
-        root: options.root,
-        runtime: runtime.clone(),
-        template: options.template,
-        execution_log: execution_log.clone(),
-        watcher: executions::Watcher {
-            runtime,
-            log: execution_log,
-            handle: tokio::runtime::Handle::current(),
-        },
-        factory: options.sessions,
-        sessions: Mutex::default(),
-        last_session: Mutex::default(),
-        max_sessions: limits.sessions,
-        busy: AtomicBool::new(false),
-        queries: AtomicU64::new(0),
-        streams: Arc::new(Semaphore::new(limits.streams)),
-        max_streams: limits.streams,
-        guard: Guard {
-            addr,
-            token: options.token,
-        },
-    });
-    let router = router(app);
+    let guard = Guard {
+        addr,
+        token: options.token,
+    };
+    let streams = Arc::new(Semaphore::new(limits.streams));
+    let mut apps: Vec<(String, Arc<App>)> = Vec::new();
+    for served in options.workspaces {
+        let name = served
+            .root
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default()
+            .to_string();
+        if apps.iter().any(|(n, _)| *n == name) {
+            bail!(
+                "two workspaces are named {name:?}: requests name a workspace by its folder's \
+                 name, so serve folders of different names"
+            );
+        }
+        let execution_log = Arc::new(EventLog::default());
+        let app = Arc::new(App {
+            root: served.root,
+            name: name.clone(),
+            peers: std::sync::OnceLock::new(),
+            runtime: options.runtime.clone(),
+            template: options.template.clone(),
+            execution_log: execution_log.clone(),
+            watcher: executions::Watcher {
+                runtime: options.runtime.clone(),
+                log: execution_log,
+                handle: tokio::runtime::Handle::current(),
+            },
+            factory: served.sessions,
+            sessions: Mutex::default(),
+            last_session: Mutex::default(),
+            max_sessions: limits.sessions,
+            busy: AtomicBool::new(false),
+            queries: AtomicU64::new(0),
+            streams: streams.clone(),
+            max_streams: limits.streams,
+            guard: guard.clone(),
+        });
+        apps.push((name, app));
+    }
+    if apps.is_empty() {
+        bail!("no workspace to serve");
+    }
+    let apps: Workspaces = Arc::new(apps);
+    for (_, app) in apps.iter() {
+        let _ = app.peers.set(apps.clone());
+    }
+    let routers: Arc<Vec<(String, Router)>> = Arc::new(
+        apps.iter()
+            .map(|(name, app)| (name.clone(), router(app.clone())))
+            .collect(),
+    );
     bound(addr);
     let connections = Arc::new(Semaphore::new(limits.connections));
     loop {
@@ -329,7 +397,11 @@ pub async fn serve(options: ServerOptions, bound: impl FnOnce(SocketAddr)) -> Re
             drop(stream);
             continue;
         };
-        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        let service = hyper_util::service::TowerToHyperService::new(Dispatch {
+            routers: routers.clone(),
+            apps: apps.clone(),
+            guard: guard.clone(),
+        });
         tokio::spawn(async move {
             let _slot = slot;
             let connection = hyper::server::conn::http1::Builder::new()
@@ -341,4 +413,106 @@ pub async fn serve(options: ServerOptions, bound: impl FnOnce(SocketAddr)) -> Re
             }
         });
     }
+}
+
+/// Sends each request to the router of the workspace its `?workspace=` names (the first
+/// without one), with that parameter taken out of the query string; an unknown one, once
+/// the guard lets the request through, is `404 unknown_workspace`.
+#[derive(Clone)]
+struct Dispatch {
+    routers: Arc<Vec<(String, Router)>>,
+    apps: Workspaces,
+    guard: Guard,
+}
+
+impl tower_service::Service<hyper::Request<hyper::body::Incoming>> for Dispatch {
+    type Response = Response;
+    type Error = std::convert::Infallible;
+    type Future =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<Response, Self::Error>> + Send>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: hyper::Request<hyper::body::Incoming>) -> Self::Future {
+        let (mut parts, body) = request.into_parts();
+        let (named, rest) = take_workspace(parts.uri.query());
+        let router = match named.as_deref() {
+            None => Some(self.routers[0].1.clone()),
+            Some(name) => self
+                .routers
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, r)| r.clone()),
+        };
+        let Some(router) = router else {
+            let answer = match self.guard.check(&parts.method, &parts.headers) {
+                Ok(()) => unknown_workspace(named.as_deref().unwrap_or_default(), &self.apps)
+                    .into_response(),
+                Err(refusal) => refusal.into_response(),
+            };
+            return Box::pin(async move { Ok(answer) });
+        };
+        if named.is_some() {
+            let path = parts.uri.path().to_string();
+            let target = match rest {
+                Some(q) => format!("{path}?{q}"),
+                None => path,
+            };
+            if let Ok(uri) = target.parse() {
+                parts.uri = uri;
+            }
+        }
+        let request = Request::from_parts(parts, axum::body::Body::new(body));
+        let mut router = router;
+        Box::pin(async move { tower_service::Service::call(&mut router, request).await })
+    }
+}
+
+/// The `workspace` value of a query string (percent-decoded), and the query string without
+/// it (`None` when nothing is left).
+fn take_workspace(query: Option<&str>) -> (Option<String>, Option<String>) {
+    let Some(query) = query else {
+        return (None, None);
+    };
+    let mut named = None;
+    let rest: Vec<&str> = query
+        .split('&')
+        .filter(|pair| match pair.split_once('=') {
+            Some(("workspace", value)) => {
+                named = Some(percent_decode(value));
+                false
+            }
+            _ => !pair.is_empty(),
+        })
+        .collect();
+    (named, (!rest.is_empty()).then(|| rest.join("&")))
+}
+
+/// `value` with `+` as a space and `%XX` as its byte (invalid escapes kept as they are).
+fn percent_decode(value: &str) -> String {
+    let bytes = value.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < bytes.len() => {
+                match u8::from_str_radix(value.get(i + 1..i + 3).unwrap_or("zz"), 16) {
+                    Ok(b) => {
+                        out.push(b);
+                        i += 2;
+                    }
+                    Err(_) => out.push(b'%'),
+                }
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
