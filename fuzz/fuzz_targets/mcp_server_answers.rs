@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use trellis_runner::mcp_servers::McpServers;
+use trellis_mcp::client::McpServers;
 
 /// How long each step may take once the server's output has ended.
 const BOUND: Duration = Duration::from_secs(5);

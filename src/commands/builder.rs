@@ -157,6 +157,7 @@ pub(crate) async fn builder_setup(
     let mut template = StartOptions::new(RunOptions::default(), steps_llm);
     template.retry = retry;
     template.mcp_config = Arc::new(super::mcp_config(mcp, runtime.registry())?);
+    template.tool_servers = Arc::new(trellis_mcp::client::McpClient);
     Ok(BuilderSetup {
         runtime,
         own,

@@ -193,6 +193,7 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
     }
     start.wait_for_workspace = args.wait;
     start.mcp_config = Arc::new(mcp);
+    start.tool_servers = Arc::new(trellis_mcp::client::McpClient);
     let holder = trellis_runner::workspace_lock::holder_of(root);
     if holder.is_none() {
         // Nobody holds the workspace: a step still `running` was interrupted (its process

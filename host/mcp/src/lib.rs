@@ -2,4 +2,5 @@
 //! clients over stdio and streamable HTTP (`trellis mcp serve`, [`serve`]), a front end
 //! beside the CLI and the builder.
 
+pub mod client;
 pub mod serve;

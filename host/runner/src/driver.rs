@@ -48,7 +48,7 @@ use anyhow::{Context, Result, bail};
 
 use crate::events::Observer;
 use crate::grants::reflection_due;
-use crate::mcp_servers::McpServers;
+use crate::mcp_servers::ToolServers;
 use crate::prerequisites::GoBack;
 use crate::routes::MAX_ROUTE_DEPTH;
 use crate::session::Status;
@@ -164,7 +164,7 @@ pub struct StepRunner<'a> {
     scripts: Option<(Arc<ScriptRunner>, ScriptOptions)>,
     steering: Option<Arc<Steering>>,
     /// The external MCP servers of the run (outside the sandbox).
-    mcp: Option<Arc<McpServers>>,
+    mcp: Option<Arc<dyn ToolServers>>,
     /// How often the step run already sent the run back to a prerequisite.
     prerequisite_returns: u32,
     /// The step's end does not wait for the disk ([`StepRunner::with_step_ends_behind`]).
@@ -216,7 +216,7 @@ impl<'a> StepRunner<'a> {
     }
 
     /// Offers the tools of the run's external MCP servers to the steps that name them.
-    pub fn with_mcp_servers(mut self, servers: Arc<McpServers>) -> Self {
+    pub fn with_mcp_servers(mut self, servers: Arc<dyn ToolServers>) -> Self {
         self.mcp = Some(servers);
         self
     }

@@ -151,6 +151,9 @@ pub struct StartOptions {
     pub instructions: Option<String>,
     /// The external MCP servers the operator configured.
     pub mcp_config: Arc<crate::mcp_servers::McpConfig>,
+    /// Starts the servers a run names: the front end's MCP client (`trellis_mcp::client`);
+    /// by default none, and a run naming a server fails in its preflight.
+    pub tool_servers: Arc<dyn crate::mcp_servers::ServerStarter>,
     /// The count of model calls the run takes from, when it shares one (a builder session
     /// counts its executions' calls with its own, up to `turn_budgets.run_model_calls`);
     /// else the run counts its own.
@@ -171,6 +174,7 @@ impl StartOptions {
             wait_for_workspace: false,
             instructions: None,
             mcp_config: Arc::new(crate::mcp_servers::McpConfig::empty()),
+            tool_servers: Arc::new(crate::mcp_servers::NoServers),
             model_calls: None,
         }
     }
@@ -660,6 +664,7 @@ fn run_execution(
             env.share_model_calls(calls.clone());
         }
         env.mcp_config = options.mcp_config.clone();
+        env.tool_servers = options.tool_servers.clone();
         env.cancel = execution.cancel.clone();
         env.cancel_calls = execution.cancel_calls.clone();
         env.steering = Some(execution.steering.clone());

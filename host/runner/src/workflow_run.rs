@@ -41,7 +41,7 @@ use serde_json::{Value, json};
 use crate::driver::{AgentModels, ModelResolver, StepOutcome, StepRunner};
 use crate::events::{Observer, RunEvent};
 use crate::llm_choice::{self, LlmSetup, check_models};
-use crate::mcp_servers::{McpConfig, McpServers};
+use crate::mcp_servers::{McpConfig, NoServers, ServerStarter, ToolServers};
 use crate::run_folder::{ACTIVE_RUN, group_folder_name, open_group_run, start_full_run};
 use crate::session::Status;
 use crate::steering::Steering;
@@ -165,7 +165,7 @@ pub async fn run_workflow(env: &RunEnv<'_>, root: &Path, opts: &RunOptions) -> R
     }
     let (groups, units, servers) = preflight(env, root, &ws, opts).await?;
     // The run's external MCP servers go with it: stopped when it ends, whichever way.
-    let servers = Arc::new(servers);
+    let mut servers: Arc<dyn ToolServers> = Arc::from(servers);
     *env.mcp.lock().unwrap_or_else(|e| e.into_inner()) = Some(servers.clone());
     let mut result = run_prepared(env, root, &ws, opts, groups, units, started).await;
     // The steps' sessions, turn logs and final summaries are written behind the loop
@@ -177,7 +177,7 @@ pub async fn run_workflow(env: &RunEnv<'_>, root: &Path, opts: &RunOptions) -> R
         result = Err(err);
     }
     env.mcp.lock().unwrap_or_else(|e| e.into_inner()).take();
-    if let Ok(mut servers) = Arc::try_unwrap(servers) {
+    if let Some(servers) = Arc::get_mut(&mut servers) {
         servers.stop().await;
     }
     result

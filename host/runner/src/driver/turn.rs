@@ -73,7 +73,7 @@ impl StepRunner<'_> {
     pub(super) fn offered_tools(&self, policy: &ToolPolicy) -> Vec<ToolDefinition> {
         let mut tools = Vec::new();
         if let Some(mcp) = &self.mcp {
-            tools.extend(mcp.definitions(|server, tool| {
+            tools.extend(mcp.definitions(&|server, tool| {
                 policy.plugins.names_server(server) && policy.plugins.allows(server, tool)
             }));
         }

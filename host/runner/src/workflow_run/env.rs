@@ -33,8 +33,10 @@ pub struct RunEnv<'a> {
     model_calls: Arc<crate::driver::ModelCalls>,
     /// The external MCP servers the operator configured (none by default).
     pub mcp_config: Arc<McpConfig>,
+    /// Starts the servers a run names: the front end's MCP client (none by default).
+    pub tool_servers: Arc<dyn ServerStarter>,
     /// The servers the run started, while it runs.
-    pub(super) mcp: Mutex<Option<Arc<McpServers>>>,
+    pub(super) mcp: Mutex<Option<Arc<dyn ToolServers>>>,
     /// Runs the scripts of scripted steps; made on the first one.
     scripts: OnceLock<Arc<ScriptRunner>>,
 }
@@ -57,6 +59,7 @@ impl<'a> RunEnv<'a> {
             turn_budgets: crate::driver::TurnBudgets::default(),
             model_calls: Arc::default(),
             mcp_config: Arc::new(McpConfig::empty()),
+            tool_servers: Arc::new(NoServers),
             mcp: Mutex::new(None),
             scripts: OnceLock::new(),
         }

@@ -213,7 +213,7 @@ pub(super) async fn preflight<'w>(
     root: &Path,
     ws: &'w Workspace,
     opts: &RunOptions,
-) -> Result<(Vec<&'w Group>, Vec<Unit<'w>>, McpServers)> {
+) -> Result<(Vec<&'w Group>, Vec<Unit<'w>>, Box<dyn ToolServers>)> {
     if let Some(step) = &opts.step {
         ws.plan.find_step(step).with_context(|| {
             let ids: Vec<&str> = ws.plan.steps.iter().map(|s| s.id.as_str()).collect();
@@ -336,7 +336,7 @@ pub(super) async fn preflight<'w>(
     }
     // Last: the external servers the steps name are started (they run outside the sandbox,
     // and change nothing in the workspace by being started) and their tools checked.
-    let mut servers = McpServers::start(&env.mcp_config, &mcp_keys).await?;
+    let mut servers = env.tool_servers.start(&env.mcp_config, &mcp_keys).await?;
     let tools = crate::tool_check::check_external_tools(ws, &servers.tool_names());
     if tools.has_errors() {
         servers.stop().await;
