@@ -256,17 +256,9 @@ fn logged_prompts(
     let Some(((attempt, iteration), path)) = best else {
         return Ok(None);
     };
-    let bytes = fs
-        .read(&path)
-        .map_err(|e| ToolFailure::new(e.to_string()))?;
-    trellis_sandbox::json_values::check_values(
-        &path.display().to_string(),
-        &bytes,
-        trellis_sandbox::json_values::MAX_FILE_VALUES,
-    )
-    .map_err(|e| ToolFailure::new(e.to_string()))?;
-    let conv: Value = serde_json::from_slice(&bytes)
-        .map_err(|e| ToolFailure::new(format!("{}: not a turn log: {e}", path.display())))?;
+    let conv = fs
+        .read_json_value(&path)
+        .map_err(|e| ToolFailure::new(format!("reading a turn log: {e}")))?;
     let messages = conv["messages"].as_array().cloned().unwrap_or_default();
     let text_of = |role: &str| {
         messages

@@ -285,16 +285,9 @@ pub fn load(fs: &WorkspaceFs, id: &str) -> Result<(ConversationFile, PathBuf)> {
             }
         }
     };
-    let text = fs
-        .read_to_string(&rel)
-        .with_context(|| format!("reading {rel}"))?;
-    trellis_sandbox::json_values::check_values(
-        &rel,
-        text.as_bytes(),
-        trellis_sandbox::json_values::MAX_FILE_VALUES,
-    )?;
-    let value: Value = serde_json::from_str(&text)
-        .with_context(|| format!("{rel}: not a builder conversation"))?;
+    let value = fs
+        .read_json_value(&rel)
+        .with_context(|| format!("reading {rel}, a builder conversation"))?;
     let file = ConversationFile::from_json(&value, &rel)?;
     if file.session_id != id {
         bail!("{rel}: holds session {:?}, not {id:?}", file.session_id);
@@ -308,14 +301,7 @@ pub fn load(fs: &WorkspaceFs, id: &str) -> Result<(ConversationFile, PathBuf)> {
 pub fn save(fs: &WorkspaceFs, rel: &Path, file: &ConversationFile) -> Result<()> {
     let shown = rel.display().to_string();
     if fs.is_file(rel)
-        && let Ok(text) = fs.read_to_string(rel)
-        && trellis_sandbox::json_values::check_values(
-            &shown,
-            text.as_bytes(),
-            trellis_sandbox::json_values::MAX_FILE_VALUES,
-        )
-        .is_ok()
-        && let Ok(value) = serde_json::from_str::<Value>(&text)
+        && let Ok(value) = fs.read_json_value(rel)
         && let Ok(on_disk) = ConversationFile::from_json(&value, &shown)
         && on_disk.user_turns() > file.user_turns()
     {

@@ -14,7 +14,6 @@ use super::session::{
     FINAL_SUMMARY_FILE, FinalSummary, Session, SessionEntry, Status, TurnSummary, logs_dir,
     turn_log_dirs, turn_log_paths, turn_logs_dir,
 };
-use trellis_sandbox::json_values::{MAX_FILE_VALUES, check_values};
 use trellis_sandbox::store::{Kind, WorkspaceFs};
 
 /// One run folder and the steps found in its `execution/`.
@@ -637,14 +636,13 @@ fn dir_names(fs: &WorkspaceFs, dir: &Path) -> Result<Vec<String>> {
 }
 
 /// Reads a log as JSON, after this process's queued writes are on disk; one of more than
-/// [`MAX_FILE_VALUES`] JSON values is refused unparsed.
+/// [`trellis_sandbox::json_values::MAX_FILE_VALUES`] JSON values is refused unparsed.
 fn read_json<T: serde::de::DeserializeOwned>(fs: &WorkspaceFs, path: &Path) -> Result<T> {
     trellis_sandbox::store::write_behind::flush()?;
-    let bytes = fs
-        .read(path)
+    let value = fs
+        .read_json_value(path)
         .with_context(|| format!("reading {}", path.display()))?;
-    check_values(&path.display().to_string(), &bytes, MAX_FILE_VALUES)?;
-    serde_json::from_slice(&bytes).with_context(|| format!("parsing {}", path.display()))
+    serde_json::from_value(value).with_context(|| format!("parsing {}", path.display()))
 }
 
 #[cfg(test)]

@@ -54,23 +54,17 @@ pub(super) fn sha256(bytes: Option<&[u8]>) -> Value {
 /// The entries already in the changelog file `rel`; an error when it is not a JSON array
 /// (checked before an edit writes anything, so a broken log never half-records an edit).
 pub fn read_entries(fs: &WorkspaceFs, rel: &Path) -> io::Result<Vec<Value>> {
-    match fs.read_optional(rel)? {
-        None => Ok(Vec::new()),
-        Some(text) => {
-            trellis_sandbox::json_values::check_values(
-                &rel.display().to_string(),
-                text.as_bytes(),
-                trellis_sandbox::json_values::MAX_FILE_VALUES,
-            )
-            .map_err(|e| io::Error::other(e.to_string()))?;
-            match serde_json::from_str::<Value>(&text) {
-                Ok(Value::Array(entries)) => Ok(entries),
-                _ => Err(io::Error::other(format!(
-                    "{} is not a JSON array of changelog entries: fix or move it, then retry",
-                    rel.display()
-                ))),
-            }
-        }
+    if !fs.exists(rel) {
+        return Ok(Vec::new());
+    }
+    match fs.read_json_value(rel) {
+        Ok(Value::Array(entries)) => Ok(entries),
+        Err(e) if e.kind() != io::ErrorKind::InvalidData => Err(e),
+        Err(e) if !e.to_string().contains(": not JSON: ") => Err(e),
+        _ => Err(io::Error::other(format!(
+            "{} is not a JSON array of changelog entries: fix or move it, then retry",
+            rel.display()
+        ))),
     }
 }
 

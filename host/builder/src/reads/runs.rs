@@ -121,14 +121,7 @@ fn step_json(root: &Path, fs: &WorkspaceFs, run: &str, r: &StepReport) -> Value 
     .map(|dir| dir.join(trellis_runner::session::FINAL_SUMMARY_FILE))
     .find(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_file()));
     let final_summary = summary_path.and_then(|summary_path| {
-        let bytes = fs.read(&summary_path).ok()?;
-        trellis_sandbox::json_values::check_values(
-            "final summary",
-            &bytes,
-            trellis_sandbox::json_values::MAX_FILE_VALUES,
-        )
-        .ok()?;
-        let v: Value = serde_json::from_slice(&bytes).ok()?;
+        let v = fs.read_json_value(&summary_path).ok()?;
         Some(json!({
             "path": rel_str(root, &summary_path),
             "status": v["status"],

@@ -15,16 +15,9 @@ pub const SELECTION_KEYS: &[&str] = &["select_route", "route_id", "selected_rout
 
 /// The selected value of a selection file: the first of [`SELECTION_KEYS`] holding a string.
 pub(super) fn read_selection(fs: &WorkspaceFs, path: &Path) -> Result<String> {
-    let text = fs
-        .read_to_string(path)
+    let value = fs
+        .read_json_value(path)
         .with_context(|| format!("reading {}", path.display()))?;
-    trellis_sandbox::json_values::check_values(
-        &path.display().to_string(),
-        text.as_bytes(),
-        trellis_sandbox::json_values::MAX_FILE_VALUES,
-    )?;
-    let value: Value =
-        serde_json::from_str(&text).with_context(|| format!("{}: not JSON", path.display()))?;
     SELECTION_KEYS
         .iter()
         .find_map(|k| value.get(*k).and_then(Value::as_str))

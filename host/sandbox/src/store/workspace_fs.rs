@@ -344,6 +344,21 @@ impl WorkspaceFs {
         String::from_utf8(bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
     }
 
+    /// The JSON value in the file at `path` (a log, a session, a guest's file: at most
+    /// [`READ_CAP`] bytes), counted before it is parsed: a file of more than
+    /// [`crate::json_values::MAX_FILE_VALUES`] values is refused unparsed, naming it, and so
+    /// is one that is not JSON.
+    pub fn read_json_value(&self, path: impl AsRef<Path>) -> io::Result<serde_json::Value> {
+        let path = path.as_ref();
+        let bytes = self.read(path)?;
+        let name = path.display().to_string();
+        crate::json_values::check_values(&name, &bytes, crate::json_values::MAX_FILE_VALUES)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+        serde_json::from_slice(&bytes).map_err(|e| {
+            io::Error::new(io::ErrorKind::InvalidData, format!("{name}: not JSON: {e}"))
+        })
+    }
+
     /// `Ok(None)` when `path` does not exist, else [`WorkspaceFs::read_json_text`].
     pub fn read_json_optional(&self, path: impl AsRef<Path>) -> io::Result<Option<String>> {
         match self.read_json_text(path) {
