@@ -34,6 +34,7 @@ mod gate;
 mod items;
 mod prompts;
 mod reflection;
+mod results;
 mod run;
 mod scripted_step;
 mod step_end;

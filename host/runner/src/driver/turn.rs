@@ -1,5 +1,6 @@
 //! The turn: LLM calls and tool rounds until a plain reply, tool dispatch (plugin tools
-//! and `call_sub_agent`), context offloading of large results and the steering hooks.
+//! and `call_sub_agent`) and the steering hooks; what it keeps of the results is
+//! [`super::results`].
 
 use std::time::Instant;
 
@@ -8,13 +9,14 @@ use serde_json::Value;
 use tokio::sync::Semaphore;
 
 use super::budget::{ResultBytes, out_of_model_calls};
-use super::prompts::{offload_reference, out_of_tool_rounds};
-use super::{AgentModels, OFFLOAD_THRESHOLD, Run, StepRunner, TurnEnd, TurnOk, entry_outcome};
+use super::prompts::out_of_tool_rounds;
+use super::results::{event_arguments, kept};
+use super::{AgentModels, Run, StepRunner, TurnEnd, TurnOk, entry_outcome};
 use crate::db_tools;
 use crate::events::RunEvent;
 use crate::filters::{CALL_SUB_AGENT, DELEGATION_CATEGORY, ToolPolicy};
 use crate::grants::TurnGrant;
-use crate::routes::{TOOL_RESULTS_DIR, call_sub_agent_tool};
+use crate::routes::call_sub_agent_tool;
 use crate::session::{
     LlmCallRecord, RequestedToolCall, Status, ToolCallRecord, TurnConversation, TurnSummary,
     now_rfc3339, write_turn_logs,
@@ -533,114 +535,6 @@ pub(super) struct TurnCalls<'t> {
     pub(super) result_bytes: &'t ResultBytes,
 }
 
-/// The record of an ended call as the turn keeps it, with the content the model gets. A
-/// result over the offload threshold goes to `tool-results/` (when the step offloads) and
-/// the record keeps the reference in its place; a result that does not fit what is left of
-/// the turn's result bytes is dropped, and the model told why.
-pub(super) fn kept(
-    run: &Run<'_>,
-    mut record: ToolCallRecord,
-    result_bytes: &ResultBytes,
-) -> (ToolCallRecord, String) {
-    if let Some(e) = &record.error {
-        // An error is content the model gets too (an external MCP server's `isError`
-        // result is as long as its results may be): it counts against the same bytes.
-        let content = format!("error: {e}");
-        if !result_bytes.take(content.len()) {
-            let error = result_bytes.exceeded(content.len());
-            record.error = Some(error.clone());
-            return (record, format!("error: {error}"));
-        }
-        return (record, content);
-    }
-    let content = match &record.result {
-        Some(Value::String(s)) => s.clone(),
-        Some(other) => other.to_string(),
-        None => String::new(),
-    };
-    if !result_bytes.take(content.len()) {
-        let error = result_bytes.exceeded(content.len());
-        record.result = None;
-        record.error = Some(error.clone());
-        return (record, format!("error: {error}"));
-    }
-    if run.configs.enable_context_offloading != Some(false) && content.len() > OFFLOAD_THRESHOLD {
-        let value = record.result.take().unwrap_or(Value::Null);
-        match offload(run, &record.tool_call_id, &value, content.len()) {
-            Some(reference) => {
-                record.result = Some(Value::String(reference.clone()));
-                return (record, reference);
-            }
-            None => record.result = Some(value),
-        }
-    }
-    (record, content)
-}
-
-/// Writes a large tool result to `<output>/tool-results/<tool-call-id>.json` and returns the
-/// short reference that replaces it in the conversation; `None` when the file cannot be
-/// written (the result then stays in the conversation as it was).
-fn offload(run: &Run<'_>, call_id: &str, value: &Value, len: usize) -> Option<String> {
-    let name = offload_name(run, call_id);
-    let path = run.output_dir.join(TOOL_RESULTS_DIR).join(&name);
-    match run.ws.fs.write_json_atomic(&path, value) {
-        Ok(()) => Some(offload_reference(
-            &format!("{}/{TOOL_RESULTS_DIR}/{name}", run.folders.output),
-            len,
-        )),
-        Err(e) => {
-            tracing::warn!(
-                "{}: offloading a tool result to {}: {e}",
-                run.label,
-                path.display()
-            );
-            None
-        }
-    }
-}
-
-/// The file under `tool-results/` for call `call_id`: `<id>.json`, or `<id>-N.json` when
-/// this agent already wrote that name or a file is there (a model may give two calls one
-/// id, and ids that differ may map to one file name), the id cut to [`MAX_ID_CHARS`].
-fn offload_name(run: &Run<'_>, call_id: &str) -> String {
-    const MAX_ID_CHARS: usize = 100;
-    let base: String = file_safe(call_id).chars().take(MAX_ID_CHARS).collect();
-    let mut taken = run.offloaded.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = run.output_dir.join(TOOL_RESULTS_DIR);
-    let free = |name: &String| {
-        // An error (a planted link on the way) is not a file there: the write fails on it.
-        !taken.contains(name) && !matches!(run.ws.fs.kind(dir.join(name)), Ok(Some(_)))
-    };
-    let mut name = format!("{base}.json");
-    let mut n = 2u64;
-    while !free(&name) {
-        name = format!("{base}-{n}.json");
-        n += 1;
-    }
-    taken.insert(name.clone());
-    name
-}
-
-/// A tool call id as a file name: characters other than letters, digits, `-`, `_` and `.`
-/// become `_`; an empty or dot-only id becomes `call`.
-fn file_safe(id: &str) -> String {
-    let name: String = id
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    if name.trim_matches('.').is_empty() {
-        "call".to_string()
-    } else {
-        name
-    }
-}
-
 pub(super) fn parse_arguments(text: &str) -> Result<Value, String> {
     if text.trim().is_empty() {
         return Ok(Value::Object(Default::default()));
@@ -694,53 +588,9 @@ fn strip_marker<'l>(line: &'l str, marker: &str) -> Option<&'l str> {
     want.peek().is_none().then_some("")
 }
 
-/// The arguments of a call as its run event keeps them: whole up to
-/// [`EVENT_ARGUMENT_BYTES`] of JSON, else that much of their JSON text and how much was cut.
-/// The event log lasts the whole execution; the turn log keeps the arguments whole.
-fn event_arguments(args: &Value) -> Value {
-    let text = args.to_string();
-    if text.len() <= EVENT_ARGUMENT_BYTES {
-        return args.clone();
-    }
-    let mut end = EVENT_ARGUMENT_BYTES;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    Value::String(format!(
-        "{}... [cut: {} bytes, limit {EVENT_ARGUMENT_BYTES}]",
-        &text[..end],
-        text.len() - end
-    ))
-}
-
-/// The bytes of a call's arguments its run event keeps whole.
-pub const EVENT_ARGUMENT_BYTES: usize = 4096;
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_run_event_keeps_small_arguments_whole_and_cuts_big_ones() {
-        let small = serde_json::json!({"path": "notes.md"});
-        assert_eq!(event_arguments(&small), small);
-        // 4 MB of arguments (the red team's answers) leave 4 KiB in the event.
-        let big = serde_json::json!({"path": "nope", "pad": "é".repeat(2_000_000)});
-        let kept = event_arguments(&big);
-        let text = kept.as_str().unwrap();
-        assert!(text.starts_with(r#"{"pad":"ééé"#), "{:.40}", text);
-        let total = big.to_string().len();
-        let shown = text.find("... [cut: ").unwrap();
-        assert!((EVENT_ARGUMENT_BYTES - 1..=EVENT_ARGUMENT_BYTES).contains(&shown));
-        assert!(
-            text.ends_with(&format!(
-                "... [cut: {} bytes, limit {EVENT_ARGUMENT_BYTES}]",
-                total - shown
-            )),
-            "{}",
-            &text[shown..]
-        );
-    }
 
     #[test]
     fn status_failed_and_concerns_are_scanned() {

@@ -1,0 +1,169 @@
+//! What a turn keeps of its tool calls: each result counted against the turn's result bytes
+//! ([`ResultBytes`]) as its call ends, a large one offloaded to `tool-results/` with a short
+//! reference in its place, and the arguments a run event keeps (a few KiB: the event log
+//! lasts the whole execution; the turn log has them whole).
+
+use serde_json::Value;
+
+use super::budget::ResultBytes;
+use super::prompts::offload_reference;
+use super::{OFFLOAD_THRESHOLD, Run};
+use crate::routes::TOOL_RESULTS_DIR;
+use crate::session::ToolCallRecord;
+
+/// The record of an ended call as the turn keeps it, with the content the model gets. A
+/// result over the offload threshold goes to `tool-results/` (when the step offloads) and
+/// the record keeps the reference in its place; a result that does not fit what is left of
+/// the turn's result bytes is dropped, and the model told why.
+pub(super) fn kept(
+    run: &Run<'_>,
+    mut record: ToolCallRecord,
+    result_bytes: &ResultBytes,
+) -> (ToolCallRecord, String) {
+    if let Some(e) = &record.error {
+        // An error is content the model gets too (an external MCP server's `isError`
+        // result is as long as its results may be): it counts against the same bytes.
+        let content = format!("error: {e}");
+        if !result_bytes.take(content.len()) {
+            let error = result_bytes.exceeded(content.len());
+            record.error = Some(error.clone());
+            return (record, format!("error: {error}"));
+        }
+        return (record, content);
+    }
+    let content = match &record.result {
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => other.to_string(),
+        None => String::new(),
+    };
+    if !result_bytes.take(content.len()) {
+        let error = result_bytes.exceeded(content.len());
+        record.result = None;
+        record.error = Some(error.clone());
+        return (record, format!("error: {error}"));
+    }
+    if run.configs.enable_context_offloading != Some(false) && content.len() > OFFLOAD_THRESHOLD {
+        let value = record.result.take().unwrap_or(Value::Null);
+        match offload(run, &record.tool_call_id, &value, content.len()) {
+            Some(reference) => {
+                record.result = Some(Value::String(reference.clone()));
+                return (record, reference);
+            }
+            None => record.result = Some(value),
+        }
+    }
+    (record, content)
+}
+
+/// Writes a large tool result to `<output>/tool-results/<tool-call-id>.json` and returns the
+/// short reference that replaces it in the conversation; `None` when the file cannot be
+/// written (the result then stays in the conversation as it was).
+fn offload(run: &Run<'_>, call_id: &str, value: &Value, len: usize) -> Option<String> {
+    let name = offload_name(run, call_id);
+    let path = run.output_dir.join(TOOL_RESULTS_DIR).join(&name);
+    match run.ws.fs.write_json_atomic(&path, value) {
+        Ok(()) => Some(offload_reference(
+            &format!("{}/{TOOL_RESULTS_DIR}/{name}", run.folders.output),
+            len,
+        )),
+        Err(e) => {
+            tracing::warn!(
+                "{}: offloading a tool result to {}: {e}",
+                run.label,
+                path.display()
+            );
+            None
+        }
+    }
+}
+
+/// The file under `tool-results/` for call `call_id`: `<id>.json`, or `<id>-N.json` when
+/// this agent already wrote that name or a file is there (a model may give two calls one
+/// id, and ids that differ may map to one file name), the id cut to [`MAX_ID_CHARS`].
+fn offload_name(run: &Run<'_>, call_id: &str) -> String {
+    const MAX_ID_CHARS: usize = 100;
+    let base: String = file_safe(call_id).chars().take(MAX_ID_CHARS).collect();
+    let mut taken = run.offloaded.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = run.output_dir.join(TOOL_RESULTS_DIR);
+    let free = |name: &String| {
+        // An error (a planted link on the way) is not a file there: the write fails on it.
+        !taken.contains(name) && !matches!(run.ws.fs.kind(dir.join(name)), Ok(Some(_)))
+    };
+    let mut name = format!("{base}.json");
+    let mut n = 2u64;
+    while !free(&name) {
+        name = format!("{base}-{n}.json");
+        n += 1;
+    }
+    taken.insert(name.clone());
+    name
+}
+
+/// A tool call id as a file name: characters other than letters, digits, `-`, `_` and `.`
+/// become `_`; an empty or dot-only id becomes `call`.
+fn file_safe(id: &str) -> String {
+    let name: String = id
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if name.trim_matches('.').is_empty() {
+        "call".to_string()
+    } else {
+        name
+    }
+}
+
+/// The arguments of a call as its run event keeps them: whole up to
+/// [`EVENT_ARGUMENT_BYTES`] of JSON, else that much of their JSON text and how much was cut.
+/// The event log lasts the whole execution; the turn log keeps the arguments whole.
+pub(super) fn event_arguments(args: &Value) -> Value {
+    let text = args.to_string();
+    if text.len() <= EVENT_ARGUMENT_BYTES {
+        return args.clone();
+    }
+    let mut end = EVENT_ARGUMENT_BYTES;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    Value::String(format!(
+        "{}... [cut: {} bytes, limit {EVENT_ARGUMENT_BYTES}]",
+        &text[..end],
+        text.len() - end
+    ))
+}
+
+/// The bytes of a call's arguments its run event keeps whole.
+pub const EVENT_ARGUMENT_BYTES: usize = 4096;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_event_keeps_small_arguments_whole_and_cuts_big_ones() {
+        let small = serde_json::json!({"path": "notes.md"});
+        assert_eq!(event_arguments(&small), small);
+        // 4 MB of arguments (the red team's answers) leave 4 KiB in the event.
+        let big = serde_json::json!({"path": "nope", "pad": "é".repeat(2_000_000)});
+        let kept = event_arguments(&big);
+        let text = kept.as_str().unwrap();
+        assert!(text.starts_with(r#"{"pad":"ééé"#), "{:.40}", text);
+        let total = big.to_string().len();
+        let shown = text.find("... [cut: ").unwrap();
+        assert!((EVENT_ARGUMENT_BYTES - 1..=EVENT_ARGUMENT_BYTES).contains(&shown));
+        assert!(
+            text.ends_with(&format!(
+                "... [cut: {} bytes, limit {EVENT_ARGUMENT_BYTES}]",
+                total - shown
+            )),
+            "{}",
+            &text[shown..]
+        );
+    }
+}
