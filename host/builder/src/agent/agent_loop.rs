@@ -141,7 +141,12 @@ impl Agent {
     }
 
     /// One tool call, never failing: what the model reads back.
-    pub(super) async fn tool_call(&self, mode: Mode, call: &ToolCall, writes: &DbWriteBudget) -> String {
+    pub(super) async fn tool_call(
+        &self,
+        mode: Mode,
+        call: &ToolCall,
+        writes: &DbWriteBudget,
+    ) -> String {
         let arguments: Result<Value, String> = if call.arguments.trim().is_empty() {
             Ok(json!({}))
         } else {

@@ -99,12 +99,6 @@ pub(crate) struct DbState {
 }
 
 impl DbState {
-    /// The size of the granted database file (not following a link), if it has one.
-    fn file_size(&self) -> Option<u64> {
-        let grant = self.grant.as_ref()?;
-        std::fs::symlink_metadata(&grant.path).ok().map(|m| m.len())
-    }
-
     /// The database of `grant`, if any, for a call ending in `timeout`.
     pub(crate) fn new(grant: Option<DbGrant>, timeout: Duration, budget: Arc<FsBudget>) -> Self {
         DbState {
@@ -362,10 +356,13 @@ impl DbState {
                 }
             }
         }
-        let commit = self
-            .conn
-            .as_ref()
-            .map(|db| (db.conn().execute_batch("COMMIT"), db));
+        // The pages a commit writes (what the cache still held) are counted, not stopped.
+        let commit = self.conn.as_ref().map(|db| {
+            let (done, written) =
+                sql::counting_writes(u64::MAX, || db.conn().execute_batch("COMMIT"));
+            self.budget.charge_growth(written);
+            (done, db)
+        });
         if let Some((Err(e), db)) = commit {
             let message = db.describe(&e);
             let _ = db.conn().execute_batch("ROLLBACK");
@@ -379,21 +376,30 @@ impl DbState {
         sql: &str,
         params: &[workflow_db::SqlValue],
     ) -> Result<u64, workflow_db::DbError> {
+        let allowance = self.budget.write_bytes_left();
         let db = self.connection(sql)?;
-        let changed = db
-            .conn()
-            .execute(sql, rusqlite::params_from_iter(params.iter().map(to_sql)));
-        match changed {
+        // What the statement writes to the database's files (its journal too) comes out of
+        // the call's write budget, whether or not the file grows.
+        let (changed, written) = sql::counting_writes(allowance, || {
+            db.conn()
+                .execute(sql, rusqlite::params_from_iter(params.iter().map(to_sql)))
+        });
+        let result = match changed {
             Ok(changed) => Ok(changed as u64),
             Err(e) => {
                 let message = db.describe(&e);
-                if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull) {
-                    // `max_page_count` of the connection: the call's write budget.
+                if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull)
+                    || message.starts_with(sql::WRITES_MESSAGE)
+                {
+                    // `max_page_count` of the connection, or the bytes it wrote: the call's
+                    // write budget.
                     self.budget.note_write_limit();
                 }
                 Err(workflow_db::DbError::Sql(message))
             }
-        }
+        };
+        self.budget.charge_growth(written);
+        result
     }
 }
 
@@ -494,9 +500,9 @@ impl HostDb {
             .iter()
             .map(|(sql, params)| (sql.clone(), params.iter().map(Into::into).collect()))
             .collect();
-        let before = self.0.file_size();
         let limit = self.0.budget.write_bytes_left();
-        let result = self.0.execute_all(&statements).map_err(|(i, e)| {
+        // What the statements write is charged to the budget as they run.
+        self.0.execute_all(&statements).map_err(|(i, e)| {
             let mut text = describe_error(e);
             if text.contains("database or disk is full") {
                 text.push_str(&format!(
@@ -505,11 +511,7 @@ impl HostDb {
                 ));
             }
             (i, text)
-        });
-        if let (Some(before), Some(after)) = (before, self.0.file_size()) {
-            self.0.budget.charge_growth(after.saturating_sub(before));
-        }
-        result
+        })
     }
 }
 

@@ -94,6 +94,16 @@ pub struct GuardedDb {
 /// What the message of an interrupted statement says, so callers can tell it from other errors.
 pub const DEADLINE_MESSAGE: &str = "the statement ran past its deadline and was stopped";
 
+/// What the message of a statement stopped for what it wrote begins with.
+pub const WRITES_MESSAGE: &str = "the statement was stopped";
+
+/// Runs `f` (statements of connections of this module), counting what SQLite writes to the
+/// database's files meanwhile, and stopping a statement past `allowance` bytes: `f`'s
+/// result and the bytes written.
+pub fn counting_writes<T>(allowance: u64, f: impl FnOnce() -> T) -> (T, u64) {
+    one_link::counting_writes(allowance, f)
+}
+
 impl GuardedDb {
     /// The connection.
     pub fn conn(&self) -> &Connection {
@@ -117,6 +127,15 @@ impl GuardedDb {
 pub fn describe(err: &rusqlite::Error, timeout: Duration) -> String {
     if let Some(refused) = one_link::take_refusal() {
         return refused;
+    }
+    if let Some(allowance) = one_link::take_write_stop()
+        && err.sqlite_error_code() == Some(ErrorCode::OperationInterrupted)
+    {
+        return format!(
+            "{WRITES_MESSAGE}: it wrote more than the {allowance} bytes left of the write \
+             budget to the database's files (a page it changes is written to the journal \
+             and to the database); change fewer rows at once"
+        );
     }
     match err.sqlite_error_code() {
         Some(ErrorCode::OperationInterrupted) => {
@@ -221,7 +240,10 @@ fn open_fenced(
     let watched = deadline.clone();
     conn.progress_handler(
         PROGRESS_STEPS,
-        Some(move || Instant::now() >= *watched.lock().unwrap_or_else(|e| e.into_inner())),
+        Some(move || {
+            one_link::over_allowance()
+                || Instant::now() >= *watched.lock().unwrap_or_else(|e| e.into_inner())
+        }),
     )?;
     Ok(GuardedDb {
         conn,

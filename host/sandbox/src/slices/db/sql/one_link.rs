@@ -20,9 +20,14 @@
 //! message naming the file. The check is of the descriptor SQLite then uses, so nothing put at
 //! the name between a check and the open can slip past it. A symbolic link at any of the
 //! names is already refused by SQLite itself (`O_NOFOLLOW` on every file it opens).
+//!
+//! The same table's `write`, `pwrite` and `pwrite64` count what SQLite writes to those files
+//! (pages of the database, the journal or the WAL), for the statements run inside
+//! [`counting_writes`]: an `UPDATE` that rewrites every page of a planted database leaves
+//! the file's size as it was, and is bounded by what it writes, not by what it grows.
 
-use std::cell::RefCell;
-use std::ffi::{CStr, OsStr, c_char, c_int};
+use std::cell::{Cell, RefCell};
+use std::ffi::{CStr, OsStr, c_char, c_int, c_void};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::OnceLock;
@@ -36,6 +41,114 @@ thread_local! {
 
 /// The system call this module replaces.
 const OPEN: &CStr = c"open";
+
+/// What the statements on this thread wrote since [`counting_writes`] began, and may write.
+#[derive(Debug, Clone, Copy)]
+struct Writes {
+    written: u64,
+    allowance: u64,
+}
+
+thread_local! {
+    /// Set while [`counting_writes`] runs on this thread.
+    static WRITES: Cell<Option<Writes>> = const { Cell::new(None) };
+    /// Set when the progress handler stopped a statement for writing past its allowance.
+    static WRITE_STOP: Cell<Option<u64>> = const { Cell::new(None) };
+}
+
+/// Runs `f` (statements of a connection opened through this module, on this thread),
+/// counting the bytes SQLite writes to the database's files meanwhile: `f`'s result and
+/// those bytes. A statement that takes them past `allowance` is stopped by its connection's
+/// progress handler ([`over_allowance`]); what it wrote until then (at most a page cache
+/// more) is counted too.
+pub(crate) fn counting_writes<T>(allowance: u64, f: impl FnOnce() -> T) -> (T, u64) {
+    let outer = WRITES.replace(Some(Writes {
+        written: 0,
+        allowance,
+    }));
+    let out = f();
+    let written = WRITES.replace(outer).map_or(0, |w| w.written);
+    // A count inside another one counts for both.
+    if let Some(mut outer) = outer {
+        outer.written = outer.written.saturating_add(written);
+        WRITES.set(Some(outer));
+    }
+    (out, written)
+}
+
+/// Whether the statements counted on this thread wrote past their allowance; the first
+/// time, the allowance is kept for [`take_write_stop`].
+pub(crate) fn over_allowance() -> bool {
+    let over = WRITES
+        .get()
+        .filter(|w| w.written > w.allowance)
+        .map(|w| w.allowance);
+    if let Some(allowance) = over {
+        WRITE_STOP.set(Some(allowance));
+    }
+    over.is_some()
+}
+
+/// The allowance a statement on this thread was stopped for writing past, since the last
+/// call.
+pub(crate) fn take_write_stop() -> Option<u64> {
+    WRITE_STOP.take()
+}
+
+fn note_written(n: libc::ssize_t) {
+    if n > 0
+        && let Some(mut w) = WRITES.get()
+    {
+        w.written = w.written.saturating_add(n as u64);
+        WRITES.set(Some(w));
+    }
+}
+
+/// `write(2)`, counted.
+unsafe extern "C" fn write_counted(
+    fd: c_int,
+    buf: *const c_void,
+    n: libc::size_t,
+) -> libc::ssize_t {
+    // SAFETY: SQLite's arguments of write(2), passed on as they are.
+    let done = unsafe { libc::write(fd, buf, n) };
+    note_written(done);
+    done
+}
+
+/// `pwrite(2)`, counted.
+unsafe extern "C" fn pwrite_counted(
+    fd: c_int,
+    buf: *const c_void,
+    n: libc::size_t,
+    offset: libc::off_t,
+) -> libc::ssize_t {
+    // SAFETY: SQLite's arguments of pwrite(2), passed on as they are.
+    let done = unsafe { libc::pwrite(fd, buf, n, offset) };
+    note_written(done);
+    done
+}
+
+/// `pwrite64(2)`, counted.
+#[cfg(target_os = "linux")]
+unsafe extern "C" fn pwrite64_counted(
+    fd: c_int,
+    buf: *const c_void,
+    n: libc::size_t,
+    offset: libc::off64_t,
+) -> libc::ssize_t {
+    // SAFETY: SQLite's arguments of pwrite64(2), passed on as they are.
+    let done = unsafe { libc::pwrite64(fd, buf, n, offset) };
+    note_written(done);
+    done
+}
+
+type Write = unsafe extern "C" fn(c_int, *const c_void, libc::size_t) -> libc::ssize_t;
+type Pwrite =
+    unsafe extern "C" fn(c_int, *const c_void, libc::size_t, libc::off_t) -> libc::ssize_t;
+#[cfg(target_os = "linux")]
+type Pwrite64 =
+    unsafe extern "C" fn(c_int, *const c_void, libc::size_t, libc::off64_t) -> libc::ssize_t;
 
 /// Puts the check in front of every open of SQLite's unix VFS, once. Fails (and every later
 /// call with it) when the default VFS does not let its `open` be replaced, so a connection is
@@ -76,6 +189,33 @@ pub(crate) fn install() -> Result<(), String> {
                     return Err(format!(
                         "SQLite's default VFS ({name}) did not take the checked open"
                     ));
+                }
+                // Every write call the table has is counted; one it has that does not take
+                // the counted one fails the install.
+                #[allow(unused_mut)]
+                let mut writers: Vec<(&CStr, usize)> = vec![
+                    (c"write", write_counted as Write as usize),
+                    (c"pwrite", pwrite_counted as Pwrite as usize),
+                ];
+                #[cfg(target_os = "linux")]
+                writers.push((c"pwrite64", pwrite64_counted as Pwrite64 as usize));
+                for (call, counted) in writers {
+                    if get(vfs, call.as_ptr()).is_none() {
+                        continue;
+                    }
+                    // The table holds every entry as `void (*)(void)`, cast back at each use.
+                    let entry: ffi::sqlite3_syscall_ptr = Some(std::mem::transmute::<
+                        usize,
+                        unsafe extern "C" fn(),
+                    >(counted));
+                    if set(vfs, call.as_ptr(), entry) != ffi::SQLITE_OK
+                        || get(vfs, call.as_ptr()).map(|f| f as usize) != Some(counted)
+                    {
+                        return Err(format!(
+                            "SQLite's default VFS ({name}) did not take the counted {}",
+                            call.to_string_lossy()
+                        ));
+                    }
                 }
                 Ok(())
             }
