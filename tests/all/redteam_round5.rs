@@ -542,3 +542,122 @@ fn a_long_foreach_writes_its_session_a_bounded_number_of_times() {
         "{written} bytes written for {ROWS} rows"
     );
 }
+
+/// A planted changelog of the day `bytes` long (one entry with a long reason).
+fn planted_changelog(ws: &Path, bytes: usize) -> std::path::PathBuf {
+    let day: String = trellis_runner::session::now_rfc3339()
+        .chars()
+        .take(10)
+        .collect();
+    let rel = format!("planning/changelog/changelog-{day}.json");
+    let entry = json!([{"timestamp": format!("{day}T00:00:00Z"), "tool": "planted",
+                        "reason": "x".repeat(bytes), "step_ids": [], "changes": []}]);
+    write_files(ws, &[(rel.as_str(), entry.to_string())]);
+    ws.join(rel)
+}
+
+/// Each plan edit rereads and rewrites the day's changelog whole, and rewrites the plan:
+/// 192 tiny edits against a planted 60 MiB changelog wrote 12 GB in one builder turn (round
+/// 6). What an edit may rewrite now comes out of the turn's write budget, and a day's
+/// changelog goes on in a new file past 4 MiB.
+#[test]
+fn plan_edits_write_within_the_turns_budget_and_the_changelog_rolls_over() {
+    use support::fake_llm::{FakeServer, completion};
+    let edits: Vec<(String, Value)> = (0..30)
+        .map(|i| {
+            (
+                "update_variable".to_string(),
+                json!({"reason": "r", "action": "add", "name": format!("V{i}"), "value": "x"}),
+            )
+        })
+        .collect();
+    let llm = FakeServer::start(Box::new(move |body| {
+        let answered = body["messages"]
+            .as_array()
+            .is_some_and(|m| m.iter().any(|m| m["role"] == "tool"));
+        if answered {
+            return (200, completion("done", &[]));
+        }
+        let calls: Vec<(&str, Value)> =
+            edits.iter().map(|(n, a)| (n.as_str(), a.clone())).collect();
+        (200, completion("", &calls))
+    }));
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path();
+    write_files(
+        ws,
+        &[
+            (
+                "planning/plan.json",
+                json!({"objective": "o", "steps": [
+                    {"id": "a", "type": "regular", "title": "A", "description": "d"}
+                ]})
+                .to_string(),
+            ),
+            ("planning/step_config.json", r#"{"steps": []}"#.to_string()),
+            (
+                "workflow.json",
+                json!({"llm": {"provider": "openai", "model_id": "m"},
+                       "providers": llm.providers()})
+                .to_string(),
+            ),
+        ],
+    );
+    let changelog = planted_changelog(ws, 3 << 20);
+    let out = support::trellis(&[
+        "builder",
+        ws.to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
+        "--max-turn-write-mib",
+        "16",
+        "-m",
+        "go",
+    ]);
+    let text = told(&out);
+    let results: Vec<String> = llm
+        .seen()
+        .iter()
+        .flat_map(|body| body["messages"].as_array().cloned().unwrap_or_default())
+        .filter(|m| m["role"] == "tool")
+        .map(|m| m["content"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(results.len(), 30, "{text:.3000}");
+    let done = results.iter().filter(|r| r.contains("\"ok\":true")).count();
+    let refused = results
+        .iter()
+        .filter(|r| r.contains("refused: this edit may rewrite"))
+        .count();
+    // Each edit may rewrite the 3 MiB changelog: a 16 MiB turn holds a few of them.
+    assert!((2..=5).contains(&done), "{done} edits done: {results:?}");
+    assert_eq!(done + refused, 30, "{results:?}");
+    let entries: Value = serde_json::from_slice(&std::fs::read(&changelog).unwrap()).unwrap();
+    assert_eq!(entries.as_array().unwrap().len(), 1 + done);
+
+    // A day's changelog of 4 MiB and more goes on in the next file, and stays as it was.
+    let full = planted_changelog(ws, 5 << 20);
+    let before = std::fs::read(&full).unwrap();
+    let out = support::trellis(&[
+        "builder",
+        ws.to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
+        "-m",
+        "go",
+    ]);
+    assert!(out.status.success(), "{}", told(&out));
+    assert_eq!(std::fs::read(&full).unwrap(), before);
+    let next = full.with_file_name(
+        full.file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .replace(".json", "-2.json"),
+    );
+    let entries: Value = serde_json::from_slice(&std::fs::read(&next).unwrap()).unwrap();
+    assert!(
+        !entries.as_array().unwrap().is_empty(),
+        "{}",
+        next.display()
+    );
+}

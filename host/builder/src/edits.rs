@@ -49,6 +49,44 @@ pub fn specs() -> Vec<ToolSpec> {
 
 /// Calls plan or config tool `name`: the arguments are checked against its schema first.
 pub fn call(ctx: &ToolContext<'_>, name: &str, args: &Value) -> ToolResult {
+    // An edit rewrites the files it changes whole (the plan up to 16 MiB) and the
+    // changelog file it appends to: what it may write comes out of the turn's write budget,
+    // checked before (the files it may rewrite, and its arguments) and charged after.
+    let fs = trellis_sandbox::store::WorkspaceFs::open(ctx.root)
+        .map_err(|e| ToolFailure::new(e.to_string()))?;
+    let timestamp = trellis_runner::session::now_rfc3339();
+    let log = changelog::changelog_file(&fs, &timestamp);
+    let rewritable = [
+        std::path::Path::new(trellis_workflow::PLAN_FILE),
+        std::path::Path::new(trellis_workflow::STEP_CONFIG_FILE),
+        std::path::Path::new(trellis_workflow::WORKFLOW_FILE),
+        std::path::Path::new(trellis_workflow::manifest::VARIABLES_FILE),
+        log.as_path(),
+    ];
+    let sizes = |fs: &trellis_sandbox::store::WorkspaceFs| -> u64 {
+        rewritable
+            .iter()
+            .filter_map(|p| fs.metadata_len(p))
+            .fold(0, u64::saturating_add)
+    };
+    let at_most = sizes(&fs).saturating_add(2 * args.to_string().len() as u64);
+    let left = ctx.turn_writes.bytes_left();
+    if at_most > left {
+        return Err(ToolFailure::new(format!(
+            "refused: this edit may rewrite {at_most} bytes (the plan, configs and today's \
+             changelog it changes), and this turn may write {left} more (the per-turn write \
+             budget, --max-turn-write-mib); nothing was written. Go on in the next turn, or \
+             make the plan smaller"
+        )));
+    }
+    let answer = edit(ctx, name, args);
+    if answer.is_ok() {
+        ctx.turn_writes.charge(sizes(&fs));
+    }
+    answer
+}
+
+fn edit(ctx: &ToolContext<'_>, name: &str, args: &Value) -> ToolResult {
     let Some(spec) = specs().into_iter().find(|s| s.name == name) else {
         return Err(ToolFailure::new(format!(
             "{name:?} is not a plan or config tool"

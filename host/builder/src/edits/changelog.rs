@@ -19,6 +19,31 @@ pub fn changelog_path(timestamp: &str) -> PathBuf {
     Path::new(CHANGELOG_DIR).join(format!("changelog-{day}.json"))
 }
 
+/// The size past which a day's changelog goes on in a file of its own.
+pub const CHANGELOG_FILE_BYTES: u64 = 4 << 20;
+
+/// Files a day's changelog goes on in, at most.
+const CHANGELOG_FILES_A_DAY: u32 = 100;
+
+/// The file the next entry of the day of `timestamp` goes in: the day's file, or once it
+/// holds [`CHANGELOG_FILE_BYTES`], `changelog-<day>-2.json`, `-3`, ...: an edit rereads and
+/// rewrites its file whole, so a day of many edits does not make each cost the whole day.
+pub fn changelog_file(fs: &WorkspaceFs, timestamp: &str) -> PathBuf {
+    let first = changelog_path(timestamp);
+    let day = timestamp.get(..10).unwrap_or(timestamp);
+    let mut file = first.clone();
+    for n in 2..=CHANGELOG_FILES_A_DAY {
+        let full = fs
+            .metadata_len(&file)
+            .is_some_and(|len| len >= CHANGELOG_FILE_BYTES);
+        if !full {
+            break;
+        }
+        file = Path::new(CHANGELOG_DIR).join(format!("changelog-{day}-{n}.json"));
+    }
+    file
+}
+
 /// One change of an edit.
 #[derive(Debug, Clone)]
 pub(super) struct Change {

@@ -298,7 +298,7 @@ impl Draft {
             });
         }
         let timestamp = now_rfc3339();
-        let log = changelog::changelog_path(&timestamp);
+        let log = changelog::changelog_file(&self.fs, &timestamp);
         changelog::read_entries(&self.fs, &log).map_err(|e| ToolFailure::new(e.to_string()))?;
 
         // Plan last: a crash part way leaves the plan as it was, its scripts and configs

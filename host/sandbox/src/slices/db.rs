@@ -460,6 +460,17 @@ impl DbWriteBudget {
     pub fn new(limits: crate::capabilities::FsLimits) -> Self {
         DbWriteBudget(FsBudget::new(limits))
     }
+
+    /// The bytes the calls may still write.
+    pub fn bytes_left(&self) -> u64 {
+        self.0.write_bytes_left()
+    }
+
+    /// Takes `bytes` the host wrote for the calls (files it rewrote for them) out of the
+    /// budget.
+    pub fn charge(&self, bytes: u64) {
+        self.0.charge_growth(bytes);
+    }
 }
 
 impl HostDb {

@@ -402,6 +402,16 @@ impl WorkspaceFs {
         Ok(bytes)
     }
 
+    /// The length of the regular file at `path`; `None` when there is none (or it is a
+    /// link, a folder or a special file).
+    pub fn metadata_len(&self, path: impl AsRef<Path>) -> Option<u64> {
+        let rel = self.relative(path.as_ref()).ok()?;
+        match self.check(&rel).ok()? {
+            Some(Kind::File) => self.dir.symlink_metadata(&rel).ok().map(|m| m.len()),
+            _ => None,
+        }
+    }
+
     /// The first `max` bytes at most of the regular file at `path`, and the file's length.
     pub fn read_head(&self, path: impl AsRef<Path>, max: u64) -> io::Result<(Vec<u8>, u64)> {
         let (rel, file, len) = self.open_regular(path.as_ref())?;
