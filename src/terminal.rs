@@ -1,13 +1,23 @@
 //! Text from guests, models and workspaces as the CLI prints it: control characters (an
 //! escape sequence can retitle the terminal, clear it, move the cursor over earlier lines
-//! or, on some terminals, answer with input) are shown escaped, never sent to the terminal.
+//! or, on some terminals, answer with input) are shown escaped, never sent to the terminal;
+//! so are the characters that change how text around them reads without being seen
+//! (bidirectional overrides and isolates, zero-width characters, the line and paragraph
+//! separators): a path or argument shown is the one there.
 
 use std::borrow::Cow;
 
+/// Whether `c` reorders or hides text without showing itself: U+200B-200F (zero-width
+/// space, joiners, marks), U+2028-202E (separators, embeddings, overrides), U+2060-2064,
+/// U+2066-2069 (isolates), U+FEFF.
+fn invisible(c: char) -> bool {
+    matches!(c as u32, 0x200B..=0x200F | 0x2028..=0x202E | 0x2060..=0x2064 | 0x2066..=0x2069 | 0xFEFF)
+}
+
 /// `text` with every control character but newline and tab written as `\xNN` (`\u{NNNN}`
-/// for the C1 controls).
+/// for the C1 controls and the invisible characters above).
 pub fn shown(text: &str) -> Cow<'_, str> {
-    let escaped = |c: char| c.is_control() && c != '\n' && c != '\t';
+    let escaped = |c: char| (c.is_control() && c != '\n' && c != '\t') || invisible(c);
     if !text.chars().any(escaped) {
         return Cow::Borrowed(text);
     }
@@ -55,5 +65,11 @@ mod tests {
         assert_eq!(shown("\x1b]0;title\x07"), "\\x1b]0;title\\x07");
         assert_eq!(shown("a\rb\x7f"), "a\\x0db\\x7f");
         assert_eq!(shown("\u{9b}2J é"), "\\u{009b}2J é");
+        // A right-to-left override makes `evil\u{202e}txt.exe` read as `evilexe.txt`.
+        assert_eq!(shown("evil\u{202e}txt.exe"), "evil\\u{202e}txt.exe");
+        assert_eq!(
+            shown("a\u{200b}b\u{2066}c\u{2028}d\u{feff}"),
+            "a\\u{200b}b\\u{2066}c\\u{2028}d\\u{feff}"
+        );
     }
 }

@@ -661,3 +661,84 @@ fn plan_edits_write_within_the_turns_budget_and_the_changelog_rolls_over() {
         next.display()
     );
 }
+
+/// Orphan step-config entries each got a search of the plan for a near id and a warning
+/// line: 40,000 of them against a 3,000-step plan took `trellis validate` 82 s (round 6).
+/// The first 20 get one; the rest are counted in one line.
+#[test]
+fn orphan_configs_are_listed_twenty_then_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path();
+    let steps: Vec<Value> = (0..200)
+        .map(|i| json!({"id": format!("step-{i}"), "type": "regular", "title": "T", "description": "d"}))
+        .collect();
+    let configs: Vec<Value> = (0..2000)
+        .map(|i| {
+            json!({"id": format!("gone-{i}"), "agent_configs": {"prerequisite_rules": [
+            {"depends_on_step": format!("nowhere-{i}")}]}})
+        })
+        .collect();
+    write_files(
+        ws,
+        &[
+            (
+                "planning/plan.json",
+                json!({"objective": "o", "steps": steps}).to_string(),
+            ),
+            (
+                "planning/step_config.json",
+                json!({"steps": configs}).to_string(),
+            ),
+        ],
+    );
+    let out = support::trellis(&["validate", ws.to_str().unwrap()]);
+    let text = told(&out);
+    let orphan_lines = text
+        .lines()
+        .filter(|l| l.contains("orphan config: \"gone-"))
+        .count();
+    assert_eq!(orphan_lines, 20, "{text:.3000}");
+    assert!(
+        text.contains("orphan config: and 1980 more entries match no step of the plan"),
+        "{text:.3000}"
+    );
+    let hinted = text.matches("did you mean").count();
+    assert!(hinted <= 40, "{hinted} searches for near ids");
+}
+
+/// `validate_plan_change` compared a step's `context_dependencies` with the expected ones
+/// pairwise (150,000 each: 262 s) and echoed both lists whole. It compares sets now, and
+/// answers counts and at most 100 of each difference.
+#[test]
+fn expected_context_dependencies_are_compared_as_sets() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path();
+    let deps: Vec<String> = (0..5000).map(|i| format!("a/{i}.json")).collect();
+    write_files(
+        ws,
+        &[
+            (
+                "planning/plan.json",
+                json!({"objective": "o", "steps": [
+                    {"id": "s1", "type": "regular", "title": "T", "description": "d",
+                     "context_dependencies": deps}
+                ]})
+                .to_string(),
+            ),
+            ("planning/step_config.json", r#"{"steps": []}"#.to_string()),
+        ],
+    );
+    let want: Vec<String> = (0..5000).map(|i| format!("b/{i}.json")).collect();
+    let (result, _) = builder_tool_result(
+        ws,
+        "validate_plan_change",
+        json!({"expected_context_dependencies": {"s1": want}}),
+    );
+    let answer: Value =
+        serde_json::from_str(&result).unwrap_or_else(|e| panic!("{e}: {result:.500}"));
+    let failure = &answer["failures"][0];
+    assert_eq!(failure["expected_count"], 5000, "{result:.2000}");
+    assert_eq!(failure["missing"]["more"], 4900, "{result:.2000}");
+    assert_eq!(failure["extra"]["first"].as_array().unwrap().len(), 100);
+    assert!(result.len() < 64 << 10, "{} bytes", result.len());
+}

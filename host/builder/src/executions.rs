@@ -127,7 +127,7 @@ impl Executions {
             "stop_all_executions" => Ok(self.stop_all()),
             "list_executions" => Ok(self.list_executions(args)),
             "run_full_workflow" => self.run_full_workflow(ctx, args),
-            "debug_step" => debug::debug_step(ctx.root, &self.shared, args),
+            "debug_step" => debug::debug_step(ctx, &self.shared, args),
             _ => Err(ToolFailure::new(format!(
                 "{name:?} is not an execution tool"
             ))),

@@ -268,6 +268,10 @@ pub fn kind_of(v: &Value) -> &'static str {
 /// The longest word or candidate [`did_you_mean`] compares.
 pub const MAX_SUGGESTED_LEN: usize = 128;
 
+/// Diagnostics of one kind that each get a search for a near name (and a line of their
+/// own, where they are warnings): the rest are counted in one.
+pub const MAX_HINTS: usize = 20;
+
 /// The closest of `candidates` to `word`, when one is close enough to be a likely typo.
 pub fn did_you_mean<'a>(
     word: &str,

@@ -367,6 +367,10 @@ fn check_configs_against_plan(
     diags: &mut Diagnostics,
 ) {
     let mut ctx = diagnostics::Ctx::new(file, diags);
+    // One index for every entry: a lookup per entry was a scan of the plan each.
+    let steps: std::collections::HashMap<&str, &Step> =
+        plan.all_steps().map(|s| (s.id.as_str(), s)).collect();
+    let mut hints = 0usize;
     for (i, entry) in configs.steps.iter().enumerate() {
         let Some(c) = &entry.agent_configs else {
             continue;
@@ -374,7 +378,7 @@ fn check_configs_against_plan(
         let path = JsonPath::root().key("steps").index(i).key("agent_configs");
         ctx.set_step(Some(entry.id.clone()));
         if c.is_scripted()
-            && let Some(step) = plan.step(&entry.id)
+            && let Some(step) = steps.get(entry.id.as_str())
         {
             if !matches!(step.kind, StepKind::Regular) {
                 ctx.error(
@@ -406,13 +410,16 @@ fn check_configs_against_plan(
             }
         }
         for (j, rule) in c.prerequisite_rules.iter().flatten().enumerate() {
-            if plan.step(&rule.depends_on_step).is_none() {
-                let hint = diagnostics::did_you_mean(
-                    &rule.depends_on_step,
-                    plan.all_steps().map(|s| s.id.as_str()),
-                )
-                .map(|c| format!(" (did you mean \"{c}\"?)"))
-                .unwrap_or_default();
+            if !steps.contains_key(rule.depends_on_step.as_str()) {
+                // A search of the plan each: for the first few only.
+                hints += 1;
+                let hint = (hints <= diagnostics::MAX_HINTS)
+                    .then(|| {
+                        diagnostics::did_you_mean(&rule.depends_on_step, steps.keys().copied())
+                    })
+                    .flatten()
+                    .map(|c| format!(" (did you mean \"{c}\"?)"))
+                    .unwrap_or_default();
                 ctx.error(
                     &path
                         .key("prerequisite_rules")

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use super::super::reads::{has_other_links, refusal_for};
 use super::super::tool::{opt_str_arg, str_arg};
-use super::super::{ToolFailure, ToolResult};
+use super::super::{ToolContext, ToolFailure, ToolResult};
 use super::tracked::{Shared, cut};
 use super::{open, unknown_step};
 use trellis_runner::run_folder::ACTIVE_RUN;
@@ -20,8 +20,11 @@ use trellis_sandbox::store::{Kind, WorkspaceFs};
 /// Learning files shown, at most, and characters of each.
 const LEARNING_FILES: usize = 20;
 const LEARNING_CHARS: usize = 4000;
+/// Run folders (the groups') of one step a call shows.
+const DEBUG_GROUPS: usize = 20;
 
-pub(super) fn debug_step(root: &Path, shared: &Shared, args: &Value) -> ToolResult {
+pub(super) fn debug_step(ctx: &ToolContext<'_>, shared: &Shared, args: &Value) -> ToolResult {
+    let root = ctx.root;
     let ws = open(root)?;
     let step_id = str_arg(args, "step_id")?;
     if ws.plan.step(step_id).is_none() {
@@ -39,11 +42,18 @@ pub(super) fn debug_step(root: &Path, shared: &Shared, args: &Value) -> ToolResu
             .collect::<anyhow::Result<_>>()
             .map_err(|e| ToolFailure::new(format!("{e:#}")))?
     };
-    let fs = WorkspaceFs::open(root).map_err(|e| ToolFailure::new(format!("{e:#}")))?;
-    let runs: Vec<Value> = folders
-        .iter()
-        .map(|folder| run_of(root, &fs, folder, step_id))
-        .collect();
+    // The call's reads and deadline bound it: a step of many groups is shown for the first
+    // DEBUG_GROUPS, each after a check of the deadline.
+    let fs = ctx.fs()?;
+    let mut runs = Vec::new();
+    for folder in folders.iter().take(DEBUG_GROUPS) {
+        ctx.check_time()?;
+        runs.push(run_of(root, &fs, folder, step_id));
+    }
+    if folders.len() > DEBUG_GROUPS {
+        runs.push(json!({"more_run_folders": folders.len() - DEBUG_GROUPS,
+                         "note": "give group_name to see one of them"}));
+    }
     let last = shared.latest_of_step(step_id).map(|t| {
         json!({
             "execution_id": t.id,
@@ -142,9 +152,10 @@ fn learnings(fs: &WorkspaceFs, step_id: &str) -> Value {
         .iter()
         .take(LEARNING_FILES)
         .map(|path| {
+            // What is shown, not the whole file.
             let text = fs
-                .read(path)
-                .map(|b| String::from_utf8_lossy(&b).into_owned())
+                .read_head(path, LEARNING_CHARS as u64 * 4)
+                .map(|(b, _)| String::from_utf8_lossy(&b).into_owned())
                 .unwrap_or_default();
             json!({"path": path.to_string_lossy(), "content": cut(&text, LEARNING_CHARS)})
         })
