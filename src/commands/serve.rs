@@ -45,6 +45,10 @@ pub struct ServeArgs {
     /// refused with 503.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1_000))]
     max_sessions: Option<u32>,
+    /// Executions running at once on a workspace that the API may start one more beside
+    /// (default 8); past it a start is refused with 503.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1_000))]
+    max_executions: Option<u32>,
     #[command(flatten)]
     plugins: PluginDirs,
     #[command(flatten)]
@@ -113,6 +117,9 @@ pub async fn run(engine: &Engine, args: ServeArgs) -> Result<ExitCode> {
     let limits = Limits {
         streams: args.max_streams.map_or(defaults.streams, |n| n as usize),
         sessions: args.max_sessions.map_or(defaults.sessions, |n| n as usize),
+        executions: args
+            .max_executions
+            .map_or(defaults.executions, |n| n as usize),
         ..defaults
     };
     let shown: Vec<String> = args

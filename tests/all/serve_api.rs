@@ -386,29 +386,35 @@ fn idle_connections_time_out_and_connections_and_sessions_are_capped() {
     let (status, _) = serve.get("/api/workflow/plan", &[]);
     assert_eq!(status, 200);
 
-    // One session is the limit: a query for a second one is refused, the first continues.
+    // One session held at most: a second one lets the first go (it is on disk), and a
+    // query naming the first restores it, with its history.
     let (status, first) = serve.post("/api/query", &json!({"query": "hi"}));
     assert_eq!(status, 202, "{first}");
     let session = first["session_id"].as_str().unwrap().to_string();
     serve.stream_until(&session, None, "session_status");
-    let refused = serve.post("/api/query", &json!({"query": "again"}));
-    assert_eq!(
-        code(&refused),
-        (503, "too_many_sessions".into()),
-        "{}",
-        refused.1
-    );
-    assert!(
-        refused.1["detail"]
-            .as_str()
-            .unwrap()
-            .contains("--max-sessions")
-    );
-    let (status, _) = serve.post(
+    let (status, second) = serve.post("/api/query", &json!({"query": "again"}));
+    assert_eq!(status, 202, "{second}");
+    let other = second["session_id"].as_str().unwrap().to_string();
+    assert_ne!(other, session);
+    serve.stream_until(&other, None, "session_status");
+    let (status, back) = serve.post(
         "/api/query",
-        &json!({"query": "again", "session_id": session}),
+        &json!({"query": "more", "session_id": session}),
     );
-    assert_eq!(status, 202);
+    assert_eq!(
+        (status, back["session_id"].as_str()),
+        (202, Some(session.as_str()))
+    );
+    serve.stream_until(&session, None, "session_status");
+    let (_, restored) = serve.get("/api/workflow/builder-session", &[]);
+    let users: Vec<&str> = restored["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|m| m["role"] == "user")
+        .filter_map(|m| m["text"].as_str())
+        .collect();
+    assert_eq!(users, ["hi", "more"], "{restored}");
 }
 
 /// A workspace `name` under `dir` of one agent step `<name>-step`, on the model at `llm`.
@@ -543,4 +549,137 @@ fn one_server_serves_several_workspaces_each_on_its_own() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Round 6 of the server's red team: a body sent a byte at a time held a connection for
+/// good; executions had no limit and fought over the run folder; messages to an execution
+/// queued without end; reads ran on the server's own threads without limit. Each is bounded
+/// now, and refused with its reason.
+#[test]
+fn bodies_executions_and_messages_are_bounded() {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::time::Duration;
+    let llm = FakeServer::start(Box::new(|body| {
+        let system = body["messages"][0]["content"].as_str().unwrap_or_default();
+        if system.contains("Take time.") {
+            std::thread::sleep(Duration::from_secs(3));
+            let path = "runs/iteration-0/execution/slow";
+            return (
+                200,
+                completion("", &[("workspace__list_dir", json!({ "path": path }))]),
+            );
+        }
+        (200, completion("Hi. STATUS: COMPLETED", &[]))
+    }));
+    let dir = tempfile::tempdir().unwrap();
+    let ws = two_steps(dir.path(), &llm);
+    create_db(&ws, "CREATE TABLE t(x);");
+    let serve = Serve::start(
+        &ws,
+        None,
+        &["--allow-host", "127.0.0.1", "--max-executions", "1"],
+    );
+
+    // A body that does not arrive within 10 s.
+    let mut slow = TcpStream::connect(("127.0.0.1", serve.port)).unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    write!(
+        slow,
+        "POST /api/query HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Type: application/json\r\n\
+         Content-Length: 100\r\n\r\n{{\"query\"",
+        serve.port
+    )
+    .unwrap();
+    let mut answer = String::new();
+    let _ = slow.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("\"timeout\""), "{answer}");
+
+    // Names and the group are checked before anything runs.
+    let long = "s".repeat(300);
+    assert_eq!(
+        code(&serve.post("/api/executions", &json!({"step_id": long}))),
+        (400, "bad_request".into())
+    );
+    assert_eq!(
+        code(&serve.post("/api/executions", &json!({"group": "nope"}))),
+        (404, "not_found".into())
+    );
+
+    // One execution at a time here (--max-executions 1), never the same step twice, and the
+    // whole workflow not beside it.
+    let (status, started) = serve.post("/api/executions", &json!({"step_id": "slow"}));
+    assert_eq!(status, 202, "{started}");
+    let again = serve.post("/api/executions", &json!({"step_id": "slow"}));
+    assert_eq!(code(&again), (409, "workspace_busy".into()), "{}", again.1);
+    assert!(again.1["detail"].as_str().unwrap().contains("exec-slow-1"));
+    let whole = serve.post("/api/executions", &json!({}));
+    assert_eq!(code(&whole), (409, "workspace_busy".into()), "{}", whole.1);
+    let other = serve.post("/api/executions", &json!({"step_id": "greet"}));
+    assert_eq!(
+        code(&other),
+        (503, "too_many_executions".into()),
+        "{}",
+        other.1
+    );
+    assert!(
+        other.1["detail"]
+            .as_str()
+            .unwrap()
+            .contains("--max-executions")
+    );
+
+    // Messages: 16 KiB each, 16 waiting.
+    let big = json!({"message": "m".repeat(17 << 10)});
+    assert_eq!(
+        code(&serve.post("/api/executions/exec-slow-1/message", &big)),
+        (400, "bad_request".into())
+    );
+    // Wait until the step's agent is in its model call, where messages queue.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, d) = serve.post(
+            "/api/executions/exec-slow-1/message",
+            &json!({"message": "m0"}),
+        );
+        if d["delivery"] == "queued_for_injection" {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{d}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let deliveries: Vec<String> = (1..17)
+        .map(|i| {
+            let (_, d) = serve.post(
+                "/api/executions/exec-slow-1/message",
+                &json!({"message": format!("m{i}")}),
+            );
+            d["delivery"].as_str().unwrap_or_default().to_string()
+        })
+        .collect();
+    assert_eq!(deliveries.last().unwrap(), "queue_full", "{deliveries:?}");
+    assert!(
+        deliveries[..15].iter().all(|d| d == "queued_for_injection"),
+        "{deliveries:?}"
+    );
+
+    // Four reads of the workspace at once; a fifth is refused while they run.
+    let spin = json!({"sql": "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c \
+                              WHERE x < 40000000) SELECT count(*) AS n FROM c"});
+    std::thread::scope(|scope| {
+        let readers: Vec<_> = (0..4)
+            .map(|_| scope.spawn(|| serve.post("/api/workflow/db/query", &spin)))
+            .collect();
+        std::thread::sleep(Duration::from_millis(500));
+        let fifth = serve.post("/api/workflow/db/query", &json!({"sql": "SELECT 1"}));
+        assert_eq!(code(&fifth), (503, "too_many_reads".into()), "{}", fifth.1);
+        for r in readers {
+            let (status, _) = r.join().unwrap();
+            assert_eq!(status, 200);
+        }
+    });
+    let (_, stopped) = serve.post("/api/executions/exec-slow-1/stop", &json!({}));
+    assert_eq!(stopped["stopping"], true);
 }

@@ -277,6 +277,9 @@ fn share_workspace(
 /// Events kept per execution, at most: a run longer than this keeps its latest.
 const KEPT_EVENTS: usize = 100_000;
 
+/// Bytes of a message sent to an execution its event keeps.
+const EVENT_MESSAGE_BYTES: usize = 1024;
+
 #[derive(Debug)]
 struct Execution {
     /// Its place in the order executions started.
@@ -529,11 +532,39 @@ impl Runtime {
                 phase: Phase::Finished,
             }
         };
+        // The event keeps the head of the message: it stays as long as the execution.
+        let mut end = text.len().min(EVENT_MESSAGE_BYTES);
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
         execution.publish(ExecutionEvent::Delivery {
-            text: text.to_string(),
+            text: text[..end].to_string(),
             delivery,
         });
         delivery
+    }
+
+    /// Forgets the executions that ended, but the newest `keep` of them: their events and
+    /// outcome. A server that starts executions all day keeps a bounded number.
+    pub fn forget_ended(&self, keep: usize) {
+        let mut executions = self.executions.lock().unwrap_or_else(|e| e.into_inner());
+        let mut ended: Vec<(u64, ExecutionId)> = executions
+            .values()
+            .filter(|e| e.status() != ExecutionStatus::Running)
+            .map(|e| {
+                (
+                    e.seq,
+                    e.info.lock().unwrap_or_else(|p| p.into_inner()).id.clone(),
+                )
+            })
+            .collect();
+        if ended.len() <= keep {
+            return;
+        }
+        ended.sort_unstable();
+        for (_, id) in &ended[..ended.len() - keep] {
+            executions.remove(id);
+        }
     }
 
     /// Asks execution `id` to stop at its next boundary (before an item, between foreach

@@ -57,7 +57,16 @@ pub enum DeliveryStatus {
     NoActiveAgent,
     /// The execution cannot take messages.
     Unsupported,
+    /// [`MAX_QUEUED`] messages wait already (or this one is longer than
+    /// [`MAX_MESSAGE_BYTES`]): it is not queued.
+    QueueFull,
 }
+
+/// Messages that may wait for the agent at once.
+pub const MAX_QUEUED: usize = 16;
+
+/// The longest message taken.
+pub const MAX_MESSAGE_BYTES: usize = 16 << 10;
 
 impl fmt::Display for DeliveryStatus {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -66,6 +75,7 @@ impl fmt::Display for DeliveryStatus {
             DeliveryStatus::NotRunning => "not_running",
             DeliveryStatus::NoActiveAgent => "no_active_agent",
             DeliveryStatus::Unsupported => "unsupported",
+            DeliveryStatus::QueueFull => "queue_full",
         })
     }
 }
@@ -119,6 +129,13 @@ impl Steering {
     pub fn offer(&self, text: String) -> Delivery {
         let mut state = self.state();
         let status = match state.phase {
+            // What waits is read into the agent's next prompt: a bounded number of bounded
+            // messages.
+            Phase::LlmCall | Phase::ToolCalls
+                if state.queue.len() >= MAX_QUEUED || text.len() > MAX_MESSAGE_BYTES =>
+            {
+                DeliveryStatus::QueueFull
+            }
             Phase::LlmCall | Phase::ToolCalls => {
                 state.queue.push_back(text);
                 DeliveryStatus::QueuedForInjection

@@ -575,14 +575,30 @@ pub async fn message_execution(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
     let request: SteerRequest = body_object(body)?;
+    let most = trellis_runner::steering::MAX_MESSAGE_BYTES;
+    if request.message.len() > most {
+        return Err(ApiError::bad_request(format!(
+            "message: at most {most} bytes, not {}",
+            request.message.len()
+        )));
+    }
     let id = ExecutionId::from(id.as_str());
     if app.runtime.status(&id).is_none() {
         return Err(ApiError::not_found(format!("no execution {id}")));
     }
     let delivery = app.runtime.send_message(&id, &request.message);
     Ok(Json(
-        json!({"execution_id": id.as_str(), "delivery": format!("{delivery:?}")}),
+        json!({"execution_id": id.as_str(), "delivery": delivery.status.to_string()}),
     ))
+}
+
+/// A path served, with another method.
+pub async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "this path is served with another method; see docs/server.md",
+    )
 }
 
 /// Any other path under `/api`.

@@ -14,7 +14,9 @@ use axum::http::StatusCode;
 use serde::Deserialize;
 use serde_json::json;
 
-use trellis_runner::runtime::{ExecutionEvent, ExecutionId, ExecutionKind, Runtime};
+use trellis_runner::runtime::{
+    ExecutionEvent, ExecutionId, ExecutionKind, ExecutionStatus, Runtime,
+};
 
 use crate::events::EventLog;
 
@@ -45,6 +47,7 @@ pub async fn start(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<serde_json::Value>), ApiError> {
     let request: StartRequest = body_object(body)?;
+    check_sizes(&request)?;
     let ws = trellis_workflow::Workspace::open(&app.root).map_err(|diags| {
         ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -66,6 +69,36 @@ pub async fn start(
             "give step_id or group, not both: a step runs in the active run of the workflow",
         ));
     }
+    if let Some(group) = request.group.as_deref()
+        && !ws
+            .manifest
+            .groups
+            .iter()
+            .any(|g| g.id == group || g.name.as_deref() == Some(group))
+    {
+        return Err(ApiError::not_found(format!(
+            "group {group:?}: workflow.json has no such group (its groups: {})",
+            ws.manifest
+                .groups
+                .iter()
+                .map(|g| g.id.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
+    if let Some(step) = request
+        .route_selections
+        .keys()
+        .find(|s| ws.plan.find_step(s).is_none())
+    {
+        return Err(ApiError::not_found(format!(
+            "route_selections: the plan has no step {step:?}"
+        )));
+    }
+    check_running(&app, request.step_id.as_deref())?;
+    // Ended executions beyond the latest ones are forgotten: a server started all day
+    // keeps a bounded history.
+    app.runtime.forget_ended(KEPT_EXECUTIONS);
     let mut options = app.template.clone();
     options.run.group = request.group;
     options.run.inputs = request.inputs;
@@ -79,6 +112,96 @@ pub async fn start(
         StatusCode::ACCEPTED,
         Json(json!({"execution_id": id.as_str(), "status": "running"})),
     ))
+}
+
+/// Ended executions the runtime keeps (with their events) for a server.
+const KEPT_EXECUTIONS: usize = 200;
+
+/// The longest step id, group or route the API takes, and the most bytes of inputs.
+const MAX_NAME_BYTES: usize = 256;
+const MAX_INPUT_BYTES: usize = 64 << 10;
+
+/// A request whose names or inputs are longer than the API takes: `400`.
+fn check_sizes(request: &StartRequest) -> Result<(), ApiError> {
+    let names = request
+        .step_id
+        .iter()
+        .chain(&request.group)
+        .chain(request.route_selections.keys())
+        .chain(request.route_selections.values())
+        .chain(request.inputs.keys());
+    if let Some(long) = names.into_iter().find(|n| n.len() > MAX_NAME_BYTES) {
+        return Err(ApiError::bad_request(format!(
+            "a step id, group, route or input name is at most {MAX_NAME_BYTES} bytes; one is {}",
+            long.len()
+        )));
+    }
+    let inputs: usize = request.inputs.values().map(String::len).sum();
+    if inputs > MAX_INPUT_BYTES {
+        return Err(ApiError::bad_request(format!(
+            "inputs: at most {MAX_INPUT_BYTES} bytes of answers, not {inputs}"
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses a start that would share the run folder with what runs on the workspace: the
+/// whole workflow while anything runs (it rotates the run folder), a step while the whole
+/// workflow runs or while that step runs already (`409 workspace_busy`); and a start past
+/// `--max-executions` running at once (`503 too_many_executions`).
+fn check_running(app: &App, step: Option<&str>) -> Result<(), ApiError> {
+    let running: Vec<_> = app
+        .runtime
+        .list()
+        .into_iter()
+        .filter(|e| e.workspace == app.root && e.status == ExecutionStatus::Running)
+        .collect();
+    let ids = |filter: &dyn Fn(&ExecutionKind) -> bool| {
+        running
+            .iter()
+            .filter(|e| filter(&e.kind))
+            .map(|e| e.id.as_str().to_string())
+            .collect::<Vec<_>>()
+    };
+    let busy = |detail: String| ApiError::new(StatusCode::CONFLICT, "workspace_busy", detail);
+    let whole = ids(&|k| *k == ExecutionKind::Workflow);
+    match step {
+        None if !running.is_empty() => {
+            return Err(busy(format!(
+                "executions run on this workspace ({}): the whole workflow starts a new run \
+                 folder, so it waits for them; stop them or wait for execution_ended",
+                ids(&|_| true).join(", ")
+            )));
+        }
+        Some(_) if !whole.is_empty() => {
+            return Err(busy(format!(
+                "the whole workflow runs ({}): a step runs in its run folder once it ends",
+                whole.join(", ")
+            )));
+        }
+        Some(step) => {
+            let same = ids(&|k| matches!(k, ExecutionKind::Step(s) if s == step));
+            if !same.is_empty() {
+                return Err(busy(format!(
+                    "step {step:?} runs already ({}): stop it or wait for execution_ended",
+                    same.join(", ")
+                )));
+            }
+        }
+        None => {}
+    }
+    if running.len() >= app.max_executions {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too_many_executions",
+            format!(
+                "{} executions run on this workspace, the limit (`trellis serve \
+                 --max-executions`); wait for one to end",
+                running.len()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// What an execution runs, as the events say it.
@@ -96,12 +219,38 @@ pub(crate) struct Watcher {
     pub(crate) runtime: Runtime,
     pub(crate) log: Arc<EventLog>,
     pub(crate) handle: tokio::runtime::Handle,
+    /// The executions watched already.
+    pub(crate) watched: Arc<std::sync::Mutex<std::collections::HashSet<ExecutionId>>>,
+}
+
+/// The bytes of an event line the log keeps.
+const LINE_BYTES: usize = 2048;
+
+/// `text` cut to [`LINE_BYTES`] (at a character), `…` after a cut.
+fn cut(text: &str) -> String {
+    if text.len() <= LINE_BYTES {
+        return text.to_string();
+    }
+    let mut end = LINE_BYTES;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
 }
 
 impl Watcher {
     /// Copies the events of execution `id` into the log until it ends (`started_by`:
     /// `api`, or the builder session that started it).
     pub(crate) fn watch(&self, id: ExecutionId, started_by: &str) {
+        // Each execution once, however often it is reported.
+        if !self
+            .watched
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id.clone())
+        {
+            return;
+        }
         let Some(mut events) = self.runtime.events(&id) else {
             return;
         };
@@ -120,13 +269,13 @@ impl Watcher {
             while let Some(event) = events.next().await {
                 let value = match &event {
                     ExecutionEvent::Run(run) => json!({"type": "execution", "execution_id":
-                        id.as_str(), "line": trellis_builder::executions::event_line(run)}),
+                        id.as_str(), "line": cut(&trellis_builder::executions::event_line(run))}),
                     ExecutionEvent::Delivery { text, delivery } => json!({"type": "execution",
                         "execution_id": id.as_str(),
-                        "line": format!("message {text:?}: {delivery:?}")}),
+                        "line": cut(&format!("message {text:?}: {}", delivery.status))}),
                     ExecutionEvent::End { status, error } => json!({"type": "execution_ended",
                         "execution_id": id.as_str(), "status": status.to_string(),
-                        "error": error}),
+                        "error": error.as_deref().map(cut)}),
                 };
                 log.push(value);
             }

@@ -69,6 +69,9 @@ pub struct Limits {
     pub streams: usize,
     /// Builder sessions the server keeps (`503` to a query that would open one more).
     pub sessions: usize,
+    /// Executions running at once on a workspace that `POST /api/executions` may add to
+    /// (`503` past it).
+    pub executions: usize,
 }
 
 impl Default for Limits {
@@ -77,6 +80,7 @@ impl Default for Limits {
             connections: 256,
             streams: 64,
             sessions: 16,
+            executions: 8,
         }
     }
 }
@@ -172,6 +176,10 @@ pub struct App {
     queries: AtomicU64,
     streams: Arc<Semaphore>,
     max_streams: usize,
+    /// Executions running at once on the workspace a start may join.
+    max_executions: usize,
+    /// Reads through the builder's read tools in progress (server-wide).
+    reads: Arc<Semaphore>,
     guard: Guard,
 }
 
@@ -201,6 +209,17 @@ impl App {
         let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(live) = id.and_then(|id| sessions.get(id)) {
             return Ok(live.clone());
+        }
+        if sessions.len() >= self.max_sessions {
+            // An idle session (no turn holds it) makes room: it is on disk, and a query
+            // naming it later restores it.
+            let idle = sessions
+                .iter()
+                .find(|(_, live)| live.session.try_lock().is_ok())
+                .map(|(id, _)| id.clone());
+            if let Some(idle) = idle {
+                sessions.remove(&idle);
+            }
         }
         if sessions.len() >= self.max_sessions {
             return Err(ApiError::new(
@@ -292,16 +311,73 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/api/executions/{id}/stop", post(api::stop_execution))
         .route("/api/executions/{id}/message", post(api::message_execution))
         .fallback(api::unknown)
+        .method_not_allowed_fallback(api::method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(axum::middleware::from_fn_with_state(app.clone(), guarded))
         .with_state(app)
 }
 
+/// How long a client may take to send a request's body.
+pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
 async fn guarded(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
-    match app.guard.check(request.method(), request.headers()) {
-        Ok(()) => next.run(request).await,
+    let mut response = match admitted(&app, request).await {
+        Ok(request) => next.run(request).await,
         Err(refusal) => refusal.into_response(),
+    };
+    // No other site may frame the page (to trick clicks on its buttons).
+    let headers = response.headers_mut();
+    headers.insert(
+        axum::http::header::X_FRAME_OPTIONS,
+        axum::http::HeaderValue::from_static("DENY"),
+    );
+    headers.insert(
+        axum::http::header::CONTENT_SECURITY_POLICY,
+        axum::http::HeaderValue::from_static("frame-ancestors 'none'"),
+    );
+    headers.insert(
+        axum::http::header::X_CONTENT_TYPE_OPTIONS,
+        axum::http::HeaderValue::from_static("nosniff"),
+    );
+    response
+}
+
+/// The request once the guard lets it through, its body read whole: within
+/// [`BODY_READ_TIMEOUT`] (a body sent a byte at a time would hold a connection forever)
+/// and [`MAX_BODY_BYTES`].
+async fn admitted(app: &App, request: Request) -> Result<Request, ApiError> {
+    if request.uri().authority().is_some() {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            "absolute request targets are not served: ask for the path",
+        ));
     }
+    app.guard
+        .check(request.method(), request.uri().path(), request.headers())?;
+    let (parts, body) = request.into_parts();
+    let read = axum::body::to_bytes(body, MAX_BODY_BYTES);
+    let bytes = match tokio::time::timeout(BODY_READ_TIMEOUT, read).await {
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(_)) => {
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too_large",
+                format!("a request body may be {MAX_BODY_BYTES} bytes at most"),
+            ));
+        }
+        Err(_) => {
+            return Err(ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "timeout",
+                format!(
+                    "the request body did not arrive within {} s",
+                    BODY_READ_TIMEOUT.as_secs()
+                ),
+            ));
+        }
+    };
+    Ok(Request::from_parts(parts, axum::body::Body::from(bytes)))
 }
 
 async fn page() -> Html<&'static str> {
@@ -331,6 +407,7 @@ pub async fn serve(options: ServerOptions, bound: impl FnOnce(SocketAddr)) -> Re
         token: options.token,
     };
     let streams = Arc::new(Semaphore::new(limits.streams));
+    let reads = Arc::new(Semaphore::new(workspace::READS_AT_ONCE));
     let mut apps: Vec<(String, Arc<App>)> = Vec::new();
     for served in options.workspaces {
         let name = served
@@ -357,7 +434,10 @@ pub async fn serve(options: ServerOptions, bound: impl FnOnce(SocketAddr)) -> Re
                 runtime: options.runtime.clone(),
                 log: execution_log,
                 handle: tokio::runtime::Handle::current(),
+                watched: Arc::default(),
             },
+            max_executions: limits.executions,
+            reads: reads.clone(),
             factory: served.sessions,
             sessions: Mutex::default(),
             last_session: Mutex::default(),
@@ -450,7 +530,10 @@ impl tower_service::Service<hyper::Request<hyper::body::Incoming>> for Dispatch 
                 .map(|(_, r)| r.clone()),
         };
         let Some(router) = router else {
-            let answer = match self.guard.check(&parts.method, &parts.headers) {
+            let answer = match self
+                .guard
+                .check(&parts.method, parts.uri.path(), &parts.headers)
+            {
                 Ok(()) => unknown_workspace(named.as_deref().unwrap_or_default(), &self.apps)
                     .into_response(),
                 Err(refusal) => refusal.into_response(),

@@ -20,22 +20,41 @@ use trellis_sandbox::store::{HostWork, Kind, WorkspaceFs};
 use crate::App;
 use crate::api::{ApiError, ApiResult, Params, body_object};
 
+/// Reads of the workspace (read tools) in progress at once on a server.
+pub const READS_AT_ONCE: usize = 4;
+
 /// Changelog files (one per day) `GET /api/workflow/changelog` reads, newest first.
 const CHANGELOG_DAYS: usize = 14;
 
 /// The answer of read tool `name`, or its failure as an error: `404` for what does not
 /// exist, `422 refused` for the rest (a link, a secret file, SQL that writes, bad values).
 async fn read_tool(app: &App, name: &str, args: Value) -> ApiResult {
-    trellis_builder::operator::read(
-        &app.root,
-        app.runtime.registry(),
-        &Default::default(),
-        name,
-        &args,
-    )
+    // The tools read files and run SQL on the calling thread: off the server's threads, a
+    // few at once (a statement may run its 30 s, a read its 256 MiB).
+    let permit = app.reads.clone().try_acquire_owned().map_err(|_| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too_many_reads",
+            format!(
+                "{READS_AT_ONCE} reads of the workspace (files, artifacts, costs, the \
+                 database) are in progress, the limit; try again when one ends"
+            ),
+        )
+    })?;
+    let (root, runtime, name) = (app.root.clone(), app.runtime.clone(), name.to_string());
+    let done = tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        tokio::runtime::Handle::current().block_on(trellis_builder::operator::read(
+            &root,
+            runtime.registry(),
+            &Default::default(),
+            &name,
+            &args,
+        ))
+    })
     .await
-    .map(Json)
-    .map_err(|failure| {
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "read", e.to_string()))?;
+    done.map(Json).map_err(|failure| {
         let detail = match &failure.details {
             Some(details) => format!("{} ({details})", failure.message),
             None => failure.message.clone(),
