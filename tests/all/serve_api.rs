@@ -683,3 +683,47 @@ fn bodies_executions_and_messages_are_bounded() {
     let (_, stopped) = serve.post("/api/executions/exec-slow-1/stop", &json!({}));
     assert_eq!(stopped["stopping"], true);
 }
+
+/// The page opens without the token (it holds no data; its requests carry it) and no site
+/// may frame it; the API needs the token; a second Host or Authorization header, an
+/// absolute target and a wrong method get their JSON errors.
+#[test]
+fn the_page_needs_no_token_and_requests_are_read_one_way() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = demo(dir.path());
+    let token = "a-token-of-enough-length";
+    let serve = Serve::start(&ws, Some(token), &[]);
+    let (status, headers, page) = serve.request("GET", "/", &[], "");
+    assert_eq!(status, 200);
+    assert!(page.contains("<title>Trellis</title>"));
+    assert!(headers.contains("x-frame-options: deny"), "{headers}");
+    assert!(headers.contains("frame-ancestors 'none'"), "{headers}");
+    assert_eq!(code(&serve.get("/api/workflow/plan", &[])).0, 401);
+    let bearer = format!("Authorization: Bearer {token}");
+    let (status, _) = serve.get("/api/workflow/plan", &[&bearer]);
+    assert_eq!(status, 200);
+    let twice = serve.get(
+        "/api/workflow/plan",
+        &[&bearer, "Authorization: Bearer other"],
+    );
+    assert_eq!(code(&twice), (400, "bad_request".into()), "{}", twice.1);
+    let (status, _, body) = serve.request(
+        "GET",
+        "/api/workflow/plan",
+        &[&bearer, "Host: evil.example"],
+        "",
+    );
+    assert_eq!(status, 400, "{body}");
+    let port = serve.port;
+    let (status, _, body) = serve.request(
+        "GET",
+        &format!("http://127.0.0.1:{port}/api/workflow/plan"),
+        &[&bearer],
+        "",
+    );
+    assert_eq!(status, 400, "{body}");
+    let (status, _, body) = serve.request("DELETE", "/api/query", &[&bearer], "");
+    assert_eq!(status, 405, "{body}");
+    let answer: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answer["error"], "method_not_allowed");
+}
