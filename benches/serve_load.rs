@@ -51,7 +51,14 @@ impl Server {
     fn start(ws: &Path) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_trellis"))
             .args(["serve", ws.to_str().unwrap(), "--addr", "127.0.0.1:0"])
-            .args(["--allow-host", "127.0.0.1", "--max-streams", "200"])
+            .args([
+                "--allow-host",
+                "127.0.0.1",
+                "--max-streams",
+                "200",
+                "--max-executions",
+                "1000",
+            ])
             .env("TRELLIS_CACHE_DIR", support::component_cache())
             .env_remove("TRELLIS_TOKEN")
             .stdin(Stdio::null())
