@@ -189,6 +189,9 @@ fn raise_open_file_limit() {
 }
 
 fn main() -> ExitCode {
+    // Temp files older than this process are no writes of its own (a run killed a moment
+    // before this one started left them): see `remove_stale_temp_files`.
+    trellis_sandbox::store::mark_process_start();
     // A CLI whose output is piped into `head` should end quietly when the pipe
     // closes, as other Unix tools do, not panic inside `println!`.
     #[cfg(unix)]

@@ -13,7 +13,7 @@ mod host_work;
 pub mod workspace_fs;
 pub mod write_behind;
 
-pub use workspace_fs::{HostWork, Kind, WorkspaceFs, json_bytes};
+pub use workspace_fs::{HostWork, Kind, WorkspaceFs, json_bytes, mark_process_start};
 
 use cap_std::ambient_authority;
 use cap_std::fs::Dir;

@@ -695,12 +695,19 @@ impl WorkspaceFs {
             }
             // File times come from the kernel's coarse clock, a tick behind the one
             // `started` was read from: a file made just after `started` can look older.
-            let older = meta
-                .modified()
-                .is_ok_and(|m| m.into_std() + TEMP_CLOCK_SLACK < started);
+            let modified = meta.modified().map(|m| m.into_std());
+            let older = modified
+                .as_ref()
+                .is_ok_and(|m| *m + TEMP_CLOCK_SLACK < started);
+            // A file from before this process started is no write of its own: a run killed
+            // a moment before this one started left it (the slack above kept it, when this
+            // process started within it).
+            let before_process = modified
+                .as_ref()
+                .is_ok_and(|m| PROCESS_START.get().is_some_and(|start| m < start));
             let stale = match owner {
                 TempOwner::Process(pid) => older || !process_alive(pid),
-                TempOwner::Unnamed => older,
+                TempOwner::Unnamed => older || before_process,
             };
             if stale {
                 match self.dir.remove_file(&path) {
@@ -874,6 +881,17 @@ pub fn json_bytes<T: Serialize + ?Sized>(value: &T) -> io::Result<Vec<u8>> {
 
 fn is_absent(e: &io::Error) -> bool {
     e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ENOTDIR)
+}
+
+/// When this process started, as [`mark_process_start`] recorded it: no temp file of its
+/// own is older.
+static PROCESS_START: std::sync::OnceLock<std::time::SystemTime> = std::sync::OnceLock::new();
+
+/// Records now as the start of this process, for [`WorkspaceFs::remove_stale_temp_files`]:
+/// called first thing by a program's `main` (the CLI), before any write. Without it, only
+/// the age rule applies.
+pub fn mark_process_start() {
+    PROCESS_START.get_or_init(std::time::SystemTime::now);
 }
 
 /// How much older than the run's start a temp file must be to count as older
