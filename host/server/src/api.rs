@@ -56,6 +56,11 @@ impl ApiError {
         Self::new(StatusCode::BAD_REQUEST, "bad_request", detail)
     }
 
+    /// `422 refused`: the workspace holds something Trellis will not read or use.
+    pub(crate) fn refused(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNPROCESSABLE_ENTITY, "refused", detail)
+    }
+
     pub(crate) fn not_found(detail: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_FOUND, "not_found", detail)
     }
@@ -360,55 +365,40 @@ pub async fn builder_session(
             "last_event": live.log.last(), "messages": messages,
         })));
     }
-    let fs = trellis_sandbox::store::WorkspaceFs::open(&app.root).map_err(|e| {
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "workspace",
-            e.to_string(),
-        )
-    })?;
-    let index = trellis_builder::persist::read_index(&fs).map_err(|e| {
-        ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "refused",
-            format!("{e:#}"),
-        )
-    })?;
+    let (fs, index) = session_index(&app)?;
     let Some(latest) = index.sessions.last() else {
         return Ok(Json(
             json!({"session_id": null, "live": false, "messages": []}),
         ));
     };
-    let (file, _) = trellis_builder::persist::load(&fs, &latest.session_id).map_err(|e| {
-        ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "refused",
-            format!("{e:#}"),
-        )
-    })?;
+    let (file, _) = trellis_builder::persist::load(&fs, &latest.session_id)
+        .map_err(|e| ApiError::refused(format!("{e:#}")))?;
     Ok(Json(json!({
         "session_id": latest.session_id, "live": false, "mode": latest.workshop_mode,
         "updated_at": latest.updated_at, "messages": messages_json(&file.conversation_history),
     })))
 }
 
+/// The workspace's handle and its index of builder sessions.
+fn session_index(
+    app: &App,
+) -> Result<
+    (
+        trellis_sandbox::store::WorkspaceFs,
+        trellis_builder::persist::ChatIndex,
+    ),
+    ApiError,
+> {
+    let fs = app.workspace_fs()?;
+    let index = trellis_builder::persist::read_index(&fs)
+        .map_err(|e| ApiError::refused(format!("{e:#}")))?;
+    Ok((fs, index))
+}
+
 /// `GET /api/workflow/builder-sessions`: the sessions of the workspace's index, newest
 /// first (`session_id`, `workshop_mode`, `updated_at`, `message_count`, `first_query`).
 pub async fn builder_sessions(State(app): State<Arc<App>>) -> ApiResult {
-    let fs = trellis_sandbox::store::WorkspaceFs::open(&app.root).map_err(|e| {
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "workspace",
-            e.to_string(),
-        )
-    })?;
-    let index = trellis_builder::persist::read_index(&fs).map_err(|e| {
-        ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "refused",
-            format!("{e:#}"),
-        )
-    })?;
+    let (_, index) = session_index(&app)?;
     let sessions: Vec<Value> = index
         .sessions
         .iter()

@@ -204,6 +204,17 @@ impl App {
             .ok_or_else(|| unknown_workspace(given, &peers))
     }
 
+    /// The workspace's handle; `500` when its folder cannot be opened.
+    pub(crate) fn workspace_fs(&self) -> Result<trellis_sandbox::store::WorkspaceFs, ApiError> {
+        trellis_sandbox::store::WorkspaceFs::open(&self.root).map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "workspace",
+                e.to_string(),
+            )
+        })
+    }
+
     /// The session `id` (held, or restored from its conversation file), or a new one.
     fn session(&self, id: Option<&str>, mode: Option<Mode>) -> Result<Arc<LiveSession>, ApiError> {
         let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());

@@ -15,7 +15,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use trellis_builder::edits::changelog::{CHANGELOG_DIR, read_entries};
-use trellis_sandbox::store::{HostWork, Kind, WorkspaceFs};
+use trellis_sandbox::store::{HostWork, Kind};
 
 use crate::App;
 use crate::api::{ApiError, ApiResult, Params, body_object};
@@ -62,7 +62,7 @@ async fn read_tool(app: &App, name: &str, args: Value) -> ApiResult {
         if failure.message.contains("does not exist") || failure.message.contains("no such") {
             ApiError::new(StatusCode::NOT_FOUND, "not_found", detail)
         } else {
-            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "refused", detail)
+            ApiError::refused(detail)
         }
     })
 }
@@ -192,23 +192,15 @@ pub async fn db_query(
 /// `GET /api/workflow/changelog`: the plan edits of the last days with changes, newest day
 /// first (`planning/changelog/changelog-<day>.json`).
 pub async fn changelog(State(app): State<Arc<App>>) -> ApiResult {
-    let fs = WorkspaceFs::open(&app.root)
-        .map_err(|e| {
-            ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "workspace",
-                e.to_string(),
-            )
-        })?
-        .with_work(Arc::new(HostWork::new(
-            "this request",
-            trellis_builder::CALL_READ_BYTES,
-            std::time::Duration::from_secs(trellis_builder::CALL_SECONDS),
-        )));
+    let fs = app.workspace_fs()?.with_work(Arc::new(HostWork::new(
+        "this request",
+        trellis_builder::CALL_READ_BYTES,
+        std::time::Duration::from_secs(trellis_builder::CALL_SECONDS),
+    )));
     let mut days: Vec<String> = match fs.kind(CHANGELOG_DIR) {
         Ok(Some(Kind::Dir)) => fs
             .list(CHANGELOG_DIR)
-            .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "refused", e.to_string()))?
+            .map_err(|e| ApiError::refused(e.to_string()))?
             .into_iter()
             .filter(|(name, kind)| {
                 *kind == Kind::File && name.starts_with("changelog-") && name.ends_with(".json")
@@ -265,13 +257,8 @@ pub async fn step_grant(
     };
     let mut turns = Vec::new();
     for item in step.effective_items() {
-        let grant = turn_grant(&ctx, TurnPurpose::Item(&item)).map_err(|e| {
-            ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "refused",
-                format!("{e:#}"),
-            )
-        })?;
+        let grant = turn_grant(&ctx, TurnPurpose::Item(&item))
+            .map_err(|e| ApiError::refused(format!("{e:#}")))?;
         let folders: Vec<Value> = grant
             .folders
             .iter()
