@@ -26,44 +26,7 @@ const SDK_VERSION: &str = "2.3.0";
 fn sdk_python() -> Option<PathBuf> {
     static PYTHON: OnceLock<Option<PathBuf>> = OnceLock::new();
     PYTHON
-        .get_or_init(|| {
-            if Command::new("python3").arg("--version").output().is_err() {
-                return None;
-            }
-            let target = Path::new(env!("CARGO_BIN_EXE_trellis"))
-                .parent()
-                .and_then(Path::parent)
-                .expect("the target folder");
-            let venv = target.join("mcp-python").join("venv");
-            let python = venv.join("bin").join("python");
-            let has_sdk = |python: &Path| {
-                Command::new(python)
-                    .args([
-                        "-c",
-                        "import importlib.metadata as m, sys; print(m.version('mcp'))",
-                    ])
-                    .output()
-                    .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == SDK_VERSION)
-            };
-            if !has_sdk(&python) {
-                let made = Command::new("python3")
-                    .args(["-m", "venv"])
-                    .arg(&venv)
-                    .status()
-                    .is_ok_and(|s| s.success())
-                    && Command::new(venv.join("bin").join("pip"))
-                        .args(["install", "-q", &format!("mcp=={SDK_VERSION}")])
-                        .status()
-                        .is_ok_and(|s| s.success());
-                assert!(
-                    made && has_sdk(&python),
-                    "could not install the MCP Python SDK {SDK_VERSION} in {} (python3 with venv \
-                     and pip, and PyPI reachable, are needed)",
-                    venv.display()
-                );
-            }
-            Some(python)
-        })
+        .get_or_init(|| support::venv::python_with("mcp-python", "mcp", SDK_VERSION))
         .clone()
 }
 

@@ -30,36 +30,7 @@ fn target_dir() -> PathBuf {
 /// A python with Selenium, in `<target>/browser/venv` (made here when missing); `None`
 /// without python3.
 fn selenium_python() -> Option<PathBuf> {
-    Command::new("python3").arg("--version").output().ok()?;
-    let venv = target_dir().join("browser").join("venv");
-    let python = venv.join("bin").join("python");
-    let has = |python: &Path| {
-        Command::new(python)
-            .args([
-                "-c",
-                "import importlib.metadata as m; print(m.version('selenium'))",
-            ])
-            .output()
-            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == SELENIUM_VERSION)
-    };
-    if !has(&python) {
-        let made = Command::new("python3")
-            .args(["-m", "venv"])
-            .arg(&venv)
-            .status()
-            .is_ok_and(|s| s.success())
-            && Command::new(venv.join("bin").join("pip"))
-                .args(["install", "-q", &format!("selenium=={SELENIUM_VERSION}")])
-                .status()
-                .is_ok_and(|s| s.success());
-        assert!(
-            made && has(&python),
-            "could not install Selenium {SELENIUM_VERSION} in {} (python3 with venv and pip, \
-             and PyPI reachable, are needed)",
-            venv.display()
-        );
-    }
-    Some(python)
+    support::venv::python_with("browser", "selenium", SELENIUM_VERSION)
 }
 
 /// The first of `names` on `PATH`.

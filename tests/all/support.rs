@@ -20,6 +20,7 @@ pub mod plugin_build;
 pub mod serve;
 mod skip;
 pub mod tape;
+pub mod venv;
 pub mod workspace;
 
 pub use skip::skip;
