@@ -7,11 +7,31 @@
 
 use std::borrow::Cow;
 
-/// Whether `c` reorders or hides text without showing itself: U+200B-200F (zero-width
-/// space, joiners, marks), U+2028-202E (separators, embeddings, overrides), U+2060-2064,
-/// U+2066-2069 (isolates), U+FEFF.
+/// Whether `c` reorders or hides text without showing itself: every Bidi_Control and
+/// Default_Ignorable_Code_Point character of Unicode (marks, embeddings, overrides,
+/// isolates, zero-width characters, joiners, the soft hyphen, variation selectors, tag
+/// characters, the Hangul fillers), and the line and paragraph separators.
 fn invisible(c: char) -> bool {
-    matches!(c as u32, 0x200B..=0x200F | 0x2028..=0x202E | 0x2060..=0x2064 | 0x2066..=0x2069 | 0xFEFF)
+    matches!(
+        c as u32,
+        0x00AD
+            | 0x034F
+            | 0x061C
+            | 0x115F..=0x1160
+            | 0x17B4..=0x17B5
+            | 0x180B..=0x180F
+            | 0x200B..=0x200F
+            | 0x2028..=0x202E
+            | 0x2060..=0x206F
+            | 0x3164
+            | 0xFE00..=0xFE0F
+            | 0xFEFF
+            | 0xFFA0
+            | 0xFFF0..=0xFFF8
+            | 0x1BCA0..=0x1BCA3
+            | 0x1D173..=0x1D17A
+            | 0xE0000..=0xE0FFF
+    )
 }
 
 /// `text` with every control character but newline and tab written as `\xNN` (`\u{NNNN}`
@@ -70,6 +90,12 @@ mod tests {
         assert_eq!(
             shown("a\u{200b}b\u{2066}c\u{2028}d\u{feff}"),
             "a\\u{200b}b\\u{2066}c\\u{2028}d\\u{feff}"
+        );
+        // The Arabic letter mark (a bidi control), tag characters that spell hidden text,
+        // the soft hyphen, a variation selector and a Hangul filler.
+        assert_eq!(
+            shown("a\u{61c}b\u{e0049}\u{e0047}c\u{ad}d\u{fe0f}e\u{3164}"),
+            "a\\u{061c}b\\u{e0049}\\u{e0047}c\\u{00ad}d\\u{fe0f}e\\u{3164}"
         );
     }
 }

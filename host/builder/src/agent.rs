@@ -35,7 +35,7 @@ use trellis_sandbox::Limits;
 use trellis_sandbox::capabilities::DbWriteBudget;
 use trellis_sandbox::llm::{Message, Request, RetryPolicy, ToolCall, Usage};
 use trellis_sandbox::plugins::PluginRegistry;
-use trellis_sandbox::store::{WorkspaceFs, now_rfc3339};
+use trellis_sandbox::store::{HostWork, WorkspaceFs, now_rfc3339};
 use trellis_workflow::manifest::parse_manifest;
 use trellis_workflow::{
     StepConfigFile, WORKFLOW_FILE, WorkflowManifest, Workspace, step_config_location,
@@ -275,7 +275,11 @@ impl BuilderSession {
     /// session's mode: the answer, or the failure as JSON.
     pub async fn operator_call(&self, name: &str, args: &Value) -> Value {
         let writes = DbWriteBudget::new(self.agent.limits.fs);
-        match self.agent.dispatch(self.mode, name, args, &writes).await {
+        match self
+            .agent
+            .dispatch(self.mode, name, args, &writes, &crate::TurnWork::default())
+            .await
+        {
             Ok(value) => value,
             Err(failure) => failure.to_json(),
         }
@@ -359,6 +363,8 @@ impl BuilderSession {
     fn save(&mut self) -> Result<()> {
         self.conversation.workshop_mode = self.mode.as_str().to_string();
         self.conversation.updated_at = now_rfc3339();
+        let langchain = self.conversation.langchain_parts;
+        persist::fit(&mut self.conversation.conversation_history, langchain);
         persist::save(&self.fs, &self.file, &self.conversation)?;
         if !self.conversation.model.is_empty() {
             let pricing = read_manifest(&self.fs).and_then(|m| {
@@ -549,7 +555,12 @@ mod tests {
         PANIC_IN.with(|t| t.set(Some(tool)));
         let answer = session
             .agent
-            .tool_call(Mode::Builder, &call(tool), &writes)
+            .tool_call(
+                Mode::Builder,
+                &call(tool),
+                &writes,
+                &crate::TurnWork::default(),
+            )
             .await;
         PANIC_IN.with(|t| t.set(None));
         let answer: Value = serde_json::from_str(&answer).unwrap();
@@ -559,7 +570,12 @@ mod tests {
         );
         let next = session
             .agent
-            .tool_call(Mode::Builder, &call(tool), &writes)
+            .tool_call(
+                Mode::Builder,
+                &call(tool),
+                &writes,
+                &crate::TurnWork::default(),
+            )
             .await;
         let next: Value = serde_json::from_str(&next).unwrap();
         assert!(next.get("error").is_none(), "{next}");

@@ -118,7 +118,7 @@ impl Executions {
             .into_iter()
             .find(|s| s.name == name)
             .ok_or_else(|| ToolFailure::new(format!("{name:?} is not an execution tool")))?;
-        specs::check_args(&spec, args)?;
+        crate::reads::check_args(&spec, args)?;
         match name {
             "execute_step" => self.execute_step(ctx, args),
             "query_step" => self.query_step(args),

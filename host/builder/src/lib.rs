@@ -52,6 +52,10 @@ pub use agent::{
 pub use modes::Mode;
 pub use tool::{ToolFailure, ToolResult, ToolSpec};
 
+/// The bytes of a builder tool's error message the model reads and the operator sees; the
+/// rest is cut, marked (as a plugin tool's error message is).
+pub const MAX_ERROR_BYTES: usize = 4 << 10;
+
 /// Bytes of workspace files the host code of one builder tool call reads at most (a
 /// `validate_plan_change` over many run folders, a `review_step_code` of every step).
 pub const CALL_READ_BYTES: u64 = 256 << 20;
@@ -60,13 +64,83 @@ pub const CALL_READ_BYTES: u64 = 256 << 20;
 /// starts runs on, under its own limits.
 pub const CALL_SECONDS: u64 = 30;
 
-/// The host work of one builder tool call: [`CALL_READ_BYTES`] and [`CALL_SECONDS`].
+/// Bytes of workspace files the host code of one turn's builder tool calls reads together at
+/// most.
+pub const TURN_READ_BYTES: u64 = 2 << 30;
+
+/// Seconds the builder tool calls of one turn may work together (their host code, and the
+/// plugin calls they make; not the model's answers, nor the executions they start).
+pub const TURN_SECONDS: u64 = 120;
+
+/// The host work of one builder tool call outside a turn (an operator's): [`CALL_READ_BYTES`]
+/// and [`CALL_SECONDS`].
 pub fn call_work() -> Arc<HostWork> {
     Arc::new(HostWork::new(
         "this builder tool call",
         CALL_READ_BYTES,
         std::time::Duration::from_secs(CALL_SECONDS),
     ))
+}
+
+/// What the builder tool calls of one turn may still do together: [`TURN_READ_BYTES`] read
+/// and [`TURN_SECONDS`] of work. Each call gets the smaller of its own budget and what the
+/// turn has left, and is charged what it used; once the turn has nothing left, calls are
+/// refused. Many small calls of a looping model cost the host at most this much a turn.
+#[derive(Debug)]
+pub struct TurnWork {
+    bytes_left: std::sync::atomic::AtomicU64,
+    micros_left: std::sync::atomic::AtomicU64,
+}
+
+impl Default for TurnWork {
+    fn default() -> Self {
+        TurnWork {
+            bytes_left: TURN_READ_BYTES.into(),
+            micros_left: (TURN_SECONDS * 1_000_000).into(),
+        }
+    }
+}
+
+impl TurnWork {
+    /// The work the next call may do; a failure, the call not made, when the turn has none
+    /// left.
+    pub fn next_call(&self) -> Result<Arc<HostWork>, ToolFailure> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let bytes = self.bytes_left.load(Relaxed);
+        let micros = self.micros_left.load(Relaxed);
+        if bytes == 0 || micros == 0 {
+            return Err(ToolFailure::new(format!(
+                "refused: this turn's builder tool calls have used their host budget \
+                 ({TURN_SECONDS} s of work, {} MiB of reads, all calls together); end the \
+                 turn with what you have and go on in the next",
+                TURN_READ_BYTES >> 20
+            )));
+        }
+        let call = std::time::Duration::from_secs(CALL_SECONDS);
+        let left = std::time::Duration::from_micros(micros);
+        let what = if left < call || bytes < CALL_READ_BYTES {
+            "this turn's builder tool calls"
+        } else {
+            "this builder tool call"
+        };
+        Ok(Arc::new(HostWork::new(
+            what,
+            bytes.min(CALL_READ_BYTES),
+            left.min(call),
+        )))
+    }
+
+    /// Charges what a call did: the bytes `work` used ([`HostWork::bytes_used`]) and
+    /// `elapsed`.
+    pub fn charge(&self, work: &HostWork, elapsed: std::time::Duration) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
+        let take = |left: &std::sync::atomic::AtomicU64, used: u64| {
+            let _ = left.fetch_update(Relaxed, Relaxed, |l| Some(l.saturating_sub(used)));
+        };
+        take(&self.bytes_left, work.bytes_used());
+        take(&self.micros_left, micros.max(1));
+    }
 }
 
 /// The phase id of builder sessions in costs and conversation files.
@@ -180,5 +254,29 @@ impl ToolContext<'_> {
         self.work
             .check_time()
             .map_err(|e| ToolFailure::new(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_turns_calls_get_what_is_left_and_are_refused_when_nothing_is() {
+        let turn = TurnWork::default();
+        let first = turn.next_call().unwrap();
+        turn.charge(&first, std::time::Duration::from_secs(TURN_SECONDS - 10));
+        // Ten seconds are left: the next call's deadline is those, named as the turn's.
+        let second = turn.next_call().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        assert!(second.check_time().is_ok());
+        turn.charge(&second, std::time::Duration::from_secs(10));
+        let refused = turn.next_call().unwrap_err();
+        assert!(
+            refused
+                .message
+                .contains("used their host budget (120 s of work"),
+            "{refused}"
+        );
     }
 }

@@ -295,6 +295,75 @@ pub fn load(fs: &WorkspaceFs, id: &str) -> Result<(ConversationFile, PathBuf)> {
     Ok((file, PathBuf::from(rel)))
 }
 
+/// The bytes of a conversation file at most: under what a request to the model may carry
+/// (32 MiB) and what the file's reader reads ([`trellis_sandbox::store::workspace_fs::READ_CAP`]).
+pub const MAX_CONVERSATION_BYTES: usize = 24 << 20;
+
+/// The JSON values of a conversation file at most: half of what the reader parses of one file
+/// ([`trellis_sandbox::json_values::MAX_FILE_VALUES`]).
+pub const MAX_CONVERSATION_VALUES: usize = trellis_sandbox::json_values::MAX_FILE_VALUES / 2;
+
+/// The bytes of a message's text, and of a tool call's arguments, that a message cut to fit
+/// the conversation's budget keeps.
+pub const CUT_KEEP_BYTES: usize = 1 << 10;
+
+/// Cuts the oldest messages' payloads (their text, their tool calls' arguments, to
+/// [`CUT_KEEP_BYTES`] each, the cut marked) until the conversation fits
+/// [`MAX_CONVERSATION_BYTES`] and [`MAX_CONVERSATION_VALUES`] as its file writes it. Every
+/// message stays, so turns are never lost and each tool call keeps its answer; a model's
+/// answer of a million values is kept as a line. Returns how many messages were cut.
+pub fn fit(history: &mut [Message], langchain_parts: bool) -> usize {
+    // A file with `parts` writes each message's payload twice.
+    let factor = if langchain_parts { 2 } else { 1 };
+    let cost = |m: &Message| -> (usize, usize) {
+        let bytes = serde_json::to_vec_pretty(m).map(|b| b.len()).unwrap_or(0);
+        let text = serde_json::to_vec(m).unwrap_or_default();
+        let values = trellis_sandbox::json_values::json_values(&text);
+        // Nested two levels deeper in the file: four more bytes of indent per line.
+        (factor * (bytes + 4 * values), factor * values)
+    };
+    let costs: Vec<(usize, usize)> = history.iter().map(cost).collect();
+    let mut bytes: usize = costs.iter().map(|c| c.0).sum();
+    let mut values: usize = costs.iter().map(|c| c.1).sum();
+    let mut cut = 0;
+    for (message, before) in history.iter_mut().zip(costs) {
+        if bytes <= MAX_CONVERSATION_BYTES && values <= MAX_CONVERSATION_VALUES {
+            break;
+        }
+        if cut_payload(message) {
+            let after = cost(message);
+            bytes = bytes - before.0 + after.0;
+            values = values - before.1 + after.1;
+            cut += 1;
+        }
+    }
+    cut
+}
+
+/// Cuts `message`'s text and its tool calls' arguments to [`CUT_KEEP_BYTES`] each; whether
+/// anything was cut.
+fn cut_payload(message: &mut Message) -> bool {
+    let mut cut = false;
+    if message.content.len() > CUT_KEEP_BYTES {
+        message.content = trellis_sandbox::cut::marked(&message.content, CUT_KEEP_BYTES);
+        cut = true;
+    }
+    for call in &mut message.tool_calls {
+        if call.arguments.len() > CUT_KEEP_BYTES {
+            call.arguments = serde_json::json!({
+                "cut": format!(
+                    "{} bytes of arguments, cut from the conversation to keep it under its \
+                     budget",
+                    call.arguments.len()
+                )
+            })
+            .to_string();
+            cut = true;
+        }
+    }
+    cut
+}
+
 /// Writes `file` at `rel` atomically and updates the index. Refuses (writing nothing) a
 /// history with fewer user turns than the file already on disk: a restart must never shrink
 /// a conversation.
@@ -312,7 +381,20 @@ pub fn save(fs: &WorkspaceFs, rel: &Path, file: &ConversationFile) -> Result<()>
             on_disk.user_turns()
         );
     }
-    fs.write_json_atomic(rel, &file.to_json())
+    let bytes = trellis_sandbox::store::json_bytes(&file.to_json())?;
+    // What is written can be read back: a conversation is fitted ([`fit`]) before it is
+    // saved, and one that still would not be read is not written.
+    let values = trellis_sandbox::json_values::json_values(&bytes);
+    if bytes.len() as u64 > trellis_sandbox::store::workspace_fs::READ_CAP
+        || values > trellis_sandbox::json_values::MAX_FILE_VALUES
+    {
+        bail!(
+            "{shown}: not written: {} bytes and about {values} JSON values, more than a \
+             builder conversation is read back with",
+            bytes.len()
+        );
+    }
+    fs.write_atomic(rel, &bytes)
         .with_context(|| format!("writing {shown}"))?;
     index::record(fs, rel, file)
 }

@@ -167,8 +167,11 @@ pub fn strict(properties: Value, required: &[&str]) -> Value {
 }
 
 /// Checks `args` against `spec`'s schema: a failure naming each argument that does not fit
-/// and what was expected.
+/// and what was expected. A refusal quotes the arguments it names, so each problem is cut to
+/// [`PROBLEM_BYTES`] and the message to [`crate::MAX_ERROR_BYTES`]: a model's megabytes of
+/// wrong arguments come back as a line, not as themselves.
 pub fn check_args(spec: &ToolSpec, args: &Value) -> Result<(), ToolFailure> {
+    use trellis_sandbox::cut::marked;
     let validator = jsonschema::validator_for(&spec.parameters).map_err(|e| {
         ToolFailure::new(format!("the schema of {} does not compile: {e}", spec.name))
     })?;
@@ -177,7 +180,8 @@ pub fn check_args(spec: &ToolSpec, args: &Value) -> Result<(), ToolFailure> {
         .take(20)
         .map(|err| {
             let at = err.instance_path().to_string();
-            let at = at.trim_start_matches('/');
+            let at = marked(at.trim_start_matches('/'), PROBLEM_BYTES);
+            let err = marked(&err.to_string(), PROBLEM_BYTES);
             if at.is_empty() {
                 format!("arguments: {err}")
             } else {
@@ -189,14 +193,20 @@ pub fn check_args(spec: &ToolSpec, args: &Value) -> Result<(), ToolFailure> {
         return Ok(());
     }
     Err(ToolFailure::with_details(
-        format!(
-            "invalid arguments for {}: {}",
-            spec.name,
-            problems.join("; ")
+        marked(
+            &format!(
+                "invalid arguments for {}: {}",
+                spec.name,
+                problems.join("; ")
+            ),
+            crate::MAX_ERROR_BYTES,
         ),
         json!({"expected": spec.parameters}),
     ))
 }
+
+/// The bytes of one schema problem a refusal keeps (it quotes the value it refuses).
+pub const PROBLEM_BYTES: usize = 512;
 
 /// The workspace-relative path `input` names, checked lexically: not absolute, no `..`.
 /// `.` and the empty string are the workspace itself.

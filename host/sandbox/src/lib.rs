@@ -25,6 +25,7 @@
 pub mod bundled;
 pub(crate) mod call;
 pub mod capabilities;
+pub mod cut;
 pub mod engine;
 pub mod json_values;
 pub mod llm;

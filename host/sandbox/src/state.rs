@@ -93,17 +93,7 @@ impl ResourceLimiter for MemoryLimit {
     }
 }
 
-/// Cuts `text` to at most `max` bytes on a character boundary.
-pub(crate) fn truncate(text: &str, max: usize) -> &str {
-    if text.len() <= max {
-        return text;
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
-}
+pub(crate) use crate::cut::truncate;
 
 #[cfg(test)]
 mod tests {

@@ -490,25 +490,34 @@ pub async fn stop_session(
 /// `GET /api/workflow/plan`: the plan and the step config as Trellis reads them, or every
 /// problem the workspace's files have.
 pub async fn plan(State(app): State<Arc<App>>) -> ApiResult {
-    match trellis_workflow::Workspace::open(&app.root) {
-        Ok(ws) => Ok(Json(json!({
-            "plan": serde_json::to_value(&ws.plan).unwrap_or(Value::Null),
-            "step_config": serde_json::to_value(&ws.step_configs).unwrap_or(Value::Null),
-            "groups": serde_json::to_value(&ws.manifest.groups).unwrap_or(Value::Null),
-            "warnings": ws.warnings.lines(),
-        }))),
-        Err(diags) => Err(ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "workspace_errors",
-            diags.lines().join("\n"),
-        )),
-    }
+    let root = app.root.clone();
+    crate::workspace::blocking_read(&app, move || {
+        match trellis_workflow::Workspace::open(&root) {
+            Ok(ws) => Ok(Json(json!({
+                "plan": serde_json::to_value(&ws.plan).unwrap_or(Value::Null),
+                "step_config": serde_json::to_value(&ws.step_configs).unwrap_or(Value::Null),
+                "groups": serde_json::to_value(&ws.manifest.groups).unwrap_or(Value::Null),
+                "warnings": ws.warnings.lines(),
+            }))),
+            Err(diags) => Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "workspace_errors",
+                diags.lines().join("\n"),
+            )),
+        }
+    })
+    .await?
 }
 
 /// `GET /api/workflow/runs`: each run folder with the state of its steps.
 pub async fn runs(State(app): State<Arc<App>>) -> ApiResult {
-    let runs = trellis_runner::runs::list_runs(&app.root)
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "runs", format!("{e:#}")))?;
+    let root = app.root.clone();
+    let runs =
+        crate::workspace::blocking_read(&app, move || trellis_runner::runs::list_runs(&root))
+            .await?
+            .map_err(|e| {
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "runs", format!("{e:#}"))
+            })?;
     let runs: Vec<Value> = runs
         .iter()
         .map(|run| {

@@ -14,8 +14,8 @@ use axum::http::StatusCode;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use trellis_builder::edits::changelog::{CHANGELOG_DIR, read_entries};
-use trellis_sandbox::store::{HostWork, Kind};
+use trellis_builder::edits::changelog::{CHANGELOG_DIR, read_entries_within};
+use trellis_sandbox::store::Kind;
 
 use crate::App;
 use crate::api::{ApiError, ApiResult, Params, body_object};
@@ -26,24 +26,40 @@ pub const READS_AT_ONCE: usize = 4;
 /// Changelog files (one per day) `GET /api/workflow/changelog` reads, newest first.
 const CHANGELOG_DAYS: usize = 14;
 
-/// The answer of read tool `name`, or its failure as an error: `404` for what does not
-/// exist, `422 refused` for the rest (a link, a secret file, SQL that writes, bad values).
-async fn read_tool(app: &App, name: &str, args: Value) -> ApiResult {
-    // The tools read files and run SQL on the calling thread: off the server's threads, a
-    // few at once (a statement may run its 30 s, a read its 256 MiB).
+/// Runs `work`, a read of the workspace, off the server's threads: one of
+/// [`READS_AT_ONCE`] at once, else `503 too_many_reads`. Every endpoint whose reads grow with
+/// what the workspace holds (files, artifacts, costs, the changelog, the plan, the database)
+/// goes through here.
+pub(crate) async fn blocking_read<T: Send + 'static>(
+    app: &App,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ApiError> {
     let permit = app.reads.clone().try_acquire_owned().map_err(|_| {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "too_many_reads",
             format!(
                 "{READS_AT_ONCE} reads of the workspace (files, artifacts, costs, the \
-                 database) are in progress, the limit; try again when one ends"
+                 changelog, the plan, the database) are in progress, the limit; try again \
+                 when one ends"
             ),
         )
     })?;
-    let (root, runtime, name) = (app.root.clone(), app.runtime.clone(), name.to_string());
-    let done = tokio::task::spawn_blocking(move || {
+    tokio::task::spawn_blocking(move || {
         let _permit = permit;
+        work()
+    })
+    .await
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "read", e.to_string()))
+}
+
+/// The answer of read tool `name`, or its failure as an error: `404` for what does not
+/// exist, `422 refused` for the rest (a link, a secret file, SQL that writes, bad values).
+async fn read_tool(app: &App, name: &str, args: Value) -> ApiResult {
+    // The tools read files and run SQL on the calling thread (a statement may run its 30 s,
+    // a read its 256 MiB).
+    let (root, runtime, name) = (app.root.clone(), app.runtime.clone(), name.to_string());
+    let done = blocking_read(app, move || {
         tokio::runtime::Handle::current().block_on(trellis_builder::operator::read(
             &root,
             runtime.registry(),
@@ -52,8 +68,7 @@ async fn read_tool(app: &App, name: &str, args: Value) -> ApiResult {
             &args,
         ))
     })
-    .await
-    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "read", e.to_string()))?;
+    .await?;
     done.map(Json).map_err(|failure| {
         let detail = match &failure.details {
             Some(details) => format!("{} ({details})", failure.message),
@@ -189,14 +204,18 @@ pub async fn db_query(
     read_tool(&app, "query_database", args).await
 }
 
+/// JSON values `GET /api/workflow/changelog` parses for one answer, all days together.
+pub const CHANGELOG_VALUES: usize = trellis_sandbox::json_values::MAX_FILE_VALUES / 2;
+
 /// `GET /api/workflow/changelog`: the plan edits of the last days with changes, newest day
-/// first (`planning/changelog/changelog-<day>.json`).
+/// first (`planning/changelog/changelog-<day>.json`), within [`CHANGELOG_VALUES`]: a day
+/// past what is left is named, not read.
 pub async fn changelog(State(app): State<Arc<App>>) -> ApiResult {
-    let fs = app.workspace_fs()?.with_work(Arc::new(HostWork::new(
-        "this request",
-        trellis_builder::CALL_READ_BYTES,
-        std::time::Duration::from_secs(trellis_builder::CALL_SECONDS),
-    )));
+    let fs = app.workspace_fs()?.with_work(trellis_builder::call_work());
+    blocking_read(&app, move || changelog_days(&fs)).await?
+}
+
+fn changelog_days(fs: &trellis_sandbox::store::WorkspaceFs) -> ApiResult {
     let mut days: Vec<String> = match fs.kind(CHANGELOG_DIR) {
         Ok(Some(Kind::Dir)) => fs
             .list(CHANGELOG_DIR)
@@ -211,13 +230,15 @@ pub async fn changelog(State(app): State<Arc<App>>) -> ApiResult {
     };
     days.sort_unstable_by(|a, b| b.cmp(a));
     let mut files = Vec::new();
+    let mut values_left = CHANGELOG_VALUES;
     for name in days.iter().take(CHANGELOG_DAYS) {
         let rel = format!("{CHANGELOG_DIR}/{name}");
-        if trellis_builder::reads::has_other_links(&fs, std::path::Path::new(&rel)) {
+        let path = std::path::Path::new(&rel);
+        if trellis_builder::reads::has_other_links(fs, path) {
             files.push(json!({"file": rel, "error": "refused: it has other hard links"}));
             continue;
         }
-        let entry = match read_entries(&fs, std::path::Path::new(&rel)) {
+        let entry = match read_entries_within(fs, path, &mut values_left) {
             Ok(entries) => json!({"file": rel, "entries": entries}),
             Err(e) => json!({"file": rel, "error": e.to_string()}),
         };
@@ -236,16 +257,21 @@ pub async fn step_grant(
     State(app): State<Arc<App>>,
     axum::extract::Path(id): axum::extract::Path<String>,
 ) -> ApiResult {
+    let root = app.root.clone();
+    blocking_read(&app, move || grant_of(&root, &id)).await?
+}
+
+fn grant_of(root: &std::path::Path, id: &str) -> ApiResult {
     use trellis_runner::grants::{TurnContext, TurnPurpose, turn_grant};
     use trellis_sandbox::capabilities::Access;
-    let ws = trellis_workflow::Workspace::open(&app.root).map_err(|diags| {
+    let ws = trellis_workflow::Workspace::open(root).map_err(|diags| {
         ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             "workspace_errors",
             diags.lines().join("\n"),
         )
     })?;
-    let Some(step) = ws.plan.find_step(&id) else {
+    let Some(step) = ws.plan.find_step(id) else {
         return Err(ApiError::not_found(format!("the plan has no step {id:?}")));
     };
     let configs = ws.agent_configs(&step.id);

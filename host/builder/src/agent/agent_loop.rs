@@ -36,7 +36,11 @@ impl Agent {
             write_bytes: self.max_turn_write_bytes,
             ..self.limits.fs
         });
+        let work = crate::TurnWork::default();
         for _ in 0..self.max_rounds {
+            // The request carries the whole conversation: the oldest payloads are cut when
+            // it outgrows what its file keeps, so it stays under the request cap too.
+            crate::persist::fit(history, false);
             let mut messages = vec![Message::system(system.clone())];
             messages.extend(history.iter().cloned());
             let request = Request {
@@ -79,7 +83,7 @@ impl Agent {
             for (i, call) in response.tool_calls.iter().enumerate() {
                 let content = if i < DEFAULT_CALLS_PER_ANSWER {
                     tool_calls += 1;
-                    let content = self.tool_call(mode, call, &writes).await;
+                    let content = self.tool_call(mode, call, &writes, &work).await;
                     let len = u64::try_from(content.len()).unwrap_or(u64::MAX);
                     match result_bytes_left.checked_sub(len) {
                         Some(left) => {
@@ -146,6 +150,7 @@ impl Agent {
         mode: Mode,
         call: &ToolCall,
         writes: &DbWriteBudget,
+        turn: &crate::TurnWork,
     ) -> String {
         let arguments: Result<Value, String> = if call.arguments.trim().is_empty() {
             Ok(json!({}))
@@ -156,18 +161,25 @@ impl Agent {
         self.observer.report(&BuilderEvent::ToolStarted {
             id: call.id.clone(),
             name: call.name.clone(),
-            arguments: arguments.clone().unwrap_or(Value::Null),
+            arguments: arguments
+                .as_ref()
+                .map(trellis_sandbox::cut::json_value)
+                .unwrap_or(Value::Null),
         });
         let outcome = match arguments {
             Err(e) => Err(ToolFailure::new(e)),
             Ok(_) if !mode.allows(&call.name) => {
                 Err(ToolFailure::new(modes::refusal(mode, &call.name)))
             }
-            Ok(args) => self.dispatch(mode, &call.name, &args, writes).await,
+            Ok(args) => self.dispatch(mode, &call.name, &args, writes, turn).await,
         };
         let (ok, summary, content) = match outcome {
             Ok(value) => (true, summarize(&value), value),
-            Err(failure) => (false, failure.message.clone(), failure.to_json()),
+            Err(mut failure) => {
+                failure.message =
+                    trellis_sandbox::cut::marked(&failure.message, crate::MAX_ERROR_BYTES);
+                (false, failure.message.clone(), failure.to_json())
+            }
         };
         self.observer.report(&BuilderEvent::ToolEnded {
             id: call.id.clone(),
@@ -178,7 +190,8 @@ impl Agent {
         content.to_string()
     }
 
-    /// Calls tool `name`. A tool that panics answers a failure the model reads (`the tool
+    /// Calls tool `name` within what the turn's calls may still do (`turn`), and charges it
+    /// what the call did. A tool that panics answers a failure the model reads (`the tool
     /// panicked: ...`); the session goes on.
     pub(super) async fn dispatch(
         &self,
@@ -186,17 +199,23 @@ impl Agent {
         name: &str,
         args: &Value,
         writes: &DbWriteBudget,
+        turn: &crate::TurnWork,
     ) -> crate::ToolResult {
         use futures::FutureExt;
-        std::panic::AssertUnwindSafe(self.dispatch_unguarded(mode, name, args, writes))
-            .catch_unwind()
-            .await
-            .unwrap_or_else(|panic| {
-                Err(ToolFailure::new(format!(
-                    "the tool panicked: {}",
-                    panic_message(&*panic)
-                )))
-            })
+        let work = turn.next_call()?;
+        let started = std::time::Instant::now();
+        let answer =
+            std::panic::AssertUnwindSafe(self.dispatch_unguarded(mode, name, args, writes, &work))
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|panic| {
+                    Err(ToolFailure::new(format!(
+                        "the tool panicked: {}",
+                        panic_message(&*panic)
+                    )))
+                });
+        turn.charge(&work, started.elapsed());
+        answer
     }
 
     async fn dispatch_unguarded(
@@ -205,12 +224,12 @@ impl Agent {
         name: &str,
         args: &Value,
         writes: &DbWriteBudget,
+        work: &Arc<HostWork>,
     ) -> crate::ToolResult {
         #[cfg(test)]
         if super::tests::PANIC_IN.with(|tool| tool.get()) == Some(name) {
             panic!("broken on purpose");
         }
-        let work = crate::call_work();
         let ctx = ToolContext {
             root: &self.root,
             mode,
@@ -219,7 +238,7 @@ impl Agent {
             turn_writes: writes,
             session_id: &self.session_id,
             observer: &self.observer,
-            work: &work,
+            work,
         };
         if READ_TOOLS.contains(&name) {
             reads::call(&ctx, name, args).await

@@ -336,7 +336,7 @@ impl Draft {
             "tool": tool,
             "reason": reason,
             "step_ids": step_ids,
-            "changes": changes.iter().map(Change::to_json).collect::<Vec<_>>(),
+            "changes": changelog::entry_changes(changes),
             "before_sha256": changelog::sha256(self.plan.before.as_deref()),
             "after_sha256": changelog::sha256(after),
         });

@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 
-use super::super::{ToolFailure, ToolSpec};
+use super::super::ToolSpec;
 
 /// A strict object schema: these properties, these required, nothing else.
 fn object(properties: Value, required: &[&str]) -> Value {
@@ -168,30 +168,4 @@ pub(super) fn specs() -> Vec<ToolSpec> {
             ),
         },
     ]
-}
-
-/// Checks `args` against the schema of `spec`: a failure naming each wrong argument and
-/// what was expected.
-pub(super) fn check_args(spec: &ToolSpec, args: &Value) -> Result<(), ToolFailure> {
-    let validator = jsonschema::validator_for(&spec.parameters).map_err(|e| {
-        ToolFailure::new(format!("the schema of {} does not compile: {e}", spec.name))
-    })?;
-    let problems: Vec<String> = validator
-        .iter_errors(args)
-        .map(|e| {
-            let path = e.instance_path().to_string();
-            if path.is_empty() {
-                format!("arguments: {e}")
-            } else {
-                format!("argument {}: {e}", path.trim_start_matches('/'))
-            }
-        })
-        .collect();
-    if problems.is_empty() {
-        return Ok(());
-    }
-    Err(ToolFailure::with_details(
-        format!("{}: {}", spec.name, problems.join("; ")),
-        json!({"schema": spec.parameters}),
-    ))
 }

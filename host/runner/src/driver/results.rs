@@ -120,50 +120,9 @@ fn file_safe(id: &str) -> String {
 }
 
 /// The arguments of a call as its run event keeps them: whole up to
-/// [`EVENT_ARGUMENT_BYTES`] of JSON, else that much of their JSON text and how much was cut.
+/// [`trellis_sandbox::cut::EVENT_JSON_BYTES`] of JSON, else that much of their JSON text and
+/// how much there was.
 /// The event log lasts the whole execution; the turn log keeps the arguments whole.
 pub(super) fn event_arguments(args: &Value) -> Value {
-    let text = args.to_string();
-    if text.len() <= EVENT_ARGUMENT_BYTES {
-        return args.clone();
-    }
-    let mut end = EVENT_ARGUMENT_BYTES;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    Value::String(format!(
-        "{}... [cut: {} bytes, limit {EVENT_ARGUMENT_BYTES}]",
-        &text[..end],
-        text.len() - end
-    ))
-}
-
-/// The bytes of a call's arguments its run event keeps whole.
-pub const EVENT_ARGUMENT_BYTES: usize = 4096;
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_run_event_keeps_small_arguments_whole_and_cuts_big_ones() {
-        let small = serde_json::json!({"path": "notes.md"});
-        assert_eq!(event_arguments(&small), small);
-        // 4 MB of arguments (the red team's answers) leave 4 KiB in the event.
-        let big = serde_json::json!({"path": "nope", "pad": "é".repeat(2_000_000)});
-        let kept = event_arguments(&big);
-        let text = kept.as_str().unwrap();
-        assert!(text.starts_with(r#"{"pad":"ééé"#), "{:.40}", text);
-        let total = big.to_string().len();
-        let shown = text.find("... [cut: ").unwrap();
-        assert!((EVENT_ARGUMENT_BYTES - 1..=EVENT_ARGUMENT_BYTES).contains(&shown));
-        assert!(
-            text.ends_with(&format!(
-                "... [cut: {} bytes, limit {EVENT_ARGUMENT_BYTES}]",
-                total - shown
-            )),
-            "{}",
-            &text[shown..]
-        );
-    }
+    trellis_sandbox::cut::json_value(args)
 }

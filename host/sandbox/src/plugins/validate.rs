@@ -123,14 +123,7 @@ impl PluginRegistry {
 /// `text` cut to [`MAX_VALIDATOR_FIELD_BYTES`] (validator fields, tool error messages), the
 /// cut marked.
 pub(super) fn cap_text(text: String) -> String {
-    if text.len() <= MAX_VALIDATOR_FIELD_BYTES {
-        return text;
-    }
-    format!(
-        "{}… [cut: {} bytes, limit {MAX_VALIDATOR_FIELD_BYTES}]",
-        crate::state::truncate(&text, MAX_VALIDATOR_FIELD_BYTES),
-        text.len()
-    )
+    crate::cut::marked(&text, MAX_VALIDATOR_FIELD_BYTES)
 }
 
 /// A validator's report as the gate sees it, each text field cut to

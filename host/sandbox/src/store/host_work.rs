@@ -19,6 +19,7 @@ pub struct HostWork {
     what: &'static str,
     read_cap: u64,
     read: AtomicU64,
+    asked: AtomicU64,
     started: Instant,
     time: Duration,
 }
@@ -31,6 +32,7 @@ impl HostWork {
             what,
             read_cap,
             read: AtomicU64::new(0),
+            asked: AtomicU64::new(0),
             started: Instant::now(),
             time,
         }
@@ -39,6 +41,12 @@ impl HostWork {
     /// Bytes read so far.
     pub fn bytes_read(&self) -> u64 {
         self.read.load(Ordering::Relaxed)
+    }
+
+    /// What the request used of its budget: the bytes it read, or its whole budget once it
+    /// asked for more than that (a request that ran into its cap has used it).
+    pub fn bytes_used(&self) -> u64 {
+        self.asked.load(Ordering::Relaxed).min(self.read_cap)
     }
 
     /// An error when the deadline has passed.
@@ -61,6 +69,11 @@ impl HostWork {
     /// the read budget or the deadline has passed.
     pub fn charge_read(&self, rel: &Path, len: u64) -> io::Result<()> {
         self.check_time()?;
+        let _ = self
+            .asked
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |a| {
+                Some(a.saturating_add(len))
+            });
         self.read
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |read| {
                 read.checked_add(len)
@@ -94,6 +107,7 @@ mod tests {
         let err = work.charge_read(Path::new("b"), 41).unwrap_err();
         assert!(err.to_string().contains("budget of 100 bytes"), "{err}");
         assert!(err.to_string().contains("(60 read already)"), "{err}");
+        assert_eq!(work.bytes_used(), 100, "a refused read uses the budget up");
         work.charge_read(Path::new("c"), 40).unwrap();
         assert_eq!(work.bytes_read(), 100);
     }
