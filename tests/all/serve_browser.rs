@@ -1,7 +1,8 @@
 //! The page of `trellis serve` in a real headless Chromium, driven through its WebDriver by
 //! Selenium (tests/browser/page_test.py, in a virtual environment made here): a builder
 //! message streams in and its new step appears in the graph, a step started from the page
-//! shows its tool calls and its end, and a second is stopped. Screenshots (desktop and
+//! shows its tool calls and its end, a second is stopped, and a run's human inputs are
+//! answered in the executions panel. Screenshots (desktop and
 //! narrow) go to `<target>/screenshots/`.
 
 use crate::support;
@@ -68,6 +69,30 @@ fn agents_workspace(dir: &Path, llm: &FakeServer) -> PathBuf {
     ws
 }
 
+/// A workflow of two `human_input` steps: a yes/no question whose yes goes on to a question
+/// with a text answer.
+fn ask_workspace(dir: &Path) -> PathBuf {
+    let ws = dir.join("ask");
+    write_files(
+        &ws,
+        &[
+            (
+                "planning/plan.json",
+                json!({"objective": "o", "steps": [
+                    {"id": "approve", "type": "human_input", "title": "Approve",
+                     "question": "Ship it?", "response_type": "yesno",
+                     "if_yes_next_step_id": "name", "if_no_next_step_id": "end"},
+                    {"id": "name", "type": "human_input", "title": "Name",
+                     "question": "Release name?", "variable_name": "release"}
+                ]})
+                .to_string(),
+            ),
+            ("planning/step_config.json", r#"{"steps": []}"#.to_string()),
+        ],
+    );
+    ws
+}
+
 #[test]
 fn the_page_streams_the_builder_updates_the_graph_and_runs_and_stops_executions() {
     let (Some(chromium), Some(driver)) = (
@@ -106,6 +131,7 @@ fn the_page_streams_the_builder_updates_the_graph_and_runs_and_stops_executions(
     let agents_ws = agents_workspace(dir.path(), &llm);
     let demo_server = Serve::start(&demo_ws, None, &[]);
     let agents_server = Serve::start(&agents_ws, None, &["--allow-host", "127.0.0.1"]);
+    let ask_server = Serve::start(&ask_workspace(dir.path()), None, &[]);
     let shots = target_dir().join("screenshots");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser/page_test.py");
     let mut child = Command::new(python)
@@ -118,6 +144,7 @@ fn the_page_streams_the_builder_updates_the_graph_and_runs_and_stops_executions(
     let input = json!({
         "demo": format!("http://127.0.0.1:{}/", demo_server.port),
         "agents": format!("http://127.0.0.1:{}/", agents_server.port),
+        "ask": format!("http://127.0.0.1:{}/", ask_server.port),
         "screenshots": shots,
         "query": DEMO_QUERY,
         "chromium": chromium,
@@ -140,6 +167,7 @@ fn the_page_streams_the_builder_updates_the_graph_and_runs_and_stops_executions(
         "desktop-builder.png",
         "narrow-builder.png",
         "desktop-executions.png",
+        "desktop-input.png",
     ] {
         assert!(shots.join(shot).is_file(), "{shot} in {}", shots.display());
     }

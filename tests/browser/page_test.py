@@ -1,14 +1,18 @@
 """The page of `trellis serve` in headless Chromium, through its WebDriver (Selenium).
 
 Run by tests/all/serve_browser.rs, which starts the servers: reads {"demo": URL, "agents":
-URL, "screenshots": DIR, "query": TEXT, "chromium": PATH, "driver": PATH} on stdin, and
+URL, "ask": URL, "screenshots": DIR, "query": TEXT, "chromium": PATH, "driver": PATH} on
+stdin, and
 exits non-zero (with the step that failed) when the page does not do what an operator needs:
 
 - demo (the builder-demo example, its replay cassette): the page loads with the plan graph,
   a builder message streams in (tool calls one by one before the reply), the step the
   builder adds appears in the graph and turns completed, and it reads at 390 px wide;
 - agents (a workflow whose steps' model is a fake): a step started from the page shows its
-  tool calls and its end in the executions panel, and a second one is stopped from it.
+  tool calls and its end in the executions panel, and a second one is stopped from it;
+- ask (a workflow of two human_input steps): the whole workflow started from the page waits
+  on each question in the executions panel, is answered there (a yes button, then a text
+  answer) and ends done.
 
 Screenshots (desktop 1280x800 and narrow 390x844) go to DIR.
 """
@@ -151,5 +155,27 @@ driver.set_window_size(390, 844)
 time.sleep(0.3)
 no_sideways_scroll("narrow executions")
 driver.save_screenshot(os.path.join(shots, "narrow-executions.png"))
+driver.set_window_size(1280, 800)
+
+# ---- human inputs answered from the page ----
+driver.get(args["ask"])
+wait("the ask plan is drawn", lambda: node("approve") and node("name"))
+driver.find_element(By.ID, "run-all").click()
+ask = '.exec[data-execution="workflow-full-1"] form.ask'
+yes = wait("the first question waits in the panel", lambda: driver.find_element(
+    By.CSS_SELECTOR, ask + ' button[data-answer="yes"]'))
+if "Ship it?" not in driver.find_element(By.CSS_SELECTOR, ask).text:
+    fail("the question is shown", driver.find_element(By.CSS_SELECTOR, ask).text)
+yes.click()
+answer = wait("the second question takes a text answer", lambda: driver.find_element(
+    By.CSS_SELECTOR, ask + ' input[aria-label="answer"]'))
+if "Release name?" not in driver.find_element(By.CSS_SELECTOR, ask).text:
+    fail("the second question is shown", driver.find_element(By.CSS_SELECTOR, ask).text)
+driver.save_screenshot(os.path.join(shots, "desktop-input.png"))
+answer.send_keys("v2")
+driver.find_element(By.CSS_SELECTOR, ask + " button").click()
+wait("the answered workflow ends done", lambda: driver.find_element(
+    By.CSS_SELECTOR, '.exec[data-execution="workflow-full-1"]').get_attribute("data-status") == "done")
+wait("the graph shows name completed", lambda: node("name").get_attribute("data-status") == "completed")
 driver.quit()
 print("ok")

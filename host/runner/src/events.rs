@@ -66,6 +66,12 @@ pub enum RunEvent {
         /// `regular`, `routing`, `human_input`, ...
         step_type: String,
     },
+    /// A `human_input` step whose answer was not given waits for one
+    /// ([`crate::human_inputs::HumanInputs::answer`]); its end follows once it comes.
+    InputRequested {
+        /// The question, its step and what it takes.
+        question: crate::human_inputs::Question,
+    },
     /// A step ended.
     StepEnded {
         /// The step id.
@@ -225,6 +231,12 @@ impl RunEvent {
                 status,
                 detail,
             } => format!("step {step_id}: {status} ({detail})"),
+            RunEvent::InputRequested { question } => format!(
+                "step {}: waiting for an answer to {:?} ({})",
+                question.step_id,
+                question.question.as_deref().unwrap_or(&question.variable),
+                question.response_type
+            ),
             _ => return None,
         })
     }

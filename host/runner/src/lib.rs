@@ -30,6 +30,7 @@ pub mod events;
 pub mod filters;
 pub mod foreach;
 pub mod grants;
+pub mod human_inputs;
 pub mod llm_choice;
 pub mod mcp_servers;
 pub mod prerequisites;

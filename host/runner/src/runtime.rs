@@ -123,6 +123,9 @@ pub struct ExecutionInfo {
     pub kind: ExecutionKind,
     /// Where it is.
     pub status: ExecutionStatus,
+    /// The question of the `human_input` step it waits on, if it waits
+    /// ([`StartOptions::ask_for_inputs`]).
+    pub waiting_for: Option<crate::human_inputs::Question>,
 }
 
 /// How to run: the run's selection and inputs, its models, and the bounds of every call.
@@ -154,6 +157,9 @@ pub struct StartOptions {
     /// Starts the servers a run names: the front end's MCP client (`trellis_mcp::client`);
     /// by default none, and a run naming a server fails in its preflight.
     pub tool_servers: Arc<dyn crate::mcp_servers::ServerStarter>,
+    /// A `human_input` step whose answer is not in `run.inputs` asks for it and waits
+    /// ([`Runtime::answer_input`]), rather than the run being refused up front.
+    pub ask_for_inputs: bool,
     /// The count of model calls the run takes from, when it shares one (a builder session
     /// counts its executions' calls with its own, up to `turn_budgets.run_model_calls`);
     /// else the run counts its own.
@@ -175,6 +181,7 @@ impl StartOptions {
             instructions: None,
             mcp_config: Arc::new(crate::mcp_servers::McpConfig::empty()),
             tool_servers: Arc::new(crate::mcp_servers::NoServers),
+            ask_for_inputs: false,
             model_calls: None,
         }
     }
@@ -289,6 +296,8 @@ struct Execution {
     /// Cancelled with `cancel`: ends the tool calls in flight.
     cancel_calls: tokio_util::sync::CancellationToken,
     steering: Arc<Steering>,
+    /// Where its `human_input` steps wait for answers, when it was started to ask.
+    human: Option<Arc<crate::human_inputs::HumanInputs>>,
     log: Mutex<EventLog>,
     sender: broadcast::Sender<ExecutionEvent>,
     outcome: Mutex<Option<Result<WorkflowRun, String>>>,
@@ -446,7 +455,11 @@ impl Runtime {
                 workspace: workspace.to_path_buf(),
                 kind,
                 status: ExecutionStatus::Running,
+                waiting_for: None,
             }),
+            human: options
+                .ask_for_inputs
+                .then(|| Arc::new(crate::human_inputs::HumanInputs::default())),
             cancel: Arc::new(AtomicBool::new(false)),
             cancel_calls: tokio_util::sync::CancellationToken::new(),
             steering: Arc::new(match &options.instructions {
@@ -594,16 +607,33 @@ impl Runtime {
         }
     }
 
+    /// Answers the question execution `id` waits on (that of step `step_id`, when given):
+    /// the question answered, or why the answer was not taken. `None` for an id this
+    /// runtime does not know.
+    pub fn answer_input(
+        &self,
+        id: &ExecutionId,
+        step_id: Option<&str>,
+        answer: &str,
+    ) -> Option<Result<crate::human_inputs::Question, crate::human_inputs::AnswerRefused>> {
+        let execution = self.get(id)?;
+        Some(match &execution.human {
+            Some(human) if execution.status() == ExecutionStatus::Running => {
+                human.answer(step_id, answer)
+            }
+            _ => Err(crate::human_inputs::AnswerRefused::NotWaiting),
+        })
+    }
+
     /// Every execution this runtime started, oldest first.
     pub fn list(&self) -> Vec<ExecutionInfo> {
         let executions = self.executions.lock().unwrap_or_else(|e| e.into_inner());
         let mut all: Vec<(u64, ExecutionInfo)> = executions
             .values()
             .map(|e| {
-                (
-                    e.seq,
-                    e.info.lock().unwrap_or_else(|p| p.into_inner()).clone(),
-                )
+                let mut info = e.info.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                info.waiting_for = e.human.as_ref().and_then(|h| h.waiting());
+                (e.seq, info)
             })
             .collect();
         all.sort_by_key(|(seq, _)| *seq);
@@ -699,6 +729,7 @@ fn run_execution(
         env.cancel = execution.cancel.clone();
         env.cancel_calls = execution.cancel_calls.clone();
         env.steering = Some(execution.steering.clone());
+        env.human = execution.human.clone();
         env.observer = {
             let execution = execution.clone();
             let also = options.observer.clone();

@@ -543,6 +543,7 @@ pub async fn executions(State(app): State<Arc<App>>) -> ApiResult {
                 "execution_id": e.id.as_str(),
                 "kind": format!("{:?}", e.kind),
                 "status": e.status.to_string(),
+                "waiting_for": e.waiting_for,
             })
         })
         .collect();
@@ -589,6 +590,46 @@ pub async fn message_execution(
     Ok(Json(
         json!({"execution_id": id.as_str(), "delivery": delivery.status.to_string()}),
     ))
+}
+
+/// `POST /api/executions/{id}/input {answer, step_id?}`: the answer of the `human_input`
+/// step the execution waits on.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InputRequest {
+    answer: String,
+    #[serde(default)]
+    step_id: Option<String>,
+}
+
+/// Answers the question an execution waits on: `200 {execution_id, answered}`, `404` for an
+/// unknown execution, `409 not_waiting` when it waits on no question (or another step's),
+/// `400` for an answer too long.
+pub async fn answer_execution(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult {
+    use trellis_runner::human_inputs::AnswerRefused;
+    let request: InputRequest = body_object(body)?;
+    let id = ExecutionId::from(id.as_str());
+    let answered = app
+        .runtime
+        .answer_input(&id, request.step_id.as_deref(), &request.answer)
+        .ok_or_else(|| ApiError::not_found(format!("no execution {id}")))?;
+    match answered {
+        Ok(question) => Ok(Json(
+            json!({"execution_id": id.as_str(), "answered": question.step_id}),
+        )),
+        Err(refused @ AnswerRefused::TooLong { .. }) => {
+            Err(ApiError::bad_request(format!("answer: {refused}")))
+        }
+        Err(refused) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "not_waiting",
+            format!("execution {id}: {refused}"),
+        )),
+    }
 }
 
 /// A path served, with another method.

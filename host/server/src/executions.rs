@@ -14,6 +14,7 @@ use axum::http::StatusCode;
 use serde::Deserialize;
 use serde_json::json;
 
+use trellis_runner::events::RunEvent;
 use trellis_runner::runtime::{
     ExecutionEvent, ExecutionId, ExecutionKind, ExecutionStatus, Runtime,
 };
@@ -59,9 +60,15 @@ pub async fn start(
         && ws.plan.find_step(step).is_none()
     {
         let ids: Vec<&str> = ws.plan.steps.iter().map(|s| s.id.as_str()).collect();
+        let more = ids.len().saturating_sub(STEPS_NAMED);
         return Err(ApiError::not_found(format!(
-            "step_id {step:?}: the plan has no such step (its steps: {})",
-            ids.join(", ")
+            "step_id {step:?}: the plan has no such step (its steps: {}{})",
+            ids[..ids.len().min(STEPS_NAMED)].join(", "),
+            if more > 0 {
+                format!(", and {more} more")
+            } else {
+                String::new()
+            }
         )));
     }
     if request.step_id.is_some() && request.group.is_some() {
@@ -103,6 +110,8 @@ pub async fn start(
     options.run.group = request.group;
     options.run.inputs = request.inputs;
     options.run.route_selections = request.route_selections;
+    // The operator is at the page: a human_input step without an answer asks there.
+    options.ask_for_inputs = true;
     let id = match request.step_id {
         Some(step) => app.runtime.start_step(&app.root, &step, options),
         None => app.runtime.start_workflow(&app.root, options),
@@ -113,6 +122,9 @@ pub async fn start(
         Json(json!({"execution_id": id.as_str(), "status": "running"})),
     ))
 }
+
+/// The plan's steps an unknown `step_id`'s error names, at most.
+const STEPS_NAMED: usize = 20;
 
 /// Ended executions the runtime keeps (with their events) for a server.
 const KEPT_EXECUTIONS: usize = 200;
@@ -268,6 +280,11 @@ impl Watcher {
         self.handle.spawn(async move {
             while let Some(event) = events.next().await {
                 let value = match &event {
+                    ExecutionEvent::Run(RunEvent::InputRequested { question }) => json!({
+                        "type": "input_requested", "execution_id": id.as_str(),
+                        "step_id": question.step_id, "variable": question.variable,
+                        "question": question.question, "response_type": question.response_type,
+                        "options": question.options}),
                     ExecutionEvent::Run(run) => json!({"type": "execution", "execution_id":
                         id.as_str(), "line": cut(&trellis_builder::executions::event_line(run))}),
                     ExecutionEvent::Delivery { text, delivery } => json!({"type": "execution",

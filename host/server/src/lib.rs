@@ -321,6 +321,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/api/executions/events/stream", get(api::execution_stream))
         .route("/api/executions/{id}/stop", post(api::stop_execution))
         .route("/api/executions/{id}/message", post(api::message_execution))
+        .route("/api/executions/{id}/input", post(api::answer_execution))
         .fallback(api::unknown)
         .method_not_allowed_fallback(api::method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))

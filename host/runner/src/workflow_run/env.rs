@@ -24,6 +24,9 @@ pub struct RunEnv<'a> {
     pub llm: LlmSetup,
     /// Messages sent to the running step's agent from outside, if anyone may send them.
     pub steering: Option<Arc<Steering>>,
+    /// Where a `human_input` step without an answer asks for one and waits; without it,
+    /// every answer is needed up front.
+    pub human: Option<Arc<crate::human_inputs::HumanInputs>>,
     /// Tool rounds a turn may take before it must answer.
     pub max_tool_rounds: usize,
     /// The budgets of every turn (tool calls per answer, calls at once, result bytes) and
@@ -55,6 +58,7 @@ impl<'a> RunEnv<'a> {
             observer: Observer::default(),
             llm,
             steering: None,
+            human: None,
             max_tool_rounds: crate::driver::DEFAULT_MAX_TOOL_ROUNDS,
             turn_budgets: crate::driver::TurnBudgets::default(),
             model_calls: Arc::default(),

@@ -126,6 +126,30 @@ fn reachable_walk<'w>(ws: &'w Workspace, start: Option<&str>, from: Option<&str>
 /// An `--input` naming no `human_input` step's variable is an error too (a typo would
 /// otherwise leave the answer unused).
 pub fn check_inputs(ws: &Workspace, opts: &RunOptions) -> Result<()> {
+    check_input_names(ws, opts)?;
+    let missing: Vec<String> = missing_inputs(ws, opts)
+        .into_iter()
+        .map(|(step, h)| {
+            format!(
+                "step {:?} needs --input {}=VALUE{}",
+                step.id,
+                input_key(step, h),
+                h.question
+                    .as_deref()
+                    .map(|q| format!(" ({})", question_head(q)))
+                    .unwrap_or_default()
+            )
+        })
+        .collect();
+    if !missing.is_empty() {
+        bail!("missing human input: {}", listed(&missing, "; "));
+    }
+    Ok(())
+}
+
+/// Refuses an `--input` naming no `human_input` step's variable (a typo would otherwise
+/// leave the answer unused).
+pub fn check_input_names(ws: &Workspace, opts: &RunOptions) -> Result<()> {
     let asked: Vec<&str> = ws
         .plan
         .steps
@@ -153,23 +177,6 @@ pub fn check_inputs(ws: &Workspace, opts: &RunOptions) -> Result<()> {
                 listed(&asked, ", ")
             }
         );
-    }
-    let missing: Vec<String> = missing_inputs(ws, opts)
-        .into_iter()
-        .map(|(step, h)| {
-            format!(
-                "step {:?} needs --input {}=VALUE{}",
-                step.id,
-                input_key(step, h),
-                h.question
-                    .as_deref()
-                    .map(|q| format!(" ({})", question_head(q)))
-                    .unwrap_or_default()
-            )
-        })
-        .collect();
-    if !missing.is_empty() {
-        bail!("missing human input: {}", listed(&missing, "; "));
     }
     Ok(())
 }
@@ -306,7 +313,11 @@ pub(super) async fn preflight<'w>(
         let errors: Vec<String> = tools.errors().map(|d| d.to_string()).collect();
         bail!("{}", errors.join("\n"));
     }
-    check_inputs(ws, opts)?;
+    if env.human.is_some() {
+        check_input_names(ws, opts)?;
+    } else {
+        check_inputs(ws, opts)?;
+    }
     let mut mcp_keys = crate::mcp_servers::named_servers(ws, &env.mcp_config);
     for (_, folder) in &units {
         // A full run starts from fresh run folders: the default step config applies.

@@ -210,45 +210,27 @@ pub(super) async fn run_unit(
             }
             StepKind::HumanInput(h) => {
                 let key = input_key(step, h);
-                let answer = opts
-                    .inputs
-                    .get(key)
-                    .with_context(|| format!("step {id:?}: no --input {key}=VALUE"))?;
-                let decided = answer_human_input(h, answer);
-                let next = decided.next.clone().or_else(|| default_next(&ws, step));
-                let file = human_input_file(&ws, step);
-                // Joined to the output folder, an absolute path would replace it (a `..` is
-                // refused by the workspace handle).
-                if Path::new(&file).has_root() {
-                    bail!(
-                        "step {id:?}: the answer file (context_output) {file:?} is an absolute \
-                         path; expected a name in the step's output folder"
-                    );
-                }
-                write_json(
-                    &ws.fs,
-                    &output_dir.join(&file),
-                    &json!({
-                        "question": h.question,
-                        "response": decided.response,
-                        "response_type": h.response_type.map(|t| t.name()).unwrap_or("text"),
-                        "next_step_id": next,
-                    }),
-                )?;
-                let report = StepReport {
-                    step_id: id.clone(),
-                    step_type: step.type_name(),
-                    status: Status::Completed,
-                    detail: format!(
-                        "{key} = {answer:?}{}",
-                        next.as_deref()
-                            .map(|n| format!(" -> {n}"))
-                            .unwrap_or_default()
-                    ),
-                    output_dir,
-                    outcome: None,
+                let answer = match (opts.inputs.get(key), &env.human) {
+                    (Some(given), _) => Some(given.clone()),
+                    (None, Some(human)) => ask_human(env, human, step, h).await,
+                    (None, None) => bail!("step {id:?}: no --input {key}=VALUE"),
                 };
-                (report, next)
+                let ended = match answer {
+                    Some(answer) => answered(&ws, step, h, &answer, output_dir)?,
+                    None => {
+                        let report = StepReport {
+                            step_id: id.clone(),
+                            step_type: step.type_name(),
+                            status: Status::Stopped,
+                            detail: "stopped while waiting for an answer".to_string(),
+                            output_dir,
+                            outcome: None,
+                        };
+                        (report, None)
+                    }
+                };
+                record_end(&ws, folder, &ended.0)?;
+                ended
             }
         };
         if let Some(back) = report.outcome.as_ref().and_then(|o| o.go_back.clone()) {
@@ -281,6 +263,105 @@ pub(super) async fn run_unit(
 
 /// Whether `step`, or a route's sub-agent step under it, is a scripted regular step: its
 /// runner then needs the script runner.
+/// Records `answer` to `human_input` step `step` in its answer file: the step's report and
+/// the step it routes to.
+fn answered(
+    ws: &Workspace,
+    step: &Step,
+    h: &trellis_workflow::plan::HumanInput,
+    answer: &str,
+    output_dir: PathBuf,
+) -> Result<(StepReport, Option<String>)> {
+    let id = &step.id;
+    let key = input_key(step, h);
+    let decided = answer_human_input(h, answer);
+    let next = decided.next.clone().or_else(|| default_next(ws, step));
+    let file = human_input_file(ws, step);
+    // Joined to the output folder, an absolute path would replace it (a `..` is refused by
+    // the workspace handle).
+    if Path::new(&file).has_root() {
+        bail!(
+            "step {id:?}: the answer file (context_output) {file:?} is an absolute path; \
+             expected a name in the step's output folder"
+        );
+    }
+    write_json(
+        &ws.fs,
+        &output_dir.join(&file),
+        &json!({
+            "question": h.question,
+            "response": decided.response,
+            "response_type": h.response_type.map(|t| t.name()).unwrap_or("text"),
+            "next_step_id": next,
+        }),
+    )?;
+    let report = StepReport {
+        step_id: id.clone(),
+        step_type: step.type_name(),
+        status: Status::Completed,
+        detail: format!(
+            "{key} = {:?}{}",
+            trellis_sandbox::cut::marked(answer, 200),
+            next.as_deref()
+                .map(|n| format!(" -> {n}"))
+                .unwrap_or_default()
+        ),
+        output_dir,
+        outcome: None,
+    };
+    Ok((report, next))
+}
+
+/// Records how a step the run decides itself ended (a `human_input` step), as an agent
+/// step's end is recorded: its final summary beside its logs, which the runs listing and the
+/// page read.
+fn record_end(ws: &Workspace, folder: &str, report: &StepReport) -> Result<()> {
+    let summary = crate::session::FinalSummary {
+        schema_version: crate::session::FINAL_SUMMARY_SCHEMA_VERSION,
+        step_id: report.step_id.clone(),
+        run_folder: folder.to_string(),
+        status: report.status,
+        execution_result: Some(report.detail.clone()),
+        concerns: Vec::new(),
+        completed_at: trellis_sandbox::store::now_rfc3339(),
+    };
+    let dir =
+        crate::session::turn_logs_dir(&crate::session::logs_dir(&ws.run_dir(), &report.step_id));
+    summary
+        .write(&ws.fs, &dir)
+        .with_context(|| format!("recording the end of step {:?}", report.step_id))
+}
+
+/// Asks for the answer of `human_input` step `step` and waits for it; `None` when the run
+/// is stopped first.
+async fn ask_human(
+    env: &RunEnv<'_>,
+    human: &crate::human_inputs::HumanInputs,
+    step: &Step,
+    h: &trellis_workflow::plan::HumanInput,
+) -> Option<String> {
+    let question = crate::human_inputs::Question {
+        step_id: step.id.clone(),
+        variable: input_key(step, h).to_string(),
+        question: h
+            .question
+            .as_deref()
+            .map(|q| trellis_sandbox::cut::marked(q, trellis_sandbox::cut::EVENT_JSON_BYTES)),
+        response_type: h
+            .response_type
+            .map(|t| t.name())
+            .unwrap_or("text")
+            .to_string(),
+        options: h.options.clone().unwrap_or_default(),
+    };
+    env.observer.emit(RunEvent::InputRequested {
+        question: question.clone(),
+    });
+    human
+        .ask(question, &env.cancel_calls, || env.cancelled())
+        .await
+}
+
 fn has_scripted(ws: &Workspace, step: &Step) -> bool {
     fn within(ws: &Workspace, step: &Step, depth: usize) -> bool {
         (matches!(step.kind, StepKind::Regular) && ws.agent_configs(&step.id).is_scripted())
