@@ -856,3 +856,58 @@ fn a_run_waits_for_the_answers_of_its_human_input_steps() {
     assert_eq!(ended["status"], "cancelled", "{ended}");
     assert!(ended["waiting_for"].is_null(), "{ended}");
 }
+
+/// `POST /api/session/stop` stops the turn running now: a model that calls a tool at every
+/// answer, slowly, would keep the turn for its 500 rounds; stopped, the turn ends before its
+/// next model call with the stop as its error, and the session takes the next query.
+#[test]
+fn stopping_a_session_stops_its_running_turn() {
+    let llm = FakeServer::start(Box::new(|body| {
+        let messages = body["messages"].as_array().cloned().unwrap_or_default();
+        let last = messages.last().cloned().unwrap_or(Value::Null);
+        if last["role"] == "user" && last["content"] == "and now?" {
+            return (200, completion("here", &[]));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        (200, completion("", &[("read_plan", json!({}))]))
+    }));
+    let dir = tempfile::tempdir().unwrap();
+    let ws = two_steps(dir.path(), &llm);
+    let serve = Serve::start(&ws, None, &["--allow-host", "127.0.0.1"]);
+    let (status, ack) = serve.post("/api/query", &json!({"query": "loop"}));
+    assert_eq!(status, 202, "{ack}");
+    let session = ack["session_id"].as_str().unwrap().to_string();
+    let seen = serve.stream_until(&session, None, "tool_ended");
+    let (status, stopped) = serve.post("/api/session/stop", &json!({"session_id": session}));
+    assert_eq!(status, 200, "{stopped}");
+    assert_eq!(stopped["turn_stopped"], true, "{stopped}");
+    let last = seen.last().unwrap()["id"].as_u64().unwrap();
+    let rest = serve.stream_until(&session, Some(last), "turn_ended");
+    let ended = rest.last().unwrap();
+    assert_eq!(ended["ended_normally"], false, "{ended}");
+    assert_eq!(
+        ended["error"], "the turn was stopped by the operator",
+        "{ended}"
+    );
+    let calls = llm.seen().len();
+    assert!(calls < 10, "{calls} model calls: the turn went on");
+
+    // Between turns there is nothing to stop, and the next query runs its turn whole.
+    let idle_at = serve.stream_until(&session, Some(last), "session_status");
+    let last = idle_at.last().unwrap()["id"].as_u64().unwrap();
+    let (_, idle) = serve.post("/api/session/stop", &json!({"session_id": session}));
+    assert_eq!(idle["turn_stopped"], false, "{idle}");
+    let (status, ack) = serve.post(
+        "/api/query",
+        &json!({"query": "and now?", "session_id": session}),
+    );
+    assert_eq!(status, 202, "{ack}");
+    let events = serve.stream_until(&session, Some(last), "session_status");
+    let next = events
+        .iter()
+        .rev()
+        .find(|e| e["type"] == "turn_ended")
+        .unwrap();
+    assert_eq!(next["ended_normally"], true, "{next}");
+    assert_eq!(next["text"], "here", "{next}");
+}

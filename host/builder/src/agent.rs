@@ -113,6 +113,8 @@ struct Agent {
     side: Arc<SideAgents>,
     /// This agent is a side agent: it cannot start side agents of its own.
     is_side: bool,
+    /// Stops the session's running turn from outside (its side agents' turns too).
+    stop: crate::TurnStop,
 }
 
 /// One builder session on one workspace.
@@ -225,6 +227,7 @@ impl BuilderSession {
             session_id: conversation.session_id.clone(),
             side: Arc::default(),
             is_side: false,
+            stop: crate::TurnStop::default(),
         };
         Ok(BuilderSession {
             agent,
@@ -271,6 +274,11 @@ impl BuilderSession {
         self.agent.side.running_ids()
     }
 
+    /// What stops the turn running now, for a front end to hold while the turn runs.
+    pub fn turn_stop(&self) -> crate::TurnStop {
+        self.agent.stop.clone()
+    }
+
     /// Calls tool `name` in the operator's name (a slash command of the chat), in the
     /// session's mode: the answer, or the failure as JSON.
     pub async fn operator_call(&self, name: &str, args: &Value) -> Value {
@@ -301,6 +309,7 @@ impl BuilderSession {
         self.agent.observer.report(&BuilderEvent::TurnStarted {
             message: text.to_string(),
         });
+        self.agent.stop.reset();
         let mut history = std::mem::take(&mut self.conversation.conversation_history);
         history.push(Message::user(text));
         let outcome = self.agent.run_turn(self.mode, &mut history).await;

@@ -143,6 +143,47 @@ impl TurnWork {
     }
 }
 
+/// Stops the turn a builder session runs now, from outside it (the server's
+/// `POST /api/session/stop`): the turn ends before its next model call, a model call in
+/// flight is let go, and tool calls not begun answer that the turn was stopped. Cheap to
+/// clone; the session clears it when its next turn starts.
+#[derive(Debug, Clone, Default)]
+pub struct TurnStop(Arc<(std::sync::atomic::AtomicBool, tokio::sync::Notify)>);
+
+impl TurnStop {
+    /// Stops the running turn (if any).
+    pub fn stop(&self) {
+        self.0.0.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.0.1.notify_waiters();
+    }
+
+    /// Whether the turn was stopped.
+    pub fn is_stopped(&self) -> bool {
+        self.0.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Clears a stop: a new turn starts.
+    pub(crate) fn reset(&self) {
+        self.0.0.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Resolves once the turn is stopped.
+    pub(crate) async fn stopped(&self) {
+        loop {
+            let notified = self.0.1.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.is_stopped() {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// What a stopped turn says, to the operator and in the conversation.
+pub const TURN_STOPPED: &str = "the turn was stopped by the operator";
+
 /// The phase id of builder sessions in costs and conversation files.
 pub const PHASE_ID: &str = "workflow-builder";
 

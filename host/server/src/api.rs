@@ -449,8 +449,9 @@ fn messages_json(history: &[trellis_sandbox::llm::Message]) -> Vec<Value> {
         .collect()
 }
 
-/// `POST /api/session/stop {session_id}`: asks every execution the session started to stop
-/// at its next boundary. A turn running now goes on to its end.
+/// `POST /api/session/stop {session_id}`: stops the session's turn running now (before its
+/// next model call; a call in flight is let go) and asks every execution the session started
+/// to stop at its next boundary.
 pub async fn stop_session(
     State(app): State<Arc<App>>,
     body: Result<Bytes, BytesRejection>,
@@ -484,7 +485,14 @@ pub async fn stop_session(
         .into_iter()
         .filter(|id| app.runtime.stop(&ExecutionId::from(id.as_str())))
         .collect();
-    Ok(Json(json!({"session_id": live.id, "stopping": stopping})))
+    // A turn holds the session's lock while it runs.
+    let turn_running = live.session.try_lock().is_err();
+    if turn_running {
+        live.stop.stop();
+    }
+    Ok(Json(
+        json!({"session_id": live.id, "stopping": stopping, "turn_stopped": turn_running}),
+    ))
 }
 
 /// `GET /api/workflow/plan`: the plan and the step config as Trellis reads them, or every

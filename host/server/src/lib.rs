@@ -139,6 +139,8 @@ pub struct LiveSession {
     pub log: Arc<EventLog>,
     /// The session; one turn at a time.
     pub session: tokio::sync::Mutex<BuilderSession>,
+    /// Stops the turn it runs now (held outside the lock the turn holds).
+    pub stop: trellis_builder::TurnStop,
     /// The executions it started (from its events), for `POST /api/session/stop`.
     pub executions: Arc<Mutex<BTreeSet<String>>>,
 }
@@ -268,6 +270,7 @@ impl App {
         let live = Arc::new(LiveSession {
             id: session.id().to_string(),
             log,
+            stop: session.turn_stop(),
             session: tokio::sync::Mutex::new(session),
             executions,
         });

@@ -49,7 +49,21 @@ impl Agent {
                 tools: tools.clone(),
                 options: llm.options.first().cloned().flatten().unwrap_or_default(),
             };
-            let response = match self.call_llm(&llm, &request).await {
+            let stopped = || TurnReport {
+                text: String::new(),
+                ended_normally: false,
+                error: Some(crate::TURN_STOPPED.to_string()),
+                tool_calls,
+                usage,
+            };
+            if self.stop.is_stopped() {
+                return Ok((stopped(), model));
+            }
+            let answer = tokio::select! {
+                answer = self.call_llm(&llm, &request) => answer,
+                () = self.stop.stopped() => return Ok((stopped(), model)),
+            };
+            let response = match answer {
                 Ok(response) => response,
                 Err(e) => {
                     let report = TurnReport {
@@ -81,7 +95,9 @@ impl Agent {
             // One answer runs at most the per-answer budget of calls, as a step's agent does.
             let asked = response.tool_calls.len();
             for (i, call) in response.tool_calls.iter().enumerate() {
-                let content = if i < DEFAULT_CALLS_PER_ANSWER {
+                let content = if self.stop.is_stopped() {
+                    format!("error: not run: {}", crate::TURN_STOPPED)
+                } else if i < DEFAULT_CALLS_PER_ANSWER {
                     tool_calls += 1;
                     let content = self.tool_call(mode, call, &writes, &work).await;
                     let len = u64::try_from(content.len()).unwrap_or(u64::MAX);
