@@ -279,6 +279,12 @@ fn executions_start_without_the_chat_and_stream_their_events() {
         polled["events"].as_array().unwrap().len(),
         events.len() + rest.len()
     );
+    // The events name the workspace's files relative to it, not by their host path.
+    let host = dir.path().canonicalize().unwrap();
+    assert!(
+        !polled.to_string().contains(host.to_str().unwrap()),
+        "{polled}"
+    );
     assert_eq!(
         code(&serve.get("/api/executions/events?since=-1", &[])),
         (400, "bad_request".into())

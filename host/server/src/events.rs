@@ -19,6 +19,9 @@ pub struct EventLog {
     inner: Mutex<Kept>,
     /// The number of the last event, for streams waiting on the next one.
     last: watch::Sender<u64>,
+    /// The workspace folder as the host names it (given and canonical, longest first):
+    /// events name its files relative to it, never by their host path.
+    roots: Vec<String>,
 }
 
 #[derive(Debug, Default)]
@@ -36,17 +39,57 @@ impl Default for EventLog {
                 events: Default::default(),
             }),
             last: watch::channel(0).0,
+            roots: Vec::new(),
         }
     }
 }
 
 impl EventLog {
+    /// The log of the events of workspace `root`: every host path under it in an event's
+    /// strings is written relative to it (`/srv/ws/runs/x` as `runs/x`, the folder itself
+    /// as `.`), so a client sees where things are in the workspace, not on the host.
+    pub fn for_workspace(root: &std::path::Path) -> Self {
+        let mut roots: Vec<String> = [Some(root.to_path_buf()), root.canonicalize().ok()]
+            .into_iter()
+            .flatten()
+            .map(|p| p.display().to_string().trim_end_matches('/').to_string())
+            .filter(|p| !p.is_empty())
+            .collect();
+        roots.sort_by_key(|r| std::cmp::Reverse(r.len()));
+        roots.dedup();
+        EventLog {
+            roots,
+            ..EventLog::default()
+        }
+    }
+
+    /// `value` with the workspace's host paths made relative, in every string.
+    fn relative(&self, value: &mut Value) {
+        match value {
+            Value::String(text) => {
+                for root in &self.roots {
+                    if text.contains(root.as_str()) {
+                        *text = text
+                            .replace(&format!("{root}/"), "")
+                            .replace(root.as_str(), ".");
+                    }
+                }
+            }
+            Value::Array(items) => items.iter_mut().for_each(|v| self.relative(v)),
+            Value::Object(map) => map.values_mut().for_each(|v| self.relative(v)),
+            _ => {}
+        }
+    }
+
     /// Appends `event` (an object with a `type`), numbering it and stamping it with the time
     /// (`at_us`: microseconds since the Unix epoch); returns its number.
     pub fn push(&self, mut event: Value) -> u64 {
         let at = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_micros() as u64);
+        if !self.roots.is_empty() {
+            self.relative(&mut event);
+        }
         let mut kept = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let id = kept.first + kept.events.len() as u64;
         event["id"] = json!(id);
@@ -120,6 +163,19 @@ pub fn builder_event(event: &BuilderEvent) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn events_name_the_workspaces_files_relative_to_it() {
+        let log = EventLog::for_workspace(std::path::Path::new("/srv/ws/"));
+        let root = "/srv/ws";
+        log.push(
+            json!({"type": "execution", "line": format!("reading {root}/runs/a.json"),
+                        "more": [format!("{root}")]}),
+        );
+        let event = &log.since(0, 1)[0];
+        assert_eq!(event["line"], "reading runs/a.json");
+        assert_eq!(event["more"][0], ".");
+    }
 
     #[test]
     fn events_are_numbered_and_read_after_a_number() {

@@ -245,7 +245,7 @@ impl App {
                 ),
             ));
         }
-        let log = Arc::new(EventLog::default());
+        let log = Arc::new(EventLog::for_workspace(&self.root));
         let sink = log.clone();
         let executions = Arc::new(Mutex::new(BTreeSet::new()));
         let (watcher, started) = (self.watcher.clone(), executions.clone());
@@ -437,7 +437,7 @@ pub async fn serve(options: ServerOptions, bound: impl FnOnce(SocketAddr)) -> Re
                  name, so serve folders of different names"
             );
         }
-        let execution_log = Arc::new(EventLog::default());
+        let execution_log = Arc::new(EventLog::for_workspace(&served.root));
         let app = Arc::new(App {
             root: served.root,
             name: name.clone(),
