@@ -143,7 +143,7 @@ fn the_originals_manifest_keys_load_are_named_once_and_are_kept() {
              \"backup\", \"capabilities.selected_servers\", \"created_at\", \
              \"decision_log_mutability\", \"id\", \"label\", \"objective\", \"oversight_mode\", \
              \"ownership\", \"pace_on_low_quota\", \"pace_threshold_percent\", \"publish\", \
-             \"pulse\", \"schedules\", \"schema_version\", \"success_criteria\", \"updated_at\"",
+             \"pulse\", \"schema_version\", \"success_criteria\", \"updated_at\"",
             "workflow.json: version: contract 1.0.9 is older than 1.0.11: run `trellis migrate` \
              (migrate_message_sequence_code_items) to upgrade",
         ],

@@ -125,6 +125,9 @@ pub struct BuilderSession {
     file: PathBuf,
     conversation: ConversationFile,
     mode: Mode,
+    /// The executions and side agents that ended and were announced, for
+    /// [`BuilderSession::take_ended`].
+    ended: Vec<crate::executions::Finished>,
     _hold: Hold,
 }
 
@@ -235,6 +238,7 @@ impl BuilderSession {
             file,
             conversation,
             mode,
+            ended: Vec::new(),
             _hold: hold,
         })
     }
@@ -341,6 +345,7 @@ impl BuilderSession {
     pub async fn completion_turns(&mut self) -> Result<Vec<TurnReport>> {
         let mut ended = self.agent.executions.take_finished();
         ended.extend(self.agent.side.take_finished());
+        self.ended.extend(ended.iter().cloned());
         let mut reports = Vec::new();
         for finished in ended {
             let text = format!(
@@ -351,6 +356,12 @@ impl BuilderSession {
             reports.push(self.turn(&text).await?);
         }
         Ok(reports)
+    }
+
+    /// The executions and side agents that ended and were announced since the last call,
+    /// with how each ended.
+    pub fn take_ended(&mut self) -> Vec<crate::executions::Finished> {
+        std::mem::take(&mut self.ended)
     }
 
     /// Waits for every execution and side agent the session started, running the completion

@@ -33,6 +33,7 @@ pub mod operator;
 pub mod persist;
 pub mod prompt;
 pub mod reads;
+pub mod schedules;
 pub mod side_agents;
 pub mod tool;
 

@@ -52,6 +52,11 @@ impl ApiError {
         self.status
     }
 
+    /// Its sentence.
+    pub fn detail(&self) -> &str {
+        &self.detail
+    }
+
     pub(crate) fn bad_request(detail: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "bad_request", detail)
     }

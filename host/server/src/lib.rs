@@ -18,6 +18,7 @@ pub mod api;
 pub mod events;
 pub mod executions;
 pub mod guard;
+pub mod scheduler;
 pub mod workspace;
 
 use std::collections::{BTreeSet, HashMap};
@@ -183,6 +184,8 @@ pub struct App {
     /// Reads through the builder's read tools in progress (server-wide).
     reads: Arc<Semaphore>,
     guard: Guard,
+    /// Fires the workspace's schedules.
+    scheduler: scheduler::Scheduler,
 }
 
 impl std::fmt::Debug for App {
@@ -462,6 +465,7 @@ pub async fn serve(options: ServerOptions, bound: impl FnOnce(SocketAddr)) -> Re
             streams: streams.clone(),
             max_streams: limits.streams,
             guard: guard.clone(),
+            scheduler: scheduler::Scheduler::default(),
         });
         apps.push((name, app));
     }
@@ -471,6 +475,7 @@ pub async fn serve(options: ServerOptions, bound: impl FnOnce(SocketAddr)) -> Re
     let apps: Workspaces = Arc::new(apps);
     for (_, app) in apps.iter() {
         let _ = app.peers.set(apps.clone());
+        scheduler::spawn(app.clone());
     }
     let routers: Arc<Vec<(String, Router)>> = Arc::new(
         apps.iter()

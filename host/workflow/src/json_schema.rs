@@ -355,6 +355,63 @@ pub fn step_config_schema() -> Value {
     )
 }
 
+/// `schedules[]`: when the workflow runs itself (the original's shape).
+fn schedules_schema() -> Value {
+    let minutes = json!({"type": "integer", "minimum": 0});
+    let clock = json!({"type": "string", "pattern": "^[0-2][0-9]:[0-5][0-9]$", "description": "A local time, HH:MM."});
+    let strings = json!({"type": "array", "items": {"type": "string"}});
+    json!({
+        "type": "array",
+        "description": "Schedules `trellis serve` fires: each firing is a builder session in run mode that sends `messages` one by one (default: run the full workflow).",
+        "maxItems": crate::manifest::schedules::MAX_SCHEDULES,
+        "items": {
+            "type": "object",
+            "required": ["id"],
+            "additionalProperties": false,
+            "properties": {
+                "id": {"type": "string"},
+                "name": {"type": "string"},
+                "description": {"type": "string"},
+                "schedule_type": {"enum": ["cron", "calendar", ""], "description": "cron (the default) or calendar."},
+                "cron_expression": {"type": "string", "description": "Five fields: minute hour day month weekday, in `timezone`."},
+                "timezone": {"type": "string", "description": "An IANA time zone (UTC when absent)."},
+                "enabled": {"type": "boolean", "description": "Whether it fires by itself (false when absent)."},
+                "trigger_payload": {},
+                "group_names": strings.clone(),
+                "route_selections": {"type": "object", "additionalProperties": {"type": "string"}},
+                "mode": {"enum": ["workshop", "workflow", ""]},
+                "messages": strings.clone(),
+                "collision_policy": {"enum": ["skip", "queue_latest", "retry", "coalesce", ""]},
+                "max_start_delay_minutes": minutes.clone(),
+                "after_schedule_id": {"type": "string"},
+                "after_terminal_status": {"enum": ["completed", "any_terminal", ""]},
+                "after_delay_minutes": minutes,
+                "dependency_deadline": clock.clone(),
+                "calendar_items": {"type": "array", "maxItems": crate::manifest::schedules::MAX_CALENDAR_ITEMS, "items": {
+                    "type": "object", "required": ["id", "date", "time"], "additionalProperties": false,
+                    "properties": {
+                        "id": {"type": "string"},
+                        "date": {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"},
+                        "time": clock,
+                        "description": {"type": "string"},
+                        "trigger_payload": {},
+                        "messages": strings
+                    }
+                }},
+                "created_at": {"type": "string"},
+                "updated_at": {"type": "string"},
+                "group_ids": {"description": "Read, no effect in Trellis."},
+                "resume_previous": {"description": "Read, no effect in Trellis."},
+                "pulse_review_only": {"description": "Read, no effect in Trellis."},
+                "execution_mode": {"description": "Read, no effect in Trellis."},
+                "direct_messages_reason": {"description": "Read, no effect in Trellis."},
+                "query": {"description": "Read, no effect in Trellis."},
+                "workshop_mode": {"description": "Read, no effect in Trellis."}
+            }
+        }
+    })
+}
+
 /// The original's bookkeeping keys of `workflow.json`, kept as written.
 fn original_workflow_keys() -> Value {
     json!({
@@ -365,7 +422,7 @@ fn original_workflow_keys() -> Value {
             "updated_at": {"type": "string"},
             "capabilities": {"type": "object", "description": "The original's workflow-wide settings; Trellis reads llm_config."},
             "execution_defaults": {"type": "object", "description": "The original's execution defaults; Trellis reads workshop_mode."},
-            "schedules": {"type": "array"},
+            "schedules": schedules_schema(),
             "oversight_mode": {"type": "string"},
             "pace_on_low_quota": {"type": "boolean"},
             "pace_threshold_percent": {"type": "integer"},

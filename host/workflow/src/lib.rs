@@ -245,6 +245,9 @@ fn load(
             m,
         ));
     }
+    if let Some(m) = &manifest {
+        diags.extend(manifest::schedules::check_groups(m));
+    }
 
     // The step config first (its diagnostics still come after the plan's): the steps it
     // gates may have prevalidation items without a schema in the plan.

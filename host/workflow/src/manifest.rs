@@ -258,6 +258,7 @@ pub const DEFAULT_RUN_RETENTION: usize = 5;
 /// The most archived runs `run_retention_count` may keep.
 pub const MAX_RUN_RETENTION: usize = 50;
 mod original;
+pub mod schedules;
 mod variables_file;
 
 pub use original::{KEPT_KEYS, OriginalSettings, TIER_KEYS};
@@ -629,7 +630,10 @@ fn manifest_from_value(ctx: &mut Ctx, value: &Value) -> Option<WorkflowManifest>
             kept.insert((*key).to_string(), v.clone());
         }
     }
-    let original = original::read_original(ctx, &kept);
+    let mut original = original::read_original(ctx, &kept);
+    if let Some(list) = kept.get("schedules").filter(|v| !v.is_null()) {
+        original.schedules = schedules::read_schedules(ctx, list);
+    }
     obj.finish(ctx);
     Some(WorkflowManifest {
         contract_version,

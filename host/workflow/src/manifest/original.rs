@@ -11,7 +11,7 @@ use crate::diagnostics::{Ctx, JsonPath, did_you_mean, kind_of, quote};
 use crate::step_config::LlmRef;
 
 /// Top-level keys the original writes, kept verbatim on save. Of these Trellis reads
-/// `capabilities.llm_config` and `execution_defaults.workshop_mode`
+/// `schedules`, `capabilities.llm_config` and `execution_defaults.workshop_mode`
 /// ([`OriginalSettings`]); the rest have no effect here and are named in one warning.
 pub const KEPT_KEYS: &[&str] = &[
     "schema_version",
@@ -51,6 +51,8 @@ pub struct OriginalSettings {
     pub builder_llm: Option<LlmRef>,
     /// `execution_defaults.workshop_mode` as written (`workshop`, `run`, ...).
     pub workshop_mode: Option<String>,
+    /// `schedules`, read and checked ([`super::schedules`]).
+    pub schedules: Vec<super::schedules::Schedule>,
     /// `execution_defaults.enabled_custom_tools` as written (checked for the original's
     /// categories Trellis does not have; no effect otherwise).
     pub enabled_custom_tools: Vec<String>,
@@ -91,6 +93,8 @@ pub(super) fn read_original(ctx: &mut Ctx, kept: &BTreeMap<String, Value>) -> Or
                 }
             }
             ("capabilities" | "execution_defaults", Value::Null) => {}
+            // Read and checked with the groups (`super::schedules`).
+            ("schedules", _) => {}
             ("capabilities" | "execution_defaults", other) => ctx.error(
                 &JsonPath::root().key(key),
                 format!("expected an object, found {}", kind_of(other)),

@@ -1,0 +1,254 @@
+//! Firing a schedule and its history. A firing is an ordinary builder session in run mode on
+//! `iteration-0`: it sends the schedule's messages one by one, each after the session is
+//! idle again (its executions and their completion turns done), and records how it went in
+//! `schedule-runs.json` at the workspace root (newest first, [`MAX_RUNS`] kept, written
+//! atomically). A workspace that needs a contract migration is never migrated by a schedule:
+//! the firing records `error` naming it.
+
+use std::path::Path;
+
+use anyhow::Result;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use trellis_runner::runtime::ExecutionStatus;
+use trellis_sandbox::store::{WorkspaceFs, now_rfc3339};
+use trellis_workflow::manifest::schedules::Schedule;
+
+use crate::BuilderSession;
+
+/// The history file, at the workspace root.
+pub const RUNS_FILE: &str = "schedule-runs.json";
+
+/// Entries the history keeps, newest first.
+pub const MAX_RUNS: usize = 200;
+
+/// One firing (or an occurrence that did not fire) of a schedule.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScheduleRun {
+    /// Its id (`<schedule>-<UTC time of the firing>`).
+    pub id: String,
+    /// The schedule.
+    pub schedule_id: String,
+    /// `cron`, `calendar` or `manual`.
+    pub trigger_source: String,
+    /// The occurrence it is for (RFC 3339, UTC); none for a manual trigger.
+    #[serde(default)]
+    pub scheduled_for: Option<String>,
+    /// The run folder it ran in.
+    pub run_folder: String,
+    /// The builder session that ran it.
+    #[serde(default)]
+    pub session_id: Option<String>,
+    /// `running`, `success`, `error`, `stopped`, `partial`, `interrupted`, or for an
+    /// occurrence that did not fire `skipped`, `missed`, `expired`.
+    pub status: String,
+    /// What went wrong.
+    #[serde(default)]
+    pub error: Option<String>,
+    /// How long it took.
+    #[serde(default)]
+    pub duration_ms: Option<u64>,
+    /// The groups it ran.
+    #[serde(default)]
+    pub group_names: Vec<String>,
+    /// When it started.
+    pub started_at: String,
+    /// When it ended.
+    #[serde(default)]
+    pub completed_at: Option<String>,
+}
+
+impl ScheduleRun {
+    /// An entry of `schedule` starting now, `running`.
+    pub fn start(schedule: &Schedule, trigger_source: &str, scheduled_for: Option<String>) -> Self {
+        let started_at = now_rfc3339();
+        ScheduleRun {
+            id: format!(
+                "{}-{}",
+                schedule.id,
+                started_at
+                    .chars()
+                    .filter(char::is_ascii_alphanumeric)
+                    .collect::<String>()
+            ),
+            schedule_id: schedule.id.clone(),
+            trigger_source: trigger_source.to_string(),
+            scheduled_for,
+            run_folder: "iteration-0".to_string(),
+            session_id: None,
+            status: "running".to_string(),
+            error: None,
+            duration_ms: None,
+            group_names: schedule.group_names.clone(),
+            started_at,
+            completed_at: None,
+        }
+    }
+
+    /// Ends the entry: `status`, `error`, and its end and duration from now.
+    pub fn end(&mut self, status: &str, error: Option<String>) {
+        let now = chrono::Utc::now();
+        self.duration_ms = chrono::DateTime::parse_from_rfc3339(&self.started_at)
+            .ok()
+            .map(|s| {
+                (now - s.with_timezone(&chrono::Utc))
+                    .num_milliseconds()
+                    .max(0) as u64
+            });
+        self.completed_at = Some(now_rfc3339());
+        self.status = status.to_string();
+        self.error = error;
+    }
+}
+
+/// The history as the file holds it; a file that cannot be read is empty (it is
+/// bookkeeping: the next entry starts it again), a warning logged.
+pub fn read_runs(fs: &WorkspaceFs) -> Vec<ScheduleRun> {
+    if !fs.is_file(RUNS_FILE) {
+        return Vec::new();
+    }
+    match fs.read_json_value(RUNS_FILE) {
+        Ok(Value::Array(items)) => items
+            .into_iter()
+            .filter_map(|v| serde_json::from_value(v).ok())
+            .collect(),
+        Ok(_) => {
+            tracing::warn!("{RUNS_FILE}: not an array of schedule runs; starting it again");
+            Vec::new()
+        }
+        Err(e) => {
+            tracing::warn!("{RUNS_FILE}: {e}; starting it again");
+            Vec::new()
+        }
+    }
+}
+
+/// Writes `run` into the history: replacing the entry of its id, else first; at most
+/// [`MAX_RUNS`] kept.
+pub fn record(fs: &WorkspaceFs, run: &ScheduleRun) -> Result<()> {
+    let mut runs = read_runs(fs);
+    runs.retain(|r| r.id != run.id);
+    runs.insert(0, run.clone());
+    runs.truncate(MAX_RUNS);
+    fs.write_json_atomic(RUNS_FILE, &runs)?;
+    Ok(())
+}
+
+/// Marks the entries a process left `running` as `interrupted`: called when a server starts,
+/// when no firing of its own can be running. Returns how many.
+pub fn mark_interrupted(fs: &WorkspaceFs) -> Result<usize> {
+    let mut runs = read_runs(fs);
+    let mut marked = 0;
+    for run in runs.iter_mut().filter(|r| r.status == "running") {
+        run.status = "interrupted".to_string();
+        run.error = Some("the process running it ended before it did".to_string());
+        run.completed_at = Some(now_rfc3339());
+        marked += 1;
+    }
+    if marked > 0 {
+        fs.write_json_atomic(RUNS_FILE, &runs)?;
+    }
+    Ok(marked)
+}
+
+/// Why `root` cannot be fired on as it is: it needs a contract migration, which a schedule
+/// never runs.
+pub fn migration_needed(root: &Path) -> Option<String> {
+    let ws = trellis_workflow::Workspace::open(root).ok()?;
+    let version = ws.manifest.contract_version.as_deref()?;
+    let current = trellis_workflow::ContractVersion::CURRENT;
+    match trellis_workflow::ContractVersion::parse(version) {
+        Some(v) if v < current => Some(format!(
+            "the workspace is on contract {v}, older than {current}: it needs `trellis migrate` \
+             (a schedule never runs a contract migration)"
+        )),
+        _ => None,
+    }
+}
+
+/// Fires `messages` on `session` (a run-mode session on the workspace): each sent as a turn,
+/// then the session settled (its executions and their completion turns done). Returns the
+/// status and error of the firing: `success` when every turn ended normally and every
+/// execution done; `partial` when some did not; `error` when none did or the session broke;
+/// `stopped` when a turn or an execution was stopped.
+pub async fn fire(session: &mut BuilderSession, messages: &[String]) -> (String, Option<String>) {
+    let mut problems: Vec<String> = Vec::new();
+    let mut good = 0usize;
+    let mut stopped = false;
+    for message in messages {
+        let report = match session.turn(message).await {
+            Ok(report) => report,
+            Err(e) => return ("error".into(), Some(format!("{e:#}"))),
+        };
+        let mut reports = vec![report];
+        match session.settle().await {
+            Ok(more) => reports.extend(more),
+            Err(e) => return ("error".into(), Some(format!("{e:#}"))),
+        }
+        for r in &reports {
+            match (&r.error, r.ended_normally) {
+                (_, true) => good += 1,
+                (Some(e), false) => {
+                    stopped |= e == crate::TURN_STOPPED;
+                    problems.push(e.clone());
+                }
+                (None, false) => problems.push("a turn did not end normally".into()),
+            }
+        }
+        for ended in session.take_ended() {
+            match ended.status {
+                ExecutionStatus::Done => good += 1,
+                ExecutionStatus::Cancelled => {
+                    stopped = true;
+                    problems.push(format!("{} was stopped", ended.id));
+                }
+                _ => problems.push(format!("{} {}: {}", ended.id, ended.status, ended.summary)),
+            }
+        }
+    }
+    let error = (!problems.is_empty()).then(|| problems.join("; "));
+    let status = match (stopped, problems.is_empty(), good) {
+        (true, _, _) => "stopped",
+        (false, true, _) => "success",
+        (false, false, 0) => "error",
+        (false, false, _) => "partial",
+    };
+    (status.to_string(), error)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn schedule() -> Schedule {
+        let text = serde_json::json!({"schedules": [
+            {"id": "daily", "cron_expression": "0 9 * * *", "enabled": true}]});
+        let (m, _) =
+            trellis_workflow::manifest::parse_manifest(&text.to_string(), "workflow.json").unwrap();
+        m.original.schedules[0].clone()
+    }
+
+    #[test]
+    fn the_history_keeps_the_newest_and_marks_the_running_interrupted() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = WorkspaceFs::open(dir.path()).unwrap();
+        let s = schedule();
+        for n in 0..MAX_RUNS + 5 {
+            let mut run = ScheduleRun::start(&s, "cron", None);
+            run.id = format!("r{n}");
+            if n != MAX_RUNS + 4 {
+                run.end("success", None);
+            }
+            record(&fs, &run).unwrap();
+        }
+        let runs = read_runs(&fs);
+        assert_eq!(runs.len(), MAX_RUNS);
+        assert_eq!(runs[0].id, format!("r{}", MAX_RUNS + 4));
+        assert_eq!(runs[0].status, "running");
+        assert_eq!(mark_interrupted(&fs).unwrap(), 1);
+        let runs = read_runs(&fs);
+        assert_eq!(runs[0].status, "interrupted");
+        assert_eq!(runs[1].status, "success");
+    }
+}
