@@ -54,6 +54,7 @@ mod sequence_driver;
 mod serve;
 mod serve_api;
 mod serve_browser;
+mod serve_schedules;
 mod turn_budgets;
 mod turn_grants;
 mod validators;

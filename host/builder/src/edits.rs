@@ -19,6 +19,7 @@ mod compat_tools;
 mod config_tools;
 mod draft;
 mod plan_tools;
+mod schedule_tools;
 mod tool_specs;
 
 use serde_json::Value;
@@ -26,6 +27,7 @@ use serde_json::Value;
 use super::{ToolContext, ToolFailure, ToolResult, ToolSpec};
 
 pub use changelog::{CHANGELOG_DIR, changelog_path};
+pub use schedule_tools::set_schedule_enabled;
 
 /// The specs of the plan and config tools ([`super::modes::PLAN_TOOLS`],
 /// [`super::modes::CONFIG_TOOLS`]).

@@ -79,7 +79,9 @@ impl Guard {
                 ));
             }
         }
-        if *method == Method::POST {
+        // Every method that may change something (POST, PUT, DELETE, ...) carries JSON: a
+        // form a foreign page posts cannot be one.
+        if !matches!(*method, Method::GET | Method::HEAD) {
             let json = headers
                 .get(header::CONTENT_TYPE)
                 .and_then(|v| v.to_str().ok())

@@ -19,6 +19,7 @@ pub mod events;
 pub mod executions;
 pub mod guard;
 pub mod scheduler;
+pub mod scheduler_api;
 pub mod workspace;
 
 use std::collections::{BTreeSet, HashMap};
@@ -328,6 +329,26 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/api/executions/{id}/stop", post(api::stop_execution))
         .route("/api/executions/{id}/message", post(api::message_execution))
         .route("/api/executions/{id}/input", post(api::answer_execution))
+        .route(
+            "/api/scheduler/config",
+            get(scheduler_api::config).put(scheduler_api::set_config),
+        )
+        .route("/api/scheduler/jobs", get(scheduler_api::jobs))
+        .route("/api/scheduler/jobs/{id}", get(scheduler_api::one))
+        .route("/api/scheduler/jobs/{id}/runs", get(scheduler_api::runs))
+        .route(
+            "/api/scheduler/jobs/{id}/trigger",
+            post(scheduler_api::trigger),
+        )
+        .route("/api/scheduler/jobs/{id}/stop", post(scheduler_api::stop))
+        .route(
+            "/api/scheduler/jobs/{id}/enable",
+            post(scheduler_api::enable),
+        )
+        .route(
+            "/api/scheduler/jobs/{id}/disable",
+            post(scheduler_api::disable),
+        )
         .fallback(api::unknown)
         .method_not_allowed_fallback(api::method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))

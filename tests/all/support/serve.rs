@@ -21,9 +21,20 @@ impl Serve {
     /// Starts `trellis serve WS --addr 127.0.0.1:0 ARGS...` with `TRELLIS_TOKEN` set to
     /// `token` (unset without one) and returns once it says where it listens.
     pub fn start(ws: &Path, token: Option<&str>, args: &[&str]) -> Serve {
+        Self::start_with(ws, token, args, &[])
+    }
+
+    /// [`Serve::start`] with the environment variables `envs` set too.
+    pub fn start_with(
+        ws: &Path,
+        token: Option<&str>,
+        args: &[&str],
+        envs: &[(&str, &str)],
+    ) -> Serve {
         let mut all = vec!["serve", ws.to_str().unwrap(), "--addr", "127.0.0.1:0"];
         all.extend_from_slice(args);
         let mut command = super::trellis_command(&all);
+        command.envs(envs.iter().copied());
         command.env_remove("TRELLIS_TOKEN");
         if let Some(token) = token {
             command.env("TRELLIS_TOKEN", token);

@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::str::FromStr;
 
-use chrono::{DateTime, NaiveDate, NaiveTime, TimeZone, Utc};
+use chrono::{DateTime, NaiveDate, NaiveTime, TimeZone, Timelike, Utc};
 use chrono_tz::Tz;
 use serde::Serialize;
 use serde_json::Value;
@@ -161,6 +161,9 @@ impl Schedule {
         match &self.when {
             When::Cron { cron_expression } => {
                 let cron = croner::Cron::from_str(cron_expression).ok()?;
+                // Occurrences are whole minutes: the fraction of a second of `after` would be
+                // carried into the one found.
+                let after = after.with_nanosecond(0).unwrap_or(after);
                 let local = after.with_timezone(&tz);
                 cron.find_next_occurrence(&local, false)
                     .ok()
@@ -719,8 +722,8 @@ mod tests {
     fn cron_occurrences_are_in_the_schedules_zone() {
         let s = cron("30 9 * * 1-5", "Europe/Paris");
         // Friday 2026-12-04 10:00 in Paris is 09:00 UTC: the next is Monday 09:30 Paris.
-        let next = s.next_after(utc("2026-12-04T09:00:00Z")).unwrap();
-        assert_eq!(next, utc("2026-12-07T08:30:00Z"));
+        let next = s.next_after(utc("2026-12-04T09:00:00.25Z")).unwrap();
+        assert_eq!(next, utc("2026-12-07T08:30:00Z"), "a whole minute");
         let few = s.occurrences(utc("2026-12-07T00:00:00Z"), utc("2026-12-09T23:00:00Z"), 10);
         assert_eq!(few.len(), 3);
     }

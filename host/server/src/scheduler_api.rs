@@ -1,0 +1,177 @@
+//! The scheduler's endpoints, in the original system's shape: `GET/PUT /api/scheduler/config`
+//! (the global pause), `GET /api/scheduler/jobs` (each schedule with its next firing, its
+//! last run and its history), `GET /api/scheduler/jobs/{id}` and `.../runs`, and
+//! `POST .../trigger`, `.../stop`, `.../enable`, `.../disable`.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use trellis_builder::schedules::{ScheduleRun, read_runs};
+use trellis_workflow::manifest::schedules::Schedule;
+
+use crate::App;
+use crate::api::{ApiError, ApiResult, body_object};
+use crate::scheduler::{self, Occurrence};
+
+/// Runs of a schedule a job answer carries in its list.
+const RUNS_IN_LIST: usize = 10;
+
+/// A schedule as the API gives it: its definition, its next firing (by the scheduler's
+/// clock), whether it fires now, its last run and its latest `runs`.
+fn job(app: &App, s: &Schedule, history: &[ScheduleRun], runs: usize) -> Value {
+    let mut value = serde_json::to_value(s).unwrap_or(Value::Null);
+    let mine: Vec<&ScheduleRun> = history.iter().filter(|r| r.schedule_id == s.id).collect();
+    let next = s
+        .enabled
+        .then(|| s.next_after(app.scheduler.now()))
+        .flatten();
+    value["next_firing"] = json!(next.map(|t| t.to_rfc3339()));
+    value["next_firing_local"] = json!(next.map(|t| t.with_timezone(&s.tz()).to_rfc3339()));
+    value["firing"] = json!(app.scheduler.firing().as_deref() == Some(s.id.as_str()));
+    value["last_run"] = json!(mine.first());
+    value["runs"] = json!(mine.iter().take(runs).collect::<Vec<_>>());
+    value
+}
+
+fn find(app: &App, id: &str) -> Result<Schedule, ApiError> {
+    let schedules = scheduler::schedules_of(app);
+    let ids: Vec<String> = schedules.iter().map(|s| s.id.clone()).collect();
+    schedules.into_iter().find(|s| s.id == id).ok_or_else(|| {
+        ApiError::not_found(format!(
+            "no schedule {id:?} in workflow.json (its schedules: {})",
+            if ids.is_empty() {
+                "none".to_string()
+            } else {
+                ids.join(", ")
+            }
+        ))
+    })
+}
+
+fn history(app: &App) -> Result<Vec<ScheduleRun>, ApiError> {
+    Ok(read_runs(&app.workspace_fs()?))
+}
+
+/// `GET /api/scheduler/jobs`.
+pub async fn jobs(State(app): State<Arc<App>>) -> ApiResult {
+    let history = history(&app)?;
+    let jobs: Vec<Value> = scheduler::schedules_of(&app)
+        .iter()
+        .map(|s| job(&app, s, &history, RUNS_IN_LIST))
+        .collect();
+    Ok(Json(json!({
+        "jobs": jobs,
+        "paused": scheduler::paused(),
+        "now": app.scheduler.now().to_rfc3339(),
+    })))
+}
+
+/// `GET /api/scheduler/jobs/{id}`.
+pub async fn one(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResult {
+    let s = find(&app, &id)?;
+    let history = history(&app)?;
+    Ok(Json(job(&app, &s, &history, usize::MAX)))
+}
+
+/// `GET /api/scheduler/jobs/{id}/runs`.
+pub async fn runs(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResult {
+    let s = find(&app, &id)?;
+    let runs: Vec<ScheduleRun> = history(&app)?
+        .into_iter()
+        .filter(|r| r.schedule_id == s.id)
+        .collect();
+    Ok(Json(json!({"schedule_id": s.id, "runs": runs})))
+}
+
+/// `POST /api/scheduler/jobs/{id}/trigger`: fires the schedule now (enabled or not):
+/// `202 {schedule_id, run_id}`, `409 workflow_busy` while a builder turn or a firing runs.
+pub async fn trigger(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let s = find(&app, &id)?;
+    let occ = Occurrence {
+        schedule_id: s.id.clone(),
+        at: None,
+        source: "manual",
+    };
+    let run_id = scheduler::start_firing(&app, s, occ)
+        .map_err(|why| ApiError::new(StatusCode::CONFLICT, "workflow_busy", why))?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({"schedule_id": id, "run_id": run_id, "status": "running"})),
+    ))
+}
+
+/// `POST /api/scheduler/jobs/{id}/stop`: stops the schedule's firing, if it runs.
+pub async fn stop(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResult {
+    let s = find(&app, &id)?;
+    let stopping = app.scheduler.stop(&app, &s.id);
+    Ok(Json(json!({"schedule_id": s.id, "stopping": stopping})))
+}
+
+/// `POST /api/scheduler/jobs/{id}/enable` and `.../disable`: edits `workflow.json`,
+/// validated and logged to the changelog like the builder's edits.
+pub async fn enable(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResult {
+    set_enabled(&app, &id, true).await
+}
+
+/// See [`enable`].
+pub async fn disable(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResult {
+    set_enabled(&app, &id, false).await
+}
+
+async fn set_enabled(app: &Arc<App>, id: &str, enabled: bool) -> ApiResult {
+    let s = find(app, id)?;
+    let root = app.root.clone();
+    let reason = format!(
+        "{} from the server's scheduler API",
+        if enabled { "enabled" } else { "disabled" }
+    );
+    let done = crate::workspace::blocking_read(app, move || {
+        trellis_builder::edits::set_schedule_enabled(&root, &s.id, enabled, &reason)
+    })
+    .await?;
+    done.map(Json).map_err(|f| ApiError::refused(f.message))
+}
+
+/// `GET /api/scheduler/config`: the global pause.
+pub async fn config(State(_app): State<Arc<App>>) -> ApiResult {
+    let mut config = scheduler::pause_config();
+    if !config.is_object() {
+        config = json!({});
+    }
+    config["disabled_by_environment"] =
+        json!(std::env::var("TRELLIS_SCHEDULER").is_ok_and(|v| v.eq_ignore_ascii_case("off")));
+    config["paused"] = json!(scheduler::paused());
+    Ok(Json(config))
+}
+
+/// `PUT /api/scheduler/config {globally_paused}`.
+pub async fn set_config(
+    State(_app): State<Arc<App>>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Config {
+        globally_paused: bool,
+    }
+    let request: Config = body_object(body)?;
+    scheduler::write_pause_config(request.globally_paused)
+        .map(Json)
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "config",
+                format!("{e:#}"),
+            )
+        })
+}
