@@ -9,6 +9,7 @@ pub mod plugin;
 pub mod plugins;
 pub mod run;
 pub mod runs;
+pub mod schedules;
 pub mod schema;
 pub mod script;
 pub mod serve;

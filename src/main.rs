@@ -16,7 +16,8 @@ use clap::{Parser, Subcommand};
 use trellis_sandbox::{CacheSetting, Engine};
 
 use commands::{
-    builder, check, mcp, migrate, plugin, plugins, run, runs, schema, script, serve, tool, validate,
+    builder, check, mcp, migrate, plugin, plugins, run, runs, schedules, schema, script, serve, tool,
+    validate,
 };
 
 /// Trellis: a sandboxed runtime for agent workflows.
@@ -51,6 +52,11 @@ enum Command {
     /// List past runs and inspect their steps.
     #[command(subcommand)]
     Runs(runs::RunsCommand),
+    /// The schedules of workflow.json: list them, print their next firings, fire one now.
+    ///
+    /// `trellis serve` fires them at their time (docs/schedules.md).
+    #[command(subcommand)]
+    Schedules(schedules::SchedulesCommand),
     /// Run a step's script in its sandbox, outside a workflow run.
     ///
     /// Runs `code/<step>/main.wasm` (any wasi:cli command component) if it exists, else
@@ -254,6 +260,7 @@ impl Command {
             Command::Validate(args) => Some(&args.workspace),
             Command::Builder(args) => args.workspace(),
             Command::Serve(args) => Some(args.workspace()),
+            Command::Schedules(command) => Some(command.workspace()),
             // A long-lived server may grant folders of ROOT read-write: no cache there.
             Command::Mcp(command) => Some(command.root()),
             _ => None,
@@ -275,6 +282,7 @@ impl Command {
             Command::Validate(args) => Some(&args.cache),
             Command::Builder(args) => Some(&args.cache),
             Command::Serve(args) => Some(&args.cache),
+            Command::Schedules(command) => command.cache(),
             _ => None,
         }
     }
@@ -291,6 +299,7 @@ impl Command {
             Command::Builder(args) => args.workspace(),
             Command::Serve(args) => Some(args.workspace()),
             Command::Runs(command) => Some(command.workspace()),
+            Command::Schedules(command) => Some(command.workspace()),
             _ => None,
         }
     }
@@ -360,5 +369,6 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Run(args) => run::run(&engine()?, args).await,
         Command::Builder(args) => builder::run(engine, args).await,
         Command::Serve(args) => serve::run(&engine()?, args).await,
+        Command::Schedules(command) => schedules::run(engine, command).await,
     }
 }

@@ -417,7 +417,7 @@ fn history_file() -> Option<PathBuf> {
 
 /// Prints events as they come: the agent's text, a line per tool call and per execution
 /// event.
-fn printer(interactive: bool) -> BuilderObserver {
+pub(crate) fn printer(interactive: bool) -> BuilderObserver {
     use crate::terminal::shown;
     let dim = interactive && std::io::stdout().is_terminal();
     BuilderObserver::new(move |event| {

@@ -212,3 +212,44 @@ fn a_schedule_fires_in_serve_and_its_history_says_how_it_went() {
             .unwrap();
     assert_eq!(on_disk["globally_paused"], true);
 }
+
+/// `trellis schedules` in the terminal: the list, the next firings in the schedule's zone,
+/// and a trigger that fires the schedule as the server does and records it.
+#[test]
+fn the_terminal_lists_schedules_prints_their_next_firings_and_fires_one() {
+    let llm = model();
+    let dir = tempfile::tempdir().unwrap();
+    let ws = workspace(dir.path(), &llm);
+    let root = ws.to_str().unwrap();
+    let out = support::trellis(&["schedules", "list", root]);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("daily  on   cron \"0 9 * * *\" in UTC  next "), "{text}");
+    assert!(text.contains("slow  off"), "{text}");
+    let out = support::trellis(&["schedules", "next", root, "daily", "-n", "3"]);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert_eq!(text.lines().filter(|l| l.ends_with("T09:00:00+00:00")).count(), 3, "{text}");
+    let out = support::trellis(&["schedules", "next", root, "nope"]);
+    assert_eq!(out.status.code(), Some(1));
+
+    let out = support::trellis(&[
+        "schedules",
+        "trigger",
+        root,
+        "daily",
+        "--allow-host",
+        "127.0.0.1",
+    ]);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("schedule daily: success"), "{text}");
+    let history: Value =
+        serde_json::from_slice(&std::fs::read(ws.join("schedule-runs.json")).unwrap()).unwrap();
+    assert_eq!(history[0]["status"], "success", "{history}");
+    assert_eq!(history[0]["trigger_source"], "manual");
+    assert!(ws.join("runs/iteration-0/execution/greet").is_dir());
+}
