@@ -16,8 +16,8 @@ use clap::{Parser, Subcommand};
 use trellis_sandbox::{CacheSetting, Engine};
 
 use commands::{
-    builder, check, mcp, migrate, plugin, plugins, run, runs, schedules, schema, script, serve, tool,
-    validate,
+    builder, check, mcp, migrate, plugin, plugins, run, runs, schedules, schema, script, serve,
+    tool, validate,
 };
 
 /// Trellis: a sandboxed runtime for agent workflows.

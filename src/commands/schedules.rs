@@ -108,12 +108,18 @@ fn when(s: &Schedule) -> String {
 }
 
 /// Runs a `trellis schedules` subcommand.
-pub async fn run(engine: impl FnOnce() -> Result<Engine>, command: SchedulesCommand) -> Result<ExitCode> {
+pub async fn run(
+    engine: impl FnOnce() -> Result<Engine>,
+    command: SchedulesCommand,
+) -> Result<ExitCode> {
     match command {
         SchedulesCommand::List { workspace } => {
             let all = schedules(&workspace)?;
             if all.is_empty() {
-                println!("no schedules in {}", workspace.join("workflow.json").display());
+                println!(
+                    "no schedules in {}",
+                    workspace.join("workflow.json").display()
+                );
             }
             let history = read_runs(&WorkspaceFs::open(&workspace)?);
             let now = chrono::Utc::now();
@@ -181,10 +187,12 @@ pub async fn run(engine: impl FnOnce() -> Result<Engine>, command: SchedulesComm
         } => {
             let all = schedules(&workspace)?;
             let ids: Vec<&str> = all.iter().map(|s| s.id.as_str()).collect();
-            let s = all
-                .iter()
-                .find(|s| s.id == schedule)
-                .with_context(|| format!("no schedule {schedule:?} in workflow.json (its schedules: {})", ids.join(", ")))?;
+            let s = all.iter().find(|s| s.id == schedule).with_context(|| {
+                format!(
+                    "no schedule {schedule:?} in workflow.json (its schedules: {})",
+                    ids.join(", ")
+                )
+            })?;
             let fs = WorkspaceFs::open(&workspace)?;
             let mut run = ScheduleRun::start(s, "manual", None);
             record(&fs, &run)?;

@@ -70,7 +70,7 @@ fn agents_workspace(dir: &Path, llm: &FakeServer) -> PathBuf {
 }
 
 /// A workflow of two `human_input` steps: a yes/no question whose yes goes on to a question
-/// with a text answer.
+/// with a text answer; and a disabled schedule.
 fn ask_workspace(dir: &Path) -> PathBuf {
     let ws = dir.join("ask");
     write_files(
@@ -88,6 +88,12 @@ fn ask_workspace(dir: &Path) -> PathBuf {
                 .to_string(),
             ),
             ("planning/step_config.json", r#"{"steps": []}"#.to_string()),
+            (
+                "workflow.json",
+                json!({"schedules": [{"id": "nightly", "name": "Nightly",
+                                      "cron_expression": "0 2 * * *", "enabled": false}]})
+                .to_string(),
+            ),
         ],
     );
     ws

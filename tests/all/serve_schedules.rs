@@ -224,11 +224,20 @@ fn the_terminal_lists_schedules_prints_their_next_firings_and_fires_one() {
     let out = support::trellis(&["schedules", "list", root]);
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(out.status.success(), "{text}");
-    assert!(text.contains("daily  on   cron \"0 9 * * *\" in UTC  next "), "{text}");
+    assert!(
+        text.contains("daily  on   cron \"0 9 * * *\" in UTC  next "),
+        "{text}"
+    );
     assert!(text.contains("slow  off"), "{text}");
     let out = support::trellis(&["schedules", "next", root, "daily", "-n", "3"]);
     let text = String::from_utf8_lossy(&out.stdout).to_string();
-    assert_eq!(text.lines().filter(|l| l.ends_with("T09:00:00+00:00")).count(), 3, "{text}");
+    assert_eq!(
+        text.lines()
+            .filter(|l| l.ends_with("T09:00:00+00:00"))
+            .count(),
+        3,
+        "{text}"
+    );
     let out = support::trellis(&["schedules", "next", root, "nope"]);
     assert_eq!(out.status.code(), Some(1));
 

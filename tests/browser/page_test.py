@@ -12,7 +12,8 @@ exits non-zero (with the step that failed) when the page does not do what an ope
   tool calls and its end in the executions panel, and a second one is stopped from it;
 - ask (a workflow of two human_input steps): the whole workflow started from the page waits
   on each question in the executions panel, is answered there (a yes button, then a text
-  answer) and ends done.
+  answer) and ends done; its schedule is enabled from the Schedules tab and fired by hand,
+  the firing and its outcome shown in the schedule's history.
 
 Screenshots (desktop 1280x800 and narrow 390x844) go to DIR.
 """
@@ -177,5 +178,25 @@ driver.find_element(By.CSS_SELECTOR, ask + " button").click()
 wait("the answered workflow ends done", lambda: driver.find_element(
     By.CSS_SELECTOR, '.exec[data-execution="workflow-full-1"]').get_attribute("data-status") == "done")
 wait("the graph shows name completed", lambda: node("name").get_attribute("data-status") == "completed")
+
+# ---- schedules: enabled from the page, then fired by hand, the firing in its history ----
+driver.find_element(By.CSS_SELECTOR, '.tabs button[data-tab="schedules"]').click()
+row = '.exec[data-schedule="nightly"]'
+wait("the schedule is listed, off", lambda: "off" in driver.find_element(By.CSS_SELECTOR, row + " .top").text)
+driver.find_element(By.CSS_SELECTOR, row + ' button[data-action="enable"]').click()
+wait("the schedule is on with its next firing", lambda: "next: 20" in driver.find_element(By.CSS_SELECTOR, row).text
+     and "on" in driver.find_element(By.CSS_SELECTOR, row + " .top").text)
+driver.find_element(By.CSS_SELECTOR, row + ' button[data-action="trigger"]').click()
+
+
+def fired():
+    driver.find_element(By.CSS_SELECTOR, '.tabs button[data-tab="schedules"]').click()
+    time.sleep(0.3)
+    return "manual" in driver.find_element(By.CSS_SELECTOR, row + " .lines").text and \
+        "running" not in driver.find_element(By.CSS_SELECTOR, row + " .lines").text
+
+
+wait("the manual firing and its outcome are in the schedule's history", fired)
+driver.save_screenshot(os.path.join(shots, "desktop-schedules.png"))
 driver.quit()
 print("ok")
