@@ -262,3 +262,123 @@ fn the_terminal_lists_schedules_prints_their_next_firings_and_fires_one() {
     assert_eq!(history[0]["trigger_source"], "manual");
     assert!(ws.join("runs/iteration-0/execution/greet").is_dir());
 }
+
+/// The builder's schedule tools, from a model's calls through `trellis builder`: an add with
+/// a bad cron, and one with an unknown group, are refused naming them; a good one,
+/// an update, turning it off, the list and a delete each land in workflow.json and the
+/// changelog.
+#[test]
+fn the_builders_schedule_tools_edit_workflow_json_validated_and_logged() {
+    let calls: Vec<(&'static str, Value)> = vec![
+        (
+            "add_schedule",
+            json!({"reason": "r", "schedule": {"id": "nightly", "cron_expression": "0 25 * * *"}}),
+        ),
+        (
+            "add_schedule",
+            json!({"reason": "r", "schedule": {"id": "nightly", "cron_expression": "0 2 * * *",
+                                                "group_names": ["nope"]}}),
+        ),
+        (
+            "add_schedule",
+            json!({"reason": "r", "schedule": {"id": "nightly", "cron_expression": "0 2 * * *",
+                                                "timezone": "Europe/Paris", "enabled": true}}),
+        ),
+        (
+            "update_schedule",
+            json!({"reason": "r", "schedule_id": "nightly",
+                   "set": {"messages": ["run greet"], "collision_policy": "retry"}}),
+        ),
+        (
+            "set_schedule_enabled",
+            json!({"reason": "r", "schedule_id": "nightly", "enabled": false}),
+        ),
+        ("list_schedules", json!({})),
+        (
+            "delete_schedule",
+            json!({"reason": "r", "schedule_id": "daily"}),
+        ),
+    ];
+    let llm = FakeServer::start(Box::new(move |body| {
+        let answered = body["messages"]
+            .as_array()
+            .is_some_and(|m| m.iter().any(|m| m["role"] == "tool"));
+        if answered {
+            (200, completion("done", &[]))
+        } else {
+            (200, completion("", &calls))
+        }
+    }));
+    let dir = tempfile::tempdir().unwrap();
+    let ws = workspace(dir.path(), &llm);
+    let out = support::trellis(&[
+        "builder",
+        ws.to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
+        "-m",
+        "schedule it",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let results: Vec<String> = llm
+        .last_tool_results()
+        .into_iter()
+        .map(|(_, r)| r)
+        .collect();
+    assert_eq!(results.len(), 7, "{results:?}");
+    assert!(
+        results[0].contains("refused") && results[0].contains("schedules[2].cron_expression"),
+        "{}",
+        results[0]
+    );
+    assert!(
+        results[1].contains("refused") && results[1].contains("schedules[2].group_names[0]"),
+        "{}",
+        results[1]
+    );
+    for r in &results[2..] {
+        assert!(
+            r.contains("\"ok\":true") || r.contains("\"schedules\""),
+            "{r}"
+        );
+    }
+    assert!(results[5].contains("\"id\":\"nightly\""), "{}", results[5]);
+    let manifest: Value =
+        serde_json::from_slice(&std::fs::read(ws.join("workflow.json")).unwrap()).unwrap();
+    let ids: Vec<&str> = manifest["schedules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["slow", "nightly"], "{manifest}");
+    let nightly = &manifest["schedules"][1];
+    assert_eq!(nightly["enabled"], false);
+    assert_eq!(nightly["collision_policy"], "retry");
+    assert_eq!(nightly["messages"], json!(["run greet"]));
+    let logged: Vec<String> = std::fs::read_dir(ws.join("planning/changelog"))
+        .unwrap()
+        .flat_map(|f| {
+            let v: Value =
+                serde_json::from_slice(&std::fs::read(f.unwrap().path()).unwrap()).unwrap();
+            v.as_array()
+                .unwrap()
+                .iter()
+                .map(|e| e["tool"].as_str().unwrap().to_string())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(
+        logged,
+        [
+            "add_schedule",
+            "update_schedule",
+            "disable_schedule",
+            "delete_schedule"
+        ]
+    );
+}

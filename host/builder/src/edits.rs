@@ -34,10 +34,12 @@ pub use schedule_tools::set_schedule_enabled;
 pub fn specs() -> Vec<ToolSpec> {
     let mut specs = tool_specs::all();
     specs.extend(compat_tools::specs());
+    specs.extend(schedule_tools::specs());
     // In the order of the mode table's rows.
     let order: Vec<&str> = super::modes::PLAN_TOOLS
         .iter()
         .chain(super::modes::CONFIG_TOOLS)
+        .chain(super::modes::SCHEDULE_TOOLS)
         .copied()
         .collect();
     specs.sort_by_key(|s| {
@@ -51,6 +53,15 @@ pub fn specs() -> Vec<ToolSpec> {
 
 /// Calls plan or config tool `name`: the arguments are checked against its schema first.
 pub fn call(ctx: &ToolContext<'_>, name: &str, args: &Value) -> ToolResult {
+    // A read: nothing to budget.
+    if name == "list_schedules" {
+        let spec = specs()
+            .into_iter()
+            .find(|s| s.name == name)
+            .expect("its spec");
+        args::check(&spec, args)?;
+        return schedule_tools::list(ctx.root);
+    }
     // An edit rewrites the files it changes whole (the plan up to 16 MiB) and the
     // changelog file it appends to: what it may write comes out of the turn's write budget,
     // checked before (the files it may rewrite, and its arguments) and charged after.
@@ -124,6 +135,10 @@ fn edit(ctx: &ToolContext<'_>, name: &str, args: &Value) -> ToolResult {
         "cleanup_orphan_step_configs" => compat_tools::cleanup_orphan_step_configs(root, args),
         "set_workflow_contract_version" => compat_tools::set_workflow_contract_version(root, args),
         "set_workflow_llm_config" => compat_tools::set_workflow_llm_config(root, args),
+        "add_schedule" => schedule_tools::add(root, args),
+        "update_schedule" => schedule_tools::update(root, args),
+        "delete_schedule" => schedule_tools::delete(root, args),
+        "set_schedule_enabled" => schedule_tools::set_enabled(root, args),
         _ => Err(ToolFailure::new(format!(
             "tool {name:?} is not implemented"
         ))),

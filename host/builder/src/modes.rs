@@ -200,6 +200,15 @@ pub const CONFIG_TOOLS: &[&str] = &[
     "set_workflow_llm_config",
 ];
 
+/// The schedules of workflow.json: listed, added, changed, removed, turned on and off.
+pub const SCHEDULE_TOOLS: &[&str] = &[
+    "list_schedules",
+    "add_schedule",
+    "update_schedule",
+    "delete_schedule",
+    "set_schedule_enabled",
+];
+
 /// Writing files in the folders of the mode ([`Mode::writable_folders`]).
 pub const FILE_TOOLS: &[&str] = &["write_workspace_file", "patch_workspace_file"];
 
@@ -229,6 +238,7 @@ const TABLE: &[(&[&str], &[Mode])] = &[
     (DB_WRITE_TOOLS, &[Builder, Optimizer]),
     (PLAN_TOOLS, &[Builder, Optimizer]),
     (CONFIG_TOOLS, &[Builder, Optimizer]),
+    (SCHEDULE_TOOLS, &[Builder, Optimizer]),
     (FILE_TOOLS, &[Builder, Optimizer, Eval, Output]),
     (START_TOOLS, &[Builder, Optimizer, Run]),
     (

@@ -123,6 +123,7 @@ pub fn system_prompt(root: &Path, mode: Mode) -> String {
             PLAN_TOOLS,
         ),
         ("Configuration", CONFIG_TOOLS),
+        ("Schedules", crate::modes::SCHEDULE_TOOLS),
         ("Files", FILE_TOOLS),
         ("Run and steer", START_TOOLS),
         ("Watch", WATCH_TOOLS),

@@ -355,6 +355,11 @@ pub fn step_config_schema() -> Value {
     )
 }
 
+/// One schedule of `schedules[]` (the builder's schedule tools take it).
+pub fn schedule_schema() -> Value {
+    schedules_schema()["items"].clone()
+}
+
 /// `schedules[]`: when the workflow runs itself (the original's shape).
 fn schedules_schema() -> Value {
     let minutes = json!({"type": "integer", "minimum": 0});

@@ -262,7 +262,10 @@ impl Agent {
             crate::inspect::call(&ctx, name, args).await
         } else if DB_READ_TOOLS.contains(&name) || DB_WRITE_TOOLS.contains(&name) {
             crate::db::call(&ctx, name, args).await
-        } else if PLAN_TOOLS.contains(&name) || CONFIG_TOOLS.contains(&name) {
+        } else if PLAN_TOOLS.contains(&name)
+            || CONFIG_TOOLS.contains(&name)
+            || crate::modes::SCHEDULE_TOOLS.contains(&name)
+        {
             edits::call(&ctx, name, args)
         } else if FILE_TOOLS.contains(&name) {
             files::call(&ctx, name, args).await

@@ -47,3 +47,218 @@ pub fn set_schedule_enabled(root: &Path, id: &str, enabled: bool, reason: &str) 
     let done = draft.commit(tool, reason, &[], &[change])?;
     Ok(done.answer(json!({"schedule_id": id, "enabled": enabled})))
 }
+
+/// The specs of the schedule tools ([`crate::modes::SCHEDULE_TOOLS`]).
+pub(super) fn specs() -> Vec<crate::ToolSpec> {
+    use crate::ToolSpec;
+    let reason = json!({"type": "string", "minLength": 1,
+        "description": "Why you make this change, in a sentence (logged to planning/changelog/)."});
+    let id = json!({"type": "string", "description": "The schedule's id."});
+    let strict = |props: Value, required: &[&str]| {
+        json!({"type": "object", "properties": props, "required": required,
+               "additionalProperties": false})
+    };
+    vec![
+        ToolSpec {
+            name: "list_schedules",
+            description: "The schedules of workflow.json (cron or calendar, zone, enabled, \
+                          messages, collision policy, dependency) with each one's next firing \
+                          (UTC) and its last run from schedule-runs.json. `trellis serve` fires \
+                          them; each firing is a run-mode builder session sending the messages.",
+            parameters: strict(json!({}), &[]),
+        },
+        ToolSpec {
+            name: "add_schedule",
+            description: "Adds a schedule to workflow.json: id, cron_expression (five fields, \
+                          minute hour day month weekday) or schedule_type calendar with \
+                          calendar_items, timezone (IANA), enabled, group_names (required when \
+                          the workflow has groups), messages (default: run the full workflow), \
+                          collision_policy (skip, queue_latest, retry, coalesce), \
+                          max_start_delay_minutes, after_schedule_id with after_terminal_status, \
+                          after_delay_minutes, dependency_deadline (HH:MM).",
+            parameters: strict(
+                json!({"schedule": trellis_workflow::json_schema::schedule_schema(),
+                       "reason": reason.clone()}),
+                &["schedule", "reason"],
+            ),
+        },
+        ToolSpec {
+            name: "update_schedule",
+            description: "Changes fields of a schedule of workflow.json: `set` holds the \
+                          fields and their new values (as add_schedule takes them), \
+                          `clear_fields` the fields to remove.",
+            parameters: strict(
+                json!({"schedule_id": id.clone(),
+                       "set": {"type": "object", "description": "Fields and their new values."},
+                       "clear_fields": {"type": "array", "items": {"type": "string"}, "maxItems": 64},
+                       "reason": reason.clone()}),
+                &["schedule_id", "reason"],
+            ),
+        },
+        ToolSpec {
+            name: "delete_schedule",
+            description: "Removes a schedule from workflow.json (its history stays in \
+                          schedule-runs.json).",
+            parameters: strict(
+                json!({"schedule_id": id.clone(), "reason": reason.clone()}),
+                &["schedule_id", "reason"],
+            ),
+        },
+        ToolSpec {
+            name: "set_schedule_enabled",
+            description: "Turns a schedule on (it fires by itself) or off (only a manual \
+                          trigger fires it).",
+            parameters: strict(
+                json!({"schedule_id": id, "enabled": {"type": "boolean"}, "reason": reason}),
+                &["schedule_id", "enabled", "reason"],
+            ),
+        },
+    ]
+}
+
+/// `list_schedules`: a read, no edit.
+pub(crate) fn list(root: &Path) -> ToolResult {
+    let ws = trellis_workflow::Workspace::open(root).map_err(|d| {
+        ToolFailure::new(format!(
+            "the workspace does not load: {}",
+            d.errors()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; ")
+        ))
+    })?;
+    let history = trellis_sandbox::store::WorkspaceFs::open(root)
+        .map(|fs| crate::schedules::read_runs(&fs))
+        .unwrap_or_default();
+    let now = chrono::Utc::now();
+    let list: Vec<Value> = ws
+        .manifest
+        .original
+        .schedules
+        .iter()
+        .map(|s| {
+            let mut v = serde_json::to_value(s).unwrap_or(Value::Null);
+            v["next_firing"] = json!(
+                s.enabled
+                    .then(|| s.next_after(now))
+                    .flatten()
+                    .map(|t| t.to_rfc3339())
+            );
+            v["last_run"] = json!(history.iter().find(|r| r.schedule_id == s.id));
+            v
+        })
+        .collect();
+    Ok(json!({"schedules": list, "count": list.len()}))
+}
+
+/// The `schedules` array of the draft's workflow.json (made one when absent).
+fn schedules_of(draft: &mut Draft) -> Result<&mut Vec<Value>, ToolFailure> {
+    let m = draft.manifest.value.as_object_mut().ok_or_else(|| {
+        ToolFailure::new("workflow.json is not a JSON object: fix it by hand first")
+    })?;
+    let list = m.entry("schedules").or_insert_with(|| json!([]));
+    if list.is_null() {
+        *list = json!([]);
+    }
+    list.as_array_mut().ok_or_else(|| {
+        ToolFailure::new("workflow.json: \"schedules\" is not an array: fix it by hand first")
+    })
+}
+
+fn index_of(list: &[Value], id: &str) -> Result<usize, ToolFailure> {
+    list.iter()
+        .position(|s| s.get("id").and_then(Value::as_str) == Some(id))
+        .ok_or_else(|| {
+            let ids: Vec<&str> = list
+                .iter()
+                .filter_map(|s| s.get("id").and_then(Value::as_str))
+                .collect();
+            ToolFailure::new(format!(
+                "no schedule {id:?} in workflow.json (its schedules: {})",
+                if ids.is_empty() {
+                    "none".to_string()
+                } else {
+                    ids.join(", ")
+                }
+            ))
+        })
+}
+
+/// `add_schedule`.
+pub(super) fn add(root: &Path, args: &Value) -> ToolResult {
+    let reason = super::args::req_str(args, "reason")?;
+    let schedule = args["schedule"].clone();
+    let id = schedule["id"].as_str().unwrap_or_default().to_string();
+    let mut draft = Draft::open(root)?;
+    let list = schedules_of(&mut draft)?;
+    if index_of(list, &id).is_ok() {
+        return Err(ToolFailure::new(format!(
+            "workflow.json has a schedule {id:?} already: update_schedule changes it"
+        )));
+    }
+    list.push(schedule.clone());
+    let change = Change::new(None, format!("schedules.{id}"), Value::Null, schedule);
+    let done = draft.commit("add_schedule", reason, &[], &[change])?;
+    Ok(done.answer(json!({"schedule_id": id})))
+}
+
+/// `update_schedule`.
+pub(super) fn update(root: &Path, args: &Value) -> ToolResult {
+    let reason = super::args::req_str(args, "reason")?;
+    let id = super::args::req_str(args, "schedule_id")?.to_string();
+    let mut draft = Draft::open(root)?;
+    let list = schedules_of(&mut draft)?;
+    let i = index_of(list, &id)?;
+    let old = list[i].clone();
+    let Some(entry) = list[i].as_object_mut() else {
+        return Err(ToolFailure::new(format!(
+            "schedule {id:?} is not an object: fix it by hand first"
+        )));
+    };
+    if let Some(set) = args.get("set").and_then(Value::as_object) {
+        for (k, v) in set {
+            entry.insert(k.clone(), v.clone());
+        }
+    }
+    for k in args
+        .get("clear_fields")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        if let Some(k) = k.as_str() {
+            if k == "id" {
+                return Err(ToolFailure::new("clear_fields: a schedule keeps its id"));
+            }
+            entry.remove(k);
+        }
+    }
+    let new = Value::Object(entry.clone());
+    if new == old {
+        return Ok(json!({"ok": true, "changed": false, "schedule_id": id}));
+    }
+    let change = Change::new(None, format!("schedules.{id}"), old, new);
+    let done = draft.commit("update_schedule", reason, &[], &[change])?;
+    Ok(done.answer(json!({"schedule_id": id})))
+}
+
+/// `delete_schedule`.
+pub(super) fn delete(root: &Path, args: &Value) -> ToolResult {
+    let reason = super::args::req_str(args, "reason")?;
+    let id = super::args::req_str(args, "schedule_id")?.to_string();
+    let mut draft = Draft::open(root)?;
+    let list = schedules_of(&mut draft)?;
+    let i = index_of(list, &id)?;
+    let old = list.remove(i);
+    let change = Change::new(None, format!("schedules.{id}"), old, Value::Null);
+    let done = draft.commit("delete_schedule", reason, &[], &[change])?;
+    Ok(done.answer(json!({"schedule_id": id, "deleted": true})))
+}
+
+/// `set_schedule_enabled`.
+pub(super) fn set_enabled(root: &Path, args: &Value) -> ToolResult {
+    let reason = super::args::req_str(args, "reason")?;
+    let id = super::args::req_str(args, "schedule_id")?;
+    let enabled = args["enabled"].as_bool().unwrap_or(false);
+    set_schedule_enabled(root, id, enabled, reason)
+}
