@@ -80,6 +80,9 @@ pub async fn run(engine: &Engine, args: ServeArgs) -> Result<ExitCode> {
     )
     .await?;
     let api_template = template.clone();
+    let max_running = args
+        .max_executions
+        .map_or(trellis_runner::runtime::DEFAULT_MAX_RUNNING, |n| n as usize);
     let workspaces = args
         .workspaces
         .iter()
@@ -88,7 +91,8 @@ pub async fn run(engine: &Engine, args: ServeArgs) -> Result<ExitCode> {
             let (root, session_runtime) = (root.clone(), runtime.clone());
             let (template, own) = (template.clone(), own.clone());
             let sessions: SessionFactory = Arc::new(move |id, mode: Option<Mode>, observer| {
-                let executions = Executions::new(session_runtime.clone(), template.clone());
+                let executions = Executions::new(session_runtime.clone(), template.clone())
+                    .with_max_running(max_running);
                 BuilderSession::open(
                     &session_runtime,
                     executions,

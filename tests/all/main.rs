@@ -42,6 +42,7 @@ mod redteam_net;
 mod redteam_round3;
 mod redteam_round5;
 mod redteam_round7;
+mod redteam_round8;
 mod routes;
 mod run_cli;
 mod runtime;

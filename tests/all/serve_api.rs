@@ -267,7 +267,7 @@ fn executions_start_without_the_chat_and_stream_their_events() {
             "/api/executions",
             &json!({"step_id": "greet", "group": "g"})
         )),
-        (400, "bad_request".into())
+        (404, "not_found".into())
     );
     assert_eq!(
         code(&serve.post("/api/executions", &json!({"steps": ["greet"]}))),

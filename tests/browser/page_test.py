@@ -69,6 +69,24 @@ def node(step_id):
     return found[0] if found else None
 
 
+def click_fresh(step, selector):
+    """Finds `selector` and clicks it, again while the panel redraws under it."""
+    def go():
+        driver.find_element(By.CSS_SELECTOR, selector).click()
+        return True
+    wait(step, go)
+
+
+def type_fresh(step, selector, text):
+    """Types `text` into the field at `selector`, again while the panel redraws under it."""
+    def go():
+        field = driver.find_element(By.CSS_SELECTOR, selector)
+        field.clear()
+        field.send_keys(text)
+        return driver.find_element(By.CSS_SELECTOR, selector).get_attribute("value") == text
+    wait(step, go)
+
+
 def click(element):
     driver.execute_script(
         "arguments[0].dispatchEvent(new MouseEvent('click', {bubbles: true}))", element)
@@ -148,7 +166,7 @@ run[0].click()
 slow = '.exec[data-execution="exec-slow-1"]'
 wait("the slow step runs a tool", lambda: "tool workspace:list_dir (" in
      driver.find_element(By.CSS_SELECTOR, slow + " .lines").text)
-driver.find_element(By.CSS_SELECTOR, slow + ' button[data-stop="exec-slow-1"]').click()
+click_fresh("the stop button is clicked", slow + ' button[data-stop="exec-slow-1"]')
 wait("the stopped execution ends cancelled", lambda: driver.find_element(By.CSS_SELECTOR, slow)
      .get_attribute("data-status") == "cancelled")
 driver.save_screenshot(os.path.join(shots, "desktop-executions.png"))
@@ -167,14 +185,14 @@ yes = wait("the first question waits in the panel", lambda: driver.find_element(
     By.CSS_SELECTOR, ask + ' button[data-answer="yes"]'))
 if "Ship it?" not in driver.find_element(By.CSS_SELECTOR, ask).text:
     fail("the question is shown", driver.find_element(By.CSS_SELECTOR, ask).text)
-yes.click()
+click_fresh("yes is clicked", ask + ' button[data-answer="yes"]')
 answer = wait("the second question takes a text answer", lambda: driver.find_element(
     By.CSS_SELECTOR, ask + ' input[aria-label="answer"]'))
 if "Release name?" not in driver.find_element(By.CSS_SELECTOR, ask).text:
     fail("the second question is shown", driver.find_element(By.CSS_SELECTOR, ask).text)
 driver.save_screenshot(os.path.join(shots, "desktop-input.png"))
-answer.send_keys("v2")
-driver.find_element(By.CSS_SELECTOR, ask + " button").click()
+type_fresh("the answer is typed", ask + ' input[aria-label="answer"]', "v2")
+click_fresh("the answer is sent", ask + " button")
 wait("the answered workflow ends done", lambda: driver.find_element(
     By.CSS_SELECTOR, '.exec[data-execution="workflow-full-1"]').get_attribute("data-status") == "done")
 wait("the graph shows name completed", lambda: node("name").get_attribute("data-status") == "completed")
@@ -183,10 +201,10 @@ wait("the graph shows name completed", lambda: node("name").get_attribute("data-
 driver.find_element(By.CSS_SELECTOR, '.tabs button[data-tab="schedules"]').click()
 row = '.exec[data-schedule="nightly"]'
 wait("the schedule is listed, off", lambda: "off" in driver.find_element(By.CSS_SELECTOR, row + " .top").text)
-driver.find_element(By.CSS_SELECTOR, row + ' button[data-action="enable"]').click()
+click_fresh("enable is clicked", row + ' button[data-action="enable"]')
 wait("the schedule is on with its next firing", lambda: "next: 20" in driver.find_element(By.CSS_SELECTOR, row).text
      and "on" in driver.find_element(By.CSS_SELECTOR, row + " .top").text)
-driver.find_element(By.CSS_SELECTOR, row + ' button[data-action="trigger"]').click()
+click_fresh("run now is clicked", row + ' button[data-action="trigger"]')
 
 
 def fired():

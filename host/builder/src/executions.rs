@@ -71,6 +71,9 @@ pub struct Executions {
     template: StartOptions,
     shared: Arc<Shared>,
     clock: Clock,
+    /// Executions running at once on the workspace a start may join (the server's
+    /// `--max-executions`).
+    max_running: usize,
 }
 
 impl std::fmt::Debug for Executions {
@@ -91,7 +94,35 @@ impl Executions {
             template,
             shared: Arc::default(),
             clock: Arc::new(Instant::now),
+            max_running: trellis_runner::runtime::DEFAULT_MAX_RUNNING,
         }
+    }
+
+    /// At most `n` executions running at once on the workspace for a start to join.
+    pub fn with_max_running(mut self, n: usize) -> Self {
+        self.max_running = n;
+        self
+    }
+
+    /// Starts `kind` through the runtime's admission ([`Runtime::start_admitted`]): a refusal
+    /// is the tool's failure, saying what runs and what to do.
+    fn start_admitted(
+        &self,
+        root: &std::path::Path,
+        kind: ExecutionKind,
+        options: StartOptions,
+    ) -> Result<trellis_runner::runtime::ExecutionId, ToolFailure> {
+        use trellis_runner::runtime::Refused;
+        self.runtime
+            .start_admitted(root, kind, options, self.max_running)
+            .map_err(|refused| match refused {
+                Refused::Busy(why) => ToolFailure::new(format!("nothing started: {why}")),
+                Refused::Full { running } => ToolFailure::new(format!(
+                    "nothing started: {running} executions run on this workspace, the most at \
+                     once ({}); end your turn and start more when they end",
+                    self.max_running
+                )),
+            })
     }
 
     /// Counts the model calls of every execution in `calls`, up to `max` together: a builder
@@ -209,7 +240,8 @@ impl Executions {
         if let Some(model) = tier {
             options.llm = options.llm.with_tier_override(model);
         }
-        let runtime_id = self.runtime.start_step(ctx.root, step_id, options);
+        let runtime_id =
+            self.start_admitted(ctx.root, ExecutionKind::Step(step_id.to_string()), options)?;
         let target = ExecutionKind::Step(step_id.to_string());
         let (id, fresh) = self.shared.track(runtime_id, target, group);
         if !fresh {
@@ -332,7 +364,7 @@ impl Executions {
         let mut options = self.template.clone();
         options.run = run;
         options.instructions = None;
-        let runtime_id = self.runtime.start_workflow(ctx.root, options);
+        let runtime_id = self.start_admitted(ctx.root, ExecutionKind::Workflow, options)?;
         let (id, _) = self
             .shared
             .track(runtime_id, ExecutionKind::Workflow, group);

@@ -183,7 +183,9 @@ pub async fn query(
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             "workflow_busy",
-            "a builder turn is running on this workspace; wait for its turn_ended event",
+            "a builder turn (or the executions it started and their completion turns, or a \
+             schedule's firing) runs on this workspace; wait for the session's session_status \
+             event",
         ));
     }
     let live = match app.session(request.session_id.as_deref(), mode) {
@@ -370,18 +372,24 @@ pub async fn builder_session(
             "last_event": live.log.last(), "messages": messages,
         })));
     }
-    let (fs, index) = session_index(&app)?;
-    let Some(latest) = index.sessions.last() else {
-        return Ok(Json(
-            json!({"session_id": null, "live": false, "messages": []}),
-        ));
-    };
-    let (file, _) = trellis_builder::persist::load(&fs, &latest.session_id)
-        .map_err(|e| ApiError::refused(format!("{e:#}")))?;
-    Ok(Json(json!({
-        "session_id": latest.session_id, "live": false, "mode": latest.workshop_mode,
-        "updated_at": latest.updated_at, "messages": messages_json(&file.conversation_history),
-    })))
+    // The conversation file is read off the server's threads, among the reads at once.
+    let reader = app.clone();
+    crate::workspace::blocking_read(&app, move || {
+        let (fs, index) = session_index(&reader)?;
+        let Some(latest) = index.sessions.last() else {
+            return Ok(Json(
+                json!({"session_id": null, "live": false, "messages": []}),
+            ));
+        };
+        let (file, _) = trellis_builder::persist::load(&fs, &latest.session_id)
+            .map_err(|e| ApiError::refused(format!("{e:#}")))?;
+        Ok(Json(json!({
+            "session_id": latest.session_id, "live": false, "mode": latest.workshop_mode,
+            "updated_at": latest.updated_at,
+            "messages": messages_json(&file.conversation_history),
+        })))
+    })
+    .await?
 }
 
 /// The workspace's handle and its index of builder sessions.
@@ -403,7 +411,9 @@ fn session_index(
 /// `GET /api/workflow/builder-sessions`: the sessions of the workspace's index, newest
 /// first (`session_id`, `workshop_mode`, `updated_at`, `message_count`, `first_query`).
 pub async fn builder_sessions(State(app): State<Arc<App>>) -> ApiResult {
-    let (_, index) = session_index(&app)?;
+    let reader = app.clone();
+    let (_, index) =
+        crate::workspace::blocking_read(&app, move || session_index(&reader)).await??;
     let sessions: Vec<Value> = index
         .sessions
         .iter()
@@ -447,7 +457,7 @@ fn messages_json(history: &[trellis_sandbox::llm::Message]) -> Vec<Value> {
         .map(|m| {
             json!({
                 "role": if m.role == Role::User { "user" } else { "assistant" },
-                "text": m.content,
+                "text": trellis_sandbox::cut::marked(&m.content, crate::events::EVENT_STRING_BYTES),
                 "tool_calls": m.tool_calls.iter().map(|c| c.name.clone()).collect::<Vec<_>>(),
             })
         })
@@ -545,11 +555,10 @@ pub async fn runs(State(app): State<Arc<App>>) -> ApiResult {
     Ok(Json(json!({"runs": runs})))
 }
 
-/// `GET /api/workflow/executions`: the executions of this server's runtime.
+/// `GET /api/workflow/executions`: the executions of this workspace.
 pub async fn executions(State(app): State<Arc<App>>) -> ApiResult {
     let list: Vec<Value> = app
-        .runtime
-        .list()
+        .executions_here()
         .into_iter()
         .map(|e| {
             json!({
@@ -565,10 +574,7 @@ pub async fn executions(State(app): State<Arc<App>>) -> ApiResult {
 
 /// `POST /api/executions/{id}/stop`: asks the execution to stop at its next step boundary.
 pub async fn stop_execution(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResult {
-    let id = ExecutionId::from(id.as_str());
-    if app.runtime.status(&id).is_none() {
-        return Err(ApiError::not_found(format!("no execution {id}")));
-    }
+    let id = app.execution_here(&id)?;
     Ok(Json(
         json!({"execution_id": id.as_str(), "stopping": app.runtime.stop(&id)}),
     ))
@@ -595,10 +601,7 @@ pub async fn message_execution(
             request.message.len()
         )));
     }
-    let id = ExecutionId::from(id.as_str());
-    if app.runtime.status(&id).is_none() {
-        return Err(ApiError::not_found(format!("no execution {id}")));
-    }
+    let id = app.execution_here(&id)?;
     let delivery = app.runtime.send_message(&id, &request.message);
     Ok(Json(
         json!({"execution_id": id.as_str(), "delivery": delivery.status.to_string()}),
@@ -625,7 +628,7 @@ pub async fn answer_execution(
 ) -> ApiResult {
     use trellis_runner::human_inputs::AnswerRefused;
     let request: InputRequest = body_object(body)?;
-    let id = ExecutionId::from(id.as_str());
+    let id = app.execution_here(&id)?;
     let answered = app
         .runtime
         .answer_input(&id, request.step_id.as_deref(), &request.answer)

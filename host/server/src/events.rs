@@ -13,6 +13,15 @@ use trellis_builder::BuilderEvent;
 /// told where the log now starts.
 pub const KEPT_EVENTS: usize = 10_000;
 
+/// Bytes of events (as JSON) a log keeps; older ones are dropped first past it.
+pub const KEPT_BYTES: usize = 16 << 20;
+
+/// Bytes of one string an event keeps (a model's reply, a query): the rest is cut, marked.
+pub const EVENT_STRING_BYTES: usize = 64 << 10;
+
+/// Bytes of events one read ([`EventLog::since`]) gives at most; at least one event.
+pub const READ_BYTES: usize = 4 << 20;
+
 /// The events of one session, numbered from 1.
 #[derive(Debug)]
 pub struct EventLog {
@@ -28,7 +37,10 @@ pub struct EventLog {
 struct Kept {
     /// The number of `events[0]`.
     first: u64,
-    events: std::collections::VecDeque<Value>,
+    /// Each event and its bytes as JSON.
+    events: std::collections::VecDeque<(Value, usize)>,
+    /// The bytes of them all.
+    bytes: usize,
 }
 
 impl Default for EventLog {
@@ -37,6 +49,7 @@ impl Default for EventLog {
             inner: Mutex::new(Kept {
                 first: 1,
                 events: Default::default(),
+                bytes: 0,
             }),
             last: watch::channel(0).0,
             roots: Vec::new(),
@@ -63,10 +76,14 @@ impl EventLog {
         }
     }
 
-    /// `value` with the workspace's host paths made relative, in every string.
+    /// `value` with the workspace's host paths made relative, and each string cut to
+    /// [`EVENT_STRING_BYTES`].
     fn relative(&self, value: &mut Value) {
         match value {
             Value::String(text) => {
+                if text.len() > EVENT_STRING_BYTES {
+                    *text = trellis_sandbox::cut::marked(text, EVENT_STRING_BYTES);
+                }
                 for root in &self.roots {
                     if text.contains(root.as_str()) {
                         *text = text
@@ -87,16 +104,19 @@ impl EventLog {
         let at = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_micros() as u64);
-        if !self.roots.is_empty() {
-            self.relative(&mut event);
-        }
+        self.relative(&mut event);
         let mut kept = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let id = kept.first + kept.events.len() as u64;
         event["id"] = json!(id);
         event["at_us"] = json!(at);
-        kept.events.push_back(event);
-        if kept.events.len() > KEPT_EVENTS {
-            kept.events.pop_front();
+        let bytes = serde_json::to_vec(&event).map_or(0, |b| b.len());
+        kept.events.push_back((event, bytes));
+        kept.bytes += bytes;
+        while kept.events.len() > 1 && (kept.events.len() > KEPT_EVENTS || kept.bytes > KEPT_BYTES)
+        {
+            if let Some((_, gone)) = kept.events.pop_front() {
+                kept.bytes -= gone;
+            }
             kept.first += 1;
         }
         drop(kept);
@@ -104,16 +124,34 @@ impl EventLog {
         id
     }
 
-    /// The events numbered after `since`, at most `max` of them.
+    /// The events numbered after `since`, at most `max` of them and [`READ_BYTES`] (at
+    /// least one).
     pub fn since(&self, since: u64, max: usize) -> Vec<Value> {
         let kept = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let skip = since.saturating_add(1).saturating_sub(kept.first);
+        let mut bytes = 0;
         kept.events
             .iter()
             .skip(usize::try_from(skip).unwrap_or(usize::MAX))
             .take(max)
-            .cloned()
+            .take_while(|(_, b)| {
+                let first = bytes == 0;
+                bytes += b;
+                first || bytes <= READ_BYTES
+            })
+            .map(|(v, _)| v.clone())
             .collect()
+    }
+
+    /// A log whose events are numbered from `first` (a session restored after events of
+    /// its own were given out: a client resuming after them must not miss new ones).
+    pub fn numbered_from(mut self, first: u64) -> Self {
+        self.inner
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .first = first.max(1);
+        self.last.send_replace(first.max(1) - 1);
+        self
     }
 
     /// The number of the last event (0 before the first).
@@ -163,6 +201,27 @@ pub fn builder_event(event: &BuilderEvent) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_log_keeps_a_bounded_number_of_bytes_and_a_read_gives_a_bounded_answer() {
+        let log = EventLog::default();
+        let reply = "x".repeat(4 << 20);
+        for _ in 0..40 {
+            log.push(json!({"type": "text", "text": reply}));
+        }
+        let kept = log.since(0, usize::MAX);
+        let text = kept[0]["text"].as_str().unwrap();
+        assert!(text.len() < EVENT_STRING_BYTES + 64, "{}", text.len());
+        assert!(text.ends_with(&format!(
+            "[cut: {} bytes, limit {EVENT_STRING_BYTES}]",
+            4 << 20
+        )));
+        assert_eq!(kept.last().unwrap()["id"], 40);
+        let all: usize = kept.iter().map(|e| e.to_string().len()).sum();
+        assert!(all <= READ_BYTES + EVENT_STRING_BYTES, "{all}");
+        let log = EventLog::default().numbered_from(41);
+        assert_eq!(log.push(json!({"type": "text", "text": "again"})), 41);
+    }
 
     #[test]
     fn events_name_the_workspaces_files_relative_to_it() {

@@ -15,9 +15,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use trellis_runner::events::RunEvent;
-use trellis_runner::runtime::{
-    ExecutionEvent, ExecutionId, ExecutionKind, ExecutionStatus, Runtime,
-};
+use trellis_runner::runtime::{ExecutionEvent, ExecutionId, ExecutionKind, Refused, Runtime};
 
 use crate::events::EventLog;
 
@@ -71,11 +69,6 @@ pub async fn start(
             }
         )));
     }
-    if request.step_id.is_some() && request.group.is_some() {
-        return Err(ApiError::bad_request(
-            "give step_id or group, not both: a step runs in the active run of the workflow",
-        ));
-    }
     if let Some(group) = request.group.as_deref()
         && !ws
             .manifest
@@ -102,7 +95,6 @@ pub async fn start(
             "route_selections: the plan has no step {step:?}"
         )));
     }
-    check_running(&app, request.step_id.as_deref())?;
     // Ended executions beyond the latest ones are forgotten: a server started all day
     // keeps a bounded history.
     app.runtime.forget_ended(KEPT_EXECUTIONS);
@@ -112,10 +104,24 @@ pub async fn start(
     options.run.route_selections = request.route_selections;
     // The operator is at the page: a human_input step without an answer asks there.
     options.ask_for_inputs = true;
-    let id = match request.step_id {
-        Some(step) => app.runtime.start_step(&app.root, &step, options),
-        None => app.runtime.start_workflow(&app.root, options),
+    let kind = match request.step_id {
+        Some(step) => ExecutionKind::Step(step),
+        None => ExecutionKind::Workflow,
     };
+    let id = app
+        .runtime
+        .start_admitted(&app.root, kind, options, app.max_executions)
+        .map_err(|refused| match refused {
+            Refused::Busy(why) => ApiError::new(StatusCode::CONFLICT, "workspace_busy", why),
+            Refused::Full { running } => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "too_many_executions",
+                format!(
+                    "{running} executions run on this workspace, the limit (`trellis serve \
+                     --max-executions`); wait for one to end"
+                ),
+            ),
+        })?;
     app.watcher.watch(id.clone(), "api");
     Ok((
         StatusCode::ACCEPTED,
@@ -153,65 +159,6 @@ fn check_sizes(request: &StartRequest) -> Result<(), ApiError> {
         return Err(ApiError::bad_request(format!(
             "inputs: at most {MAX_INPUT_BYTES} bytes of answers, not {inputs}"
         )));
-    }
-    Ok(())
-}
-
-/// Refuses a start that would share the run folder with what runs on the workspace: the
-/// whole workflow while anything runs (it rotates the run folder), a step while the whole
-/// workflow runs or while that step runs already (`409 workspace_busy`); and a start past
-/// `--max-executions` running at once (`503 too_many_executions`).
-fn check_running(app: &App, step: Option<&str>) -> Result<(), ApiError> {
-    let running: Vec<_> = app
-        .runtime
-        .list()
-        .into_iter()
-        .filter(|e| e.workspace == app.root && e.status == ExecutionStatus::Running)
-        .collect();
-    let ids = |filter: &dyn Fn(&ExecutionKind) -> bool| {
-        running
-            .iter()
-            .filter(|e| filter(&e.kind))
-            .map(|e| e.id.as_str().to_string())
-            .collect::<Vec<_>>()
-    };
-    let busy = |detail: String| ApiError::new(StatusCode::CONFLICT, "workspace_busy", detail);
-    let whole = ids(&|k| *k == ExecutionKind::Workflow);
-    match step {
-        None if !running.is_empty() => {
-            return Err(busy(format!(
-                "executions run on this workspace ({}): the whole workflow starts a new run \
-                 folder, so it waits for them; stop them or wait for execution_ended",
-                ids(&|_| true).join(", ")
-            )));
-        }
-        Some(_) if !whole.is_empty() => {
-            return Err(busy(format!(
-                "the whole workflow runs ({}): a step runs in its run folder once it ends",
-                whole.join(", ")
-            )));
-        }
-        Some(step) => {
-            let same = ids(&|k| matches!(k, ExecutionKind::Step(s) if s == step));
-            if !same.is_empty() {
-                return Err(busy(format!(
-                    "step {step:?} runs already ({}): stop it or wait for execution_ended",
-                    same.join(", ")
-                )));
-            }
-        }
-        None => {}
-    }
-    if running.len() >= app.max_executions {
-        return Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "too_many_executions",
-            format!(
-                "{} executions run on this workspace, the limit (`trellis serve \
-                 --max-executions`); wait for one to end",
-                running.len()
-            ),
-        ));
     }
     Ok(())
 }

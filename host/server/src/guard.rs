@@ -79,9 +79,9 @@ impl Guard {
                 ));
             }
         }
-        // Every method that may change something (POST, PUT, DELETE, ...) carries JSON: a
-        // form a foreign page posts cannot be one.
-        if !matches!(*method, Method::GET | Method::HEAD) {
+        // Every method with a body that may change something (POST, PUT, PATCH) carries
+        // JSON: a form a foreign page posts cannot be one.
+        if matches!(*method, Method::POST | Method::PUT | Method::PATCH) {
             let json = headers
                 .get(header::CONTENT_TYPE)
                 .and_then(|v| v.to_str().ok())

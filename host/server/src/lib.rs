@@ -82,7 +82,7 @@ impl Default for Limits {
             connections: 256,
             streams: 64,
             sessions: 16,
-            executions: 8,
+            executions: trellis_runner::runtime::DEFAULT_MAX_RUNNING,
         }
     }
 }
@@ -156,6 +156,9 @@ impl std::fmt::Debug for LiveSession {
 /// The workspaces of a server by name, the first first.
 pub type Workspaces = Arc<Vec<(String, Arc<App>)>>;
 
+/// Sessions let go whose event numbers a server remembers (then it starts again).
+const EVICTED_KEPT: usize = 10_000;
+
 /// The state the handlers of one workspace share.
 pub struct App {
     /// The workspace folder.
@@ -174,6 +177,8 @@ pub struct App {
     sessions: Mutex<HashMap<String, Arc<LiveSession>>>,
     /// The session of the latest query.
     last_session: Mutex<Option<Arc<LiveSession>>>,
+    /// The last event number of each session let go to make room, for its restore.
+    evicted: Mutex<HashMap<String, u64>>,
     max_sessions: usize,
     /// Set while a builder turn runs on the workspace.
     busy: AtomicBool,
@@ -210,6 +215,30 @@ impl App {
             .ok_or_else(|| unknown_workspace(given, &peers))
     }
 
+    /// The executions of this workspace (the runtime runs every served workspace's).
+    pub(crate) fn executions_here(&self) -> Vec<trellis_runner::runtime::ExecutionInfo> {
+        self.runtime
+            .list()
+            .into_iter()
+            .filter(|e| e.workspace == self.root)
+            .collect()
+    }
+
+    /// Execution `id` when it is this workspace's; `404` else (another workspace's too).
+    pub(crate) fn execution_here(
+        &self,
+        id: &str,
+    ) -> Result<trellis_runner::runtime::ExecutionId, ApiError> {
+        let id = trellis_runner::runtime::ExecutionId::from(id);
+        if self.executions_here().iter().any(|e| e.id == id) {
+            Ok(id)
+        } else {
+            Err(ApiError::not_found(format!(
+                "no execution {id} on this workspace"
+            )))
+        }
+    }
+
     /// The workspace's handle; `500` when its folder cannot be opened.
     pub(crate) fn workspace_fs(&self) -> Result<trellis_sandbox::store::WorkspaceFs, ApiError> {
         trellis_sandbox::store::WorkspaceFs::open(&self.root).map_err(|e| {
@@ -234,8 +263,15 @@ impl App {
                 .iter()
                 .find(|(_, live)| live.session.try_lock().is_ok())
                 .map(|(id, _)| id.clone());
-            if let Some(idle) = idle {
-                sessions.remove(&idle);
+            if let Some(idle) = idle
+                && let Some(gone) = sessions.remove(&idle)
+            {
+                // Restored later, its events go on from where they were.
+                let mut numbers = self.evicted.lock().unwrap_or_else(|e| e.into_inner());
+                if numbers.len() >= EVICTED_KEPT {
+                    numbers.clear();
+                }
+                numbers.insert(idle, gone.log.last());
             }
         }
         if sessions.len() >= self.max_sessions {
@@ -249,7 +285,18 @@ impl App {
                 ),
             ));
         }
-        let log = Arc::new(EventLog::for_workspace(&self.root));
+        let resumed = id.and_then(|id| {
+            self.evicted
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(id)
+                .copied()
+        });
+        let log = EventLog::for_workspace(&self.root);
+        let log = Arc::new(match resumed {
+            Some(last) => log.numbered_from(last + 1),
+            None => log,
+        });
         let sink = log.clone();
         let executions = Arc::new(Mutex::new(BTreeSet::new()));
         let (watcher, started) = (self.watcher.clone(), executions.clone());
@@ -360,12 +407,20 @@ pub fn router(app: Arc<App>) -> Router {
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 async fn guarded(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
-    let mut response = match admitted(&app, request).await {
-        Ok(request) => next.run(request).await,
-        Err(refusal) => refusal.into_response(),
+    let (mut response, refused) = match admitted(&app, request).await {
+        Ok(request) => (next.run(request).await, false),
+        Err(refusal) => (refusal.into_response(), true),
     };
-    // No other site may frame the page (to trick clicks on its buttons).
     let headers = response.headers_mut();
+    // A refused request (no token, a foreign Host or Origin, a slow body) ends its
+    // connection: a client without the token cannot keep one of the server's slots.
+    if refused {
+        headers.insert(
+            axum::http::header::CONNECTION,
+            axum::http::HeaderValue::from_static("close"),
+        );
+    }
+    // No other site may frame the page (to trick clicks on its buttons).
     headers.insert(
         axum::http::header::X_FRAME_OPTIONS,
         axum::http::HeaderValue::from_static("DENY"),
@@ -480,6 +535,7 @@ pub async fn serve(options: ServerOptions, bound: impl FnOnce(SocketAddr)) -> Re
             factory: served.sessions,
             sessions: Mutex::default(),
             last_session: Mutex::default(),
+            evicted: Mutex::default(),
             max_sessions: limits.sessions,
             busy: AtomicBool::new(false),
             queries: AtomicU64::new(0),
@@ -577,7 +633,14 @@ impl tower_service::Service<hyper::Request<hyper::body::Incoming>> for Dispatch 
             {
                 Ok(()) => unknown_workspace(named.as_deref().unwrap_or_default(), &self.apps)
                     .into_response(),
-                Err(refusal) => refusal.into_response(),
+                Err(refusal) => {
+                    let mut answer = refusal.into_response();
+                    answer.headers_mut().insert(
+                        axum::http::header::CONNECTION,
+                        axum::http::HeaderValue::from_static("close"),
+                    );
+                    answer
+                }
             };
             return Box::pin(async move { Ok(answer) });
         };

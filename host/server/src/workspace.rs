@@ -207,9 +207,12 @@ pub async fn db_query(
 /// JSON values `GET /api/workflow/changelog` parses for one answer, all days together.
 pub const CHANGELOG_VALUES: usize = trellis_sandbox::json_values::MAX_FILE_VALUES / 2;
 
+/// Bytes of day files `GET /api/workflow/changelog` reads for one answer, all days together.
+pub const CHANGELOG_BYTES: u64 = 16 << 20;
+
 /// `GET /api/workflow/changelog`: the plan edits of the last days with changes, newest day
-/// first (`planning/changelog/changelog-<day>.json`), within [`CHANGELOG_VALUES`]: a day
-/// past what is left is named, not read.
+/// first (`planning/changelog/changelog-<day>.json`), within [`CHANGELOG_VALUES`] and
+/// [`CHANGELOG_BYTES`]: a day past what is left is named, not read.
 pub async fn changelog(State(app): State<Arc<App>>) -> ApiResult {
     let fs = app.workspace_fs()?.with_work(trellis_builder::call_work());
     blocking_read(&app, move || changelog_days(&fs)).await?
@@ -231,6 +234,7 @@ fn changelog_days(fs: &trellis_sandbox::store::WorkspaceFs) -> ApiResult {
     days.sort_unstable_by(|a, b| b.cmp(a));
     let mut files = Vec::new();
     let mut values_left = CHANGELOG_VALUES;
+    let mut bytes_left = CHANGELOG_BYTES;
     for name in days.iter().take(CHANGELOG_DAYS) {
         let rel = format!("{CHANGELOG_DIR}/{name}");
         let path = std::path::Path::new(&rel);
@@ -238,6 +242,15 @@ fn changelog_days(fs: &trellis_sandbox::store::WorkspaceFs) -> ApiResult {
             files.push(json!({"file": rel, "error": "refused: it has other hard links"}));
             continue;
         }
+        let len = fs.metadata_len(path).unwrap_or(0);
+        if len > bytes_left {
+            files.push(json!({"file": rel, "error": format!(
+                "not read: {len} bytes, more than the {bytes_left} left of the {CHANGELOG_BYTES} \
+                 one answer reads"
+            )}));
+            continue;
+        }
+        bytes_left -= len;
         let entry = match read_entries_within(fs, path, &mut values_left) {
             Ok(entries) => json!({"file": rel, "entries": entries}),
             Err(e) => json!({"file": rel, "error": e.to_string()}),
