@@ -277,9 +277,11 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
     let run = run?;
     for unit in &run.units {
         match &unit.group {
+            // A group's name comes from the workspace (variables/variables.json): escaped.
             Some(g) => println!(
-                "outputs of group {g}: {}",
-                unit.run_dir.join("execution").display()
+                "outputs of group {}: {}",
+                shown(g),
+                shown(&unit.run_dir.join("execution").display().to_string())
             ),
             None => println!("outputs: {}", unit.run_dir.join("execution").display()),
         }

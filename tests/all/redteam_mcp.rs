@@ -1297,3 +1297,60 @@ fn assert_flood_kept_out(ws: &Path, llm: &FakeServer) {
         "the model saw the flood"
     );
 }
+
+/// A stdio client that sent requests and never read the answers made `mcp serve` queue
+/// every answer: 2M pings took it to 2.2 GB (round 8). Now the server stops reading the
+/// client's messages while 64 answers wait, so the client's writes block instead.
+#[test]
+fn serve_over_stdio_stops_reading_a_client_that_reads_no_answers() {
+    let tree = Tree::new();
+    let (root, plugins) = (tree.root(), tree.plugins());
+    let mut child = trellis_command(&[
+        "mcp",
+        "serve",
+        "--root",
+        root.to_str().unwrap(),
+        "--read",
+        "shared",
+        "--plugins",
+        plugins.to_str().unwrap(),
+    ])
+    .env("TRELLIS_CACHE_DIR", cache_dir())
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    // Held, never read: the pipe fills and the server's writes wait.
+    let _stdout = child.stdout.take().unwrap();
+    let sent = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = sent.clone();
+    let total = 300_000;
+    std::thread::spawn(move || {
+        let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                       "clientInfo": {"name": "redteam", "version": "1"}}});
+        let _ = writeln!(stdin, "{init}");
+        let _ = writeln!(
+            stdin,
+            r#"{{"jsonrpc":"2.0","method":"notifications/initialized"}}"#
+        );
+        for i in 1..=total {
+            if writeln!(stdin, r#"{{"jsonrpc":"2.0","id":{i},"method":"ping"}}"#).is_err() {
+                return;
+            }
+            counter.store(i, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    std::thread::sleep(Duration::from_secs(8));
+    let written = sent.load(std::sync::atomic::Ordering::SeqCst);
+    let rss = rss_kib(child.id());
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        written < total / 10,
+        "the client wrote {written} of {total} pings unhindered"
+    );
+    assert!(rss < 150 << 10, "the server holds {rss} KiB");
+}

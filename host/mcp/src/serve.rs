@@ -272,8 +272,12 @@ impl ToolServer {
         R: tokio::io::AsyncRead + Send + Unpin + 'static,
         W: tokio::io::AsyncWrite + Send + Unpin + 'static,
     {
+        let unread = std::sync::Arc::new(stdio_lines::Unread::default());
         let running = self
-            .serve((stdio_lines::bounded_lines(reader), writer))
+            .serve((
+                stdio_lines::paced_lines(reader, unread.clone()),
+                stdio_lines::CountingWriter::new(writer, unread),
+            ))
             .await
             .context("starting the MCP session on stdio")?;
         running.waiting().await.context("serving MCP on stdio")?;

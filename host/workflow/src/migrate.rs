@@ -68,6 +68,9 @@ impl fmt::Display for MigrationBlocked {
     }
 }
 
+/// Bytes of scripts a migration copies into `code/<step>/main.py`, all steps together.
+pub const MAX_SCRIPT_COPY_BYTES: u64 = 256 << 20;
+
 /// Why a migration did not complete.
 #[derive(Debug, thiserror::Error)]
 pub enum MigrationError {
@@ -384,6 +387,33 @@ pub fn migrate_message_sequence_code_items(
         return Err(MigrationError::Invalid(diags));
     }
 
+    // Each converted step gets its own copy of its script: what they come to together is
+    // bounded before anything is written (one big script named by many items would
+    // otherwise be copied for each).
+    let copies: u64 = plans
+        .iter()
+        .flat_map(|(_, units)| units)
+        .map(|u| {
+            fs.metadata_len(root.join(s(u.item, "script_path").unwrap_or_default()))
+                .unwrap_or(0)
+        })
+        .fold(0, u64::saturating_add);
+    if copies > MAX_SCRIPT_COPY_BYTES {
+        let mut too_big = Diagnostics::new();
+        too_big.push(Diagnostic {
+            file: PLAN_FILE.to_string(),
+            json_path: String::new(),
+            step_id: None,
+            message: format!(
+                "the migration would write {copies} bytes of scripts (one copy per converted \
+                 step in code/<step>/main.py), more than the {MAX_SCRIPT_COPY_BYTES} it \
+                 writes; nothing was changed. Make the scripts smaller, or have fewer items \
+                 name the same big script"
+            ),
+            severity: Severity::Error,
+        });
+        return Err(MigrationError::Invalid(too_big));
+    }
     // Write: scripts first (new files), then config, plan, and the contract stamps.
     for (_, units) in &plans {
         for u in units {

@@ -3,7 +3,12 @@
 //! eight million values), so a line over [`MAX_BODY_VALUES`] values or [`MAX_LINE_BYTES`]
 //! bytes is never handed on whole.
 
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader, DuplexStream};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, DuplexStream};
 
 use super::MAX_BODY_VALUES;
 use trellis_sandbox::json_values::ValueCounter;
@@ -15,9 +20,89 @@ pub const MAX_LINE_BYTES: usize = 16 << 20;
 /// answers with an `Invalid Request` error, so the client hears that its message went nowhere.
 const REFUSED_LINE: &[u8] = b"{\"refused\":\"message over the size cap of trellis mcp serve\"}\n";
 
+/// Requests of the client whose answers it has not taken yet, at most: past it, its next
+/// messages are not read until it reads (a client that never reads cannot make the server
+/// queue answers without end).
+pub const MAX_UNREAD_ANSWERS: u64 = 64;
+
+/// The client's requests handed on and the lines written back to it, for pacing.
+#[derive(Debug, Default)]
+pub(super) struct Unread {
+    requests: AtomicU64,
+    answers: AtomicU64,
+    changed: tokio::sync::Notify,
+}
+
+impl Unread {
+    /// Waits while [`MAX_UNREAD_ANSWERS`] requests are answered but the answers not written.
+    async fn room(&self) {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let waiting = self
+                .requests
+                .load(Ordering::SeqCst)
+                .saturating_sub(self.answers.load(Ordering::SeqCst));
+            if waiting < MAX_UNREAD_ANSWERS {
+                return;
+            }
+            changed.await;
+        }
+    }
+}
+
+/// `writer`, counting the lines written through it into `unread`.
+pub(super) struct CountingWriter<W> {
+    inner: W,
+    unread: Arc<Unread>,
+}
+
+impl<W> CountingWriter<W> {
+    pub(super) fn new(inner: W, unread: Arc<Unread>) -> Self {
+        CountingWriter { inner, unread }
+    }
+}
+
+impl<W: AsyncWrite + Unpin> AsyncWrite for CountingWriter<W> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let written = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = &written {
+            let lines = buf[..*n].iter().filter(|&&b| b == b'\n').count() as u64;
+            if lines > 0 {
+                self.unread.answers.fetch_add(lines, Ordering::SeqCst);
+                self.unread.changed.notify_waiters();
+            }
+        }
+        written
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
 /// The client's messages as read from `reader`, a refused line replaced by one rmcp answers
 /// with an error. The lines are copied by a task of their own, one at a time.
+#[cfg(test)]
 pub(super) fn bounded_lines<R>(reader: R) -> DuplexStream
+where
+    R: AsyncRead + Send + Unpin + 'static,
+{
+    paced_lines(reader, Arc::default())
+}
+
+/// [`bounded_lines`], and a request (a line with an `"id"`) is handed on only while fewer
+/// than [`MAX_UNREAD_ANSWERS`] answers wait to be written ([`CountingWriter`] counts them).
+pub(super) fn paced_lines<R>(reader: R, unread: Arc<Unread>) -> DuplexStream
 where
     R: AsyncRead + Send + Unpin + 'static,
 {
@@ -28,6 +113,10 @@ where
         loop {
             match read_line(&mut reader, &mut line).await {
                 Ok(Line::Whole) => {
+                    if line.windows(4).any(|w| w == b"\"id\"") {
+                        unread.room().await;
+                        unread.requests.fetch_add(1, Ordering::SeqCst);
+                    }
                     if to_rmcp.write_all(&line).await.is_err() {
                         return;
                     }
