@@ -296,3 +296,114 @@ fn a_restored_session_numbers_its_events_on() {
         "{resumed:?}"
     );
 }
+
+/// `runs show` read every turn log whole with no total budget: 200 hard links to one 60 MiB
+/// log took 74 s of CPU (round 8, host finding F2). A listing or a show now reads 1 GiB at
+/// most (a file at its length, each link again).
+#[test]
+fn runs_show_reads_within_one_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path();
+    write_files(
+        ws,
+        &[(
+            "planning/plan.json",
+            json!({"objective": "o", "steps": [
+                {"id": "a", "type": "regular", "title": "A", "description": "d"}]})
+            .to_string(),
+        )],
+    );
+    let logs = ws.join("runs/iteration-0/logs/a/execution");
+    std::fs::create_dir_all(&logs).unwrap();
+    std::fs::create_dir_all(ws.join("runs/iteration-0/execution/a")).unwrap();
+    let first = logs.join("execution-attempt-1-iteration-1.json");
+    let log = json!({"step_id": "a", "item_id": "i1", "entry_id": "i1", "attempt": 1,
+        "iteration": 1, "provider": "openai", "model_id": "m", "status": "failed",
+        "error": "e".repeat(60 << 20), "started_at": "2026-12-03T17:32:59.735Z",
+        "completed_at": "2026-12-03T17:33:06.744Z", "duration_ms": 1, "llm_duration_ms": 1,
+        "tool_duration_ms": 0, "llm_call_count": 1, "tool_call_count": 0,
+        "tool_error_count": 0, "prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0});
+    std::fs::write(&first, log.to_string()).unwrap();
+    for n in 2..=40 {
+        std::fs::hard_link(
+            &first,
+            logs.join(format!("execution-attempt-1-iteration-{n}.json")),
+        )
+        .unwrap();
+    }
+    let out = support::trellis(&["runs", "show", ws.to_str().unwrap(), "a"]);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("budget of 1073741824 bytes of host reads"),
+        "{text:.3000}"
+    );
+}
+
+/// Past the 100th changelog file of a day, edits went on in the last one, which grew past
+/// what its reader takes, each edit rewriting it whole (round 8, host finding F3). With
+/// every file of the day full, an edit is now refused, nothing written.
+#[test]
+fn an_edit_is_refused_when_the_days_changelog_files_are_all_full() {
+    let llm = FakeServer::start(Box::new(|body| {
+        let answered = body["messages"]
+            .as_array()
+            .is_some_and(|m| m.iter().any(|m| m["role"] == "tool"));
+        if answered {
+            (200, completion("done", &[]))
+        } else {
+            (
+                200,
+                completion(
+                    "",
+                    &[(
+                        "update_variable",
+                        json!({"reason": "r", "action": "add", "name": "V", "value": "x"}),
+                    )],
+                ),
+            )
+        }
+    }));
+    let dir = tempfile::tempdir().unwrap();
+    let ws = workspace(dir.path(), "ws", &llm, &["a"], json!({}));
+    let day: String = trellis_runner::session::now_rfc3339()
+        .chars()
+        .take(10)
+        .collect();
+    let logs = ws.join("planning/changelog");
+    std::fs::create_dir_all(&logs).unwrap();
+    for n in 1..=100 {
+        let name = if n == 1 {
+            format!("changelog-{day}.json")
+        } else {
+            format!("changelog-{day}-{n}.json")
+        };
+        std::fs::File::create(logs.join(name))
+            .unwrap()
+            .set_len(4 << 20)
+            .unwrap();
+    }
+    let before = std::fs::read(ws.join("workflow.json")).unwrap();
+    let out = support::trellis(&[
+        "builder",
+        ws.to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
+        "-m",
+        "go",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let result = &llm.last_tool_results()[0].1;
+    assert!(
+        result.contains("refused: today's changelog fills its 100 files"),
+        "{result}"
+    );
+    assert_eq!(std::fs::read(ws.join("workflow.json")).unwrap(), before);
+}

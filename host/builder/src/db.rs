@@ -66,9 +66,16 @@ pub async fn call(ctx: &ToolContext<'_>, name: &str, args: &Value) -> ToolResult
         (MUTATE_WORKFLOW_DB, args.clone(), true)
     };
     let grant = grant(ctx, writable)?;
-    db_tools::call(tool, args, Some(grant), ctx.limits, ctx.turn_writes)
-        .await
-        .map_err(|e| ToolFailure::new(format!("{name}: {e}")))
+    ctx.check_time()?;
+    db_tools::call(
+        tool,
+        args,
+        Some(grant),
+        &ctx.limits_in_time(),
+        ctx.turn_writes,
+    )
+    .await
+    .map_err(|e| ToolFailure::new(format!("{name}: {e}")))
 }
 
 /// The grant on the workspace's database: `db/` a folder, `db/db.sqlite` a regular file.

@@ -291,6 +291,14 @@ impl ToolContext<'_> {
             .map_err(|e| ToolFailure::new(e.to_string()))
     }
 
+    /// The call's bounds, its timeout no later than its host-work deadline: a plugin or
+    /// database call it makes ends by the deadline of the call (and of the turn).
+    pub fn limits_in_time(&self) -> Limits {
+        let mut limits = *self.limits;
+        limits.timeout = limits.timeout.min(self.work.time_left());
+        limits
+    }
+
     /// A failure when the call's deadline has passed.
     pub fn check_time(&self) -> Result<(), ToolFailure> {
         self.work

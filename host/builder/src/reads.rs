@@ -645,6 +645,7 @@ fn read_workflow_config(ctx: &ToolContext<'_>) -> ToolResult {
 
 async fn query_database(ctx: &ToolContext<'_>, args: &Value) -> ToolResult {
     let grant = super::db::grant(ctx, false)?;
+    ctx.check_time()?;
     let mut query = Map::new();
     for key in ["sql", "params", "max_rows"] {
         if let Some(v) = args.get(key) {
@@ -655,7 +656,7 @@ async fn query_database(ctx: &ToolContext<'_>, args: &Value) -> ToolResult {
         db_tools::QUERY_WORKFLOW_DB,
         Value::Object(query),
         Some(grant),
-        ctx.limits,
+        &ctx.limits_in_time(),
         ctx.turn_writes,
     )
     .await

@@ -159,7 +159,7 @@ pub fn list_runs(root: &Path) -> Result<Vec<RunListing>> {
     if !root.is_dir() {
         return Ok(Vec::new());
     }
-    let fs = &WorkspaceFs::open(root)?;
+    let fs = &reader(root)?;
     let runs = root.join("runs");
     if fs.kind(&runs)?.is_none() {
         return Ok(Vec::new());
@@ -245,6 +245,22 @@ fn listing(
     Ok(RunListing { run_folder, steps })
 }
 
+/// Bytes of run files one listing or one `show` reads at most (a file counted at its
+/// length, every hard link of it again), and the seconds it may work.
+pub const READ_BYTES: u64 = 1 << 30;
+const READ_SECONDS: u64 = 60;
+
+/// The workspace, its reads charged to one budget of [`READ_BYTES`].
+fn reader(root: &Path) -> Result<WorkspaceFs> {
+    Ok(WorkspaceFs::open(root)?.with_work(std::sync::Arc::new(
+        trellis_sandbox::store::HostWork::new(
+            "this command",
+            READ_BYTES,
+            std::time::Duration::from_secs(READ_SECONDS),
+        ),
+    )))
+}
+
 /// What a step whose session.json says `running` is when no process holds the workspace
 /// lock: its run was killed (the OS dropped the lock), so the step never ends.
 pub const INTERRUPTED: &str = "interrupted";
@@ -323,7 +339,7 @@ pub fn show_step(root: &Path, run: &str, step: &str) -> Result<StepReport> {
     trellis_workflow::check_run_selection(run).map_err(|e| anyhow::anyhow!("--run: {e}"))?;
     trellis_sandbox::store::check_relative(step)
         .map_err(|e| anyhow::anyhow!("step {step:?}: {e}"))?;
-    let fs = &WorkspaceFs::open(root)?;
+    let fs = &reader(root)?;
     let run_dir = root.join("runs").join(run);
     if !fs.is_dir(&run_dir) {
         fs.kind(&run_dir)?;

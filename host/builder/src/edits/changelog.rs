@@ -37,8 +37,8 @@ const ENTRY_CHANGES: usize = 5_000;
 /// An old or new value a summarised change keeps whole: at most this much JSON.
 const SUMMARY_VALUE_BYTES: usize = 256;
 
-/// Files a day's changelog goes on in, at most.
-const CHANGELOG_FILES_A_DAY: u32 = 100;
+/// Files a day's changelog goes on in, at most: past them, edits are refused for the day.
+pub const CHANGELOG_FILES_A_DAY: u32 = 100;
 
 /// The file the next entry of the day of `timestamp` goes in: the day's file, or once it
 /// holds [`CHANGELOG_FILE_BYTES`] or [`CHANGELOG_FILE_VALUES`], `changelog-<day>-2.json`,
@@ -59,7 +59,7 @@ pub fn changelog_file(fs: &WorkspaceFs, timestamp: &str) -> PathBuf {
 
 /// Whether the changelog file `rel` takes no more entries: [`CHANGELOG_FILE_BYTES`] long,
 /// or holding [`CHANGELOG_FILE_VALUES`] values.
-fn is_full(fs: &WorkspaceFs, rel: &Path) -> bool {
+pub(super) fn is_full(fs: &WorkspaceFs, rel: &Path) -> bool {
     match fs.metadata_len(rel) {
         None => false,
         Some(len) if len >= CHANGELOG_FILE_BYTES => true,

@@ -299,6 +299,19 @@ impl Draft {
         }
         let timestamp = now_rfc3339();
         let log = changelog::changelog_file(&self.fs, &timestamp);
+        // Every file of the day full: the edit is not written rather than one file growing
+        // past what its reader takes, each edit rewriting it whole.
+        if changelog::is_full(&self.fs, &log) {
+            return Err(ToolFailure::new(format!(
+                "refused: today's changelog fills its {} files ({} is full: {} bytes or {} \
+                 JSON values); nothing was written. Move the day's changelog files out of \
+                 planning/changelog/, then retry",
+                changelog::CHANGELOG_FILES_A_DAY,
+                log.display(),
+                changelog::CHANGELOG_FILE_BYTES,
+                changelog::CHANGELOG_FILE_VALUES
+            )));
+        }
         changelog::read_entries(&self.fs, &log).map_err(|e| ToolFailure::new(e.to_string()))?;
 
         // Plan last: a crash part way leaves the plan as it was, its scripts and configs

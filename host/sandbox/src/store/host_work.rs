@@ -49,6 +49,11 @@ impl HostWork {
         self.asked.load(Ordering::Relaxed).min(self.read_cap)
     }
 
+    /// The time left before the deadline (zero past it).
+    pub fn time_left(&self) -> Duration {
+        self.time.saturating_sub(self.started.elapsed())
+    }
+
     /// An error when the deadline has passed.
     pub fn check_time(&self) -> io::Result<()> {
         if self.started.elapsed() > self.time {
@@ -110,6 +115,14 @@ mod tests {
         assert_eq!(work.bytes_used(), 100, "a refused read uses the budget up");
         work.charge_read(Path::new("c"), 40).unwrap();
         assert_eq!(work.bytes_read(), 100);
+    }
+
+    #[test]
+    fn the_time_left_runs_down_to_zero() {
+        let work = HostWork::new("this call", 100, Duration::from_secs(60));
+        assert!(work.time_left() > Duration::from_secs(59));
+        let done = HostWork::new("this call", 100, Duration::ZERO);
+        assert_eq!(done.time_left(), Duration::ZERO);
     }
 
     #[test]
