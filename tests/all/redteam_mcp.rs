@@ -1354,3 +1354,44 @@ fn serve_over_stdio_stops_reading_a_client_that_reads_no_answers() {
     );
     assert!(rss < 150 << 10, "the server holds {rss} KiB");
 }
+
+/// A server that sent `roots/list` requests during a call, 600,000 of them, grew the host to
+/// 2.1 GB (round 8). Past 1,000 requests of its own a server is disconnected, its call failed.
+#[test]
+fn a_server_flooding_requests_of_its_own_is_disconnected() {
+    let dir = tempfile::tempdir().unwrap();
+    let started = dir.path().join("started");
+    let config = fixture_file(dir.path(), &started);
+    let llm = FakeServer::start(Box::new(|body| {
+        let answered = body["messages"]
+            .as_array()
+            .is_some_and(|m| m.iter().any(|m| m["role"] == "tool"));
+        if answered {
+            (200, completion("done", &[]))
+        } else {
+            (
+                200,
+                completion("", &[("fx__roots_flood", json!({"count": 5000}))]),
+            )
+        }
+    }));
+    let ws = dir.path().join("ws");
+    workspace(&ws, json!({"selected_servers": ["fx"]}), &llm);
+    let out = with_servers(&["run", ws.to_str().unwrap()], &config)
+        .output()
+        .unwrap();
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let results = llm.last_tool_results();
+    assert_eq!(results.len(), 1, "{all}");
+    assert!(
+        results[0]
+            .1
+            .contains("sent more than 1000 requests of its own"),
+        "{}",
+        results[0].1
+    );
+}

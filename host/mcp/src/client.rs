@@ -103,8 +103,93 @@ pub struct McpTool {
     pub input_schema: Value,
 }
 
+/// Requests a server may send the host (`roots/list`, `ping`, sampling, elicitation) over
+/// its whole connection: past them it is disconnected, its call failing, so a flood of them
+/// cannot grow the host.
+pub const MAX_SERVER_REQUESTS: u64 = 1000;
+
+/// The host's side of a server's requests: answered as rmcp's plain client does (no roots,
+/// no sampling, no elicitation), each counted; past [`MAX_SERVER_REQUESTS`] the
+/// connection is ended (`over` fires) and each further one refused.
+#[derive(Clone, Default)]
+struct Limited {
+    requests: Arc<std::sync::atomic::AtomicU64>,
+    over: tokio_util::sync::CancellationToken,
+}
+
+impl Limited {
+    fn count(&self) -> Result<(), rmcp::ErrorData> {
+        if self.requests.fetch_add(1, Ordering::SeqCst) >= MAX_SERVER_REQUESTS {
+            self.over.cancel();
+            return Err(rmcp::ErrorData::internal_error(
+                format!("more than {MAX_SERVER_REQUESTS} requests from the server"),
+                None,
+            ));
+        }
+        Ok(())
+    }
+}
+
+// Roots and sampling are deprecated in the protocol; a server may still ask for them.
+#[allow(deprecated)]
+impl rmcp::ClientHandler for Limited {
+    async fn ping(
+        &self,
+        _context: rmcp::service::RequestContext<RoleClient>,
+    ) -> Result<(), rmcp::ErrorData> {
+        self.count()
+    }
+
+    async fn create_message(
+        &self,
+        _params: rmcp::model::CreateMessageRequestParams,
+        _context: rmcp::service::RequestContext<RoleClient>,
+    ) -> Result<rmcp::model::CreateMessageResult, rmcp::ErrorData> {
+        self.count()?;
+        Err(rmcp::ErrorData::method_not_found::<
+            rmcp::model::CreateMessageRequestMethod,
+        >())
+    }
+
+    async fn list_roots(
+        &self,
+        _context: rmcp::service::RequestContext<RoleClient>,
+    ) -> Result<rmcp::model::ListRootsResult, rmcp::ErrorData> {
+        self.count()?;
+        Ok(rmcp::model::ListRootsResult::default())
+    }
+
+    async fn create_elicitation(
+        &self,
+        _request: rmcp::model::ElicitRequestParams,
+        _context: rmcp::service::RequestContext<RoleClient>,
+    ) -> Result<rmcp::model::ElicitResult, rmcp::ErrorData> {
+        self.count()?;
+        Err(rmcp::ErrorData::new(
+            rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+            "elicitation: the host answers no questions of a server",
+            None,
+        ))
+    }
+
+    async fn on_custom_request(
+        &self,
+        request: rmcp::model::CustomRequest,
+        _context: rmcp::service::RequestContext<RoleClient>,
+    ) -> Result<rmcp::model::CustomResult, rmcp::ErrorData> {
+        self.count()?;
+        Err(rmcp::ErrorData::new(
+            rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+            request.method,
+            None,
+        ))
+    }
+}
+
 struct Running {
-    service: RunningService<RoleClient, ()>,
+    service: RunningService<RoleClient, Limited>,
+    /// Fires when the server sent more requests than the host answers.
+    over: tokio_util::sync::CancellationToken,
     tools: Vec<McpTool>,
     /// A stdio server's process, killed when dropped.
     process: Option<tokio::process::Child>,
@@ -177,8 +262,9 @@ impl McpServers {
         W: tokio::io::AsyncWrite + Send + Unpin + 'static,
     {
         let oversized = Arc::new(AtomicBool::new(false));
-        let service = over_lines(reader, writer, &oversized).await?;
-        let running = listed(key, service, None, oversized).await?;
+        let limited = Limited::default();
+        let service = over_lines(reader, writer, &oversized, limited.clone()).await?;
+        let running = listed(key, service, None, oversized, limited.over).await?;
         let mut servers = McpServers::none();
         servers.running.insert(normalize_tool_name(key), running);
         Ok(servers)
@@ -253,8 +339,18 @@ impl McpServers {
             other => return Err(format!("the arguments must be a JSON object, not {other}")),
         };
         let params = CallToolRequestParams::new(tool.name.clone()).with_arguments(arguments);
-        let result = tokio::time::timeout(CALL_TIMEOUT, running.service.call_tool(params))
-            .await
+        let call = tokio::time::timeout(CALL_TIMEOUT, running.service.call_tool(params));
+        let result = tokio::select! {
+            biased;
+            () = running.over.cancelled() => {
+                return Err(format!(
+                    "MCP server {server:?} sent more than {MAX_SERVER_REQUESTS} requests of its \
+                     own (roots, sampling, pings): it is disconnected for the rest of the run"
+                ));
+            }
+            result = call => result,
+        };
+        let result = result
             .map_err(|_| {
                 format!(
                     "MCP server {server:?}: no answer within {} s",
@@ -439,6 +535,7 @@ async fn log_stderr(key: String, mut stderr: impl tokio::io::AsyncRead + Unpin) 
 
 async fn start_one(key: &str, server: &ServerConfig) -> Result<Running> {
     let oversized = Arc::new(AtomicBool::new(false));
+    let limited = Limited::default();
     let mut process = None;
     let service = match &server.transport {
         Transport::Stdio { command, args, env } => {
@@ -459,7 +556,7 @@ async fn start_one(key: &str, server: &ServerConfig) -> Result<Running> {
                 tokio::spawn(log_stderr(key.to_string(), stderr));
             }
             process = Some(child);
-            over_lines(stdout, stdin, &oversized).await?
+            over_lines(stdout, stdin, &oversized, limited.clone()).await?
         }
         Transport::Http { url, headers } => {
             let mut custom = std::collections::HashMap::new();
@@ -474,12 +571,14 @@ async fn start_one(key: &str, server: &ServerConfig) -> Result<Running> {
                 http_client(url)?,
                 StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(custom),
             );
-            ().serve(transport)
+            limited
+                .clone()
+                .serve(transport)
                 .await
                 .map_err(|e| anyhow!("connecting to {url}: {e}"))?
         }
     };
-    listed(key, service, process, oversized).await
+    listed(key, service, process, oversized, limited.over).await
 }
 
 /// The client side of a stdio server's pipes: what it sends read a line at a time, each at
@@ -488,7 +587,8 @@ async fn over_lines<R, W>(
     reader: R,
     writer: W,
     oversized: &Arc<AtomicBool>,
-) -> Result<RunningService<RoleClient, ()>>
+    limited: Limited,
+) -> Result<RunningService<RoleClient, Limited>>
 where
     R: AsyncRead + Send + Unpin + 'static,
     W: tokio::io::AsyncWrite + Send + Unpin + 'static,
@@ -503,7 +603,8 @@ where
     // The cap is LineCap's, which refuses a long line instead of skipping it.
     let transport =
         AsyncRwTransport::<RoleClient, _, _>::new(reader, writer).with_max_line_length(usize::MAX);
-    ().serve(transport)
+    limited
+        .serve(transport)
         .await
         .map_err(|e| anyhow!("initializing: {e}"))
 }
@@ -511,9 +612,10 @@ where
 /// A started server with the tools it lists.
 async fn listed(
     key: &str,
-    service: RunningService<RoleClient, ()>,
+    service: RunningService<RoleClient, Limited>,
     process: Option<tokio::process::Child>,
     oversized: Arc<AtomicBool>,
+    over: tokio_util::sync::CancellationToken,
 ) -> Result<Running> {
     let tools = list_tools(&service)
         .await?
@@ -527,6 +629,7 @@ async fn listed(
         .collect();
     Ok(Running {
         service,
+        over,
         tools,
         process,
         oversized,
@@ -538,7 +641,9 @@ async fn listed(
 /// [`MAX_TOOLS`] pages. A server past one (a page after page of tools, a cursor that never
 /// ends) is refused as soon as it crosses it, before more is asked or held: every tool is
 /// offered to the model in every request of the steps that name the server.
-async fn list_tools(service: &RunningService<RoleClient, ()>) -> Result<Vec<rmcp::model::Tool>> {
+async fn list_tools(
+    service: &RunningService<RoleClient, Limited>,
+) -> Result<Vec<rmcp::model::Tool>> {
     let mut tools = Vec::new();
     let (mut bytes, mut pages) = (0usize, 0usize);
     let mut cursor = None;

@@ -73,6 +73,13 @@ def huge_error(size: int) -> str:
     raise ToolError("x" * size)
 
 
+@server.tool(description="Asks the client for its roots `count` times during the call.")
+async def roots_flood(count: int, ctx: Context) -> str:
+    for _ in range(count):
+        await ctx.session.list_roots()
+    return "asked"
+
+
 @server.tool(description="Exits the server in the middle of the call.")
 def die() -> str:
     os._exit(3)
