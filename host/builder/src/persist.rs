@@ -309,19 +309,81 @@ pub const CUT_KEEP_BYTES: usize = 1 << 10;
 
 /// Cuts the oldest messages' payloads (their text, their tool calls' arguments, to
 /// [`CUT_KEEP_BYTES`] each, the cut marked) until the conversation fits
-/// [`MAX_CONVERSATION_BYTES`] and [`MAX_CONVERSATION_VALUES`] as its file writes it. Every
-/// message stays, so turns are never lost and each tool call keeps its answer; a model's
-/// answer of a million values is kept as a line. Returns how many messages were cut.
-pub fn fit(history: &mut [Message], langchain_parts: bool) -> usize {
-    // A file with `parts` writes each message's payload twice.
+/// [`MAX_CONVERSATION_BYTES`] and [`MAX_CONVERSATION_VALUES`] as its file writes it; a model's
+/// answer of a million values is kept as a line. When cutting is not enough (many small
+/// messages), the oldest tool exchanges (an answer's tool calls with their results) go
+/// whole, but the latest [`KEPT_RECENT`] messages: the operator's messages and the agent's
+/// replies always stay, so no turn is lost. Returns how many messages were cut or dropped.
+pub fn fit(history: &mut Vec<Message>, langchain_parts: bool) -> usize {
+    let cut = fit_payloads(history, langchain_parts);
+    cut + drop_old_exchanges(history, langchain_parts)
+}
+
+/// Messages at the end of a conversation [`fit`] never drops.
+pub const KEPT_RECENT: usize = 64;
+
+/// The bytes and values a message costs in its file.
+fn message_cost(m: &Message, langchain_parts: bool) -> (usize, usize) {
     let factor = if langchain_parts { 2 } else { 1 };
-    let cost = |m: &Message| -> (usize, usize) {
-        let bytes = serde_json::to_vec_pretty(m).map(|b| b.len()).unwrap_or(0);
-        let text = serde_json::to_vec(m).unwrap_or_default();
-        let values = trellis_sandbox::json_values::json_values(&text);
-        // Nested two levels deeper in the file: four more bytes of indent per line.
-        (factor * (bytes + 4 * values), factor * values)
-    };
+    let bytes = serde_json::to_vec_pretty(m).map(|b| b.len()).unwrap_or(0);
+    let text = serde_json::to_vec(m).unwrap_or_default();
+    let values = trellis_sandbox::json_values::json_values(&text);
+    (factor * (bytes + 4 * values), factor * values)
+}
+
+fn drop_old_exchanges(history: &mut Vec<Message>, langchain_parts: bool) -> usize {
+    let costs: Vec<(usize, usize)> = history
+        .iter()
+        .map(|m| message_cost(m, langchain_parts))
+        .collect();
+    let mut bytes: usize = costs.iter().map(|c| c.0).sum();
+    let mut values: usize = costs.iter().map(|c| c.1).sum();
+    let fits = |b: usize, v: usize| b <= MAX_CONVERSATION_BYTES && v <= MAX_CONVERSATION_VALUES;
+    if fits(bytes, values) {
+        return 0;
+    }
+    let droppable = history.len().saturating_sub(KEPT_RECENT);
+    let mut keep = vec![true; history.len()];
+    for i in 0..droppable {
+        if fits(bytes, values) {
+            break;
+        }
+        let m = &history[i];
+        let exchange =
+            (m.role == Role::Assistant && !m.tool_calls.is_empty()) || m.role == Role::Tool;
+        if exchange {
+            keep[i] = false;
+            bytes -= costs[i].0;
+            values -= costs[i].1;
+        }
+    }
+    // A tool result whose call went goes too, and a call whose results went: the
+    // conversation a provider reads stays well formed.
+    let mut dropped_calls = std::collections::HashSet::new();
+    for (i, m) in history.iter().enumerate() {
+        if !keep[i] {
+            dropped_calls.extend(m.tool_calls.iter().map(|c| c.id.clone()));
+        }
+    }
+    for (i, m) in history.iter().enumerate() {
+        if m.role == Role::Tool
+            && m.tool_call_id
+                .as_ref()
+                .is_some_and(|id| dropped_calls.contains(id))
+        {
+            keep[i] = false;
+        }
+    }
+    let before = history.len();
+    let mut flags = keep.into_iter();
+    history.retain(|_| flags.next().unwrap_or(true));
+    before - history.len()
+}
+
+fn fit_payloads(history: &mut [Message], langchain_parts: bool) -> usize {
+    // A file with `parts` writes each message's payload twice; nested two levels deeper
+    // in the file, each line takes four more bytes of indent.
+    let cost = |m: &Message| message_cost(m, langchain_parts);
     let costs: Vec<(usize, usize)> = history.iter().map(cost).collect();
     let mut bytes: usize = costs.iter().map(|c| c.0).sum();
     let mut values: usize = costs.iter().map(|c| c.1).sum();
@@ -397,4 +459,55 @@ pub fn save(fs: &WorkspaceFs, rel: &Path, file: &ConversationFile) -> Result<()>
     fs.write_atomic(rel, &bytes)
         .with_context(|| format!("writing {shown}"))?;
     index::record(fs, rel, file)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use trellis_sandbox::llm::ToolCall;
+
+    #[test]
+    fn a_conversation_of_many_small_exchanges_drops_the_oldest_and_keeps_every_turn() {
+        let mut history = Vec::new();
+        for turn in 0..300 {
+            history.push(Message::user(format!("turn {turn}")));
+            for call in 0..64 {
+                let id = format!("c{turn}-{call}");
+                history.push(Message {
+                    role: Role::Assistant,
+                    content: String::new(),
+                    tool_calls: vec![ToolCall {
+                        id: id.clone(),
+                        name: "read_plan".into(),
+                        arguments: r#"{"a":[1,2,3,4,5,6,7,8]}"#.into(),
+                    }],
+                    ..Message::user("")
+                });
+                history.push(Message::tool_result(id, r#"{"error":"no"}"#));
+            }
+        }
+        let before = user_turns(&history);
+        let values = |h: &[Message]| {
+            trellis_sandbox::json_values::json_values(&serde_json::to_vec(h).unwrap())
+        };
+        assert!(
+            values(&history) > MAX_CONVERSATION_VALUES,
+            "{}",
+            values(&history)
+        );
+        assert!(fit(&mut history, false) > 0);
+        assert!(values(&history) <= MAX_CONVERSATION_VALUES);
+        assert_eq!(user_turns(&history), before, "every turn stays");
+        // Every tool result left answers a call left.
+        let calls: std::collections::HashSet<&str> = history
+            .iter()
+            .flat_map(|m| m.tool_calls.iter().map(|c| c.id.as_str()))
+            .collect();
+        assert!(history.iter().filter(|m| m.role == Role::Tool).all(|m| {
+            m.tool_call_id
+                .as_deref()
+                .is_some_and(|id| calls.contains(id))
+        }));
+        assert_eq!(history.last().unwrap().role, Role::Tool, "the latest stay");
+    }
 }
