@@ -1362,19 +1362,7 @@ fn a_server_flooding_requests_of_its_own_is_disconnected() {
     let dir = tempfile::tempdir().unwrap();
     let started = dir.path().join("started");
     let config = fixture_file(dir.path(), &started);
-    let llm = FakeServer::start(Box::new(|body| {
-        let answered = body["messages"]
-            .as_array()
-            .is_some_and(|m| m.iter().any(|m| m["role"] == "tool"));
-        if answered {
-            (200, completion("done", &[]))
-        } else {
-            (
-                200,
-                completion("", &[("fx__roots_flood", json!({"count": 5000}))]),
-            )
-        }
-    }));
+    let llm = support::mcp_servers::asking_for(vec![("fx__roots_flood", json!({"count": 5000}))]);
     let ws = dir.path().join("ws");
     workspace(&ws, json!({"selected_servers": ["fx"]}), &llm);
     let out = with_servers(&["run", ws.to_str().unwrap()], &config)

@@ -348,25 +348,10 @@ fn runs_show_reads_within_one_budget() {
 /// every file of the day full, an edit is now refused, nothing written.
 #[test]
 fn an_edit_is_refused_when_the_days_changelog_files_are_all_full() {
-    let llm = FakeServer::start(Box::new(|body| {
-        let answered = body["messages"]
-            .as_array()
-            .is_some_and(|m| m.iter().any(|m| m["role"] == "tool"));
-        if answered {
-            (200, completion("done", &[]))
-        } else {
-            (
-                200,
-                completion(
-                    "",
-                    &[(
-                        "update_variable",
-                        json!({"reason": "r", "action": "add", "name": "V", "value": "x"}),
-                    )],
-                ),
-            )
-        }
-    }));
+    let llm = support::mcp_servers::asking_for(vec![(
+        "update_variable",
+        json!({"reason": "r", "action": "add", "name": "V", "value": "x"}),
+    )]);
     let dir = tempfile::tempdir().unwrap();
     let ws = workspace(dir.path(), "ws", &llm, &["a"], json!({}));
     let day: String = trellis_runner::session::now_rfc3339()

@@ -299,16 +299,7 @@ fn the_builders_schedule_tools_edit_workflow_json_validated_and_logged() {
             json!({"reason": "r", "schedule_id": "daily"}),
         ),
     ];
-    let llm = FakeServer::start(Box::new(move |body| {
-        let answered = body["messages"]
-            .as_array()
-            .is_some_and(|m| m.iter().any(|m| m["role"] == "tool"));
-        if answered {
-            (200, completion("done", &[]))
-        } else {
-            (200, completion("", &calls))
-        }
-    }));
+    let llm = support::mcp_servers::asking_for(calls);
     let dir = tempfile::tempdir().unwrap();
     let ws = workspace(dir.path(), &llm);
     let out = support::trellis(&[
