@@ -373,3 +373,44 @@ fn the_builders_schedule_tools_edit_workflow_json_validated_and_logged() {
         ]
     );
 }
+
+/// Stopping a firing stopped only its turn: the firing sent its next message, and the next,
+/// holding the workspace (round 9). A stop now ends the firing: `stopped`, its later
+/// messages not sent, the workspace free.
+#[test]
+fn stopping_a_firing_ends_it() {
+    let llm = model();
+    let dir = tempfile::tempdir().unwrap();
+    let ws = workspace(dir.path(), &llm);
+    let mut manifest: Value =
+        serde_json::from_slice(&std::fs::read(ws.join("workflow.json")).unwrap()).unwrap();
+    manifest["schedules"][1]["messages"] = json!(["hang", "run greet"]);
+    std::fs::write(ws.join("workflow.json"), manifest.to_string()).unwrap();
+    let config = dir.path().join("config");
+    let serve = Serve::start_with(
+        &ws,
+        None,
+        &["--allow-host", "127.0.0.1"],
+        &[
+            ("XDG_CONFIG_HOME", config.to_str().unwrap()),
+            ("TRELLIS_SCHEDULER", "off"),
+        ],
+    );
+    let (status, _) = serve.post("/api/scheduler/jobs/slow/trigger", &json!({}));
+    assert_eq!(status, 202);
+    job_until(&serve, "slow", |j| j["firing"] == true);
+    let (_, stopping) = serve.post("/api/scheduler/jobs/slow/stop", &json!({}));
+    assert_eq!(stopping["stopping"], true, "{stopping}");
+    let job = job_until(&serve, "slow", |j| {
+        j["last_run"]["status"]
+            .as_str()
+            .is_some_and(|s| s != "running")
+    });
+    assert_eq!(job["last_run"]["status"], "stopped", "{job}");
+    assert!(
+        !ws.join("runs/iteration-0/execution/greet").exists(),
+        "the next message was not sent"
+    );
+    let (status, ack) = serve.post("/api/query", &json!({"query": "and now?"}));
+    assert_eq!(status, 202, "the workspace is free: {ack}");
+}

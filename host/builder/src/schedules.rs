@@ -111,6 +111,7 @@ pub fn read_runs(fs: &WorkspaceFs) -> Vec<ScheduleRun> {
     match fs.read_json_value(RUNS_FILE) {
         Ok(Value::Array(items)) => items
             .into_iter()
+            .take(MAX_RUNS)
             .filter_map(|v| serde_json::from_value(v).ok())
             .collect(),
         Ok(_) => {
@@ -127,9 +128,19 @@ pub fn read_runs(fs: &WorkspaceFs) -> Vec<ScheduleRun> {
 /// Writes `run` into the history: replacing the entry of its id, else first; at most
 /// [`MAX_RUNS`] kept.
 pub fn record(fs: &WorkspaceFs, run: &ScheduleRun) -> Result<()> {
+    record_all(fs, std::slice::from_ref(run))
+}
+
+/// [`record`] of several entries, the file read and written once.
+pub fn record_all(fs: &WorkspaceFs, new: &[ScheduleRun]) -> Result<()> {
+    if new.is_empty() {
+        return Ok(());
+    }
     let mut runs = read_runs(fs);
-    runs.retain(|r| r.id != run.id);
-    runs.insert(0, run.clone());
+    for run in new {
+        runs.retain(|r| r.id != run.id);
+        runs.insert(0, run.clone());
+    }
     runs.truncate(MAX_RUNS);
     fs.write_json_atomic(RUNS_FILE, &runs)?;
     Ok(())
@@ -205,6 +216,10 @@ pub async fn fire(session: &mut BuilderSession, messages: &[String]) -> (String,
                 }
                 _ => problems.push(format!("{} {}: {}", ended.id, ended.status, ended.summary)),
             }
+        }
+        // A stop ends the firing, not only its turn: the next messages are not sent.
+        if stopped {
+            break;
         }
     }
     let error = (!problems.is_empty()).then(|| problems.join("; "));

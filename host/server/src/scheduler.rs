@@ -106,11 +106,18 @@ pub fn decide(
             at: Some(at),
             source,
         };
-        for at in due {
+        // The ones a later occurrence overtook: one entry for all of them.
+        if let (Some(first), Some(last)) = (due.first(), due.last()) {
             out.push(Decision::Record(
-                occ(at),
+                occ(*last),
                 "missed",
-                "a later occurrence came before it could run; only the newest runs".into(),
+                format!(
+                    "{} occurrence(s) from {} to {} came before the newest could run; only \
+                     the newest runs",
+                    due.len(),
+                    rfc3339(*first),
+                    rfc3339(*last)
+                ),
             ));
         }
         if late(s, newest) {
@@ -205,8 +212,20 @@ pub fn decide(
             CollisionPolicy::Retry => state.queue.push(occ),
         }
     }
+    // A workspace busy for long keeps a bounded queue: the oldest waiting go first.
+    while state.queue.len() > MAX_QUEUED {
+        let gone = state.queue.remove(0);
+        out.push(Decision::Record(
+            gone,
+            "skipped",
+            format!("more than {MAX_QUEUED} occurrences waited for the workspace"),
+        ));
+    }
     out
 }
+
+/// Occurrences waiting for the workspace at most (`queue_latest`, `retry`).
+pub const MAX_QUEUED: usize = 100;
 
 enum Dependency {
     Released,
@@ -411,7 +430,9 @@ pub fn spawn(app: Arc<App>) {
     }
     tokio::spawn(async move {
         loop {
-            tick(&app);
+            // Reading and parsing the files is blocking work: off the server's threads.
+            let app_now = app.clone();
+            let _ = tokio::task::spawn_blocking(move || tick(&app_now)).await;
             tokio::time::sleep(std::time::Duration::from_secs(1)).await;
         }
     });
@@ -419,6 +440,9 @@ pub fn spawn(app: Arc<App>) {
 
 fn tick(app: &Arc<App>) {
     let schedules = schedules_of(app);
+    if schedules.is_empty() {
+        return;
+    }
     let Ok(fs) = app.workspace_fs() else { return };
     let history = read_runs(&fs);
     let now = app.scheduler.now();
@@ -430,6 +454,8 @@ fn tick(app: &Arc<App>) {
             .unwrap_or_else(|e| e.into_inner());
         decide(&mut state, &schedules, &history, now, busy(app), paused())
     };
+    // What did not fire is written in one go: the history is read and rewritten once.
+    let mut recorded = Vec::new();
     for decision in decisions {
         match decision {
             Decision::Fire(occ) => {
@@ -440,12 +466,15 @@ fn tick(app: &Arc<App>) {
             Decision::Record(occ, status, why) => {
                 if let Some(s) = schedules.iter().find(|s| s.id == occ.schedule_id) {
                     let mut run = ScheduleRun::start(s, occ.source, occ.at.map(rfc3339));
-                    run.id = format!("{}-{status}", run.id);
+                    run.id = format!("{}-{status}-{}", run.id, recorded.len());
                     run.end(status, Some(why));
-                    let _ = record(&fs, &run);
+                    recorded.push(run);
                 }
             }
         }
+    }
+    if let Err(e) = trellis_builder::schedules::record_all(&fs, &recorded) {
+        tracing::warn!("recording schedule occurrences: {e:#}");
     }
 }
 
@@ -600,9 +629,7 @@ mod tests {
         assert_eq!(
             statuses(&d),
             [
-                "missed hourly 2026-12-03T10:00:00Z",
                 "missed hourly 2026-12-03T11:00:00Z",
-                "missed strict 2026-12-03T10:00:00Z",
                 "missed strict 2026-12-03T11:00:00Z",
                 "missed strict 2026-12-03T12:00:00Z",
                 "fire hourly 2026-12-03T12:00:00Z",

@@ -37,6 +37,9 @@ pub const MAX_SCHEDULES: usize = 100;
 /// The calendar items of one schedule at most.
 pub const MAX_CALENDAR_ITEMS: usize = 1000;
 
+/// The messages of one firing at most (a schedule's, a calendar item's): each is a turn.
+pub const MAX_MESSAGES: usize = 50;
+
 /// What an occurrence does when the workspace is busy (a run or a builder turn).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
 #[serde(rename_all = "snake_case")]
@@ -213,15 +216,27 @@ impl Schedule {
 /// The instant local `date` `time` is in `tz`: the first of a repeated hour, and for a time a
 /// change of the clocks skips, the first minute after the gap.
 pub fn local_instant(tz: &Tz, date: NaiveDate, time: NaiveTime) -> Option<DateTime<Utc>> {
-    let mut local = date.and_time(time);
-    // A gap is at most a few hours; step forward a minute at a time until a time exists.
-    for _ in 0..=24 * 60 {
-        if let Some(t) = tz.from_local_datetime(&local).earliest() {
-            return Some(t.with_timezone(&Utc));
-        }
-        local += chrono::Duration::minutes(1);
+    let local = date.and_time(time);
+    let at = |minutes: i64| {
+        tz.from_local_datetime(&(local + chrono::Duration::minutes(minutes)))
+            .earliest()
+    };
+    if let Some(t) = at(0) {
+        return Some(t.with_timezone(&Utc));
     }
-    None
+    // In a gap (a day at most, as when a zone skipped a date): the first minute that
+    // exists after it, found by halving (times past a gap exist, times in it do not).
+    let (mut gone, mut there) = (0i64, 26 * 60);
+    at(there)?;
+    while there - gone > 1 {
+        let mid = (gone + there) / 2;
+        if at(mid).is_some() {
+            there = mid;
+        } else {
+            gone = mid;
+        }
+    }
+    at(there).map(|t| t.with_timezone(&Utc))
 }
 
 /// Reads `schedules` (the array of `workflow.json`), recording each problem in `ctx`;
@@ -423,6 +438,15 @@ fn read_one(
     // `workflow` is the original's legacy name of its one mode.
     o.one_of(ctx, "mode", &[("workshop", ()), ("workflow", ()), ("", ())]);
     let messages = o.str_list(ctx, "messages").unwrap_or_default();
+    if messages.len() > MAX_MESSAGES {
+        ctx.error(
+            &path.key("messages"),
+            format!(
+                "{} messages, more than the {MAX_MESSAGES} a firing sends (each is a turn)",
+                messages.len()
+            ),
+        );
+    }
     let collision_policy = o
         .one_of(
             ctx,
@@ -567,6 +591,15 @@ fn calendar_item(ctx: &mut Ctx, value: &Value, path: JsonPath) -> Option<Calenda
     let time = o.req_str(ctx, "time", "its time, HH:MM");
     let description = o.str(ctx, "description");
     let messages = o.str_list(ctx, "messages").unwrap_or_default();
+    if messages.len() > MAX_MESSAGES {
+        ctx.error(
+            &path.key("messages"),
+            format!(
+                "{} messages, more than the {MAX_MESSAGES} a firing sends (each is a turn)",
+                messages.len()
+            ),
+        );
+    }
     o.accept(&["trigger_payload"]);
     o.finish(ctx);
     let date = date.and_then(|d| {
@@ -693,7 +726,8 @@ mod tests {
                  "after_schedule_id": "d"},
                 {"id": "d", "cron_expression": "0 9 * * *", "group_names": ["us"],
                  "after_schedule_id": "c", "dependency_deadline": "noon"},
-                {"id": "e", "cron_expression": "0 9 * * *", "after_schedule_id": "e"}
+                {"id": "e", "cron_expression": "0 9 * * *", "after_schedule_id": "e",
+                 "messages": vec!["go"; 51]}
             ]),
             &groups,
         );
@@ -708,6 +742,7 @@ mod tests {
             "schedules[2].calendar_items[0].time: expected a local time \"HH:MM\", found \"25:00\"",
             "schedules[3].dependency_deadline: expected a local time \"HH:MM\", found \"noon\"",
             "schedules[4].after_schedule_id: a schedule cannot wait for itself",
+            "schedules[4].messages: 51 messages, more than the 50 a firing sends",
             "schedules[2].after_schedule_id: the schedules wait for each other in a circle: c -> d -> c",
         ];
         for e in expect {
@@ -716,6 +751,20 @@ mod tests {
                 "{e:?} in {problems:#?}"
             );
         }
+    }
+
+    #[test]
+    fn a_date_the_zone_skipped_fires_at_the_first_minute_after_it_quickly() {
+        // Samoa skipped 2011-12-30 whole.
+        let tz: Tz = "Pacific/Apia".parse().unwrap();
+        let day = NaiveDate::from_ymd_opt(2011, 12, 30).unwrap();
+        let at = local_instant(&tz, day, NaiveTime::from_hms_opt(12, 0, 0).unwrap()).unwrap();
+        let local = at.with_timezone(&tz);
+        assert_eq!(
+            local.date_naive(),
+            NaiveDate::from_ymd_opt(2011, 12, 31).unwrap()
+        );
+        assert_eq!(local.time(), NaiveTime::MIN);
     }
 
     #[test]
