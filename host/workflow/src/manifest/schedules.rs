@@ -284,9 +284,10 @@ pub(super) fn read_schedules(ctx: &mut Ctx, value: &Value) -> Vec<Schedule> {
         if after.schedule_id == schedule.id {
             ctx.error(&at, "a schedule cannot wait for itself");
         } else if !ids.contains(&after.schedule_id) {
-            let hint = did_you_mean(&after.schedule_id, ids.iter().map(String::as_str))
-                .map(|c| format!(" (did you mean \"{c}\"?)"))
-                .unwrap_or_default();
+            let hint = hint(did_you_mean(
+                &after.schedule_id,
+                ids.iter().map(String::as_str),
+            ));
             ctx.error(
                 &at,
                 format!(
@@ -406,9 +407,10 @@ fn read_one(
     if let Some(tz) = &timezone
         && Tz::from_str(tz).is_err()
     {
-        let hint = did_you_mean(tz, chrono_tz::TZ_VARIANTS.iter().map(|z| z.name()))
-            .map(|c| format!(" (did you mean \"{c}\"?)"))
-            .unwrap_or_default();
+        let hint = hint(did_you_mean(
+            tz,
+            chrono_tz::TZ_VARIANTS.iter().map(|z| z.name()),
+        ));
         ctx.error(
             &path.key("timezone"),
             format!(
@@ -438,15 +440,7 @@ fn read_one(
     // `workflow` is the original's legacy name of its one mode.
     o.one_of(ctx, "mode", &[("workshop", ()), ("workflow", ()), ("", ())]);
     let messages = o.str_list(ctx, "messages").unwrap_or_default();
-    if messages.len() > MAX_MESSAGES {
-        ctx.error(
-            &path.key("messages"),
-            format!(
-                "{} messages, more than the {MAX_MESSAGES} a firing sends (each is a turn)",
-                messages.len()
-            ),
-        );
-    }
+    check_messages(ctx, &path, &messages);
     let collision_policy = o
         .one_of(
             ctx,
@@ -473,16 +467,7 @@ fn read_one(
     );
     let after_delay = o.u64(ctx, "after_delay_minutes");
     let deadline = o.str(ctx, "dependency_deadline").filter(|s| !s.is_empty());
-    let deadline = deadline.and_then(|d| {
-        let parsed = clock_time(&d);
-        if parsed.is_none() {
-            ctx.error(
-                &path.key("dependency_deadline"),
-                format!("expected a local time \"HH:MM\", found {}", quote(&d)),
-            );
-        }
-        parsed
-    });
+    let deadline = deadline.and_then(|d| clock_field(ctx, &path.key("dependency_deadline"), &d));
     let after = match after_schedule_id {
         Some(schedule_id) => Some(After {
             schedule_id,
@@ -558,9 +543,7 @@ pub fn check_groups(
             if known {
                 continue;
             }
-            let hint = did_you_mean(g, names.iter().copied())
-                .map(|c| format!(" (did you mean \"{c}\"?)"))
-                .unwrap_or_default();
+            let hint = hint(did_you_mean(g, names.iter().copied()));
             ctx.error(
                 &path.key("group_names").index(i),
                 format!(
@@ -591,15 +574,7 @@ fn calendar_item(ctx: &mut Ctx, value: &Value, path: JsonPath) -> Option<Calenda
     let time = o.req_str(ctx, "time", "its time, HH:MM");
     let description = o.str(ctx, "description");
     let messages = o.str_list(ctx, "messages").unwrap_or_default();
-    if messages.len() > MAX_MESSAGES {
-        ctx.error(
-            &path.key("messages"),
-            format!(
-                "{} messages, more than the {MAX_MESSAGES} a firing sends (each is a turn)",
-                messages.len()
-            ),
-        );
-    }
+    check_messages(ctx, &path, &messages);
     o.accept(&["trigger_payload"]);
     o.finish(ctx);
     let date = date.and_then(|d| {
@@ -612,16 +587,7 @@ fn calendar_item(ctx: &mut Ctx, value: &Value, path: JsonPath) -> Option<Calenda
         }
         parsed
     });
-    let time = time.and_then(|t| {
-        let parsed = clock_time(&t);
-        if parsed.is_none() {
-            ctx.error(
-                &path.key("time"),
-                format!("expected a local time \"HH:MM\", found {}", quote(&t)),
-            );
-        }
-        parsed
-    });
+    let time = time.and_then(|t| clock_field(ctx, &path.key("time"), &t));
     Some(CalendarItem {
         id: id?,
         date: date?,
@@ -631,9 +597,36 @@ fn calendar_item(ctx: &mut Ctx, value: &Value, path: JsonPath) -> Option<Calenda
     })
 }
 
-/// `HH:MM` (24 hours).
-fn clock_time(text: &str) -> Option<NaiveTime> {
-    NaiveTime::parse_from_str(text.trim(), "%H:%M").ok()
+/// `text` read as a local time `HH:MM` (24 hours); an error at `path` when it is not one.
+fn clock_field(ctx: &mut Ctx, path: &JsonPath, text: &str) -> Option<NaiveTime> {
+    let parsed = NaiveTime::parse_from_str(text.trim(), "%H:%M").ok();
+    if parsed.is_none() {
+        ctx.error(
+            path,
+            format!("expected a local time \"HH:MM\", found {}", quote(text)),
+        );
+    }
+    parsed
+}
+
+/// An error when a firing would send more than [`MAX_MESSAGES`] messages.
+fn check_messages(ctx: &mut Ctx, path: &JsonPath, messages: &[String]) {
+    if messages.len() > MAX_MESSAGES {
+        ctx.error(
+            &path.key("messages"),
+            format!(
+                "{} messages, more than the {MAX_MESSAGES} a firing sends (each is a turn)",
+                messages.len()
+            ),
+        );
+    }
+}
+
+/// ` (did you mean "X"?)` for a close name, else nothing.
+fn hint(close: Option<&str>) -> String {
+    close
+        .map(|c| format!(" (did you mean \"{c}\"?)"))
+        .unwrap_or_default()
 }
 
 /// Reports a cron expression that is not five fields croner reads.
