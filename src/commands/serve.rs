@@ -100,7 +100,8 @@ pub async fn run(engine: &Engine, args: ServeArgs) -> Result<ExitCode> {
                         root: root.clone(),
                         session_id: id.map(str::to_string),
                         mode,
-                        llm: own.clone(),
+                        // Each session replays a cassette from its start.
+                        llm: own.with_own_replay(),
                         limits: Default::default(),
                         retry,
                         max_rounds: trellis_builder::agent::DEFAULT_MAX_ROUNDS,

@@ -2,8 +2,11 @@
 //! steps on a fake model: a cron occurrence fires (the scheduler's clock started just before
 //! it with `TRELLIS_SCHEDULER_CLOCK`) as a run-mode builder session whose execution runs the
 //! step, recorded `success` in `schedule-runs.json`; a manual trigger, a second one refused
-//! while it runs; disable edits workflow.json and logs it; the global pause; and a server
-//! killed mid-firing marks the firing `interrupted` when it starts again.
+//! while it runs; disable edits workflow.json and logs it; the global pause; a server killed
+//! mid-firing marks the firing `interrupted` when it starts again; each collision policy
+//! meets a busy workspace; a dependency is released and one expires; whole schedules are
+//! added, replaced and deleted over HTTP; and the builder's `trigger_schedule` queues a
+//! firing for when its turn ends.
 
 use crate::support;
 
@@ -30,6 +33,12 @@ fn model() -> FakeServer {
         let text = last["content"].as_str().unwrap_or_default();
         if last["role"] == "user" && text == "hang" {
             std::thread::sleep(Duration::from_secs(600));
+        }
+        if last["role"] == "user" && text == "trigger daily" {
+            return (
+                200,
+                completion("", &[("trigger_schedule", json!({"schedule_id": "daily"}))]),
+            );
         }
         if last["role"] == "user" && text == "run greet" {
             return (
@@ -266,7 +275,7 @@ fn the_terminal_lists_schedules_prints_their_next_firings_and_fires_one() {
 /// The builder's schedule tools, from a model's calls through `trellis builder`: an add with
 /// a bad cron, and one with an unknown group, are refused naming them; a good one,
 /// an update, turning it off, the list and a delete each land in workflow.json and the
-/// changelog.
+/// changelog; a trigger is refused in the terminal, which fires no schedules.
 #[test]
 fn the_builders_schedule_tools_edit_workflow_json_validated_and_logged() {
     let calls: Vec<(&'static str, Value)> = vec![
@@ -298,6 +307,7 @@ fn the_builders_schedule_tools_edit_workflow_json_validated_and_logged() {
             "delete_schedule",
             json!({"reason": "r", "schedule_id": "daily"}),
         ),
+        ("trigger_schedule", json!({"schedule_id": "slow"})),
     ];
     let llm = support::mcp_servers::asking_for(calls);
     let dir = tempfile::tempdir().unwrap();
@@ -315,12 +325,19 @@ fn the_builders_schedule_tools_edit_workflow_json_validated_and_logged() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let results: Vec<String> = llm
+    let mut results: Vec<String> = llm
         .last_tool_results()
         .into_iter()
         .map(|(_, r)| r)
         .collect();
-    assert_eq!(results.len(), 7, "{results:?}");
+    assert_eq!(results.len(), 8, "{results:?}");
+    // The terminal fires no schedules: the tool says which commands do.
+    let refused = results.pop().unwrap();
+    assert!(
+        refused.contains("does not fire schedules")
+            && refused.contains("trellis schedules trigger"),
+        "{refused}"
+    );
     assert!(
         results[0].contains("refused") && results[0].contains("schedules[2].cron_expression"),
         "{}",
@@ -413,4 +430,380 @@ fn stopping_a_firing_ends_it() {
     );
     let (status, ack) = serve.post("/api/query", &json!({"query": "and now?"}));
     assert_eq!(status, 202, "the workspace is free: {ack}");
+}
+
+/// The workspace's `workflow.json` with `schedules` in place of the usual two.
+fn with_schedules(ws: &Path, schedules: Value) {
+    let path = ws.join("workflow.json");
+    let mut manifest: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    manifest["schedules"] = schedules;
+    std::fs::write(path, manifest.to_string()).unwrap();
+}
+
+/// `trellis serve` on `ws` with the scheduler's clock three seconds before 09:00 today (UTC).
+fn serve_before_nine(dir: &Path, ws: &Path) -> (Serve, String) {
+    let day = trellis_runner::session::now_rfc3339()[..10].to_string();
+    let clock = format!("{day}T08:59:57Z");
+    let config = dir.join("config");
+    let serve = Serve::start_with(
+        ws,
+        None,
+        &["--allow-host", "127.0.0.1"],
+        &[
+            ("TRELLIS_SCHEDULER_CLOCK", clock.as_str()),
+            ("XDG_CONFIG_HOME", config.to_str().unwrap()),
+        ],
+    );
+    (serve, day)
+}
+
+/// Schedule `id`'s job once its last run has ended.
+fn ended(serve: &Serve, id: &str) -> Value {
+    job_until(serve, id, |j| {
+        j["last_run"]["status"]
+            .as_str()
+            .is_some_and(|s| s != "running")
+    })
+}
+
+/// At 09:00 four schedules, one per collision policy, meet a workspace that a hanging manual
+/// firing holds: `skip` and `coalesce` are recorded `skipped` (each saying why), `queue_latest`
+/// and `retry` wait, and once the hanging firing is stopped both run, one after the other,
+/// and succeed.
+#[test]
+fn each_collision_policy_meets_a_busy_workspace() {
+    let llm = model();
+    let dir = tempfile::tempdir().unwrap();
+    let ws = workspace(dir.path(), &llm);
+    let at_nine = |id: &str, policy: &str| {
+        json!({"id": id, "cron_expression": "0 9 * * *", "enabled": true,
+               "collision_policy": policy, "messages": ["run greet"]})
+    };
+    with_schedules(
+        &ws,
+        json!([
+            {"id": "slow", "cron_expression": "0 3 1 1 *", "messages": ["hang"]},
+            at_nine("skips", "skip"),
+            at_nine("queues", "queue_latest"),
+            at_nine("retries", "retry"),
+            at_nine("coalesces", "coalesce"),
+        ]),
+    );
+    let (serve, day) = serve_before_nine(dir.path(), &ws);
+    let (status, _) = serve.post("/api/scheduler/jobs/slow/trigger", &json!({}));
+    assert_eq!(status, 202);
+    job_until(&serve, "slow", |j| j["firing"] == true);
+
+    // 09:00 passes while the workspace is held.
+    let skipped = ended(&serve, "skips");
+    assert_eq!(skipped["last_run"]["status"], "skipped", "{skipped}");
+    assert!(
+        skipped["last_run"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("collision_policy skip"),
+        "{skipped}"
+    );
+    assert_eq!(
+        skipped["last_run"]["scheduled_for"],
+        format!("{day}T09:00:00Z")
+    );
+    let folded = ended(&serve, "coalesces");
+    assert_eq!(folded["last_run"]["status"], "skipped", "{folded}");
+    assert!(
+        folded["last_run"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("folded into the firing that runs"),
+        "{folded}"
+    );
+    for id in ["queues", "retries"] {
+        let waiting = job_until(&serve, id, |j| j["queued"] == 1);
+        assert!(waiting["last_run"].is_null(), "not fired yet: {waiting}");
+    }
+
+    let (_, stopping) = serve.post("/api/scheduler/jobs/slow/stop", &json!({}));
+    assert_eq!(stopping["stopping"], true, "{stopping}");
+    assert_eq!(ended(&serve, "slow")["last_run"]["status"], "stopped");
+    let queued = ended(&serve, "queues");
+    let retried = ended(&serve, "retries");
+    for job in [&queued, &retried] {
+        assert_eq!(job["last_run"]["status"], "success", "{job}");
+        assert_eq!(job["last_run"]["trigger_source"], "cron");
+        assert_eq!(job["last_run"]["scheduled_for"], format!("{day}T09:00:00Z"));
+        assert_eq!(job["queued"], 0, "{job}");
+    }
+    // One after the other: the workspace is held by one firing at a time.
+    let (first, second) = {
+        let (a, b) = (&queued["last_run"], &retried["last_run"]);
+        if a["started_at"].as_str() < b["started_at"].as_str() {
+            (a, b)
+        } else {
+            (b, a)
+        }
+    };
+    assert!(
+        first["completed_at"].as_str().unwrap() <= second["started_at"].as_str().unwrap(),
+        "{first} {second}"
+    );
+    // The skipped ones did not run later.
+    assert_eq!(
+        serve.get("/api/scheduler/jobs/skips/runs", &[]).1["runs"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+}
+
+/// A schedule that comes after another runs once that one's occurrence of the same date has
+/// ended `success` (not before); one that comes after a schedule that never fires expires at
+/// its deadline, saying so.
+#[test]
+fn a_dependency_is_released_by_the_other_schedules_end_and_one_expires() {
+    let llm = model();
+    let dir = tempfile::tempdir().unwrap();
+    let ws = workspace(dir.path(), &llm);
+    with_schedules(
+        &ws,
+        json!([
+            {"id": "slow", "cron_expression": "0 3 1 1 *", "messages": ["hang"]},
+            {"id": "first", "cron_expression": "0 9 * * *", "enabled": true,
+             "messages": ["run greet"]},
+            {"id": "then", "cron_expression": "0 9 * * *", "enabled": true,
+             "after_schedule_id": "first", "messages": ["done?"]},
+            {"id": "never", "cron_expression": "0 9 * * *", "enabled": true,
+             "after_schedule_id": "slow", "dependency_deadline": "09:00",
+             "messages": ["done?"]},
+        ]),
+    );
+    let (serve, day) = serve_before_nine(dir.path(), &ws);
+    let first = ended(&serve, "first");
+    let then = ended(&serve, "then");
+    assert_eq!(first["last_run"]["status"], "success", "{first}");
+    assert_eq!(then["last_run"]["status"], "success", "{then}");
+    assert_eq!(
+        then["last_run"]["scheduled_for"],
+        format!("{day}T09:00:00Z")
+    );
+    assert!(
+        first["last_run"]["completed_at"].as_str().unwrap()
+            <= then["last_run"]["started_at"].as_str().unwrap(),
+        "released by the end of the other: {first} {then}"
+    );
+    let never = ended(&serve, "never");
+    assert_eq!(never["last_run"]["status"], "expired", "{never}");
+    assert!(
+        never["last_run"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("dependency deadline"),
+        "{never}"
+    );
+    assert!(never["last_run"]["session_id"].is_null(), "it never ran");
+}
+
+/// `POST /api/scheduler/jobs` adds a schedule (refusing a bad cron with its JSON path, and
+/// an id taken), `PUT .../{id}` replaces one whole (refusing another id), `DELETE` removes
+/// it; each edit is in workflow.json and the changelog.
+#[test]
+fn whole_schedules_are_added_replaced_and_deleted_over_http() {
+    let llm = model();
+    let dir = tempfile::tempdir().unwrap();
+    let ws = workspace(dir.path(), &llm);
+    let config = dir.path().join("config");
+    let serve = Serve::start_with(
+        &ws,
+        None,
+        &["--allow-host", "127.0.0.1"],
+        &[
+            ("XDG_CONFIG_HOME", config.to_str().unwrap()),
+            ("TRELLIS_SCHEDULER", "off"),
+        ],
+    );
+    let manifest = || -> Value {
+        serde_json::from_slice(&std::fs::read(ws.join("workflow.json")).unwrap()).unwrap()
+    };
+    let before = manifest();
+
+    let (status, bad) = serve.post(
+        "/api/scheduler/jobs",
+        &json!({"id": "hourly", "cron_expression": "0 * * *"}),
+    );
+    assert_eq!(
+        (status, bad["error"].as_str()),
+        (422, Some("refused")),
+        "{bad}"
+    );
+    assert!(
+        bad["detail"]
+            .as_str()
+            .unwrap()
+            .contains("schedules[2].cron_expression"),
+        "{bad}"
+    );
+    let (status, unknown) = serve.post(
+        "/api/scheduler/jobs",
+        &json!({"id": "hourly", "cron_expresion": "0 * * * *"}),
+    );
+    assert_eq!(status, 422, "{unknown}");
+    assert!(
+        unknown["detail"]
+            .as_str()
+            .unwrap()
+            .contains("cron_expression"),
+        "did you mean: {unknown}"
+    );
+    assert_eq!(manifest(), before, "nothing written");
+    let (status, taken) = serve.post(
+        "/api/scheduler/jobs",
+        &json!({"id": "daily", "cron_expression": "0 * * * *"}),
+    );
+    assert_eq!(
+        (status, taken["error"].as_str()),
+        (409, Some("exists")),
+        "{taken}"
+    );
+
+    let (status, added) = serve.post(
+        "/api/scheduler/jobs",
+        &json!({"id": "hourly", "cron_expression": "0 * * * *", "enabled": true,
+                "timezone": "Asia/Kolkata"}),
+    );
+    assert_eq!(status, 201, "{added}");
+    assert_eq!(added["id"], "hourly");
+    assert!(
+        added["next_firing"]
+            .as_str()
+            .unwrap()
+            .ends_with(":30:00+00:00"),
+        "{added}"
+    );
+    assert_eq!(manifest()["schedules"][2]["timezone"], "Asia/Kolkata");
+
+    let (status, _, text) = serve.request(
+        "PUT",
+        "/api/scheduler/jobs/hourly",
+        &["Content-Type: application/json"],
+        r#"{"id": "other", "cron_expression": "0 * * * *"}"#,
+    );
+    assert_eq!(status, 422, "{text}");
+    let (status, _, text) = serve.request(
+        "PUT",
+        "/api/scheduler/jobs/hourly",
+        &["Content-Type: application/json"],
+        r#"{"cron_expression": "15 * * * *", "messages": ["run greet"]}"#,
+    );
+    assert_eq!(status, 200, "{text}");
+    let replaced = &manifest()["schedules"][2];
+    assert_eq!(
+        replaced,
+        &json!({"id": "hourly", "cron_expression": "15 * * * *", "messages": ["run greet"]}),
+        "replaced whole: {replaced}"
+    );
+
+    let (status, _, text) = serve.request("DELETE", "/api/scheduler/jobs/hourly", &[], "");
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(manifest()["schedules"], before["schedules"]);
+    let (status, _, _) = serve.request("DELETE", "/api/scheduler/jobs/hourly", &[], "");
+    assert_eq!(status, 404);
+    let logged: Vec<String> = std::fs::read_dir(ws.join("planning/changelog"))
+        .unwrap()
+        .flat_map(|f| {
+            let v: Value =
+                serde_json::from_slice(&std::fs::read(f.unwrap().path()).unwrap()).unwrap();
+            v.as_array()
+                .unwrap()
+                .iter()
+                .map(|e| e["tool"].as_str().unwrap().to_string())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(
+        logged,
+        ["add_schedule", "update_schedule", "delete_schedule"]
+    );
+}
+
+/// The builder's `trigger_schedule` in `trellis serve`: the turn that calls it ends, then the
+/// firing runs as a manual one and succeeds.
+#[test]
+fn the_builders_trigger_fires_the_schedule_once_its_turn_ends() {
+    let llm = model();
+    let dir = tempfile::tempdir().unwrap();
+    let ws = workspace(dir.path(), &llm);
+    let config = dir.path().join("config");
+    let serve = Serve::start_with(
+        &ws,
+        None,
+        &["--allow-host", "127.0.0.1"],
+        &[
+            ("XDG_CONFIG_HOME", config.to_str().unwrap()),
+            ("TRELLIS_SCHEDULER", "off"),
+        ],
+    );
+    let (status, ack) = serve.post("/api/query", &json!({"query": "trigger daily"}));
+    assert_eq!(status, 202, "{ack}");
+    let job = ended(&serve, "daily");
+    let run = &job["last_run"];
+    assert_eq!(run["status"], "success", "{job}");
+    assert_eq!(run["trigger_source"], "manual");
+    assert_ne!(
+        run["session_id"], ack["session_id"],
+        "a session of its own: {job} {ack}"
+    );
+    assert!(ws.join("runs/iteration-0/execution/greet").is_dir());
+    let answers: Vec<String> = llm
+        .seen()
+        .iter()
+        .flat_map(support::fake_llm::tool_results_of)
+        .map(|(_, r)| r)
+        .collect();
+    assert!(
+        answers.iter().any(|r| r.contains("\"queued\":true")),
+        "{answers:?}"
+    );
+}
+
+/// The bundled `examples/ticket-digest` fires every minute offline: its builder answers from
+/// the example's cassette, the firing runs both scripted steps and succeeds, and a second
+/// firing (another execution id, the steps now completed in the builder's prompt) replays
+/// from the same cassette and succeeds too.
+#[test]
+fn the_digest_example_fires_every_minute_offline() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("digest");
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/ticket-digest");
+    support::workspace::copy_workspace(&example, &ws, &["runs", "db.sqlite"]);
+    let (serve, _) = serve_before_nine(dir.path(), &ws);
+    let job = ended(&serve, "every-minute");
+    assert_eq!(job["last_run"]["status"], "success", "{job}");
+    assert_eq!(job["last_run"]["trigger_source"], "cron");
+    assert!(
+        ws.join("runs/iteration-0/execution/digest/digest.md")
+            .is_file(),
+        "the run's digest"
+    );
+    let first = job["last_run"]["id"].clone();
+    let (status, started) = serve.post("/api/scheduler/jobs/every-minute/trigger", &json!({}));
+    assert_eq!(status, 202, "{started}");
+    let job = job_until(&serve, "every-minute", |j| {
+        j["last_run"]["id"] != first
+            && j["last_run"]["status"]
+                .as_str()
+                .is_some_and(|s| s != "running")
+    });
+    assert_eq!(job["last_run"]["status"], "success", "{job}");
+    let history: Value =
+        serde_json::from_slice(&std::fs::read(ws.join("schedule-runs.json")).unwrap()).unwrap();
+    assert_eq!(
+        history
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["status"] == "success")
+            .count(),
+        2,
+        "{history}"
+    );
 }

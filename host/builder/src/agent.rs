@@ -115,6 +115,8 @@ struct Agent {
     is_side: bool,
     /// Stops the session's running turn from outside (its side agents' turns too).
     stop: crate::TurnStop,
+    /// What queues a firing for `trigger_schedule`, when the front end fires schedules.
+    trigger: Option<crate::schedules::TriggerHook>,
 }
 
 /// One builder session on one workspace.
@@ -231,6 +233,7 @@ impl BuilderSession {
             side: Arc::default(),
             is_side: false,
             stop: crate::TurnStop::default(),
+            trigger: None,
         };
         Ok(BuilderSession {
             agent,
@@ -276,6 +279,11 @@ impl BuilderSession {
     /// The side agents still running.
     pub fn side_agents_running(&self) -> Vec<String> {
         self.agent.side.running_ids()
+    }
+
+    /// Lets `trigger_schedule` queue firings through `hook` (the front end fires them).
+    pub fn set_trigger_hook(&mut self, hook: crate::schedules::TriggerHook) {
+        self.agent.trigger = Some(hook);
     }
 
     /// What stops the turn running now, for a front end to hold while the turn runs.

@@ -27,7 +27,7 @@ use serde_json::Value;
 use super::{ToolContext, ToolFailure, ToolResult, ToolSpec};
 
 pub use changelog::{CHANGELOG_DIR, changelog_path};
-pub use schedule_tools::set_schedule_enabled;
+pub use schedule_tools::{add_schedule, delete_schedule, replace_schedule, set_schedule_enabled};
 
 /// The specs of the plan and config tools ([`super::modes::PLAN_TOOLS`],
 /// [`super::modes::CONFIG_TOOLS`]).
@@ -49,6 +49,16 @@ pub fn specs() -> Vec<ToolSpec> {
             .unwrap_or(usize::MAX)
     });
     specs
+}
+
+/// `trigger_schedule`: queues a firing through `hook`, the front end's (see
+/// [`crate::schedules::TriggerHook`]).
+pub fn trigger_schedule(
+    ctx: &ToolContext<'_>,
+    hook: Option<&crate::schedules::TriggerHook>,
+    args: &Value,
+) -> ToolResult {
+    schedule_tools::trigger(ctx.root, hook, args)
 }
 
 /// Calls plan or config tool `name`: the arguments are checked against its schema first.

@@ -207,6 +207,7 @@ pub const SCHEDULE_TOOLS: &[&str] = &[
     "update_schedule",
     "delete_schedule",
     "set_schedule_enabled",
+    "trigger_schedule",
 ];
 
 /// Writing files in the folders of the mode ([`Mode::writable_folders`]).

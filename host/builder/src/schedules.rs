@@ -17,6 +17,34 @@ use trellis_workflow::manifest::schedules::Schedule;
 
 use crate::BuilderSession;
 
+/// What queues a manual firing for the `trigger_schedule` tool, given by the front end that
+/// fires schedules (`trellis serve`): called with the schedule's id during a turn, it queues
+/// the firing for when the workspace is free and answers what it did. A session without one
+/// refuses the tool, naming the commands that fire a schedule.
+#[derive(Clone)]
+pub struct TriggerHook(std::sync::Arc<QueueFiring>);
+
+/// Queues a firing of the schedule of this id; what it did, or why not.
+type QueueFiring = dyn Fn(&str) -> Result<Value, String> + Send + Sync;
+
+impl TriggerHook {
+    /// A hook calling `queue`.
+    pub fn new(queue: impl Fn(&str) -> Result<Value, String> + Send + Sync + 'static) -> Self {
+        TriggerHook(std::sync::Arc::new(queue))
+    }
+
+    /// Queues a firing of schedule `id`.
+    pub fn queue(&self, id: &str) -> Result<Value, String> {
+        (self.0)(id)
+    }
+}
+
+impl std::fmt::Debug for TriggerHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TriggerHook")
+    }
+}
+
 /// The history file, at the workspace root.
 pub const RUNS_FILE: &str = "schedule-runs.json";
 
@@ -131,11 +159,16 @@ pub fn record(fs: &WorkspaceFs, run: &ScheduleRun) -> Result<()> {
     record_all(fs, std::slice::from_ref(run))
 }
 
+/// The history's read-and-rewrite, one at a time in this process: the scheduler's tick and
+/// the end of a firing record from different threads, and neither may lose the other's entry.
+static REWRITING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// [`record`] of several entries, the file read and written once.
 pub fn record_all(fs: &WorkspaceFs, new: &[ScheduleRun]) -> Result<()> {
     if new.is_empty() {
         return Ok(());
     }
+    let _one = REWRITING.lock().unwrap_or_else(|e| e.into_inner());
     let mut runs = read_runs(fs);
     for run in new {
         runs.retain(|r| r.id != run.id);
@@ -149,6 +182,7 @@ pub fn record_all(fs: &WorkspaceFs, new: &[ScheduleRun]) -> Result<()> {
 /// Marks the entries a process left `running` as `interrupted`: called when a server starts,
 /// when no firing of its own can be running. Returns how many.
 pub fn mark_interrupted(fs: &WorkspaceFs) -> Result<usize> {
+    let _one = REWRITING.lock().unwrap_or_else(|e| e.into_inner());
     let mut runs = read_runs(fs);
     let mut marked = 0;
     for run in runs.iter_mut().filter(|r| r.status == "running") {

@@ -306,6 +306,15 @@ impl LlmSetup {
         self
     }
 
+    /// The same setup with cassette positions of its own, at the start of each cassette:
+    /// what a new conversation (a server's builder session, a schedule's firing) replays.
+    pub fn with_own_replay(&self) -> Self {
+        LlmSetup {
+            cursors: Arc::default(),
+            ..self.clone()
+        }
+    }
+
     /// Records every answered call into `recorder`.
     pub fn with_recorder(mut self, recorder: Arc<Recorder>) -> Self {
         self.recorder = Some(recorder);

@@ -215,8 +215,9 @@ pub async fn query(
         if let Err(e) = outcome {
             log.push(json!({"type": "error", "query_id": task_query, "detail": format!("{e:#}")}));
         }
-        log.push(json!({"type": "session_status", "status": "idle", "query_id": task_query}));
+        // Free before it says so: a client that waits for `idle` may send the next query.
         task_app.busy.store(false, Ordering::SeqCst);
+        log.push(json!({"type": "session_status", "status": "idle", "query_id": task_query}));
     });
     Ok((
         StatusCode::ACCEPTED,

@@ -315,8 +315,9 @@ impl App {
             }
             sink.push(events::builder_event(event));
         });
-        let session = (self.factory)(id, mode, observer)
+        let mut session = (self.factory)(id, mode, observer)
             .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "session", format!("{e:#}")))?;
+        session.set_trigger_hook(self.scheduler.hook());
         *by.lock().unwrap_or_else(|e| e.into_inner()) = format!("session {}", session.id());
         let live = Arc::new(LiveSession {
             id: session.id().to_string(),
@@ -380,8 +381,16 @@ pub fn router(app: Arc<App>) -> Router {
             "/api/scheduler/config",
             get(scheduler_api::config).put(scheduler_api::set_config),
         )
-        .route("/api/scheduler/jobs", get(scheduler_api::jobs))
-        .route("/api/scheduler/jobs/{id}", get(scheduler_api::one))
+        .route(
+            "/api/scheduler/jobs",
+            get(scheduler_api::jobs).post(scheduler_api::create),
+        )
+        .route(
+            "/api/scheduler/jobs/{id}",
+            get(scheduler_api::one)
+                .put(scheduler_api::replace)
+                .delete(scheduler_api::remove),
+        )
         .route("/api/scheduler/jobs/{id}/runs", get(scheduler_api::runs))
         .route(
             "/api/scheduler/jobs/{id}/trigger",

@@ -57,6 +57,9 @@ pub struct State {
     queue: Vec<Occurrence>,
     /// Occurrences waiting for the schedule they come after.
     waiting: Vec<Occurrence>,
+    /// How far the scheduler's clock is from the real one (`TRELLIS_SCHEDULER_CLOCK`): the
+    /// history's `started_at` and `completed_at` are real times.
+    offset: chrono::Duration,
 }
 
 /// The statuses that end a firing.
@@ -141,7 +144,7 @@ pub fn decide(
         let Some(s) = schedules.iter().find(|s| s.id == w.schedule_id) else {
             continue;
         };
-        match dependency(s, &w, history, now) {
+        match dependency(s, &w, history, now, state.offset) {
             Dependency::Released => arrived.push(w),
             Dependency::Waiting => still.push(w),
             Dependency::Expired(why) => out.push(Decision::Record(w, "expired", why)),
@@ -236,11 +239,13 @@ enum Dependency {
 /// Whether `w` (of `s`, which comes after another schedule) may run at `now`: that
 /// schedule's occurrence of the same local date ended as required, `after_delay_minutes`
 /// ago; past the `dependency_deadline` of that date (or once the date is over) it expires.
+/// `now` is the scheduler's time, `offset` how far it is from the real one, the history's.
 fn dependency(
     s: &Schedule,
     w: &Occurrence,
     history: &[ScheduleRun],
     now: DateTime<Utc>,
+    offset: chrono::Duration,
 ) -> Dependency {
     let (Some(after), Some(at)) = (&s.after, w.at) else {
         return Dependency::Released;
@@ -260,7 +265,8 @@ fn dependency(
     });
     if let Some(done) = ended.and_then(|r| r.completed_at.as_deref())
         && let Ok(done) = DateTime::parse_from_rfc3339(done)
-        && now >= done.with_timezone(&Utc) + chrono::Duration::minutes(after.delay_minutes as i64)
+        && now - offset
+            >= done.with_timezone(&Utc) + chrono::Duration::minutes(after.delay_minutes as i64)
     {
         return Dependency::Released;
     }
@@ -283,7 +289,8 @@ fn dependency(
 /// The scheduler of one workspace: its state, the firing that runs, and its clock.
 #[derive(Debug)]
 pub struct Scheduler {
-    state: std::sync::Mutex<State>,
+    /// Shared with the `trigger_schedule` hook of each builder session ([`Scheduler::hook`]).
+    state: Arc<std::sync::Mutex<State>>,
     /// The schedule firing now, and what stops its turn.
     firing: std::sync::Mutex<Option<(String, TurnStop, Arc<crate::LiveSession>)>>,
     /// The scheduler's clock is the real one shifted by this much (`TRELLIS_SCHEDULER_CLOCK`).
@@ -298,7 +305,10 @@ impl Default for Scheduler {
             .map(|t| t.with_timezone(&Utc) - Utc::now())
             .unwrap_or_else(chrono::Duration::zero);
         Scheduler {
-            state: Default::default(),
+            state: Arc::new(std::sync::Mutex::new(State {
+                offset,
+                ..State::default()
+            })),
             firing: Default::default(),
             offset,
         }
@@ -309,6 +319,39 @@ impl Scheduler {
     /// The scheduler's time now.
     pub fn now(&self) -> DateTime<Utc> {
         Utc::now() + self.offset
+    }
+
+    /// Occurrences of `schedule_id` waiting for the workspace.
+    pub fn queued(&self, schedule_id: &str) -> usize {
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state
+            .queue
+            .iter()
+            .filter(|q| q.schedule_id == schedule_id)
+            .count()
+    }
+
+    /// What a builder session's `trigger_schedule` calls: a manual occurrence queued, to
+    /// fire when the workspace is free (the turn that asked and its executions done).
+    pub fn hook(&self) -> trellis_builder::schedules::TriggerHook {
+        let state = self.state.clone();
+        trellis_builder::schedules::TriggerHook::new(move |id| {
+            let mut state = state.lock().unwrap_or_else(|e| e.into_inner());
+            if state.queue.len() >= MAX_QUEUED {
+                return Err(format!(
+                    "{MAX_QUEUED} firings wait for the workspace already: try again once \
+                     they have run"
+                ));
+            }
+            state.queue.push(Occurrence {
+                schedule_id: id.to_string(),
+                at: None,
+                source: "manual",
+            });
+            Ok(json!({"ok": true, "schedule_id": id, "queued": true,
+                      "waiting": state.queue.len(),
+                      "fires": "once the workspace is free: after this turn and its executions"}))
+        })
     }
 
     /// The schedule firing now, if any.
@@ -506,6 +549,8 @@ pub fn start_firing(app: &Arc<App>, schedule: Schedule, occ: Occurrence) -> Resu
             .filter(|item| !item.messages.is_empty())
             .map(|item| item.messages.clone())
             .unwrap_or_else(|| schedule.firing_messages());
+        // The session's log, told `idle` once the workspace is free.
+        let mut idle = None;
         let (status, error) = match migration_needed(&app.root) {
             Some(why) => ("error".to_string(), Some(why)),
             None => match app.session(None, Some(Mode::Run)) {
@@ -523,8 +568,7 @@ pub fn start_firing(app: &Arc<App>, schedule: Schedule, occ: Occurrence) -> Resu
                     let mut session = live.session.lock().await;
                     let ended = trellis_builder::schedules::fire(&mut session, &messages).await;
                     drop(session);
-                    live.log
-                        .push(json!({"type": "session_status", "status": "idle"}));
+                    idle = Some(live.log.clone());
                     ended
                 }
             },
@@ -533,11 +577,15 @@ pub fn start_firing(app: &Arc<App>, schedule: Schedule, occ: Occurrence) -> Resu
             .firing
             .lock()
             .unwrap_or_else(|e| e.into_inner()) = None;
+        // Free before it says so: whoever sees the firing ended may use the workspace.
+        app.busy.store(false, Ordering::SeqCst);
         run.end(&status, error);
         if let Err(e) = record(&fs, &run) {
             tracing::warn!("recording schedule run {}: {e:#}", run.id);
         }
-        app.busy.store(false, Ordering::SeqCst);
+        if let Some(log) = idle {
+            log.push(json!({"type": "session_status", "status": "idle"}));
+        }
     });
     Ok(run_id)
 }

@@ -1,7 +1,9 @@
 //! The scheduler's endpoints, in the original system's shape: `GET/PUT /api/scheduler/config`
 //! (the global pause), `GET /api/scheduler/jobs` (each schedule with its next firing, its
-//! last run and its history), `GET /api/scheduler/jobs/{id}` and `.../runs`, and
-//! `POST .../trigger`, `.../stop`, `.../enable`, `.../disable`.
+//! last run and its history), `POST /api/scheduler/jobs` (a new schedule),
+//! `GET/PUT/DELETE /api/scheduler/jobs/{id}` and `GET .../runs`, and `POST .../trigger`,
+//! `.../stop`, `.../enable`, `.../disable`. Every edit of `workflow.json` is validated and
+//! logged to the changelog as the builder's are.
 
 use std::sync::Arc;
 
@@ -35,6 +37,7 @@ fn job(app: &App, s: &Schedule, history: &[ScheduleRun], runs: usize) -> Value {
     value["next_firing"] = json!(next.map(|t| t.to_rfc3339()));
     value["next_firing_local"] = json!(next.map(|t| t.with_timezone(&s.tz()).to_rfc3339()));
     value["firing"] = json!(app.scheduler.firing().as_deref() == Some(s.id.as_str()));
+    value["queued"] = json!(app.scheduler.queued(&s.id));
     value["last_run"] = json!(mine.first());
     value["runs"] = json!(mine.iter().take(runs).collect::<Vec<_>>());
     value
@@ -130,16 +133,102 @@ pub async fn disable(State(app): State<Arc<App>>, Path(id): Path<String>) -> Api
 
 async fn set_enabled(app: &Arc<App>, id: &str, enabled: bool) -> ApiResult {
     let s = find(app, id)?;
-    let root = app.root.clone();
     let reason = format!(
         "{} from the server's scheduler API",
         if enabled { "enabled" } else { "disabled" }
     );
-    let done = crate::workspace::blocking_read(app, move || {
-        trellis_builder::edits::set_schedule_enabled(&root, &s.id, enabled, &reason)
+    edit(app, move |root| {
+        trellis_builder::edits::set_schedule_enabled(root, &s.id, enabled, &reason)
+    })
+    .await
+    .map(Json)
+}
+
+/// Runs an edit of `workflow.json` off the server's threads: its answer, or `422 refused`
+/// with what the validation said.
+async fn edit(
+    app: &Arc<App>,
+    change: impl FnOnce(&std::path::Path) -> trellis_builder::ToolResult + Send + 'static,
+) -> Result<Value, ApiError> {
+    let root = app.root.clone();
+    crate::workspace::blocking_read(app, move || change(&root))
+        .await?
+        .map_err(|f| ApiError::refused(f.message))
+}
+
+/// `POST /api/scheduler/jobs`: the body is a new schedule (as `workflow.json` holds one):
+/// `201` with its job, `409 exists` for an id taken, `422 refused` naming what does not
+/// validate.
+pub async fn create(
+    State(app): State<Arc<App>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let schedule: Value = body_object(body)?;
+    let Some(id) = schedule
+        .get("id")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+    else {
+        return Err(ApiError::bad_request(
+            "the body is a schedule: a JSON object with a string `id` (and `cron_expression`, \
+             or `schedule_type` calendar with `calendar_items`)",
+        ));
+    };
+    if find(&app, &id).is_ok() {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "exists",
+            format!(
+                "workflow.json has a schedule {id:?} already: PUT /api/scheduler/jobs/{id} replaces it"
+            ),
+        ));
+    }
+    edit(&app, move |root| {
+        trellis_builder::edits::add_schedule(
+            root,
+            schedule,
+            "added from the server's scheduler API",
+        )
     })
     .await?;
-    done.map(Json).map_err(|f| ApiError::refused(f.message))
+    let s = find(&app, &id)?;
+    Ok((StatusCode::CREATED, Json(job(&app, &s, &history(&app)?, 0))))
+}
+
+/// `PUT /api/scheduler/jobs/{id}`: the body replaces the schedule whole (its `id` may be
+/// left out); the job as it is now.
+pub async fn replace(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult {
+    let schedule: Value = body_object(body)?;
+    let s = find(&app, &id)?;
+    edit(&app, move |root| {
+        trellis_builder::edits::replace_schedule(
+            root,
+            &s.id,
+            schedule,
+            "replaced from the server's scheduler API",
+        )
+    })
+    .await?;
+    let s = find(&app, &id)?;
+    Ok(Json(job(&app, &s, &history(&app)?, RUNS_IN_LIST)))
+}
+
+/// `DELETE /api/scheduler/jobs/{id}`: removes the schedule (its history stays).
+pub async fn remove(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResult {
+    let s = find(&app, &id)?;
+    edit(&app, move |root| {
+        trellis_builder::edits::delete_schedule(
+            root,
+            &s.id,
+            "deleted from the server's scheduler API",
+        )
+    })
+    .await
+    .map(Json)
 }
 
 /// `GET /api/scheduler/config`: the global pause.

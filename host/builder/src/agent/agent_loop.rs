@@ -262,6 +262,8 @@ impl Agent {
             crate::inspect::call(&ctx, name, args).await
         } else if DB_READ_TOOLS.contains(&name) || DB_WRITE_TOOLS.contains(&name) {
             crate::db::call(&ctx, name, args).await
+        } else if name == "trigger_schedule" {
+            crate::edits::trigger_schedule(&ctx, self.trigger.as_ref(), args)
         } else if PLAN_TOOLS.contains(&name)
             || CONFIG_TOOLS.contains(&name)
             || crate::modes::SCHEDULE_TOOLS.contains(&name)

@@ -1,5 +1,5 @@
-//! Edits of `workflow.json` `schedules[]` made outside a turn (the server's scheduler API):
-//! validated and logged like every other edit.
+//! The builder's schedule tools, and the same edits of `workflow.json` `schedules[]` made
+//! outside a turn (the server's scheduler API): validated and logged like every other edit.
 
 use std::path::Path;
 
@@ -20,19 +20,8 @@ pub fn set_schedule_enabled(root: &Path, id: &str, enabled: bool, reason: &str) 
         .get_mut("schedules")
         .and_then(Value::as_array_mut)
         .ok_or_else(|| ToolFailure::new("workflow.json has no schedules"))?;
-    let ids: Vec<String> = schedules
-        .iter()
-        .filter_map(|s| s.get("id").and_then(Value::as_str).map(str::to_string))
-        .collect();
-    let Some(schedule) = schedules
-        .iter_mut()
-        .find(|s| s.get("id").and_then(Value::as_str) == Some(id))
-    else {
-        return Err(ToolFailure::new(format!(
-            "no schedule {id:?} in workflow.json (its schedules: {})",
-            ids.join(", ")
-        )));
-    };
+    let i = index_of(schedules, id)?;
+    let schedule = &mut schedules[i];
     let old = schedule.get("enabled").cloned().unwrap_or(Value::Null);
     if old == json!(enabled) {
         return Ok(json!({"ok": true, "changed": false, "schedule_id": id, "enabled": enabled}));
@@ -46,6 +35,68 @@ pub fn set_schedule_enabled(root: &Path, id: &str, enabled: bool, reason: &str) 
     };
     let done = draft.commit(tool, reason, &[], &[change])?;
     Ok(done.answer(json!({"schedule_id": id, "enabled": enabled})))
+}
+
+/// Adds `schedule` to `workflow.json` (as `add_schedule` does), for `reason`. Its fields are
+/// checked with the whole workspace, as `trellis validate` checks them (a JSON path, and
+/// the closest key for an unknown one).
+pub fn add_schedule(root: &Path, schedule: Value, reason: &str) -> ToolResult {
+    if !schedule.get("id").is_some_and(Value::is_string) {
+        return Err(ToolFailure::new(format!(
+            "a schedule is a JSON object with a string `id`, found {}",
+            trellis_workflow::diagnostics::kind_of(&schedule)
+        )));
+    }
+    add(root, &json!({"schedule": schedule, "reason": reason}))
+}
+
+/// Replaces schedule `id` of `workflow.json` with `schedule` whole (its `id`, when it has
+/// one, must be `id`), for `reason`; checked as [`add_schedule`] checks one.
+pub fn replace_schedule(root: &Path, id: &str, mut schedule: Value, reason: &str) -> ToolResult {
+    let Some(fields) = schedule.as_object_mut() else {
+        return Err(ToolFailure::new(format!(
+            "a schedule is a JSON object, found {}",
+            trellis_workflow::diagnostics::kind_of(&schedule)
+        )));
+    };
+    match fields.get("id") {
+        None => {
+            fields.insert("id".into(), json!(id));
+        }
+        Some(given) if given == id => {}
+        Some(given) => {
+            return Err(ToolFailure::new(format!(
+                "schedule.id is {given}, and the schedule replaced is {id:?}: a schedule keeps \
+                 its id (delete it and add another to rename it)"
+            )));
+        }
+    }
+    let mut draft = Draft::open(root)?;
+    let list = schedules_of(&mut draft)?;
+    let i = index_of(list, id)?;
+    if list[i] == schedule {
+        return Ok(json!({"ok": true, "changed": false, "schedule_id": id}));
+    }
+    let old = std::mem::replace(&mut list[i], schedule.clone());
+    let change = Change::new(None, format!("schedules.{id}"), old, schedule);
+    let done = draft.commit("update_schedule", reason, &[], &[change])?;
+    Ok(done.answer(json!({"schedule_id": id})))
+}
+
+/// Removes schedule `id` from `workflow.json` (as `delete_schedule` does), for `reason`.
+pub fn delete_schedule(root: &Path, id: &str, reason: &str) -> ToolResult {
+    let args = json!({"schedule_id": id, "reason": reason});
+    checked("delete_schedule", &args)?;
+    delete(root, &args)
+}
+
+/// Refuses `args` unless they match the schema of schedule tool `name`.
+fn checked(name: &str, args: &Value) -> Result<(), ToolFailure> {
+    let spec = specs()
+        .into_iter()
+        .find(|s| s.name == name)
+        .expect("a schedule tool");
+    super::args::check(&spec, args)
 }
 
 /// The specs of the schedule tools ([`crate::modes::SCHEDULE_TOOLS`]).
@@ -105,6 +156,14 @@ pub(super) fn specs() -> Vec<crate::ToolSpec> {
             ),
         },
         ToolSpec {
+            name: "trigger_schedule",
+            description: "Fires a schedule now, enabled or not, as a manual firing: a run-mode \
+                          session of its own sending its messages, once this turn and its \
+                          executions end (the workspace is yours until then). Recorded in \
+                          schedule-runs.json like every firing; list_schedules shows it.",
+            parameters: strict(json!({"schedule_id": id.clone()}), &["schedule_id"]),
+        },
+        ToolSpec {
             name: "set_schedule_enabled",
             description: "Turns a schedule on (it fires by itself) or off (only a manual \
                           trigger fires it).",
@@ -116,9 +175,8 @@ pub(super) fn specs() -> Vec<crate::ToolSpec> {
     ]
 }
 
-/// `list_schedules`: a read, no edit.
-pub(crate) fn list(root: &Path) -> ToolResult {
-    let ws = trellis_workflow::Workspace::open(root).map_err(|d| {
+fn loaded(root: &Path) -> Result<trellis_workflow::Workspace, ToolFailure> {
+    trellis_workflow::Workspace::open(root).map_err(|d| {
         ToolFailure::new(format!(
             "the workspace does not load: {}",
             d.errors()
@@ -126,7 +184,12 @@ pub(crate) fn list(root: &Path) -> ToolResult {
                 .collect::<Vec<_>>()
                 .join("; ")
         ))
-    })?;
+    })
+}
+
+/// `list_schedules`: a read, no edit.
+pub(crate) fn list(root: &Path) -> ToolResult {
+    let ws = loaded(root)?;
     let history = trellis_sandbox::store::WorkspaceFs::open(root)
         .map(|fs| crate::schedules::read_runs(&fs))
         .unwrap_or_default();
@@ -151,6 +214,31 @@ pub(crate) fn list(root: &Path) -> ToolResult {
     Ok(json!({"schedules": list, "count": list.len()}))
 }
 
+/// `trigger_schedule`: queues a firing of a schedule of workflow.json (enabled or not)
+/// through `hook`, the front end's; without one, a refusal naming the commands that fire it.
+pub(crate) fn trigger(
+    root: &Path,
+    hook: Option<&crate::schedules::TriggerHook>,
+    args: &Value,
+) -> ToolResult {
+    checked("trigger_schedule", args)?;
+    let id = super::args::req_str(args, "schedule_id")?;
+    let ws = loaded(root)?;
+    let schedules = &ws.manifest.original.schedules;
+    if !schedules.iter().any(|s| s.id == id) {
+        return Err(unknown(id, schedules.iter().map(|s| s.id.as_str())));
+    }
+    let Some(hook) = hook else {
+        return Err(ToolFailure::new(format!(
+            "this session does not fire schedules: `trellis serve` does (there this tool \
+             queues the firing for when the turn ends), or from a terminal, once this session \
+             ends, `trellis schedules trigger {} {id}`",
+            root.display()
+        )));
+    };
+    hook.queue(id).map_err(ToolFailure::new)
+}
+
 /// The `schedules` array of the draft's workflow.json (made one when absent).
 fn schedules_of(draft: &mut Draft) -> Result<&mut Vec<Value>, ToolFailure> {
     let m = draft.manifest.value.as_object_mut().ok_or_else(|| {
@@ -169,19 +257,25 @@ fn index_of(list: &[Value], id: &str) -> Result<usize, ToolFailure> {
     list.iter()
         .position(|s| s.get("id").and_then(Value::as_str) == Some(id))
         .ok_or_else(|| {
-            let ids: Vec<&str> = list
-                .iter()
-                .filter_map(|s| s.get("id").and_then(Value::as_str))
-                .collect();
-            ToolFailure::new(format!(
-                "no schedule {id:?} in workflow.json (its schedules: {})",
-                if ids.is_empty() {
-                    "none".to_string()
-                } else {
-                    ids.join(", ")
-                }
-            ))
+            unknown(
+                id,
+                list.iter()
+                    .filter_map(|s| s.get("id").and_then(Value::as_str)),
+            )
         })
+}
+
+/// No schedule `id` among `ids`.
+fn unknown<'a>(id: &str, ids: impl Iterator<Item = &'a str>) -> ToolFailure {
+    let ids: Vec<&str> = ids.collect();
+    ToolFailure::new(format!(
+        "no schedule {id:?} in workflow.json (its schedules: {})",
+        if ids.is_empty() {
+            "none".to_string()
+        } else {
+            ids.join(", ")
+        }
+    ))
 }
 
 /// `add_schedule`.

@@ -232,7 +232,7 @@ fn message_difference(recorded: &Value, actual: &Message) -> Option<String> {
         .get("content")
         .and_then(Value::as_str)
         .unwrap_or("");
-    if content != actual.content {
+    if !text_matches(content, &actual.content) {
         return Some(format!(
             "content: {}",
             text_difference(content, &actual.content)
@@ -298,6 +298,33 @@ fn arguments(value: Option<&Value>) -> Value {
         }
         Some(other) => other.clone(),
     }
+}
+
+/// What a recorded text holds where any text matches (an id, a time or a status that
+/// changes from one replay to the next).
+pub const ANY_TEXT: &str = "{{*}}";
+
+/// Whether `got` is `recorded`, each [`ANY_TEXT`] of it standing for any run of characters
+/// (none included). Without one, the texts must be equal.
+fn text_matches(recorded: &str, got: &str) -> bool {
+    if !recorded.contains(ANY_TEXT) {
+        return recorded == got;
+    }
+    let mut pieces = recorded.split(ANY_TEXT);
+    let first = pieces.next().unwrap_or_default();
+    let Some(mut rest) = got.strip_prefix(first) else {
+        return false;
+    };
+    let mut pieces: Vec<&str> = pieces.collect();
+    let last = pieces.pop().unwrap_or_default();
+    // Each middle piece at its first place: the earliest leaves the most room for the rest.
+    for piece in pieces {
+        match rest.find(piece) {
+            Some(at) => rest = &rest[at + piece.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last)
 }
 
 /// Both texts around their first differing character.
@@ -402,6 +429,34 @@ fn parse_response(recorded: &Value) -> Result<Response, String> {
 mod tests {
     use super::*;
     use trellis_plugin_sdk::llm::Role;
+
+    #[test]
+    fn a_recorded_text_matches_any_text_where_it_says_so() {
+        assert!(text_matches("exact", "exact"));
+        assert!(!text_matches("exact", "exact."));
+        assert!(text_matches("{{*}}", ""));
+        assert!(text_matches("{{*}}", "anything at all"));
+        assert!(text_matches(
+            r#"{"execution_id":"workflow-full-{{*}}","status":"running"}"#,
+            r#"{"execution_id":"workflow-full-12","status":"running"}"#
+        ));
+        assert!(!text_matches(
+            r#"{"execution_id":"workflow-full-{{*}}","status":"running"}"#,
+            r#"{"execution_id":"exec-a-1","status":"running"}"#
+        ));
+        assert!(text_matches(
+            "[run {{*}} finished: {{*}}] ok",
+            "[run 3 finished: done] ok"
+        ));
+        assert!(!text_matches(
+            "[run {{*}} finished: {{*}}] ok",
+            "[run 3 ended: done] ok"
+        ));
+        // The prefix and the suffix may not overlap.
+        assert!(!text_matches("ab{{*}}ba", "aba"));
+        assert!(text_matches("ab{{*}}ba", "abba"));
+        assert!(!text_matches("start{{*}}", "stat"));
+    }
 
     fn request(temperature: Option<f32>, schema: &str) -> Request {
         Request {
