@@ -807,3 +807,71 @@ fn the_digest_example_fires_every_minute_offline() {
         "{history}"
     );
 }
+
+/// A `workflow.json` as the original system writes it, with every schedule field it has
+/// (the legacy `mode: workflow`, `workshop_mode`, a calendar schedule whose items carry
+/// their own payload and messages, a dependency with all its `after_*` fields, and the keys
+/// Trellis does not act on) loads and validates unchanged: `trellis validate` passes, naming
+/// the inert keys in a warning, and `trellis schedules` reads every schedule.
+#[test]
+fn the_originals_workflow_json_with_schedules_validates_unchanged() {
+    let llm = model();
+    let dir = tempfile::tempdir().unwrap();
+    let ws = workspace(dir.path(), &llm);
+    let path = ws.join("workflow.json");
+    let mut manifest: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    manifest["groups"] = json!([{"id": "emea", "name": "EMEA"}]);
+    manifest["schedules"] = json!([
+        {"id": "morning", "name": "Morning run", "description": "Weekday digest",
+         "schedule_type": "cron", "cron_expression": "0 9 * * 1-5",
+         "timezone": "Europe/Paris", "enabled": true, "trigger_payload": {"source": "cron"},
+         "group_names": ["EMEA"], "group_ids": ["emea"], "route_selections": {},
+         "mode": "workflow", "workshop_mode": "run",
+         "messages": ["Run the full workflow using run_full_workflow tool."],
+         "collision_policy": "queue_latest", "max_start_delay_minutes": 30,
+         "resume_previous": false, "pulse_review_only": false, "execution_mode": "sequential",
+         "direct_messages_reason": "", "query": ""},
+        {"id": "launch", "name": "Launch days", "schedule_type": "calendar",
+         "calendar_items": [
+            {"id": "d1", "date": "2027-01-04", "time": "08:30", "description": "Day one",
+             "trigger_payload": {"day": 1}, "messages": ["Run the full workflow."]},
+            {"id": "d2", "date": "2027-01-05", "time": "08:30"}],
+         "timezone": "Asia/Kolkata", "enabled": false, "group_names": ["emea"],
+         "mode": "workshop", "collision_policy": "skip"},
+        {"id": "after-morning", "cron_expression": "30 9 * * 1-5",
+         "timezone": "Europe/Paris", "enabled": true, "group_names": ["EMEA"],
+         "collision_policy": "retry", "after_schedule_id": "morning",
+         "after_terminal_status": "any_terminal", "after_delay_minutes": 5,
+         "dependency_deadline": "12:00"}
+    ]);
+    let text = serde_json::to_string_pretty(&manifest).unwrap();
+    std::fs::write(&path, &text).unwrap();
+    let root = ws.to_str().unwrap();
+
+    let out = support::trellis(&["validate", root]);
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{said}");
+    for inert in [
+        "\"resume_previous\"",
+        "\"pulse_review_only\"",
+        "\"execution_mode\"",
+        "\"workshop_mode\"",
+    ] {
+        assert!(said.contains(inert), "{inert} named: {said}");
+    }
+    let out = support::trellis(&["schedules", "list", root]);
+    let listed = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "{listed}");
+    for id in ["morning  on", "launch  off", "after-morning  on"] {
+        assert!(listed.contains(id), "{id}: {listed}");
+    }
+    let out = support::trellis(&["schedules", "next", root, "launch", "-n", "5"]);
+    let next = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(next.contains("2027-01-04T08:30:00+05:30"), "{next}");
+    assert!(next.contains("2027-01-05T08:30:00+05:30"), "{next}");
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), text, "unchanged");
+}
