@@ -20,7 +20,7 @@ use support::workspace::write_files;
 
 /// A model for the builder and the step: the builder runs step `greet` for "run greet",
 /// waits forever for "hang", and answers the rest; the step's agent completes.
-fn model() -> FakeServer {
+pub(crate) fn model() -> FakeServer {
     FakeServer::start(Box::new(|body| {
         let builder = body["tools"]
             .as_array()
@@ -50,7 +50,7 @@ fn model() -> FakeServer {
     }))
 }
 
-fn workspace(dir: &Path, llm: &FakeServer) -> std::path::PathBuf {
+pub(crate) fn workspace(dir: &Path, llm: &FakeServer) -> std::path::PathBuf {
     let ws = dir.join("ws");
     write_files(
         &ws,
@@ -81,7 +81,7 @@ fn workspace(dir: &Path, llm: &FakeServer) -> std::path::PathBuf {
 }
 
 /// Polls `GET /api/scheduler/jobs` until schedule `id`'s job satisfies `until`; the job.
-fn job_until(serve: &Serve, id: &str, until: impl Fn(&Value) -> bool) -> Value {
+pub(crate) fn job_until(serve: &Serve, id: &str, until: impl Fn(&Value) -> bool) -> Value {
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
         let (status, jobs) = serve.get("/api/scheduler/jobs", &[]);
@@ -433,7 +433,7 @@ fn stopping_a_firing_ends_it() {
 }
 
 /// The workspace's `workflow.json` with `schedules` in place of the usual two.
-fn with_schedules(ws: &Path, schedules: Value) {
+pub(crate) fn with_schedules(ws: &Path, schedules: Value) {
     let path = ws.join("workflow.json");
     let mut manifest: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     manifest["schedules"] = schedules;
@@ -458,7 +458,7 @@ fn serve_before_nine(dir: &Path, ws: &Path) -> (Serve, String) {
 }
 
 /// Schedule `id`'s job once its last run has ended.
-fn ended(serve: &Serve, id: &str) -> Value {
+pub(crate) fn ended(serve: &Serve, id: &str) -> Value {
     job_until(serve, id, |j| {
         j["last_run"]["status"]
             .as_str()

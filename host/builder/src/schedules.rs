@@ -85,6 +85,9 @@ pub struct ScheduleRun {
     /// When it ended.
     #[serde(default)]
     pub completed_at: Option<String>,
+    /// The process running it, while it runs: a server starting beside it leaves it be.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
 }
 
 impl ScheduleRun {
@@ -111,7 +114,18 @@ impl ScheduleRun {
             group_names: schedule.group_names.clone(),
             started_at,
             completed_at: None,
+            pid: Some(std::process::id()),
         }
+    }
+
+    /// The entry with its `error` cut to [`MAX_ERROR_BYTES`].
+    fn cut(mut self) -> Self {
+        if let Some(error) = &mut self.error
+            && error.len() > MAX_ERROR_BYTES
+        {
+            *error = trellis_sandbox::cut::marked(error, MAX_ERROR_BYTES);
+        }
+        self
     }
 
     /// Ends the entry: `status`, `error`, and its end and duration from now.
@@ -127,27 +141,63 @@ impl ScheduleRun {
         self.completed_at = Some(now_rfc3339());
         self.status = status.to_string();
         self.error = error;
+        self.pid = None;
     }
 }
 
-/// The history as the file holds it; a file that cannot be read is empty (it is
-/// bookkeeping: the next entry starts it again), a warning logged.
-pub fn read_runs(fs: &WorkspaceFs) -> Vec<ScheduleRun> {
+/// Bytes of `schedule-runs.json` read at most: [`MAX_RUNS`] entries, each `error` cut to
+/// [`MAX_ERROR_BYTES`] when it is written, fit many times over.
+pub const MAX_RUNS_FILE_BYTES: u64 = 4 << 20;
+
+/// Bytes of an entry's `error` kept (its start, marked as cut).
+pub const MAX_ERROR_BYTES: usize = 4096;
+
+/// The entries of the history as JSON values, newest first, [`MAX_RUNS`] at most; none when
+/// there is no file. An error says why the file cannot be read (too big, not JSON, not an
+/// array).
+fn read_items(fs: &WorkspaceFs) -> std::result::Result<Vec<Value>, String> {
     if !fs.is_file(RUNS_FILE) {
-        return Vec::new();
+        return Ok(Vec::new());
+    }
+    if let Some(len) = fs.metadata_len(RUNS_FILE)
+        && len > MAX_RUNS_FILE_BYTES
+    {
+        return Err(format!(
+            "{RUNS_FILE} is {len} bytes, more than the {MAX_RUNS_FILE_BYTES} its {MAX_RUNS} \
+             entries take"
+        ));
     }
     match fs.read_json_value(RUNS_FILE) {
-        Ok(Value::Array(items)) => items
-            .into_iter()
-            .take(MAX_RUNS)
-            .filter_map(|v| serde_json::from_value(v).ok())
-            .collect(),
-        Ok(_) => {
-            tracing::warn!("{RUNS_FILE}: not an array of schedule runs; starting it again");
-            Vec::new()
+        Ok(Value::Array(mut items)) => {
+            items.truncate(MAX_RUNS);
+            Ok(items)
         }
-        Err(e) => {
-            tracing::warn!("{RUNS_FILE}: {e}; starting it again");
+        Ok(other) => Err(format!(
+            "{RUNS_FILE}: expected an array of schedule runs, found {}",
+            trellis_workflow::diagnostics::kind_of(&other)
+        )),
+        Err(e) => Err(format!("{RUNS_FILE}: {e}")),
+    }
+}
+
+/// Why the history file cannot be read, when it cannot: the next entry written sets it
+/// aside and starts a new one.
+pub fn history_problem(fs: &WorkspaceFs) -> Option<String> {
+    read_items(fs).err()
+}
+
+/// The history as the file holds it, each `error` cut to [`MAX_ERROR_BYTES`]; entries that
+/// do not read as runs are left out (and kept in the file). A file that cannot be read is
+/// empty, a warning logged ([`history_problem`] says why).
+pub fn read_runs(fs: &WorkspaceFs) -> Vec<ScheduleRun> {
+    match read_items(fs) {
+        Ok(items) => items
+            .into_iter()
+            .filter_map(|v| serde_json::from_value::<ScheduleRun>(v).ok())
+            .map(ScheduleRun::cut)
+            .collect(),
+        Err(why) => {
+            tracing::warn!("{why}");
             Vec::new()
         }
     }
@@ -163,38 +213,73 @@ pub fn record(fs: &WorkspaceFs, run: &ScheduleRun) -> Result<()> {
 /// the end of a firing record from different threads, and neither may lose the other's entry.
 static REWRITING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// The history's entries to rewrite: a file that cannot be read is renamed
+/// `schedule-runs.unreadable-<UTC time>.json` first (kept for its owner, named in a
+/// warning), and the history starts again.
+fn items_to_rewrite(fs: &WorkspaceFs) -> Result<Vec<Value>> {
+    match read_items(fs) {
+        Ok(items) => Ok(items),
+        Err(why) => {
+            let stamp: String = now_rfc3339()
+                .chars()
+                .filter(char::is_ascii_alphanumeric)
+                .collect();
+            let aside = format!("schedule-runs.unreadable-{stamp}.json");
+            fs.rename(RUNS_FILE, &aside)?;
+            tracing::warn!("{why}: kept as {aside}, and the history starts again");
+            Ok(Vec::new())
+        }
+    }
+}
+
 /// [`record`] of several entries, the file read and written once.
 pub fn record_all(fs: &WorkspaceFs, new: &[ScheduleRun]) -> Result<()> {
     if new.is_empty() {
         return Ok(());
     }
     let _one = REWRITING.lock().unwrap_or_else(|e| e.into_inner());
-    let mut runs = read_runs(fs);
+    let mut items = items_to_rewrite(fs)?;
     for run in new {
-        runs.retain(|r| r.id != run.id);
-        runs.insert(0, run.clone());
+        items.retain(|v| v.get("id").and_then(Value::as_str) != Some(run.id.as_str()));
+        items.insert(0, serde_json::to_value(run.clone().cut())?);
     }
-    runs.truncate(MAX_RUNS);
-    fs.write_json_atomic(RUNS_FILE, &runs)?;
+    items.truncate(MAX_RUNS);
+    fs.write_json_atomic(RUNS_FILE, &items)?;
     Ok(())
 }
 
 /// Marks the entries a process left `running` as `interrupted`: called when a server starts,
-/// when no firing of its own can be running. Returns how many.
+/// when no firing of its own can be running. An entry whose `pid` is another process still
+/// alive (a second server on the workspace) is left running. Returns how many.
 pub fn mark_interrupted(fs: &WorkspaceFs) -> Result<usize> {
     let _one = REWRITING.lock().unwrap_or_else(|e| e.into_inner());
-    let mut runs = read_runs(fs);
+    let mut items = items_to_rewrite(fs)?;
     let mut marked = 0;
-    for run in runs.iter_mut().filter(|r| r.status == "running") {
-        run.status = "interrupted".to_string();
-        run.error = Some("the process running it ended before it did".to_string());
-        run.completed_at = Some(now_rfc3339());
+    for item in items
+        .iter_mut()
+        .filter(|v| v.get("status").and_then(Value::as_str) == Some("running"))
+        .filter(|v| !runs_elsewhere(v))
+    {
+        item["status"] = "interrupted".into();
+        item["error"] = "the process running it ended before it did".into();
+        item["completed_at"] = now_rfc3339().into();
+        if let Some(fields) = item.as_object_mut() {
+            fields.remove("pid");
+        }
         marked += 1;
     }
     if marked > 0 {
-        fs.write_json_atomic(RUNS_FILE, &runs)?;
+        fs.write_json_atomic(RUNS_FILE, &items)?;
     }
     Ok(marked)
+}
+
+/// Whether history entry `item` runs in another process that is alive.
+fn runs_elsewhere(item: &Value) -> bool {
+    item.get("pid")
+        .and_then(Value::as_u64)
+        .and_then(|pid| u32::try_from(pid).ok())
+        .is_some_and(|pid| pid != std::process::id() && Path::new(&format!("/proc/{pid}")).exists())
 }
 
 /// Why `root` cannot be fired on as it is: it needs a contract migration, which a schedule

@@ -68,6 +68,8 @@ pub struct ScriptOptions {
     /// The folders the script writes to instead of the step's own output folder: a route's
     /// call folder when a regular sub-agent step is scripted (its `STEP_OUTPUT_DIR`).
     pub folders: Option<AgentFolders>,
+    /// Interrupts the script's guest code when cancelled (the run's second stop).
+    pub cancel: Option<tokio_util::sync::CancellationToken>,
 }
 
 impl ScriptOptions {
@@ -92,6 +94,7 @@ impl Default for ScriptOptions {
             write_logs: true,
             approvals: Arc::new(KeyApprovals::none()),
             folders: None,
+            cancel: None,
         }
     }
 }
@@ -113,7 +116,9 @@ pub async fn run(
 ) -> Result<ScriptOutcome> {
     let (prepared, log_dir) = prepare(ws, step_id, options)
         .with_context(|| format!("running the script of step {step_id:?}"))?;
-    let outcome = scripts.run(step_id, &prepared, &options.limits).await?;
+    let outcome = scripts
+        .run_cancellable(step_id, &prepared, &options.limits, options.cancel.as_ref())
+        .await?;
     if options.write_logs {
         write_logs(&ws.fs, &log_dir, &outcome).with_context(|| {
             format!(

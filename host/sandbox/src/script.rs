@@ -219,8 +219,22 @@ impl ScriptRunner {
         invocation: &ScriptInvocation,
         limits: &Limits,
     ) -> Result<ScriptOutcome> {
+        self.run_cancellable(step_id, invocation, limits, None)
+            .await
+    }
+
+    /// [`ScriptRunner::run`], the guest code interrupted when `cancel` is cancelled (the
+    /// script then fails as cancelled).
+    pub async fn run_cancellable(
+        &self,
+        step_id: &str,
+        invocation: &ScriptInvocation,
+        limits: &Limits,
+        cancel: Option<&tokio_util::sync::CancellationToken>,
+    ) -> Result<ScriptOutcome> {
         let pre = self.instance_pre_for(invocation).await?;
-        self.execute(step_id, invocation, &pre, limits).await
+        self.execute(step_id, invocation, &pre, limits, cancel)
+            .await
     }
 
     async fn instance_pre_for(
@@ -258,6 +272,7 @@ impl ScriptRunner {
         prepared: &ScriptInvocation,
         pre: &InstancePre<CallState>,
         limits: &Limits,
+        cancel: Option<&tokio_util::sync::CancellationToken>,
     ) -> Result<ScriptOutcome> {
         let started = std::time::SystemTime::now();
         let clock = Instant::now();
@@ -270,7 +285,7 @@ impl ScriptRunner {
                 .net
                 .clone()
                 .map(|net| HttpPolicy::for_script(net, limits.timeout)),
-            cancel: None,
+            cancel,
         };
         let wasi = |builder: &mut wasmtime_wasi::WasiCtxBuilder| -> Result<()> {
             builder

@@ -295,7 +295,16 @@ pub struct Scheduler {
     firing: std::sync::Mutex<Option<(String, TurnStop, Arc<crate::LiveSession>)>>,
     /// The scheduler's clock is the real one shifted by this much (`TRELLIS_SCHEDULER_CLOCK`).
     offset: chrono::Duration,
+    /// The schedules of `workflow.json` as last parsed, and the file's length and time then:
+    /// the tick reads them each second, and the file seldom changes.
+    parsed: std::sync::Mutex<Option<(Stamp, Loaded)>>,
 }
+
+/// A file's length and modification time.
+type Stamp = (u64, std::time::SystemTime);
+
+/// The schedules of `workflow.json`, or its problems.
+type Loaded = Result<Vec<Schedule>, String>;
 
 impl Default for Scheduler {
     fn default() -> Self {
@@ -311,6 +320,7 @@ impl Default for Scheduler {
             })),
             firing: Default::default(),
             offset,
+            parsed: Default::default(),
         }
     }
 }
@@ -441,17 +451,44 @@ pub fn write_pause_config(globally_paused: bool) -> anyhow::Result<Value> {
 }
 
 /// The enabled and disabled schedules of the workspace as `workflow.json` holds them now
-/// (none when it does not read).
+/// (none when there is no such file, or it does not load: the scheduler fires nothing then).
 pub fn schedules_of(app: &App) -> Vec<Schedule> {
+    loaded_schedules(app).unwrap_or_default()
+}
+
+/// The schedules of `workflow.json`, or what makes it not load: its problems, each with its
+/// JSON path. Parsed again only when the file's length or modification time changed.
+pub fn loaded_schedules(app: &App) -> Result<Vec<Schedule>, String> {
     let Ok(fs) = app.workspace_fs() else {
-        return Vec::new();
+        return Ok(Vec::new());
     };
-    let Ok(text) = fs.read_json_text(trellis_workflow::WORKFLOW_FILE) else {
-        return Vec::new();
+    let Some(stamp) = fs.stamp(trellis_workflow::WORKFLOW_FILE) else {
+        return Ok(Vec::new());
     };
-    trellis_workflow::manifest::parse_manifest(&text, trellis_workflow::WORKFLOW_FILE)
-        .map(|(m, _)| m.original.schedules)
-        .unwrap_or_default()
+    let mut parsed = app
+        .scheduler
+        .parsed
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if let Some((seen, schedules)) = parsed.as_ref()
+        && *seen == stamp
+    {
+        return schedules.clone();
+    }
+    let schedules = match fs.read_json_text(trellis_workflow::WORKFLOW_FILE) {
+        Err(e) => Err(format!("{}: {e}", trellis_workflow::WORKFLOW_FILE)),
+        Ok(text) => {
+            trellis_workflow::manifest::parse_manifest(&text, trellis_workflow::WORKFLOW_FILE)
+                .map(|(m, _)| m.original.schedules)
+                .map_err(|diags| diags.lines().join("\n"))
+        }
+    };
+    if let Err(why) = &schedules {
+        tracing::warn!("the scheduler fires nothing while workflow.json does not load: {why}");
+    }
+    // Kept for a stamp read before the text: a write in between shows at the next call.
+    *parsed = Some((stamp, schedules.clone()));
+    schedules
 }
 
 /// Whether the workspace is taken: a firing, a builder turn, or an execution running.
@@ -640,6 +677,7 @@ mod tests {
             group_names: Vec::new(),
             started_at: at.into(),
             completed_at: Some(completed.into()),
+            pid: None,
         }
     }
 

@@ -15,7 +15,7 @@ use axum::http::StatusCode;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use trellis_builder::schedules::{ScheduleRun, read_runs};
+use trellis_builder::schedules::{ScheduleRun, history_problem, read_runs};
 use trellis_workflow::manifest::schedules::Schedule;
 
 use crate::App;
@@ -43,8 +43,20 @@ fn job(app: &App, s: &Schedule, history: &[ScheduleRun], runs: usize) -> Value {
     value
 }
 
+/// The schedules of `workflow.json`; `422 workspace_errors` naming its problems when it
+/// does not load.
+fn schedules(app: &App) -> Result<Vec<Schedule>, ApiError> {
+    scheduler::loaded_schedules(app).map_err(|why| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "workspace_errors",
+            format!("the schedules cannot be read, and none fires, until this is fixed: {why}"),
+        )
+    })
+}
+
 fn find(app: &App, id: &str) -> Result<Schedule, ApiError> {
-    let schedules = scheduler::schedules_of(app);
+    let schedules = schedules(app)?;
     let ids: Vec<String> = schedules.iter().map(|s| s.id.clone()).collect();
     schedules.into_iter().find(|s| s.id == id).ok_or_else(|| {
         ApiError::not_found(format!(
@@ -58,39 +70,74 @@ fn find(app: &App, id: &str) -> Result<Schedule, ApiError> {
     })
 }
 
-fn history(app: &App) -> Result<Vec<ScheduleRun>, ApiError> {
-    Ok(read_runs(&app.workspace_fs()?))
+/// The history, and why its file cannot be read when it cannot (the next entry written
+/// sets it aside).
+fn history(app: &App) -> Result<(Vec<ScheduleRun>, Option<String>), ApiError> {
+    let fs = app.workspace_fs()?;
+    Ok((read_runs(&fs), history_problem(&fs)))
+}
+
+/// Runs `read` off the server's threads, counted among the workspace's reads at once
+/// (`503 too_many_reads` past them): the files it reads and the next firings it works out
+/// take time.
+async fn off_thread<T: Send + 'static>(
+    app: &Arc<App>,
+    read: impl FnOnce(&App) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let on = app.clone();
+    crate::workspace::blocking_read(app, move || read(&on)).await?
+}
+
+/// Schedule `id`, read off the server's threads.
+async fn find_off_thread(app: &Arc<App>, id: &str) -> Result<Schedule, ApiError> {
+    let id = id.to_string();
+    off_thread(app, move |app| find(app, &id)).await
 }
 
 /// `GET /api/scheduler/jobs`.
 pub async fn jobs(State(app): State<Arc<App>>) -> ApiResult {
-    let history = history(&app)?;
-    let jobs: Vec<Value> = scheduler::schedules_of(&app)
-        .iter()
-        .map(|s| job(&app, s, &history, RUNS_IN_LIST))
-        .collect();
-    Ok(Json(json!({
-        "jobs": jobs,
-        "paused": scheduler::paused(),
-        "now": app.scheduler.now().to_rfc3339(),
-    })))
+    off_thread(&app, |app| {
+        let (history, problem) = history(app)?;
+        let jobs: Vec<Value> = schedules(app)?
+            .iter()
+            .map(|s| job(app, s, &history, RUNS_IN_LIST))
+            .collect();
+        Ok(Json(json!({
+            "jobs": jobs,
+            "paused": scheduler::paused(),
+            "now": app.scheduler.now().to_rfc3339(),
+            "history_error": problem,
+        })))
+    })
+    .await
 }
 
 /// `GET /api/scheduler/jobs/{id}`.
 pub async fn one(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResult {
-    let s = find(&app, &id)?;
-    let history = history(&app)?;
-    Ok(Json(job(&app, &s, &history, usize::MAX)))
+    off_thread(&app, move |app| {
+        let s = find(app, &id)?;
+        let (history, problem) = history(app)?;
+        let mut answer = job(app, &s, &history, usize::MAX);
+        answer["history_error"] = json!(problem);
+        Ok(Json(answer))
+    })
+    .await
 }
 
 /// `GET /api/scheduler/jobs/{id}/runs`.
 pub async fn runs(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResult {
-    let s = find(&app, &id)?;
-    let runs: Vec<ScheduleRun> = history(&app)?
-        .into_iter()
-        .filter(|r| r.schedule_id == s.id)
-        .collect();
-    Ok(Json(json!({"schedule_id": s.id, "runs": runs})))
+    off_thread(&app, move |app| {
+        let s = find(app, &id)?;
+        let (history, problem) = history(app)?;
+        let runs: Vec<ScheduleRun> = history
+            .into_iter()
+            .filter(|r| r.schedule_id == s.id)
+            .collect();
+        Ok(Json(
+            json!({"schedule_id": s.id, "runs": runs, "history_error": problem}),
+        ))
+    })
+    .await
 }
 
 /// `POST /api/scheduler/jobs/{id}/trigger`: fires the schedule now (enabled or not):
@@ -99,7 +146,7 @@ pub async fn trigger(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let s = find(&app, &id)?;
+    let s = find_off_thread(&app, &id).await?;
     let occ = Occurrence {
         schedule_id: s.id.clone(),
         at: None,
@@ -115,7 +162,7 @@ pub async fn trigger(
 
 /// `POST /api/scheduler/jobs/{id}/stop`: stops the schedule's firing, if it runs.
 pub async fn stop(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResult {
-    let s = find(&app, &id)?;
+    let s = find_off_thread(&app, &id).await?;
     let stopping = app.scheduler.stop(&app, &s.id);
     Ok(Json(json!({"schedule_id": s.id, "stopping": stopping})))
 }
@@ -132,7 +179,7 @@ pub async fn disable(State(app): State<Arc<App>>, Path(id): Path<String>) -> Api
 }
 
 async fn set_enabled(app: &Arc<App>, id: &str, enabled: bool) -> ApiResult {
-    let s = find(app, id)?;
+    let s = find_off_thread(app, id).await?;
     let reason = format!(
         "{} from the server's scheduler API",
         if enabled { "enabled" } else { "disabled" }
@@ -174,7 +221,7 @@ pub async fn create(
              or `schedule_type` calendar with `calendar_items`)",
         ));
     };
-    if find(&app, &id).is_ok() {
+    if find_off_thread(&app, &id).await.is_ok() {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             "exists",
@@ -191,8 +238,12 @@ pub async fn create(
         )
     })
     .await?;
-    let s = find(&app, &id)?;
-    Ok((StatusCode::CREATED, Json(job(&app, &s, &history(&app)?, 0))))
+    let answer = off_thread(&app, move |app| {
+        let s = find(app, &id)?;
+        Ok(job(app, &s, &history(app)?.0, 0))
+    })
+    .await?;
+    Ok((StatusCode::CREATED, Json(answer)))
 }
 
 /// `PUT /api/scheduler/jobs/{id}`: the body replaces the schedule whole (its `id` may be
@@ -203,7 +254,7 @@ pub async fn replace(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
     let schedule: Value = body_object(body)?;
-    let s = find(&app, &id)?;
+    let s = find_off_thread(&app, &id).await?;
     edit(&app, move |root| {
         trellis_builder::edits::replace_schedule(
             root,
@@ -213,13 +264,28 @@ pub async fn replace(
         )
     })
     .await?;
-    let s = find(&app, &id)?;
-    Ok(Json(job(&app, &s, &history(&app)?, RUNS_IN_LIST)))
+    off_thread(&app, move |app| {
+        let s = find(app, &id)?;
+        Ok(Json(job(app, &s, &history(app)?.0, RUNS_IN_LIST)))
+    })
+    .await
 }
 
-/// `DELETE /api/scheduler/jobs/{id}`: removes the schedule (its history stays).
+/// `DELETE /api/scheduler/jobs/{id}`: removes the schedule (its history stays); `409
+/// firing` while it fires (stop it first: a firing of a schedule gone would have no handle).
 pub async fn remove(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResult {
-    let s = find(&app, &id)?;
+    let s = find_off_thread(&app, &id).await?;
+    if app.scheduler.firing().as_deref() == Some(s.id.as_str()) {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "firing",
+            format!(
+                "schedule {:?} is firing: POST /api/scheduler/jobs/{}/stop ends the firing, \
+                 then it can be deleted",
+                s.id, s.id
+            ),
+        ));
+    }
     edit(&app, move |root| {
         trellis_builder::edits::delete_schedule(
             root,

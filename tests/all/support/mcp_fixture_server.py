@@ -80,6 +80,14 @@ async def roots_flood(count: int, ctx: Context) -> str:
     return "asked"
 
 
+@server.tool(description="Answers after `seconds` seconds.")
+async def hang(seconds: float) -> str:
+    import anyio
+
+    await anyio.sleep(seconds)
+    return "woke"
+
+
 @server.tool(description="Exits the server in the middle of the call.")
 def die() -> str:
     os._exit(3)

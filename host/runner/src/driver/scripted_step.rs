@@ -43,19 +43,24 @@ impl StepRunner<'_> {
             let entry = self.begin_item(run, &item_id, scripted::SCRIPT_ITEM_TYPE);
             self.steer_phase(run, Phase::Script);
             // A sub-agent's script writes to its call folder.
-            let call_options;
-            let options = if run.depth > 0 {
-                call_options = ScriptOptions {
-                    folders: Some(run.folders.clone()),
-                    ..options.clone()
-                };
-                &call_options
-            } else {
-                options
+            // A sub-agent's script writes to its call folder; every script ends when the
+            // run's tool calls are cancelled.
+            let options = ScriptOptions {
+                folders: if run.depth > 0 {
+                    Some(run.folders.clone())
+                } else {
+                    options.folders.clone()
+                },
+                cancel: Some(self.cancel_calls.clone()),
+                ..options.clone()
             };
+            let options = &options;
             let result = match run.settle_earlier_writes() {
                 Err(end) => Err(end),
                 Ok(()) => match crate::step_script::run(scripts, run.ws, &step_id, options).await {
+                    // Stopped while it ran (a script cut off by the second stop fails as
+                    // cancelled): no gate, no repair.
+                    Ok(_) if self.cancelled() => Err(TurnEnd::Stopped),
                     Ok(outcome) => self.check_script(run, attempt, skip_gate, outcome).await,
                     Err(e) => Err(TurnEnd::Failed(format!("{e:#}"))),
                 },

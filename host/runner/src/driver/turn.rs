@@ -464,8 +464,14 @@ impl StepRunner<'_> {
             Ok(a) if let Some((mcp, key)) = external => {
                 let tool = call.name.split_once(':').map_or("", |(_, t)| t);
                 if policy.plugins.names_server(key) && policy.plugins.allows(key, tool) {
-                    mcp.call(&call.name, a.clone(), self.limits.output_bytes)
-                        .await
+                    // The run's second stop ends the call at once (the server's answer, if
+                    // any comes, is dropped).
+                    tokio::select! {
+                        answer = mcp.call(&call.name, a.clone(), self.limits.output_bytes) => answer,
+                        () = self.cancel_calls.cancelled() => {
+                            Err("the call was cancelled".to_string())
+                        }
+                    }
                 } else {
                     Err(format!(
                         "tool {:?} is not available in this step",

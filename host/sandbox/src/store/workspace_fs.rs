@@ -412,6 +412,19 @@ impl WorkspaceFs {
         }
     }
 
+    /// The length and modification time of the regular file at `path`, which change when
+    /// it is written (an atomic write replaces it); `None` as for [`WorkspaceFs::metadata_len`].
+    pub fn stamp(&self, path: impl AsRef<Path>) -> Option<(u64, std::time::SystemTime)> {
+        let rel = self.relative(path.as_ref()).ok()?;
+        match self.check(&rel).ok()? {
+            Some(Kind::File) => {
+                let meta = self.dir.symlink_metadata(&rel).ok()?;
+                Some((meta.len(), meta.modified().ok()?.into_std()))
+            }
+            _ => None,
+        }
+    }
+
     /// The first `max` bytes at most of the regular file at `path`, and the file's length.
     pub fn read_head(&self, path: impl AsRef<Path>, max: u64) -> io::Result<(Vec<u8>, u64)> {
         let (rel, file, len) = self.open_regular(path.as_ref())?;
