@@ -11,6 +11,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use trellis_runner::events::RunEvent;
+use trellis_sandbox::llm::ReplyEvent;
 
 /// How progress is shown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,6 +63,27 @@ struct Agent {
     item_type: String,
     iteration: u32,
     turn: u64,
+    /// The last line of the reply arriving, for the status line (a streaming provider).
+    said: String,
+}
+
+/// Characters of the reply arriving that the status line shows, its latest.
+const SAID_CHARS: usize = 60;
+
+impl Agent {
+    /// Adds text of the reply arriving: only its last line is kept, and of that only the
+    /// latest [`SAID_CHARS`] characters.
+    fn hear(&mut self, text: &str) {
+        match text.rsplit_once('\n') {
+            Some((_, last)) => self.said = last.to_string(),
+            None => self.said.push_str(text),
+        }
+        let extra = self.said.chars().count().saturating_sub(SAID_CHARS);
+        if extra > 0 {
+            let at = self.said.char_indices().nth(extra).map_or(0, |(i, _)| i);
+            self.said.drain(..at);
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -124,6 +146,9 @@ impl Progress {
     /// One event of the run.
     pub fn event(&self, event: &RunEvent) {
         let mut state = self.lock();
+        if let RunEvent::Reply { step_id, event } = event {
+            return self.reply(&mut state, step_id, event);
+        }
         match event {
             RunEvent::StepStarted { step_id, .. } => {
                 state.step = Some(step_id.clone());
@@ -180,6 +205,29 @@ impl Progress {
         }
     }
 
+    /// A piece of a reply arriving: on a terminal the status line shows its last words; a
+    /// retry that voids what was shown is a lasting line in every mode but quiet.
+    fn reply(&self, state: &mut State, step_id: &str, event: &ReplyEvent) {
+        let agent = state.agents.entry(step_id.to_string()).or_default();
+        match event {
+            ReplyEvent::Text(text) => agent.hear(text),
+            ReplyEvent::ToolCall { name, .. } => agent.said = format!("calling {name}"),
+            ReplyEvent::Restarted { reason } => {
+                agent.said.clear();
+                let depth = step_id.matches('/').count();
+                let line = format!(
+                    "{}    model reply restarted (the retry starts over): {}",
+                    "  ".repeat(depth),
+                    first_line(reason)
+                );
+                return self.print(state, &line);
+            }
+        }
+        if self.mode == Mode::Live {
+            self.redraw(state);
+        }
+    }
+
     /// Redraws the status line (the time moves on while a model thinks).
     pub fn tick(&self) {
         if self.mode == Mode::Live {
@@ -232,6 +280,9 @@ impl Progress {
         }
         if own.turn > 0 {
             status.push_str(&format!(" | turn {}", own.turn));
+        }
+        if !own.said.trim().is_empty() {
+            status.push_str(&format!(" | > {}", own.said.trim()));
         }
         let busy: Vec<&str> = state
             .agents
@@ -296,6 +347,7 @@ fn describe(state: &mut State, event: &RunEvent) -> Option<String> {
             state.totals.turns += 1;
             let agent = state.agents.entry(step_id.clone()).or_default();
             agent.turn = *turn;
+            agent.said.clear();
             agent.iteration = *iteration;
             let row = if agent.item_type == "foreach" && agent.item.as_deref() == Some(item_id) {
                 format!(" row {iteration}")
@@ -316,6 +368,9 @@ fn describe(state: &mut State, event: &RunEvent) -> Option<String> {
             error,
         } => {
             state.totals.llm_calls += 1;
+            if let Some(agent) = state.agents.get_mut(step_id) {
+                agent.said.clear();
+            }
             state.totals.prompt_tokens += prompt_tokens;
             state.totals.completion_tokens += completion_tokens;
             state.step_prompt += prompt_tokens;

@@ -20,7 +20,7 @@ use trellis_runner::llm_choice::{LlmSetup, parse_llm_spec};
 use trellis_runner::runtime::{Runtime, StartOptions};
 use trellis_runner::workflow_run::RunOptions;
 use trellis_sandbox::Engine;
-use trellis_sandbox::llm::RetryPolicy;
+use trellis_sandbox::llm::{ReplyEvent, RetryPolicy};
 
 use super::{CacheArgs, PluginDirs, registry};
 
@@ -88,6 +88,11 @@ pub struct BuilderArgs {
     /// Retries of a failed LLM call (default 3), as for `trellis run`.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=100))]
     llm_retries: Option<u32>,
+    /// Ask no model to stream its reply, whatever workflow.json says (for a server that
+    /// cannot stream; `"stream": false` in workflow.json's `providers.<id>` or a model's
+    /// `options` does it for one provider or model).
+    #[arg(long)]
+    no_stream: bool,
     #[command(flatten)]
     plugins: PluginDirs,
     #[command(flatten)]
@@ -140,20 +145,25 @@ pub(crate) async fn builder_setup(
     approvals: Approvals<'_>,
     llm: Option<&str>,
     llm_retries: Option<u32>,
+    no_stream: bool,
 ) -> Result<BuilderSetup> {
     let runtime = Runtime::new(Arc::new(registry(engine, plugins).await?));
     let approvals = super::approvals(approvals.keys, approvals.hosts)?;
     let override_llm = llm.map(parse_llm_spec).transpose()?;
-    let own = LlmSetup::new(override_llm)
+    let mut own = LlmSetup::new(override_llm)
         .with_approvals(approvals.clone())
         .with_providers(runtime.registry().llm_provider_ids());
     let mut retry = RetryPolicy::default();
     if let Some(n) = llm_retries {
         retry.max_retries = n;
     }
-    let steps_llm = LlmSetup::new(None)
+    let mut steps_llm = LlmSetup::new(None)
         .with_approvals(approvals)
         .with_providers(runtime.registry().llm_provider_ids());
+    if no_stream {
+        own = own.without_streaming();
+        steps_llm = steps_llm.without_streaming();
+    }
     let mut template = StartOptions::new(RunOptions::default(), steps_llm);
     template.retry = retry;
     template.mcp_config = Arc::new(super::mcp_config(mcp, runtime.registry())?);
@@ -198,6 +208,7 @@ pub async fn run(engine: impl FnOnce() -> Result<Engine>, args: BuilderArgs) -> 
         },
         args.llm.as_deref(),
         args.llm_retries,
+        args.no_stream,
     )
     .await?;
     if let Some(file) = &args.record {
@@ -379,8 +390,16 @@ fn line_reader() -> Result<(
     std::thread::Builder::new()
         .name("trellis-line-editor".into())
         .spawn(move || {
+            // Output while a prompt is up goes above it (a completion turn's reply, an
+            // execution's lines); without a terminal there is no such printer.
+            if let Ok(printer) = editor.create_external_printer() {
+                *EDITOR_PRINTER.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(printer));
+            }
             while let Ok(prompt) = prompts.recv() {
-                match editor.readline(&prompt) {
+                EDITING.store(true, std::sync::atomic::Ordering::SeqCst);
+                let read = editor.readline(&prompt);
+                EDITING.store(false, std::sync::atomic::Ordering::SeqCst);
+                match read {
                     Ok(line) => {
                         let _ = editor.add_history_entry(line.as_str());
                         if let Some(file) = &history {
@@ -415,42 +434,128 @@ fn history_file() -> Option<PathBuf> {
     Some(state.join("trellis").join("builder_history"))
 }
 
-/// Prints events as they come: the agent's text, a line per tool call and per execution
-/// event.
+/// Where the builder's output goes while the line editor shows a prompt: through the
+/// editor's printer, which keeps the prompt and what is typed whole under the lines. Set by
+/// the line editor's thread around each prompt.
+static EDITOR_PRINTER: std::sync::Mutex<Option<Box<dyn rustyline::ExternalPrinter + Send>>> =
+    std::sync::Mutex::new(None);
+/// Whether the line editor shows a prompt now.
+static EDITING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// What the printer has shown of the reply arriving.
+#[derive(Debug, Default)]
+struct Streamed {
+    /// The answer arriving showed text already: its whole text is not printed again.
+    any: bool,
+    /// The last text shown did not end its line.
+    open: bool,
+    /// Text of a line not shown yet (while a prompt is up only whole lines go out).
+    line: String,
+}
+
+/// Prints events as they come: the agent's text as it arrives, a line per tool call and per
+/// execution event.
 pub(crate) fn printer(interactive: bool) -> BuilderObserver {
     use crate::terminal::shown;
     let dim = interactive && std::io::stdout().is_terminal();
+    let streamed = std::sync::Mutex::new(Streamed::default());
     BuilderObserver::new(move |event| {
-        let mut out = std::io::stdout().lock();
-        let _ = match event {
-            BuilderEvent::AgentText(text) => writeln!(out, "{}", shown(text)),
+        let mut streamed = streamed.lock().unwrap_or_else(|e| e.into_inner());
+        let mut text = String::new();
+        // A line of the reply left open ends before anything else is printed.
+        let close = |streamed: &mut Streamed, text: &mut String| {
+            if streamed.open || !streamed.line.is_empty() {
+                text.push_str(&std::mem::take(&mut streamed.line));
+                text.push('\n');
+                streamed.open = false;
+            }
+        };
+        match event {
+            BuilderEvent::Reply(ReplyEvent::Text(piece)) => {
+                streamed.any = true;
+                let piece = shown(piece);
+                if EDITING.load(std::sync::atomic::Ordering::SeqCst) {
+                    // Whole lines only, above the prompt.
+                    streamed.line.push_str(&piece);
+                    if let Some(at) = streamed.line.rfind('\n') {
+                        let rest = streamed.line.split_off(at + 1);
+                        text = std::mem::replace(&mut streamed.line, rest);
+                    }
+                } else {
+                    text.push_str(&std::mem::take(&mut streamed.line));
+                    text.push_str(&piece);
+                    streamed.open = !text.ends_with('\n');
+                }
+            }
+            BuilderEvent::Reply(ReplyEvent::Restarted { reason }) => {
+                close(&mut streamed, &mut text);
+                streamed.any = false;
+                text.push_str(&format!(
+                    "  (the reply starts over: {})\n",
+                    shown(&first_line(reason))
+                ));
+            }
+            BuilderEvent::Reply(ReplyEvent::ToolCall { .. }) => {}
+            BuilderEvent::AgentText(whole) => {
+                if std::mem::take(&mut streamed.any) {
+                    close(&mut streamed, &mut text);
+                } else {
+                    text = format!("{}\n", shown(whole));
+                }
+            }
             BuilderEvent::ToolStarted {
                 name, arguments, ..
             } => {
+                close(&mut streamed, &mut text);
                 let args: String = arguments.to_string().chars().take(120).collect();
                 let (name, args) = (shown(name), shown(&args));
-                if dim {
-                    writeln!(out, "\x1b[2m  -> {name} {args}\x1b[0m")
+                text.push_str(&if dim {
+                    format!("\x1b[2m  -> {name} {args}\x1b[0m\n")
                 } else {
-                    writeln!(out, "  -> {name} {args}")
-                }
+                    format!("  -> {name} {args}\n")
+                });
             }
             BuilderEvent::ToolEnded {
                 name, ok, summary, ..
-            } => writeln!(
-                out,
-                "  {} {}: {}",
-                if *ok { "ok" } else { "FAILED" },
-                shown(name),
-                shown(&first_line(summary))
-            ),
+            } => {
+                close(&mut streamed, &mut text);
+                text.push_str(&format!(
+                    "  {} {}: {}\n",
+                    if *ok { "ok" } else { "FAILED" },
+                    shown(name),
+                    shown(&first_line(summary))
+                ));
+            }
             BuilderEvent::Execution { id, line } => {
-                writeln!(out, "  [{id}] {}", shown(&first_line(line)))
+                close(&mut streamed, &mut text);
+                text.push_str(&format!("  [{id}] {}\n", shown(&first_line(line))));
             }
             // The session's loop prints the end of each turn itself.
-            BuilderEvent::TurnStarted { .. } | BuilderEvent::TurnEnded { .. } => Ok(()),
-        };
+            BuilderEvent::TurnStarted { .. } => {}
+            BuilderEvent::TurnEnded { .. } => {
+                close(&mut streamed, &mut text);
+                streamed.any = false;
+            }
+        }
+        drop(streamed);
+        if !text.is_empty() {
+            print_out(text);
+        }
     })
+}
+
+/// Prints `text`: above the prompt while the line editor shows one, else on stdout as it is.
+fn print_out(text: String) {
+    if EDITING.load(std::sync::atomic::Ordering::SeqCst) {
+        let mut printer = EDITOR_PRINTER.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(printer) = printer.as_mut() {
+            let _ = printer.print(text.strip_suffix('\n').unwrap_or(&text).to_string());
+            return;
+        }
+    }
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes());
+    let _ = out.flush();
 }
 
 /// The first line of `text`, marked as cut when there is more.

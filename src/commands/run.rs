@@ -51,6 +51,11 @@ pub struct RunArgs {
     /// error and the run goes on.
     #[arg(long, value_name = "MIB", requires = "record", value_parser = clap::value_parser!(u64).range(1..=65_536))]
     record_max_mib: Option<u64>,
+    /// Ask no model to stream its reply, whatever workflow.json says (for a server that
+    /// cannot stream; `"stream": false` in workflow.json's `providers.<id>` or a model's
+    /// `options` does it for one provider or model).
+    #[arg(long)]
+    no_stream: bool,
     /// Let the key in environment variable VAR go to ORIGIN (`scheme://host[:port]`)
     /// when the workspace asks for it (repeatable). Also in
     /// $XDG_CONFIG_HOME/trellis/config.toml (else ~/.config/trellis/config.toml).
@@ -150,6 +155,9 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
         .map(|n| n as usize)
         .or(approvals.max_tool_rounds());
     let mut llm = LlmSetup::new(override_llm.clone()).with_approvals(approvals);
+    if args.no_stream {
+        llm = llm.without_streaming();
+    }
     if let Some(file) = &args.record {
         llm = llm.with_recorder(super::recorder(
             file,
@@ -227,7 +235,8 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
     let mut interrupts = signal(SignalKind::interrupt()).context("listening for Ctrl-C")?;
     let id = runtime.start_workflow(root, start);
     // Ctrl-C asks the execution to stop at the next boundary (before an item, between
-    // foreach rows or tool rounds); the session records `stopped`. A second cancels the
+    // foreach rows or tool rounds; a model reply in flight ends at once); the session
+    // records `stopped`. A second cancels the
     // tool calls in flight too (guest code is interrupted); a third is the usual hard stop.
     let watcher = {
         let (runtime, id) = (runtime.clone(), id.clone());

@@ -215,6 +215,7 @@ pub async fn run(
                         },
                         llm.as_deref(),
                         None,
+                        false,
                     )
                     .await?;
                     let executions = Executions::new(runtime.clone(), template);

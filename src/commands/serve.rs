@@ -31,6 +31,11 @@ pub struct ServeArgs {
     /// The builder's model (PROVIDER:MODEL), over workflow.json's `builder_llm`.
     #[arg(long, value_name = "PROVIDER:MODEL")]
     llm: Option<String>,
+    /// Ask no model to stream its reply, whatever workflow.json says (for a server that
+    /// cannot stream; `"stream": false` in workflow.json's `providers.<id>` or a model's
+    /// `options` does it for one provider or model).
+    #[arg(long)]
+    no_stream: bool,
     /// Let the key in environment variable VAR go to ORIGIN (repeatable), as for `trellis run`.
     #[arg(long = "allow-key", value_name = "VAR=ORIGIN")]
     allow_keys: Vec<String>,
@@ -77,6 +82,7 @@ pub async fn run(engine: &Engine, args: ServeArgs) -> Result<ExitCode> {
         },
         args.llm.as_deref(),
         None,
+        args.no_stream,
     )
     .await?;
     let api_template = template.clone();

@@ -202,8 +202,12 @@ pub enum BuilderEvent {
         /// How.
         report: TurnReport,
     },
-    /// Text of the agent's reply.
+    /// Text of the agent's reply, whole (after its pieces, when it streamed).
     AgentText(String),
+    /// A piece of the agent's reply as it arrives (a provider that streams): text, a tool
+    /// call beginning, or a retry voiding what was shown. `AgentText` follows with the
+    /// whole text.
+    Reply(trellis_sandbox::llm::ReplyEvent),
     /// A tool call starts.
     ToolStarted {
         /// The call id the model gave.

@@ -120,6 +120,15 @@ pub enum RunEvent {
         /// The error, when the call failed.
         error: Option<String>,
     },
+    /// A piece of the model's reply as it arrives (a provider that streams): text, a tool
+    /// call beginning, or a retry voiding what was shown. The `LlmCall` that follows carries
+    /// the whole answer; turn logs keep that, not the pieces.
+    Reply {
+        /// The step id.
+        step_id: String,
+        /// The piece.
+        event: trellis_sandbox::llm::ReplyEvent,
+    },
     /// One tool call ended.
     ToolCall {
         /// The step id.

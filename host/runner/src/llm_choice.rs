@@ -32,6 +32,7 @@ use serde_json::{Map, Value};
 use trellis_sandbox::llm::record::check_replay_model_id;
 use trellis_sandbox::llm::{
     Endpoint, KeyApprovals, MAX_REPLAY_VALUES, Options, ProviderDefaults, Recorder, ReplayCursor,
+    ReplyStream,
     Secret, Target, is_loopback_base_url,
 };
 use trellis_workflow::step_config::{ExecutionTier, LlmRef};
@@ -189,19 +190,39 @@ pub fn needs_model(ws: &Workspace, step: &Step) -> bool {
 
 /// The fields of a request body that the host writes and `options` may not: the model,
 /// the conversation (`messages`, and `system`, where Anthropic's API puts the system
-/// prompt), the tools and whether the answer streams (the providers read whole answers).
-pub const RESERVED_OPTIONS: [&str; 5] = ["model", "messages", "system", "tools", "stream"];
+/// prompt) and the tools. `stream` is not sent as it is either: it is the switch of
+/// [`stream_option`].
+pub const RESERVED_OPTIONS: [&str; 4] = ["model", "messages", "system", "tools"];
+
+/// `stream` of a model's `options` object: `false` turns streaming off for that model (a
+/// server that cannot stream); absent leaves it to workflow.json's provider settings. The
+/// provider writes `stream` in the request body itself.
+pub fn stream_option(options: Option<&Map<String, Value>>, at: &str) -> Result<Option<bool>> {
+    match options.and_then(|o| o.get("stream")) {
+        None => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(other) => bail!(
+            "{at}.stream: expected true or false (whether the model's replies stream), \
+             found {other}"
+        ),
+    }
+}
 
 /// The request options of a model's `options` object: `temperature` (a number) and
-/// `max_tokens` (a whole number) by name, everything else merged into the request body
-/// but the fields the host writes ([`RESERVED_OPTIONS`]), which are refused.
+/// `max_tokens` (a whole number) by name, `stream` taken out ([`stream_option`]),
+/// everything else merged into the request body but the fields the host writes
+/// ([`RESERVED_OPTIONS`]), which are refused.
 pub fn request_options(options: Option<&Map<String, Value>>, at: &str) -> Result<Option<Options>> {
     let Some(options) = options else {
         return Ok(None);
     };
+    stream_option(Some(options), at)?;
     let mut out = Options::default();
     let mut extra = Map::new();
     for (key, value) in options {
+        if key == "stream" {
+            continue;
+        }
         if RESERVED_OPTIONS.contains(&key.as_str()) {
             bail!(
                 "{at}.{key}: the host writes {key:?} in the request body, options cannot \
@@ -258,6 +279,7 @@ pub struct LlmSetup {
     cursors: Arc<Mutex<BTreeMap<PathBuf, ReplayCursor>>>,
     approvals: Arc<KeyApprovals>,
     providers: Option<Arc<Vec<String>>>,
+    no_stream: bool,
 }
 
 impl Default for LlmSetup {
@@ -276,7 +298,14 @@ impl LlmSetup {
             cursors: Arc::default(),
             approvals: Arc::new(KeyApprovals::defaults()),
             providers: None,
+            no_stream: false,
         }
+    }
+
+    /// No reply streams, whatever the workflow says (`--no-stream`).
+    pub fn without_streaming(mut self) -> Self {
+        self.no_stream = true;
+        self
     }
 
     /// Models name only these LLM providers (the ids of the loaded provider plugins, and
@@ -390,6 +419,16 @@ impl LlmSetup {
             options.push(
                 request_options(model.options.as_ref(), &at).with_context(|| label.to_string())?,
             );
+            // The model's own switch, else its provider's in workflow.json, else on.
+            let stream = !self.no_stream
+                && stream_option(model.options.as_ref(), &at)?
+                    .or_else(|| {
+                        ws.manifest
+                            .providers
+                            .get(&model.provider)
+                            .and_then(|p| p.stream)
+                    })
+                    .unwrap_or(true);
             if model.provider == REPLAY_PROVIDER {
                 if i > 0 {
                     bail!(
@@ -408,15 +447,17 @@ impl LlmSetup {
                     model: model.model_id.clone(),
                     endpoint: cursor.endpoint_at(0)?,
                     secret: Secret::none(),
+                    stream,
                 });
                 replay = Some(cursor);
             } else {
-                targets.push(remote_target(ws, model, &self.approvals).with_context(|| {
+                let target = remote_target(ws, model, &self.approvals).with_context(|| {
                     format!(
                         "{label}: model {}:{} ({})",
                         model.provider, model.model_id, models.source
                     )
-                })?);
+                })?;
+                targets.push(Target { stream, ..target });
             }
         }
         Ok(StepLlm {
@@ -494,7 +535,8 @@ impl LlmSetup {
 }
 
 /// One LLM call to `targets` (primary, then fallbacks, each with its `options`): under
-/// replay, the primary at the cassette's next position. An answered call goes to `recorder`.
+/// replay, the primary at the cassette's next position. The reply's pieces go to `reply` as
+/// they arrive. An answered call goes to `recorder`, with the pieces it came in.
 #[allow(clippy::too_many_arguments)]
 pub async fn complete(
     registry: &trellis_sandbox::PluginRegistry,
@@ -505,6 +547,7 @@ pub async fn complete(
     request: &trellis_sandbox::llm::Request,
     retry: &trellis_sandbox::llm::RetryPolicy,
     limits: &trellis_sandbox::Limits,
+    reply: Option<&ReplyStream>,
 ) -> trellis_sandbox::llm::Completion {
     let targets = match replay {
         Some(cursor) => match (targets.first(), cursor.next_endpoint()) {
@@ -516,14 +559,24 @@ pub async fn complete(
         },
         None => targets.to_vec(),
     };
-    let completion = trellis_sandbox::llm::complete_with_options(
-        registry, &targets, options, request, retry, limits,
+    // A recording keeps where the pieces fell even when nobody watches them.
+    let unwatched;
+    let reply = match (reply, recorder) {
+        (None, Some(_)) => {
+            unwatched = ReplyStream::unwatched(true);
+            Some(&unwatched)
+        }
+        (reply, _) => reply,
+    };
+    let completion = trellis_sandbox::llm::complete_with_reply(
+        registry, &targets, options, request, retry, limits, reply,
     )
     .await;
-    if let (Some(recorder), Ok(response)) = (recorder, &completion.result)
-        && let Err(e) = recorder.record(request, response)
-    {
-        tracing::error!("{e:#}");
+    if let (Some(recorder), Ok(response)) = (recorder, &completion.result) {
+        let chunks = reply.map(|r| r.chunks_of(response)).unwrap_or_default();
+        if let Err(e) = recorder.record_streamed(request, response, chunks) {
+            tracing::error!("{e:#}");
+        }
     }
     completion
 }
@@ -584,6 +637,7 @@ fn remote_target(ws: &Workspace, model: &LlmRef, approvals: &KeyApprovals) -> Re
         model: model.model_id.clone(),
         endpoint,
         secret,
+        stream: true,
     })
 }
 

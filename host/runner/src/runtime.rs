@@ -331,13 +331,17 @@ impl Execution {
             _ => {}
         }
         let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
-        if log.kept.len() == KEPT_EVENTS {
-            log.kept.pop_front();
-        }
         if matches!(event, ExecutionEvent::End { .. }) {
             log.ended = true;
         }
-        log.kept.push_back(event.clone());
+        // The pieces of a reply are for those watching now: a late reader gets the whole
+        // answer from the `LlmCall` that follows, and the pieces would crowd out the rest.
+        if !matches!(event, ExecutionEvent::Run(RunEvent::Reply { .. })) {
+            if log.kept.len() == KEPT_EVENTS {
+                log.kept.pop_front();
+            }
+            log.kept.push_back(event.clone());
+        }
         // No reader is fine: the log keeps the event for later ones.
         let _ = self.sender.send(event);
     }
@@ -588,8 +592,8 @@ impl Runtime {
     }
 
     /// Asks execution `id` to stop at its next boundary (before an item, between foreach
-    /// rows and tool rounds; an LLM call or a tool round in flight ends first). Returns
-    /// whether it was running.
+    /// rows and tool rounds): a model reply in flight is dropped at once, a tool round in
+    /// flight ends first. Returns whether it was running.
     pub fn stop(&self, id: &ExecutionId) -> bool {
         match self.get(id) {
             Some(execution) if execution.status() == ExecutionStatus::Running => {

@@ -15,7 +15,7 @@ use wasmtime::{Store, Trap, UpdateDeadline};
 use wasmtime_wasi::WasiCtxBuilder;
 
 use super::output::OutputSink;
-use super::slices::{db::DbState, fs::FsState, http::HttpState, log::LogState};
+use super::slices::{db::DbState, fs::FsState, http::HttpState, log::LogState, reply::ReplyState};
 use super::state::{CallState, MemoryLimit, MemoryLimitExceeded};
 use crate::capabilities::{FsLimitExceeded, Grant, Limits};
 use crate::engine::Engine;
@@ -130,6 +130,7 @@ where
         db,
         http: HttpState::new(call.http),
         log: LogState::new(Arc::from(call.label), secrets),
+        reply: ReplyState::default(),
     };
     let mut store = Store::new(engine.wasmtime(), state);
     store.limiter(|s| &mut s.memory);

@@ -13,6 +13,7 @@ pub(crate) mod http;
 pub mod record;
 pub mod redact;
 mod retry;
+pub mod stream;
 pub(crate) mod wit;
 
 use std::path::Path;
@@ -35,8 +36,9 @@ pub use record::{
 pub use redact::{MIN_SECRET_CHARS, REDACTED, redact_secrets};
 pub use retry::{
     Attempt, AttemptStatus, Completion, RetryPolicy, Target, complete_with_options,
-    complete_with_retries,
+    complete_with_reply, complete_with_retries,
 };
+pub use stream::{Delta, ReplyEvent, ReplyStream, ToolCallPiece};
 
 /// The public OpenAI API, the default base URL as in the official SDKs.
 pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";

@@ -72,6 +72,8 @@ pub struct Plugin {
     /// The tool world's exports looked up once in `pre` (a tool plugin's only).
     tool_pre: Option<bindings::tool::ToolPluginPre<CallState>>,
     tools: Vec<ToolSpec>,
+    /// A provider of the 0.3.0 world, which may stream its replies.
+    streams: bool,
 }
 
 impl std::fmt::Debug for Plugin {
@@ -100,6 +102,12 @@ impl Plugin {
     /// Where it was loaded from.
     pub fn source(&self) -> &PluginSource {
         &self.source
+    }
+
+    /// Whether it is a provider that may stream its replies (built against
+    /// `trellis:plugin@0.3.0`); one built against 0.1.0 returns whole answers only.
+    pub fn streams(&self) -> bool {
+        self.streams
     }
 
     /// Its tools (empty for other kinds).
@@ -293,7 +301,7 @@ impl PluginRegistry {
         };
         let loaded = self.engine.open_component(bytes, &origin, deadline)?;
         let component = loaded.component();
-        check_world(component, &self.engine, manifest.kind)?;
+        let streams = check_world(component, &self.engine, manifest.kind)?;
         let linker = match manifest.kind {
             PluginKind::Tool => &self.tool_linker,
             PluginKind::Validator => &self.validator_linker,
@@ -315,6 +323,7 @@ impl PluginRegistry {
             pre,
             tool_pre,
             tools: Vec::new(),
+            streams,
         };
         if plugin.manifest.kind == PluginKind::Tool {
             plugin.tools = list_tools(&plugin, &self.engine).await?;
@@ -505,8 +514,9 @@ async fn list_tools(plugin: &Plugin, engine: &Engine) -> Result<Vec<ToolSpec>> {
 }
 
 /// Checks that `component` exports the interface of `kind` at a supported plugin API
-/// version ([`api::check_world`]), with a message saying what it exports instead.
-fn check_world(component: &Component, engine: &Engine, kind: PluginKind) -> Result<()> {
+/// version ([`api::check_world`]), with a message saying what it exports instead; `true`
+/// for a provider of the streaming world ([`api::PROVIDER_API_VERSION`]).
+fn check_world(component: &Component, engine: &Engine, kind: PluginKind) -> Result<bool> {
     let ty = component.component_type();
     let exports: Vec<String> = ty
         .exports(engine.wasmtime())
@@ -516,7 +526,8 @@ fn check_world(component: &Component, engine: &Engine, kind: PluginKind) -> Resu
         .imports(engine.wasmtime())
         .map(|(name, _)| name.to_string())
         .collect();
-    api::check_world(&exports, &imports, kind)
+    api::check_world(&exports, &imports, kind)?;
+    Ok(kind == PluginKind::LlmProvider && api::exports_streaming_provider(&exports))
 }
 
 fn find_manifests(dir: &Path) -> Result<Vec<PathBuf>> {

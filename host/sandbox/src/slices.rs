@@ -6,7 +6,7 @@
 //! |-----------|---------------------------|
 //! | tool      | fs, db, log               |
 //! | validator | fs, log                   |
-//! | provider  | fs, http, log             |
+//! | provider  | fs, http, log, reply      |
 //! | script    | fs (+ cli), db, http, log |
 //!
 //! Every world gets WASI through the fs slice, since a guest's standard library imports it;
@@ -17,6 +17,7 @@ pub(crate) mod db;
 pub(crate) mod fs;
 pub(crate) mod http;
 pub(crate) mod log;
+pub(crate) mod reply;
 
 use wasmtime::component::Linker;
 
@@ -34,6 +35,8 @@ pub(crate) enum Slice {
     Http,
     /// `trellis:plugin/host` and `types`.
     Log,
+    /// `trellis:plugin/reply` (0.3.0).
+    Reply,
 }
 
 /// A tool plugin's slices.
@@ -41,7 +44,7 @@ pub(crate) const TOOL: &[Slice] = &[Slice::Fs, Slice::Db, Slice::Log];
 /// A validator plugin's slices.
 pub(crate) const VALIDATOR: &[Slice] = &[Slice::Fs, Slice::Log];
 /// An LLM provider's slices.
-pub(crate) const PROVIDER: &[Slice] = &[Slice::Fs, Slice::Http, Slice::Log];
+pub(crate) const PROVIDER: &[Slice] = &[Slice::Fs, Slice::Http, Slice::Log, Slice::Reply];
 /// A step script's slices: its requests go only to its step's `allowed_hosts`, none without.
 pub(crate) const SCRIPT: &[Slice] = &[Slice::Fs, Slice::Db, Slice::Http, Slice::Log];
 
@@ -54,6 +57,7 @@ pub(crate) fn linker(engine: &Engine, slices: &[Slice]) -> anyhow::Result<Linker
             Slice::Db => db::add_to_linker(&mut linker)?,
             Slice::Http => http::add_to_linker(&mut linker)?,
             Slice::Log => log::add_to_linker(&mut linker)?,
+            Slice::Reply => reply::add_to_linker(&mut linker)?,
         }
     }
     Ok(linker)

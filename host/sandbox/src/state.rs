@@ -8,6 +8,7 @@ use super::slices::db::DbState;
 use super::slices::fs::FsState;
 use super::slices::http::HttpState;
 use super::slices::log::LogState;
+use super::slices::reply::ReplyState;
 
 /// Store data of one call. A fresh one is made for every call, each slice's state built
 /// from the call's grant; a world that does not link a slice never reaches its state.
@@ -18,6 +19,7 @@ pub(crate) struct CallState {
     pub(crate) db: DbState,
     pub(crate) http: HttpState,
     pub(crate) log: LogState,
+    pub(crate) reply: ReplyState,
 }
 
 /// Memory budget of one instance: all its linear memories and tables together (a

@@ -2,12 +2,14 @@
 //! a stream resumes after the last event it saw (`Last-Event-ID`, `?since=`), and the polling
 //! form reads the same log.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
 use trellis_builder::BuilderEvent;
+use trellis_sandbox::llm::ReplyEvent;
 
 /// Events a session keeps; older ones are dropped first, and a client asking for them is
 /// told where the log now starts.
@@ -165,7 +167,104 @@ impl EventLog {
     }
 }
 
-/// A builder event as the API gives it.
+/// The shortest time between two text events of one reply in a log: a fast model's pieces
+/// are joined, so a browser gets at most one such event per this long from each reply.
+pub const PIECE_INTERVAL: Duration = Duration::from_millis(50);
+
+/// Puts the text pieces of one reply source (a session's agent, an execution) into a log,
+/// joined to at most one event per [`PIECE_INTERVAL`]; every other event of the source goes
+/// through [`Joiner::push`], after the text waiting, so nothing overtakes it. The last
+/// pieces are given at most [`PIECE_INTERVAL`] after they came (a task on the current tokio
+/// runtime waits for them; without one they go at once).
+#[derive(Clone)]
+pub struct Joiner {
+    log: Arc<EventLog>,
+    event: Arc<dyn Fn(&str, String) -> Value + Send + Sync>,
+    pending: Arc<Mutex<Pending>>,
+}
+
+#[derive(Default)]
+struct Pending {
+    /// The source of the text waiting (a step id), and the text.
+    text: Option<(String, String)>,
+    last: Option<Instant>,
+    scheduled: bool,
+}
+
+impl Joiner {
+    /// A joiner into `log`, making each text event with `event(source, text)`.
+    pub fn new(
+        log: Arc<EventLog>,
+        event: impl Fn(&str, String) -> Value + Send + Sync + 'static,
+    ) -> Self {
+        Joiner {
+            log,
+            event: Arc::new(event),
+            pending: Arc::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Pending> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A piece of text from `source`.
+    pub fn piece(&self, source: &str, text: &str) {
+        let mut pending = self.lock();
+        if pending.text.as_ref().is_some_and(|(s, _)| s != source) {
+            self.flush_locked(&mut pending);
+        }
+        match &mut pending.text {
+            Some((_, waiting)) => waiting.push_str(text),
+            None => pending.text = Some((source.to_string(), text.to_string())),
+        }
+        if pending.scheduled {
+            return;
+        }
+        let since = pending.last.map(|last| last.elapsed());
+        match since {
+            Some(since) if since < PIECE_INTERVAL => {
+                if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                    pending.scheduled = true;
+                    let this = self.clone();
+                    handle.spawn(async move {
+                        tokio::time::sleep(PIECE_INTERVAL - since).await;
+                        let mut pending = this.lock();
+                        pending.scheduled = false;
+                        this.flush_locked(&mut pending);
+                    });
+                } else {
+                    self.flush_locked(&mut pending);
+                }
+            }
+            _ => self.flush_locked(&mut pending),
+        }
+    }
+
+    /// Another event of the source, after the text waiting.
+    pub fn push(&self, event: Value) {
+        let mut pending = self.lock();
+        self.flush_locked(&mut pending);
+        self.log.push(event);
+    }
+
+    /// The text waiting goes into the log now (under the lock: events keep their order).
+    fn flush_locked(&self, pending: &mut Pending) {
+        if let Some((source, text)) = pending.text.take() {
+            pending.last = Some(Instant::now());
+            self.log.push((self.event)(&source, text));
+        }
+    }
+}
+
+impl std::fmt::Debug for Joiner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Joiner").finish_non_exhaustive()
+    }
+}
+
+/// A builder event as the API gives it (a text piece alone, as `text_delta`: a session's
+/// log gets them joined, through [`Joiner`]).
 pub fn builder_event(event: &BuilderEvent) -> Value {
     match event {
         BuilderEvent::TurnStarted { message } => {
@@ -195,7 +294,19 @@ pub fn builder_event(event: &BuilderEvent) -> Value {
         BuilderEvent::Execution { id, line } => {
             json!({"type": "execution", "execution_id": id, "line": line})
         }
+        BuilderEvent::Reply(ReplyEvent::Text(text)) => text_delta(text.clone()),
+        BuilderEvent::Reply(ReplyEvent::ToolCall { index, name }) => {
+            json!({"type": "reply_tool_call", "index": index, "name": name})
+        }
+        BuilderEvent::Reply(ReplyEvent::Restarted { reason }) => {
+            json!({"type": "reply_restarted", "reason": reason})
+        }
     }
+}
+
+/// The event of text of the agent's reply as it arrives.
+pub fn text_delta(text: String) -> Value {
+    json!({"type": "text_delta", "text": text})
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use trellis_runner::events::RunEvent;
+use trellis_sandbox::llm::ReplyEvent;
 use trellis_runner::runtime::{ExecutionEvent, ExecutionId, ExecutionKind, Refused, Runtime};
 
 use crate::events::EventLog;
@@ -219,7 +220,11 @@ impl Watcher {
             .into_iter()
             .find(|e| e.id == id)
             .map_or_else(|| "workflow".to_string(), |e| target(&e.kind));
-        let log = self.log.clone();
+        let execution = id.as_str().to_string();
+        let log = crate::events::Joiner::new(self.log.clone(), move |step_id, text| {
+            json!({"type": "execution_text", "execution_id": execution, "step_id": step_id,
+                   "text": text})
+        });
         log.push(
             json!({"type": "execution_started", "execution_id": id.as_str(),
                         "target": target, "started_by": started_by}),
@@ -227,6 +232,18 @@ impl Watcher {
         self.handle.spawn(async move {
             while let Some(event) = events.next().await {
                 let value = match &event {
+                    // The text of a step's reply as it arrives, joined; its other pieces are
+                    // not lines (a retry is).
+                    ExecutionEvent::Run(RunEvent::Reply { step_id, event: reply }) => {
+                        match reply {
+                            ReplyEvent::Text(text) => log.piece(step_id, text),
+                            ReplyEvent::Restarted { reason } => log.push(json!({
+                                "type": "execution", "execution_id": id.as_str(),
+                                "line": cut(&format!("{step_id}: model reply restarted: {reason}"))})),
+                            ReplyEvent::ToolCall { .. } => {}
+                        }
+                        continue;
+                    }
                     ExecutionEvent::Run(RunEvent::InputRequested { question }) => json!({
                         "type": "input_requested", "execution_id": id.as_str(),
                         "step_id": question.step_id, "variable": question.variable,

@@ -297,7 +297,7 @@ impl App {
             Some(last) => log.numbered_from(last + 1),
             None => log,
         });
-        let sink = log.clone();
+        let sink = events::Joiner::new(log.clone(), |_, text| events::text_delta(text));
         let executions = Arc::new(Mutex::new(BTreeSet::new()));
         let (watcher, started) = (self.watcher.clone(), executions.clone());
         let by = Arc::new(Mutex::new(String::new()));
@@ -313,7 +313,12 @@ impl App {
                     watcher.watch(trellis_runner::runtime::ExecutionId::from(id.as_str()), &by);
                 }
             }
-            sink.push(events::builder_event(event));
+            match event {
+                trellis_builder::BuilderEvent::Reply(trellis_sandbox::llm::ReplyEvent::Text(
+                    text,
+                )) => sink.piece("", text),
+                other => sink.push(events::builder_event(other)),
+            }
         });
         let mut session = (self.factory)(id, mode, observer)
             .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "session", format!("{e:#}")))?;

@@ -201,6 +201,9 @@ pub struct ProviderSettings {
     /// The name of the environment variable that holds the key.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub api_key_env: Option<String>,
+    /// Whether replies stream (absent: they do); `false` for a server that cannot.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stream: Option<bool>,
 }
 
 /// What a model costs, in USD per million tokens.
@@ -584,6 +587,7 @@ fn manifest_from_value(ctx: &mut Ctx, value: &Value) -> Option<WorkflowManifest>
             let settings = ProviderSettings {
                 base_url: p.str(ctx, "base_url"),
                 api_key_env: p.str(ctx, "api_key_env"),
+                stream: p.bool(ctx, "stream"),
             };
             if p.has("api_key") {
                 p.accept(&["api_key"]);

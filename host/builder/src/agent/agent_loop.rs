@@ -145,6 +145,10 @@ impl Agent {
                 self.max_model_calls
             ));
         }
+        let observer = self.observer.clone();
+        let reply = trellis_sandbox::llm::ReplyStream::new(true, move |event| {
+            observer.report(&BuilderEvent::Reply(event))
+        });
         trellis_runner::llm_choice::complete(
             &self.registry,
             &llm.targets,
@@ -154,6 +158,7 @@ impl Agent {
             request,
             &self.retry,
             &self.limits,
+            Some(&reply),
         )
         .await
         .result

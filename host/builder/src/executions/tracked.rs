@@ -12,6 +12,7 @@ use tokio::sync::Notify;
 use super::super::{BuilderEvent, BuilderObserver, ToolFailure, ToolResult};
 use super::{ARGUMENTS_SHOWN, Finished, POLL_WINDOW, Running, UNCHANGED_POLLS};
 use trellis_runner::events::RunEvent;
+use trellis_sandbox::llm::ReplyEvent;
 use trellis_runner::runtime::{
     ExecutionEvent, ExecutionId, ExecutionKind, ExecutionStatus, Runtime,
 };
@@ -213,6 +214,12 @@ impl Tracked {
                         error: error.clone(),
                         duration_ms: *duration_ms,
                     }),
+                    // The pieces of a reply are not lines: only a retry that voids them is.
+                    RunEvent::Reply { event, .. }
+                        if !matches!(event, ReplyEvent::Restarted { .. }) =>
+                    {
+                        return None;
+                    }
                     _ => {}
                 }
                 Some(line(run))
@@ -381,6 +388,13 @@ pub fn line(event: &RunEvent) -> String {
             item_id,
             status,
         } => format!("{step_id}: item {item_id} {status}"),
+        RunEvent::Reply {
+            step_id,
+            event: ReplyEvent::Restarted { reason },
+        } => format!(
+            "{step_id}: model reply restarted: {}",
+            reason.lines().next().unwrap_or("")
+        ),
         other => format!("{other:?}"),
     }
 }

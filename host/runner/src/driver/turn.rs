@@ -93,13 +93,24 @@ impl StepRunner<'_> {
         tools
     }
 
-    /// The LLM call of one round to `models`, with the cassette's next endpoint under replay.
+    /// The LLM call of one round to `models`, with the cassette's next endpoint under replay;
+    /// the reply's pieces go to the observers as they arrive ([`RunEvent::Reply`]), and the
+    /// run's second stop ends the call at once.
     pub(super) async fn call_llm(
         &self,
+        label: &str,
         models: &AgentModels,
         request: &Request,
     ) -> trellis_sandbox::llm::Completion {
-        crate::llm_choice::complete(
+        let observer = self.observer.clone();
+        let step_id = label.to_string();
+        let reply = trellis_sandbox::llm::ReplyStream::new(true, move |event| {
+            observer.emit(RunEvent::Reply {
+                step_id: step_id.clone(),
+                event,
+            })
+        });
+        let call = crate::llm_choice::complete(
             self.registry,
             &models.targets,
             &models.options,
@@ -108,8 +119,28 @@ impl StepRunner<'_> {
             request,
             &self.retry,
             &self.limits,
-        )
-        .await
+            Some(&reply),
+        );
+        // A stop ends a reply in flight at once (its connection closed with it); the turn then
+        // ends `stopped`.
+        let stopped = async {
+            while !self.cancelled() && !self.cancel_calls.is_cancelled() {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        };
+        tokio::select! {
+            completion = call => completion,
+            () = stopped => trellis_sandbox::llm::Completion {
+                result: Err(trellis_sandbox::llm::LlmCallError::Provider {
+                    provider: models.targets.first().map(|t| t.provider.clone()).unwrap_or_default(),
+                    error: trellis_sandbox::llm::LlmError::Transport(
+                        "the call was stopped".to_string(),
+                    ),
+                    stopped_by_host: true,
+                }),
+                attempts: Vec::new(),
+            },
+        }
     }
 
     /// One turn: user message, then rounds of LLM call and tool calls until a plain reply.
@@ -206,7 +237,7 @@ impl StepRunner<'_> {
             }
             let call_started = now_rfc3339();
             let t0 = Instant::now();
-            let completion = self.call_llm(&run.models, &request).await;
+            let completion = self.call_llm(&run.label, &run.models, &request).await;
             let answered = completion.answered_by().or(completion.attempts.last());
             let mut record = LlmCallRecord {
                 turn: turn_no,
@@ -229,6 +260,10 @@ impl StepRunner<'_> {
                     record.error = Some(e.to_string());
                     self.emit_llm_call(&run.label, &record);
                     conv.llm_calls.push(record);
+                    if self.cancelled() || self.cancel_calls.is_cancelled() {
+                        result = Err(TurnEnd::Stopped);
+                        break;
+                    }
                     // The provider's error names the provider; the model and the attempts
                     // made say what was tried before giving up.
                     let tried = match completion.attempts.last() {

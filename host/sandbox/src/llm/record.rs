@@ -39,6 +39,11 @@ pub struct Interaction {
     pub request: RecordedRequest,
     /// The answer to give.
     pub response: Response,
+    /// The pieces the answer arrived in, when it streamed: the `replay` provider reports
+    /// them in order to a caller that streams ([`super::stream`]). Absent for a whole
+    /// answer.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub chunks: Vec<super::Delta>,
 }
 
 /// The parts of a request a replay compares: model, messages, tools and options.
@@ -438,6 +443,17 @@ impl Recorder {
     /// Past the cap nothing is written, and the recording stops (an error says so once;
     /// later calls record nothing and return `Ok`).
     pub fn record(&self, request: &Request, response: &Response) -> Result<()> {
+        self.record_streamed(request, response, Vec::new())
+    }
+
+    /// [`record`](Self::record) for an answer that arrived in `chunks`
+    /// ([`ReplyStream::chunks_of`](super::ReplyStream::chunks_of)), kept with it.
+    pub fn record_streamed(
+        &self,
+        request: &Request,
+        response: &Response,
+        chunks: Vec<super::Delta>,
+    ) -> Result<()> {
         use std::os::unix::fs::FileExt;
         let mut recorded = RecordedRequest::from(request);
         if let Some(model) = &self.model {
@@ -446,6 +462,7 @@ impl Recorder {
         let interaction = Interaction {
             request: recorded,
             response: response.clone(),
+            chunks,
         };
         let mut state = self.lock();
         if state.stopped {

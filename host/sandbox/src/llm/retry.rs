@@ -4,6 +4,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use super::stream::ReplyStream;
 use super::{Endpoint, LlmCallError, LlmError, Options, Request, Response, Secret, Usage};
 use crate::PluginRegistry;
 use crate::capabilities::Limits;
@@ -19,6 +20,9 @@ pub struct Target {
     pub endpoint: Endpoint,
     /// The API key the host adds to the provider's requests.
     pub secret: Secret,
+    /// Whether its replies may stream (`false`: `stream: false` in workflow.json or the
+    /// model's options, for a server that cannot).
+    pub stream: bool,
 }
 
 /// How often and how patiently to retry one target.
@@ -175,12 +179,28 @@ pub async fn complete_with_options(
     policy: &RetryPolicy,
     limits: &Limits,
 ) -> Completion {
+    complete_with_reply(registry, targets, options, request, policy, limits, None).await
+}
+
+/// [`complete_with_options`], the pieces of each attempt's reply going to `reply` as they
+/// arrive ([`PluginRegistry::complete_streaming`]). An attempt after one that showed pieces
+/// first says so ([`ReplyEvent::Restarted`](super::stream::ReplyEvent::Restarted), with the
+/// failed attempt's error): the pieces shown of it are void.
+pub async fn complete_with_reply(
+    registry: &PluginRegistry,
+    targets: &[Target],
+    options: &[Option<Options>],
+    request: &Request,
+    policy: &RetryPolicy,
+    limits: &Limits,
+    reply: Option<&ReplyStream>,
+) -> Completion {
     let limits = &Limits {
         timeout: policy.attempt_timeout.unwrap_or(limits.timeout),
         ..*limits
     };
     let mut attempts = Vec::new();
-    let mut last_error = None;
+    let mut last_error: Option<LlmCallError> = None;
     for (i, target) in targets.iter().enumerate() {
         let mut request = request.clone();
         request.model = target.model.clone();
@@ -189,14 +209,18 @@ pub async fn complete_with_options(
         }
         let mut retry = 0;
         loop {
+            if let (Some(reply), Some(error)) = (reply, &last_error) {
+                reply.restart(&error.to_string());
+            }
             let started = Instant::now();
             let result = registry
-                .complete(
+                .complete_streaming(
                     &target.provider,
                     &target.endpoint,
                     &target.secret,
                     &request,
                     limits,
+                    reply.filter(|_| target.stream),
                 )
                 .await;
             let duration_ms = started.elapsed().as_millis() as u64;

@@ -28,13 +28,55 @@ pub const SCRIPT_API_VERSION: &str = "0.2.0";
 /// The plugin API versions a component may target (a semver requirement).
 pub const SUPPORTED_PLUGIN_API: &str = ">=0.1.0, <0.2.0";
 
+/// The version of the provider world that streams replies (`wit/trellis-plugin@0.3.0/`:
+/// the 0.1.0 `llm-provider` world plus the `reply` import). The bundled providers target it.
+pub const PROVIDER_API_VERSION: &str = "0.3.0";
+
+/// The further plugin API versions an LLM provider may target, beside
+/// [`SUPPORTED_PLUGIN_API`].
+pub const SUPPORTED_PROVIDER_API: &str = ">=0.3.0, <0.4.0";
+
 static SUPPORTED: LazyLock<VersionReq> = LazyLock::new(|| {
     VersionReq::parse(SUPPORTED_PLUGIN_API).expect("SUPPORTED_PLUGIN_API is a valid requirement")
+});
+
+static SUPPORTED_PROVIDER: LazyLock<VersionReq> = LazyLock::new(|| {
+    VersionReq::parse(SUPPORTED_PROVIDER_API)
+        .expect("SUPPORTED_PROVIDER_API is a valid requirement")
 });
 
 /// Whether a component targeting plugin API `version` can be loaded.
 pub fn is_supported(version: &Version) -> bool {
     SUPPORTED.matches(version)
+}
+
+/// Whether a plugin of `kind` targeting plugin API `version` can be loaded: every kind at
+/// [`SUPPORTED_PLUGIN_API`], a provider at [`SUPPORTED_PROVIDER_API`] too.
+pub fn is_supported_for(kind: PluginKind, version: &Version) -> bool {
+    is_supported(version)
+        || (kind == PluginKind::LlmProvider && SUPPORTED_PROVIDER.matches(version))
+}
+
+/// The versions a plugin of `kind` may target, as the refusal of another one says them.
+fn supported_text(kind: PluginKind) -> String {
+    match kind {
+        PluginKind::LlmProvider => {
+            format!("{SUPPORTED_PLUGIN_API} (or {SUPPORTED_PROVIDER_API} for an LLM provider)")
+        }
+        _ => SUPPORTED_PLUGIN_API.to_string(),
+    }
+}
+
+/// Whether a provider component targets the streaming provider world
+/// ([`PROVIDER_API_VERSION`]): it exports `trellis:plugin/llm` at a version of
+/// [`SUPPORTED_PROVIDER_API`].
+pub fn exports_streaming_provider(exports: &[String]) -> bool {
+    exports.iter().any(|name| {
+        split_name(name).is_some_and(|(interface, version)| {
+            interface == PluginKind::LlmProvider.interface()
+                && Version::parse(version).is_ok_and(|v| SUPPORTED_PROVIDER.matches(&v))
+        })
+    })
 }
 
 /// The full name of `interface` of the plugin API, at the version the host is built from:
@@ -50,12 +92,12 @@ fn split_name(name: &str) -> Option<(&str, &str)> {
     Some(rest.split_once('@').unwrap_or((rest, "")))
 }
 
-/// The error for a plugin API name whose version is outside [`SUPPORTED_PLUGIN_API`], or
-/// `None` when it is supported (or not a plugin API name).
-fn unsupported(name: &str, what: &str) -> Option<String> {
+/// The error for a plugin API name whose version a plugin of `kind` may not target
+/// ([`is_supported_for`]), or `None` when it is supported (or not a plugin API name).
+fn unsupported(name: &str, what: &str, kind: PluginKind) -> Option<String> {
     let (_, version) = split_name(name)?;
     match Version::parse(version) {
-        Ok(v) if is_supported(&v) => None,
+        Ok(v) if is_supported_for(kind, &v) => None,
         _ => {
             let targets = if version.is_empty() {
                 "an unversioned trellis:plugin".to_string()
@@ -64,8 +106,9 @@ fn unsupported(name: &str, what: &str) -> Option<String> {
             };
             Some(format!(
                 "unsupported plugin API version: the component {what} `{name}`, so it targets {targets}, \
-                 but this host supports {PLUGIN_API_PACKAGE} {SUPPORTED_PLUGIN_API}: build it against a \
-                 supported version of the WIT"
+                 but this host supports {PLUGIN_API_PACKAGE} {}: build it against a \
+                 supported version of the WIT",
+                supported_text(kind)
             ))
         }
     }
@@ -79,7 +122,7 @@ pub fn check_world(exports: &[String], imports: &[String], kind: PluginKind) -> 
     let mut exported = false;
     for name in exports {
         if split_name(name).is_some_and(|(i, _)| i == interface) {
-            if let Some(err) = unsupported(name, "exports") {
+            if let Some(err) = unsupported(name, "exports", kind) {
                 bail!("{err}");
             }
             exported = true;
@@ -98,7 +141,7 @@ pub fn check_world(exports: &[String], imports: &[String], kind: PluginKind) -> 
         );
     }
     for name in imports {
-        if let Some(err) = unsupported(name, "imports") {
+        if let Some(err) = unsupported(name, "imports", kind) {
             bail!("{err}");
         }
     }

@@ -1,7 +1,9 @@
-//! Host-side bindings generated from `wit/trellis-plugin@0.1.0/` (the single source of truth).
+//! Host-side bindings generated from `wit/trellis-plugin@<version>/` (the single source of
+//! truth).
 //!
-//! Each world gets its own module; the shared `host` and `types` interfaces are
-//! generated once, in the tool world, and reused by the others.
+//! Each world gets its own module; the shared `host` and `types` interfaces of 0.1.0 are
+//! generated once, in the tool world, and reused by the other 0.1.0 worlds. The 0.2.0 script
+//! world and the 0.3.0 provider world have their own.
 
 /// World `tool-plugin`.
 pub mod tool {
@@ -35,6 +37,22 @@ pub mod llm {
         with: {
             "trellis:plugin/host": super::tool::trellis::plugin::host,
             "trellis:plugin/types": super::tool::trellis::plugin::types,
+            "wasi:http": wasmtime_wasi_http::p2::bindings::http,
+            "wasi:io": wasmtime_wasi::p2::bindings::io,
+            "wasi:clocks": wasmtime_wasi::p2::bindings::clocks,
+        },
+    });
+}
+
+/// World `llm-provider` of `wit/trellis-plugin@0.3.0/`: the provider that may report its
+/// reply as it reads it (`trellis:plugin/reply`). Its `host`, `types` and `reply` are
+/// generated here at 0.3.0; WASI comes from wasmtime's own bindings.
+pub mod llm3 {
+    wasmtime::component::bindgen!({
+        path: "../../wit/trellis-plugin@0.3.0",
+        world: "llm-provider",
+        exports: { default: async },
+        with: {
             "wasi:http": wasmtime_wasi_http::p2::bindings::http,
             "wasi:io": wasmtime_wasi::p2::bindings::io,
             "wasi:clocks": wasmtime_wasi::p2::bindings::clocks,

@@ -2,6 +2,7 @@
 //! origin and the secret added by the host.
 
 use super::*;
+use crate::slices::reply::ReplyState;
 
 /// Time a provider call gets beyond its HTTP timeout, so that a slow server
 /// ends as the provider's own `timeout` error rather than an interrupted call.
@@ -39,7 +40,6 @@ impl PluginRegistry {
     /// `x-api-key` for `anthropic`), so the plugin never holds the key.
     /// `limits.timeout` bounds each HTTP exchange; the call as a whole gets a
     /// little more. No retries here: see [`llm::complete_with_retries`].
-    #[tracing::instrument(skip_all, fields(provider = %provider, model = %request.model))]
     pub async fn complete(
         &self,
         provider: &str,
@@ -47,6 +47,24 @@ impl PluginRegistry {
         secret: &llm::Secret,
         request: &llm::Request,
         limits: &Limits,
+    ) -> Result<llm::Response, LlmCallError> {
+        self.complete_streaming(provider, endpoint, secret, request, limits, None)
+            .await
+    }
+
+    /// [`complete`](Self::complete), with the pieces of the reply going to `reply` as the
+    /// provider reads them, when it is one that streams ([`Plugin::streams`]) and `reply`
+    /// asks for streaming. The pieces one reply reports count against `limits.output_bytes`
+    /// like the answer; past it the provider is told to report no more.
+    #[tracing::instrument(skip_all, fields(provider = %provider, model = %request.model))]
+    pub async fn complete_streaming(
+        &self,
+        provider: &str,
+        endpoint: &llm::Endpoint,
+        secret: &llm::Secret,
+        request: &llm::Request,
+        limits: &Limits,
+        reply: Option<&llm::stream::ReplyStream>,
     ) -> Result<llm::Response, LlmCallError> {
         let plugin = self
             .plugins
@@ -74,8 +92,22 @@ impl PluginRegistry {
             timeout: limits.timeout + LLM_CALL_GRACE,
             ..*limits
         };
-        let wit_endpoint = llm::wit::endpoint(endpoint);
-        let wit_request = llm::wit::request(request);
+        let secrets = policy.secret_values();
+        let reply_state = reply.map(|stream| {
+            ReplyState::new(stream.clone(), limits.output_bytes, secrets.clone())
+        });
+        // The records handed over, in the version of the world the provider was built for.
+        let args = if plugin.streams {
+            Err((
+                llm::wit::v3::endpoint(endpoint),
+                llm::wit::v3::request(request),
+            ))
+        } else {
+            Ok((
+                llm::wit::v1::endpoint(endpoint),
+                llm::wit::v1::request(request),
+            ))
+        };
         let outcome = run_call_with_http(
             &self.engine,
             plugin,
@@ -85,13 +117,37 @@ impl PluginRegistry {
             None,
             |pre, store| {
                 Box::pin(async move {
-                    let bindings = bindings::llm::LlmProviderPre::new(pre.clone())?
+                    let (endpoint, request) = match args {
+                        Ok((endpoint, request)) => {
+                            let bindings = bindings::llm::LlmProviderPre::new(pre.clone())?
+                                .instantiate_async(&mut *store)
+                                .await?;
+                            let answer = bindings
+                                .trellis_plugin_llm()
+                                .call_complete(store, &endpoint, &request)
+                                .await?;
+                            return Ok(answer
+                                .map(llm::wit::v1::response)
+                                .map_err(llm::wit::v1::error));
+                        }
+                        Err(v3) => v3,
+                    };
+                    if let Some(state) = reply_state {
+                        store.data_mut().reply = state;
+                    }
+                    let bindings = bindings::llm3::LlmProviderPre::new(pre.clone())?
                         .instantiate_async(&mut *store)
                         .await?;
-                    bindings
+                    let answer = bindings
                         .trellis_plugin_llm()
-                        .call_complete(store, &wit_endpoint, &wit_request)
-                        .await
+                        .call_complete(&mut *store, &endpoint, &request)
+                        .await?;
+                    if answer.is_ok() {
+                        store.data().reply.finish();
+                    }
+                    Ok(answer
+                        .map(llm::wit::v3::response)
+                        .map_err(llm::wit::v3::error))
                 })
             },
         )
@@ -104,7 +160,7 @@ impl PluginRegistry {
         match outcome {
             Ok(Ok(response)) => {
                 // A server may echo the credentials it got: nothing returned keeps them.
-                let response = llm::wit::response(response).redacted(secret);
+                let response = response.redacted(secret);
                 let size = answer_size(&response);
                 if size > limits.output_bytes {
                     return Err(provider_error(LlmError::MalformedResponse(format!(
@@ -115,7 +171,7 @@ impl PluginRegistry {
                 Ok(response)
             }
             Ok(Err(error)) => {
-                let mut error = llm::wit::error(error);
+                let mut error = error;
                 let mut stopped_by_host = false;
                 let refused = refused.lock().unwrap_or_else(|e| e.into_inner()).clone();
                 if !refused.is_empty() {

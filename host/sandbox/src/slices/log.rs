@@ -15,11 +15,32 @@ const LOG_LINE_BYTES: usize = 4 << 10;
 /// Log lines per call after which the rest are dropped.
 const LOG_LINES_PER_CALL: u32 = 1000;
 
-/// Links `host` and `types`, once.
+/// Links `host` and `types`, once: at 0.1.0 (every world) and at 0.3.0 (the streaming
+/// provider's).
 pub(crate) fn add_to_linker(linker: &mut Linker<CallState>) -> anyhow::Result<()> {
     host::add_to_linker::<CallState, HasSelf<LogState>>(linker, |s| &mut s.log)?;
     types::add_to_linker::<CallState, HasSelf<LogState>>(linker, |s| &mut s.log)?;
+    v3::host::add_to_linker::<CallState, HasSelf<LogState>>(linker, |s| &mut s.log)?;
+    v3::types::add_to_linker::<CallState, HasSelf<LogState>>(linker, |s| &mut s.log)?;
     Ok(())
+}
+
+use crate::plugins::bindings::llm3::trellis::plugin as v3;
+
+impl v3::types::Host for LogState {}
+
+/// The 0.3.0 interface: the same log.
+impl v3::host::Host for LogState {
+    fn log(&mut self, level: v3::host::LogLevel, message: String) {
+        let level = match level {
+            v3::host::LogLevel::Trace => host::LogLevel::Trace,
+            v3::host::LogLevel::Debug => host::LogLevel::Debug,
+            v3::host::LogLevel::Info => host::LogLevel::Info,
+            v3::host::LogLevel::Warn => host::LogLevel::Warn,
+            v3::host::LogLevel::Error => host::LogLevel::Error,
+        };
+        host::Host::log(self, level, message);
+    }
 }
 
 /// The log of one call.
