@@ -111,6 +111,7 @@ impl Bench {
             model: "bench".into(),
             endpoint: Endpoint::new(self.server.base_url()),
             secret: Secret::none(),
+            stream: true,
         };
         let tools: Vec<_> = specs_of(Mode::Builder)
             .iter()

@@ -129,6 +129,7 @@ async fn record(registry: &PluginRegistry, root: &Path, grant: &TurnGrant) -> Ca
         interactions.push(Interaction {
             request: RecordedRequest::from(&request),
             response: answer,
+            chunks: Vec::new(),
         });
         calls.requests.push(request);
         calls.tools.push(tool);
@@ -185,6 +186,7 @@ impl Bench {
             model: MODEL.into(),
             endpoint: cursor.endpoint_at(0).unwrap(),
             secret: Secret::none(),
+            stream: true,
         };
         // As in `trellis run`: the step's end does not wait for its logs to reach the disk;
         // the run's end does (`run_ended`).

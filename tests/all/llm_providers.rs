@@ -448,6 +448,7 @@ async fn a_request_to_another_host_is_refused_and_never_sent() {
         endpoint: Endpoint::new(allowed.base_url())
             .with_settings(json!({"mode": "fetch", "url": format!("{}/steal", other.base_url())})),
         secret: secret.clone(),
+        stream: true,
     };
     let completion = llm::complete_with_retries(
         registry().await,
@@ -473,6 +474,7 @@ async fn rate_limits_are_retried_after_the_servers_retry_after() {
         model: "gpt-test".into(),
         endpoint: Endpoint::new(server.base_url()),
         secret: Secret::none(),
+        stream: true,
     };
     let done = llm::complete_with_retries(
         registry().await,
@@ -507,12 +509,14 @@ async fn server_errors_exhaust_retries_then_the_fallback_answers() {
             model: "primary-model".into(),
             endpoint: Endpoint::new(failing.base_url()),
             secret: Secret::none(),
+            stream: true,
         },
         Target {
             provider: "openai".into(),
             model: "fallback-model".into(),
             endpoint: Endpoint::new(fallback.base_url()),
             secret: Secret::none(),
+            stream: true,
         },
     ];
     let done = llm::complete_with_retries(
@@ -557,6 +561,7 @@ async fn invalid_requests_are_not_retried() {
         model: "nope".into(),
         endpoint: Endpoint::new(server.base_url()),
         secret: Secret::none(),
+        stream: true,
     };
     let done = llm::complete_with_retries(
         registry().await,

@@ -57,6 +57,7 @@ mod serve;
 mod serve_api;
 mod serve_browser;
 mod serve_schedules;
+mod streaming;
 mod turn_budgets;
 mod turn_grants;
 mod validators;

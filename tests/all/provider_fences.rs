@@ -198,7 +198,7 @@ fn a_scheme_in_capitals_is_checked_and_reaches_the_server_in_lower_case() {
 }
 
 #[test]
-fn options_cannot_replace_the_model_the_conversation_the_tools_or_streaming() {
+fn options_cannot_replace_the_model_the_conversation_or_the_tools_and_stream_is_a_switch() {
     let server = FakeServer::start(Box::new(|_| (200, completion("done", &[]))));
     let dir = tempfile::tempdir().unwrap();
     let ws = dir.path().join("ws");
@@ -211,7 +211,6 @@ fn options_cannot_replace_the_model_the_conversation_the_tools_or_streaming() {
         ),
         ("system", json!("other instructions")),
         ("tools", json!([])),
-        ("stream", json!(true)),
     ] {
         workspace(
             &ws,
@@ -242,7 +241,38 @@ fn options_cannot_replace_the_model_the_conversation_the_tools_or_streaming() {
     let seen = server.seen();
     assert_eq!(seen[0]["model"], "m");
     assert_eq!(seen[0]["top_p"], 0.5);
-    assert_eq!(seen[0].get("stream"), None);
+    // The host streams by default: the provider asks for it (this server answers whole).
+    assert_eq!(seen[0]["stream"], true);
+    // `stream` is the switch, not a field of the body: `false` turns streaming off, and
+    // anything but a boolean is refused.
+    workspace(
+        &ws,
+        &server.base_url(),
+        "TRELLIS_TEST_NO_KEY",
+        Some(json!({"stream": false})),
+    );
+    let out = run(&ws, &approve, &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let seen = server.seen();
+    assert_eq!(seen.last().unwrap().get("stream"), None, "{seen:?}");
+    workspace(
+        &ws,
+        &server.base_url(),
+        "TRELLIS_TEST_NO_KEY",
+        Some(json!({"stream": "yes"})),
+    );
+    let before = server.seen().len();
+    let out = run(&ws, &approve, &[]);
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(
+            "workflow.json llm.options.stream: expected true or false (whether the model's \
+             replies stream), found \"yes\""
+        ),
+        "{stderr}"
+    );
+    assert_eq!(server.seen().len(), before);
 }
 
 /// Every file under `root` whose bytes contain `needle`.

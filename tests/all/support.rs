@@ -1,7 +1,7 @@
 //! Shared helpers of the integration tests: one engine per test binary, plugin
 //! folders for the test components, and tree digests for "nothing changed" checks. The
 //! submodules hold test workspaces on disk, turn grants, cassettes for the replay provider,
-//! golden files under `tests/data/`, a fake OpenAI-compatible server and a fake Anthropic Messages API, the MCP fixture
+//! golden files under `tests/data/`, a fake OpenAI-compatible server, a fake Anthropic Messages API and a server that streams as a script says, the MCP fixture
 //! server, `trellis mcp serve --http` started for a test, the setup of runs with external
 //! MCP servers, plugin builds, and [`skip`], through which a test that cannot run here
 //! says so.
@@ -10,6 +10,7 @@
 
 pub mod fake_anthropic;
 pub mod fake_llm;
+pub mod fake_stream;
 pub mod golden;
 pub mod grants;
 pub mod mcp_fixture;

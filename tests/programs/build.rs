@@ -13,6 +13,7 @@ use guests::{TARGET, build_workspace, ensure_target, target_dir};
 const PROGRAMS: &[&str] = &[
     "adversary",
     "hostile",
+    "old_provider",
     "script_probe",
     "test_snoop",
     "wrong_world",

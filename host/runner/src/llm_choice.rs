@@ -32,8 +32,7 @@ use serde_json::{Map, Value};
 use trellis_sandbox::llm::record::check_replay_model_id;
 use trellis_sandbox::llm::{
     Endpoint, KeyApprovals, MAX_REPLAY_VALUES, Options, ProviderDefaults, Recorder, ReplayCursor,
-    ReplyStream,
-    Secret, Target, is_loopback_base_url,
+    ReplyStream, Secret, Target, is_loopback_base_url,
 };
 use trellis_workflow::step_config::{ExecutionTier, LlmRef};
 use trellis_workflow::{Step, StepKind, Workspace};

@@ -179,9 +179,12 @@ pub const PIECE_INTERVAL: Duration = Duration::from_millis(50);
 #[derive(Clone)]
 pub struct Joiner {
     log: Arc<EventLog>,
-    event: Arc<dyn Fn(&str, String) -> Value + Send + Sync>,
+    event: Arc<MakeEvent>,
     pending: Arc<Mutex<Pending>>,
 }
+
+/// How a [`Joiner`] makes the event of joined text: from its source and the text.
+type MakeEvent = dyn Fn(&str, String) -> Value + Send + Sync;
 
 #[derive(Default)]
 struct Pending {

@@ -15,8 +15,8 @@ use serde::Deserialize;
 use serde_json::json;
 
 use trellis_runner::events::RunEvent;
-use trellis_sandbox::llm::ReplyEvent;
 use trellis_runner::runtime::{ExecutionEvent, ExecutionId, ExecutionKind, Refused, Runtime};
+use trellis_sandbox::llm::ReplyEvent;
 
 use crate::events::EventLog;
 

@@ -31,8 +31,10 @@
 //!   and [`export_tool_plugin!`], for the `tool-plugin` world.
 //! - [`validator`]: [`ValidatorPlugin`](validator::ValidatorPlugin) and
 //!   [`export_validator_plugin!`] for the `validator-plugin` world.
-//! - [`llm`]: [`LlmProvider`](llm::LlmProvider), [`export_llm_provider!`] and a
-//!   blocking HTTP client over `wasi:http` for the `llm-provider` world.
+//! - [`llm`]: [`LlmProvider`](llm::LlmProvider), [`export_llm_provider!`], a blocking
+//!   HTTP client over `wasi:http` that can read a response as it arrives, a parser of
+//!   server-sent events and [`llm::reply`] for the `llm-provider` world (at 0.3.0, where a
+//!   provider may stream its reply).
 //! - [`log`] and [`db`]: the services the host gives every plugin.
 //!
 //! A plugin's filesystem is exactly the folders granted to the current call, each
@@ -81,18 +83,16 @@ pub mod bindings {
         });
     }
 
-    /// The LLM provider world: the shared host interface plus `wasi:http`.
+    /// The LLM provider world of `trellis:plugin@0.3.0`: `wasi:http` and `reply`, through
+    /// which a provider shows its reply as it reads it. (Its `log` is the 0.1.0 one of the
+    /// other worlds, which the host gives every plugin.)
     pub mod llm_world {
         wit_bindgen::generate!({
-            path: "../../wit/trellis-plugin@0.1.0",
+            path: "../../wit/trellis-plugin@0.3.0",
             world: "llm-provider",
             pub_export_macro: true,
             default_bindings_module: "trellis_plugin_sdk::bindings::llm_world",
             export_macro_name: "__export_llm_world",
-            with: {
-                "trellis:plugin/host@0.1.0": crate::bindings::trellis::plugin::host,
-                "trellis:plugin/types@0.1.0": crate::bindings::trellis::plugin::types,
-            },
             generate_all,
         });
     }

@@ -6,6 +6,11 @@
 //! reach only the host of [`Endpoint::base_url`] and adds the credentials to each
 //! request itself, so a provider never holds an API key.
 //!
+//! A provider that can stream asks its server to when [`reply::streaming`] says so, reads
+//! the response as it arrives ([`http::post_streaming`], [`sse::Parser`]), reports each
+//! piece with a [`reply::Reporter`], and returns the whole answer at the end as any
+//! provider does.
+//!
 //! ```rust,ignore
 //! use trellis_plugin_sdk::{export_llm_provider, llm::{Endpoint, LlmError, LlmProvider, Request, Response}};
 //!
@@ -22,6 +27,8 @@
 //! ```
 
 pub mod names;
+pub mod reply;
+pub mod sse;
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -192,8 +199,10 @@ pub mod http {
         pub status: u16,
         /// Headers, names in lower case.
         pub headers: Vec<(String, String)>,
-        /// The whole body.
+        /// The whole body (empty when it was streamed to a reader).
         pub body: Vec<u8>,
+        /// Whether the body went to the reader of [`post_streaming`] as it arrived.
+        pub streamed: bool,
     }
 
     impl HttpResponse {
@@ -288,12 +297,26 @@ pub mod http {
         headers: &[(&str, &str)],
         body: &[u8],
     ) -> Result<HttpResponse, HttpError> {
-        send(Method::Post, url, headers, Some(body))
+        send(Method::Post, url, headers, Some(body), None)
+    }
+
+    /// [`post`], reading a streamed answer as it arrives: when the server answers 2xx with
+    /// `content-type: text/event-stream`, each piece of the body goes to `each` as it is
+    /// read (the response's `body` stays empty, [`HttpResponse::streamed`] is `true`); any
+    /// other answer (an error status, a server that ignored the request to stream) is read
+    /// whole as by [`post`]. An error `each` returns ends the read with it.
+    pub fn post_streaming(
+        url: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        each: &mut dyn FnMut(&[u8]) -> Result<(), HttpError>,
+    ) -> Result<HttpResponse, HttpError> {
+        send(Method::Post, url, headers, Some(body), Some(each))
     }
 
     /// Sends a `GET` to `url` and reads the whole response.
     pub fn get(url: &str, headers: &[(&str, &str)]) -> Result<HttpResponse, HttpError> {
-        send(Method::Get, url, headers, None)
+        send(Method::Get, url, headers, None, None)
     }
 
     fn send(
@@ -301,6 +324,7 @@ pub mod http {
         url: &str,
         headers: &[(&str, &str)],
         body: Option<&[u8]>,
+        each: Option<&mut dyn FnMut(&[u8]) -> Result<(), HttpError>>,
     ) -> Result<HttpResponse, HttpError> {
         let parsed = Url::parse(url)?;
         let mut entries: Vec<(String, Vec<u8>)> = headers
@@ -356,7 +380,7 @@ pub mod http {
         // A server may answer before reading the whole body: the answer counts.
         let _ = written;
         let status = response.status();
-        let headers = response
+        let headers: Vec<(String, String)> = response
             .headers()
             .entries()
             .into_iter()
@@ -370,12 +394,23 @@ pub mod http {
         let incoming = response
             .consume()
             .map_err(|_| HttpError::Transport("response body already taken".into()))?;
-        let body = read_body(&incoming, &parsed)?;
+        let event_stream = (200..300).contains(&status)
+            && headers.iter().any(|(n, v)| {
+                n == "content-type" && v.trim_start().starts_with("text/event-stream")
+            });
+        let (body, streamed) = match each {
+            Some(each) if event_stream => {
+                read_stream(&incoming, &parsed, &mut |chunk| each(chunk))?;
+                (Vec::new(), true)
+            }
+            _ => (read_body(&incoming, &parsed)?, false),
+        };
         drop(IncomingBody::finish(incoming));
         Ok(HttpResponse {
             status,
             headers,
             body,
+            streamed,
         })
     }
 
@@ -395,19 +430,40 @@ pub mod http {
     }
 
     fn read_body(incoming: &IncomingBody, url: &Url) -> Result<Vec<u8>, HttpError> {
+        let mut body = Vec::new();
+        read_stream(incoming, url, &mut |chunk| {
+            body.extend_from_slice(chunk);
+            if body.len() > MAX_BODY_BYTES {
+                return Err(HttpError::TooLarge(format!(
+                    "response body over {MAX_BODY_BYTES} bytes"
+                )));
+            }
+            Ok(())
+        })?;
+        Ok(body)
+    }
+
+    /// Reads the body to its end, each piece to `each` as it arrives; at most
+    /// [`MAX_BODY_BYTES`] in all.
+    fn read_stream(
+        incoming: &IncomingBody,
+        url: &Url,
+        each: &mut dyn FnMut(&[u8]) -> Result<(), HttpError>,
+    ) -> Result<(), HttpError> {
         let stream = incoming
             .stream()
             .map_err(|_| HttpError::Transport("response body stream unavailable".into()))?;
-        let mut body = Vec::new();
+        let mut read = 0usize;
         loop {
             match stream.blocking_read(64 << 10) {
                 Ok(chunk) => {
-                    body.extend_from_slice(&chunk);
-                    if body.len() > MAX_BODY_BYTES {
+                    read = read.saturating_add(chunk.len());
+                    if read > MAX_BODY_BYTES {
                         return Err(HttpError::TooLarge(format!(
                             "response body over {MAX_BODY_BYTES} bytes"
                         )));
                     }
+                    each(&chunk)?;
                 }
                 Err(StreamError::Closed) => break,
                 // A connection cut mid-answer surfaces as a stream error without an
@@ -430,7 +486,7 @@ pub mod http {
                 Err(e) => return Err(stream_error(e, url)),
             }
         }
-        Ok(body)
+        Ok(())
     }
 
     fn stream_error(err: StreamError, url: &Url) -> HttpError {

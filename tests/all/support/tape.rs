@@ -130,6 +130,7 @@ impl Conv {
                 options: Default::default(),
             },
             response: response.clone(),
+            chunks: Vec::new(),
         });
         self.messages.push(Message::assistant(&response));
         self
@@ -206,6 +207,7 @@ pub fn replay_runner<'a>(
         model: model.into(),
         endpoint: Endpoint::replay(cassette, 0).unwrap(),
         secret: Secret::none(),
+        stream: true,
     };
     StepRunner::new(registry, vec![target], Limits::default())
         .with_replay(ReplayCursor::new(cassette))

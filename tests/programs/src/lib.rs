@@ -1,6 +1,7 @@
 //! Test-only guest components, built from `tests/programs/guests` by this crate's build
 //! script: `adversary` (a tool plugin that attacks its sandbox), `hostile` (hostile at load:
-//! huge schemas, endless lists), `script_probe` (a `main.wasm` script that reports what it
+//! huge schemas, endless lists), `old_provider` (an LLM provider of the 0.1.0 world, before
+//! streaming), `script_probe` (a `main.wasm` script that reports what it
 //! sees), `test_snoop` (an LLM provider that looks for secrets and other hosts) and
 //! `wrong_world` (a component of no plugin world).
 

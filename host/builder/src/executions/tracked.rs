@@ -12,12 +12,12 @@ use tokio::sync::Notify;
 use super::super::{BuilderEvent, BuilderObserver, ToolFailure, ToolResult};
 use super::{ARGUMENTS_SHOWN, Finished, POLL_WINDOW, Running, UNCHANGED_POLLS};
 use trellis_runner::events::RunEvent;
-use trellis_sandbox::llm::ReplyEvent;
 use trellis_runner::runtime::{
     ExecutionEvent, ExecutionId, ExecutionKind, ExecutionStatus, Runtime,
 };
 use trellis_runner::session::now_rfc3339;
 use trellis_runner::workflow_run::WorkflowRun;
+use trellis_sandbox::llm::ReplyEvent;
 
 /// What the executions of a session share with the threads following them.
 #[derive(Default)]

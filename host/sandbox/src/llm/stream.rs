@@ -368,7 +368,14 @@ mod tests {
     fn a_key_split_over_pieces_is_never_shown_in_eight_bytes() {
         let key = "sk-live-0123456789abcdef".to_string();
         let (stream, seen) = collect(true);
-        let pieces = ["the key is ", "sk-l", "ive-0123", "4567", "89abcdef", " done"];
+        let pieces = [
+            "the key is ",
+            "sk-l",
+            "ive-0123",
+            "4567",
+            "89abcdef",
+            " done",
+        ];
         for piece in pieces {
             assert!(stream.report(
                 vec![Delta::Text(piece.to_string())],

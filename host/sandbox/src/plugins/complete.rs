@@ -93,9 +93,8 @@ impl PluginRegistry {
             ..*limits
         };
         let secrets = policy.secret_values();
-        let reply_state = reply.map(|stream| {
-            ReplyState::new(stream.clone(), limits.output_bytes, secrets.clone())
-        });
+        let reply_state = reply
+            .map(|stream| ReplyState::new(stream.clone(), limits.output_bytes, secrets.clone()));
         // The records handed over, in the version of the world the provider was built for.
         let args = if plugin.streams {
             Err((

@@ -7,8 +7,8 @@
 
 use wasmtime::component::{HasSelf, Linker};
 
-use crate::llm::stream::{Delta, ReplyStream, ToolCallPiece};
 use crate::llm::Usage;
+use crate::llm::stream::{Delta, ReplyStream, ToolCallPiece};
 use crate::plugins::bindings::llm3::trellis::plugin::reply;
 use crate::state::CallState;
 

@@ -15,14 +15,22 @@
 //! headers (e.g. `anthropic-beta`, or another `anthropic-version`); `max_tokens`, the bound
 //! on generated tokens when the model's options give none (the API requires one; 4096
 //! otherwise).
+//!
+//! When the host wants the reply streamed it asks for `stream: true`, reads the events as
+//! they arrive, reports each piece and returns the same answer the whole response would
+//! have given ([`stream`]); a server that answers with a whole JSON body is read as usual.
 
 use serde_json::{Map, Value, json};
 use trellis_plugin_sdk::export_llm_provider;
 use trellis_plugin_sdk::llm::http::{self, HttpError, HttpResponse};
 use trellis_plugin_sdk::llm::names::NameMap;
+use trellis_plugin_sdk::llm::reply::{self, Reporter};
+use trellis_plugin_sdk::llm::sse;
 use trellis_plugin_sdk::llm::{
     Endpoint, LlmError, LlmProvider, Request, Response, Role, StopReason, ToolCall, Usage,
 };
+
+mod stream;
 
 /// The API version this plugin speaks.
 const API_VERSION: &str = "2023-06-01";
@@ -37,11 +45,23 @@ impl LlmProvider for Anthropic {
     fn complete(endpoint: Endpoint, request: Request) -> Result<Response, LlmError> {
         let names = NameMap::new(request.tools.iter().map(|t| t.name.as_str()));
         let settings: Value = serde_json::from_str(&endpoint.settings).unwrap_or(Value::Null);
-        let body = request_body(&request, &names, &settings)?;
+        let streaming = reply::streaming();
+        let mut body = request_body(&request, &names, &settings)?;
+        if streaming {
+            body["stream"] = true.into();
+        }
         let url = messages_url(&endpoint.base_url);
         let mut headers: Vec<(String, String)> = vec![
             ("content-type".into(), "application/json".into()),
-            ("accept".into(), "application/json".into()),
+            (
+                "accept".into(),
+                if streaming {
+                    "text/event-stream, application/json"
+                } else {
+                    "application/json"
+                }
+                .into(),
+            ),
             ("anthropic-version".into(), API_VERSION.into()),
         ];
         if let Some(extra) = settings.get("headers").and_then(Value::as_object) {
@@ -56,14 +76,61 @@ impl LlmProvider for Anthropic {
             .iter()
             .map(|(n, v)| (n.as_str(), v.as_str()))
             .collect();
-        let response = http::post(&url, &header_refs, body.to_string().as_bytes()).map_err(
-            |err| match err {
-                HttpError::Timeout => LlmError::Timeout,
-                HttpError::Denied(m) | HttpError::Transport(m) => LlmError::Transport(m),
-                HttpError::TooLarge(m) => LlmError::MalformedResponse(m),
-            },
-        )?;
-        parse_response(&response, &names)
+        let body = body.to_string();
+        if !streaming {
+            let response = http::post(&url, &header_refs, body.as_bytes()).map_err(http_error)?;
+            return parse_response(&response, &names);
+        }
+        let mut parser = sse::Parser::new();
+        let mut reply = stream::Reply::default();
+        let mut reporter = Reporter::new();
+        // Why the read stopped early, when the stream itself was at fault.
+        let mut failed: Option<LlmError> = None;
+        let mut take = |event: sse::Event, failed: &mut Option<LlmError>| match reply.event(
+            event.event.as_deref(),
+            &event.data,
+            &names,
+        ) {
+            Ok(deltas) => reporter.report(&deltas),
+            Err(e) => *failed = Some(e),
+        };
+        let read = http::post_streaming(&url, &header_refs, body.as_bytes(), &mut |bytes| {
+            let events = parser.feed(bytes).map_err(|e| {
+                failed = Some(LlmError::MalformedResponse(e));
+                HttpError::Transport("stopped".into())
+            })?;
+            for event in events {
+                take(event, &mut failed);
+                if failed.is_some() {
+                    return Err(HttpError::Transport("stopped".into()));
+                }
+            }
+            Ok(())
+        });
+        if let Some(error) = failed {
+            return Err(error);
+        }
+        let response = read.map_err(http_error)?;
+        if !response.streamed {
+            // A server that does not stream answered as usual.
+            return parse_response(&response, &names);
+        }
+        if let Some(event) = parser.finish() {
+            take(event, &mut failed);
+            if let Some(error) = failed {
+                return Err(error);
+            }
+        }
+        reply.finish()
+    }
+}
+
+/// The `llm-error` of a request that got no response.
+fn http_error(err: HttpError) -> LlmError {
+    match err {
+        HttpError::Timeout => LlmError::Timeout,
+        HttpError::Denied(m) | HttpError::Transport(m) => LlmError::Transport(m),
+        HttpError::TooLarge(m) => LlmError::MalformedResponse(m),
     }
 }
 
@@ -276,14 +343,10 @@ fn parse_response(response: &HttpResponse, names: &NameMap) -> Result<Response, 
             _ => {}
         }
     }
-    let stop_reason = match body.get("stop_reason").and_then(Value::as_str) {
-        Some("end_turn" | "stop_sequence") => StopReason::Stop,
-        Some("tool_use") => StopReason::ToolCalls,
-        Some("max_tokens" | "model_context_window_exceeded") => StopReason::Length,
-        Some("refusal") => StopReason::ContentFilter,
-        Some(_) => StopReason::Other,
-        None => StopReason::reported_or_inferred(None, !tool_calls.is_empty()),
-    };
+    let stop_reason = stop_reason(
+        body.get("stop_reason").and_then(Value::as_str),
+        !tool_calls.is_empty(),
+    );
     Ok(Response {
         text,
         tool_calls,
@@ -296,9 +359,21 @@ fn parse_response(response: &HttpResponse, names: &NameMap) -> Result<Response, 
     })
 }
 
+/// The answer's `stop_reason` as the host names it; none reported: inferred from the calls.
+pub(crate) fn stop_reason(reported: Option<&str>, calls_tools: bool) -> StopReason {
+    match reported {
+        Some("end_turn" | "stop_sequence") => StopReason::Stop,
+        Some("tool_use") => StopReason::ToolCalls,
+        Some("max_tokens" | "model_context_window_exceeded") => StopReason::Length,
+        Some("refusal") => StopReason::ContentFilter,
+        Some(_) => StopReason::Other,
+        None => StopReason::reported_or_inferred(None, calls_tools),
+    }
+}
+
 /// The usage object's counts: prompt tokens include those written to and read from the
 /// prompt cache, which the API counts apart from `input_tokens`.
-fn usage(usage: Option<&Value>) -> Usage {
+pub(crate) fn usage(usage: Option<&Value>) -> Usage {
     let tokens = |key: &str| {
         usage
             .and_then(|u| u.get(key))
@@ -325,7 +400,7 @@ fn retry_after_ms(response: &HttpResponse) -> Option<u64> {
 }
 
 /// `error.type: error.message` of an error body, else the start of the body.
-fn error_message(text: &str) -> String {
+pub(crate) fn error_message(text: &str) -> String {
     serde_json::from_str::<Value>(text)
         .ok()
         .and_then(|v| {
@@ -339,7 +414,7 @@ fn error_message(text: &str) -> String {
         .unwrap_or_else(|| excerpt(text))
 }
 
-fn excerpt(text: &str) -> String {
+pub(crate) fn excerpt(text: &str) -> String {
     let text = text.trim();
     if text.len() <= BODY_EXCERPT {
         return text.to_string();
@@ -361,6 +436,7 @@ mod tests {
             status,
             headers: vec![("retry-after".into(), "2".into())],
             body: body.as_bytes().to_vec(),
+            streamed: false,
         }
     }
 

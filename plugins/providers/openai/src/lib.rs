@@ -6,14 +6,23 @@
 //!
 //! Settings (`endpoint.settings`, all optional): `headers`, an object of extra
 //! request headers (e.g. OpenRouter's `HTTP-Referer`).
+//!
+//! When the host wants the reply streamed it asks for `stream: true` with
+//! `stream_options.include_usage`, reads the server-sent chunks as they arrive, reports
+//! each piece and returns the same answer the whole response would have given ([`stream`]);
+//! a server that answers with a whole JSON body instead is read as usual.
 
 use serde_json::{Map, Value, json};
 use trellis_plugin_sdk::export_llm_provider;
 use trellis_plugin_sdk::llm::http::{self, HttpError, HttpResponse};
 use trellis_plugin_sdk::llm::names::NameMap;
+use trellis_plugin_sdk::llm::reply::{self, Reporter};
+use trellis_plugin_sdk::llm::sse;
 use trellis_plugin_sdk::llm::{
     Endpoint, LlmError, LlmProvider, Message, Request, Response, Role, StopReason, ToolCall, Usage,
 };
+
+mod stream;
 
 /// How much of an error body goes into an error message.
 const BODY_EXCERPT: usize = 300;
@@ -23,7 +32,12 @@ struct OpenAi;
 impl LlmProvider for OpenAi {
     fn complete(endpoint: Endpoint, request: Request) -> Result<Response, LlmError> {
         let names = NameMap::new(request.tools.iter().map(|t| t.name.as_str()));
-        let body = request_body(&request, &names)?;
+        let streaming = reply::streaming();
+        let mut body = request_body(&request, &names)?;
+        if streaming {
+            body["stream"] = true.into();
+            body["stream_options"] = json!({"include_usage": true});
+        }
         let url = format!(
             "{}/chat/completions",
             endpoint.base_url.trim_end_matches('/')
@@ -31,7 +45,15 @@ impl LlmProvider for OpenAi {
         let settings: Value = serde_json::from_str(&endpoint.settings).unwrap_or(Value::Null);
         let mut headers: Vec<(String, String)> = vec![
             ("content-type".into(), "application/json".into()),
-            ("accept".into(), "application/json".into()),
+            (
+                "accept".into(),
+                if streaming {
+                    "text/event-stream, application/json"
+                } else {
+                    "application/json"
+                }
+                .into(),
+            ),
         ];
         if let Some(extra) = settings.get("headers").and_then(Value::as_object) {
             for (name, value) in extra {
@@ -44,14 +66,59 @@ impl LlmProvider for OpenAi {
             .iter()
             .map(|(n, v)| (n.as_str(), v.as_str()))
             .collect();
-        let response = http::post(&url, &header_refs, body.to_string().as_bytes()).map_err(
-            |err| match err {
-                HttpError::Timeout => LlmError::Timeout,
-                HttpError::Denied(m) | HttpError::Transport(m) => LlmError::Transport(m),
-                HttpError::TooLarge(m) => LlmError::MalformedResponse(m),
-            },
-        )?;
-        parse_response(&response, &names)
+        let body = body.to_string();
+        if !streaming {
+            let response = http::post(&url, &header_refs, body.as_bytes()).map_err(http_error)?;
+            return parse_response(&response, &names);
+        }
+        let mut parser = sse::Parser::new();
+        let mut reply = stream::Reply::default();
+        let mut reporter = Reporter::new();
+        // Why the read stopped early, when the stream itself was at fault.
+        let mut failed: Option<LlmError> = None;
+        let mut take = |event: sse::Event, failed: &mut Option<LlmError>| match reply
+            .event(&event.data, &names)
+        {
+            Ok(deltas) => reporter.report(&deltas),
+            Err(e) => *failed = Some(e),
+        };
+        let read = http::post_streaming(&url, &header_refs, body.as_bytes(), &mut |bytes| {
+            let events = parser.feed(bytes).map_err(|e| {
+                failed = Some(LlmError::MalformedResponse(e));
+                HttpError::Transport("stopped".into())
+            })?;
+            for event in events {
+                take(event, &mut failed);
+                if failed.is_some() {
+                    return Err(HttpError::Transport("stopped".into()));
+                }
+            }
+            Ok(())
+        });
+        if let Some(error) = failed {
+            return Err(error);
+        }
+        let response = read.map_err(http_error)?;
+        if !response.streamed {
+            // A server that does not stream answered as usual.
+            return parse_response(&response, &names);
+        }
+        if let Some(event) = parser.finish() {
+            take(event, &mut failed);
+            if let Some(error) = failed {
+                return Err(error);
+            }
+        }
+        reply.finish()
+    }
+}
+
+/// The `llm-error` of a request that got no response.
+fn http_error(err: HttpError) -> LlmError {
+    match err {
+        HttpError::Timeout => LlmError::Timeout,
+        HttpError::Denied(m) | HttpError::Transport(m) => LlmError::Transport(m),
+        HttpError::TooLarge(m) => LlmError::MalformedResponse(m),
     }
 }
 
@@ -278,7 +345,7 @@ fn error_message(text: &str) -> String {
         .unwrap_or_else(|| excerpt(text))
 }
 
-fn excerpt(text: &str) -> String {
+pub(crate) fn excerpt(text: &str) -> String {
     let text = text.trim();
     if text.len() <= BODY_EXCERPT {
         return text.to_string();
@@ -299,6 +366,7 @@ mod tests {
             status,
             headers: vec![("retry-after".into(), "2".into())],
             body: body.as_bytes().to_vec(),
+            streamed: false,
         }
     }
 

@@ -7,10 +7,13 @@
 //! `endpoint.settings`, `{"cassette": <name>, "index": N, "count": <interactions>,
 //! "interaction": {...}}` (no `interaction` when the cassette has no call N). A
 //! request that does not match the recorded one is an `invalid-request` error
-//! naming the first difference, expected against got.
+//! naming the first difference, expected against got. An interaction recorded from a
+//! streamed reply keeps its pieces (`chunks`): to a caller that streams they are reported
+//! one by one, as they came, before the answer is returned.
 
 use serde_json::{Value, json};
 use trellis_plugin_sdk::export_llm_provider;
+use trellis_plugin_sdk::llm::reply::{self, Delta, Reporter, TokenUsage, ToolCallPiece};
 use trellis_plugin_sdk::llm::{
     Endpoint, LlmError, LlmProvider, Message, Options, Request, Response, StopReason, ToolCall,
     ToolDefinition, Usage,
@@ -51,8 +54,59 @@ impl LlmProvider for Replay {
         let recorded = interaction
             .get("response")
             .ok_or_else(|| LlmError::InvalidRequest(at("no `response`".into())))?;
-        parse_response(recorded).map_err(|e| LlmError::InvalidRequest(at(e)))
+        let response = parse_response(recorded).map_err(|e| LlmError::InvalidRequest(at(e)))?;
+        if reply::streaming()
+            && let Some(chunks) = interaction.get("chunks").and_then(Value::as_array)
+        {
+            // Each recorded piece as it came, one report a piece.
+            let mut reporter = Reporter::new();
+            for (i, chunk) in chunks.iter().enumerate() {
+                let delta = chunk_delta(chunk)
+                    .map_err(|e| LlmError::InvalidRequest(at(format!("chunks[{i}]: {e}"))))?;
+                reporter.report(&[delta]);
+            }
+        }
+        Ok(response)
     }
+}
+
+/// A recorded piece: `{"text": "..."}`, `{"tool_call": {"index": 0, "id": "...",
+/// "name": "...", "arguments": "..."}}` or `{"usage": {...}}`.
+fn chunk_delta(chunk: &Value) -> Result<Delta, String> {
+    let text = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_string);
+    if let Some(t) = chunk.get("text") {
+        return t
+            .as_str()
+            .map(|t| Delta::Text(t.to_string()))
+            .ok_or_else(|| "`text` is not a string".to_string());
+    }
+    if let Some(call) = chunk.get("tool_call") {
+        let index = call
+            .get("index")
+            .and_then(Value::as_u64)
+            .and_then(|i| u32::try_from(i).ok())
+            .ok_or("`tool_call.index` is not a whole number")?;
+        return Ok(Delta::ToolCall(ToolCallPiece {
+            index,
+            id: text(call.get("id")),
+            name: text(call.get("name")),
+            arguments: text(call.get("arguments")).unwrap_or_default(),
+        }));
+    }
+    if let Some(usage) = chunk.get("usage") {
+        let count = |key: &str| {
+            usage
+                .get(key)
+                .and_then(Value::as_u64)
+                .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX))
+        };
+        return Ok(Delta::Usage(TokenUsage {
+            prompt_tokens: count("prompt_tokens"),
+            completion_tokens: count("completion_tokens"),
+            total_tokens: count("total_tokens"),
+        }));
+    }
+    Err("expected one of `text`, `tool_call`, `usage`".to_string())
 }
 
 export_llm_provider!(Replay);

@@ -10,6 +10,10 @@
 //!   one call, ignoring failures, and answers with how many got a response and
 //!   the last error (the host must stop it at its request limit).
 //!
+//! - `pieces` / `big_pieces`: reports 200,000 one-byte pieces of text, or 64 of 1 MiB,
+//!   whatever the host answers, and answers how many the host took (it must stop at its
+//!   bounds);
+//!
 //! Without `settings.mode` the request's model names the mode, so a workspace
 //! run by the `trellis` binary can pick one (`--llm snoop:flood`).
 
@@ -99,6 +103,28 @@ impl LlmProvider for Snoop {
                     }
                     Err(e) => Err(LlmError::Transport(e.to_string())),
                 }
+            }
+            Some(mode @ ("pieces" | "big_pieces")) => {
+                use trellis_plugin_sdk::llm::reply::{self, Delta};
+                let (piece, count) = if mode == "pieces" {
+                    ("x".to_string(), 200_000)
+                } else {
+                    ("y".repeat(1 << 20), 64)
+                };
+                let piece = [Delta::Text(piece)];
+                let mut taken = 0u64;
+                for _ in 0..count {
+                    // A fresh reporter each time: a hostile provider ignores the host's
+                    // `false` and reports on.
+                    let mut reporter = reply::Reporter::new();
+                    reporter.report(&piece);
+                    if reporter.is_open() {
+                        taken += 1;
+                    }
+                }
+                Ok(Response::text(
+                    json!({"streaming": reply::streaming(), "taken": taken}).to_string(),
+                ))
             }
             _ => Err(LlmError::InvalidRequest("unknown mode".into())),
         }
