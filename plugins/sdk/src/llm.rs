@@ -314,6 +314,9 @@ pub mod http {
         send(Method::Post, url, headers, Some(body), Some(each))
     }
 
+    /// What reads a streamed body piece by piece ([`post_streaming`]).
+    pub type Reader<'a> = dyn FnMut(&[u8]) -> Result<(), HttpError> + 'a;
+
     /// Sends a `GET` to `url` and reads the whole response.
     pub fn get(url: &str, headers: &[(&str, &str)]) -> Result<HttpResponse, HttpError> {
         send(Method::Get, url, headers, None, None)
@@ -324,7 +327,7 @@ pub mod http {
         url: &str,
         headers: &[(&str, &str)],
         body: Option<&[u8]>,
-        each: Option<&mut dyn FnMut(&[u8]) -> Result<(), HttpError>>,
+        each: Option<&mut Reader<'_>>,
     ) -> Result<HttpResponse, HttpError> {
         let parsed = Url::parse(url)?;
         let mut entries: Vec<(String, Vec<u8>)> = headers
