@@ -252,6 +252,8 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
                 eprintln!("cancelling the tool calls running (Ctrl-C again to abort)");
                 runtime.stop_now(&id);
                 let _ = interrupts.recv().await;
+                // An exit runs no destructors: the MCP servers' processes are ended first.
+                trellis_mcp::client::kill_servers();
                 std::process::exit(130);
             }
         })

@@ -186,13 +186,57 @@ impl rmcp::ClientHandler for Limited {
     }
 }
 
+/// The pids of the stdio servers' processes this host holds now (alive, or ended and not yet
+/// reaped: a pid here is never another process's).
+static LIVE: std::sync::Mutex<std::collections::BTreeSet<u32>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+/// Kills every stdio server process this host started and still holds: for an exit that
+/// runs no destructors (`trellis run`'s third Ctrl-C), which would leave them running.
+pub fn kill_servers() {
+    let live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
+    for pid in live.iter() {
+        if let Ok(pid) = i32::try_from(*pid) {
+            // SAFETY: kill(2) on a pid this process spawned and has not reaped.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+}
+
+/// A stdio server's process, in [`LIVE`] while it is held; killed when dropped.
+struct ServerProcess {
+    child: tokio::process::Child,
+    pid: Option<u32>,
+}
+
+impl ServerProcess {
+    fn new(child: tokio::process::Child) -> Self {
+        let pid = child.id();
+        if let Some(pid) = pid {
+            LIVE.lock().unwrap_or_else(|e| e.into_inner()).insert(pid);
+        }
+        ServerProcess { child, pid }
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        // Killed first (the child was made with `kill_on_drop`): the pid is released
+        // only once it is no longer a process this host could kill by mistake.
+        let _ = self.child.start_kill();
+        if let Some(pid) = self.pid {
+            LIVE.lock().unwrap_or_else(|e| e.into_inner()).remove(&pid);
+        }
+    }
+}
+
 struct Running {
     service: RunningService<RoleClient, Limited>,
     /// Fires when the server sent more requests than the host answers.
     over: tokio_util::sync::CancellationToken,
     tools: Vec<McpTool>,
     /// A stdio server's process, killed when dropped.
-    process: Option<tokio::process::Child>,
+    process: Option<ServerProcess>,
     /// Set when a stdio server sent a message over [`MAX_MESSAGE_BYTES`].
     oversized: Arc<AtomicBool>,
 }
@@ -402,12 +446,12 @@ impl McpServers {
                 .is_err();
             // Its stdin is closed now: a well-behaved server exits.
             if let Some(mut process) = running.process
-                && tokio::time::timeout(STOP_TIMEOUT, process.wait())
+                && tokio::time::timeout(STOP_TIMEOUT, process.child.wait())
                     .await
                     .is_err()
             {
                 late = true;
-                let _ = process.kill().await;
+                let _ = process.child.kill().await;
             }
             if late {
                 tracing::warn!("MCP server {key:?} did not stop in time: killed");
@@ -555,7 +599,7 @@ async fn start_one(key: &str, server: &ServerConfig) -> Result<Running> {
             if let Some(stderr) = child.stderr.take() {
                 tokio::spawn(log_stderr(key.to_string(), stderr));
             }
-            process = Some(child);
+            process = Some(ServerProcess::new(child));
             over_lines(stdout, stdin, &oversized, limited.clone()).await?
         }
         Transport::Http { url, headers } => {
@@ -613,7 +657,7 @@ where
 async fn listed(
     key: &str,
     service: RunningService<RoleClient, Limited>,
-    process: Option<tokio::process::Child>,
+    process: Option<ServerProcess>,
     oversized: Arc<AtomicBool>,
     over: tokio_util::sync::CancellationToken,
 ) -> Result<Running> {

@@ -19,6 +19,7 @@ parser.add_argument("--started")
 parser.add_argument("--http", type=int)
 parser.add_argument("--stderr-flood", type=int, default=0)
 parser.add_argument("--stderr-newlines", type=int, default=0)
+parser.add_argument("--linger", type=float, default=0)
 opts = parser.parse_args()
 if opts.stderr_flood:
     chunk = b"x" * (1 << 20)
@@ -93,7 +94,15 @@ def die() -> str:
     os._exit(3)
 
 
-if opts.http:
-    server.run("streamable-http", host="127.0.0.1", port=opts.http)
-else:
-    server.run()
+try:
+    if opts.http:
+        server.run("streamable-http", host="127.0.0.1", port=opts.http)
+    else:
+        server.run()
+finally:
+    # A server slow to go: it stays this long after its input closed, however it ended
+    # (only a kill ends it sooner).
+    if opts.linger:
+        import time
+
+        time.sleep(opts.linger)

@@ -203,6 +203,11 @@ impl ReplyStream {
                     Delta::Text(text) => {
                         state.marks.push(Mark::Text(text.len()));
                         state.pending.push_str(&text);
+                        // Each piece goes out as it came (with a key, what the hold-back
+                        // lets out of it).
+                        if let Some(text) = release(&mut state.pending, secrets, false) {
+                            events.push(ReplyEvent::Text(text));
+                        }
                     }
                     Delta::ToolCall(piece) => {
                         state.marks.push(Mark::ToolCall {
@@ -221,9 +226,6 @@ impl ReplyStream {
                     }
                     Delta::Usage(_) => state.marks.push(Mark::Usage),
                 }
-            }
-            if let Some(text) = release(&mut state.pending, secrets, false) {
-                events.insert(0, ReplyEvent::Text(text));
             }
             state.shown |= !events.is_empty();
             !state.full

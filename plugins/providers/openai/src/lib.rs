@@ -76,22 +76,28 @@ impl LlmProvider for OpenAi {
         let mut reporter = Reporter::new();
         // Why the read stopped early, when the stream itself was at fault.
         let mut failed: Option<LlmError> = None;
-        let mut take = |event: sse::Event, failed: &mut Option<LlmError>| match reply
-            .event(&event.data, &names)
-        {
-            Ok(deltas) => reporter.report(&deltas),
-            Err(e) => *failed = Some(e),
+        // The pieces of the events one read completed go to the host in one report.
+        let mut take = |events: Vec<sse::Event>, failed: &mut Option<LlmError>| {
+            let mut deltas = Vec::new();
+            for event in events {
+                match reply.event(&event.data, &names) {
+                    Ok(more) => deltas.extend(more),
+                    Err(e) => {
+                        *failed = Some(e);
+                        return;
+                    }
+                }
+            }
+            reporter.report(&deltas);
         };
         let read = http::post_streaming(&url, &header_refs, body.as_bytes(), &mut |bytes| {
             let events = parser.feed(bytes).map_err(|e| {
                 failed = Some(LlmError::MalformedResponse(e));
                 HttpError::Transport("stopped".into())
             })?;
-            for event in events {
-                take(event, &mut failed);
-                if failed.is_some() {
-                    return Err(HttpError::Transport("stopped".into()));
-                }
+            take(events, &mut failed);
+            if failed.is_some() {
+                return Err(HttpError::Transport("stopped".into()));
             }
             Ok(())
         });
@@ -104,7 +110,7 @@ impl LlmProvider for OpenAi {
             return parse_response(&response, &names);
         }
         if let Some(event) = parser.finish() {
-            take(event, &mut failed);
+            take(vec![event], &mut failed);
             if let Some(error) = failed {
                 return Err(error);
             }
