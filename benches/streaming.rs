@@ -102,7 +102,8 @@ fn answer(stream: TcpStream, gap: Duration) {
             std::thread::sleep(gap);
         }
     }
-    let end = json!({"model": "bench", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]});
+    let end =
+        json!({"model": "bench", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]});
     let _ = send(end.to_string());
     let _ = send("[DONE]".to_string());
     let _ = out.write_all(b"0\r\n\r\n");
@@ -217,11 +218,7 @@ fn direct(addr: SocketAddr, pieces: u32, first: bool) -> (Arrivals, String) {
         let chunk: Value = serde_json::from_str(data).unwrap();
         if let Some(piece) = chunk["choices"][0]["delta"]["content"].as_str() {
             let at = now_ns();
-            if let Some(ns) = piece
-                .trim()
-                .strip_prefix("t=")
-                .and_then(|n| n.parse().ok())
-            {
+            if let Some(ns) = piece.trim().strip_prefix("t=").and_then(|n| n.parse().ok()) {
                 arrivals.push((ns, at));
             }
             text.push_str(piece);
@@ -269,7 +266,9 @@ fn streaming(c: &mut Criterion) {
     group.bench_function("pieces_10k_trellis", |b| {
         b.iter(|| tokio.block_on(through_trellis(&registry, fast, many, false)))
     });
-    group.bench_function("pieces_10k_direct", |b| b.iter(|| direct(fast, many, false)));
+    group.bench_function("pieces_10k_direct", |b| {
+        b.iter(|| direct(fast, many, false))
+    });
     group.finish();
 
     // Added latency per piece, from a paced reply, the two paths interleaved.

@@ -43,7 +43,11 @@ fn the_third_ctrl_c_leaves_no_mcp_server_running() {
         .parse()
         .unwrap();
     // SAFETY: kill(2) with signal 0 only asks whether the process exists.
-    assert_eq!(unsafe { libc::kill(pid, 0) }, 0, "the server is not running");
+    assert_eq!(
+        unsafe { libc::kill(pid, 0) },
+        0,
+        "the server is not running"
+    );
     // Three at once: the third comes while the run still winds down.
     for _ in 0..3 {
         // SAFETY: kill(2) on the child's pid, ours and running.

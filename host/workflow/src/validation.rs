@@ -281,9 +281,16 @@ pub async fn run_gate(
             warnings: &mut warnings,
         };
         let is_file = meta.as_ref().is_some_and(|m| m.is_file());
+        // A link the gate does not follow is named as one, so its author knows why.
+        let link = meta.is_none()
+            && dir
+                .and_then(|d| d.symlink_metadata(name).ok())
+                .is_some_and(|m| m.file_type().is_symlink());
         if !is_file {
             let actual = if meta.is_some() {
                 "a folder"
+            } else if link {
+                "a symbolic link, not followed"
             } else {
                 "missing"
             };
@@ -300,7 +307,12 @@ pub async fn run_gate(
                     }
                     .into(),
                     actual.into(),
-                    if required {
+                    if link {
+                        format!(
+                            "{name} in {place} is a symbolic link, which the gate does not \
+                             follow: write the file itself there"
+                        )
+                    } else if required {
                         format!("{name} does not exist in {place}: write it")
                     } else {
                         format!("{name} is optional and absent; its checks were skipped")

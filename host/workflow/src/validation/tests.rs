@@ -253,6 +253,11 @@ fn nothing_resolves_outside_the_workspace() {
             .gate(json!({"files": [{"file_name": "link.json", "must_exist": true, "validation_type": "json"}]}))
             .unwrap();
         assert_eq!(failed(&report)[0].1, "must_exist");
+        assert!(
+            failed(&report)[0].2.contains("link.json in the step output folder is a symbolic link, which the gate does not follow"),
+            "{:?}",
+            failed(&report)
+        );
     }
 }
 
