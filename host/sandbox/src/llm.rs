@@ -542,10 +542,63 @@ impl Response {
         for call in &mut self.tool_calls {
             call.id = secret.redact(&call.id);
             call.name = secret.redact(&call.name);
-            call.arguments = secret.redact(&call.arguments);
+            call.arguments = redact_json_text(&secret.redact(&call.arguments), secret);
         }
         self.model = self.model.map(|m| secret.redact(&m));
         self
+    }
+}
+
+/// `text` (a tool call's arguments) with `secret` redacted from the strings it holds once
+/// parsed too: JSON escapes (`\u0073k-...`) spell a key the text does not show, and the
+/// tool gets the decoded strings. Rewritten only when a string changed; text that is not
+/// JSON stays as it is.
+fn redact_json_text(text: &str, secret: &Secret) -> String {
+    fn walk(value: &mut serde_json::Value, secret: &Secret, changed: &mut bool) {
+        match value {
+            serde_json::Value::String(s) => {
+                let redacted = secret.redact(s);
+                if redacted != *s {
+                    *s = redacted;
+                    *changed = true;
+                }
+            }
+            serde_json::Value::Array(items) => {
+                for item in items {
+                    walk(item, secret, changed);
+                }
+            }
+            serde_json::Value::Object(map) => {
+                let keys: Vec<String> = map.keys().cloned().collect();
+                for key in keys {
+                    let redacted = secret.redact(&key);
+                    if redacted != key
+                        && let Some(v) = map.remove(&key)
+                    {
+                        map.insert(redacted, v);
+                        *changed = true;
+                    }
+                }
+                for item in map.values_mut() {
+                    walk(item, secret, changed);
+                }
+            }
+            _ => {}
+        }
+    }
+    // Only what could hide an escape is parsed again.
+    if !text.contains('\\') {
+        return text.to_string();
+    }
+    let Ok(mut value) = serde_json::from_str::<serde_json::Value>(text) else {
+        return text.to_string();
+    };
+    let mut changed = false;
+    walk(&mut value, secret, &mut changed);
+    if changed {
+        value.to_string()
+    } else {
+        text.to_string()
     }
 }
 
@@ -584,6 +637,34 @@ mod json_text {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_key_spelled_in_json_escapes_in_tool_arguments_is_redacted_once_decoded() {
+        let key = "sk-TESTKEY-abcdefghijklmnopqrstuvwxyz0123456789";
+        let escaped: String = key
+            .chars()
+            .map(|c| format!("\\u{:04x}", c as u32))
+            .collect();
+        let response = Response {
+            text: String::new(),
+            tool_calls: vec![ToolCall {
+                id: "c1".into(),
+                name: "workspace:write_file".into(),
+                arguments: format!(r#"{{"path": "leak.txt", "content": "{escaped}"}}"#),
+            }],
+            stop_reason: StopReason::ToolCalls,
+            usage: Usage::default(),
+            model: None,
+        }
+        .redacted(&Secret::new(key));
+        let args: serde_json::Value =
+            serde_json::from_str(&response.tool_calls[0].arguments).unwrap();
+        assert_eq!(args["content"], REDACTED);
+        assert_eq!(args["path"], "leak.txt");
+        // Arguments with nothing to hide keep their exact text.
+        let plain = r#"{"a": "\u0041"}"#;
+        assert_eq!(redact_json_text(plain, &Secret::new(key)), plain);
+    }
 
     #[test]
     fn tool_call_arguments_are_logged_as_json_values() {

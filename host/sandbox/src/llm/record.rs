@@ -195,7 +195,47 @@ pub fn interactions(name: &str, bytes: &[u8]) -> Result<Vec<serde_json::Value>> 
 fn counted_interactions(name: &str, bytes: &[u8]) -> Result<(Vec<serde_json::Value>, usize)> {
     let values =
         crate::json_values::check_values(&format!("cassette {name}"), bytes, MAX_CASSETTE_VALUES)?;
-    Ok((parse_interactions(name, bytes)?, values))
+    let list = parse_interactions(name, bytes)?;
+    check_chunks(name, &list)?;
+    Ok((list, values))
+}
+
+/// Pieces one recorded interaction may hold (`chunks`): a recording joins neighbouring
+/// pieces past it, and a replay refuses a cassette with more, before anything runs.
+pub const MAX_RECORDED_CHUNKS: usize = 4096;
+
+/// Pieces a whole cassette may hold: each costs the host far more to replay than its
+/// bytes in the file (a value parsed, held, handed to the provider and reported back).
+pub const MAX_CASSETTE_CHUNKS: usize = 65_536;
+
+/// Refuses `list` when an interaction holds more than [`MAX_RECORDED_CHUNKS`] pieces, or all
+/// of them together more than [`MAX_CASSETTE_CHUNKS`].
+fn check_chunks(name: &str, list: &[serde_json::Value]) -> Result<()> {
+    let mut total = 0usize;
+    for (i, interaction) in list.iter().enumerate() {
+        let Some(chunks) = interaction.get("chunks") else {
+            continue;
+        };
+        let Some(chunks) = chunks.as_array() else {
+            anyhow::bail!("cassette {name}: interactions[{i}].chunks: expected a list of pieces");
+        };
+        if chunks.len() > MAX_RECORDED_CHUNKS {
+            anyhow::bail!(
+                "cassette {name}: interactions[{i}].chunks holds {} pieces, more than the \
+                 {MAX_RECORDED_CHUNKS} one interaction may replay; join them, or remove \
+                 `chunks` to replay the answer whole",
+                chunks.len()
+            );
+        }
+        total += chunks.len();
+        if total > MAX_CASSETTE_CHUNKS {
+            anyhow::bail!(
+                "cassette {name}: its interactions hold more than {MAX_CASSETTE_CHUNKS} pieces \
+                 (`chunks`) together, more than one cassette may replay"
+            );
+        }
+    }
+    Ok(())
 }
 
 fn parse_interactions(name: &str, bytes: &[u8]) -> Result<Vec<serde_json::Value>> {

@@ -252,7 +252,7 @@ impl ReplyStream {
     /// the provider sent, so a recording holds nothing the answer does not.
     pub fn chunks_of(&self, response: &Response) -> Vec<Delta> {
         let marks = self.state().marks.clone();
-        let mut chunks = Vec::with_capacity(marks.len());
+        let mut chunks = Vec::with_capacity(marks.len().min(1 << 16));
         let mut text_at = 0;
         let mut args_at = vec![0usize; response.tool_calls.len()];
         let mut begun = vec![false; response.tool_calls.len()];
@@ -290,6 +290,7 @@ impl ReplyStream {
         if chunks.is_empty() {
             return chunks;
         }
+        let mut chunks = join_to(chunks, super::record::MAX_RECORDED_CHUNKS - 2);
         // Whatever the pieces did not cover (a provider that reported less than it
         // returned) ends the recording, so the chunks always add up to the answer.
         if text_at < response.text.len() {
@@ -307,6 +308,40 @@ impl ReplyStream {
         }
         chunks
     }
+}
+
+/// `chunks` with neighbouring text pieces (and neighbouring pieces of one tool call)
+/// joined, evenly, until at most about `max` are left: a recording keeps where a long reply's
+/// pieces fell in coarser steps, never more than a replay takes.
+fn join_to(chunks: Vec<Delta>, max: usize) -> Vec<Delta> {
+    if chunks.len() <= max {
+        return chunks;
+    }
+    let group = chunks.len().div_ceil(max);
+    let mut out: Vec<Delta> = Vec::with_capacity(max + 1);
+    let mut run = 0;
+    for chunk in chunks {
+        let joined = match (out.last_mut(), &chunk) {
+            (Some(Delta::Text(last)), Delta::Text(next)) if run < group => {
+                last.push_str(next);
+                true
+            }
+            (Some(Delta::ToolCall(last)), Delta::ToolCall(next))
+                if run < group && last.index == next.index && next.id.is_none() =>
+            {
+                last.arguments.push_str(&next.arguments);
+                true
+            }
+            _ => false,
+        };
+        if joined {
+            run += 1;
+        } else {
+            out.push(chunk);
+            run = 1;
+        }
+    }
+    out
 }
 
 /// The next `len` bytes of `text` from `*at` (to a character boundary), moving `*at`.
@@ -483,6 +518,28 @@ mod tests {
                 Delta::Usage(response.usage),
             ]
         );
+        // A long reply's pieces are joined to what a replay takes, and still add up.
+        let many = ReplyStream::unwatched(true);
+        let pieces: Vec<Delta> = (0..10_000).map(|_| Delta::Text("ab".into())).collect();
+        many.report(pieces, 1 << 20, &[]);
+        let long = Response {
+            text: "ab".repeat(10_000),
+            ..response.clone()
+        };
+        let joined = many.chunks_of(&long);
+        assert!(
+            joined.len() <= crate::llm::record::MAX_RECORDED_CHUNKS,
+            "{}",
+            joined.len()
+        );
+        let text: String = joined
+            .iter()
+            .filter_map(|c| match c {
+                Delta::Text(t) => Some(t.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(text, long.text);
         let json = serde_json::to_string(&chunks[0]).unwrap();
         assert_eq!(json, r#"{"text":"Hé"}"#);
     }
