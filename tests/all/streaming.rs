@@ -347,7 +347,7 @@ async fn a_stream_that_stalls_fails_at_its_idle_timeout() {
         let chunks = openai_chunks("m-1", &["Thinking", " about it"]);
         Answer::stream(vec![
             Step::Send(format!("data: {}\n\n", chunks[0])),
-            Step::Wait(Duration::from_secs(40)),
+            Step::Hold,
             Step::Send(format!("data: {}\n\n", chunks[1])),
         ])
     });
@@ -365,6 +365,18 @@ async fn a_stream_that_stalls_fails_at_its_idle_timeout() {
         "expected a timeout, got {err}"
     );
     assert_eq!(texts(&events.lock().unwrap()), ["Thinking"]);
+    // The stalled connection was given up, not kept: once the server sends the rest, it
+    // finds the connection closed (a connection kept open would wait for a next request).
+    server.release();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while server.open_connections() > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the connection of the stalled call is still open"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(server.closed_by_client(), 1);
 }
 
 #[tokio::test]
