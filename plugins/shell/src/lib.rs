@@ -1,0 +1,184 @@
+//! A bash-compatible command interpreter for Trellis's sandboxed shell.
+//!
+//! The syntax is bash's, parsed by brush-parser; this crate walks the tree. It has no
+//! process, pipe or file handle of its own: the commands that are not shell builtins, the
+//! files of redirections and the folder listings of globs go to a [`System`] the embedder
+//! gives (in the shell plugin: the sandbox's own filesystem, and the host, which runs each
+//! utility as a fresh component under the same grant). Pipelines run one stage after the
+//! other, each stage's output the next one's input. Every run is bounded ([`Limits`]): steps
+//! (commands, loop rounds, calls), nesting, and the bytes of every buffer, so no script makes
+//! the interpreter loop or grow without end; past a bound the run stops with a message
+//! naming it.
+//!
+//! Not supported, each refused with a message rather than run differently: arrays, background
+//! jobs (`&` runs the command in the foreground), process substitution, coprocesses.
+
+mod arith;
+mod builtins;
+mod exec;
+mod expand;
+mod io;
+
+use std::collections::{HashMap, HashSet};
+use std::rc::Rc;
+
+pub use builtins::names as builtin_names;
+pub use io::{Command, FileKind, Output, System};
+
+/// The bounds of one run of a script.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Commands, loop rounds, function calls and glob matches one run may execute.
+    pub steps: u64,
+    /// Function calls, subshells, command substitutions and `eval`s nested in one another.
+    pub depth: u32,
+    /// Bytes of stdout and of stderr the run returns, each; the rest is dropped and said.
+    pub output_bytes: usize,
+    /// Bytes one pipe, command substitution, here-document, file read or variable holds.
+    pub pipe_bytes: usize,
+    /// Bytes of the script itself.
+    pub script_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            steps: 100_000,
+            depth: 64,
+            output_bytes: 1 << 20,
+            pipe_bytes: 16 << 20,
+            script_bytes: 64 << 10,
+        }
+    }
+}
+
+/// What a run of a script gave.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finished {
+    /// The exit status: the last command's, or the one `exit` gave; 2 for a syntax error
+    /// or a bound reached.
+    pub status: i32,
+    /// What the script wrote on its standard output, up to [`Limits::output_bytes`].
+    pub stdout: Vec<u8>,
+    /// What the script wrote on its standard error, up to [`Limits::output_bytes`].
+    pub stderr: Vec<u8>,
+    /// Bytes of stdout dropped past [`Limits::output_bytes`].
+    pub stdout_dropped: u64,
+    /// Bytes of stderr dropped past [`Limits::output_bytes`].
+    pub stderr_dropped: u64,
+}
+
+/// The interpreter's state: variables, functions, positional parameters, the working folder.
+pub struct Shell<S: System> {
+    sys: S,
+    limits: Limits,
+    vars: HashMap<String, String>,
+    exported: HashSet<String>,
+    funcs: HashMap<String, Rc<brush_parser::ast::FunctionBody>>,
+    positional: Vec<String>,
+    cwd: String,
+    status: i32,
+    steps: u64,
+    depth: u32,
+    /// Saved values of the variables `local` shadowed, one frame per function call.
+    locals: Vec<Vec<(String, Option<String>)>>,
+    flow: exec::Flow,
+    options: exec::Options,
+    /// The status of the last command substitution of the simple command being expanded.
+    substituted: Option<i32>,
+    /// Above zero while a condition (`if`, `while`, `&&`, `!`) runs: `set -e` does not stop it.
+    in_condition: u32,
+}
+
+impl<S: System> std::fmt::Debug for Shell<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shell")
+            .field("cwd", &self.cwd)
+            .field("status", &self.status)
+            .field("steps", &self.steps)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: System> Shell<S> {
+    /// A shell whose working folder is `cwd` (an absolute path) and whose environment is
+    /// `env`, every variable of it exported.
+    pub fn new(sys: S, limits: Limits, cwd: &str, env: &[(String, String)]) -> Self {
+        let mut shell = Shell {
+            sys,
+            limits,
+            vars: HashMap::new(),
+            exported: HashSet::new(),
+            funcs: HashMap::new(),
+            positional: Vec::new(),
+            cwd: io::normalize("/", cwd),
+            status: 0,
+            steps: 0,
+            depth: 0,
+            locals: Vec::new(),
+            flow: exec::Flow::Normal,
+            options: exec::Options::default(),
+            in_condition: 0,
+            substituted: None,
+        };
+        for (name, value) in env {
+            shell.vars.insert(name.clone(), value.clone());
+            shell.exported.insert(name.clone());
+        }
+        let cwd = shell.cwd.clone();
+        shell.vars.insert("PWD".into(), cwd.clone());
+        shell.exported.insert("PWD".into());
+        shell.vars.entry("HOME".into()).or_insert(cwd);
+        shell.vars.entry("IFS".into()).or_insert(" \t\n".into());
+        shell
+    }
+
+    /// Runs `script` to its end, or to the first bound it reaches.
+    pub fn run(&mut self, script: &str) -> Finished {
+        let out = io::Sink::new(self.limits.output_bytes);
+        let err = io::Sink::new(self.limits.output_bytes);
+        let streams = io::Streams {
+            stdin: io::Input::empty(),
+            out: out.clone(),
+            err: err.clone(),
+        };
+        let status = if script.len() > self.limits.script_bytes {
+            err.write_str(&format!(
+                "shell: the command is {} bytes, more than the {} a command may have\n",
+                script.len(),
+                self.limits.script_bytes
+            ));
+            2
+        } else {
+            match self.run_text(script, &streams) {
+                Ok(()) | Err(exec::Halt::Exit) => self.status,
+                Err(exec::Halt::Fatal(message)) => {
+                    err.write_str(&format!("shell: {message}\n"));
+                    2
+                }
+            }
+        };
+        let (stdout, stdout_dropped) = out.take();
+        let (stderr, stderr_dropped) = err.take();
+        Finished {
+            status,
+            stdout,
+            stderr,
+            stdout_dropped,
+            stderr_dropped,
+        }
+    }
+
+    /// The working folder the script left.
+    pub fn cwd(&self) -> &str {
+        &self.cwd
+    }
+
+    /// The system the shell runs commands with.
+    pub fn system(&mut self) -> &mut S {
+        &mut self.sys
+    }
+}
+
+#[cfg(test)]
+mod tests;
