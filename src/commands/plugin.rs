@@ -82,6 +82,11 @@ pub struct BuildArgs {
     /// Where to put the component and plugin.json [default: DIR/dist].
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
+    /// How long a Python plugin's build may take, in seconds: its plugin.py is imported at
+    /// build time, so its top-level code runs then (within 2 GiB of memory too)
+    /// [default: 300].
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub timeout: Option<u64>,
     #[command(flatten)]
     pub cache: CacheArgs,
 }
@@ -255,7 +260,10 @@ async fn build(engine: &Engine, args: &BuildArgs) -> Result<()> {
                 manifest_path.display(),
                 manifest.kind.as_str()
             );
-            python_build::build(&project, dir)?
+            let deadline = args
+                .timeout
+                .map_or(python_build::BUILD_DEADLINE, std::time::Duration::from_secs);
+            python_build::build(&project, dir, deadline)?
         }
     };
     dist.write(&manifest.component, &bytes)?;

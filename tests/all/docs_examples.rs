@@ -314,8 +314,7 @@ fn load(
                 .map_err(|e| vec![format!("{e:#}")]);
         }
         "plugin-manifest" => {
-            write(root, "echo/plugin.json", text);
-            return Manifest::read(&root.join("echo/plugin.json"))
+            return Manifest::parse(text)
                 .map(|_| Vec::new())
                 .map_err(|e| vec![format!("{e:#}")]);
         }

@@ -309,6 +309,94 @@ fn migrate_does_not_copy_a_linked_script_path_from_outside() {
     w.outside_unchanged();
 }
 
+/// `migrate` copied a hidden or secret-looking `script_path` (`.env`, `.ssh/id_rsa`) into
+/// `code/<step>/main.py`, where the builder's read tools showed it (round 12, HIGH): such
+/// a path is refused as the read tools refuse it, and nothing is copied.
+#[test]
+fn migrate_copies_no_hidden_or_secret_looking_script() {
+    for (path, reason) in [
+        (".env", ".env is hidden (.env)"),
+        (".ssh/id_rsa", ".ssh/id_rsa is hidden (.ssh)"),
+        (
+            "scripts/api_secret.py",
+            "scripts/api_secret.py looks like a secret (api_secret.py)",
+        ),
+    ] {
+        let mut w = World::scripted("print('hi')\n");
+        legacy(&w, path);
+        w.before = tree_digest(&w.outside);
+        write_file(&w.ws, path, "OPENAI_API_KEY=s3cr3t\n");
+        let plan_before = std::fs::read(w.ws.join("planning/plan.json")).unwrap();
+        let out = bounded(&["migrate", w.root()]);
+        assert!(!w.ws.join("code/conv").exists(), "{path} was copied");
+        w.refused(&out, &format!("item \"conv\": script_path: {reason}"));
+        assert_eq!(
+            std::fs::read(w.ws.join("planning/plan.json")).unwrap(),
+            plan_before
+        );
+    }
+}
+
+/// `migrate` copied a `script_path` that is a hard link to a file outside into the
+/// workspace, as a file of its own the model could then read (round 12, MEDIUM).
+#[test]
+fn migrate_copies_no_hard_linked_script() {
+    let mut w = World::scripted("print('hi')\n");
+    legacy(&w, "scripts/linked.py");
+    w.before = tree_digest(&w.outside);
+    std::fs::hard_link(w.outside.join("outside.py"), w.ws.join("scripts/linked.py")).unwrap();
+    let out = bounded(&["migrate", w.root()]);
+    assert!(
+        !w.ws.join("code/conv").exists(),
+        "the outside file was copied"
+    );
+    w.refused(
+        &out,
+        "script_path \"scripts/linked.py\" has other hard links; a file linked from elsewhere \
+         (perhaps outside the workspace) is never copied",
+    );
+}
+
+/// `migrate` of 900 code items worked for over a minute and wrote a 21 MB plan.json that no
+/// command could read back (round 12, MEDIUM): a plan past what Trellis reads is refused
+/// before it is validated or written, and the workspace is left as it was.
+#[test]
+fn migrate_refuses_a_plan_it_could_not_read_back() {
+    let w = World::scripted("print('hi')\n");
+    // Each item's long description is copied into the step made of it, and its outputs
+    // into the context of every later one.
+    let items: Vec<_> = (0..400)
+        .map(|i| {
+            json!({"id": format!("c{i}"), "type": "code", "script_path": "scripts/conv.py",
+                   "description": "d".repeat(2000),
+                   "output_files": [format!("out-{i}-{}.json", "o".repeat(40))]})
+        })
+        .collect();
+    write_file(
+        &w.ws,
+        "planning/plan.json",
+        json!({"objective": "t", "steps": [
+            {"id": "seq", "type": "message_sequence", "title": "Seq", "description": "x".repeat(45_000),
+             "items": items}
+        ]})
+        .to_string(),
+    );
+    write_file(&w.ws, "planning/step_config.json", r#"{"steps": []}"#);
+    write_file(&w.ws, "scripts/conv.py", "print('inside')\n");
+    let plan_before = std::fs::read(w.ws.join("planning/plan.json")).unwrap();
+    let out = bounded(&["migrate", w.root()]);
+    refused(&out, "the migrated planning/plan.json would be ");
+    refused(
+        &out,
+        "bytes, more than the 16777216 Trellis reads of a JSON file; nothing was changed",
+    );
+    assert_eq!(
+        std::fs::read(w.ws.join("planning/plan.json")).unwrap(),
+        plan_before
+    );
+    assert!(!w.ws.join("code/c0").exists());
+}
+
 #[test]
 fn migrate_does_not_write_through_a_linked_code_folder() {
     let mut w = World::scripted("print('hi')\n");

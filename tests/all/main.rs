@@ -41,6 +41,7 @@ mod redteam_mcp;
 mod redteam_net;
 mod redteam_round10;
 mod redteam_round11;
+mod redteam_round12;
 mod redteam_round3;
 mod redteam_round5;
 mod redteam_round7;

@@ -820,3 +820,37 @@ fn a_build_replaces_links_planted_in_dist_and_reads_no_linked_manifest() {
     );
     assert_eq!(support::tree_digest(&outside), before);
 }
+
+/// `plugin build` ran a Python plugin's top-level code (imported at build time) with no
+/// deadline and no memory cap: a loop built forever, and 3.5 GiB allocated took 4 GB of the
+/// machine (round 12, MEDIUM). The build stops at `--timeout` and at 2 GiB, saying which.
+#[test]
+fn plugin_build_stops_top_level_code_at_its_deadline_and_memory_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, code, args, expected) in [
+        (
+            "spins",
+            "\nwhile True:\n    pass\n",
+            vec!["--timeout", "5"],
+            "componentize-py did not finish within 5 s and was stopped: plugin.py is imported \
+             at build time",
+        ),
+        (
+            "hoards",
+            "\nHOARD = [bytearray(256 << 20) for _ in range(10)]\n",
+            vec![],
+            "MemoryError",
+        ),
+    ] {
+        let project = dir.path().join(name);
+        new_python_tool(&project);
+        let plugin = project.join("plugin.py");
+        let source = std::fs::read_to_string(&plugin).unwrap();
+        std::fs::write(&plugin, source + code).unwrap();
+        let mut command = vec!["plugin", "build", path_str(&project)];
+        command.extend(args);
+        let out = trellis(&command);
+        refused(&out, expected);
+        assert!(!project.join("dist").join(format!("{name}.wasm")).exists());
+    }
+}

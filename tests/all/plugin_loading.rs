@@ -503,3 +503,80 @@ fn plugins_list_shows_a_bad_plugin_with_its_error_and_the_others() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("loading plugin `manytools`"), "{stderr}");
 }
+
+/// A plugin folder's files were read by following links and without bounds (round 12):
+/// a FIFO as the component hung every command that loaded the folder (HIGH), a 2 GiB
+/// `plugin.json` was read whole (2.1 GB of memory), and a `plugin.json` or component linked
+/// to a file outside was read and its text printed. Each is refused now, naming the file,
+/// and the folder's other plugins load.
+#[test]
+fn a_plugin_folders_files_are_read_without_links_fifos_or_unbounded_sizes() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = dir.path().join("plugins");
+    let outside = dir.path().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    plugin_folder(&plugins, "adversary", "adversary", "tool");
+    let good = std::fs::read(trellis_test_programs::path("adversary")).unwrap();
+
+    let fifo = tool_folder(&plugins, "fifo", &good);
+    std::fs::remove_file(fifo.join("plugin.wasm")).unwrap();
+    let c = std::ffi::CString::new(fifo.join("plugin.wasm").to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0, "mkfifo");
+
+    let big = tool_folder(&plugins, "big", &good);
+    let manifest = std::fs::OpenOptions::new()
+        .append(true)
+        .open(big.join("plugin.json"))
+        .unwrap();
+    manifest.set_len(2 << 30).unwrap();
+
+    let linked = tool_folder(&plugins, "linked", &good);
+    std::fs::write(
+        outside.join("other.json"),
+        r#"{"id": "sk-OUTSIDE-SECRET-0123456789"}"#,
+    )
+    .unwrap();
+    std::fs::remove_file(linked.join("plugin.json")).unwrap();
+    std::os::unix::fs::symlink(outside.join("other.json"), linked.join("plugin.json")).unwrap();
+
+    let hard = tool_folder(&plugins, "hard", &good);
+    std::fs::write(outside.join("component.wasm"), &good).unwrap();
+    std::fs::remove_file(hard.join("plugin.wasm")).unwrap();
+    std::fs::hard_link(outside.join("component.wasm"), hard.join("plugin.wasm")).unwrap();
+    let before = support::tree_digest(&outside);
+
+    let mut child =
+        support::trellis_command(&["plugins", "list", "--plugins", plugins.to_str().unwrap()])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+    let started = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > std::time::Duration::from_secs(120) {
+            let _ = child.kill();
+            panic!("plugins list hangs on the plugin folder");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let output = child.wait_with_output().unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(output.status.success(), "{said}");
+    assert!(said.contains("\nadversary "), "{said}");
+    for refusal in [
+        "plugin.wasm is not a regular file",
+        "plugin.json is more than the 1048576 bytes Trellis reads",
+        "plugin.json is a symbolic link; Trellis does not read or write through links",
+        "plugin.wasm has other hard links",
+    ] {
+        assert!(said.contains(refusal), "{refusal:?} in {said}");
+    }
+    assert!(!said.contains("sk-OUTSIDE-SECRET"), "{said}");
+    assert_eq!(support::tree_digest(&outside), before);
+}

@@ -463,6 +463,15 @@ fn serve_host_and_origin_tricks_are_refused() {
         ),
         200
     );
+    // A second Host or Origin after an allowed one was let through: only the first was
+    // checked (round 12, LOW). Both orders are refused now.
+    for twice in [
+        format!("{host}\r\nHost: evil.example:{port}"),
+        format!("\r\nHost: evil.example:{port}{host}"),
+        format!("{host}\r\nOrigin: http://localhost:{port}\r\nOrigin: http://evil.example"),
+    ] {
+        assert_eq!(post(port, &twice, INIT), 400, "{twice:?}");
+    }
     drop(serve);
     assert_eq!(tree.outside_grant(), before);
 }
@@ -488,9 +497,15 @@ fn serve_token_cannot_be_bypassed() {
         format!("\r\nAuthorization: Basic {token}"),
         format!("\r\nX-Authorization: Bearer {token}"),
         format!("\r\nCookie: token={token}"),
-        format!("\r\nAuthorization: Bearer wrong\r\nAuthorization: Bearer {token}"),
     ] {
         assert_eq!(post(port, &format!("{host}{auth}"), INIT), 401, "{auth:?}");
+    }
+    // Two Authorization headers are refused whichever comes first.
+    for auth in [
+        format!("\r\nAuthorization: Bearer wrong\r\nAuthorization: Bearer {token}"),
+        format!("\r\nAuthorization: Bearer {token}\r\nAuthorization: Bearer wrong"),
+    ] {
+        assert_eq!(post(port, &format!("{host}{auth}"), INIT), 400, "{auth:?}");
     }
     // A token in the query is not a token.
     for query in ["token", "access_token", "auth"] {
@@ -624,6 +639,59 @@ fn serve_over_stdio_refuses_a_line_of_many_small_values_without_parsing_it() {
     );
     let peak = high_water(serve.child.id()).expect("the server runs");
     assert!(peak < 200 << 20, "peak {peak} bytes");
+    let list = serve.request("tools/list", json!({}));
+    assert!(list["result"]["tools"].is_array(), "{list}");
+}
+
+/// Lines rmcp cannot parse (nested past its parser's depth, a number past what JSON numbers
+/// are here, text that is no JSON) were dropped without an answer, and the client waited
+/// (round 12, LOW): each is answered with Invalid Request, and the session goes on.
+#[test]
+fn serve_over_stdio_answers_every_line_it_cannot_read() {
+    let tree = Tree::new();
+    let mut serve = StdioServe::start(&tree, &[]);
+    let deep = format!(
+        r#"{{"jsonrpc":"2.0","id":91,"method":"tools/list","params":{{"x":{}1{}}}}}"#,
+        "[".repeat(200),
+        "]".repeat(200)
+    );
+    let long_number = format!(
+        r#"{{"jsonrpc":"2.0","id":92,"method":"tools/list","params":{{"x":{}}}}}"#,
+        "9".repeat(5000)
+    );
+    // The third's reason starts like the second's: its log line is the second of them.
+    let cases = [
+        (
+            deep,
+            "a message may nest arrays and objects 127 levels deep, this one nests deeper",
+            1,
+        ),
+        (
+            long_number,
+            "the message is not JSON that can be read: number out of range",
+            1,
+        ),
+        (
+            "{oops".to_string(),
+            "the message is not JSON that can be read",
+            2,
+        ),
+    ];
+    for (line, why, seen) in &cases {
+        serve.send(line);
+        let answer = loop {
+            let line = serve
+                .lines
+                .recv_timeout(Duration::from_secs(60))
+                .expect("the server answered");
+            if let Ok(message) = serde_json::from_str::<Value>(&line) {
+                break message;
+            }
+        };
+        assert_eq!(answer["id"], Value::Null, "{answer}");
+        assert_eq!(answer["error"]["code"], json!(-32600), "{answer}");
+        serve.wait_for_log(&format!("refused a message from the client: {why}"), *seen);
+    }
     let list = serve.request("tools/list", json!({}));
     assert!(list["result"]["tools"].is_array(), "{list}");
 }
@@ -1259,7 +1327,7 @@ fn a_server_message_of_too_many_values_is_refused_unread() {
     assert!(
         many.starts_with("error:")
             && many.contains(r#"MCP server "fx""#)
-            && many.contains("or of more than 1000000 JSON values"),
+            && many.contains("of more than 1000000 JSON values"),
         "{}",
         &many[..many.len().min(300)]
     );

@@ -609,7 +609,7 @@ async fn a_recorded_stream_replays_offline_with_the_same_pieces() {
 
 /// A workspace with one regular step whose model (the builder's too) is `openai:m-1` on
 /// `server`.
-fn workspace(root: &Path, server: &StreamServer) {
+pub(crate) fn workspace(root: &Path, server: &StreamServer) {
     write_file(
         root,
         "planning/plan.json",

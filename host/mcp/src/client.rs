@@ -404,10 +404,9 @@ impl McpServers {
             .map_err(|e| {
                 if running.oversized.load(Ordering::Relaxed) {
                     format!(
-                        "MCP server {server:?} sent a message longer than the limit of \
-                         {MAX_MESSAGE_BYTES} bytes or of more than {MAX_MESSAGE_VALUES} JSON \
-                         values: it was not read, and the server is disconnected for the \
-                         rest of the run"
+                        "MCP server {server:?} sent {}: it was not read, and the server is \
+                         disconnected for the rest of the run",
+                        message_limits()
                     )
                 } else {
                     format!("MCP server {server:?}: {e}")
@@ -480,6 +479,18 @@ struct LineCap<R> {
 /// The JSON values one message of an external server may hold.
 pub const MAX_MESSAGE_VALUES: usize = trellis_sandbox::json_values::MAX_FILE_VALUES;
 
+/// How deep one message of an external server may nest arrays and objects: the most the
+/// JSON parser of the MCP client reads (it refuses the 128th level).
+pub const MAX_MESSAGE_DEPTH: usize = 127;
+
+/// What a message refused by [`LineCap`] was over, as the errors name it.
+fn message_limits() -> String {
+    format!(
+        "a message longer than the limit of {MAX_MESSAGE_BYTES} bytes, of more than \
+         {MAX_MESSAGE_VALUES} JSON values or nested more than {MAX_MESSAGE_DEPTH} levels deep"
+    )
+}
+
 impl<R: AsyncRead + Unpin> AsyncRead for LineCap<R> {
     fn poll_read(
         self: Pin<&mut Self>,
@@ -487,15 +498,7 @@ impl<R: AsyncRead + Unpin> AsyncRead for LineCap<R> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
         let this = self.get_mut();
-        let too_long = || {
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!(
-                    "a message longer than {MAX_MESSAGE_BYTES} bytes or of more than \
-                     {MAX_MESSAGE_VALUES} JSON values"
-                ),
-            )
-        };
+        let too_long = || std::io::Error::new(std::io::ErrorKind::InvalidData, message_limits());
         if this.oversized.load(Ordering::Relaxed) {
             return Poll::Ready(Err(too_long()));
         }
@@ -508,7 +511,10 @@ impl<R: AsyncRead + Unpin> AsyncRead for LineCap<R> {
         while let Some(part) = parts.next() {
             this.line += part.len();
             this.values.feed(part);
-            if this.line > this.max || this.values.values() > MAX_MESSAGE_VALUES {
+            if this.line > this.max
+                || this.values.values() > MAX_MESSAGE_VALUES
+                || this.values.deepest() > MAX_MESSAGE_DEPTH
+            {
                 this.oversized.store(true, Ordering::Relaxed);
                 buf.set_filled(before);
                 return Poll::Ready(Err(too_long()));
@@ -662,7 +668,17 @@ async fn listed(
     over: tokio_util::sync::CancellationToken,
 ) -> Result<Running> {
     let tools = list_tools(&service)
-        .await?
+        .await
+        .map_err(|e| {
+            if oversized.load(Ordering::Relaxed) {
+                anyhow!(
+                    "listing its tools: it sent {}, which was not read",
+                    message_limits()
+                )
+            } else {
+                e
+            }
+        })?
         .into_iter()
         .map(|t| McpTool {
             full_name: format!("{key}:{}", t.name),

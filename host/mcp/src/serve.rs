@@ -647,6 +647,20 @@ fn refuse<B>(request: &hyper::Request<B>, token: Option<&str>) -> Option<Respons
             "not found: MCP is served at /mcp",
         ));
     }
+    // One of each: the checks (rmcp's Host and Origin, the token here) read the first, and
+    // another part could read a second one.
+    for name in [
+        hyper::header::HOST,
+        hyper::header::ORIGIN,
+        hyper::header::AUTHORIZATION,
+    ] {
+        if request.headers().get_all(&name).iter().count() > 1 {
+            return Some(plain_owned(
+                hyper::StatusCode::BAD_REQUEST,
+                format!("bad request: more than one {name} header"),
+            ));
+        }
+    }
     let token = token?;
     let given = request
         .headers()

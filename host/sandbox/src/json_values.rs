@@ -25,6 +25,9 @@ pub struct ValueCounter {
     separators: usize,
     in_string: bool,
     escaped: bool,
+    /// Arrays and objects open now, and the most open at once so far.
+    depth: usize,
+    deepest: usize,
 }
 
 impl ValueCounter {
@@ -41,7 +44,13 @@ impl ValueCounter {
             } else {
                 match b {
                     b'"' => self.in_string = true,
-                    b',' | b':' | b'[' | b'{' => self.separators += 1,
+                    b'[' | b'{' => {
+                        self.separators += 1;
+                        self.depth += 1;
+                        self.deepest = self.deepest.max(self.depth);
+                    }
+                    b']' | b'}' => self.depth = self.depth.saturating_sub(1),
+                    b',' | b':' => self.separators += 1,
                     _ => {}
                 }
             }
@@ -51,6 +60,11 @@ impl ValueCounter {
     /// The values counted so far.
     pub fn values(&self) -> usize {
         self.separators.saturating_add(1)
+    }
+
+    /// The most arrays and objects open at once so far: how deep the message nests.
+    pub fn deepest(&self) -> usize {
+        self.deepest
     }
 }
 
@@ -78,6 +92,16 @@ mod tests {
         assert_eq!(json_values(br#"{"a":1,"b":[true,null]}"#), 7);
         // Commas and colons inside strings, escaped quotes included, are not values.
         assert_eq!(json_values(br#"{"a,b:c\",d":"x,y"}"#), 3);
+    }
+
+    #[test]
+    fn nesting_is_measured_outside_strings() {
+        let mut counter = ValueCounter::default();
+        counter.feed(br#"{"a":[[1],{"b":"[[[{"}],"c":[]}"#);
+        assert_eq!(counter.deepest(), 3);
+        let mut counter = ValueCounter::default();
+        counter.feed(&[b'['; 500]);
+        assert_eq!(counter.deepest(), 500);
     }
 
     #[test]

@@ -243,8 +243,17 @@ impl PluginRegistry {
 
     /// Loads the plugin described by the manifest at `path`.
     pub async fn load_manifest(&mut self, path: &Path) -> Result<String> {
-        let manifest = Manifest::read(path)?;
+        // The plugin's files are read through its folder's handle: a link (symbolic or hard),
+        // a FIFO or a device at either is refused, never followed or waited on.
         let folder = path.parent().unwrap_or(Path::new("."));
+        let files = crate::store::WorkspaceFs::open(folder)
+            .with_context(|| format!("reading plugin folder {}", folder.display()))?;
+        let text = files
+            .read_single_link(manifest::MANIFEST_FILE, manifest::MAX_MANIFEST_BYTES)
+            .with_context(|| format!("{}: cannot read", path.display()))?;
+        let text = String::from_utf8(text)
+            .map_err(|_| anyhow::anyhow!("{}: not UTF-8 text", path.display()))?;
+        let manifest = Manifest::parse(&text).with_context(|| path.display().to_string())?;
         let component_path = folder.join(&manifest.component);
         let id = manifest.id.clone();
         let context = || format!("loading plugin `{id}` from {}", component_path.display());
@@ -261,21 +270,14 @@ impl PluginRegistry {
             ))
             .with_context(context)
         };
-        let file = std::fs::File::open(&component_path).map_err(cannot_read)?;
-        let size = file.metadata().map_err(cannot_read)?.len();
-        if size > MAX_COMPONENT_BYTES {
+        if let Some(size) = files.metadata_len(&manifest.component)
+            && size > MAX_COMPONENT_BYTES
+        {
             return too_large(size);
         }
-        // Read at most one byte past the cap, should the file grow meanwhile.
-        let mut bytes = Vec::with_capacity(size as usize);
-        std::io::Read::read_to_end(
-            &mut std::io::Read::take(file, MAX_COMPONENT_BYTES + 1),
-            &mut bytes,
-        )
-        .map_err(cannot_read)?;
-        if bytes.len() as u64 > MAX_COMPONENT_BYTES {
-            return too_large(bytes.len() as u64);
-        }
+        let bytes = files
+            .read_single_link(&manifest.component, MAX_COMPONENT_BYTES)
+            .map_err(cannot_read)?;
         self.add(manifest, PluginSource::File(component_path.clone()), &bytes)
             .await
             .with_context(context)?;

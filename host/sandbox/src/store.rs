@@ -10,6 +10,7 @@ use std::io::{self, Read};
 use std::path::{Component, Path};
 
 mod host_work;
+pub mod private_names;
 pub mod workspace_fs;
 pub mod write_behind;
 

@@ -353,6 +353,27 @@ pub fn migrate_message_sequence_code_items(
     }
     let new_config = json!({ "steps": entries });
 
+    // A file Trellis would not read back is not written: each is measured before the
+    // validation, whose work grows with it.
+    for (file, value) in [(PLAN_FILE, &new_plan), (STEP_CONFIG_FILE, &new_config)] {
+        let len = trellis_sandbox::store::json_bytes(value).map_or(0, |b| b.len() as u64);
+        let cap = trellis_sandbox::store::workspace_fs::JSON_READ_CAP;
+        if len > cap {
+            let mut too_big = Diagnostics::new();
+            too_big.push(Diagnostic {
+                file: file.to_string(),
+                json_path: String::new(),
+                step_id: None,
+                message: format!(
+                    "the migrated {file} would be {len} bytes, more than the {cap} Trellis \
+                     reads of a JSON file; nothing was changed. Convert fewer code items at a \
+                     time, or make the sequences' descriptions and contexts smaller"
+                ),
+                severity: Severity::Error,
+            });
+            return Err(MigrationError::Invalid(too_big));
+        }
+    }
     // Validate before anything is replaced.
     let mut diags = Diagnostics::new();
     let parsed_plan = match parse_plan_value(&new_plan, PLAN_FILE) {
@@ -419,7 +440,10 @@ pub fn migrate_message_sequence_code_items(
         for u in units {
             let src = root.join(s(u.item, "script_path").unwrap_or_default());
             let rel = PathBuf::from("code").join(&u.id).join("main.py");
-            let bytes = fs.read(&src).map_err(io_err(&src))?;
+            // Checked again on the descriptor: a hard link made since the check is refused.
+            let bytes = fs
+                .read_single_link(&src, trellis_sandbox::store::workspace_fs::READ_CAP)
+                .map_err(io_err(&src))?;
             let dst = root.join(&rel);
             fs.write_atomic(&dst, &bytes).map_err(io_err(&dst))?;
             summary.scripts.push(rel);

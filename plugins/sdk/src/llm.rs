@@ -30,6 +30,20 @@ pub mod names;
 pub mod reply;
 pub mod sse;
 
+/// The most tool calls (content blocks, for a server that answers in blocks) a provider
+/// reads of one answer; past it the answer is malformed. The host refuses an answer over
+/// 4 MiB counting 256 bytes a call, so no more than this many could be used anyway, and
+/// each one costs the provider work and memory while it reads.
+pub const MAX_TOOL_CALLS: usize = 16_384;
+
+/// The error of an answer past [`MAX_TOOL_CALLS`].
+pub fn too_many_tool_calls() -> LlmError {
+    LlmError::MalformedResponse(format!(
+        "the answer has more than {MAX_TOOL_CALLS} tool calls or content blocks, the most one \
+         answer may hold"
+    ))
+}
+
 use std::fmt;
 use std::marker::PhantomData;
 

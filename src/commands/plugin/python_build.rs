@@ -65,7 +65,7 @@ pub fn sdk_copy_for_tests() -> String {
 }
 
 /// Builds the Python tool plugin at `dir` (opened as `project`) and returns its component.
-pub fn build(project: &WorkspaceFs, dir: &Path) -> Result<Vec<u8>> {
+pub fn build(project: &WorkspaceFs, dir: &Path, deadline: std::time::Duration) -> Result<Vec<u8>> {
     let sources = find_sources(project)?;
     let tool = componentize_py()?;
     // Removed when it goes out of scope, whichever way the build ends.
@@ -74,7 +74,7 @@ pub fn build(project: &WorkspaceFs, dir: &Path) -> Result<Vec<u8>> {
         .permissions(std::fs::Permissions::from_mode(0o700))
         .tempdir()
         .context("cannot create a staging folder for the build")?;
-    build_in(project, &sources, dir, &tool, staging.path())
+    build_in(project, &sources, dir, &tool, staging.path(), deadline)
 }
 
 fn build_in(
@@ -83,6 +83,7 @@ fn build_in(
     dir: &Path,
     tool: &PythonTool,
     staging: &Path,
+    deadline: std::time::Duration,
 ) -> Result<Vec<u8>> {
     let app = staging.join("app");
     std::fs::create_dir(&app)?;
@@ -106,8 +107,8 @@ fn build_in(
     }
     let built = staging.join("plugin.wasm");
     let path = site_packages_shim(staging)?;
-    let output = tool
-        .command()
+    let mut command = tool.command();
+    command
         .arg("-d")
         .arg(&wit)
         .args(["-w", WORLD, "componentize", "-p"])
@@ -121,10 +122,8 @@ fn build_in(
         .env("PATH", path)
         // Its errors are about the plugin: no backtrace of componentize-py itself.
         .env("RUST_BACKTRACE", "0")
-        .env("RUST_LIB_BACKTRACE", "0")
-        .stdin(Stdio::null())
-        .output()
-        .context("cannot run componentize-py")?;
+        .env("RUST_LIB_BACKTRACE", "0");
+    let output = run_bounded(command, deadline)?;
     if !output.status.success() {
         bail!(
             "componentize-py could not build {} (an error in plugin.py is raised at build time, when the module is imported):\n{}{}",
@@ -134,6 +133,93 @@ fn build_in(
         );
     }
     std::fs::read(&built).context("cannot read the component componentize-py built")
+}
+
+/// How long a build may take by default (`--timeout`): componentize-py imports `plugin.py` to pre-initialize the
+/// component, so the plugin's top-level code runs at build time (about 20 s a build here).
+pub const BUILD_DEADLINE: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// The memory componentize-py may take (`RLIMIT_DATA`: what it writes to, the plugin's
+/// Python heap included; a build takes under 500 MB here).
+pub const BUILD_MEMORY_BYTES: u64 = 2 << 30;
+
+/// The most of componentize-py's stdout and of its stderr kept for an error message.
+const BUILD_OUTPUT_BYTES: u64 = 64 << 10;
+
+/// Runs componentize-py within `deadline` and [`BUILD_MEMORY_BYTES`], its output
+/// kept up to [`BUILD_OUTPUT_BYTES`] a stream (the rest read and dropped).
+fn run_bounded(
+    mut command: Command,
+    deadline: std::time::Duration,
+) -> Result<std::process::Output> {
+    use std::io::Read;
+    use std::os::unix::process::CommandExt;
+    // SAFETY: between fork and exec the closure calls setrlimit(2) alone, which is
+    // async-signal-safe, with a pointer to an rlimit on its own stack.
+    unsafe {
+        command.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: BUILD_MEMORY_BYTES as libc::rlim_t,
+                rlim_max: BUILD_MEMORY_BYTES as libc::rlim_t,
+            };
+            if libc::setrlimit(libc::RLIMIT_DATA, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("cannot run componentize-py")?;
+    let drain = |stream: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut kept = Vec::new();
+            if let Some(mut stream) = stream {
+                let _ = (&mut stream)
+                    .take(BUILD_OUTPUT_BYTES)
+                    .read_to_end(&mut kept);
+                let _ = std::io::copy(&mut stream, &mut std::io::sink());
+            }
+            kept
+        })
+    };
+    let stdout = drain(
+        child
+            .stdout
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
+    );
+    let stderr = drain(
+        child
+            .stderr
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
+    );
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if started.elapsed() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!(
+                "componentize-py did not finish within {} s and was stopped: plugin.py is \
+                 imported at build time, so its top-level code runs then; a loop or a wait \
+                 there never ends the build",
+                deadline.as_secs()
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    Ok(std::process::Output {
+        status,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+    })
 }
 
 /// The project's Python modules and packages, relative to it: its `.py` files but its tests

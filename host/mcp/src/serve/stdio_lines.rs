@@ -145,6 +145,23 @@ enum Line {
     End,
 }
 
+/// How deep a message may nest: the most rmcp's JSON parser reads (it refuses the 128th
+/// level, and then drops the line without an answer).
+pub const MAX_LINE_DEPTH: usize = 127;
+
+/// Why rmcp could not parse `line` (which it would drop without an answer): not JSON, or a
+/// number past what a JSON number may be here. The line is parsed as rmcp parses it; its
+/// size and values are already bounded.
+fn unparsable(line: &[u8]) -> Option<String> {
+    let text = line.trim_ascii();
+    if text.is_empty() {
+        return None;
+    }
+    serde_json::from_slice::<serde_json::Value>(text)
+        .err()
+        .map(|e| format!("the message is not JSON that can be read: {e}"))
+}
+
 /// Reads the next line into `line`, never holding more than [`MAX_LINE_BYTES`] of it and
 /// counting its values as it comes.
 async fn read_line<R: AsyncRead + Unpin>(
@@ -177,6 +194,11 @@ async fn read_line<R: AsyncRead + Unpin>(
                 refused = Some(format!(
                     "a message may hold {MAX_BODY_VALUES} JSON values, this one holds more"
                 ));
+            } else if counter.deepest() > MAX_LINE_DEPTH {
+                refused = Some(format!(
+                    "a message may nest arrays and objects {MAX_LINE_DEPTH} levels deep, this \
+                     one nests deeper"
+                ));
             } else {
                 line.extend_from_slice(piece);
             }
@@ -189,7 +211,7 @@ async fn read_line<R: AsyncRead + Unpin>(
         if newline.is_some() {
             return Ok(match refused {
                 Some(why) => Line::Refused(why),
-                None => Line::Whole,
+                None => unparsable(line).map_or(Line::Whole, Line::Refused),
             });
         }
     }

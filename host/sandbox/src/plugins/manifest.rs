@@ -1,12 +1,15 @@
 //! `plugin.json`: what a third-party plugin folder declares about its component.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 
 /// The file name of a plugin manifest.
 pub const MANIFEST_FILE: &str = "plugin.json";
+
+/// The most bytes of a `plugin.json` Trellis reads: a manifest is a few lines.
+pub const MAX_MANIFEST_BYTES: u64 = 1 << 20;
 
 /// Which WIT world a plugin implements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, PartialOrd, Ord)]
@@ -78,13 +81,6 @@ pub struct Manifest {
 }
 
 impl Manifest {
-    /// Reads and checks the manifest at `path`. Errors name the file and the field.
-    pub fn read(path: &Path) -> Result<Manifest> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("{}: cannot read", path.display()))?;
-        Manifest::parse(&text).with_context(|| format!("{}", path.display()))
-    }
-
     /// Parses and checks manifest text.
     pub fn parse(text: &str) -> Result<Manifest> {
         let de = &mut serde_json::Deserializer::from_str(text);

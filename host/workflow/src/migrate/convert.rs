@@ -85,7 +85,21 @@ pub(super) fn plan_sequence<'a>(
                             reasons.push(format!("{at}: script_path {why}"));
                         } else {
                             match fs.kind(p) {
-                                Ok(Some(Kind::File)) => {}
+                                Ok(Some(Kind::File)) => {
+                                    use trellis_sandbox::store::private_names;
+                                    if let Some(why) = private_names::refusal_for(Path::new(p)) {
+                                        reasons.push(format!(
+                                            "{at}: script_path: {why}, nor copied: a script \
+                                             belongs in a visible file such as scripts/<name>.py"
+                                        ));
+                                    } else if private_names::has_other_links(fs, Path::new(p)) {
+                                        reasons.push(format!(
+                                            "{at}: script_path \"{p}\" has other hard links; a \
+                                             file linked from elsewhere (perhaps outside the \
+                                             workspace) is never copied"
+                                        ));
+                                    }
+                                }
                                 Ok(None) => reasons.push(format!(
                                     "{at}: script_path \"{p}\" does not exist in the workspace"
                                 )),

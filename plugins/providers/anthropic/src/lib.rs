@@ -313,6 +313,9 @@ fn parse_response(response: &HttpResponse, names: &NameMap) -> Result<Response, 
         .get("content")
         .and_then(Value::as_array)
         .ok_or_else(|| malformed("no `content` list in the answer"))?;
+    if content.len() > trellis_plugin_sdk::llm::MAX_TOOL_CALLS {
+        return Err(trellis_plugin_sdk::llm::too_many_tool_calls());
+    }
     let mut text = String::new();
     let mut tool_calls = Vec::new();
     for (i, block) in content.iter().enumerate() {

@@ -5,10 +5,12 @@
 //! the output's usage) and `message_stop`; `ping`s between, an `error` event when the
 //! server fails mid-reply. The whole answer is the one the same exchange gives unstreamed.
 
+use std::collections::HashMap;
+
 use serde_json::{Map, Value};
 use trellis_plugin_sdk::llm::names::NameMap;
 use trellis_plugin_sdk::llm::reply::{Delta, TokenUsage, ToolCallPiece};
-use trellis_plugin_sdk::llm::{LlmError, Response, ToolCall};
+use trellis_plugin_sdk::llm::{LlmError, MAX_TOOL_CALLS, Response, ToolCall, too_many_tool_calls};
 
 /// A content block as its pieces arrived.
 #[derive(Debug)]
@@ -31,6 +33,9 @@ pub(crate) struct Reply {
     text: String,
     /// Content blocks by the server's index.
     blocks: Vec<(u64, Block)>,
+    /// Where each server `index` is in `blocks` (its first block, if one came twice): a
+    /// delta finds its block at once, however many blocks came before it.
+    positions: HashMap<u64, usize>,
     calls: u32,
     usage: Map<String, Value>,
     stop_reason: Option<String>,
@@ -83,6 +88,9 @@ impl Reply {
             }
             "content_block_start" => {
                 let index = index()?;
+                if self.blocks.len() >= MAX_TOOL_CALLS {
+                    return Err(too_many_tool_calls());
+                }
                 let block = event.get("content_block").unwrap_or(&Value::Null);
                 let block = match block.get("type").and_then(Value::as_str) {
                     Some("text") => {
@@ -120,12 +128,14 @@ impl Reply {
                     }
                     _ => Block::Other,
                 };
+                self.positions.entry(index).or_insert(self.blocks.len());
                 self.blocks.push((index, block));
             }
             "content_block_delta" => {
                 let index = index()?;
                 let delta = event.get("delta").unwrap_or(&Value::Null);
-                let Some((_, block)) = self.blocks.iter_mut().find(|(i, _)| *i == index) else {
+                let found = self.positions.get(&index).copied();
+                let Some((_, block)) = found.and_then(|p| self.blocks.get_mut(p)) else {
                     return Err(malformed(format!(
                         "a delta of content block {index}, which did not start"
                     )));
@@ -275,6 +285,35 @@ mod tests {
         assert_eq!(r.usage.completion_tokens, 7);
         assert_eq!(r.model.as_deref(), Some("claude-x"));
         assert!(matches!(r.stop_reason, StopReason::ToolCalls));
+    }
+
+    #[test]
+    fn deltas_of_many_blocks_find_their_block_and_blocks_past_the_cap_are_refused() {
+        let names = NameMap::default();
+        let mut reply = Reply::default();
+        let start = |index: usize| {
+            json!({"type": "content_block_start", "index": index,
+                   "content_block": {"type": "tool_use", "id": format!("toolu_{index}"), "name": "t", "input": {}}})
+            .to_string()
+        };
+        for index in 0..MAX_TOOL_CALLS {
+            reply.event(None, &start(index), &names).unwrap();
+        }
+        let delta = json!({"type": "content_block_delta", "index": 7,
+                           "delta": {"type": "input_json_delta", "partial_json": "{}"}});
+        let deltas = reply.event(None, &delta.to_string(), &names).unwrap();
+        let [Delta::ToolCall(p)] = deltas.as_slice() else {
+            panic!("{deltas:?}")
+        };
+        assert_eq!((p.index, p.arguments.as_str()), (7, "{}"));
+        match reply.event(None, &start(MAX_TOOL_CALLS), &names) {
+            Err(LlmError::MalformedResponse(m)) => assert_eq!(
+                m,
+                "the answer has more than 16384 tool calls or content blocks, the most one \
+                 answer may hold"
+            ),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -279,6 +279,9 @@ fn parse_response(response: &HttpResponse, names: &NameMap) -> Result<Response, 
         let calls = calls
             .as_array()
             .ok_or_else(|| malformed("`tool_calls` is not a list"))?;
+        if calls.len() > trellis_plugin_sdk::llm::MAX_TOOL_CALLS {
+            return Err(trellis_plugin_sdk::llm::too_many_tool_calls());
+        }
         for (i, call) in calls.iter().enumerate() {
             let function = call
                 .get("function")

@@ -4,16 +4,18 @@
 //! (`stream_options.include_usage`), then `data: [DONE]`. The whole answer is the one the
 //! same exchange gives unstreamed.
 
+use std::collections::HashMap;
+
 use serde_json::Value;
 use trellis_plugin_sdk::llm::names::NameMap;
 use trellis_plugin_sdk::llm::reply::{Delta, TokenUsage, ToolCallPiece};
-use trellis_plugin_sdk::llm::{LlmError, Response, StopReason, ToolCall, Usage};
+use trellis_plugin_sdk::llm::{
+    LlmError, MAX_TOOL_CALLS, Response, StopReason, ToolCall, Usage, too_many_tool_calls,
+};
 
 /// A tool call as its pieces arrived.
 #[derive(Debug, Default)]
 struct Call {
-    /// The server's `index` of the call.
-    index: u64,
     id: Option<String>,
     name: Option<String>,
     arguments: String,
@@ -24,6 +26,9 @@ struct Call {
 pub(crate) struct Reply {
     text: String,
     calls: Vec<Call>,
+    /// Where each server `index` is in `calls`: a piece finds its call at once, however
+    /// many calls came before it.
+    positions: HashMap<u64, usize>,
     finish_reason: Option<String>,
     usage: Option<Value>,
     model: Option<String>,
@@ -115,13 +120,14 @@ impl Reply {
                 .ok_or_else(|| malformed("a tool call piece's `index` is not a whole number"))?,
             None => self.calls.len().saturating_sub(1) as u64,
         };
-        let position = match self.calls.iter().position(|c| c.index == index) {
-            Some(p) => p,
+        let position = match self.positions.get(&index) {
+            Some(&p) => p,
             None => {
-                self.calls.push(Call {
-                    index,
-                    ..Call::default()
-                });
+                if self.calls.len() >= MAX_TOOL_CALLS {
+                    return Err(too_many_tool_calls());
+                }
+                self.calls.push(Call::default());
+                self.positions.insert(index, self.calls.len() - 1);
                 self.calls.len() - 1
             }
         };
@@ -218,6 +224,47 @@ mod tests {
         assert_eq!(r.usage.total_tokens, 15);
         assert_eq!(r.model.as_deref(), Some("m-1"));
         assert!(matches!(r.stop_reason, StopReason::ToolCalls));
+    }
+
+    #[test]
+    fn pieces_of_many_calls_find_their_call_and_calls_past_the_cap_are_refused() {
+        let names = NameMap::default();
+        let mut reply = Reply::default();
+        let piece = |index: usize, arguments: &str| {
+            json!({"choices": [{"delta": {"tool_calls": [
+                {"index": index, "id": format!("c{index}"), "function": {"name": "t", "arguments": arguments}}
+            ]}}]})
+            .to_string()
+        };
+        // Calls in reverse order of their indexes, then a second piece of the first one.
+        for index in (0..MAX_TOOL_CALLS).rev() {
+            reply.event(&piece(index, "{"), &names).unwrap();
+        }
+        let deltas = reply
+            .event(&piece(MAX_TOOL_CALLS - 1, "}"), &names)
+            .unwrap();
+        let [Delta::ToolCall(p)] = deltas.as_slice() else {
+            panic!("{deltas:?}")
+        };
+        assert_eq!(p.index, 0, "the first call to arrive is call 0");
+        match reply.event(&piece(MAX_TOOL_CALLS, "{}"), &names) {
+            Err(LlmError::MalformedResponse(m)) => assert_eq!(
+                m,
+                "the answer has more than 16384 tool calls or content blocks, the most one \
+                 answer may hold"
+            ),
+            other => panic!("{other:?}"),
+        }
+        reply
+            .event(
+                &json!({"choices": [{"delta": {}, "finish_reason": "tool_calls"}]}).to_string(),
+                &names,
+            )
+            .unwrap();
+        let answer = reply.finish().unwrap();
+        assert_eq!(answer.tool_calls.len(), MAX_TOOL_CALLS);
+        assert_eq!(answer.tool_calls[0].id, format!("c{}", MAX_TOOL_CALLS - 1));
+        assert_eq!(answer.tool_calls[0].arguments, "{}");
     }
 
     #[test]
