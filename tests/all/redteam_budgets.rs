@@ -120,13 +120,14 @@ fn tool_call_ids_count_in_the_size_of_an_answer() {
 }
 
 /// Each tool call of an answer costs the host a result message and records whatever its
-/// name and arguments, so it counts in the answer's size: 30,000 calls with empty names and
-/// arguments (1.5 MB of JSON) are over the limit. They counted 0 bytes, so one answer of the
+/// name and arguments, so it counts in the answer's size: 16,384 calls with empty names and
+/// arguments (the most a bundled provider reads of one answer; 0.8 MB of JSON) are over the
+/// limit, with the answer's model name. They counted 0 bytes, so one answer of the
 /// provider's 32 MiB could ask for ~500,000 calls, each answered with a ~230-byte `not run`
 /// error (~115 MB of tool messages per answer, sent back in every later request).
 #[test]
 fn many_empty_tool_calls_count_in_the_size_of_an_answer() {
-    let llm = answering(tool_answer(vec![(String::new(), "", ""); 30_000]));
+    let llm = answering(tool_answer(vec![(String::new(), "", ""); 16_384]));
     let (ok, out) = run_against(&llm);
     assert!(!ok, "{out}");
     assert!(out.contains("over the limit of 4194304"), "{out}");
