@@ -62,7 +62,10 @@ impl<S: System> Shell<S> {
                 }
                 let mut text = rest.join(" ");
                 if escapes {
-                    text = backslash_escapes(&text).0;
+                    let (decoded, stop) = backslash_escapes(&text);
+                    text = decoded;
+                    // `\c` ends the output, its newline too.
+                    newline &= !stop;
                 }
                 if newline {
                     text.push('\n');
@@ -465,53 +468,7 @@ fn valid_name(name: &str) -> bool {
 
 /// `echo -e` / `printf %b` escapes; the second value says a `\c` ended the text.
 fn backslash_escapes(text: &str) -> (String, bool) {
-    let mut out = String::new();
-    let mut chars = text.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c != '\\' {
-            out.push(c);
-            continue;
-        }
-        match chars.next() {
-            Some('n') => out.push('\n'),
-            Some('t') => out.push('\t'),
-            Some('r') => out.push('\r'),
-            Some('\\') => out.push('\\'),
-            Some('a') => out.push('\x07'),
-            Some('b') => out.push('\x08'),
-            Some('e' | 'E') => out.push('\x1b'),
-            Some('f') => out.push('\x0c'),
-            Some('v') => out.push('\x0b'),
-            Some('c') => return (out, true),
-            Some('0') => {
-                let mut oct = String::new();
-                while oct.len() < 3 && chars.peek().is_some_and(|c| ('0'..='7').contains(c)) {
-                    oct.extend(chars.next());
-                }
-                out.extend(
-                    u32::from_str_radix(if oct.is_empty() { "0" } else { &oct }, 8)
-                        .ok()
-                        .and_then(char::from_u32),
-                );
-            }
-            Some('x') => {
-                let mut hex = String::new();
-                while hex.len() < 2 && chars.peek().is_some_and(char::is_ascii_hexdigit) {
-                    hex.extend(chars.next());
-                }
-                match u32::from_str_radix(&hex, 16).ok().and_then(char::from_u32) {
-                    Some(c) => out.push(c),
-                    None => out.push_str("\\x"),
-                }
-            }
-            Some(other) => {
-                out.push('\\');
-                out.push(other);
-            }
-            None => out.push('\\'),
-        }
-    }
-    (out, false)
+    crate::expand::decode_escapes(text, false)
 }
 
 /// The most bytes one `printf` makes; its widths are bounded too.
@@ -602,7 +559,15 @@ fn printf(format: &str, values: &[String]) -> Result<String, String> {
                     Some(p) => value.chars().take(p).collect(),
                     None => value.to_string(),
                 },
-                'b' => backslash_escapes(value).0,
+                'b' => {
+                    let (text, stop) = backslash_escapes(value);
+                    if stop {
+                        // `\c` in an argument ends all of printf's output.
+                        out.push_str(&text);
+                        return Ok(out);
+                    }
+                    text
+                }
                 'c' => value.chars().next().map(String::from).unwrap_or_default(),
                 'd' | 'i' => {
                     let n = number()?;

@@ -478,38 +478,10 @@ impl<S: System> Shell<S> {
         io: &Streams,
     ) -> Step {
         if let Some(body) = self.funcs.get(&argv[0]).cloned() {
-            let saved: Vec<_> = assigned
-                .iter()
-                .map(|(name, _)| (name.clone(), self.vars.get(name).cloned()))
-                .collect();
-            for (name, value) in assigned {
-                self.set_var(&name, value)?;
-            }
-            let result = self.call_function(&body, &argv[1..], io);
-            for (name, value) in saved {
-                match value {
-                    Some(value) => self.vars.insert(name, value),
-                    None => self.vars.remove(&name),
-                };
-            }
-            return result;
+            return self.with_assigned(assigned, |sh| sh.call_function(&body, &argv[1..], io));
         }
         if crate::builtins::is_builtin(&argv[0]) {
-            let saved: Vec<_> = assigned
-                .iter()
-                .map(|(name, _)| (name.clone(), self.vars.get(name).cloned()))
-                .collect();
-            for (name, value) in assigned {
-                self.set_var(&name, value)?;
-            }
-            let result = self.builtin(&argv, io);
-            for (name, value) in saved {
-                match value {
-                    Some(value) => self.vars.insert(name, value),
-                    None => self.vars.remove(&name),
-                };
-            }
-            return result;
+            return self.with_assigned(assigned, |sh| sh.builtin(&argv, io));
         }
         let mut env: Vec<(String, String)> = self
             .exported
@@ -531,6 +503,36 @@ impl<S: System> Shell<S> {
         io.err.write(&output.stderr);
         self.status = output.status;
         Ok(())
+    }
+
+    /// Runs `f` with the variables `assigned` (`NAME=value cmd`) set, and sets them back
+    /// after, as they were.
+    fn with_assigned(
+        &mut self,
+        assigned: Vec<(String, String)>,
+        f: impl FnOnce(&mut Self) -> Step,
+    ) -> Step {
+        let saved: Vec<_> = assigned
+            .iter()
+            .map(|(name, _)| (name.clone(), self.vars.get(name).cloned()))
+            .collect();
+        let mut result = Ok(());
+        for (name, value) in assigned {
+            result = self.set_var(&name, value);
+            if result.is_err() {
+                break;
+            }
+        }
+        if result.is_ok() {
+            result = f(self);
+        }
+        for (name, value) in saved {
+            match value {
+                Some(value) => self.vars.insert(name, value),
+                None => self.vars.remove(&name),
+            };
+        }
+        result
     }
 
     fn call_function(&mut self, body: &ast::FunctionBody, args: &[String], io: &Streams) -> Step {

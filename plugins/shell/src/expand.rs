@@ -685,8 +685,30 @@ fn split(field: Field, ifs: &str) -> Vec<Field> {
 
 /// `$'...'` text with its escapes made characters.
 fn ansi_c(text: &str) -> String {
+    decode_escapes(text, true).0
+}
+
+/// Backslash escapes made characters: those of `$'...'` (`ansi`: octal as `\nnn`, `\'`,
+/// `\"` and `\?` as themselves), or those of `echo -e` and `printf %b` (octal as `\0nnn`,
+/// `\c` ends the text, which the second value says). An unknown escape stays as written.
+pub(crate) fn decode_escapes(text: &str, ansi: bool) -> (String, bool) {
     let mut out = String::new();
     let mut chars = text.chars().peekable();
+    /// A number of at most `most` digits in `radix`, `first` its first, as a character.
+    fn digits(
+        chars: &mut std::iter::Peekable<std::str::Chars<'_>>,
+        first: Option<char>,
+        most: usize,
+        radix: u32,
+    ) -> Option<char> {
+        let mut number: String = first.into_iter().collect();
+        while number.len() < most && chars.peek().is_some_and(|c| c.is_digit(radix)) {
+            number.extend(chars.next());
+        }
+        u32::from_str_radix(if number.is_empty() { "0" } else { &number }, radix)
+            .ok()
+            .and_then(char::from_u32)
+    }
     while let Some(c) = chars.next() {
         if c != '\\' {
             out.push(c);
@@ -696,34 +718,31 @@ fn ansi_c(text: &str) -> String {
             Some('n') => out.push('\n'),
             Some('t') => out.push('\t'),
             Some('r') => out.push('\r'),
+            Some('\\') => out.push('\\'),
             Some('a') => out.push('\x07'),
             Some('b') => out.push('\x08'),
             Some('e' | 'E') => out.push('\x1b'),
             Some('f') => out.push('\x0c'),
             Some('v') => out.push('\x0b'),
+            Some('c') if !ansi => return (out, true),
+            Some(q @ ('\'' | '"' | '?')) if ansi => out.push(q),
+            Some('0') if !ansi => out.extend(digits(&mut chars, None, 3, 8)),
+            Some(d @ '0'..='7') if ansi => out.extend(digits(&mut chars, Some(d), 3, 8)),
             Some('x') => {
-                let mut hex = String::new();
-                while hex.len() < 2 && chars.peek().is_some_and(char::is_ascii_hexdigit) {
-                    hex.extend(chars.next());
-                }
-                if let Some(c) = u32::from_str_radix(&hex, 16).ok().and_then(char::from_u32) {
-                    out.push(c);
+                if chars.peek().is_some_and(char::is_ascii_hexdigit) {
+                    out.extend(digits(&mut chars, None, 2, 16));
+                } else {
+                    out.push_str("\\x");
                 }
             }
-            Some(d @ '0'..='7') => {
-                let mut oct = String::from(d);
-                while oct.len() < 3 && chars.peek().is_some_and(|c| ('0'..='7').contains(c)) {
-                    oct.extend(chars.next());
-                }
-                if let Some(c) = u32::from_str_radix(&oct, 8).ok().and_then(char::from_u32) {
-                    out.push(c);
-                }
+            Some(other) => {
+                out.push('\\');
+                out.push(other);
             }
-            Some(other) => out.push(other),
             None => out.push('\\'),
         }
     }
-    out
+    (out, false)
 }
 
 fn build_regex(text: &str) -> Result<regex::Regex, Halt> {

@@ -362,6 +362,14 @@ fn a_substitution_past_its_bound_stops_the_run() {
 }
 
 #[test]
+fn escapes_of_ansi_c_quotes_echo_e_and_printf_b() {
+    let (_, out, _) = run(
+        r#"args $'a\tb\x41\101\'\q'; echo -e 'x\0101\ty\c never'; echo; printf '%b|' 'p\x42' 'q\c'"#,
+    );
+    assert_eq!(out, "<a\tbAA'\\q>\nxA\ty\npB|q");
+}
+
+#[test]
 fn printf_formats() {
     let (_, out, _) =
         run(r#"printf '%s=%03d|%-4s|%x|%.2f|%%\n' a 7 b 255 3.14159; printf '%s,' x y z; echo"#);
