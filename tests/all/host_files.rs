@@ -275,6 +275,78 @@ fn a_linked_seed_sql_is_not_loaded_or_printed() {
     w.refused(&out, &format!("db/seed.sql {LINK}"));
 }
 
+/// Replaces `rel` in the workspace with a hard link to `target` outside.
+fn hard_link(w: &World, rel: &str, target: &Path) {
+    let path = w.ws.join(rel);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let _ = std::fs::remove_file(&path);
+    std::fs::hard_link(target, path).unwrap();
+}
+
+const HARD_LINK: &str = "has other hard links; a file linked from elsewhere (perhaps outside the \
+                         workspace) is never read";
+
+/// A hard link to a file outside, where the host reads a workspace's own files, was read
+/// and its text printed or sent to the model (round 13, HIGH): the seed a run loads
+/// (`db/seed.sql`), the plan, the variables, and a JSON output a gate checks. Every host
+/// read of a workspace file now refuses a file with other hard links, naming it, as the
+/// guest's and the builder's reads did.
+#[test]
+fn the_host_reads_no_workspace_file_hard_linked_to_one_outside() {
+    let mut w = World::scripted("print('hi')\n");
+    w.before = tree_digest(&w.outside);
+    hard_link(&w, "db/seed.sql", &w.outside.join("seed.sql"));
+    let out = bounded(&["run", w.root(), "--allow-host", "127.0.0.1"]);
+    assert!(
+        !w.ws.join("db/db.sqlite").exists(),
+        "the outside seed was loaded"
+    );
+    w.refused(&out, &format!("db/seed.sql {HARD_LINK}"));
+    std::fs::remove_file(w.ws.join("db/seed.sql")).unwrap();
+
+    for rel in ["planning/plan.json", "variables/variables.json"] {
+        let kept = w.ws.join(format!("{rel}.kept"));
+        if w.ws.join(rel).exists() {
+            std::fs::rename(w.ws.join(rel), &kept).unwrap();
+        }
+        hard_link(&w, rel, &w.outside.join("secret.json"));
+        let out = bounded(&["validate", w.root()]);
+        w.refused(&out, &format!("{rel} {HARD_LINK}"));
+        std::fs::remove_file(w.ws.join(rel)).unwrap();
+        if kept.exists() {
+            std::fs::rename(&kept, w.ws.join(rel)).unwrap();
+        }
+    }
+
+    // A gate's JSON output.
+    write_file(
+        &w.ws,
+        "planning/plan.json",
+        json!({"objective": "t", "steps": [
+            {"id": STEP, "type": "regular", "title": "Fetch", "description": "fetch",
+             "context_output": ["out.json"],
+             "validation_schema": {"files": [{"file_name": "out.json", "must_exist": true,
+                 "json_checks": [{"path": "$.select_route", "value_type": "number"}]}]}}
+        ]})
+        .to_string(),
+    );
+    let out_json = format!("runs/iteration-0/execution/{STEP}/out.json");
+    hard_link(&w, &out_json, &w.outside.join("secret.json"));
+    let out = bounded(&["check", w.root(), "--step", STEP]);
+    w.refused(&out, HARD_LINK);
+    // The link itself holds the outside text; nothing else the check wrote may.
+    for (file, _) in tree_digest(&w.ws.join("runs")) {
+        if file.ends_with("out.json") {
+            continue;
+        }
+        let text = std::fs::read_to_string(w.ws.join("runs").join(&file)).unwrap_or_default();
+        assert!(
+            !text.contains("outside-secret"),
+            "the outside value reached {file}"
+        );
+    }
+}
+
 /// A legacy workspace with one message sequence holding a code item (what `migrate`
 /// converts into a scripted step).
 fn legacy(w: &World, script_path: &str) {

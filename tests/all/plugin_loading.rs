@@ -544,6 +544,9 @@ fn a_plugin_folders_files_are_read_without_links_fifos_or_unbounded_sizes() {
     std::fs::write(outside.join("component.wasm"), &good).unwrap();
     std::fs::remove_file(hard.join("plugin.wasm")).unwrap();
     std::fs::hard_link(outside.join("component.wasm"), hard.join("plugin.wasm")).unwrap();
+    // A plugin's own folder linked to one elsewhere (round 13, LOW).
+    let elsewhere = tool_folder(&outside, "elsewhere", &good);
+    std::os::unix::fs::symlink(&elsewhere, plugins.join("away")).unwrap();
     let before = support::tree_digest(&outside);
 
     let mut child =
@@ -571,12 +574,21 @@ fn a_plugin_folders_files_are_read_without_links_fifos_or_unbounded_sizes() {
     assert!(said.contains("\nadversary "), "{said}");
     for refusal in [
         "plugin.wasm is not a regular file",
-        "plugin.json is more than the 1048576 bytes Trellis reads",
+        "plugin.json is 2147483648 bytes, more than the 1048576 Trellis reads",
         "plugin.json is a symbolic link; Trellis does not read or write through links",
         "plugin.wasm has other hard links",
     ] {
         assert!(said.contains(refusal), "{refusal:?} in {said}");
     }
+    let away = format!(
+        "{} is a symbolic link; Trellis does not read or write through links",
+        plugins.join("away").display()
+    );
+    assert!(said.contains(&away), "{away:?} in {said}");
+    assert!(
+        !said.contains("\nelsewhere "),
+        "the linked folder's plugin loaded: {said}"
+    );
     assert!(!said.contains("sk-OUTSIDE-SECRET"), "{said}");
     assert_eq!(support::tree_digest(&outside), before);
 }

@@ -465,6 +465,18 @@ fn serve_host_and_origin_tricks_are_refused() {
     );
     // A second Host or Origin after an allowed one was let through: only the first was
     // checked (round 12, LOW). Both orders are refused now.
+    // A Host with userinfo, and an absolute target, named another host past the Host check
+    // (round 13, LOW).
+    assert_eq!(
+        post(
+            port,
+            &format!("\r\nHost: evil.example@127.0.0.1:{port}"),
+            INIT
+        ),
+        400
+    );
+    let head = format!("POST http://evil.example/mcp HTTP/1.1{host}");
+    assert_eq!(raw(port, &head, INIT.as_bytes()).0, 400);
     for twice in [
         format!("{host}\r\nHost: evil.example:{port}"),
         format!("\r\nHost: evil.example:{port}{host}"),

@@ -647,6 +647,21 @@ fn refuse<B>(request: &hyper::Request<B>, token: Option<&str>) -> Option<Respons
             "not found: MCP is served at /mcp",
         ));
     }
+    // A request names this server by its Host alone: an absolute target
+    // (`POST http://other/mcp`) or a Host with userinfo (`other@127.0.0.1`) could pass the
+    // Host check under another name.
+    if request.uri().authority().is_some()
+        || request
+            .headers()
+            .get_all(hyper::header::HOST)
+            .iter()
+            .any(|h| h.as_bytes().contains(&b'@'))
+    {
+        return Some(plain(
+            hyper::StatusCode::BAD_REQUEST,
+            "bad request: an absolute target or a Host with userinfo",
+        ));
+    }
     // One of each: the checks (rmcp's Host and Origin, the token here) read the first, and
     // another part could read a second one.
     for name in [

@@ -235,7 +235,19 @@ impl PluginRegistry {
     pub async fn load_dir_each(&mut self, dir: &Path) -> Result<Vec<LoadOutcome>> {
         let mut outcomes = Vec::new();
         for manifest in find_manifests(dir)? {
-            let result = self.load_manifest(&manifest).await;
+            // A plugin's own folder inside `dir` is never a link (`dir` itself is the
+            // operator's word and may be one).
+            let folder = manifest.parent().unwrap_or(dir);
+            let linked = folder != dir
+                && std::fs::symlink_metadata(folder).is_ok_and(|m| m.file_type().is_symlink());
+            let result = if linked {
+                Err(anyhow::anyhow!(
+                    "{}",
+                    crate::store::workspace_fs::link_error(folder)
+                ))
+            } else {
+                self.load_manifest(&manifest).await
+            };
             outcomes.push(LoadOutcome { manifest, result });
         }
         Ok(outcomes)
@@ -249,7 +261,7 @@ impl PluginRegistry {
         let files = crate::store::WorkspaceFs::open(folder)
             .with_context(|| format!("reading plugin folder {}", folder.display()))?;
         let text = files
-            .read_single_link(manifest::MANIFEST_FILE, manifest::MAX_MANIFEST_BYTES)
+            .read_capped(manifest::MANIFEST_FILE, manifest::MAX_MANIFEST_BYTES)
             .with_context(|| format!("{}: cannot read", path.display()))?;
         let text = String::from_utf8(text)
             .map_err(|_| anyhow::anyhow!("{}: not UTF-8 text", path.display()))?;
@@ -276,7 +288,7 @@ impl PluginRegistry {
             return too_large(size);
         }
         let bytes = files
-            .read_single_link(&manifest.component, MAX_COMPONENT_BYTES)
+            .read_capped(&manifest.component, MAX_COMPONENT_BYTES)
             .map_err(cannot_read)?;
         self.add(manifest, PluginSource::File(component_path.clone()), &bytes)
             .await

@@ -94,7 +94,8 @@ pub enum Capped {
     TooLarge(u64),
 }
 
-/// Reads `rel` inside `dir`, unless it is larger than `cap` bytes. The size is checked both
+/// Reads `rel` inside `dir` (a regular file with no other hard link), unless it is larger
+/// than `cap` bytes. The size is checked both
 /// from the metadata and while reading, so a file growing under us cannot blow the cap.
 pub fn read_capped(dir: &Dir, rel: &str, cap: u64) -> io::Result<Capped> {
     use cap_std::fs::{OpenOptions, OpenOptionsExt};
@@ -106,6 +107,7 @@ pub fn read_capped(dir: &Dir, rel: &str, cap: u64) -> io::Result<Capped> {
             .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW),
     )?;
     let meta = file.metadata()?;
+    workspace_fs::check_single_link(Path::new(rel), &meta)?;
     if !meta.is_file() {
         return Err(workspace_fs::special_error(Path::new(rel)));
     }

@@ -263,7 +263,10 @@ pub fn migrate_message_sequence_code_items(
                 producer.insert((sid.clone(), f.to_string()), u.id.clone());
             }
         }
-        replacement.insert(*idx, build_steps(seq, units));
+        let cap = trellis_sandbox::store::workspace_fs::JSON_READ_CAP;
+        let steps = build_steps(seq, units, cap as usize)
+            .map_err(|reached| too_big(PLAN_FILE, &format!("at least {reached}"), cap))?;
+        replacement.insert(*idx, steps);
         summary.converted.push(ConvertedSequence {
             sequence_id: sid,
             new_step_ids: units.iter().map(|u| u.id.clone()).collect(),
@@ -359,19 +362,7 @@ pub fn migrate_message_sequence_code_items(
         let len = trellis_sandbox::store::json_bytes(value).map_or(0, |b| b.len() as u64);
         let cap = trellis_sandbox::store::workspace_fs::JSON_READ_CAP;
         if len > cap {
-            let mut too_big = Diagnostics::new();
-            too_big.push(Diagnostic {
-                file: file.to_string(),
-                json_path: String::new(),
-                step_id: None,
-                message: format!(
-                    "the migrated {file} would be {len} bytes, more than the {cap} Trellis \
-                     reads of a JSON file; nothing was changed. Convert fewer code items at a \
-                     time, or make the sequences' descriptions and contexts smaller"
-                ),
-                severity: Severity::Error,
-            });
-            return Err(MigrationError::Invalid(too_big));
+            return Err(too_big(file, &len.to_string(), cap));
         }
     }
     // Validate before anything is replaced.
@@ -442,7 +433,7 @@ pub fn migrate_message_sequence_code_items(
             let rel = PathBuf::from("code").join(&u.id).join("main.py");
             // Checked again on the descriptor: a hard link made since the check is refused.
             let bytes = fs
-                .read_single_link(&src, trellis_sandbox::store::workspace_fs::READ_CAP)
+                .read_capped(&src, trellis_sandbox::store::workspace_fs::READ_CAP)
                 .map_err(io_err(&src))?;
             let dst = root.join(&rel);
             fs.write_atomic(&dst, &bytes).map_err(io_err(&dst))?;
@@ -466,6 +457,23 @@ pub fn migrate_message_sequence_code_items(
         }
     }
     Ok(summary)
+}
+
+/// The refusal of a migration whose `file` would be `len` bytes, past `cap`.
+fn too_big(file: &str, len: &str, cap: u64) -> MigrationError {
+    let mut too_big = Diagnostics::new();
+    too_big.push(Diagnostic {
+        file: file.to_string(),
+        json_path: String::new(),
+        step_id: None,
+        message: format!(
+            "the migrated {file} would be {len} bytes, more than the {cap} Trellis reads of \
+             a JSON file; nothing was changed. Convert fewer code items at a time, or make \
+             the sequences' descriptions and contexts smaller"
+        ),
+        severity: Severity::Error,
+    });
+    MigrationError::Invalid(too_big)
 }
 
 /// Sets the contract version of a `workflow.json` value under the original's key,

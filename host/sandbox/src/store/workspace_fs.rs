@@ -98,6 +98,29 @@ pub fn link_error(rel: &Path) -> io::Error {
 }
 
 /// The error of a path that is a FIFO, socket or device.
+/// The error of a regular file that has other names: a hard link made to a file outside
+/// the workspace reads as a plain file here, and nothing in the workspace can tell.
+pub fn hard_link_error(rel: &Path) -> io::Error {
+    refused(format!(
+        "{} has other hard links; a file linked from elsewhere (perhaps outside the \
+         workspace) is never read",
+        shown(rel)
+    ))
+}
+
+/// Refuses `meta`, the metadata of the open file `rel`, when it has other hard links.
+pub(crate) fn check_single_link(rel: &Path, meta: &cap_std::fs::Metadata) -> io::Result<()> {
+    #[cfg(unix)]
+    {
+        use cap_primitives::fs::MetadataExt;
+        if meta.is_file() && meta.nlink() > 1 {
+            return Err(hard_link_error(rel));
+        }
+    }
+    let _ = (rel, meta);
+    Ok(())
+}
+
 pub fn special_error(rel: &Path) -> io::Error {
     refused(format!(
         "{} is not a regular file (a FIFO, socket or device); Trellis reads and writes only \
@@ -425,42 +448,6 @@ impl WorkspaceFs {
         }
     }
 
-    /// [`WorkspaceFs::read_capped`] of a file that has no other name: a file with other
-    /// hard links (one made to a file outside the workspace reads as a plain file here) is
-    /// refused, checked on the descriptor it is read through.
-    pub fn read_single_link(&self, path: impl AsRef<Path>, cap: u64) -> io::Result<Vec<u8>> {
-        let (rel, file, len) = self.open_regular(path.as_ref())?;
-        #[cfg(unix)]
-        {
-            use cap_primitives::fs::MetadataExt;
-            if file.metadata()?.nlink() > 1 {
-                return Err(refused(format!(
-                    "{} has other hard links; a file linked from elsewhere (perhaps outside \
-                     the workspace) is never read",
-                    shown(&rel)
-                )));
-            }
-        }
-        let too_big = || {
-            refused(format!(
-                "{} is more than the {cap} bytes Trellis reads",
-                shown(&rel)
-            ))
-        };
-        if len > cap {
-            return Err(too_big());
-        }
-        if let Some(work) = &self.work {
-            work.charge_read(&rel, len)?;
-        }
-        let mut bytes = Vec::new();
-        file.take(cap + 1).read_to_end(&mut bytes)?;
-        if bytes.len() as u64 > cap {
-            return Err(too_big());
-        }
-        Ok(bytes)
-    }
-
     /// The first `max` bytes at most of the regular file at `path`, and the file's length.
     pub fn read_head(&self, path: impl AsRef<Path>, max: u64) -> io::Result<(Vec<u8>, u64)> {
         let (rel, file, len) = self.open_regular(path.as_ref())?;
@@ -502,6 +489,7 @@ impl WorkspaceFs {
                 _ => e,
             })?;
         let meta = file.metadata()?;
+        check_single_link(&rel, &meta)?;
         if !meta.is_file() {
             return Err(special_error(&rel));
         }

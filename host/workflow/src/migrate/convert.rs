@@ -247,17 +247,22 @@ pub(super) fn output_path(id: &str, file: &str) -> String {
     }
 }
 
-pub(super) fn build_steps(seq: &Value, units: &[Unit]) -> Vec<Value> {
+/// The steps a converted sequence becomes; `Err` with the bytes reached once their
+/// descriptions and contexts (each step's context holds every earlier step's outputs, so
+/// they grow with the square of the items) pass `budget`, before more is built.
+pub(super) fn build_steps(seq: &Value, units: &[Unit], budget: usize) -> Result<Vec<Value>, usize> {
     let sid = s(seq, "id").unwrap_or_default();
     let seq_deps: Vec<Value> = arr(seq, "context_dependencies").to_vec();
     let seq_desc = s(seq, "description").unwrap_or_default();
     let mut earlier_outputs: Vec<Value> = Vec::new();
     let mut out = Vec::new();
+    let mut bytes = 0usize;
     for (n, u) in units.iter().enumerate() {
         let mut deps: Vec<Value> = Vec::new();
+        let mut seen = HashSet::new();
         let inputs = arr(u.item, "input_files");
         for d in seq_deps.iter().chain(&earlier_outputs).chain(inputs) {
-            if !deps.contains(d) {
+            if seen.insert(d.to_string()) {
                 deps.push(d.clone());
             }
         }
@@ -278,6 +283,16 @@ pub(super) fn build_steps(seq: &Value, units: &[Unit]) -> Vec<Value> {
         } else {
             gate.cloned()
         };
+        bytes = bytes.saturating_add(
+            description.len()
+                + deps
+                    .iter()
+                    .map(|d| d.as_str().map_or(0, str::len) + 8)
+                    .sum::<usize>(),
+        );
+        if bytes > budget {
+            return Err(bytes);
+        }
         let mut step = Map::new();
         step.insert("id".into(), json!(u.id));
         step.insert("type".into(), json!("regular"));
@@ -298,7 +313,7 @@ pub(super) fn build_steps(seq: &Value, units: &[Unit]) -> Vec<Value> {
                 .map(|f| json!(output_path(&u.id, f))),
         );
     }
-    out
+    Ok(out)
 }
 
 /// Rewrites references to converted sequences: jumps go to the first new step, dependency
