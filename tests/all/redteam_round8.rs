@@ -299,7 +299,7 @@ fn a_restored_session_numbers_its_events_on() {
 
 /// `runs show` read every turn log whole with no total budget: 200 hard links to one 60 MiB
 /// log took 74 s of CPU (round 8, host finding F2). A listing or a show now reads 1 GiB at
-/// most (a file at its length, each link again).
+/// most (a file at its length), and a hard link not at all (round 13).
 #[test]
 fn runs_show_reads_within_one_budget() {
     let dir = tempfile::tempdir().unwrap();
@@ -319,13 +319,15 @@ fn runs_show_reads_within_one_budget() {
     let first = logs.join("execution-attempt-1-iteration-1.json");
     let log = json!({"step_id": "a", "item_id": "i1", "entry_id": "i1", "attempt": 1,
         "iteration": 1, "provider": "openai", "model_id": "m", "status": "failed",
-        "error": "e".repeat(60 << 20), "started_at": "2026-12-03T17:32:59.735Z",
+        "error": "e".repeat(63 << 20), "started_at": "2026-12-03T17:32:59.735Z",
         "completed_at": "2026-12-03T17:33:06.744Z", "duration_ms": 1, "llm_duration_ms": 1,
         "tool_duration_ms": 0, "llm_call_count": 1, "tool_call_count": 0,
         "tool_error_count": 0, "prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0});
     std::fs::write(&first, log.to_string()).unwrap();
-    for n in 2..=40 {
-        std::fs::hard_link(
+    // Copies, not hard links (a hard link is refused before it is read): 17 files of
+    // 63 MiB, some 1.07 GB, are past the budget.
+    for n in 2..=17 {
+        std::fs::copy(
             &first,
             logs.join(format!("execution-attempt-1-iteration-{n}.json")),
         )
