@@ -23,6 +23,8 @@ use guests::{TARGET, build_workspace, ensure_target, target_dir};
 /// Components embedded in the `trellis` binary.
 const BUNDLED: &[&str] = &[
     "workspace",
+    "shell",
+    "shell_utilities",
     "csv_validator",
     "openai",
     "anthropic",
@@ -54,6 +56,7 @@ fn main() {
         "Cargo.lock",
         "sdk",
         "workspace",
+        "shell",
         "validators",
         "providers",
         "runners",

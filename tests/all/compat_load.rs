@@ -794,7 +794,8 @@ fn runs_show_reads_the_run_files_the_original_writes() {
 // ------------------------------------------------------------------ 9. clear words
 
 /// The original's tool categories Trellis does not have get a warning naming what it
-/// offers instead, in a step config and in workflow.json.
+/// offers instead, in a step config and in workflow.json; `workspace_advanced` (the shell)
+/// is one it has.
 #[test]
 fn the_originals_missing_tool_categories_say_what_to_use_instead() {
     let ws = tempfile::tempdir().unwrap();
@@ -818,10 +819,6 @@ fn the_originals_missing_tool_categories_say_what_to_use_instead() {
             "workflow.json: execution_defaults.enabled_custom_tools[0]: the original's tool \
              category \"human_tools\" is not offered: a Trellis turn cannot ask a person: put the \
              question in a human_input step (answered with --input NAME=VALUE)",
-            "workflow.json: execution_defaults.enabled_custom_tools[1]: the original's tool \
-             category \"workspace_advanced\" is not offered: Trellis has no shell or advanced \
-             workspace tools: its file tools are the category \"workspace\" (\"workspace:*\"), \
-             and a command belongs in a scripted step (code/<step-id>/main.py)",
             "planning/step_config.json: steps[0].agent_configs.enabled_custom_tools[0] (step \
              \"browse\"): the original's tool category \"workspace_browser\" is not offered: \
              Trellis has no browser tools: use the tools of an MCP server (selected_servers), or \

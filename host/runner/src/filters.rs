@@ -21,6 +21,18 @@ pub const DELEGATION_CATEGORY: &str = "delegation";
 /// and `enabled_custom_tools` entries naming the category filter them.
 pub const BUILTIN_TOOL_SERVERS: &[&str] = &["workspace"];
 
+/// The bundled shell's server: a built-in plugin, but offered only to a step that asks for
+/// it (it widens what one call can do), through its own name in `selected_servers` /
+/// `selected_tools` or through the original's category in `enabled_custom_tools`.
+pub const SHELL_SERVER: &str = "shell";
+/// The shell's one tool.
+pub const SHELL_TOOL: &str = "execute_shell_command";
+/// The original's category of the shell and of the patch tool.
+pub const ORIGINAL_SHELL_CATEGORY: &str = "workspace_advanced";
+/// The original's name of the patch tool: Trellis's `workspace:apply_patch`, which the
+/// built-in `workspace` tools offer anyway.
+pub const ORIGINAL_PATCH_TOOL: &str = "diff_patch_workspace_file";
+
 fn norm(name: &str) -> String {
     normalize_tool_name(name.trim())
 }
@@ -39,6 +51,9 @@ pub struct PluginToolFilter {
     /// `enabled_custom_tools` entries naming a built-in category: `None` for `category:*`,
     /// else the tools listed.
     builtin_categories: BTreeMap<String, Option<BTreeSet<String>>>,
+    /// `enabled_custom_tools` names the shell through the original's category
+    /// (`workspace_advanced`, `workspace_advanced:*`, `workspace_advanced:execute_shell_command`).
+    original_shell: bool,
 }
 
 impl PluginToolFilter {
@@ -86,6 +101,11 @@ impl PluginToolFilter {
         for entry in custom.chain(legacy) {
             let (category, tool) = entry.split_once(':').unwrap_or((entry, "*"));
             let category = norm(category);
+            if category == ORIGINAL_SHELL_CATEGORY
+                && (tool.trim() == "*" || norm(tool) == SHELL_TOOL)
+            {
+                filter.original_shell = true;
+            }
             if !BUILTIN_TOOL_SERVERS.contains(&category.as_str()) {
                 continue;
             }
@@ -112,6 +132,15 @@ impl PluginToolFilter {
     /// server lets all its tools in; everything else is out.
     pub fn allows(&self, server: &str, tool: &str) -> bool {
         let server = norm(server);
+        if server == SHELL_SERVER {
+            return self.original_shell
+                || self.servers.contains(&server)
+                || self.wildcard.contains(&server)
+                || self
+                    .specific
+                    .get(&server)
+                    .is_some_and(|t| t.contains(&norm(tool)));
+        }
         if BUILTIN_TOOL_SERVERS.contains(&server.as_str()) {
             return self.allows_builtin(&server, tool);
         }
@@ -398,6 +427,34 @@ mod tests {
         assert!(offered(&["workspace:*"], "write_file"));
         assert!(offered(&["workspace:read_file"], "read_file"));
         assert!(!offered(&["workspace:read_file"], "write_file"));
+        // The shell is offered only when asked for, by the original's category or its name.
+        let shell = |entries: &[&str], servers: &[&str], tools: &[&str]| {
+            let configs = AgentConfigs {
+                selected_servers: Some(strings(servers)),
+                selected_tools: Some(strings(tools)),
+                enabled_custom_tools: Some(strings(entries)),
+                ..Default::default()
+            };
+            PluginToolFilter::from_configs(&configs).allows("shell", "execute_shell_command")
+        };
+        assert!(!shell(&[], &[], &[]));
+        assert!(!shell(&["workspace:*"], &[], &[]));
+        assert!(!shell(
+            &["workspace_advanced:diff_patch_workspace_file"],
+            &[],
+            &[]
+        ));
+        assert!(shell(&["workspace_advanced:*"], &[], &[]));
+        assert!(shell(&["workspace_advanced"], &[], &[]));
+        assert!(shell(
+            &["workspace_advanced:execute_shell_command"],
+            &[],
+            &[]
+        ));
+        assert!(shell(&[], &["shell"], &[]));
+        assert!(shell(&[], &[], &["shell:execute_shell_command"]));
+        assert!(shell(&[], &[], &["shell:*"]));
+        assert!(!shell(&[], &[], &["workspace:*"]));
         let filter = PluginToolFilter::from_configs(&configs(&[]));
         assert_eq!(filter.unknown_servers(["workspace", "csv"]), ["aws"]);
         assert!(filter.unknown_servers(["aws"]).is_empty());

@@ -550,7 +550,8 @@ fn build(ctx: &TurnContext<'_>, access: TurnAccess, folders: &AgentFolders) -> R
     }
 
     Ok(TurnGrant {
-        grant: b.grant,
+        // The shell's commands start in the output folder.
+        grant: b.grant.with_home(&output)?,
         access,
         output_dir: resolve_in(&b.fs, &output)?,
         folders: b.folders,

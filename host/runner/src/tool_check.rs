@@ -18,7 +18,9 @@ use trellis_workflow::diagnostics::{Diagnostic, Diagnostics, JsonPath, Severity,
 use trellis_workflow::{AgentConfigs, Workspace};
 
 use crate::db_tools::{MUTATE_WORKFLOW_DB, QUERY_WORKFLOW_DB, WORKFLOW_DB_CATEGORY};
-use crate::filters::{BUILTIN_TOOL_SERVERS, ToolPolicy};
+use crate::filters::{
+    BUILTIN_TOOL_SERVERS, ORIGINAL_PATCH_TOOL, ORIGINAL_SHELL_CATEGORY, SHELL_TOOL, ToolPolicy,
+};
 
 /// The tools of each loaded tool plugin, by server id (names as the plugin lists them).
 fn servers(registry: &PluginRegistry) -> BTreeMap<String, Vec<String>> {
@@ -171,6 +173,19 @@ impl StepChecks<'_> {
             let category = normalize_tool_name(category.trim());
             if BUILTIN_TOOL_SERVERS.contains(&category.as_str()) {
                 self.tool_exists(&category, tool, path, "enabled_custom_tools");
+            } else if category == ORIGINAL_SHELL_CATEGORY {
+                let known = [SHELL_TOOL, ORIGINAL_PATCH_TOOL];
+                if tool.trim() != "*" && !known.contains(&normalize_tool_name(tool.trim()).as_str())
+                {
+                    self.push(
+                        path,
+                        Severity::Warning,
+                        format!(
+                            "the {ORIGINAL_SHELL_CATEGORY} tool {:?} is not offered: Trellis has {SHELL_TOOL} (the bundled shell) and {ORIGINAL_PATCH_TOOL} (the workspace tools' apply_patch) in this category",
+                            tool.trim()
+                        ),
+                    );
+                }
             } else if category == WORKFLOW_DB_CATEGORY {
                 let tool = tool.trim();
                 if tool != "*" && tool != QUERY_WORKFLOW_DB && tool != MUTATE_WORKFLOW_DB {

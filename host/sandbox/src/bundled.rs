@@ -19,6 +19,13 @@ pub struct BundledPlugin {
     pub component: &'static [u8],
 }
 
+/// The id of the bundled shell, the one plugin whose calls may run commands.
+pub const SHELL_ID: &str = "shell";
+
+/// The utilities the shell's commands run as (a `wasi:cli` command whose first argument
+/// names the utility), built from `plugins/shell/utilities`.
+pub(crate) static SHELL_UTILITIES: &[u8] = components::SHELL_UTILITIES;
+
 /// Every bundled plugin.
 ///
 /// A `static`, like the components it points to: a `const` is copied into every place
@@ -29,6 +36,12 @@ pub static PLUGINS: &[BundledPlugin] = &[
         kind: PluginKind::Tool,
         description: "Read, write, list, search, patch, move and delete files in the folders granted to the turn.",
         component: components::WORKSPACE,
+    },
+    BundledPlugin {
+        id: SHELL_ID,
+        kind: PluginKind::Tool,
+        description: "execute_shell_command: a bash-compatible shell with coreutils, grep, find, jq and diff, every command sandboxed under the turn's grant.",
+        component: components::SHELL,
     },
     BundledPlugin {
         id: "csv",

@@ -15,6 +15,7 @@ use wasmtime::{Store, Trap, UpdateDeadline};
 use wasmtime_wasi::WasiCtxBuilder;
 
 use super::output::OutputSink;
+use super::slices::commands::{CommandHost, CommandsState, RootView, Within};
 use super::slices::{db::DbState, fs::FsState, http::HttpState, log::LogState, reply::ReplyState};
 use super::state::{CallState, MemoryLimit, MemoryLimitExceeded};
 use crate::capabilities::{FsLimitExceeded, Grant, Limits};
@@ -46,6 +47,12 @@ pub(crate) struct Call<'a> {
     pub(crate) http: Option<HttpPolicy>,
     /// Stops the call when cancelled (the guest's code and its host calls alike).
     pub(crate) cancel: Option<&'a CancellationToken>,
+    /// The commands the call may run (the bundled shell's only).
+    pub(crate) commands: Option<Arc<CommandHost>>,
+    /// A command run for a shell call: it writes from the shell call's filesystem budget,
+    /// sees the shell call's `/`, and its stdout and stderr keep their first bytes whole
+    /// (the next command of a pipe reads them) rather than a head and a tail.
+    pub(crate) within: Option<Within>,
 }
 
 /// Why a call into a guest did not return normally.
@@ -105,14 +112,40 @@ where
     F: for<'a> FnOnce(&'a InstancePre<CallState>, &'a mut Store<CallState>) -> CallFuture<'a, T>,
 {
     let limits = call.limits;
-    let stdout = OutputSink::new(limits.stdio_bytes);
-    let stderr = OutputSink::new(limits.stdio_bytes);
+    let sink = |bytes| match call.within {
+        Some(_) => OutputSink::head_only(bytes),
+        None => OutputSink::new(bytes),
+    };
+    let stdout = sink(limits.stdio_bytes);
+    let stderr = sink(limits.stdio_bytes);
     let finished = |result| Finished {
         result,
         stdout: stdout.clone(),
         stderr: stderr.clone(),
     };
-    let fs = match FsState::new(call.grant, limits, stdout.clone(), stderr.clone(), wasi) {
+    // A shell call and its commands see the grant's root at `/`.
+    let root = match (&call.within, &call.commands) {
+        (Some(within), _) => Some(within.root.clone()),
+        (None, Some(_)) => match RootView::new(call.grant) {
+            Ok(root) => Some(root),
+            Err(err) => return finished(Err(CallFailure::Host(err))),
+        },
+        (None, None) => None,
+    };
+    let fs = FsState::new(
+        call.grant,
+        limits,
+        call.within.as_ref().map(|w| w.budget.clone()),
+        stdout.clone(),
+        stderr.clone(),
+        |builder| {
+            if let Some(root) = &root {
+                root.preopen(builder)?;
+            }
+            wasi(builder)
+        },
+    );
+    let fs = match fs {
         Ok(fs) => fs,
         Err(err) => return finished(Err(CallFailure::Host(err))),
     };
@@ -123,7 +156,18 @@ where
         .map(|policy| policy.secret_values())
         .unwrap_or_default();
     let db = DbState::new(call.grant.db().cloned(), limits.timeout, fs.budget());
+    let commands = match (call.commands, root) {
+        (Some(host), Some(root)) => {
+            let within = Within {
+                budget: fs.budget(),
+                root,
+            };
+            CommandsState::new(host, call.grant, limits, within, call.cancel)
+        }
+        _ => CommandsState::none(),
+    };
     let state = CallState {
+        commands,
         table: ResourceTable::new(),
         memory: MemoryLimit::new(limits.memory_bytes),
         fs,

@@ -76,6 +76,8 @@ pub struct Grant {
     recheck: bool,
     /// The write budget of the turn the call is part of ([`Grant::with_turn_writes`]).
     turn_writes: Option<DbWriteBudget>,
+    /// The folder a call starts in, a guest path ([`Grant::with_home`]).
+    home: Option<String>,
 }
 
 impl Grant {
@@ -111,6 +113,25 @@ impl Grant {
             opened: Arc::default(),
         });
         Ok(self)
+    }
+
+    /// Makes `guest` (a granted folder, such as a step's output folder) the folder the
+    /// call starts in: the bundled shell's working folder.
+    pub fn with_home(mut self, guest: &str) -> Result<Self> {
+        self.home = Some(normalize_guest_path(guest)?);
+        Ok(self)
+    }
+
+    /// The folder a call starts in: the one [`Grant::with_home`] named, else the first
+    /// read-write folder, else the first folder, else `/`.
+    pub fn home(&self) -> &str {
+        self.home
+            .as_deref()
+            .or_else(|| {
+                let writable = self.folders.iter().find(|f| f.access == Access::ReadWrite);
+                writable.or(self.folders.first()).map(|f| f.guest.as_str())
+            })
+            .unwrap_or("/")
     }
 
     /// Gives the call the workflow database.

@@ -46,6 +46,26 @@ impl OutputSink {
         }
     }
 
+    /// A sink keeping the first `capacity` bytes and dropping the rest: a command's
+    /// output, which the next command of a pipe reads as it was written.
+    pub(crate) fn head_only(capacity: usize) -> Self {
+        OutputSink {
+            inner: Arc::new(Mutex::new(Buffer {
+                head_capacity: capacity,
+                tail_capacity: 0,
+                ..Buffer::default()
+            })),
+        }
+    }
+
+    /// The bytes kept (the head, then the tail), and how many were dropped.
+    pub(crate) fn take_bytes(&self) -> (Vec<u8>, u64) {
+        let mut buffer = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut bytes = std::mem::take(&mut buffer.head);
+        bytes.extend(buffer.tail.drain(..));
+        (bytes, buffer.dropped)
+    }
+
     /// What was kept, as text, with a note where bytes were dropped.
     pub(crate) fn text(&self) -> String {
         let buffer = self.inner.lock().unwrap_or_else(|e| e.into_inner());

@@ -20,6 +20,7 @@ mod validate;
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -29,6 +30,7 @@ use crate::bundled;
 use crate::capabilities::{FsLimits, Grant, Limits};
 use crate::engine::Engine;
 use crate::llm::{self, LlmCallError, LlmError};
+use crate::slices::commands::CommandHost;
 use crate::state::CallState;
 use crate::{CallFailure, CallFuture, call, slices};
 pub use manifest::{Manifest, PluginKind};
@@ -74,6 +76,8 @@ pub struct Plugin {
     tools: Vec<ToolSpec>,
     /// A provider of the 0.3.0 world, which may stream its replies.
     streams: bool,
+    /// The commands its calls may run: the bundled shell's only.
+    commands: Option<Arc<CommandHost>>,
 }
 
 impl std::fmt::Debug for Plugin {
@@ -144,6 +148,8 @@ pub struct PluginRegistry {
     tool_linker: Linker<CallState>,
     validator_linker: Linker<CallState>,
     llm_linker: Linker<CallState>,
+    /// The tool linker plus `trellis:plugin/commands`, for the bundled shell alone.
+    shell_linker: Linker<CallState>,
     plugins: BTreeMap<String, Plugin>,
 }
 
@@ -202,11 +208,13 @@ impl PluginRegistry {
         // An LLM provider gets WASI, `wasi:http` (gated per call by the host's policy) and
         // the host interface; not the workflow db.
         let llm_linker = slices::linker(engine, slices::PROVIDER)?;
+        let shell_linker = slices::linker(engine, slices::SHELL)?;
         Ok(PluginRegistry {
             engine: engine.clone(),
             tool_linker,
             validator_linker,
             llm_linker,
+            shell_linker,
             plugins: BTreeMap::new(),
         })
     }
@@ -316,7 +324,10 @@ impl PluginRegistry {
         let loaded = self.engine.open_component(bytes, &origin, deadline)?;
         let component = loaded.component();
         let streams = check_world(component, &self.engine, manifest.kind)?;
+        // The shell's commands are the host's to run for Trellis's own shell only.
+        let shell = source == PluginSource::Bundled && manifest.id == bundled::SHELL_ID;
         let linker = match manifest.kind {
+            PluginKind::Tool if shell => &self.shell_linker,
             PluginKind::Tool => &self.tool_linker,
             PluginKind::Validator => &self.validator_linker,
             PluginKind::LlmProvider => &self.llm_linker,
@@ -338,6 +349,7 @@ impl PluginRegistry {
             tool_pre,
             tools: Vec::new(),
             streams,
+            commands: shell.then(|| CommandHost::new(&self.engine)),
         };
         if plugin.manifest.kind == PluginKind::Tool {
             plugin.tools = list_tools(&plugin, &self.engine).await?;
@@ -471,10 +483,17 @@ where
         limits,
         http,
         cancel,
+        commands: plugin.commands.clone(),
+        within: None,
     };
-    call::run(engine, &plugin.pre, call, |_| Ok(()), f)
-        .await
-        .result
+    // The shell's working folder; no other plugin gets an environment.
+    let wasi = |builder: &mut wasmtime_wasi::WasiCtxBuilder| {
+        if plugin.commands.is_some() {
+            builder.env("HOME", grant.home());
+        }
+        Ok(())
+    };
+    call::run(engine, &plugin.pre, call, wasi, f).await.result
 }
 
 async fn list_tools(plugin: &Plugin, engine: &Engine) -> Result<Vec<ToolSpec>> {

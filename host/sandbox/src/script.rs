@@ -286,6 +286,8 @@ impl ScriptRunner {
                 .clone()
                 .map(|net| HttpPolicy::for_script(net, limits.timeout)),
             cancel,
+            commands: None,
+            within: None,
         };
         let wasi = |builder: &mut wasmtime_wasi::WasiCtxBuilder| -> Result<()> {
             builder

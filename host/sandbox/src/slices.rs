@@ -5,6 +5,7 @@
 //! | world     | slices                    |
 //! |-----------|---------------------------|
 //! | tool      | fs, db, log               |
+//! | shell     | fs, db, log, commands     |
 //! | validator | fs, log                   |
 //! | provider  | fs, http, log, reply      |
 //! | script    | fs (+ cli), db, http, log |
@@ -13,6 +14,7 @@
 //! a provider's WASI sees only the (empty) grant of its endpoint. The script's `cli` part
 //! (environment, arguments, working directory) is added to the fs slice's context per call.
 
+pub(crate) mod commands;
 pub(crate) mod db;
 pub(crate) mod fs;
 pub(crate) mod http;
@@ -37,10 +39,14 @@ pub(crate) enum Slice {
     Log,
     /// `trellis:plugin/reply` (0.3.0).
     Reply,
+    /// `trellis:plugin/commands`: the bundled shell's.
+    Commands,
 }
 
 /// A tool plugin's slices.
 pub(crate) const TOOL: &[Slice] = &[Slice::Fs, Slice::Db, Slice::Log];
+/// The bundled shell's slices: a tool plugin's, and the commands it runs.
+pub(crate) const SHELL: &[Slice] = &[Slice::Fs, Slice::Db, Slice::Log, Slice::Commands];
 /// A validator plugin's slices.
 pub(crate) const VALIDATOR: &[Slice] = &[Slice::Fs, Slice::Log];
 /// An LLM provider's slices.
@@ -58,6 +64,7 @@ pub(crate) fn linker(engine: &Engine, slices: &[Slice]) -> anyhow::Result<Linker
             Slice::Http => http::add_to_linker(&mut linker)?,
             Slice::Log => log::add_to_linker(&mut linker)?,
             Slice::Reply => reply::add_to_linker(&mut linker)?,
+            Slice::Commands => commands::add_to_linker(&mut linker)?,
         }
     }
     Ok(linker)

@@ -4,6 +4,7 @@
 use wasmtime::ResourceLimiter;
 use wasmtime::component::ResourceTable;
 
+use super::slices::commands::CommandsState;
 use super::slices::db::DbState;
 use super::slices::fs::FsState;
 use super::slices::http::HttpState;
@@ -20,6 +21,7 @@ pub(crate) struct CallState {
     pub(crate) http: HttpState,
     pub(crate) log: LogState,
     pub(crate) reply: ReplyState,
+    pub(crate) commands: CommandsState,
 }
 
 /// Memory budget of one instance: all its linear memories and tables together (a

@@ -75,3 +75,20 @@ pub mod script {
         },
     });
 }
+
+/// World `shell-tool`: the bundled shell, a tool plugin that also imports
+/// `trellis:plugin/commands`. Only `commands` is generated here (its `run` async: it runs
+/// another instance); the tool world's interfaces are the ones above.
+pub mod shell {
+    wasmtime::component::bindgen!({
+        path: "../../wit/trellis-plugin@0.1.0",
+        world: "shell-tool",
+        imports: { "trellis:plugin/commands.run": async },
+        with: {
+            "trellis:plugin/host": super::tool::trellis::plugin::host,
+            "trellis:plugin/types": super::tool::trellis::plugin::types,
+            "trellis:plugin/workflow-db": super::tool::trellis::plugin::workflow_db,
+            "trellis:plugin/tool": super::tool::exports::trellis::plugin::tool,
+        },
+    });
+}

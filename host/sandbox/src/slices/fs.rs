@@ -30,10 +30,13 @@ pub(crate) struct FsState {
 
 impl FsState {
     /// The grant's folders and nothing else; `extra` may add to the context (a script's
-    /// environment, arguments and working directory: the `cli` part of its world).
+    /// environment, arguments and working directory: the `cli` part of its world). The
+    /// call writes from `budget` when given (a command of a shell call, from the shell
+    /// call's), else from a budget of its own.
     pub(crate) fn new(
         grant: &Grant,
         limits: &Limits,
+        budget: Option<Arc<FsBudget>>,
         stdout: impl StdoutStream + 'static,
         stderr: impl StdoutStream + 'static,
         extra: impl FnOnce(&mut WasiCtxBuilder) -> anyhow::Result<()>,
@@ -42,11 +45,13 @@ impl FsState {
         extra(&mut builder)?;
         Ok(FsState {
             wasi: builder.build(),
-            budget: FsBudget::for_folders_in(
-                limits.fs,
-                grant.folder_identities(),
-                grant.turn_writes().map(|turn| turn.0.clone()),
-            ),
+            budget: budget.unwrap_or_else(|| {
+                FsBudget::for_folders_in(
+                    limits.fs,
+                    grant.folder_identities(),
+                    grant.turn_writes().map(|turn| turn.0.clone()),
+                )
+            }),
         })
     }
 

@@ -176,12 +176,6 @@ pub(super) fn parse_execution_llm(
 /// Tool categories of the original that Trellis does not have, and what it offers instead.
 pub(crate) const ORIGINAL_TOOL_CATEGORIES: &[(&str, &str)] = &[
     (
-        "workspace_advanced",
-        "Trellis has no shell or advanced workspace tools: its file tools are the category \
-         \"workspace\" (\"workspace:*\"), and a command belongs in a scripted step \
-         (code/<step-id>/main.py)",
-    ),
-    (
         "workspace_browser",
         "Trellis has no browser tools: use the tools of an MCP server (selected_servers), or \
          fetch pages in a scripted step with trellis_http (allowed_hosts)",

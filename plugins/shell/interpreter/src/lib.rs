@@ -23,7 +23,7 @@ use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 
 pub use builtins::names as builtin_names;
-pub use io::{Command, FileKind, Output, System};
+pub use io::{Command, FileKind, Output, System, normalize};
 
 /// The bounds of one run of a script.
 #[derive(Debug, Clone)]
@@ -38,6 +38,9 @@ pub struct Limits {
     pub pipe_bytes: usize,
     /// Bytes of the script itself.
     pub script_bytes: usize,
+    /// Time the run may take, looked at on every step (a command running when it passes
+    /// is not interrupted: its own deadline is the embedder's).
+    pub time: Option<std::time::Duration>,
 }
 
 impl Default for Limits {
@@ -48,6 +51,7 @@ impl Default for Limits {
             output_bytes: 1 << 20,
             pipe_bytes: 16 << 20,
             script_bytes: 64 << 10,
+            time: None,
         }
     }
 }
@@ -88,6 +92,8 @@ pub struct Shell<S: System> {
     substituted: Option<i32>,
     /// Above zero while a condition (`if`, `while`, `&&`, `!`) runs: `set -e` does not stop it.
     in_condition: u32,
+    /// When the shell was made, for [`Limits::time`].
+    started: std::time::Instant,
 }
 
 impl<S: System> std::fmt::Debug for Shell<S> {
@@ -120,6 +126,7 @@ impl<S: System> Shell<S> {
             options: exec::Options::default(),
             in_condition: 0,
             substituted: None,
+            started: std::time::Instant::now(),
         };
         for (name, value) in env {
             shell.vars.insert(name.clone(), value.clone());

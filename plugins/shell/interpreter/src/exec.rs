@@ -72,6 +72,14 @@ impl<S: System> Shell<S> {
                 self.limits.steps
             )));
         }
+        if let Some(time) = self.limits.time
+            && self.started.elapsed() > time
+        {
+            return Err(Halt::Fatal(format!(
+                "stopped: the command ran past its timeout of {} s",
+                time.as_secs_f64()
+            )));
+        }
         Ok(())
     }
 
