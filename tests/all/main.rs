@@ -59,6 +59,7 @@ mod serve;
 mod serve_api;
 mod serve_browser;
 mod serve_schedules;
+mod shell;
 mod streaming;
 mod turn_budgets;
 mod turn_grants;

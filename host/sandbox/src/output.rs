@@ -31,6 +31,8 @@ struct Buffer {
     tail_capacity: usize,
     dropped: u64,
     total: u64,
+    /// A pipe's end: once the head is full, writes fail as on a closed pipe.
+    closes_when_full: bool,
 }
 
 impl OutputSink {
@@ -46,13 +48,16 @@ impl OutputSink {
         }
     }
 
-    /// A sink keeping the first `capacity` bytes and dropping the rest: a command's
-    /// output, which the next command of a pipe reads as it was written.
+    /// A sink keeping the first `capacity` bytes: a command's output, which the next
+    /// command of a pipe reads as it was written. Once it is full, a write fails as one to
+    /// a closed pipe does, so a command writing without end (`yes`) stops there rather
+    /// than at its deadline.
     pub(crate) fn head_only(capacity: usize) -> Self {
         OutputSink {
             inner: Arc::new(Mutex::new(Buffer {
                 head_capacity: capacity,
                 tail_capacity: 0,
+                closes_when_full: true,
                 ..Buffer::default()
             })),
         }
@@ -125,6 +130,21 @@ impl tokio::io::AsyncWrite for OutputSink {
         _cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
+        {
+            let mut buffer = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            if buffer.closes_when_full {
+                let room = buffer.head_capacity - buffer.head.len();
+                if room == 0 && !buf.is_empty() {
+                    buffer.dropped += buf.len() as u64;
+                    buffer.total += buf.len() as u64;
+                    return Poll::Ready(Err(std::io::ErrorKind::BrokenPipe.into()));
+                }
+                let kept = room.min(buf.len());
+                buffer.head.extend_from_slice(&buf[..kept]);
+                buffer.total += kept as u64;
+                return Poll::Ready(Ok(kept));
+            }
+        }
         self.push(buf);
         Poll::Ready(Ok(buf.len()))
     }
@@ -141,6 +161,23 @@ impl tokio::io::AsyncWrite for OutputSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pipes_end_keeps_its_head_and_then_refuses_writes() {
+        use tokio::io::AsyncWriteExt;
+        let out = OutputSink::head_only(8);
+        let mut writer = out.clone();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            assert_eq!(writer.write(b"abcdef").await.unwrap(), 6);
+            assert_eq!(writer.write(b"ghijkl").await.unwrap(), 2);
+            let err = writer.write(b"mn").await.unwrap_err();
+            assert_eq!(err.kind(), std::io::ErrorKind::BrokenPipe);
+        });
+        assert_eq!(out.take_bytes(), (b"abcdefgh".to_vec(), 2));
+    }
 
     #[test]
     fn keeps_everything_under_the_cap() {

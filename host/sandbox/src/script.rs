@@ -177,9 +177,7 @@ impl ScriptRunner {
     async fn python_pre(&self) -> Result<&InstancePre<CallState>> {
         self.python
             .get_or_try_init(|| async {
-                let component = self
-                    .engine
-                    .load_compressed_component(PYTHON_RUNNER_ZSTD, "bundled:python-runner")?;
+                let component = python_runner(&self.engine)?;
                 self.instance_pre(&component, "the Python script runner")
             })
             .await
@@ -372,6 +370,11 @@ impl ScriptRunner {
             warning: prepared.warning.clone(),
         })
     }
+}
+
+/// The Python script runner, compiled (or read from the component cache).
+pub(crate) fn python_runner(engine: &Engine) -> Result<Component> {
+    engine.load_compressed_component(PYTHON_RUNNER_ZSTD, "bundled:python-runner")
 }
 
 /// The script of a step, as [`find_script`] found it.

@@ -40,6 +40,7 @@ import traceback
 import trellis_db
 import trellis_http
 import trellis_sqlite3
+import trellis_sqlite3_cli
 from wit_world import exports
 from wit_world.imports import environment
 from wit_world.imports import exit as wasi_exit
@@ -55,7 +56,7 @@ MORE_MODULES = """
     collections.abc colorsys contextlib copy copyreg dataclasses decimal difflib dis
     enum errno fnmatch fractions functools gettext glob graphlib gzip heapq hmac html
     html.entities html.parser inspect io ipaddress keyword linecache locale logging
-    mimetypes numbers operator os.path pickle pprint quopri random reprlib
+    mimetypes numbers operator os.path pickle pprint quopri random reprlib runpy
     secrets shlex shutil statistics string stringprep struct tempfile textwrap time
     tokenize tomllib traceback types typing unicodedata uuid warnings weakref
     xml.dom.minidom xml.etree.ElementTree xml.sax zipfile zlib zoneinfo
@@ -101,11 +102,65 @@ class Run(exports.Run):
         cwd = environment.initial_cwd()
         if cwd:
             os.chdir(cwd)
-        code = run_script(sys.argv[0])
+        code = run_command_line(sys.argv)
         flush()
         if code != 0:
             # Does not return: the host sees the status as the command's exit code.
             wasi_exit.exit_with_code(code)
+
+
+def run_command_line(argv: list) -> int:
+    """Runs what `argv` names as `python3` would: `-c CODE`, `-m MODULE`, `-` (the code
+    on stdin), or a script file; `sqlite3` is the shell's `sqlite3` command."""
+    first = argv[0]
+    if first == "sqlite3":
+        sys.argv = argv
+        return run_callable(lambda: sys.exit(trellis_sqlite3_cli.main(argv[1:])))
+    if first == "-c":
+        if len(argv) < 2:
+            print("python3: argument expected for the -c option", file=sys.stderr)
+            return 2
+        sys.argv = ["-c"] + argv[2:]
+        return run_source(argv[1], "<string>")
+    if first == "-m":
+        if len(argv) < 2:
+            print("python3: argument expected for the -m option", file=sys.stderr)
+            return 2
+        sys.argv = [argv[1]] + argv[2:]
+        import runpy
+        return run_callable(lambda: runpy.run_module(argv[1], run_name="__main__", alter_sys=True))
+    if first == "-":
+        sys.argv = argv
+        return run_source(sys.stdin.read(), "<stdin>")
+    return run_script(first)
+
+
+def run_callable(call) -> int:
+    """Runs `call` as a script's top level: its exit status."""
+    try:
+        call()
+    except SystemExit as exit:
+        return exit_status(exit.code)
+    except BaseException as err:  # noqa: BLE001 - every failure is the command's to report
+        flush()
+        # The traceback starts in the command's code, not in the runner's frames.
+        tb = err.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename.endswith("trellis_runner.py"):
+            tb = tb.tb_next
+        traceback.print_exception(type(err), err, tb)
+        return 1
+    return 0
+
+
+def run_source(source: str, name: str) -> int:
+    """Runs Python `source` (from `-c` or stdin) as `__main__`; its exit status."""
+    try:
+        code = compile(source, name, "exec")
+    except SyntaxError as err:
+        traceback.print_exception(err)
+        return 1
+    namespace = {"__name__": "__main__", "__builtins__": builtins}
+    return run_callable(lambda: exec(code, namespace))
 
 
 def run_script(name: str) -> int:

@@ -10,7 +10,7 @@
 //! one command outlives it. A call runs at most [`MAX_COMMANDS`] commands.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
@@ -30,7 +30,14 @@ pub const MAX_COMMANDS: u32 = 10_000;
 /// The most bytes of stdout, and of stderr, one command may hand back (a pipe's worth).
 pub const MAX_COMMAND_OUTPUT: usize = 16 << 20;
 
-/// The utilities the bundled `shell_utils` component runs, sorted. The shell's builtins
+/// The part of the time left that a command leaves its shell, at most.
+const DEADLINE_RESERVE: Duration = Duration::from_millis(500);
+
+/// The commands the bundled Python runner runs: `python3` (and `python`) as the
+/// interpreter, `sqlite3` as SQLite's command-line tool over the workflow database.
+pub const PYTHON_COMMANDS: &[&str] = &["python", "python3", "sqlite3"];
+
+/// The utilities the bundled `shell_utilities` component runs, sorted. The shell's builtins
 /// (`echo`, `printf`, `cd`, `test`, `read`, ...) are the interpreter's own.
 pub const UTILITIES: &[&str] = &[
     "base64",
@@ -129,6 +136,7 @@ pub(crate) struct Within {
 pub struct CommandHost {
     engine: Engine,
     utilities: OnceCell<InstancePre<CallState>>,
+    python: OnceCell<InstancePre<CallState>>,
 }
 
 impl std::fmt::Debug for CommandHost {
@@ -145,6 +153,7 @@ impl CommandHost {
         Arc::new(CommandHost {
             engine: engine.clone(),
             utilities: OnceCell::new(),
+            python: OnceCell::new(),
         })
     }
 
@@ -158,6 +167,39 @@ impl CommandHost {
                 Ok(linker.instantiate_pre(&component)?)
             })
             .await
+    }
+
+    /// The Python script runner, linked as a step script is (its database through the
+    /// `workflow-db` fences, with the call's database grant; no network: the call gives
+    /// none).
+    async fn python(&self) -> anyhow::Result<&InstancePre<CallState>> {
+        self.python
+            .get_or_try_init(|| async {
+                let component = crate::script::python_runner(&self.engine)?;
+                let linker = super::linker(&self.engine, super::SCRIPT)?;
+                Ok(linker.instantiate_pre(&component)?)
+            })
+            .await
+    }
+
+    /// The instance a command runs in, and its arguments there: `python3 ARGS` runs the
+    /// runner with `ARGS` (`-` when none: the code on stdin), `sqlite3 ARGS` with
+    /// `sqlite3 ARGS`; a utility gets its own name first.
+    async fn prepare(
+        &self,
+        argv: Vec<String>,
+    ) -> anyhow::Result<(InstancePre<CallState>, Vec<String>)> {
+        match argv[0].as_str() {
+            "python" | "python3" => {
+                let mut args: Vec<String> = argv[1..].to_vec();
+                if args.is_empty() {
+                    args.push("-".into());
+                }
+                Ok((self.python().await?.clone(), args))
+            }
+            "sqlite3" => Ok((self.python().await?.clone(), argv)),
+            _ => Ok((self.utilities().await?.clone(), argv)),
+        }
     }
 }
 
@@ -214,7 +256,13 @@ fn failed(status: i32, message: String) -> commands::Output {
 
 impl commands::Host for CommandsState {
     fn names(&mut self) -> Vec<String> {
-        UTILITIES.iter().map(|n| n.to_string()).collect()
+        let mut names: Vec<String> = UTILITIES
+            .iter()
+            .chain(PYTHON_COMMANDS)
+            .map(|n| n.to_string())
+            .collect();
+        names.sort_unstable();
+        names
     }
 
     async fn run(&mut self, command: commands::Command) -> commands::Output {
@@ -224,7 +272,7 @@ impl commands::Host for CommandsState {
         let Some(name) = command.argv.first().cloned() else {
             return failed(127, "an empty command".into());
         };
-        if !UTILITIES.contains(&name.as_str()) {
+        if !UTILITIES.contains(&name.as_str()) && !PYTHON_COMMANDS.contains(&name.as_str()) {
             return failed(127, format!("command not found: {name}"));
         }
         if context.ran >= MAX_COMMANDS {
@@ -237,15 +285,18 @@ impl commands::Host for CommandsState {
         }
         context.ran += 1;
         let left = context.deadline.saturating_duration_since(Instant::now());
+        // A command stopped at the deadline leaves the shell a moment to say so: the agent
+        // gets what the script printed, not only a timeout.
+        let left = left.saturating_sub((left / 10).min(DEADLINE_RESERVE));
         if left.is_zero() {
             return failed(
                 124,
                 format!("{name}: not run: the call's deadline has passed"),
             );
         }
-        let pre = match context.host.utilities().await {
-            Ok(pre) => pre.clone(),
-            Err(err) => return failed(126, format!("{name}: the utilities did not load: {err:#}")),
+        let (pre, argv) = match context.host.prepare(command.argv).await {
+            Ok(prepared) => prepared,
+            Err(err) => return failed(126, format!("{name}: did not load: {err:#}")),
         };
         let output_bytes = usize::try_from(command.output_bytes)
             .unwrap_or(usize::MAX)
@@ -265,7 +316,6 @@ impl commands::Host for CommandsState {
             commands: None,
             within: Some(context.within.clone()),
         };
-        let argv = command.argv;
         let env = command.env;
         let cwd = command.cwd;
         let stdin = command.stdin;
@@ -274,6 +324,7 @@ impl commands::Host for CommandsState {
                 .args(&argv)
                 .envs(&env)
                 .env("PWD", &cwd)
+                .initial_cwd(&cwd)
                 .stdin(MemoryInputPipe::new(stdin));
             Ok(())
         };
@@ -307,7 +358,7 @@ impl commands::Host for CommandsState {
         if stdout_dropped > 0 {
             stderr.extend_from_slice(
                 format!(
-                    "{name}: {stdout_dropped} bytes of output dropped past the {output_bytes} a command may give\n"
+                    "{name}: its output was cut at the {output_bytes} bytes a command may give\n"
                 )
                 .as_bytes(),
             );

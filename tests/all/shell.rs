@@ -1,0 +1,403 @@
+//! The bundled shell, `shell:execute_shell_command`, through the binary: an agent step
+//! written for the original doing its file work with shell commands against the fake
+//! OpenAI-compatible server, and every way out a shell user would try, each denied or
+//! bounded with nothing outside the grant changed (tree digests of the whole root).
+
+use crate::support;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use serde_json::{Value, json};
+use support::fake_llm::{FakeServer, completion, result_of};
+use support::workspace::{create_db, write_files};
+use support::{tree_digest, trellis};
+
+const SHELL: &str = "shell__execute_shell_command";
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// A server answering the n-th request with `replies[n]` (the last one after that).
+fn scripted(replies: Vec<Value>) -> FakeServer {
+    let n = Arc::new(AtomicUsize::new(0));
+    FakeServer::start(Box::new(move |_| {
+        let i = n.fetch_add(1, Ordering::SeqCst);
+        (200, replies[i.min(replies.len() - 1)].clone())
+    }))
+}
+
+/// A completion asking for one shell command.
+fn shell(id: &str, command: &str) -> Value {
+    let mut c = completion("", &[("x", json!({}))]);
+    c["choices"][0]["message"]["tool_calls"] = json!([{"id": id, "type": "function",
+        "function": {"name": SHELL, "arguments": json!({"command": command}).to_string()}}]);
+    c
+}
+
+/// The shell's JSON result of call `id` in the request that answered it.
+fn shell_result(server: &FakeServer, request: usize, id: &str) -> Value {
+    let results = server.tool_results(request);
+    let raw = result_of(&results, id);
+    serde_json::from_str(&raw).unwrap_or_else(|e| panic!("{id}: {e}: {raw}"))
+}
+
+/// Every file named `name` under `root`.
+fn find(root: &Path, name: &str) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if entry.file_name() == name {
+                found.push(path);
+            }
+        }
+    }
+    found
+}
+
+/// A step as the original writes it (`enabled_custom_tools: ["workspace_advanced:*"]`, a
+/// description telling the agent to use shell commands) runs against a model that uses
+/// `execute_shell_command` for `ls`, `grep -rn`, `cat | jq`, a redirect into its output
+/// folder and `python3 -c`; its report passes the step's gate.
+#[test]
+fn a_step_written_for_the_original_does_its_file_work_in_the_shell() {
+    let server = scripted(vec![
+        shell("ls", "ls /knowledgebase/notes"),
+        shell("grep", "grep -rn refund /knowledgebase"),
+        shell(
+            "jq",
+            "cat /knowledgebase/tickets.json | jq '.tickets | length'",
+        ),
+        shell(
+            "write",
+            "grep -rl refund /knowledgebase | sort | jq -R . | jq -s '{files: ., count: length}' > report.json && cat report.json",
+        ),
+        shell(
+            "py",
+            "python3 -c \"import json; r = json.load(open('report.json')); r['checked'] = len(r['files']) == r['count']; json.dump(r, open('report.json', 'w'))\"",
+        ),
+        completion("Report written.", &[]),
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let plan = json!({"objective": "refunds", "steps": [{
+        "id": "survey", "type": "regular", "title": "Survey",
+        "description": "Use execute_shell_command for file access: find the notes that mention refunds and write report.json.",
+        "validation_schema": {"files": [{"file_name": "report.json", "must_exist": true,
+            "json_checks": [
+                {"path": "$.files", "value_type": "array", "min_length": 2},
+                {"path": "$.count", "consistency_check": {"type": "array_length", "compare_with_path": "$.files"}},
+                {"path": "$.checked", "must_exist": true}]}]}}]});
+    write_files(
+        root,
+        &[
+            ("planning/plan.json", plan.to_string()),
+            (
+                "planning/step_config.json",
+                json!({"steps": [{"id": "survey", "agent_configs":
+                    {"enabled_custom_tools": ["workspace_advanced:*"]}}]})
+                .to_string(),
+            ),
+            (
+                "workflow.json",
+                json!({"llm": {"provider": "openai", "model_id": "m"},
+                       "providers": server.providers()})
+                .to_string(),
+            ),
+            (
+                "knowledgebase/notes/refunds.md",
+                "# Refunds\nA refund is due within 30 days.\n".to_string(),
+            ),
+            (
+                "knowledgebase/notes/shipping.md",
+                "Shipping takes 3 days.\nNo refund on shipping.\n".to_string(),
+            ),
+            (
+                "knowledgebase/notes/other.md",
+                "Nothing here.\n".to_string(),
+            ),
+            (
+                "knowledgebase/tickets.json",
+                json!({"tickets": [{"id": 1}, {"id": 2}, {"id": 3}]}).to_string(),
+            ),
+        ],
+    );
+    create_db(root, "CREATE TABLE t(x);");
+    let knowledge = tree_digest(&root.join("knowledgebase"));
+
+    let out = trellis(&["run", root.to_str().unwrap(), "--allow-host", "127.0.0.1"]);
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+
+    let seen = server.seen();
+    let offered: Vec<&str> = seen[0]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap())
+        .collect();
+    assert!(offered.contains(&SHELL), "{offered:?}");
+
+    let ls = shell_result(&server, 1, "ls");
+    assert_eq!(ls["exit_code"], 0, "{ls}");
+    assert_eq!(ls["stdout"], "other.md\nrefunds.md\nshipping.md\n", "{ls}");
+    let grep = shell_result(&server, 2, "grep");
+    let lines: Vec<&str> = grep["stdout"].as_str().unwrap().lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "/knowledgebase/notes/refunds.md:2:A refund is due within 30 days.",
+            "/knowledgebase/notes/shipping.md:2:No refund on shipping.",
+        ],
+        "{grep}"
+    );
+    let jq = shell_result(&server, 3, "jq");
+    assert_eq!(jq["stdout"], "3\n", "{jq}");
+    let write = shell_result(&server, 4, "write");
+    assert_eq!(write["exit_code"], 0, "{write}");
+    let py = shell_result(&server, 5, "py");
+    assert_eq!(py["exit_code"], 0, "{py}");
+    assert!(
+        py["working_dir"]
+            .as_str()
+            .unwrap()
+            .ends_with("/execution/survey"),
+        "{py}"
+    );
+
+    let reports = find(&root.join("runs"), "report.json");
+    assert_eq!(reports.len(), 1, "{reports:?}");
+    let report: Value = serde_json::from_slice(&std::fs::read(&reports[0]).unwrap()).unwrap();
+    assert_eq!(
+        report,
+        json!({"files": ["/knowledgebase/notes/refunds.md", "/knowledgebase/notes/shipping.md"],
+               "count": 2, "checked": true})
+    );
+    assert_eq!(tree_digest(&root.join("knowledgebase")), knowledge);
+}
+
+/// `trellis tool call` with the issue's own command: the read is denied and `ls /` shows
+/// the grant's root, nothing else.
+#[test]
+fn tool_call_shows_the_denial_and_the_grants_root_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    write_files(root, &[("notes/a.md", "a"), ("private/key.txt", "secret")]);
+    let out = trellis(&[
+        "tool",
+        "call",
+        "shell:execute_shell_command",
+        "--args",
+        r#"{"command":"cat ../../etc/passwd; ls /"}"#,
+        "--root",
+        root.to_str().unwrap(),
+        "--read",
+        "notes",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let result: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(result["stdout"], "notes\n", "{result}");
+    let stderr = result["stderr"].as_str().unwrap();
+    assert!(
+        stderr.contains("cat: ../../etc/passwd: Operation not permitted"),
+        "{stderr}"
+    );
+    assert!(!result.to_string().contains("root:"), "{result}");
+    assert_eq!(result["working_dir"], "/notes");
+}
+
+/// Runs `command` in the shell under `--read notes --write out --db db/db.sqlite
+/// --db-write` of `root`, within `timeout` seconds; the result.
+fn call(root: &Path, command: &str, timeout: &str) -> Value {
+    let out = trellis(&[
+        "tool",
+        "call",
+        "shell:execute_shell_command",
+        "--args",
+        &json!({"command": command}).to_string(),
+        "--root",
+        root.to_str().unwrap(),
+        "--read",
+        "notes",
+        "--write",
+        "out",
+        "--db",
+        "db/db.sqlite",
+        "--timeout",
+        timeout,
+    ]);
+    assert!(out.status.success(), "{command}: {}", text(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// A workspace with a read-only `notes/`, a writable `out/`, a database, and files beside
+/// them the grant leaves out; and a folder outside the workspace.
+fn attack_ground() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ws");
+    let outside = dir.path().join("outside");
+    write_files(
+        &root,
+        &[
+            ("notes/a.md", "alpha\n"),
+            ("private/key.txt", "secret-value\n"),
+            ("out/.keep", ""),
+        ],
+    );
+    write_files(&outside, &[("target.txt", "outside\n")]);
+    create_db(&root, "CREATE TABLE t(x); INSERT INTO t VALUES (1);");
+    (dir, root, outside)
+}
+
+/// Every way out a shell user would try: each is denied, and nothing outside `out/`
+/// changed (the workspace's other folders, the database's folder, a folder outside).
+#[test]
+fn every_way_out_of_the_shell_is_denied_and_nothing_outside_the_grant_changes() {
+    let (dir, root, outside) = attack_ground();
+    let target = outside.join("target.txt");
+    let tries = [
+        // Leaving the root: `..` stays at `/`, which holds the grant's folders only.
+        ("cd ..; cd ../..; pwd; ls", "/\nnotes\nout\n"),
+        (
+            "ls /proc /etc /tmp /root 2>&1 | grep -c 'No such file'",
+            "4\n",
+        ),
+        (
+            "cat /private/key.txt ../private/key.txt 2>/dev/null; echo $?",
+            "1\n",
+        ),
+        // Links: none can be made, to the outside or inside.
+        (
+            &format!(
+                "ln -s {} /out/l; ln /notes/a.md /out/h; ls /out",
+                target.display()
+            ),
+            "",
+        ),
+        // What the guest has no command for.
+        (
+            "mkfifo /out/f; chmod 777 /out; chown 0 /out; mount; nc 127.0.0.1 1; echo $?",
+            "127\n",
+        ),
+        // Writes outside the read-write folder.
+        (
+            "echo x > /notes/a.md; rm /notes/a.md; mv /notes/a.md /out/; touch /n; mkdir /new; cat /notes/a.md",
+            "alpha\n",
+        ),
+        // Python and SQLite reach no more than the shell.
+        (
+            &format!(
+                "python3 -c \"import os; os.symlink('{}', '/out/p')\" 2>&1 | tail -1",
+                target.display()
+            ),
+            &format!(
+                "PermissionError: [Errno 63] Operation not permitted: '{}' -> '/out/p'\n",
+                target.display()
+            ),
+        ),
+        (
+            &format!(
+                "python3 -c \"print(open('{}').read())\" 2>&1 | tail -1",
+                target.display()
+            ),
+            &format!(
+                "FileNotFoundError: [Errno 44] No such file or directory: '{}'\n",
+                target.display()
+            ),
+        ),
+        (
+            &format!(
+                "sqlite3 /db/db.sqlite \"ATTACH DATABASE '{}/x.db' AS x\"; sqlite3 /db/db.sqlite 'SELECT x FROM t'",
+                outside.display()
+            ),
+            "1\n",
+        ),
+        (
+            &format!(
+                "sqlite3 {}/x.db 'CREATE TABLE y(a)'; echo $?",
+                outside.display()
+            ),
+            "1\n",
+        ),
+    ];
+    let before = tree_digest(dir.path());
+    for (command, stdout) in tries {
+        let result = call(&root, command, "30");
+        assert_eq!(result["stdout"], stdout, "{command}: {result}");
+    }
+    let mut after = tree_digest(dir.path());
+    // `out/` is the grant's to change; nothing was written even there.
+    after.retain(|path, _| !path.starts_with("ws/out/") || path == "ws/out/.keep");
+    assert_eq!(after, before);
+    assert!(!outside.join("x.db").exists());
+}
+
+/// Scripts that would run without end, nest without end or print without end are each
+/// stopped by a bound, and the call answers well within its deadline.
+#[test]
+fn endless_scripts_are_bounded() {
+    let (_dir, root, _outside) = attack_ground();
+    let cases = [
+        ("while true; do :; done", "steps"),
+        ("f() { f; }; f", "nested 64 deep"),
+        ("f() { f | f; }; f", "nested 64 deep"),
+        ("yes | head -2 > /out/y; cat /out/y", "y\ny\n"),
+        ("seq 1 100000000 | tail -1", "cut at the 16777216 bytes"),
+        ("sleep 100", "stopped at the call's deadline"),
+    ];
+    for (command, expected) in cases {
+        let started = std::time::Instant::now();
+        let result = call(&root, command, "8");
+        let all = format!(
+            "{}{}",
+            result["stdout"].as_str().unwrap(),
+            result["stderr"].as_str().unwrap()
+        );
+        assert!(all.contains(expected), "{command}: {result}");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "{command}: {:?}",
+            started.elapsed()
+        );
+    }
+    // Output past the tool result's cap (1 MiB) is cut, and said.
+    let result = call(&root, "seq 1 1000000", "30");
+    assert_eq!(result["stdout"].as_str().unwrap().len(), 1 << 20);
+    let stderr = result["stderr"].as_str().unwrap();
+    assert!(stderr.contains("cut at the 1048576 bytes"), "{stderr}");
+}
+
+/// The commands of one call write from the call's one filesystem budget: two commands of
+/// 6,000 files each, each under the 10,000 entries one call may make, together are over it,
+/// and the call fails naming the limit.
+#[test]
+fn the_commands_of_a_call_share_its_write_budget() {
+    let (_dir, root, _outside) = attack_ground();
+    let out = trellis(&[
+        "tool",
+        "call",
+        "shell:execute_shell_command",
+        "--args",
+        &json!({"command": "seq 1 6000 | split -l 1 -a 4 - /out/a; seq 1 6000 | split -l 1 -a 4 - /out/b"})
+            .to_string(),
+        "--root",
+        root.to_str().unwrap(),
+        "--write",
+        "out",
+    ]);
+    assert!(!out.status.success(), "{}", text(&out.stdout));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("10000"), "{stderr}");
+    let made = std::fs::read_dir(root.join("out")).unwrap().count();
+    assert!((6000..=10_001).contains(&made), "{made}");
+}
