@@ -37,8 +37,19 @@ fn invisible(c: char) -> bool {
 /// `text` with every control character but newline and tab written as `\xNN` (`\u{NNNN}`
 /// for the C1 controls and the invisible characters above).
 pub fn shown(text: &str) -> Cow<'_, str> {
-    let escaped = |c: char| (c.is_control() && c != '\n' && c != '\t') || invisible(c);
-    if !text.chars().any(escaped) {
+    escape(text, |c| {
+        (c.is_control() && c != '\n' && c != '\t') || invisible(c)
+    })
+}
+
+/// A name or path (one line: a file a guest named): [`shown`], with newline and tab
+/// escaped too, so a name cannot print lines of its own among the host's.
+pub fn shown_name(text: &str) -> Cow<'_, str> {
+    escape(text, |c| c.is_control() || invisible(c))
+}
+
+fn escape(text: &str, escaped: impl Fn(char) -> bool) -> Cow<'_, str> {
+    if !text.chars().any(&escaped) {
         return Cow::Borrowed(text);
     }
     let mut out = String::with_capacity(text.len() + 8);
@@ -85,6 +96,12 @@ mod tests {
         assert_eq!(shown("\x1b]0;title\x07"), "\\x1b]0;title\\x07");
         assert_eq!(shown("a\rb\x7f"), "a\\x0db\\x7f");
         assert_eq!(shown("\u{9b}2J é"), "\\u{009b}2J é");
+        // A name keeps to its line.
+        assert_eq!(
+            shown_name("x\nstatus: completed\tz"),
+            "x\\x0astatus: completed\\x09z"
+        );
+        assert_eq!(shown("a\nb"), "a\nb");
         // A right-to-left override makes `evil\u{202e}txt.exe` read as `evilexe.txt`.
         assert_eq!(shown("evil\u{202e}txt.exe"), "evil\\u{202e}txt.exe");
         assert_eq!(

@@ -34,6 +34,7 @@ pub struct CheckArgs {
 /// or the gate cannot run.
 pub async fn run(engine: &Engine, args: &CheckArgs) -> Result<ExitCode> {
     let registry = registry(engine, &args.plugins).await?;
+    let _lock = trellis_runner::workspace_lock::acquire_for(&args.workspace, "trellis check")?;
     let step_id = args.step.as_str();
     let ws = open_workspace(&args.workspace, args.run.as_deref())?;
     let step = ws.plan.step(step_id).with_context(|| {

@@ -15,7 +15,7 @@ use trellis_sandbox::Engine;
 
 use super::{CacheArgs, McpConfigArg, PluginDirs, plural, registry};
 use crate::progress::{Mode, Progress};
-use crate::terminal::shown;
+use crate::terminal::{shown, shown_name};
 use tokio::signal::unix::{SignalKind, signal};
 
 /// Arguments of `trellis run`.
@@ -77,6 +77,11 @@ pub struct RunArgs {
     /// were not run and why.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=10_000))]
     max_calls_per_answer: Option<u32>,
+    /// Seconds the tool calls of one turn take together, each call's time added (default
+    /// 600); each call's deadline is no later than what is left, and past it a call is not
+    /// run and the model is told why.
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    max_turn_call_seconds: Option<u64>,
     /// Tool calls of one turn running at once (default: the number of CPUs).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
     max_concurrent_calls: Option<u32>,
@@ -173,6 +178,9 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
     }
     if let Some(n) = args.max_calls_per_answer {
         start.turn_budgets.calls_per_answer = n as usize;
+    }
+    if let Some(seconds) = args.max_turn_call_seconds {
+        start.turn_budgets.call_seconds = seconds;
     }
     if let Some(n) = args.max_concurrent_calls {
         start.turn_budgets.concurrent_calls = n as usize;
@@ -314,7 +322,7 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
             files.sort();
             // File names, concerns and details come from guests and models: shown escaped.
             for file in files {
-                println!("    {}", shown(&file.display().to_string()));
+                println!("    {}", shown_name(&file.display().to_string()));
             }
             if let Some(outcome) = &step.outcome {
                 for concern in &outcome.concerns {

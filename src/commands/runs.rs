@@ -2,6 +2,7 @@
 
 // What is printed here was written by models, guests or workspaces: escaped.
 use crate::terminal::println_shown as println;
+use crate::terminal::shown_name;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -180,20 +181,20 @@ fn show_run_step(root: &Path, step: &str, run: Option<&str>) -> Result<()> {
             call.call_id, call.route_id, call.status
         );
         for file in &call.files {
-            println!("    {file}");
+            println!("    {}", shown_name(file));
         }
     }
     if !report.outputs.is_empty() {
         println!("output files:");
     }
     for path in &report.outputs {
-        println!("  {}", path.display());
+        println!("  {}", shown_name(&path.display().to_string()));
     }
     if !report.script_logs.is_empty() {
         println!("script logs:");
     }
     for path in &report.script_logs {
-        println!("  {}", path.display());
+        println!("  {}", shown_name(&path.display().to_string()));
     }
     if !report.turns.is_empty() {
         println!("turn logs:");

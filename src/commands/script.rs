@@ -81,6 +81,7 @@ pub async fn run(engine: &Engine, args: ScriptArgs) -> Result<ExitCode> {
             .variables
             .insert(name.to_string(), value.to_string());
     }
+    let _lock = trellis_runner::workspace_lock::acquire_for(&args.workspace, "trellis script")?;
     let ws = open_workspace(&args.workspace, args.run.as_deref())?;
     if seed_database(&ws.fs)? {
         let seeded = RunEvent::DatabaseSeeded {

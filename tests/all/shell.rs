@@ -401,3 +401,44 @@ fn the_commands_of_a_call_share_its_write_budget() {
     let made = std::fs::read_dir(root.join("out")).unwrap().count();
     assert!((6000..=10_001).contains(&made), "{made}");
 }
+
+/// `trellis:shell/commands` is the bundled shell's alone: the same component loaded as a
+/// third-party plugin does not load, and says which import it lacks.
+#[test]
+fn a_third_party_plugin_cannot_import_the_shells_commands() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("myshell");
+    let shell = trellis_sandbox::bundled::PLUGINS
+        .iter()
+        .find(|p| p.id == "shell")
+        .unwrap();
+    write_files(
+        &folder,
+        &[
+            ("shell.wasm", shell.component.to_vec()),
+            (
+                "plugin.json",
+                json!({"id": "myshell", "kind": "tool", "version": "0.1.0",
+                       "description": "a copy of the shell", "component": "shell.wasm"})
+                .to_string()
+                .into_bytes(),
+            ),
+        ],
+    );
+    let out = trellis(&[
+        "tool",
+        "call",
+        "myshell:execute_shell_command",
+        "--plugins",
+        folder.to_str().unwrap(),
+        "--args",
+        r#"{"command":"ls"}"#,
+    ]);
+    assert!(!out.status.success(), "{}", text(&out.stdout));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("needs an import a tool plugin is not given")
+            && stderr.contains("trellis:shell/commands"),
+        "{stderr}"
+    );
+}

@@ -399,7 +399,7 @@ async fn tool_names_resolve_normalized_and_unknown_ones_list_the_alternatives() 
         .unwrap_err();
     assert!(
         err.to_string()
-            .contains("no tool plugin `nope` (loaded: workspace)"),
+            .contains("no tool plugin `nope` (loaded: shell, workspace)"),
         "{err}"
     );
     let err = registry

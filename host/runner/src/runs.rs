@@ -261,6 +261,10 @@ fn reader(root: &Path) -> Result<WorkspaceFs> {
     )))
 }
 
+/// The status of a step whose final summary or session does not read (the text says which
+/// and why).
+pub const UNREADABLE: &str = "unreadable";
+
 /// What a step whose session.json says `running` is when no process holds the workspace
 /// lock: its run was killed (the OS dropped the lock), so the step never ends.
 pub const INTERRUPTED: &str = "interrupted";
@@ -282,21 +286,29 @@ fn step_state(
         turn_logs_dir(&logs_dir(run_dir, step)).join(FINAL_SUMMARY_FILE),
         step_dir.join(FINAL_SUMMARY_FILE),
     ];
+    // A step's folder is its guest's to write (a step script run by `trellis script` leaves
+    // what it wrote there): a summary or session that does not read is this step's status,
+    // said, not an error that hides every other step.
     for summary_path in candidates {
         // A summary is a file: anything else there (a folder an agent made) is not read as one.
         if fs.kind(&summary_path)? == Some(Kind::File) {
-            let summary: serde_json::Value = read_json(fs, &summary_path)?;
-            return final_summary_state(summary)
-                .with_context(|| format!("reading {}", summary_path.display()));
+            let state =
+                read_json::<serde_json::Value>(fs, &summary_path).and_then(final_summary_state);
+            return Ok(state.unwrap_or_else(|e| {
+                (
+                    format!("{UNREADABLE} ({FINAL_SUMMARY_FILE}: {e:#})"),
+                    None,
+                    Vec::new(),
+                )
+            }));
         }
     }
     let step_dir = step_dir.as_path();
-    let session = Session::read(fs, step_dir)
-        .with_context(|| format!("reading {}", step_dir.join("session.json").display()))?;
-    let status = match session {
-        Some(s) if s.status == Status::Running && !held => INTERRUPTED.to_string(),
-        Some(s) => s.status.to_string(),
-        None => "no summary".to_string(),
+    let status = match Session::read(fs, step_dir) {
+        Ok(Some(s)) if s.status == Status::Running && !held => INTERRUPTED.to_string(),
+        Ok(Some(s)) => s.status.to_string(),
+        Ok(None) => "no summary".to_string(),
+        Err(e) => format!("{UNREADABLE} (session.json: {e:#})"),
     };
     Ok((status, None, Vec::new()))
 }
@@ -355,8 +367,10 @@ pub fn show_step(root: &Path, run: &str, step: &str) -> Result<StepReport> {
     }
     let held = crate::workspace_lock::is_held(root);
     let (status, completed_at, concerns) = step_state(fs, &run_dir, step, held)?;
+    // Unreadable, it is said in the status (`step_state`).
     let entries = Session::read(fs, &step_dir)
-        .with_context(|| format!("reading {}", step_dir.join("session.json").display()))?
+        .ok()
+        .flatten()
         .map(|s| s.entries)
         .unwrap_or_default();
     let logs = logs_dir(&run_dir, step);
@@ -475,7 +489,10 @@ fn sub_agent_calls(fs: &WorkspaceFs, step_dir: &Path) -> Result<Vec<SubAgentCall
     if !fs.is_file(&path) {
         return Ok(Vec::new());
     }
-    let session: serde_json::Value = read_json(fs, &path)?;
+    // Unreadable, it is said in the step's status (`step_state`).
+    let Ok(session) = read_json::<serde_json::Value>(fs, &path) else {
+        return Ok(Vec::new());
+    };
     let mut out = Vec::new();
     for message in session["conversation_history"]
         .as_array()

@@ -57,9 +57,11 @@ pub enum DeliveryStatus {
     NoActiveAgent,
     /// The execution cannot take messages.
     Unsupported,
-    /// [`MAX_QUEUED`] messages wait already (or this one is longer than
-    /// [`MAX_MESSAGE_BYTES`]): it is not queued.
+    /// [`MAX_QUEUED`] messages wait already: it is not queued; one may be sent once the
+    /// agent has read them.
     QueueFull,
+    /// The message is longer than [`MAX_MESSAGE_BYTES`]: it is never queued, whatever waits.
+    TooLong,
 }
 
 /// Messages that may wait for the agent at once.
@@ -76,6 +78,7 @@ impl fmt::Display for DeliveryStatus {
             DeliveryStatus::NoActiveAgent => "no_active_agent",
             DeliveryStatus::Unsupported => "unsupported",
             DeliveryStatus::QueueFull => "queue_full",
+            DeliveryStatus::TooLong => "too_long",
         })
     }
 }
@@ -131,9 +134,8 @@ impl Steering {
         let status = match state.phase {
             // What waits is read into the agent's next prompt: a bounded number of bounded
             // messages.
-            Phase::LlmCall | Phase::ToolCalls
-                if state.queue.len() >= MAX_QUEUED || text.len() > MAX_MESSAGE_BYTES =>
-            {
+            _ if text.len() > MAX_MESSAGE_BYTES => DeliveryStatus::TooLong,
+            Phase::LlmCall | Phase::ToolCalls if state.queue.len() >= MAX_QUEUED => {
                 DeliveryStatus::QueueFull
             }
             Phase::LlmCall | Phase::ToolCalls => {

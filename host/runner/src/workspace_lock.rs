@@ -122,6 +122,21 @@ pub fn is_held(workspace: &Path) -> bool {
     }
 }
 
+/// Takes the lock of `workspace` for `command` (`trellis script`, `trellis check`), which
+/// writes into the current run folder; when another holder has it, an error naming the
+/// holder: such a command does not wait.
+pub fn acquire_for(workspace: &Path, command: &str) -> Result<WorkspaceLock> {
+    match WorkspaceLock::try_acquire_free(workspace)? {
+        Some(lock) => Ok(lock),
+        None => bail!(
+            "workspace {} is in use by {}: `{command}` writes into the run folder, so it runs \
+             only when no run, builder or server holds the workspace",
+            workspace.display(),
+            holder_of(workspace).map_or_else(|| "another process".to_string(), |h| h.to_string())
+        ),
+    }
+}
+
 /// Who holds the lock of `workspace`, when another process does (`None` when it is free
 /// or the folder cannot be opened). Takes and at once drops the lock when it is free.
 pub fn holder_of(workspace: &Path) -> Option<Holder> {

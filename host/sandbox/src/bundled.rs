@@ -24,7 +24,7 @@ pub const SHELL_ID: &str = "shell";
 
 /// The utilities the shell's commands run as (a `wasi:cli` command whose first argument
 /// names the utility), built from `plugins/shell/utilities`.
-pub(crate) static SHELL_UTILITIES: &[u8] = components::SHELL_UTILITIES;
+pub static SHELL_UTILITIES: &[u8] = components::SHELL_UTILITIES;
 
 /// Every bundled plugin.
 ///

@@ -148,7 +148,7 @@ pub struct PluginRegistry {
     tool_linker: Linker<CallState>,
     validator_linker: Linker<CallState>,
     llm_linker: Linker<CallState>,
-    /// The tool linker plus `trellis:plugin/commands`, for the bundled shell alone.
+    /// The tool linker plus `trellis:shell/commands`, for the bundled shell alone.
     shell_linker: Linker<CallState>,
     plugins: BTreeMap<String, Plugin>,
 }

@@ -39,7 +39,7 @@ pub(crate) enum Slice {
     Log,
     /// `trellis:plugin/reply` (0.3.0).
     Reply,
-    /// `trellis:plugin/commands`: the bundled shell's.
+    /// `trellis:shell/commands`: the bundled shell's.
     Commands,
 }
 

@@ -68,6 +68,11 @@ const TERMINAL: &[&str] = &["success", "error", "stopped", "partial", "interrupt
 /// Decides what happens at `now`: `busy` whether the workspace is taken, `paused` whether
 /// automatic firing is off. A schedule seen for the first time is looked at from its newest
 /// recorded occurrence (catch-up after a restart), else from now.
+///
+/// The delays are bounded when `workflow.json` is read ([`MAX_DELAY_MINUTES`]); here they
+/// saturate besides, so no value can overflow a clock computation.
+///
+/// [`MAX_DELAY_MINUTES`]: trellis_workflow::manifest::schedules::MAX_DELAY_MINUTES
 pub fn decide(
     state: &mut State,
     schedules: &[Schedule],
@@ -79,7 +84,7 @@ pub fn decide(
     let mut out = Vec::new();
     let late = |s: &Schedule, at: DateTime<Utc>| {
         s.max_start_delay_minutes
-            .is_some_and(|m| now - at > chrono::Duration::minutes(m as i64))
+            .is_some_and(|m| now - at > minutes(m))
     };
     let mut arrived: Vec<Occurrence> = Vec::new();
     for s in schedules {
@@ -265,8 +270,10 @@ fn dependency(
     });
     if let Some(done) = ended.and_then(|r| r.completed_at.as_deref())
         && let Ok(done) = DateTime::parse_from_rfc3339(done)
-        && now - offset
-            >= done.with_timezone(&Utc) + chrono::Duration::minutes(after.delay_minutes as i64)
+        && done
+            .with_timezone(&Utc)
+            .checked_add_signed(minutes(after.delay_minutes))
+            .is_some_and(|released| now - offset >= released)
     {
         return Dependency::Released;
     }
@@ -298,6 +305,10 @@ pub struct Scheduler {
     /// The schedules of `workflow.json` as last parsed, and the file's length and time then:
     /// the tick reads them each second, and the file seldom changes.
     parsed: std::sync::Mutex<Option<(Stamp, Loaded)>>,
+    /// Held by each request of the scheduler API that changes `workflow.json` or starts a
+    /// firing, from its first look at the schedules to its answer: one such request at a
+    /// time, so none answers from a file another is rewriting or loses another's edit.
+    pub(crate) edits: tokio::sync::Mutex<()>,
 }
 
 /// A file's length and modification time.
@@ -321,6 +332,7 @@ impl Default for Scheduler {
             firing: Default::default(),
             offset,
             parsed: Default::default(),
+            edits: Default::default(),
         }
     }
 }
@@ -463,7 +475,16 @@ pub fn loaded_schedules(app: &App) -> Result<Vec<Schedule>, String> {
         return Ok(Vec::new());
     };
     let Some(stamp) = fs.stamp(trellis_workflow::WORKFLOW_FILE) else {
-        return Ok(Vec::new());
+        // Missing: no schedules. Anything else (a link, a FIFO, a folder) is refused, and
+        // said: the workspace does not load.
+        return match fs.kind(trellis_workflow::WORKFLOW_FILE) {
+            Ok(None) => Ok(Vec::new()),
+            Ok(Some(_)) => Err(format!(
+                "{}: not a regular file (a link, a FIFO or a folder is never read)",
+                trellis_workflow::WORKFLOW_FILE
+            )),
+            Err(e) => Err(format!("{}: {e}", trellis_workflow::WORKFLOW_FILE)),
+        };
     };
     let mut parsed = app
         .scheduler
@@ -489,6 +510,14 @@ pub fn loaded_schedules(app: &App) -> Result<Vec<Schedule>, String> {
     // Kept for a stamp read before the text: a write in between shows at the next call.
     *parsed = Some((stamp, schedules.clone()));
     schedules
+}
+
+/// `m` minutes, saturating at the longest duration chrono has.
+fn minutes(m: u64) -> chrono::Duration {
+    i64::try_from(m)
+        .ok()
+        .and_then(chrono::Duration::try_minutes)
+        .unwrap_or(chrono::Duration::MAX)
 }
 
 /// Whether the workspace is taken: a firing, a builder turn, or an execution running.

@@ -146,6 +146,7 @@ pub async fn trigger(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let _edit = app.scheduler.edits.lock().await;
     let s = find_off_thread(&app, &id).await?;
     let occ = Occurrence {
         schedule_id: s.id.clone(),
@@ -179,6 +180,7 @@ pub async fn disable(State(app): State<Arc<App>>, Path(id): Path<String>) -> Api
 }
 
 async fn set_enabled(app: &Arc<App>, id: &str, enabled: bool) -> ApiResult {
+    let _edit = app.scheduler.edits.lock().await;
     let s = find_off_thread(app, id).await?;
     let reason = format!(
         "{} from the server's scheduler API",
@@ -221,6 +223,7 @@ pub async fn create(
              or `schedule_type` calendar with `calendar_items`)",
         ));
     };
+    let _edit = app.scheduler.edits.lock().await;
     if find_off_thread(&app, &id).await.is_ok() {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -254,6 +257,7 @@ pub async fn replace(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
     let schedule: Value = body_object(body)?;
+    let _edit = app.scheduler.edits.lock().await;
     let s = find_off_thread(&app, &id).await?;
     edit(&app, move |root| {
         trellis_builder::edits::replace_schedule(
@@ -274,6 +278,7 @@ pub async fn replace(
 /// `DELETE /api/scheduler/jobs/{id}`: removes the schedule (its history stays); `409
 /// firing` while it fires (stop it first: a firing of a schedule gone would have no handle).
 pub async fn remove(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResult {
+    let _edit = app.scheduler.edits.lock().await;
     let s = find_off_thread(&app, &id).await?;
     if app.scheduler.firing().as_deref() == Some(s.id.as_str()) {
         return Err(ApiError::new(

@@ -685,6 +685,17 @@ pub fn describe(v: &Value) -> String {
 /// plain path component: not empty, not `.` or `..`, and without `/`, `\\` or control
 /// characters.
 pub fn check_plain_id(ctx: &mut Ctx, path: &JsonPath, what: &str, id: &str) {
+    if id.len() > MAX_ID_BYTES {
+        ctx.error(
+            path,
+            format!(
+                "{what} is {} bytes long: at most {MAX_ID_BYTES} (it names files and folders, \
+                 and is written into every record about it)",
+                id.len()
+            ),
+        );
+        return;
+    }
     let plain = !id.is_empty()
         && id != "."
         && id != ".."
@@ -700,6 +711,9 @@ pub fn check_plain_id(ctx: &mut Ctx, path: &JsonPath, what: &str, id: &str) {
         );
     }
 }
+
+/// The longest id that names files and folders (a step, a schedule, an item).
+pub const MAX_ID_BYTES: usize = 128;
 
 #[cfg(test)]
 mod tests {

@@ -23,6 +23,9 @@ pub const DEFAULT_RUN_MODEL_CALLS: u64 = 10_000;
 pub const DEFAULT_TURN_WRITE_BYTES: u64 = 1 << 30;
 /// Files and folders the calls of one turn create together by default.
 pub const DEFAULT_TURN_CREATED_ENTRIES: u64 = 10_000;
+/// Seconds the tool calls of one turn take together by default, each call's time added
+/// (calls at once each count): what one turn can make the host and its guests work.
+pub const DEFAULT_TURN_CALL_SECONDS: u64 = 600;
 
 /// The budgets of every turn of a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +45,9 @@ pub struct TurnBudgets {
     pub write_bytes: u64,
     /// Files and folders the calls of one turn create together.
     pub created_entries: u64,
+    /// Seconds the tool calls of one turn take together, each call's time added
+    /// (`--max-turn-call-seconds`).
+    pub call_seconds: u64,
 }
 
 impl Default for TurnBudgets {
@@ -53,6 +59,7 @@ impl Default for TurnBudgets {
             run_model_calls: DEFAULT_RUN_MODEL_CALLS,
             write_bytes: DEFAULT_TURN_WRITE_BYTES,
             created_entries: DEFAULT_TURN_CREATED_ENTRIES,
+            call_seconds: DEFAULT_TURN_CALL_SECONDS,
         }
     }
 }
@@ -94,6 +101,47 @@ impl ResultBytes {
              its budget of {} (--max-turn-result-mib); end this turn with what you have, or \
              ask for smaller results (a line range, a narrower query)",
             mib(self.total)
+        )
+    }
+}
+
+/// The time the tool calls of one turn have left, shared by its calls: each call's deadline
+/// is the smaller of its own and what is left when it starts, and its time is taken from
+/// it when it ends. A model answer of many calls that each run to their deadline (database
+/// queries that never end, guests that spin) is so bounded as a whole, not only call by
+/// call.
+#[derive(Debug)]
+pub(super) struct CallTime {
+    total: std::time::Duration,
+    used: std::sync::Mutex<std::time::Duration>,
+}
+
+impl CallTime {
+    pub(super) fn new(seconds: u64) -> Self {
+        CallTime {
+            total: std::time::Duration::from_secs(seconds),
+            used: Default::default(),
+        }
+    }
+
+    /// The time left; zero when the turn's calls used it all.
+    pub(super) fn left(&self) -> std::time::Duration {
+        let used = *self.used.lock().unwrap_or_else(|e| e.into_inner());
+        self.total.saturating_sub(used)
+    }
+
+    /// Takes a call's time.
+    pub(super) fn charge(&self, took: std::time::Duration) {
+        let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
+        *used = used.saturating_add(took);
+    }
+
+    /// The error of a call not run because the turn's calls used their time.
+    pub(super) fn spent(&self) -> String {
+        format!(
+            "not run: this turn's tool calls took their {} s together, the most one turn's \
+             calls may (--max-turn-call-seconds); end this turn with what you have",
+            self.total.as_secs()
         )
     }
 }

@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use tokio::sync::Semaphore;
 
-use super::budget::{ResultBytes, out_of_model_calls};
+use super::budget::{CallTime, ResultBytes, out_of_model_calls};
 use super::prompts::out_of_tool_rounds;
 use super::results::{event_arguments, kept};
 use super::{AgentModels, Run, StepRunner, TurnEnd, TurnOk, entry_outcome};
@@ -22,7 +22,7 @@ use crate::session::{
     now_rfc3339, write_turn_logs,
 };
 use crate::steering::Phase;
-use trellis_sandbox::capabilities::DbWriteBudget;
+use trellis_sandbox::capabilities::{DbWriteBudget, Limits};
 use trellis_sandbox::llm::{Message, Options, Request, ToolCall, ToolDefinition};
 use trellis_workflow::plan::Step;
 use trellis_workflow::{AgentConfigs, Workspace};
@@ -166,6 +166,7 @@ impl StepRunner<'_> {
         // bytes of results the turn keeps, shared by all its rounds.
         let slots = Semaphore::new(self.budgets.concurrent_calls.max(1));
         let result_bytes = ResultBytes::new(self.budgets.result_bytes);
+        let call_time = CallTime::new(self.budgets.call_seconds);
         let turn_no = run.session.execution_turn_count;
         self.observer.emit(RunEvent::TurnStarted {
             step_id: run.label.clone(),
@@ -330,6 +331,7 @@ impl StepRunner<'_> {
                 parallel,
                 slots: &slots,
                 result_bytes: &result_bytes,
+                call_time: &call_time,
             };
             let (records, refused) = self.tool_calls(run, &response.tool_calls, &calls).await;
             let ran = records.len() - refused;
@@ -436,7 +438,7 @@ impl StepRunner<'_> {
         let plugin_calls = to_run.iter().filter(|c| !is_delegation(c)).map(|c| async {
             let record = {
                 let _slot = turn.slots.acquire().await;
-                self.tool_call(&run.policy, c, turn.grant, turn.db_budget)
+                self.tool_call_within(&run.policy, c, turn.grant, turn.db_budget, turn.call_time)
                     .await
             };
             kept(run, record, turn.result_bytes)
@@ -479,13 +481,41 @@ impl StepRunner<'_> {
         (records, refused.len())
     }
 
-    /// One tool call, never failing: errors land in the record.
-    pub(super) async fn tool_call(
+    /// [`Self::tool_call`] within what is left of the turn's call time: its deadline is no
+    /// later, and its time is taken from it; not run when none is left.
+    async fn tool_call_within(
         &self,
         policy: &ToolPolicy,
         call: &ToolCall,
         grant: &TurnGrant,
         db_budget: &DbWriteBudget,
+        time: &CallTime,
+    ) -> ToolCallRecord {
+        let left = time.left();
+        if left.is_zero() {
+            let args = parse_arguments(&call.arguments);
+            return tool_record(call, args, Err(time.spent()), now_rfc3339(), Instant::now());
+        }
+        let limits = Limits {
+            timeout: self.limits.timeout.min(left),
+            ..self.limits
+        };
+        let t0 = Instant::now();
+        let record = self
+            .tool_call_limited(policy, call, grant, db_budget, &limits)
+            .await;
+        time.charge(t0.elapsed());
+        record
+    }
+
+    /// One tool call under `limits`, never failing: errors land in the record.
+    async fn tool_call_limited(
+        &self,
+        policy: &ToolPolicy,
+        call: &ToolCall,
+        grant: &TurnGrant,
+        db_budget: &DbWriteBudget,
+        limits: &Limits,
     ) -> ToolCallRecord {
         let started_at = now_rfc3339();
         let t0 = Instant::now();
@@ -502,10 +532,15 @@ impl StepRunner<'_> {
                     // The run's second stop ends the call at once (the server's answer, if
                     // any comes, is dropped).
                     tokio::select! {
-                        answer = mcp.call(&call.name, a.clone(), self.limits.output_bytes) => answer,
+                        answer = mcp.call(&call.name, a.clone(), limits.output_bytes) => answer,
                         () = self.cancel_calls.cancelled() => {
                             Err("the call was cancelled".to_string())
                         }
+                        () = tokio::time::sleep(limits.timeout) => Err(format!(
+                            "the call was stopped after {} s, what this turn's tool calls had left \
+                             (--max-turn-call-seconds)",
+                            limits.timeout.as_secs()
+                        )),
                     }
                 } else {
                     Err(format!(
@@ -519,7 +554,7 @@ impl StepRunner<'_> {
                     tool,
                     a.clone(),
                     grant.grant.db().cloned(),
-                    &self.limits,
+                    limits,
                     db_budget,
                 )
                 .await
@@ -534,7 +569,7 @@ impl StepRunner<'_> {
                     &call.name,
                     a,
                     &grant.grant.clone().with_turn_writes(db_budget),
-                    &self.limits,
+                    limits,
                     &self.cancel_calls,
                 )
                 .await
@@ -574,6 +609,7 @@ pub(super) struct TurnCalls<'t> {
     pub(super) parallel: bool,
     pub(super) slots: &'t Semaphore,
     pub(super) result_bytes: &'t ResultBytes,
+    pub(super) call_time: &'t CallTime,
 }
 
 pub(super) fn parse_arguments(text: &str) -> Result<Value, String> {

@@ -76,14 +76,14 @@ pub mod script {
     });
 }
 
-/// World `shell-tool`: the bundled shell, a tool plugin that also imports
-/// `trellis:plugin/commands`. Only `commands` is generated here (its `run` async: it runs
-/// another instance); the tool world's interfaces are the ones above.
+/// World `shell-tool` of `wit/trellis-shell@0.1.0/`: the bundled shell, a tool plugin that
+/// also imports `trellis:shell/commands`. Only `commands` is generated here (its `run`
+/// async: it runs another instance); the tool world's interfaces are the ones above.
 pub mod shell {
     wasmtime::component::bindgen!({
-        path: "../../wit/trellis-plugin@0.1.0",
+        path: "../../wit/trellis-shell@0.1.0",
         world: "shell-tool",
-        imports: { "trellis:plugin/commands.run": async },
+        imports: { "trellis:shell/commands.run": async },
         with: {
             "trellis:plugin/host": super::tool::trellis::plugin::host,
             "trellis:plugin/types": super::tool::trellis::plugin::types,

@@ -1,4 +1,4 @@
-//! The commands slice: `trellis:plugin/commands`, linked only for the bundled shell.
+//! The commands slice: `trellis:shell/commands`, linked only for the bundled shell.
 //!
 //! A guest cannot start a process, so the shell hands each command that is not one of its
 //! builtins to the host, which runs it as a fresh instance of the bundled utilities (a
@@ -21,7 +21,7 @@ use wasmtime_wasi::p2::pipe::MemoryInputPipe;
 use crate::call::{self, CallFailure};
 use crate::capabilities::{Grant, Limits};
 use crate::engine::Engine;
-use crate::plugins::bindings::shell::trellis::plugin::commands;
+use crate::plugins::bindings::shell::trellis::shell::commands;
 use crate::slices::fs::guard::FsBudget;
 use crate::state::CallState;
 
@@ -31,7 +31,7 @@ pub const MAX_COMMANDS: u32 = 10_000;
 pub const MAX_COMMAND_OUTPUT: usize = 16 << 20;
 
 /// The part of the time left that a command leaves its shell, at most.
-const DEADLINE_RESERVE: Duration = Duration::from_millis(500);
+const DEADLINE_RESERVE: Duration = Duration::from_secs(2);
 
 /// The commands the bundled Python runner runs: `python3` (and `python`) as the
 /// interpreter, `sqlite3` as SQLite's command-line tool over the workflow database.
@@ -68,6 +68,7 @@ pub const UTILITIES: &[&str] = &[
     "realpath",
     "rm",
     "rmdir",
+    "sed",
     "seq",
     "sha256sum",
     "shuf",
@@ -287,7 +288,7 @@ impl commands::Host for CommandsState {
         let left = context.deadline.saturating_duration_since(Instant::now());
         // A command stopped at the deadline leaves the shell a moment to say so: the agent
         // gets what the script printed, not only a timeout.
-        let left = left.saturating_sub((left / 10).min(DEADLINE_RESERVE));
+        let left = left.saturating_sub((left / 4).min(DEADLINE_RESERVE));
         if left.is_zero() {
             return failed(
                 124,

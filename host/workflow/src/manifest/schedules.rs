@@ -454,7 +454,7 @@ fn read_one(
             ],
         )
         .unwrap_or_default();
-    let max_start_delay_minutes = o.u64(ctx, "max_start_delay_minutes");
+    let max_start_delay_minutes = minutes(ctx, &mut o, &path, "max_start_delay_minutes");
     let after_schedule_id = o.str(ctx, "after_schedule_id").filter(|s| !s.is_empty());
     let after_status = o.one_of(
         ctx,
@@ -465,7 +465,7 @@ fn read_one(
             ("", AfterStatus::Completed),
         ],
     );
-    let after_delay = o.u64(ctx, "after_delay_minutes");
+    let after_delay = minutes(ctx, &mut o, &path, "after_delay_minutes");
     let deadline = o.str(ctx, "dependency_deadline").filter(|s| !s.is_empty());
     let deadline = deadline.and_then(|d| clock_field(ctx, &path.key("dependency_deadline"), &d));
     let after = match after_schedule_id {
@@ -512,6 +512,22 @@ fn read_one(
         max_start_delay_minutes,
         after,
     })
+}
+
+/// The most minutes a delay of a schedule may be: a year (of 366 days).
+pub const MAX_DELAY_MINUTES: u64 = 366 * 24 * 60;
+
+/// A delay in minutes, at most [`MAX_DELAY_MINUTES`].
+fn minutes(ctx: &mut Ctx, o: &mut Obj, path: &JsonPath, key: &'static str) -> Option<u64> {
+    let value = o.u64(ctx, key)?;
+    if value > MAX_DELAY_MINUTES {
+        ctx.error(
+            &path.key(key),
+            format!("{key} is {value}: at most {MAX_DELAY_MINUTES} (a year) is accepted"),
+        );
+        return None;
+    }
+    Some(value)
 }
 
 /// Checks each schedule's `group_names` against the workflow's groups (those of

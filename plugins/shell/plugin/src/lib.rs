@@ -3,7 +3,7 @@
 //! The script is interpreted here, inside the sandbox, by `trellis-shell`. Its builtins
 //! (`cd`, `echo`, `printf`, `test`, `read`, variables, functions, loops, redirections,
 //! globs) run in this instance; every other command goes to the host through
-//! `trellis:plugin/commands`, which runs it as a fresh instance of the bundled utilities
+//! `trellis:shell/commands`, which runs it as a fresh instance of the bundled utilities
 //! with this call's folders. The filesystem either sees is the turn's grant: each granted
 //! folder at its workspace path (`/knowledgebase`, `/runs/<run>/execution/<step>`), nothing
 //! else. This plugin checks no path itself: the host's preopens are the boundary.
@@ -18,13 +18,20 @@ use trellis_plugin_sdk::tool::{Hints, ToolError, TypedTool};
 use trellis_shell::{Command, Limits, Output, Shell, System};
 
 mod bindings {
+    // Only `commands` is used here: the tool world's interfaces are the SDK's.
     wit_bindgen::generate!({
-        path: "../../../wit/trellis-plugin@0.1.0",
+        path: "../../../wit/trellis-shell@0.1.0",
         world: "shell-tool",
+        with: {
+            "trellis:plugin/host@0.1.0": trellis_plugin_sdk::bindings::trellis::plugin::host,
+            "trellis:plugin/types@0.1.0": trellis_plugin_sdk::bindings::trellis::plugin::types,
+            "trellis:plugin/workflow-db@0.1.0": trellis_plugin_sdk::bindings::trellis::plugin::workflow_db,
+            "trellis:plugin/tool@0.1.0": trellis_plugin_sdk::bindings::exports::trellis::plugin::tool,
+        },
     });
 }
 
-use bindings::trellis::plugin::commands;
+use bindings::trellis::shell::commands;
 
 /// The longest time a command may ask for, in seconds: the call's own deadline stops it
 /// sooner when that comes first.
@@ -54,8 +61,8 @@ impl TypedTool for ExecuteShellCommand {
     const DESCRIPTION: &str = "Run a bash script in a sandboxed shell and get its exit_code, stdout and stderr. \
          Pipes, redirects, &&/||, quoting, globs, variables, $(...), here-documents, loops and \
          functions work as in bash. Commands: coreutils (ls, cat, head, tail, wc, sort, uniq, \
-         cut, tr, cp, mv, rm, mkdir, touch, seq, tee, date, sha256sum, base64, ...), grep, find, \
-         jq, diff. The filesystem is the folders granted to this step, each at its workspace \
+         cut, tr, cp, mv, rm, mkdir, touch, seq, tee, date, sha256sum, base64, ...), sed, grep, \
+         find, jq, diff, python3, sqlite3 /db/db.sqlite. The filesystem is the folders granted to this step, each at its workspace \
          path (e.g. /knowledgebase); the script starts in this step's output folder. No \
          network, no processes outside the sandbox.";
     const HINTS: Hints = Hints::NONE.destructive();

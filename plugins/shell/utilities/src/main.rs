@@ -3,7 +3,7 @@
 //! every command, with the calling tool call's folders, so a utility sees exactly what the
 //! shell sees, and nothing of one command outlives it.
 //!
-//! The file utilities are uutils coreutils', built for WASI; `grep`, `find`, `jq` (on jaq)
+//! The file utilities are uutils coreutils' (and uutils sed), built for WASI; `grep`, `find`, `jq` (on jaq)
 //! and `diff` (on similar) are this crate's own, on maintained crates.
 
 mod diff;
@@ -29,6 +29,10 @@ fn run(args: Vec<OsString>) -> i32 {
         "find" => find::main(args),
         "grep" => grep::main(args),
         "jq" => jq::main(args),
+        "sed" => {
+            localized("sed");
+            sed::sed::uumain(args.into_iter())
+        }
         "base64" => {
             localized("base64");
             uu_base64::uumain(args.into_iter())
