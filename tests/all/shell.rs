@@ -442,3 +442,73 @@ fn a_third_party_plugin_cannot_import_the_shells_commands() {
         "{stderr}"
     );
 }
+
+/// The builder's `execute_shell_command`, in a mode that writes files: the mode's folders
+/// read-write, the workspace's content folders read-only, the database read-only, nothing
+/// at the workspace's root (its hidden files) and no mode without file tools.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_builders_shell_works_under_the_modes_grant() {
+    use trellis_builder::{BuilderObserver, Mode, ToolContext, files};
+    use trellis_sandbox::capabilities::DbWriteBudget;
+    use trellis_sandbox::{Limits, PluginRegistry};
+
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ws");
+    write_files(
+        &root,
+        &[
+            (
+                "planning/plan.json",
+                r#"{"objective": "the objective", "steps": []}"#,
+            ),
+            ("knowledgebase/notes/a.md", "alpha\n"),
+            (".env", "OPENAI_API_KEY=sk-secret\n"),
+        ],
+    );
+    create_db(&root, "CREATE TABLE t(x); INSERT INTO t VALUES (1), (2);");
+    let registry = PluginRegistry::with_bundled(support::engine())
+        .await
+        .unwrap();
+    let limits = Limits::default();
+    let observer = BuilderObserver::none();
+    let writes = DbWriteBudget::new(limits.fs);
+    let work = trellis_builder::call_work();
+    let ctx = ToolContext {
+        root: &root,
+        mode: Mode::Builder,
+        registry: &registry,
+        limits: &limits,
+        turn_writes: &writes,
+        session_id: "test",
+        observer: &observer,
+        work: &work,
+    };
+    let script = "pwd; ls /; jq -r .objective /planning/plan.json; echo made > /code/new.txt; \
+                  echo no > /planning/z; cat /.env; sqlite3 /db/db.sqlite 'SELECT count(*) FROM t'; \
+                  sqlite3 /db/db.sqlite 'DELETE FROM t'";
+    let result = files::shell(&ctx, &json!({"command": script}))
+        .await
+        .unwrap();
+    let stdout = result["stdout"].as_str().unwrap();
+    assert_eq!(
+        stdout, "/code\ncode\nknowledgebase\nlearnings\nplanning\nthe objective\n2\n",
+        "{result}"
+    );
+    let stderr = result["stderr"].as_str().unwrap();
+    assert!(stderr.contains("/planning/z"), "{stderr}");
+    assert!(stderr.contains("cat: /.env: No such file"), "{stderr}");
+    assert_eq!(
+        std::fs::read_to_string(root.join("code/new.txt")).unwrap(),
+        "made\n"
+    );
+    assert!(!root.join("planning/z").exists());
+    let conn = rusqlite::Connection::open(root.join("db/db.sqlite")).unwrap();
+    let rows: i64 = conn
+        .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(rows, 2, "the database is read-only to the builder's shell");
+    for mode in [Mode::Run, Mode::Debugger] {
+        assert!(!mode.allows("execute_shell_command"), "{mode}");
+    }
+    assert!(Mode::Output.allows("execute_shell_command"));
+}

@@ -62,6 +62,80 @@ pub fn specs() -> Vec<ToolSpec> {
     ]
 }
 
+/// The folders the builder's shell reads, when they exist (beside the mode's writable ones).
+const SHELL_READS: &[&str] = &[
+    "planning",
+    "code",
+    "knowledgebase",
+    "learnings",
+    "skills",
+    "evaluation",
+    "reports",
+    "runs",
+];
+
+/// The spec of `execute_shell_command` ([`super::modes::SHELL_TOOLS`]).
+pub fn shell_spec() -> ToolSpec {
+    ToolSpec {
+        name: "execute_shell_command",
+        description: "Runs a bash script in the sandboxed shell (coreutils, sed, grep, find, jq, \
+                      diff, python3, sqlite3 /db/db.sqlite) and answers its exit_code, stdout and \
+                      stderr. It sees the workspace's planning/, code/, knowledgebase/, \
+                      learnings/, skills/, evaluation/, reports/ and runs/ at /planning, /code, \
+                      ..., read-only but for the folders this mode writes, and the database \
+                      read-only; no network. It starts in the first folder this mode writes.",
+        parameters: strict(
+            json!({
+                "command": {"type": "string", "minLength": 1, "description": "The bash script."},
+                "working_dir": {"type": "string", "description": "A folder to start in, e.g. code/fetch."}
+            }),
+            &["command"],
+        ),
+    }
+}
+
+/// `execute_shell_command`: the bundled shell under the mode's grant: its writable folders
+/// read-write (created when missing), the workspace's other content folders read-only, the
+/// database read-only. Never `.trellis/`, `builder/`, hidden files at the root or the
+/// operator's config.
+pub async fn shell(ctx: &ToolContext<'_>, args: &Value) -> ToolResult {
+    check_args(&shell_spec(), args)?;
+    let fs = WorkspaceFs::open(ctx.root).map_err(|e| ToolFailure::new(e.to_string()))?;
+    let mut grant = Grant::none();
+    for folder in SHELL_READS {
+        if fs.is_dir(folder) {
+            let host = resolve_in_root(ctx.root, folder).map_err(|e| {
+                ToolFailure::new(format!("refused: {folder}/ cannot be granted: {e}"))
+            })?;
+            grant = grant
+                .read(host, folder)
+                .map_err(|e| ToolFailure::new(e.to_string()))?;
+        }
+    }
+    // The mode's folders last: a later grant of a path replaces an earlier one.
+    for folder in mode_grant(ctx)?.folders() {
+        grant = grant
+            .write(folder.host.clone(), &folder.guest)
+            .map_err(|e| ToolFailure::new(e.to_string()))?;
+    }
+    if fs.kind(DB_FILE).ok().flatten() == Some(Kind::File) {
+        grant = grant.with_db(ctx.root.join(DB_FILE), false);
+    }
+    if let Some(first) = ctx.mode.writable_folders().first() {
+        grant = grant
+            .with_home(first)
+            .map_err(|e| ToolFailure::new(e.to_string()))?;
+    }
+    let grant = grant.with_turn_writes(ctx.turn_writes);
+    ctx.registry
+        .call_tool("shell:execute_shell_command", args, &grant, ctx.limits)
+        .await
+        .map_err(|e| ToolFailure::new(format!("execute_shell_command: {e}")))
+}
+
+/// The database file the shell's `sqlite3` reads.
+const DB_FILE: &str = "db/db.sqlite";
+
 /// Calls file tool `name`.
 pub async fn call(ctx: &ToolContext<'_>, name: &str, args: &Value) -> ToolResult {
     let spec = specs()

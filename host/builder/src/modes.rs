@@ -213,6 +213,9 @@ pub const SCHEDULE_TOOLS: &[&str] = &[
 /// Writing files in the folders of the mode ([`Mode::writable_folders`]).
 pub const FILE_TOOLS: &[&str] = &["write_workspace_file", "patch_workspace_file"];
 
+/// The sandboxed shell, under the mode's folders ([`crate::files::shell`]).
+pub const SHELL_TOOLS: &[&str] = &["execute_shell_command"];
+
 /// Starting and steering single steps and side agents.
 pub const START_TOOLS: &[&str] = &["execute_step", "send_step_message", "run_in_background"];
 
@@ -241,6 +244,7 @@ const TABLE: &[(&[&str], &[Mode])] = &[
     (CONFIG_TOOLS, &[Builder, Optimizer]),
     (SCHEDULE_TOOLS, &[Builder, Optimizer]),
     (FILE_TOOLS, &[Builder, Optimizer, Eval, Output]),
+    (SHELL_TOOLS, &[Builder, Optimizer, Eval, Output]),
     (START_TOOLS, &[Builder, Optimizer, Run]),
     (
         WATCH_TOOLS,

@@ -276,6 +276,8 @@ impl Agent {
             edits::call(&ctx, name, args)
         } else if FILE_TOOLS.contains(&name) {
             files::call(&ctx, name, args).await
+        } else if crate::modes::SHELL_TOOLS.contains(&name) {
+            files::shell(&ctx, args).await
         } else if name == RUN_IN_BACKGROUND && self.is_side {
             Err(crate::ToolFailure::new(
                 "a side agent cannot start side agents; do the work yourself",
@@ -319,6 +321,7 @@ pub fn all_specs() -> Vec<ToolSpec> {
     specs.extend(crate::db::specs());
     specs.extend(edits::specs());
     specs.extend(files::specs());
+    specs.push(files::shell_spec());
     specs.extend(Executions::specs());
     specs.push(run_in_background_spec());
     specs
