@@ -492,7 +492,8 @@ impl StepRunner<'_> {
         time: &CallTime,
     ) -> ToolCallRecord {
         let left = time.left();
-        if left.is_zero() {
+        // A call with less than a second left would only fail at its deadline: not run.
+        if left < MIN_CALL_TIME.min(self.limits.timeout) {
             let args = parse_arguments(&call.arguments);
             return tool_record(call, args, Err(time.spent()), now_rfc3339(), Instant::now());
         }
@@ -601,6 +602,9 @@ pub(super) fn tool_record(
         unsandboxed: false,
     }
 }
+
+/// The least time a call of a turn is started with ([`CallTime`]).
+const MIN_CALL_TIME: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// What the tool calls of one round share: the turn's grant and budgets.
 pub(super) struct TurnCalls<'t> {
