@@ -512,3 +512,43 @@ async fn the_builders_shell_works_under_the_modes_grant() {
     }
     assert!(Mode::Output.allows("execute_shell_command"));
 }
+
+/// Round 15 of the red team (the shell's own): a command writing to `/dev/null` failed and
+/// lost its status; `python3`'s output was cut to 8 KiB without a word; output that grew
+/// past 4 MiB when escaped as JSON failed the whole call; a loop of short commands that
+/// reached the deadline lost everything it printed. Each now answers as it should.
+#[test]
+fn output_to_dev_null_big_python_output_escaped_floods_and_the_deadline_keep_the_result() {
+    let (_dir, root, _outside) = attack_ground();
+    let result = call(
+        &root,
+        "if grep -q alpha /notes/a.md > /dev/null; then echo found; fi; \
+         grep alpha /notes/a.md > /dev/null 2>&1; echo $?; \
+         python3 -c 'print(\"a\" * 100000)' | wc -c; \
+         python3 -c 'print(\"x\" * 9000)' > /out/py.txt; wc -c < /out/py.txt",
+        "30",
+    );
+    assert_eq!(result["stdout"], "found\n0\n100001\n9001\n", "{result}");
+
+    let result = call(
+        &root,
+        "python3 -c 'import sys; sys.stdout.write(chr(1) * 1000000); sys.stderr.write(chr(2) * 1000000)'",
+        "30",
+    );
+    assert_eq!(result["exit_code"], 0, "{result}");
+    let dropped = result["stdout_bytes_dropped"].as_u64().unwrap();
+    assert_eq!(
+        result["stdout"].as_str().unwrap().len() as u64 + dropped,
+        1_000_000
+    );
+
+    let result = call(
+        &root,
+        "echo started; while true; do cat /notes/a.md > /dev/null; done",
+        "4",
+    );
+    assert_eq!(result["stdout"], "started\n", "{result}");
+    assert_eq!(result["exit_code"], 2, "{result}");
+    let stderr = result["stderr"].as_str().unwrap();
+    assert!(stderr.contains("ran past its timeout"), "{stderr}");
+}

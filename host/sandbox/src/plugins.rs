@@ -489,7 +489,9 @@ where
     // The shell's working folder; no other plugin gets an environment.
     let wasi = |builder: &mut wasmtime_wasi::WasiCtxBuilder| {
         if plugin.commands.is_some() {
-            builder.env("HOME", grant.home());
+            builder
+                .env("HOME", grant.home())
+                .env("TRELLIS_CALL_MS", limits.timeout.as_millis().to_string());
         }
         Ok(())
     };

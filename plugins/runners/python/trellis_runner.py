@@ -31,6 +31,7 @@ import urllib.parse
 import builtins
 import encodings
 import importlib
+import io
 import os
 import pkgutil
 import random
@@ -99,6 +100,7 @@ class Run(exports.Run):
         # `random` was seeded when it was imported, at build time: every run would draw
         # the same numbers.
         random.seed()
+        buffered_streams()
         cwd = environment.initial_cwd()
         if cwd:
             os.chdir(cwd)
@@ -107,6 +109,22 @@ class Run(exports.Run):
         if code != 0:
             # Does not return: the host sees the status as the command's exit code.
             wasi_exit.exit_with_code(code)
+
+
+def buffered_streams() -> None:
+    """Puts a buffered writer under `sys.stdout` and `sys.stderr`.
+
+    The interpreter runs unbuffered: its text streams write straight to the raw file, which
+    takes at most 8 KiB of one write, and a text stream does not write the rest (a `print`
+    of 100,000 characters kept 8,192). A buffered writer writes everything, in as many
+    writes as it takes; `flush()` at the end empties it.
+    """
+    for fd, name, errors in ((1, "stdout", "strict"), (2, "stderr", "backslashreplace")):
+        raw = io.FileIO(fd, "w", closefd=False)
+        stream = io.TextIOWrapper(
+            io.BufferedWriter(raw), encoding="utf-8", errors=errors, line_buffering=True
+        )
+        setattr(sys, name, stream)
 
 
 def run_command_line(argv: list) -> int:

@@ -618,7 +618,7 @@ impl<S: System> Shell<S> {
         let mut to_file = |sh: &mut Self, path: &str, append: bool| -> Result<Sink, String> {
             let path = normalize(&sh.cwd, path);
             if path == "/dev/null" {
-                return Ok(Sink::new(0));
+                return Ok(Sink::null(sh.limits.pipe_bytes));
             }
             if !append {
                 sh.sys

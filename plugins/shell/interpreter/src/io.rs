@@ -134,6 +134,8 @@ struct Buffer {
     data: Vec<u8>,
     cap: usize,
     dropped: u64,
+    /// `/dev/null`: every write is taken and thrown away.
+    discard: bool,
 }
 
 impl Sink {
@@ -142,12 +144,24 @@ impl Sink {
             data: Vec::new(),
             cap,
             dropped: 0,
+            discard: false,
         })))
+    }
+
+    /// `/dev/null`: takes up to `cap` bytes a write (what a command may give at once) and
+    /// keeps none, so a command writing there succeeds as in bash.
+    pub(crate) fn null(cap: usize) -> Sink {
+        let sink = Sink::new(cap);
+        sink.0.borrow_mut().discard = true;
+        sink
     }
 
     /// Writes what fits; answers whether everything did.
     pub(crate) fn write(&self, bytes: &[u8]) -> bool {
         let mut buffer = self.0.borrow_mut();
+        if buffer.discard {
+            return true;
+        }
         let room = buffer.cap.saturating_sub(buffer.data.len());
         let kept = room.min(bytes.len());
         buffer.data.extend_from_slice(&bytes[..kept]);
@@ -162,6 +176,9 @@ impl Sink {
     /// The most bytes one more write may bring.
     pub(crate) fn room(&self) -> usize {
         let buffer = self.0.borrow();
+        if buffer.discard {
+            return buffer.cap;
+        }
         buffer.cap.saturating_sub(buffer.data.len())
     }
 

@@ -390,3 +390,14 @@ fn eval_and_source_run_text_in_this_shell() {
     let (_, out, err) = run_in(&path, "eval 'x=5; echo $x'; . ./lib.sh; echo $from_lib");
     assert_eq!(out, "5\nyes\n", "{err}");
 }
+
+/// A command writing to `/dev/null` is given room to write and keeps its status, as in bash
+/// (`if grep -q ... > /dev/null`); what it wrote is thrown away.
+#[test]
+fn a_command_writing_to_dev_null_keeps_its_status() {
+    let (_dir, path) = folder();
+    let script = "if upper <<< 'hello' > /dev/null; then echo kept; fi\nargs a b > /dev/null 2>&1; echo $?\nyes > /dev/null; echo $?";
+    let (status, out, err) = run_in(&path, script);
+    assert_eq!(status, 0, "{err}");
+    assert_eq!(out, "kept\n0\n141\n", "{err}");
+}

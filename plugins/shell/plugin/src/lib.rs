@@ -88,11 +88,20 @@ fn execute(args: Args) -> Result<Value, ToolError> {
         )));
     }
     let mut limits = Limits::default();
-    if let Some(seconds) = args.timeout_s {
-        limits.time = Some(std::time::Duration::from_secs(
-            seconds.clamp(1, MAX_TIMEOUT_S),
-        ));
-    }
+    // The script stops, and says so, before the call's own deadline would end the call and
+    // lose what it printed: the host gives the call's time as `TRELLIS_CALL_MS`.
+    let call = std::env::var("TRELLIS_CALL_MS")
+        .ok()
+        .and_then(|ms| ms.parse::<u64>().ok())
+        .map(std::time::Duration::from_millis)
+        .map(|call| call.saturating_sub((call / 4).min(REPORT_RESERVE)));
+    let asked = args
+        .timeout_s
+        .map(|s| std::time::Duration::from_secs(s.clamp(1, MAX_TIMEOUT_S)));
+    limits.time = match (asked, call) {
+        (Some(a), Some(c)) => Some(a.min(c)),
+        (a, c) => a.or(c),
+    };
     let env = [("HOME".to_string(), home)];
     let mut shell = Shell::new(Sandbox::default(), limits, &cwd, &env);
     let finished = shell.run(&args.command);
@@ -109,7 +118,39 @@ fn execute(args: Args) -> Result<Value, ToolError> {
     if finished.stderr_dropped > 0 {
         result["stderr_bytes_dropped"] = json!(finished.stderr_dropped);
     }
+    fit(&mut result);
     Ok(result)
+}
+
+/// The part of the call's time the script leaves for reporting, at most.
+const REPORT_RESERVE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The most bytes of JSON a result is made to fit: under the host's 4 MiB result limit,
+/// whatever the escaping of what the script printed (a control byte is six in JSON).
+const RESULT_BYTES: usize = 3 << 20;
+
+/// Cuts `stdout` and `stderr` of `result` until its JSON fits [`RESULT_BYTES`], the longer
+/// one first, each cut added to its `*_bytes_dropped`.
+fn fit(result: &mut Value) {
+    while result.to_string().len() > RESULT_BYTES {
+        let longer = if result["stdout"].as_str().map_or(0, str::len)
+            >= result["stderr"].as_str().map_or(0, str::len)
+        {
+            "stdout"
+        } else {
+            "stderr"
+        };
+        let text = result[longer].as_str().unwrap_or_default().to_string();
+        let mut keep = text.len() / 2;
+        while !text.is_char_boundary(keep) {
+            keep -= 1;
+        }
+        let dropped = (text.len() - keep) as u64;
+        let key = format!("{longer}_bytes_dropped");
+        let before = result[&key].as_u64().unwrap_or(0);
+        result[&key] = json!(before + dropped);
+        result[longer] = Value::String(text[..keep].to_string());
+    }
 }
 
 /// The commands the shell does not run itself: to the host.
