@@ -552,3 +552,71 @@ fn output_to_dev_null_big_python_output_escaped_floods_and_the_deadline_keep_the
     let stderr = result["stderr"].as_str().unwrap();
     assert!(stderr.contains("ran past its timeout"), "{stderr}");
 }
+
+/// One call's endless database statement held up every other call of its turn: the calls of
+/// a turn run together in one task, and the statement ran on its thread (round 15, LOW). A
+/// statement runs on the blocking pool now: the other call ends while it still runs.
+#[test]
+fn a_long_database_statement_holds_up_its_own_call_only() {
+    const ENDLESS: &str =
+        "WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM c) SELECT count(*) FROM c";
+    let slow =
+        format!("date +%s%N > a_start; sqlite3 /db/db.sqlite '{ENDLESS}'; date +%s%N > a_end");
+    let mut both = completion("", &[("x", json!({}))]);
+    both["choices"][0]["message"]["tool_calls"] = json!([
+        {"id": "a", "type": "function", "function": {"name": SHELL,
+            "arguments": json!({"command": slow}).to_string()}},
+        {"id": "b", "type": "function", "function": {"name": SHELL,
+            "arguments": json!({"command": "sleep 1; date +%s%N > b"}).to_string()}}
+    ]);
+    let server = scripted(vec![both, completion("done", &[])]);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    write_files(
+        root,
+        &[
+            (
+                "planning/plan.json",
+                json!({"objective": "o", "steps": [
+                    {"id": "w", "type": "regular", "title": "W", "description": "d"}]})
+                .to_string(),
+            ),
+            (
+                "planning/step_config.json",
+                json!({"steps": [{"id": "w", "agent_configs":
+                    {"selected_tools": ["shell:execute_shell_command"]}}]})
+                .to_string(),
+            ),
+            (
+                "workflow.json",
+                json!({"llm": {"provider": "openai", "model_id": "m"},
+                       "providers": server.providers()})
+                .to_string(),
+            ),
+        ],
+    );
+    create_db(root, "CREATE TABLE t(x);");
+    let out = trellis(&[
+        "run",
+        root.to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
+        "--max-concurrent-calls",
+        "2",
+        "--max-turn-call-seconds",
+        "16",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let read = |name: &str| -> u128 {
+        let path = find(&root.join("runs"), name);
+        assert_eq!(path.len(), 1, "{name}: {path:?}");
+        std::fs::read_to_string(&path[0])
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    // Order, not durations: `b` ended while `a`'s statement still ran.
+    assert!(read("a_start") < read("b"));
+    assert!(read("b") < read("a_end"));
+}

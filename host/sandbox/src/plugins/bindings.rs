@@ -10,6 +10,10 @@ pub mod tool {
     wasmtime::component::bindgen!({
         path: "../../wit/trellis-plugin@0.1.0",
         world: "tool-plugin",
+        imports: {
+            "trellis:plugin/workflow-db.query": async,
+            "trellis:plugin/workflow-db.execute": async,
+        },
         exports: { default: async },
     });
 }
@@ -69,6 +73,11 @@ pub mod script {
         path: "../../wit/trellis-plugin@0.2.0",
         world: "script-runner",
         require_store_data_send: true,
+        imports: {
+            "trellis:plugin/workflow-db.query": async,
+            "trellis:plugin/workflow-db.execute": async,
+            "trellis:plugin/workflow-db.run": async,
+        },
         with: {
             "wasi": wasmtime_wasi::p2::bindings,
             "wasi:http": wasmtime_wasi_http::p2::bindings::http,

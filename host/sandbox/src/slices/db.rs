@@ -41,19 +41,31 @@ impl crate::plugins::bindings::script::trellis::plugin::types::Host for DbState 
 
 /// The 0.2.0 interface: the same statements as 0.1.0, plus `run`.
 impl v2::Host for DbState {
-    fn query(&mut self, sql: String, params: Vec<v2::SqlValue>) -> Result<String, v2::DbError> {
-        workflow_db::Host::query(self, sql, params.into_iter().map(v1_value).collect())
+    async fn query(
+        &mut self,
+        sql: String,
+        params: Vec<v2::SqlValue>,
+    ) -> Result<String, v2::DbError> {
+        let params = params.into_iter().map(v1_value).collect();
+        workflow_db::Host::query(self, sql, params)
+            .await
             .map_err(v2_error)
     }
 
-    fn execute(&mut self, sql: String, params: Vec<v2::SqlValue>) -> Result<u64, v2::DbError> {
-        workflow_db::Host::execute(self, sql, params.into_iter().map(v1_value).collect())
+    async fn execute(
+        &mut self,
+        sql: String,
+        params: Vec<v2::SqlValue>,
+    ) -> Result<u64, v2::DbError> {
+        let params = params.into_iter().map(v1_value).collect();
+        workflow_db::Host::execute(self, sql, params)
+            .await
             .map_err(v2_error)
     }
 
-    fn run(&mut self, sql: String, params: Vec<v2::SqlValue>) -> Result<String, v2::DbError> {
+    async fn run(&mut self, sql: String, params: Vec<v2::SqlValue>) -> Result<String, v2::DbError> {
         let params: Vec<workflow_db::SqlValue> = params.into_iter().map(v1_value).collect();
-        let result = self.run_any(&sql, &params);
+        let result = self.off_thread(move |db| db.run_any(&sql, &params)).await;
         self.note_deadline(&result);
         result.map_err(v2_error)
     }
@@ -154,18 +166,21 @@ impl DbState {
     }
 }
 
+/// Each statement runs on the blocking pool, the call's future waiting for it: a long
+/// statement holds up its own call only, not the other calls polled on the same thread (the
+/// tool calls of a turn run together in one task).
 impl workflow_db::Host for DbState {
-    fn query(
+    async fn query(
         &mut self,
         sql: String,
         params: Vec<workflow_db::SqlValue>,
     ) -> Result<String, workflow_db::DbError> {
-        let result = self.run_query(&sql, &params);
+        let result = self.off_thread(move |db| db.run_query(&sql, &params)).await;
         self.note_deadline(&result);
         result
     }
 
-    fn execute(
+    async fn execute(
         &mut self,
         sql: String,
         params: Vec<workflow_db::SqlValue>,
@@ -176,13 +191,43 @@ impl workflow_db::Host for DbState {
                 "this turn has read-only access to the workflow db".into(),
             ));
         }
-        let result = self.run_execute(&sql, &params);
+        let result = self
+            .off_thread(move |db| db.run_execute(&sql, &params))
+            .await;
         self.note_deadline(&result);
         result
     }
 }
 
 impl DbState {
+    /// Runs `f` on the state on tokio's blocking pool, and takes the state back. A call
+    /// dropped meanwhile (cancelled, past its deadline) leaves an empty state behind, which
+    /// nothing reads: its store goes with it.
+    async fn off_thread<T: Send + 'static>(
+        &mut self,
+        f: impl FnOnce(&mut DbState) -> T + Send + 'static,
+    ) -> T {
+        let empty = DbState {
+            grant: None,
+            conn: None,
+            deadline: self.deadline,
+            deadline_hit: self.deadline_hit,
+            budget: self.budget.clone(),
+        };
+        let mut state = std::mem::replace(self, empty);
+        let (state, out) = match tokio::task::spawn_blocking(move || {
+            let out = f(&mut state);
+            (state, out)
+        })
+        .await
+        {
+            Ok(done) => done,
+            Err(err) => std::panic::resume_unwind(err.into_panic()),
+        };
+        *self = state;
+        out
+    }
+
     fn note_deadline<T>(&mut self, result: &Result<T, workflow_db::DbError>) {
         if let Err(workflow_db::DbError::Sql(message)) = result
             && message.starts_with(sql::DEADLINE_MESSAGE)

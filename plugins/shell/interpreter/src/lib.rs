@@ -56,6 +56,34 @@ impl Default for Limits {
     }
 }
 
+/// How deep brackets and `!`s may nest in a script's text ([`nesting`]).
+const MAX_NESTING: usize = 200;
+
+/// How deep `(`, `[` and `{` nest in `text`, or how many `!` words follow each other,
+/// whichever is more: a bound on the parser's recursion, counted on the text (quoted
+/// brackets count too: a script nesting 200 deep is refused either way).
+fn nesting(text: &str) -> usize {
+    let (mut depth, mut deepest, mut bangs) = (0usize, 0usize, 0usize);
+    let mut previous_blank = true;
+    for c in text.chars() {
+        match c {
+            '(' | '[' | '{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            ')' | ']' | '}' => depth = depth.saturating_sub(1),
+            '!' if previous_blank => {
+                bangs += 1;
+                deepest = deepest.max(bangs);
+            }
+            c if c.is_whitespace() => {}
+            _ => bangs = 0,
+        }
+        previous_blank = c.is_whitespace();
+    }
+    deepest
+}
+
 /// What a run of a script gave.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Finished {
@@ -149,11 +177,19 @@ impl<S: System> Shell<S> {
             out: out.clone(),
             err: err.clone(),
         };
+        let nested = nesting(script);
         let status = if script.len() > self.limits.script_bytes {
             err.write_str(&format!(
                 "shell: the command is {} bytes, more than the {} a command may have\n",
                 script.len(),
                 self.limits.script_bytes
+            ));
+            2
+        } else if nested > MAX_NESTING {
+            // The parser recurses on nesting: refused before it could overflow its stack.
+            err.write_str(&format!(
+                "shell: the command nests brackets or `!` {nested} deep, more than the \
+                 {MAX_NESTING} a command may\n"
             ));
             2
         } else {

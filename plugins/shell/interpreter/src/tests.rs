@@ -401,3 +401,18 @@ fn a_command_writing_to_dev_null_keeps_its_status() {
     assert_eq!(status, 0, "{err}");
     assert_eq!(out, "kept\n0\n141\n", "{err}");
 }
+
+/// Nesting past what the parser's recursion can take is refused before parsing.
+#[test]
+fn deeply_nested_text_is_refused_before_it_is_parsed() {
+    for script in [
+        format!("[[ {} 1 ]]", "! ".repeat(1000)),
+        format!("echo $(( {}1{} ))", "(".repeat(2000), ")".repeat(2000)),
+    ] {
+        let (status, _, err) = run(&script);
+        assert_eq!(status, 2);
+        assert!(err.contains("more than the 200 a command may"), "{err}");
+    }
+    let (status, out, _) = run("[[ ! ! 1 ]] && echo ok; echo $(( ((1+2)) ))");
+    assert_eq!((status, out.as_str()), (0, "ok\n3\n"));
+}

@@ -94,7 +94,7 @@ fn execute(args: Args) -> Result<Value, ToolError> {
         .ok()
         .and_then(|ms| ms.parse::<u64>().ok())
         .map(std::time::Duration::from_millis)
-        .map(|call| call.saturating_sub((call / 4).min(REPORT_RESERVE)));
+        .map(|call| call.saturating_sub((call / 8).min(REPORT_RESERVE)));
     let asked = args
         .timeout_s
         .map(|s| std::time::Duration::from_secs(s.clamp(1, MAX_TIMEOUT_S)));
@@ -122,8 +122,10 @@ fn execute(args: Args) -> Result<Value, ToolError> {
     Ok(result)
 }
 
-/// The part of the call's time the script leaves for reporting, at most.
-const REPORT_RESERVE: std::time::Duration = std::time::Duration::from_secs(2);
+/// The part of the call's time the script leaves for reporting, at most: less than the host
+/// leaves a command (a quarter, at most 2 s), so a command stopped at its deadline is
+/// followed by the rest of the script, not by the script's own stop.
+const REPORT_RESERVE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The most bytes of JSON a result is made to fit: under the host's 4 MiB result limit,
 /// whatever the escaping of what the script printed (a control byte is six in JSON).

@@ -197,6 +197,9 @@ pub fn open_with_growth(
     })
 }
 
+/// The longest a statement waits for a database another connection holds locked.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
 fn open_fenced(
     path: &Path,
     access: SqlAccess,
@@ -212,6 +215,9 @@ fn open_fenced(
         // beside it, by the checked open of `one_link`.
         | OpenFlags::SQLITE_OPEN_NOFOLLOW;
     let mut conn = Connection::open_with_flags(path, flags)?;
+    // A database another process holds locked is waited for, but never past the call's
+    // deadline (SQLite's own wait does not look at the progress handler's).
+    conn.busy_timeout(timeout.min(BUSY_TIMEOUT))?;
     conn.set_limit(Limit::SQLITE_LIMIT_ATTACHED, 0)?;
     conn.set_limit(Limit::SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)?;
     conn.set_limit(Limit::SQLITE_LIMIT_SQL_LENGTH, MAX_SQL_BYTES)?;
