@@ -281,3 +281,47 @@ fn a_workflow_json_that_is_not_a_file_is_an_error_not_no_schedules() {
     assert_eq!(status, 422, "{body}");
     assert!(body.to_string().contains("not a regular file"), "{body}");
 }
+
+/// A `human_input` step's options went whole into its `input_requested` event: 6,000 of
+/// them made a 6 MB event (noticed in round 14): the event shows the first 100, each cut,
+/// and how many it left out.
+#[test]
+fn an_input_requested_event_shows_a_bounded_number_of_options() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    let options: Vec<String> = (0..150).map(|i| format!("option {i}")).collect();
+    write_files(
+        &ws,
+        &[
+            (
+                "planning/plan.json",
+                json!({"objective": "o", "steps": [
+                    {"id": "pick", "type": "human_input", "title": "Pick",
+                     "question": "Which one?", "response_type": "multiple_choice",
+                     "options": options}]})
+                .to_string(),
+            ),
+            ("planning/step_config.json", r#"{"steps": []}"#.to_string()),
+        ],
+    );
+    let serve = Serve::start(&ws, None, &[]);
+    let (status, started) = serve.post("/api/executions", &json!({}));
+    assert_eq!(status, 202, "{started}");
+    let asked = (0..600).find_map(|_| {
+        let (_, events) = serve.get("/api/executions/events?since=0", &[]);
+        let found = events["events"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|e| e["type"] == "input_requested")
+            .cloned();
+        if found.is_none() {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        found
+    });
+    let asked = asked.expect("an input_requested event");
+    assert_eq!(asked["options"].as_array().unwrap().len(), 100, "{asked}");
+    assert_eq!(asked["options"][99], "option 99");
+    assert_eq!(asked["options_left_out"], 50);
+}

@@ -241,6 +241,19 @@ fn log_of(app: &App, id: &str) -> Result<Arc<EventLog>, ApiError> {
         .ok_or_else(|| ApiError::not_found(format!("no session {id:?} on this server")))
 }
 
+/// The events of `log` after `since` (at most [`EVENTS_PER_READ`]), and `last`: the number
+/// of the last one given (`since` when none), where the next poll starts. (The log's own
+/// last number, read apart from the events, skipped the events past a read's cap and any
+/// event appended in between.)
+fn page(log: &EventLog, since: u64) -> Value {
+    let events = log.since(since, EVENTS_PER_READ);
+    let last = events
+        .last()
+        .and_then(|e| e["id"].as_u64())
+        .unwrap_or(since);
+    json!({"events": events, "last": last})
+}
+
 /// `GET /api/sessions/{id}/events?since=N`: the events after `N` (at most 500), and the
 /// number of the last one.
 pub async fn events(
@@ -250,9 +263,7 @@ pub async fn events(
 ) -> ApiResult {
     let log = log_of(&app, &id)?;
     let since = q.since.unwrap_or(0);
-    Ok(Json(
-        json!({"events": log.since(since, EVENTS_PER_READ), "last": log.last()}),
-    ))
+    Ok(Json(page(&log, since)))
 }
 
 /// `GET /api/sessions/{id}/events/stream`: server-sent events, each with its number as its
@@ -279,9 +290,7 @@ pub async fn stream(
 pub async fn execution_events(State(app): State<Arc<App>>, Params(q): Params<Since>) -> ApiResult {
     let log = &app.execution_log;
     let since = q.since.unwrap_or(0);
-    Ok(Json(
-        json!({"events": log.since(since, EVENTS_PER_READ), "last": log.last()}),
-    ))
+    Ok(Json(page(log, since)))
 }
 
 /// `GET /api/executions/events/stream`: the events of every execution, streamed as
@@ -661,4 +670,27 @@ pub async fn method_not_allowed() -> ApiError {
 /// Any other path under `/api`.
 pub async fn unknown() -> ApiError {
     ApiError::not_found("no such endpoint; see docs/server.md")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A poll's `last` is where the next poll starts: the number of the last event it gave,
+    /// so a client polling from it misses none (the log's own last number skipped the events
+    /// past a read's 500).
+    #[test]
+    fn a_poll_from_last_misses_no_event() {
+        let log = EventLog::default();
+        for n in 0..600 {
+            log.push(json!({"type": "text", "text": n.to_string()}));
+        }
+        let first = page(&log, 0);
+        assert_eq!(first["events"].as_array().unwrap().len(), EVENTS_PER_READ);
+        assert_eq!(first["last"], EVENTS_PER_READ as u64);
+        let second = page(&log, first["last"].as_u64().unwrap());
+        assert_eq!(second["events"][0]["id"], EVENTS_PER_READ as u64 + 1);
+        assert_eq!(second["last"], 600);
+        assert_eq!(page(&log, 600), json!({"events": [], "last": 600}));
+    }
 }

@@ -23,6 +23,9 @@ use crate::events::EventLog;
 use crate::App;
 use crate::api::{ApiError, body_object};
 
+/// Options of a multiple-choice question an `input_requested` event shows.
+const EVENT_OPTIONS: usize = 100;
+
 /// `POST /api/executions {step_id?, group?, inputs?, route_selections?}`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -244,11 +247,22 @@ impl Watcher {
                         }
                         continue;
                     }
-                    ExecutionEvent::Run(RunEvent::InputRequested { question }) => json!({
+                    ExecutionEvent::Run(RunEvent::InputRequested { question }) => {
+                        // A plan's options are many at will: the event shows the first ones,
+                        // each cut, and says how many it left out.
+                        let shown: Vec<String> = question
+                            .options
+                            .iter()
+                            .take(EVENT_OPTIONS)
+                            .map(|o| cut(o))
+                            .collect();
+                        let left_out = question.options.len() - shown.len();
+                        json!({
                         "type": "input_requested", "execution_id": id.as_str(),
                         "step_id": question.step_id, "variable": question.variable,
                         "question": question.question, "response_type": question.response_type,
-                        "options": question.options}),
+                        "options": shown, "options_left_out": left_out})
+                    }
                     ExecutionEvent::Run(run) => json!({"type": "execution", "execution_id":
                         id.as_str(), "line": cut(&trellis_builder::executions::event_line(run))}),
                     ExecutionEvent::Delivery { text, delivery } => json!({"type": "execution",
