@@ -192,10 +192,11 @@ impl Parser<'_> {
             }
             "-newer" => {
                 let v = self.arg(pred)?;
-                let meta = std::fs::metadata(&v).map_err(|e| format!("'{v}': {}", io_msg(&e)))?;
+                let meta =
+                    std::fs::metadata(&v).map_err(|e| format!("'{v}': {}", crate::io_msg(&e)))?;
                 Expr::Newer(
                     meta.modified()
-                        .map_err(|e| format!("'{v}': {}", io_msg(&e)))?,
+                        .map_err(|e| format!("'{v}': {}", crate::io_msg(&e)))?,
                 )
             }
             "-maxdepth" | "-mindepth" => {
@@ -291,13 +292,6 @@ fn parse_args(args: &[String]) -> Result<Command, String> {
     Ok(cmd)
 }
 
-/// An I/O error's message without Rust's ` (os error N)` suffix.
-fn io_msg(e: &io::Error) -> String {
-    let s = e.to_string();
-    s.find(" (os error")
-        .map_or(s.clone(), |i| s[..i].to_string())
-}
-
 /// One visited file.
 struct Entry<'a> {
     path: &'a str,
@@ -391,7 +385,11 @@ impl Find<'_> {
                 match done {
                     Ok(()) => true,
                     Err(e) => {
-                        self.fail(format!("cannot delete '{}': {}", en.path, io_msg(&e)));
+                        self.fail(format!(
+                            "cannot delete '{}': {}",
+                            en.path,
+                            crate::io_msg(&e)
+                        ));
                         false
                     }
                 }
@@ -404,7 +402,7 @@ impl Find<'_> {
         let meta = match std::fs::symlink_metadata(path) {
             Ok(m) => m,
             Err(e) => {
-                self.fail(format!("'{path}': {}", io_msg(&e)));
+                self.fail(format!("'{path}': {}", crate::io_msg(&e)));
                 return Ok(());
             }
         };
@@ -446,7 +444,7 @@ impl Find<'_> {
                         }
                     }
                 }
-                Err(e) => self.fail(format!("'{path}': {}", io_msg(&e))),
+                Err(e) => self.fail(format!("'{path}': {}", crate::io_msg(&e))),
             }
         }
         if here && cmd.depth_first && !self.quit {
@@ -524,18 +522,14 @@ fn run(cmd: &Command, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
         if e.kind() == io::ErrorKind::BrokenPipe {
             return 141;
         }
-        f.fail(format!("write error: {}", io_msg(&e)));
+        f.fail(format!("write error: {}", crate::io_msg(&e)));
     }
     i32::from(f.failed)
 }
 
 /// Runs `find` with `args` (the first is its name); its exit status.
 pub fn main(args: Vec<OsString>) -> i32 {
-    let args: Vec<String> = args
-        .iter()
-        .skip(1)
-        .map(|a| a.to_string_lossy().into_owned())
-        .collect();
+    let args = crate::arguments(&args);
     let mut err = io::stderr().lock();
     match parse_args(&args) {
         Ok(cmd) => run(&cmd, &mut BufWriter::new(io::stdout().lock()), &mut err),

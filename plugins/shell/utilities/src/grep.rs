@@ -70,8 +70,8 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
         match name {
             "e" | "regexp" => o.patterns.push(v),
             "f" | "file" => {
-                let text =
-                    std::fs::read_to_string(&v).map_err(|e| format!("{v}: {}", io_msg(&e)))?;
+                let text = std::fs::read_to_string(&v)
+                    .map_err(|e| format!("{v}: {}", crate::io_msg(&e)))?;
                 o.patterns.extend(text.lines().map(str::to_string));
             }
             "m" | "max-count" => o.max_count = Some(num("max count", &v)?),
@@ -406,13 +406,6 @@ fn globs(list: &[String]) -> Result<Option<GlobSet>, String> {
     b.build().map(Some).map_err(|e| e.to_string())
 }
 
-/// An I/O error's message without Rust's ` (os error N)` suffix.
-fn io_msg(e: &io::Error) -> String {
-    let s = e.to_string();
-    s.find(" (os error")
-        .map_or(s.clone(), |i| s[..i].to_string())
-}
-
 /// A search over files, writing to `out` and `err`.
 struct Grep<'a> {
     o: &'a Opts,
@@ -450,7 +443,7 @@ impl Grep<'_> {
         if top && path == "-" {
             let mut data = Vec::new();
             if let Err(e) = stdin.read_to_end(&mut data) {
-                self.fail("(standard input)", &io_msg(&e));
+                self.fail("(standard input)", &crate::io_msg(&e));
                 return Ok(());
             }
             let show = self.o.with_filename.unwrap_or(many);
@@ -464,7 +457,7 @@ impl Grep<'_> {
         let meta = match meta {
             Ok(m) => m,
             Err(e) => {
-                self.fail(path, &io_msg(&e));
+                self.fail(path, &crate::io_msg(&e));
                 return Ok(());
             }
         };
@@ -487,7 +480,7 @@ impl Grep<'_> {
                     .map(|e| e.file_name().to_string_lossy().into_owned())
                     .collect(),
                 Err(e) => {
-                    self.fail(path, &io_msg(&e));
+                    self.fail(path, &crate::io_msg(&e));
                     return Ok(());
                 }
             };
@@ -513,7 +506,7 @@ impl Grep<'_> {
         match std::fs::read(path) {
             Ok(data) => self.grep_data(path, self.o.with_filename.unwrap_or(many || !top), &data),
             Err(e) => {
-                self.fail(path, &io_msg(&e));
+                self.fail(path, &crate::io_msg(&e));
                 Ok(())
             }
         }
@@ -666,7 +659,7 @@ fn run(o: &Opts, stdin: &mut dyn Read, out: &mut dyn Write, err: &mut dyn Write)
         if e.kind() == io::ErrorKind::BrokenPipe {
             return 141;
         }
-        let _ = writeln!(g.err, "grep: write error: {}", io_msg(&e));
+        let _ = writeln!(g.err, "grep: write error: {}", crate::io_msg(&e));
         return 2;
     }
     // As GNU 3.8, even with -L: 0 when some line was selected.
@@ -680,11 +673,7 @@ fn run(o: &Opts, stdin: &mut dyn Read, out: &mut dyn Write, err: &mut dyn Write)
 
 /// Runs `grep` with `args` (the first is its name); its exit status.
 pub fn main(args: Vec<OsString>) -> i32 {
-    let args: Vec<String> = args
-        .iter()
-        .skip(1)
-        .map(|a| a.to_string_lossy().into_owned())
-        .collect();
+    let args = crate::arguments(&args);
     let mut err = io::stderr().lock();
     let o = match parse_args(&args) {
         Ok(o) => o,

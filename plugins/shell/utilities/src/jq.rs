@@ -576,11 +576,7 @@ fn run(
 
 /// Runs `jq` with `args` (the first is its name); its exit status.
 pub fn main(args: Vec<OsString>) -> i32 {
-    let args: Vec<String> = args
-        .iter()
-        .skip(1)
-        .map(|a| a.to_string_lossy().into_owned())
-        .collect();
+    let args = crate::arguments(&args);
     let mut err = io::stderr().lock();
     let o = match parse_args(&args) {
         Ok(o) => o,

@@ -13,6 +13,22 @@ mod jq;
 
 use std::ffi::OsString;
 
+/// The arguments after the utility's name, as text (a byte that is not UTF-8 becomes
+/// U+FFFD).
+pub(crate) fn arguments(args: &[OsString]) -> Vec<String> {
+    args.iter()
+        .skip(1)
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect()
+}
+
+/// An I/O error's message without Rust's ` (os error N)` suffix.
+pub(crate) fn io_msg(e: &std::io::Error) -> String {
+    let s = e.to_string();
+    s.find(" (os error")
+        .map_or(s.clone(), |i| s[..i].to_string())
+}
+
 /// Runs the utility `args[0]` with `args`; its exit status.
 fn run(args: Vec<OsString>) -> i32 {
     let name = args
