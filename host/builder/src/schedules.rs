@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use trellis_runner::runtime::ExecutionStatus;
-use trellis_sandbox::store::{WorkspaceFs, now_rfc3339};
+use trellis_sandbox::store::{Kind, WorkspaceFs, now_rfc3339};
 use trellis_workflow::manifest::schedules::Schedule;
 
 use crate::BuilderSession;
@@ -156,8 +156,21 @@ pub const MAX_ERROR_BYTES: usize = 4096;
 /// there is no file. An error says why the file cannot be read (too big, not JSON, not an
 /// array).
 fn read_items(fs: &WorkspaceFs) -> std::result::Result<Vec<Value>, String> {
-    if !fs.is_file(RUNS_FILE) {
-        return Ok(Vec::new());
+    match fs.kind(RUNS_FILE) {
+        Ok(None) => return Ok(Vec::new()),
+        Ok(Some(Kind::File)) => {}
+        Ok(Some(Kind::Link)) => {
+            return Err(format!(
+                "{RUNS_FILE} is a symbolic link; Trellis does not read or write through links"
+            ));
+        }
+        Ok(Some(Kind::Dir)) => return Err(format!("{RUNS_FILE} is a folder, not a file")),
+        Ok(Some(Kind::Special)) => {
+            return Err(format!(
+                "{RUNS_FILE} is a FIFO, socket or device, not a regular file"
+            ));
+        }
+        Err(e) => return Err(format!("{RUNS_FILE}: {e}")),
     }
     if let Some(len) = fs.metadata_len(RUNS_FILE)
         && len > MAX_RUNS_FILE_BYTES
@@ -225,7 +238,7 @@ fn items_to_rewrite(fs: &WorkspaceFs) -> Result<Vec<Value>> {
                 .filter(char::is_ascii_alphanumeric)
                 .collect();
             let aside = format!("schedule-runs.unreadable-{stamp}.json");
-            fs.rename(RUNS_FILE, &aside)?;
+            fs.set_aside(RUNS_FILE, &aside)?;
             tracing::warn!("{why}: kept as {aside}, and the history starts again");
             Ok(Vec::new())
         }

@@ -443,6 +443,18 @@ impl Runtime {
     }
 
     fn start(&self, workspace: &Path, kind: ExecutionKind, options: StartOptions) -> ExecutionId {
+        self.start_holding(workspace, kind, options, None)
+    }
+
+    /// [`Self::start`] with a hold of the workspace taken already, kept until the execution
+    /// ends.
+    fn start_holding(
+        &self,
+        workspace: &Path,
+        kind: ExecutionKind,
+        options: StartOptions,
+        early: Option<WorkspaceHold>,
+    ) -> ExecutionId {
         let key = match &kind {
             ExecutionKind::Step(step) => step.as_str(),
             ExecutionKind::Workflow => "",
@@ -493,7 +505,10 @@ impl Runtime {
             .name(format!("trellis-{id}"))
             .spawn({
                 let execution = execution.clone();
-                move || run_in_thread(registry, holds, execution, workspace, options)
+                move || {
+                    let _early = early;
+                    run_in_thread(registry, holds, execution, workspace, options)
+                }
             });
         if let Err(e) = spawned {
             finish(

@@ -43,7 +43,7 @@ use trellis_workflow::Workspace;
 use crate::grants::{
     AgentFolders, DB_FILE, TurnAccess, TurnContext, grant_for_access, grant_for_access_in,
 };
-use crate::workflow_run::substitute;
+use trellis_workflow::substitution::{MAX_PATH_BYTES, substitute_within};
 
 /// How to run a step's script.
 #[derive(Debug, Clone)]
@@ -187,15 +187,25 @@ fn prepare(
     }
     let mut variables = ws.manifest.resolved_variables(options.group.as_deref());
     variables.extend(options.variables.clone());
-    let args: Vec<String> = step
+    let args = step
         .context_dependencies
         .iter()
         .flatten()
-        .map(|dep| {
-            let dep = substitute(dep, &variables);
-            format!("/{}", dep.trim_start_matches("./").trim_start_matches('/'))
+        .enumerate()
+        .map(|(i, dep)| {
+            let dep = substitute_within(dep, &variables, MAX_PATH_BYTES).with_context(|| {
+                format!(
+                    "step {}: context_dependencies[{i}] with its workflow variables \
+                     substituted would be longer than {MAX_PATH_BYTES} bytes",
+                    step.id
+                )
+            })?;
+            Ok(format!(
+                "/{}",
+                dep.trim_start_matches("./").trim_start_matches('/')
+            ))
         })
-        .collect();
+        .collect::<Result<Vec<String>>>()?;
     env.extend(
         variables
             .into_iter()
@@ -274,17 +284,6 @@ fn variable_env_name(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn dependencies_get_workflow_variables_substituted() {
-        let vars = BTreeMap::from([("region".to_string(), "emea".to_string())]);
-        assert_eq!(
-            substitute("knowledge/{region}.md", &vars),
-            "knowledge/emea.md"
-        );
-        assert_eq!(substitute("k/{{region}}/${region}", &vars), "k/emea/emea");
-        assert_eq!(substitute("k/{other}.md", &vars), "k/{other}.md");
-    }
 
     #[test]
     fn variable_names_become_env_names() {

@@ -81,7 +81,7 @@ pub use routing::{HumanAnswer, answer_human_input, human_input_file, input_key, 
 pub use seed::seed_database;
 use unit::run_unit;
 pub use variables::{
-    existing_group_run_folder, give_variables_block, group_run_folder, select_groups, substitute,
+    existing_group_run_folder, give_variables_block, group_run_folder, select_groups,
     substitute_variables, take_variables_block, unit_variables, unit_variables_with_answers,
     variables_block,
 };
@@ -390,21 +390,6 @@ mod tests {
     }
 
     #[test]
-    fn variables_are_substituted_where_named_and_unknown_ones_stay() {
-        let vars: BTreeMap<String, String> = [
-            ("A".to_string(), "1".to_string()),
-            ("B".to_string(), "x/y".to_string()),
-        ]
-        .into();
-        assert_eq!(
-            substitute("{{A}}-{{ B }}-{{C}}-{{A", &vars),
-            "1-x/y-{{C}}-{{A"
-        );
-        assert_eq!(substitute("no braces", &vars), "no braces");
-        assert_eq!(substitute("{{{{A}}}}", &vars), "{{1}}");
-    }
-
-    #[test]
     fn variables_are_appended_to_the_charter_of_the_step_running() {
         let dir = tempfile::tempdir().unwrap();
         let ws = workspace(
@@ -432,20 +417,6 @@ mod tests {
         assert_eq!(
             give_variables_block(&mut ws, "not-a-step", block.as_deref()),
             None
-        );
-    }
-
-    #[test]
-    fn substituting_in_a_text_of_unclosed_braces_keeps_it_as_written() {
-        let vars: BTreeMap<String, String> = [("A".to_string(), "1".to_string())].into();
-        let text = format!("{}{{ A }}{}", "{".repeat(300_000), "{".repeat(10));
-        let out = substitute(&text, &vars);
-        assert_eq!(out, format!("{}1{}", "{".repeat(300_000), "{".repeat(10)));
-        let spaced = format!("{{{}A}}", " ".repeat(100));
-        assert_eq!(
-            substitute(&spaced, &vars),
-            spaced,
-            "past the spaces looked through"
         );
     }
 

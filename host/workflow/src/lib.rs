@@ -13,6 +13,7 @@ pub mod manifest;
 pub mod migrate;
 pub mod plan;
 pub mod step_config;
+pub mod substitution;
 pub mod template_fields;
 pub mod validation;
 
@@ -292,6 +293,9 @@ fn load(
     if let (Some(plan), Some(configs)) = (&plan, &step_configs) {
         diags.extend(configs.orphan_warnings(plan, &config_label));
         check_configs_against_plan(src, plan, configs, &config_label, &mut diags);
+    }
+    if let (Some(plan), Some(m)) = (&plan, &manifest) {
+        diags.extend(substitution::check_plan_substitution(plan, m));
     }
     if let Some(m) = &manifest
         && let Some(v) = m.contract()

@@ -105,35 +105,50 @@ impl ResultBytes {
     }
 }
 
-/// The time the tool calls of one turn have left, shared by its calls: each call's deadline
-/// is the smaller of its own and what is left when it starts, and its time is taken from
-/// it when it ends. A model answer of many calls that each run to their deadline (database
-/// queries that never end, guests that spin) is so bounded as a whole, not only call by
-/// call.
+/// The time the tool calls of one turn have left, shared by its calls: a call starting takes
+/// its deadline out of what is left (the smaller of its own and what is left), and gives back
+/// what it did not use when it ends. Calls running at once so share the time rather than each
+/// counting on all of it, and a model answer of many calls that each run to their deadline
+/// (database queries that never end, guests that spin) is bounded as a whole, not only call
+/// by call.
 #[derive(Debug)]
 pub(super) struct CallTime {
     total: std::time::Duration,
-    used: std::sync::Mutex<std::time::Duration>,
+    /// Time taken by calls that ended, and time held by calls running.
+    spent: std::sync::Mutex<(std::time::Duration, std::time::Duration)>,
 }
 
 impl CallTime {
     pub(super) fn new(seconds: u64) -> Self {
         CallTime {
             total: std::time::Duration::from_secs(seconds),
-            used: Default::default(),
+            spent: Default::default(),
         }
     }
 
-    /// The time left; zero when the turn's calls used it all.
-    pub(super) fn left(&self) -> std::time::Duration {
-        let used = *self.used.lock().unwrap_or_else(|e| e.into_inner());
-        self.total.saturating_sub(used)
+    /// Holds at most `most` of the time left for a call starting, when at least `least` is
+    /// left; `None` (nothing held) otherwise.
+    pub(super) fn hold(
+        &self,
+        most: std::time::Duration,
+        least: std::time::Duration,
+    ) -> Option<std::time::Duration> {
+        let mut spent = self.spent.lock().unwrap_or_else(|e| e.into_inner());
+        let (used, held) = *spent;
+        let left = self.total.saturating_sub(used.saturating_add(held));
+        if left < least {
+            return None;
+        }
+        let taken = most.min(left);
+        spent.1 = held.saturating_add(taken);
+        Some(taken)
     }
 
-    /// Takes a call's time.
-    pub(super) fn charge(&self, took: std::time::Duration) {
-        let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
-        *used = used.saturating_add(took);
+    /// Ends a call that [`Self::hold`] gave `held`: it took `took`.
+    pub(super) fn settle(&self, held: std::time::Duration, took: std::time::Duration) {
+        let mut spent = self.spent.lock().unwrap_or_else(|e| e.into_inner());
+        spent.0 = spent.0.saturating_add(took);
+        spent.1 = spent.1.saturating_sub(held);
     }
 
     /// The error of a call not run because the turn's calls used their time.
@@ -207,6 +222,23 @@ mod tests {
         assert!(!bytes.take(1));
         assert!(bytes.take(0));
         assert!(!bytes.take(usize::MAX));
+    }
+
+    #[test]
+    fn calls_running_at_once_share_the_turns_call_time() {
+        let s = std::time::Duration::from_secs;
+        let time = CallTime::new(20);
+        let first = time.hold(s(30), s(1));
+        assert_eq!(first, Some(s(20)), "a call gets no more than is left");
+        assert_eq!(time.hold(s(30), s(1)), None, "the first holds it all");
+        time.settle(s(20), s(5));
+        let second = time.hold(s(10), s(1));
+        assert_eq!(second, Some(s(10)), "what the first left unused came back");
+        assert_eq!(time.hold(s(30), s(1)), Some(s(5)));
+        assert_eq!(time.hold(s(30), s(1)), None);
+        time.settle(s(10), s(10));
+        time.settle(s(5), s(5));
+        assert_eq!(time.hold(s(30), s(0)), Some(s(0)), "all 20 s taken");
     }
 
     #[test]

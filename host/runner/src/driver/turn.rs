@@ -491,21 +491,21 @@ impl StepRunner<'_> {
         db_budget: &DbWriteBudget,
         time: &CallTime,
     ) -> ToolCallRecord {
-        let left = time.left();
         // A call with less than a second left would only fail at its deadline: not run.
-        if left < MIN_CALL_TIME.min(self.limits.timeout) {
+        let Some(held) = time.hold(self.limits.timeout, MIN_CALL_TIME.min(self.limits.timeout))
+        else {
             let args = parse_arguments(&call.arguments);
             return tool_record(call, args, Err(time.spent()), now_rfc3339(), Instant::now());
-        }
+        };
         let limits = Limits {
-            timeout: self.limits.timeout.min(left),
+            timeout: held,
             ..self.limits
         };
         let t0 = Instant::now();
         let record = self
             .tool_call_limited(policy, call, grant, db_budget, &limits)
             .await;
-        time.charge(t0.elapsed());
+        time.settle(held, t0.elapsed());
         record
     }
 

@@ -97,6 +97,16 @@ impl Runtime {
         if let ExecutionKind::Step(step) = &kind {
             options.run.step = Some(step.clone());
         }
-        Ok(self.start(workspace, kind, options))
+        // Another process holding the workspace refuses the start here, not once it runs:
+        // the hold taken now is the execution's until its thread has its own.
+        let early = if options.wait_for_workspace {
+            None
+        } else {
+            Some(
+                self.hold_workspace(workspace)
+                    .map_err(|e| Refused::Busy(format!("{e:#}")))?,
+            )
+        };
+        Ok(self.start_holding(workspace, kind, options, early))
     }
 }

@@ -14,7 +14,7 @@ pub(super) async fn run_unit(
 ) -> Result<UnitRun> {
     let mut ws = open_workspace(root, Some(folder))?;
     let variables = unit_variables_with_answers(&ws, group, &opts.inputs);
-    substitute_variables(&mut ws, &variables);
+    substitute_variables(&mut ws, &variables)?;
     let block = variables_block(&variables, group);
     let mut given = None;
     let mut unit = UnitRun {

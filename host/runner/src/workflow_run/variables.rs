@@ -139,95 +139,12 @@ pub fn unit_variables_with_answers(
     variables
 }
 
-/// How many spaces around a variable's name between braces [`substitute`] looks through.
-const NAME_SPACES: usize = 64;
-
-/// `text` with each workflow variable's `{{NAME}}`, `${NAME}` and `{NAME}` (spaces inside
-/// the braces allowed) replaced by its value, in one pass (a value is never substituted
-/// again); an unknown name stays as written.
-pub fn substitute(text: &str, variables: &BTreeMap<String, String>) -> String {
-    // A name between braces is one of the variables' names with spaces around it: the
-    // closing brace is looked for that far only, so a text of many unclosed braces costs
-    // its length, not its length squared.
-    let window = variables.keys().map(String::len).max().unwrap_or(0) + NAME_SPACES;
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while !rest.is_empty() {
-        let (open, close) = if rest.starts_with("{{") {
-            ("{{", "}}")
-        } else if rest.starts_with("${") {
-            ("${", "}")
-        } else if rest.starts_with('{') {
-            ("{", "}")
-        } else {
-            let c = rest.chars().next().unwrap_or_default();
-            out.push(c);
-            rest = &rest[c.len_utf8()..];
-            continue;
-        };
-        let after = &rest[open.len()..];
-        let mut reach = after.len().min(window + close.len());
-        while !after.is_char_boundary(reach) {
-            reach -= 1;
-        }
-        match after[..reach]
-            .find(close)
-            .and_then(|end| variables.get(after[..end].trim()).map(|v| (end, v)))
-        {
-            Some((end, value)) => {
-                out.push_str(value);
-                rest = &after[end + close.len()..];
-            }
-            None => {
-                out.push_str(open);
-                rest = after;
-            }
-        }
-    }
-    out
-}
-
-/// Substitutes the variables ([`substitute`]) in every step's `context_output` and
-/// `context_dependencies` (sub-agent steps of routes included) and in the question and
-/// options of `human_input` steps.
-pub fn substitute_variables(ws: &mut Workspace, variables: &BTreeMap<String, String>) {
-    fn step_texts(step: &mut Step, variables: &BTreeMap<String, String>) {
-        let sub = |t: &mut String| *t = substitute(t, variables);
-        step.context_dependencies.iter_mut().flatten().for_each(sub);
-        match &mut step.context_output {
-            Some(trellis_workflow::plan::ContextOutput::One(o)) => sub(o),
-            Some(trellis_workflow::plan::ContextOutput::Many(list)) => {
-                list.iter_mut().for_each(sub)
-            }
-            None => {}
-        }
-        match &mut step.kind {
-            StepKind::HumanInput(h) => {
-                h.question.iter_mut().for_each(sub);
-                h.options.iter_mut().flatten().for_each(sub);
-            }
-            StepKind::MessageSequence(m) => {
-                for r in &mut m.predefined_routes {
-                    step_texts(&mut r.sub_agent_step, variables);
-                }
-            }
-            StepKind::TodoTask(t) => {
-                for r in &mut t.predefined_routes {
-                    step_texts(&mut r.sub_agent_step, variables);
-                }
-            }
-            _ => {}
-        }
-    }
-    if variables.is_empty() {
-        return;
-    }
-    for step in ws
-        .plan
-        .steps
-        .iter_mut()
-        .chain(ws.plan.orphan_steps.iter_mut())
-    {
-        step_texts(step, variables);
-    }
+/// Substitutes the unit's variables in the plan's step texts, each within its limit
+/// ([`trellis_workflow::substitution::substitute_plan`]).
+pub fn substitute_variables(
+    ws: &mut Workspace,
+    variables: &BTreeMap<String, String>,
+) -> Result<()> {
+    trellis_workflow::substitution::substitute_plan(&mut ws.plan, variables)?;
+    Ok(())
 }

@@ -610,6 +610,22 @@ impl WorkspaceFs {
         Ok(())
     }
 
+    /// Renames whatever is at `from` (a link, a FIFO or a folder included: it is neither
+    /// followed nor opened) to `to`, where nothing may be: to set an entry that cannot be
+    /// read aside, keeping it for its owner.
+    pub fn set_aside(&self, from: impl AsRef<Path>, to: impl AsRef<Path>) -> io::Result<()> {
+        let from = self.relative(from.as_ref())?;
+        let to = self.relative(to.as_ref())?;
+        if self.kind_rel(&to)?.is_some() {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("{} exists already", to.display()),
+            ));
+        }
+        self.dir.rename(&from, &self.dir, &to)?;
+        self.sync_dir(to.parent().unwrap_or(Path::new("")))
+    }
+
     /// Flushes the entries of the folder `rel` to disk, so that a rename into it (or out of
     /// it) survives a power loss: `fsync` of the file only makes its bytes durable, not the
     /// name that points at them.

@@ -16,6 +16,7 @@ impl<S: System> Shell<S> {
         if expanded.trim().is_empty() {
             return Ok(0);
         }
+        crate::refuse_nesting(crate::arithmetic_nesting(&expanded)).map_err(Halt::Fatal)?;
         let expr = brush_parser::arithmetic::parse(&expanded)
             .map_err(|e| Halt::Fatal(format!("bad arithmetic {expanded:?}: {e}")))?;
         self.deeper(|sh| sh.eval(&expr))
@@ -31,6 +32,7 @@ impl<S: System> Shell<S> {
             return Ok(n);
         }
         // A variable may hold an expression, as in bash; nesting is bounded.
+        crate::refuse_nesting(crate::arithmetic_nesting(value)).map_err(Halt::Fatal)?;
         let expr = brush_parser::arithmetic::parse(value)
             .map_err(|e| Halt::Fatal(format!("{name}: bad arithmetic {value:?}: {e}")))?;
         self.deeper(|sh| sh.eval(&expr))

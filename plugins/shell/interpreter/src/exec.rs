@@ -45,6 +45,7 @@ pub(crate) fn parser_options() -> brush_parser::ParserOptions {
 impl<S: System> Shell<S> {
     /// Parses and runs `text` with the streams given.
     pub(crate) fn run_text(&mut self, text: &str, io: &Streams) -> Step {
+        crate::refuse_nesting(crate::nesting(text)).map_err(Halt::Fatal)?;
         let mut parser = brush_parser::Parser::new(text.as_bytes(), &parser_options());
         let program = match parser.parse_program() {
             Ok(program) => program,
@@ -687,6 +688,9 @@ impl<S: System> Shell<S> {
                             streams.stdin = Input::empty();
                             return Ok(Ok(()));
                         }
+                        if path == "/dev/stdin" || path == "/dev/fd/0" {
+                            return Ok(Ok(()));
+                        }
                         match self.sys.read_file(&path, self.limits.pipe_bytes) {
                             Ok(data) => {
                                 streams.stdin = Input::new(data);
@@ -713,9 +717,14 @@ impl<S: System> Shell<S> {
                             }
                         };
                         let append = matches!(kind, ast::IoFileRedirectKind::Append);
-                        let sink = match to_file(self, &path, append) {
-                            Ok(sink) => sink,
-                            Err(message) => return Ok(Err(message)),
+                        // The streams named as files are the streams, as in bash.
+                        let sink = match normalize(&self.cwd, &path).as_str() {
+                            "/dev/stdout" | "/dev/fd/1" => streams.out.clone(),
+                            "/dev/stderr" | "/dev/fd/2" => streams.err.clone(),
+                            _ => match to_file(self, &path, append) {
+                                Ok(sink) => sink,
+                                Err(message) => return Ok(Err(message)),
+                            },
                         };
                         match fd {
                             1 => streams.out = sink,

@@ -56,32 +56,188 @@ impl Default for Limits {
     }
 }
 
-/// How deep brackets and `!`s may nest in a script's text ([`nesting`]).
+/// How deep a script's text may nest ([`nesting`]).
 const MAX_NESTING: usize = 200;
 
-/// How deep `(`, `[` and `{` nest in `text`, or how many `!` words follow each other,
-/// whichever is more: a bound on the parser's recursion, counted on the text (quoted
-/// brackets count too: a script nesting 200 deep is refused either way).
-fn nesting(text: &str) -> usize {
-    let (mut depth, mut deepest, mut bangs) = (0usize, 0usize, 0usize);
-    let mut previous_blank = true;
+/// How deep the parser would recurse on script `text`, counted on the text before it is
+/// parsed: the deepest of `(`, `[` and `{` nesting (quoted or not); of compound commands (an
+/// unquoted `if`, `while`, `until`, `for`, `select` or `case` where a command starts, against
+/// `fi`, `done`, `esac`; here-document bodies are text); of `!`s in a row; and within double
+/// brackets, arithmetic's own ([`arithmetic_nesting`]). A bound, not a parse: every text the
+/// shell parses later (substitutions, `eval`, arithmetic) is counted again then.
+pub(crate) fn nesting(text: &str) -> usize {
+    let (mut brackets, mut compound, mut conditional) = (0usize, 0usize, 0usize);
+    let (mut prefixes, mut deepest) = (0usize, 0usize);
+    let mut word = String::new();
+    // Whether the word being read starts a command: after the start, a line's end, `;`,
+    // `&`, `|`, a bracket, or a word that a command follows.
+    let (mut command_start, mut word_starts_command) = (true, true);
+    let mut quote: Option<char> = None;
+    // Here-documents: the delimiters of those opened on this line, then the body being read.
+    let mut pending: Vec<(String, bool)> = Vec::new();
+    let mut lines = text.split_inclusive('\n');
+    while let Some(line) = lines.next() {
+        let mut chars = line.char_indices().peekable();
+        while let Some((at, c)) = chars.next() {
+            if let Some(q) = quote {
+                if c == q {
+                    quote = None;
+                } else if q == '"' && c == '\\' {
+                    chars.next();
+                    continue;
+                }
+                match c {
+                    '(' | '[' | '{' => brackets += 1,
+                    ')' | ']' | '}' => brackets = brackets.saturating_sub(1),
+                    _ => {}
+                }
+                deepest = deepest.max(brackets);
+                continue;
+            }
+            if c.is_alphanumeric() || c == '_' {
+                if word.is_empty() {
+                    word_starts_command = command_start;
+                }
+                if word.len() < 8 {
+                    word.push(c);
+                }
+                prefixes = 0;
+                continue;
+            }
+            if !word.is_empty() {
+                command_start = false;
+                match word.as_str() {
+                    "if" | "while" | "until" | "for" | "select" | "case" if word_starts_command => {
+                        compound += 1
+                    }
+                    "fi" | "done" | "esac" => compound = compound.saturating_sub(1),
+                    "then" | "do" | "else" | "elif" => command_start = true,
+                    _ => {}
+                }
+                word.clear();
+            }
+            match c {
+                '\'' | '"' => quote = Some(c),
+                '\\' => {
+                    chars.next();
+                }
+                '#' if command_start || line[..at].ends_with(char::is_whitespace) => break,
+                '<' if line[at..].starts_with("<<") && !line[at..].starts_with("<<<") => {
+                    chars.next();
+                    if let Some(delimiter) = heredoc_delimiter(&line[at + 2..]) {
+                        pending.push(delimiter);
+                    }
+                }
+                '(' | '[' | '{' => brackets += 1,
+                ')' | ']' | '}' => brackets = brackets.saturating_sub(1),
+                '?' if brackets >= 2 => conditional += 1,
+                ':' if brackets >= 2 => conditional = conditional.saturating_sub(1),
+                '!' => prefixes += 1,
+                '-' | '+' | '~' if brackets >= 2 => prefixes += 1,
+                c if c.is_whitespace() => {}
+                _ => prefixes = 0,
+            }
+            if matches!(c, '\n' | ';' | '&' | '|' | '(' | ')' | '{' | '!') {
+                command_start = true;
+            } else if !c.is_whitespace() {
+                command_start = false;
+            }
+            deepest = deepest
+                .max(brackets)
+                .max(compound)
+                .max(conditional)
+                .max(prefixes);
+        }
+        if line.ends_with('\n') {
+            if !word.is_empty() {
+                if matches!(
+                    word.as_str(),
+                    "if" | "while" | "until" | "for" | "select" | "case"
+                ) && word_starts_command
+                {
+                    compound += 1;
+                }
+                word.clear();
+            }
+            command_start = true;
+        }
+        // The bodies of the here-documents opened on this line follow it.
+        for (delimiter, strip_tabs) in pending.drain(..) {
+            for body in lines.by_ref() {
+                let body_line = body.trim_end_matches('\n');
+                let body_line = if strip_tabs {
+                    body_line.trim_start_matches('\t')
+                } else {
+                    body_line
+                };
+                if body_line == delimiter {
+                    break;
+                }
+            }
+        }
+    }
+    if matches!(
+        word.as_str(),
+        "if" | "while" | "until" | "for" | "select" | "case"
+    ) && word_starts_command
+    {
+        compound += 1;
+    }
+    deepest.max(compound)
+}
+
+/// The delimiter of a here-document whose `<<` `rest` follows, and whether its body's
+/// leading tabs are stripped (`<<-`).
+fn heredoc_delimiter(rest: &str) -> Option<(String, bool)> {
+    let (strip_tabs, rest) = match rest.strip_prefix('-') {
+        Some(r) => (true, r),
+        None => (false, rest),
+    };
+    let rest = rest.trim_start_matches([' ', '\t']);
+    let mut delimiter = String::new();
+    let mut quote = None;
+    for c in rest.chars() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), c) => delimiter.push(c),
+            (None, '\'' | '"') => quote = Some(c),
+            (None, '\\') => {}
+            (None, c) if c.is_whitespace() || ";&|<>()".contains(c) => break,
+            (None, c) => delimiter.push(c),
+        }
+    }
+    (!delimiter.is_empty()).then_some((delimiter, strip_tabs))
+}
+
+/// How deep the arithmetic parser would recurse on `text`: the deepest of bracket nesting,
+/// of `?` against `:`, and of prefix operators (`!`, `-`, `+`, `~`) in a row.
+pub(crate) fn arithmetic_nesting(text: &str) -> usize {
+    let (mut brackets, mut conditional, mut prefixes, mut deepest) =
+        (0usize, 0usize, 0usize, 0usize);
     for c in text.chars() {
         match c {
-            '(' | '[' | '{' => {
-                depth += 1;
-                deepest = deepest.max(depth);
-            }
-            ')' | ']' | '}' => depth = depth.saturating_sub(1),
-            '!' if previous_blank => {
-                bangs += 1;
-                deepest = deepest.max(bangs);
-            }
+            '(' | '[' => brackets += 1,
+            ')' | ']' => brackets = brackets.saturating_sub(1),
+            '?' => conditional += 1,
+            ':' => conditional = conditional.saturating_sub(1),
+            '!' | '-' | '+' | '~' => prefixes += 1,
             c if c.is_whitespace() => {}
-            _ => bangs = 0,
+            _ => prefixes = 0,
         }
-        previous_blank = c.is_whitespace();
+        deepest = deepest.max(brackets).max(conditional).max(prefixes);
     }
     deepest
+}
+
+/// An error when `depth` is past [`MAX_NESTING`]: the text is not parsed.
+pub(crate) fn refuse_nesting(depth: usize) -> Result<(), String> {
+    if depth > MAX_NESTING {
+        return Err(format!(
+            "the command nests {depth} deep (brackets, compound commands, `?`, `!` or `-` in \
+             a row), more than the {MAX_NESTING} a command may"
+        ));
+    }
+    Ok(())
 }
 
 /// What a run of a script gave.
@@ -185,12 +341,9 @@ impl<S: System> Shell<S> {
                 self.limits.script_bytes
             ));
             2
-        } else if nested > MAX_NESTING {
+        } else if let Err(why) = refuse_nesting(nested) {
             // The parser recurses on nesting: refused before it could overflow its stack.
-            err.write_str(&format!(
-                "shell: the command nests brackets or `!` {nested} deep, more than the \
-                 {MAX_NESTING} a command may\n"
-            ));
+            err.write_str(&format!("shell: {why}\n"));
             2
         } else {
             match self.run_text(script, &streams) {

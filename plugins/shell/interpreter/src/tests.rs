@@ -402,12 +402,52 @@ fn a_command_writing_to_dev_null_keeps_its_status() {
     assert_eq!(out, "kept\n0\n141\n", "{err}");
 }
 
+/// `/dev/stdout`, `/dev/stderr` and `/dev/stdin` named in a redirection are the streams.
+#[test]
+fn the_streams_named_as_files_are_the_streams() {
+    let (_dir, path) = folder();
+    let script = "echo out > /dev/stdout; echo err >> /dev/stderr; upper < /dev/stdin <<< low; \
+                  { echo both; } > /dev/fd/2";
+    let (status, out, err) = run_in(&path, script);
+    assert_eq!(status, 0, "{err}");
+    assert_eq!((out.as_str(), err.as_str()), ("out\nLOW\n", "err\nboth\n"));
+    assert!(
+        !std::path::Path::new(&path).join("dev").exists(),
+        "no file made for them"
+    );
+}
+
 /// Nesting past what the parser's recursion can take is refused before parsing.
 #[test]
 fn deeply_nested_text_is_refused_before_it_is_parsed() {
+    let n = 500;
     for script in [
         format!("[[ {} 1 ]]", "! ".repeat(1000)),
         format!("echo $(( {}1{} ))", "(".repeat(2000), ")".repeat(2000)),
+        format!(
+            "{} echo in; {}",
+            "if true; then ".repeat(n),
+            "fi; ".repeat(n)
+        ),
+        format!(
+            "{} echo in; {}",
+            "while false; do ".repeat(n),
+            "done; ".repeat(n)
+        ),
+        format!(
+            "{} echo in;; {} esac",
+            "case x in x) ".repeat(n),
+            "esac;; ".repeat(n - 1)
+        ),
+        format!("echo $(( {}1 ))", "- ".repeat(2000)),
+        format!("echo $(( {}1{} ))", "1?".repeat(2000), ":0".repeat(2000)),
+        // Texts parsed later are counted then: eval's, and a variable's in arithmetic.
+        format!(
+            "x='{} echo in; {}'; eval \"$x\"",
+            "if true; then ".repeat(n),
+            "fi; ".repeat(n)
+        ),
+        format!("x='{}1'; echo $((x)) $(( $x ))", "- ".repeat(2000)),
     ] {
         let (status, _, err) = run(&script);
         assert_eq!(status, 2);
@@ -415,4 +455,16 @@ fn deeply_nested_text_is_refused_before_it_is_parsed() {
     }
     let (status, out, _) = run("[[ ! ! 1 ]] && echo ok; echo $(( ((1+2)) ))");
     assert_eq!((status, out.as_str()), (0, "ok\n3\n"));
+    // Prose is not nesting: the words and marks of a long text written by a here-document.
+    let prose = "If you wait, then for a while: what? - done, in case! ~ -- ---\n".repeat(400);
+    let (status, out, err) = run(&format!(
+        "n=0; while read -r l; do n=$((n+1)); done <<'EOF'\n{prose}EOF\necho \"$n\" 'in case if'"
+    ));
+    assert_eq!((status, out.trim()), (0, "400 in case if"), "{err}");
+    let (status, out, err) = run(&format!(
+        "{} echo in; {}",
+        "if true; then ".repeat(40),
+        "fi; ".repeat(40)
+    ));
+    assert_eq!((status, out.as_str()), (0, "in\n"), "{err}");
 }
