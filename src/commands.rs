@@ -15,6 +15,7 @@ pub mod script;
 pub mod serve;
 pub mod tool;
 pub mod validate;
+pub mod worker;
 
 use std::path::{Path, PathBuf};
 

@@ -17,7 +17,7 @@ use trellis_sandbox::{CacheSetting, Engine};
 
 use commands::{
     builder, check, mcp, migrate, plugin, plugins, run, runs, schedules, schema, script, serve,
-    tool, validate,
+    tool, validate, worker,
 };
 
 /// Trellis: a sandboxed runtime for agent workflows.
@@ -35,6 +35,8 @@ struct Cli {
     verbose: u8,
 }
 
+// Parsed once, held by `main`: the size of its largest arguments costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 enum Command {
     /// List and inspect plugins.
@@ -168,6 +170,18 @@ enum Command {
     ///   TRELLIS_TOKEN=... trellis serve WS --addr 0.0.0.0:7878
     #[command(verbatim_doc_comment)]
     Serve(serve::ServeArgs),
+    /// Run the steps that `trellis run --dispatch` publishes, from a NATS JetStream server.
+    ///
+    /// Each step runs in a private scratch workspace made of what the step may read, under
+    /// the same sandbox, limits, plugins and key approvals as a local run; what it writes
+    /// goes back to the dispatcher, committed once. docs/workers.md shows a server, two
+    /// workers and a dispatched run.
+    ///
+    /// Examples:
+    ///   trellis worker --nats nats://127.0.0.1:4222
+    ///   trellis worker --nats tls://nats.example:4222 --nats-creds worker.creds --pool gpu
+    #[command(verbatim_doc_comment)]
+    Worker(worker::WorkerArgs),
 }
 
 /// Raises the soft limit on open files to the hard limit: a turn's grant holds one descriptor
@@ -282,6 +296,7 @@ impl Command {
             Command::Validate(args) => Some(&args.cache),
             Command::Builder(args) => Some(&args.cache),
             Command::Serve(args) => Some(&args.cache),
+            Command::Worker(args) => Some(&args.cache),
             Command::Schedules(command) => command.cache(),
             _ => None,
         }
@@ -369,6 +384,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Run(args) => run::run(&engine()?, args).await,
         Command::Builder(args) => builder::run(engine, args).await,
         Command::Serve(args) => serve::run(&engine()?, args).await,
+        Command::Worker(args) => worker::run(&engine()?, args).await,
         Command::Schedules(command) => schedules::run(engine, command).await,
     }
 }

@@ -116,6 +116,14 @@ pub struct RunArgs {
     /// at once.
     #[arg(long)]
     wait: bool,
+    /// Run the agent steps on `trellis worker`s through the NATS JetStream server at URL
+    /// (`nats://HOST:PORT`); the run itself (plan order, routing, human inputs, groups,
+    /// loops) goes on here, and steps that write the workflow database run here too.
+    /// docs/workers.md.
+    #[arg(long, value_name = "URL")]
+    dispatch: Option<String>,
+    #[command(flatten)]
+    nats: super::worker::NatsArgs,
     /// Print only the final summary.
     #[arg(long, short)]
     quiet: bool,
@@ -208,6 +216,25 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
         start.retry.attempt_timeout = Some(Duration::from_secs_f64(secs));
     }
     start.wait_for_workspace = args.wait;
+    let stop_remote = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    if let Some(url) = &args.dispatch {
+        anyhow::ensure!(
+            args.record.is_none()
+                && !override_llm
+                    .as_ref()
+                    .is_some_and(|l| { l.provider == trellis_runner::llm_choice::REPLAY_PROVIDER }),
+            "--dispatch: a recorded or replayed run keeps one cassette position for all its \
+             steps, which workers on other machines cannot share; run it locally"
+        );
+        let dispatch = trellis_worker::NatsDispatch::connect(
+            &args.nats.options(url)?,
+            &args.nats.pool,
+            root,
+            stop_remote.clone(),
+        )
+        .await?;
+        start.dispatch = Some(Arc::new(dispatch));
+    }
     start.mcp_config = Arc::new(mcp);
     start.tool_servers = Arc::new(trellis_mcp::client::McpClient);
     let holder = trellis_runner::workspace_lock::holder_of(root);
@@ -256,6 +283,7 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
                     "stopping at the next boundary (Ctrl-C again to cancel the tool calls running)"
                 );
                 runtime.stop(&id);
+                stop_remote.store(true, std::sync::atomic::Ordering::SeqCst);
                 let _ = interrupts.recv().await;
                 eprintln!("cancelling the tool calls running (Ctrl-C again to abort)");
                 runtime.stop_now(&id);

@@ -66,6 +66,7 @@ mod streaming;
 mod turn_budgets;
 mod turn_grants;
 mod validators;
+mod workers;
 mod workflow_cli;
 mod workspace_lock;
 mod workspace_tools;

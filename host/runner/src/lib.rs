@@ -25,6 +25,7 @@
 //! - [`mcp_servers`]: external MCP servers the operator configured, as tool sources.
 
 pub mod db_tools;
+pub mod dispatch;
 pub mod driver;
 pub mod events;
 pub mod filters;

@@ -168,6 +168,8 @@ pub struct StartOptions {
     /// counts its executions' calls with its own, up to `turn_budgets.run_model_calls`);
     /// else the run counts its own.
     pub model_calls: Option<Arc<crate::driver::ModelCalls>>,
+    /// Runs the agent steps elsewhere (`trellis worker`s), when set.
+    pub dispatch: Option<Arc<dyn crate::dispatch::StepDispatch>>,
 }
 
 impl StartOptions {
@@ -187,6 +189,7 @@ impl StartOptions {
             tool_servers: Arc::new(crate::mcp_servers::NoServers),
             ask_for_inputs: false,
             model_calls: None,
+            dispatch: None,
         }
     }
 }
@@ -752,6 +755,7 @@ fn run_execution(
         }
         env.mcp_config = options.mcp_config.clone();
         env.tool_servers = options.tool_servers.clone();
+        env.dispatch = options.dispatch.clone();
         env.cancel = execution.cancel.clone();
         env.cancel_calls = execution.cancel_calls.clone();
         env.steering = Some(execution.steering.clone());

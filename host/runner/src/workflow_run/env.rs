@@ -42,6 +42,8 @@ pub struct RunEnv<'a> {
     pub(super) mcp: Mutex<Option<Arc<dyn ToolServers>>>,
     /// Runs the scripts of scripted steps; made on the first one.
     scripts: OnceLock<Arc<ScriptRunner>>,
+    /// Runs the agent steps elsewhere (`trellis worker`s), when set.
+    pub dispatch: Option<Arc<dyn crate::dispatch::StepDispatch>>,
 }
 
 impl<'a> RunEnv<'a> {
@@ -66,6 +68,7 @@ impl<'a> RunEnv<'a> {
             tool_servers: Arc::new(NoServers),
             mcp: Mutex::new(None),
             scripts: OnceLock::new(),
+            dispatch: None,
         }
     }
 

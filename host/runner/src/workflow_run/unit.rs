@@ -143,6 +143,37 @@ pub(super) async fn run_unit(
         let output_dir = ws.step_output_dir(&id);
         let mut went_back = false;
         let (mut report, mut next) = match &step.kind {
+            StepKind::MessageSequence(_) | StepKind::Regular | StepKind::TodoTask(_)
+                if let Some(dispatch) = env
+                    .dispatch
+                    .as_ref()
+                    .filter(|_| crate::dispatch::runs_here(&ws, &id).is_none()) =>
+            {
+                let remote = dispatch
+                    .run_step(crate::dispatch::RemoteStep {
+                        workspace: root.to_path_buf(),
+                        run_folder: folder.to_string(),
+                        step_id: id.clone(),
+                        group: group.map(|g| g.id.clone()),
+                        inputs: opts.inputs.clone(),
+                    })
+                    .await?;
+                let worker = remote.worker.clone().unwrap_or_default();
+                let outcome = remote.into_outcome(output_dir.clone());
+                let detail = match &outcome.error {
+                    Some(e) => format!("{e} (on worker {worker})"),
+                    None => format!("{} turn(s) on worker {worker}", outcome.turns),
+                };
+                let report = StepReport {
+                    step_id: id.clone(),
+                    step_type: step.type_name(),
+                    status: outcome.status,
+                    detail,
+                    output_dir: outcome.output_dir.clone(),
+                    outcome: Some(outcome),
+                };
+                (report, default_next(&ws, step))
+            }
             StepKind::MessageSequence(_) | StepKind::Regular | StepKind::TodoTask(_) => {
                 let returned = returns.get(&id).copied().unwrap_or(0);
                 let mut runner = env

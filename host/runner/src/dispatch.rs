@@ -1,0 +1,132 @@
+//! Steps run elsewhere: a [`StepDispatch`] given to a run ([`crate::workflow_run::RunEnv`])
+//! runs its agent steps on other machines (`trellis worker`), while the run itself (plan
+//! order, routing, human inputs, groups, loops) goes on here exactly as locally. What a step
+//! may read and write is its grant's folders ([`step_folders`]): the dispatcher sends the
+//! first, and takes the second back.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use anyhow::Result;
+use futures::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+use trellis_sandbox::capabilities::Access;
+use trellis_workflow::{Step, Workspace};
+
+use crate::driver::StepOutcome;
+use crate::grants::{GrantedFolder, TurnAccess, TurnContext, grant_for_access};
+use crate::prerequisites::GoBack;
+use crate::session::Status;
+
+/// One step to run elsewhere.
+#[derive(Debug, Clone)]
+pub struct RemoteStep {
+    /// The workspace folder (the dispatcher's).
+    pub workspace: PathBuf,
+    /// The run folder under `runs/`: `iteration-0` or `iteration-0/<group>`.
+    pub run_folder: String,
+    /// The step.
+    pub step_id: String,
+    /// The group the run unit is of, if any.
+    pub group: Option<String>,
+    /// The `human_input` answers of the run.
+    pub inputs: BTreeMap<String, String>,
+}
+
+/// How a step run elsewhere ended: what the run needs of a [`StepOutcome`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RemoteOutcome {
+    /// `completed`, `failed` or `stopped`.
+    pub status: Status,
+    /// The `CONCERNS:` lines of the step's replies.
+    pub concerns: Vec<String>,
+    /// Turns run.
+    pub turns: u64,
+    /// The last reply of the agent.
+    pub final_text: Option<String>,
+    /// Why the step failed or stopped.
+    pub error: Option<String>,
+    /// The step asks to run a prerequisite first: `(step, missing, count)`.
+    pub go_back: Option<(String, String, u32)>,
+    /// The worker that ran it.
+    #[serde(default)]
+    pub worker: Option<String>,
+}
+
+impl RemoteOutcome {
+    /// The outcome of a step run here.
+    pub fn of(outcome: &StepOutcome) -> Self {
+        RemoteOutcome {
+            status: outcome.status,
+            concerns: outcome.concerns.clone(),
+            turns: outcome.turns,
+            final_text: outcome.final_text.clone(),
+            error: outcome.error.clone(),
+            go_back: outcome
+                .go_back
+                .as_ref()
+                .map(|g| (g.step.clone(), g.missing.clone(), g.count)),
+            worker: None,
+        }
+    }
+
+    /// The outcome as the run reads it, its output folder `output_dir`.
+    pub fn into_outcome(self, output_dir: PathBuf) -> StepOutcome {
+        StepOutcome {
+            status: self.status,
+            go_back: self.go_back.map(|(step, missing, count)| GoBack {
+                step,
+                missing,
+                count,
+            }),
+            concerns: self.concerns,
+            turns: self.turns,
+            final_text: self.final_text,
+            error: self.error,
+            output_dir,
+        }
+    }
+}
+
+/// Runs steps elsewhere.
+pub trait StepDispatch: Send + Sync + std::fmt::Debug {
+    /// Runs `step` elsewhere and brings its writable folders back into the workspace; an
+    /// error when it could not be run (nothing committed).
+    fn run_step(&self, step: RemoteStep) -> BoxFuture<'_, Result<RemoteOutcome>>;
+}
+
+/// Why step `step_id` runs here rather than elsewhere, when it must: it may write the
+/// workflow database, which stays with the dispatcher (one writer, under its fences and
+/// deadlines).
+pub fn runs_here(ws: &Workspace, step_id: &str) -> Option<&'static str> {
+    let access = TurnAccess::for_step(&ws.agent_configs(step_id));
+    (access.db_write && ws.fs.is_file("db/db.sqlite"))
+        .then_some("it may write the workflow database, which stays with the dispatcher")
+}
+
+/// The folders a step's turns may reach (its own turns and its closing reflection's),
+/// workspace-relative, with the widest access any of them has. Creates the writable ones
+/// when missing, as a turn's grant does.
+pub fn step_folders(ws: &Workspace, run_folder: &str, step: &Step) -> Result<Vec<GrantedFolder>> {
+    let configs = ws.agent_configs(&step.id);
+    let ctx = TurnContext {
+        root: &ws.root,
+        run_folder,
+        step,
+        configs: &configs,
+    };
+    let mut folders: Vec<GrantedFolder> = Vec::new();
+    for access in [
+        TurnAccess::for_step(&configs),
+        TurnAccess::for_reflection(&configs),
+    ] {
+        for folder in grant_for_access(&ctx, access)?.folders {
+            match folders.iter_mut().find(|f| f.path == folder.path) {
+                Some(kept) if folder.access == Access::ReadWrite => kept.access = Access::ReadWrite,
+                Some(_) => {}
+                None => folders.push(folder),
+            }
+        }
+    }
+    Ok(folders)
+}

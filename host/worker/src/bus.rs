@@ -1,0 +1,261 @@
+//! What dispatchers and workers share on the NATS server: the connection's options, the
+//! work-queue stream of step tasks, the key-value bucket of step states, the object store
+//! of bundles, and the messages exchanged.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use async_nats::jetstream::{self, kv, object_store, stream};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// The stream of step tasks: subjects `trellis.tasks.<pool>`, each message kept until a
+/// worker acks it.
+pub const STREAM: &str = "TRELLIS_TASKS";
+/// The bucket of step states, by [`Task::key`].
+pub const STATES: &str = "trellis_steps";
+/// The object store of input and output bundles.
+pub const ARTIFACTS: &str = "trellis_artifacts";
+/// How long a delivered task stays leased without word from its worker.
+pub const LEASE: Duration = Duration::from_secs(15);
+/// How often a worker running a task renews its lease.
+pub const HEARTBEAT: Duration = Duration::from_secs(3);
+/// How often a task is delivered at most (a worker dying with it, a worker refusing it).
+pub const DEFAULT_MAX_DELIVER: i64 = 4;
+/// The window in which a task published twice is stored once.
+pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(600);
+
+/// How to reach the NATS server, and as whom.
+#[derive(Debug, Clone, Default)]
+pub struct NatsOptions {
+    /// `nats://host:port` (`tls://` for TLS).
+    pub url: String,
+    /// A credentials file (JWT and NKey seed).
+    pub creds: Option<PathBuf>,
+    /// An NKey seed file.
+    pub nkey: Option<PathBuf>,
+    /// A token.
+    pub token: Option<String>,
+    /// A user and password.
+    pub user: Option<(String, String)>,
+    /// CA certificates to trust (PEM), which also requires TLS.
+    pub tls_ca: Option<PathBuf>,
+    /// Requires TLS.
+    pub tls: bool,
+}
+
+impl NatsOptions {
+    /// Connects, with the options' credentials and TLS.
+    pub async fn connect(&self) -> Result<async_nats::Client> {
+        let mut options = async_nats::ConnectOptions::new()
+            .name("trellis")
+            .connection_timeout(Duration::from_secs(5))
+            // Tasks wait in JetStream: a dispatcher or worker losing the server waits for it.
+            .retry_on_initial_connect();
+        if let Some(path) = &self.creds {
+            options = options
+                .credentials_file(path)
+                .await
+                .with_context(|| format!("reading the credentials file {}", path.display()))?;
+        }
+        if let Some(path) = &self.nkey {
+            let seed = std::fs::read_to_string(path)
+                .with_context(|| format!("reading the NKey seed file {}", path.display()))?;
+            options = options.nkey(seed.trim().to_string());
+        }
+        if let Some(token) = &self.token {
+            options = options.token(token.clone());
+        }
+        if let Some((user, password)) = &self.user {
+            options = options.user_and_password(user.clone(), password.clone());
+        }
+        if let Some(ca) = &self.tls_ca {
+            options = options.add_root_certificates(ca.clone()).require_tls(true);
+        } else if self.tls {
+            options = options.require_tls(true);
+        }
+        options
+            .connect(&self.url)
+            .await
+            .with_context(|| format!("connecting to the NATS server {}", self.url))
+    }
+}
+
+/// The stream, buckets and store, made when missing.
+#[derive(Clone)]
+pub struct Bus {
+    /// The connection.
+    pub client: async_nats::Client,
+    /// JetStream on it.
+    pub js: jetstream::Context,
+    /// The step states.
+    pub states: kv::Store,
+    /// The bundles.
+    pub artifacts: object_store::ObjectStore,
+}
+
+impl std::fmt::Debug for Bus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bus").finish_non_exhaustive()
+    }
+}
+
+impl Bus {
+    /// Connects and makes (or finds) the stream, the bucket and the store.
+    pub async fn open(options: &NatsOptions) -> Result<Bus> {
+        let client = options.connect().await?;
+        let js = jetstream::new(client.clone());
+        js.get_or_create_stream(stream::Config {
+            name: STREAM.to_string(),
+            subjects: vec!["trellis.tasks.>".to_string()],
+            retention: stream::RetentionPolicy::WorkQueue,
+            duplicate_window: DUPLICATE_WINDOW,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("making the JetStream stream {STREAM}: {e}"))?;
+        let states = match js.get_key_value(STATES).await {
+            Ok(kv) => kv,
+            Err(_) => js
+                .create_key_value(kv::Config {
+                    bucket: STATES.to_string(),
+                    history: 5,
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| anyhow::anyhow!("making the key-value bucket {STATES}: {e}"))?,
+        };
+        let artifacts = match js.get_object_store(ARTIFACTS).await {
+            Ok(store) => store,
+            Err(_) => js
+                .create_object_store(object_store::Config {
+                    bucket: ARTIFACTS.to_string(),
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| anyhow::anyhow!("making the object store {ARTIFACTS}: {e}"))?,
+        };
+        Ok(Bus {
+            client,
+            js,
+            states,
+            artifacts,
+        })
+    }
+
+    /// Stores `bytes` as object `name`.
+    pub async fn put(&self, name: &str, bytes: Vec<u8>) -> Result<()> {
+        let mut reader = std::io::Cursor::new(bytes);
+        self.artifacts
+            .put(name, &mut reader)
+            .await
+            .map_err(|e| anyhow::anyhow!("storing {name}: {e}"))?;
+        Ok(())
+    }
+
+    /// The bytes of object `name`.
+    pub async fn get(&self, name: &str) -> Result<Vec<u8>> {
+        use tokio::io::AsyncReadExt;
+        let mut object = self
+            .artifacts
+            .get(name)
+            .await
+            .map_err(|e| anyhow::anyhow!("fetching {name}: {e}"))?;
+        let mut bytes = Vec::new();
+        object
+            .read_to_end(&mut bytes)
+            .await
+            .with_context(|| format!("reading {name}"))?;
+        Ok(bytes)
+    }
+}
+
+/// The subject of the tasks of pool `pool`.
+pub fn task_subject(pool: &str) -> String {
+    format!("trellis.tasks.{pool}")
+}
+
+/// One step of a run for a worker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Task {
+    /// `<workspace-id>/<run>/<step>/<attempt>`: the message id (a task published twice is
+    /// stored once).
+    pub id: String,
+    /// The run folder under `runs/`.
+    pub run_folder: String,
+    /// The step.
+    pub step_id: String,
+    /// The group of the run unit.
+    pub group: Option<String>,
+    /// The `human_input` answers of the run.
+    pub inputs: BTreeMap<String, String>,
+    /// The object holding what the step may read.
+    pub input: String,
+    /// The folders the step may write, workspace-relative: what comes back.
+    pub writable: Vec<String>,
+    /// The key of the run's cancellation in the states bucket.
+    pub cancel_key: String,
+}
+
+impl Task {
+    /// The key of the task's state in the states bucket (a digest: keys take few
+    /// characters, ids any).
+    pub fn key(&self) -> String {
+        key_of("task", &self.id)
+    }
+}
+
+/// A bucket key or object name for `id` under `kind`.
+pub fn key_of(kind: &str, id: &str) -> String {
+    format!(
+        "{kind}.{}",
+        &hex::encode(Sha256::digest(id.as_bytes()))[..32]
+    )
+}
+
+/// Where a task is: its entry in the states bucket.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum State {
+    /// Published, not yet taken.
+    Queued,
+    /// A worker runs it, its lease renewed until `lease_until` (Unix ms).
+    Running {
+        /// The worker.
+        worker: String,
+        /// When the lease ends unless renewed.
+        lease_until: u64,
+        /// Workers that tried it before.
+        tried: Vec<String>,
+    },
+    /// A worker refused it (a plugin, a key approval it lacks): `why`.
+    Refused {
+        /// Workers that refused it, with why.
+        tried: Vec<String>,
+        /// The last refusal.
+        why: String,
+    },
+    /// Committed: the step ran; its writable folders are object `output`.
+    Done {
+        /// The worker that ran it.
+        worker: String,
+        /// How the step ended.
+        outcome: trellis_runner::dispatch::RemoteOutcome,
+        /// The object of its writable folders.
+        output: String,
+    },
+    /// It cannot be run: `why`.
+    Failed {
+        /// Why, naming the workers that tried.
+        why: String,
+    },
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}

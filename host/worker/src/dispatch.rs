@@ -1,0 +1,268 @@
+//! The dispatcher's side: a run's agent step published as a task, its state watched until a
+//! worker commits it, its writable folders brought back.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use sha2::{Digest, Sha256};
+use trellis_runner::dispatch::{RemoteOutcome, RemoteStep, StepDispatch, step_folders};
+use trellis_sandbox::capabilities::Access;
+use trellis_sandbox::store::WorkspaceFs;
+use trellis_workflow::Workspace;
+
+use crate::bundle::{Bundle, Received, is_under};
+use crate::bus::{Bus, NatsOptions, State, Task, key_of, task_subject};
+
+/// Files every worker needs besides the step's folders: the workflow's own.
+const WORKFLOW_FILES: &[&str] = &[
+    "planning/plan.json",
+    "planning/step_config.json",
+    "workflow.json",
+    "variables/variables.json",
+];
+
+/// Runs a run's agent steps on `trellis worker`s of one pool.
+#[derive(Debug)]
+pub struct NatsDispatch {
+    bus: Bus,
+    pool: String,
+    /// This run: unique, so that a second run of the workspace is not taken for a duplicate.
+    run_id: String,
+    workspace_id: String,
+    /// Tasks published per step, for the attempt number of the next.
+    attempts: Mutex<BTreeMap<String, u32>>,
+    cancel: std::sync::Arc<AtomicBool>,
+}
+
+impl NatsDispatch {
+    /// Connects to the server and readies the stream, bucket and store; steps go to the
+    /// workers of `pool`; `cancel` set stops the run's remote steps.
+    pub async fn connect(
+        options: &NatsOptions,
+        pool: &str,
+        workspace: &std::path::Path,
+        cancel: std::sync::Arc<AtomicBool>,
+    ) -> Result<NatsDispatch> {
+        check_pool(pool)?;
+        let bus = Bus::open(options).await?;
+        let canonical = workspace
+            .canonicalize()
+            .unwrap_or_else(|_| workspace.to_path_buf());
+        let workspace_id =
+            hex::encode(Sha256::digest(canonical.to_string_lossy().as_bytes()))[..16].to_string();
+        let run_id = format!(
+            "{}-{}",
+            trellis_sandbox::store::now_rfc3339()
+                .chars()
+                .filter(char::is_ascii_alphanumeric)
+                .collect::<String>(),
+            std::process::id()
+        );
+        Ok(NatsDispatch {
+            bus,
+            pool: pool.to_string(),
+            run_id,
+            workspace_id,
+            attempts: Mutex::default(),
+            cancel,
+        })
+    }
+
+    /// Publishes `task` (its id the message id: a second publish of it is dropped); whether
+    /// the server took it as a duplicate.
+    pub async fn publish(&self, task: &Task) -> Result<bool> {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Msg-Id", task.id.as_str());
+        let ack = self
+            .bus
+            .js
+            .publish_with_headers(
+                task_subject(&self.pool),
+                headers,
+                serde_json::to_vec(task)?.into(),
+            )
+            .await
+            .map_err(|e| anyhow::anyhow!("publishing step {}: {e}", task.step_id))?
+            .await
+            .map_err(|e| anyhow::anyhow!("publishing step {}: {e}", task.step_id))?;
+        Ok(ack.duplicate)
+    }
+
+    async fn run(&self, step: RemoteStep) -> Result<RemoteOutcome> {
+        let ws = Workspace::open_run(&step.workspace, Some(&step.run_folder))
+            .map_err(|d| anyhow::anyhow!("the workspace has errors:\n{d}"))?;
+        let plan_step = ws
+            .plan
+            .find_step(&step.step_id)
+            .with_context(|| format!("no step {:?} in the plan", step.step_id))?
+            .clone();
+        let folders = step_folders(&ws, &step.run_folder, &plan_step)?;
+        let writable: Vec<String> = folders
+            .iter()
+            .filter(|f| f.access == Access::ReadWrite)
+            .map(|f| f.path.clone())
+            .collect();
+
+        let mut bundle = Bundle::new();
+        for file in WORKFLOW_FILES {
+            bundle.add_file(&ws.fs, file)?;
+        }
+        let run_config = format!("runs/{}/planning/step_config.json", step.run_folder);
+        bundle.add_file(&ws.fs, &run_config)?;
+        bundle.add_folder(&ws.fs, &format!("code/{}", step.step_id))?;
+        for folder in &folders {
+            bundle.add_folder(&ws.fs, &folder.path)?;
+        }
+        if let Some(snapshot) = database_snapshot(&ws.fs)? {
+            bundle.add_bytes("db/db.sqlite", &snapshot)?;
+        }
+
+        let attempt = {
+            let mut attempts = self.attempts.lock().unwrap_or_else(|e| e.into_inner());
+            let n = attempts.entry(step.step_id.clone()).or_insert(0);
+            *n += 1;
+            *n
+        };
+        let id = format!(
+            "{}/{}/{}/{}/{attempt}",
+            self.workspace_id, self.run_id, step.run_folder, step.step_id
+        );
+        let task = Task {
+            input: key_of("input", &id),
+            id,
+            run_folder: step.run_folder.clone(),
+            step_id: step.step_id.clone(),
+            group: step.group.clone(),
+            inputs: step.inputs.clone(),
+            writable: writable.clone(),
+            cancel_key: key_of("cancel", &self.run_id),
+        };
+        self.bus.put(&task.input, bundle.encode()).await?;
+        let key = task.key();
+        self.bus
+            .states
+            .put(&key, serde_json::to_vec(&State::Queued)?.into())
+            .await
+            .map_err(|e| anyhow::anyhow!("recording step {}: {e}", step.step_id))?;
+        self.publish(&task).await?;
+
+        let (worker, mut outcome, output) = self.wait(&task, &key).await?;
+        outcome.worker = Some(worker.clone());
+        let received = Received::decode(self.bus.get(&output).await?)
+            .with_context(|| format!("the outputs of step {} from {worker}", step.step_id))?;
+        if let Some(outside) = received
+            .entries()
+            .find(|e| !writable.iter().any(|w| is_under(&e.path, w)))
+        {
+            bail!(
+                "worker {worker} sent {:?} for step {}, outside the folders it may write",
+                outside.path,
+                step.step_id
+            );
+        }
+        bring_back(&ws.fs, &writable, &received)?;
+        // Each bundle was read: kept no longer.
+        let _ = self.bus.artifacts.delete(&task.input).await;
+        let _ = self.bus.artifacts.delete(&output).await;
+        Ok(outcome)
+    }
+
+    /// Waits for the task's state to be committed (or failed); sets the run's cancellation
+    /// key when the run is stopped.
+    async fn wait(&self, task: &Task, key: &str) -> Result<(String, RemoteOutcome, String)> {
+        let mut watch = self
+            .bus
+            .states
+            .watch_with_history(key)
+            .await
+            .map_err(|e| anyhow::anyhow!("watching step {}: {e}", task.step_id))?;
+        let mut cancelled = false;
+        loop {
+            if !cancelled && self.cancel.load(Ordering::SeqCst) {
+                cancelled = true;
+                self.bus
+                    .states
+                    .put(&task.cancel_key, "stop".into())
+                    .await
+                    .map_err(|e| anyhow::anyhow!("stopping step {}: {e}", task.step_id))?;
+            }
+            let next = tokio::time::timeout(Duration::from_millis(200), watch.next()).await;
+            let Ok(entry) = next else {
+                continue;
+            };
+            let entry = entry
+                .context("the NATS server closed the watch")?
+                .map_err(|e| anyhow::anyhow!("watching step {}: {e}", task.step_id))?;
+            let Ok(state) = serde_json::from_slice::<State>(&entry.value) else {
+                continue;
+            };
+            match state {
+                State::Done {
+                    worker,
+                    outcome,
+                    output,
+                } => return Ok((worker, outcome, output)),
+                State::Failed { why } => bail!("step {}: {why}", task.step_id),
+                State::Queued | State::Running { .. } | State::Refused { .. } => {}
+            }
+        }
+    }
+}
+
+impl StepDispatch for NatsDispatch {
+    fn run_step(&self, step: RemoteStep) -> BoxFuture<'_, Result<RemoteOutcome>> {
+        Box::pin(self.run(step))
+    }
+}
+
+/// A pool name: letters, digits, `-` and `_` (it is a subject token).
+pub fn check_pool(pool: &str) -> Result<()> {
+    if pool.is_empty()
+        || pool.len() > 64
+        || !pool
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        bail!("pool {pool:?}: use 1 to 64 letters, digits, '-' and '_'");
+    }
+    Ok(())
+}
+
+/// A consistent copy of the workspace database, when there is one: what a step that reads
+/// it sees. Read through the fenced read-only connection (every file SQLite opens checked
+/// for links), copied with SQLite's backup into a private temporary file.
+fn database_snapshot(fs: &WorkspaceFs) -> Result<Option<Vec<u8>>> {
+    if !fs.is_file("db/db.sqlite") {
+        return Ok(None);
+    }
+    let host = fs.check_file_path("db/db.sqlite")?;
+    let source = trellis_sandbox::capabilities::sql::open(
+        &host,
+        trellis_sandbox::capabilities::sql::SqlAccess::ReadOnly,
+        Duration::from_secs(60),
+    )
+    .map_err(|e| anyhow::anyhow!("opening db/db.sqlite to send a copy: {e}"))?;
+    let dir = tempfile::tempdir()?;
+    let copy = dir.path().join("snapshot.sqlite");
+    let mut target = rusqlite::Connection::open(&copy)?;
+    rusqlite::backup::Backup::new(source.conn(), &mut target)?
+        .run_to_completion(256, Duration::ZERO, None)
+        .context("copying db/db.sqlite")?;
+    drop(target);
+    Ok(Some(std::fs::read(&copy)?))
+}
+
+/// Replaces each writable folder's content with what the worker sent for it.
+fn bring_back(fs: &WorkspaceFs, writable: &[String], received: &Received) -> Result<()> {
+    for folder in writable {
+        fs.remove_all(folder)
+            .with_context(|| format!("emptying {folder} for the step's outputs"))?;
+        fs.create_dir_all(folder)?;
+    }
+    received.write_into(fs, Some(writable))
+}

