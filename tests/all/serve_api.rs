@@ -737,7 +737,7 @@ fn the_page_needs_no_token_and_requests_are_read_one_way() {
 }
 
 /// Polls `GET /api/workflow/executions` until execution `id` satisfies `until`; its entry.
-fn execution_until(serve: &Serve, id: &str, until: impl Fn(&Value) -> bool) -> Value {
+pub(crate) fn execution_until(serve: &Serve, id: &str, until: impl Fn(&Value) -> bool) -> Value {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     loop {
         let (status, list) = serve.get("/api/workflow/executions", &[]);

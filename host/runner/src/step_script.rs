@@ -31,7 +31,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Context, Result, anyhow, bail};
 use trellis_sandbox::capabilities::{FsLimits, Limits};
 use trellis_sandbox::llm::{HostRule, KeyApprovals, ScriptNet, Secret, secret_placeholder};
 use trellis_sandbox::script::{
@@ -43,7 +43,7 @@ use trellis_workflow::Workspace;
 use crate::grants::{
     AgentFolders, DB_FILE, TurnAccess, TurnContext, grant_for_access, grant_for_access_in,
 };
-use trellis_workflow::substitution::{MAX_PATH_BYTES, substitute_within};
+use trellis_workflow::substitution::{MAX_PATH_BYTES, MAX_STEP_GROWTH, substitute_within};
 
 /// How to run a step's script.
 #[derive(Debug, Clone)]
@@ -187,25 +187,39 @@ fn prepare(
     }
     let mut variables = ws.manifest.resolved_variables(options.group.as_deref());
     variables.extend(options.variables.clone());
+    // Each path at most 4 KiB, and what substitution adds to them all at most 1 MiB.
+    let mut growth = MAX_STEP_GROWTH;
     let args = step
         .context_dependencies
         .iter()
         .flatten()
         .enumerate()
         .map(|(i, dep)| {
-            let dep = substitute_within(dep, &variables, MAX_PATH_BYTES).with_context(|| {
+            let written = dep.len();
+            let most = MAX_PATH_BYTES.max(written).min(written + growth);
+            let dep = substitute_within(dep, &variables, most).with_context(|| {
                 format!(
                     "step {}: context_dependencies[{i}] with its workflow variables \
-                     substituted would be longer than {MAX_PATH_BYTES} bytes",
+                     substituted would be longer than {MAX_PATH_BYTES} bytes, or the step's \
+                     paths would grow by more than {MAX_STEP_GROWTH} bytes together",
                     step.id
                 )
             })?;
+            growth -= dep.len().saturating_sub(written);
             Ok(format!(
                 "/{}",
                 dep.trim_start_matches("./").trim_start_matches('/')
             ))
         })
         .collect::<Result<Vec<String>>>()?;
+    if let Some((name, _)) = variables.iter().find(|(_, v)| v.contains('\0')) {
+        bail!(
+            "step {}: variable {name} (an answer or a workflow variable) holds a NUL character, \
+             which the script's environment variable {} cannot hold",
+            step.id,
+            variable_env_name(name)
+        );
+    }
     env.extend(
         variables
             .into_iter()

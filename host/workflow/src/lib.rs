@@ -248,6 +248,7 @@ fn load(
     }
     if let Some(m) = &manifest {
         diags.extend(manifest::schedules::check_groups(m));
+        diags.extend(m.check_variable_values());
     }
 
     // The step config first (its diagnostics still come after the plan's): the steps it

@@ -40,7 +40,8 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::diagnostics::{
-    Ctx, Diagnostics, JsonPath, Obj, Parsed, did_you_mean, finish, kind_of, parse_json, quote,
+    Ctx, Diagnostic, Diagnostics, JsonPath, Obj, Parsed, Severity, did_you_mean, finish, kind_of,
+    parse_json, quote,
 };
 use super::step_config::{LlmRef, parse_llm_ref};
 
@@ -332,6 +333,42 @@ impl WorkflowManifest {
             out.extend(g.variables.iter().map(|(k, v)| (k.clone(), v.clone())));
         }
         out
+    }
+
+    /// The variables whose value holds a NUL character, which no environment variable
+    /// (`VAR_<NAME>` of a step script) can hold: each an error naming where it is set.
+    pub fn check_variable_values(&self) -> Diagnostics {
+        let mut diags = Diagnostics::new();
+        let mut refuse = |json_path: JsonPath| {
+            diags.push(Diagnostic {
+                file: WORKFLOW_FILE.into(),
+                json_path: json_path.to_string(),
+                step_id: None,
+                message: "the value holds a NUL character (\\u0000), which a step script's \
+                          environment variable cannot hold"
+                    .into(),
+                severity: Severity::Error,
+            })
+        };
+        for (name, variable) in &self.variables {
+            if variable.value().is_some_and(|v| v.contains('\0')) {
+                refuse(JsonPath::root().key("variables").key(name));
+            }
+        }
+        for (i, group) in self.groups.iter().enumerate() {
+            for (name, value) in &group.variables {
+                if value.contains('\0') {
+                    refuse(
+                        JsonPath::root()
+                            .key("groups")
+                            .index(i)
+                            .key("variables")
+                            .key(name),
+                    );
+                }
+            }
+        }
+        diags
     }
 
     /// How many archived runs (`runs/iteration-N`, N >= 1) a full run keeps:

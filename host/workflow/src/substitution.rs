@@ -9,9 +9,6 @@ use crate::diagnostics::{Diagnostic, Diagnostics, JsonPath, Severity};
 use crate::manifest::WorkflowManifest;
 use crate::plan::{ContextOutput, PLAN_FILE, Plan, Step, StepKind};
 
-/// The most one step's substituted question and options may hold together, in bytes.
-pub const MAX_STEP_TEXT_BYTES: usize = 1 << 20;
-
 /// The most one substituted path (`context_dependencies`, `context_output`) may hold, in bytes.
 pub const MAX_PATH_BYTES: usize = 4096;
 
@@ -135,23 +132,74 @@ impl std::fmt::Display for Oversized {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{PLAN_FILE}: {} (step {}): with its workflow variables substituted it would be \
-             longer than {}; use shorter variables or name them fewer times",
-            self.json_path, self.step_id, self.limit
+            "{PLAN_FILE}: {} (step {}): {}",
+            self.json_path,
+            self.step_id,
+            self.message()
+        )
+    }
+}
+
+impl Oversized {
+    /// What went over, for a diagnostic that names the file and path apart.
+    pub fn message(&self) -> String {
+        format!(
+            "with its workflow variables substituted it would be longer than {}; use shorter \
+             variables or name them fewer times",
+            self.limit
         )
     }
 }
 
 impl std::error::Error for Oversized {}
 
+/// What substitution may add to one step's texts (question, options, paths) together.
+pub const MAX_STEP_GROWTH: usize = 1 << 20;
+/// What substitution may add to all the texts of a plan together, in one run unit.
+pub const MAX_PLAN_GROWTH: usize = 4 << 20;
+
 const PATH_LIMIT: &str = "4 KiB (4,096 bytes), the most a path may hold";
-const STEP_TEXT_LIMIT: &str =
-    "1 MiB (1,048,576 bytes), the most a step's question and options may hold together";
+const STEP_LIMIT: &str = "what substitution may add to one step's texts: 1 MiB (1,048,576 bytes) \
+     for its question, options and paths together";
+const PLAN_LIMIT: &str = "what substitution may add to a plan's texts: 4 MiB (4,194,304 bytes) \
+     for all its steps together";
+
+/// What substitution may still add: to the step being substituted, and to the plan.
+struct Growth {
+    step: usize,
+    plan: usize,
+}
+
+impl Growth {
+    /// The longest `text` may become, and the limit that bounds it.
+    fn limit(&self, text: &str, kind: TextKind) -> (usize, &'static str) {
+        let (room, limit) = if self.step <= self.plan {
+            (self.step, STEP_LIMIT)
+        } else {
+            (self.plan, PLAN_LIMIT)
+        };
+        let most = text.len().saturating_add(room);
+        match kind {
+            TextKind::Path if most > MAX_PATH_BYTES.max(text.len()) => {
+                (MAX_PATH_BYTES.max(text.len()), PATH_LIMIT)
+            }
+            _ => (most, limit),
+        }
+    }
+
+    /// Takes what a text grew by.
+    fn take(&mut self, before: usize, after: usize) {
+        let grown = after.saturating_sub(before);
+        self.step = self.step.saturating_sub(grown);
+        self.plan = self.plan.saturating_sub(grown);
+    }
+}
 
 /// Substitutes the variables in every step's `context_output` and `context_dependencies`
 /// (sub-agent steps of routes included) and in the question and options of `human_input`
-/// steps, each within its limit; the first text over its limit is the error (the plan is
-/// then partly substituted and must not be used).
+/// steps, within the limits: a path at most 4 KiB, and what substitution adds at most 1 MiB
+/// to a step's texts and 4 MiB to the plan's. The first text over a limit is the error (the
+/// plan is then partly substituted and must not be used).
 pub fn substitute_plan(
     plan: &mut Plan,
     variables: &BTreeMap<String, String>,
@@ -159,26 +207,48 @@ pub fn substitute_plan(
     if variables.is_empty() {
         return Ok(());
     }
+    walk_plan(plan, &mut |text, limit| {
+        let done = substitute_within(text, variables, limit)?;
+        *text = done;
+        Some(text.len())
+    })
+}
+
+/// [`substitute_plan`] measured, nothing changed.
+fn measure_plan(plan: &mut Plan, variables: &BTreeMap<String, String>) -> Result<(), Oversized> {
+    walk_plan(plan, &mut |text, limit| {
+        substituted_len(text, variables, limit)
+    })
+}
+
+/// Gives `each` every substituted text of the plan with the longest it may become; `each`
+/// answers its length once substituted, or `None` past that.
+fn walk_plan(
+    plan: &mut Plan,
+    each: &mut impl FnMut(&mut String, usize) -> Option<usize>,
+) -> Result<(), Oversized> {
+    let mut growth = Growth {
+        step: MAX_STEP_GROWTH,
+        plan: MAX_PLAN_GROWTH,
+    };
     for (path, step) in top_steps_mut(plan) {
+        growth.step = MAX_STEP_GROWTH;
         visit_step(step, &path, &mut |step_id, json_path, text, kind| {
-            let limit = match kind {
-                TextKind::Path => MAX_PATH_BYTES,
-                TextKind::Prose { left } => left,
-            };
-            match substitute_within(text, variables, limit) {
-                Some(done) => {
-                    let len = done.len();
-                    *text = done;
-                    Ok(len)
-                }
-                None => Err(oversized(step_id, json_path, kind)),
-            }
+            let before = text.len();
+            let (most, limit) = growth.limit(text, kind);
+            let after = each(text, most).ok_or_else(|| Oversized {
+                json_path: json_path.to_string(),
+                step_id: step_id.to_string(),
+                limit,
+            })?;
+            growth.take(before, after);
+            Ok(())
         })?;
     }
     Ok(())
 }
 
-/// The steps whose texts substitution would make longer than their limits, with the values
+/// The plan's texts that substitution would make longer than their limits, with the values
 /// of workflow.json's variables (without a group and in each group), as `trellis validate`
 /// reports them. A `human_input` answer that becomes a variable is not known until the run,
 /// which checks again.
@@ -191,8 +261,8 @@ pub fn check_plan_substitution(plan: &Plan, manifest: &WorkflowManifest) -> Diag
             .iter()
             .map(|g| manifest.resolved_variables(Some(&g.id))),
     );
-    // Every unit's values at their longest: a step within its limits with these is within
-    // them in every unit, so each unit is measured only for the steps that may not be.
+    // Every unit's values at their longest: a plan within its limits with these is within
+    // them in every unit, so each unit is measured only when it may not be.
     let mut longest: BTreeMap<String, String> = BTreeMap::new();
     for unit in &units {
         for (name, value) in unit {
@@ -205,31 +275,21 @@ pub fn check_plan_substitution(plan: &Plan, manifest: &WorkflowManifest) -> Diag
     if longest.is_empty() {
         return diags;
     }
-    let mut plan = plan.clone();
-    for (path, step) in top_steps_mut(&mut plan) {
-        let measure = |variables: &BTreeMap<String, String>, step: &mut Step| {
-            visit_step(step, &path, &mut |step_id, json_path, text, kind| {
-                let limit = match kind {
-                    TextKind::Path => MAX_PATH_BYTES,
-                    TextKind::Prose { left } => left,
-                };
-                substituted_len(text, variables, limit)
-                    .ok_or_else(|| oversized(step_id, json_path, kind))
-            })
-        };
-        if measure(&longest, step).is_ok() {
-            continue;
-        }
-        if let Some(e) = units.iter().find_map(|unit| measure(unit, step).err()) {
+    let mut scratch = plan.clone();
+    if measure_plan(&mut scratch, &longest).is_ok() {
+        return diags;
+    }
+    let mut said: Vec<String> = Vec::new();
+    for unit in &units {
+        if let Err(e) = measure_plan(&mut scratch, unit)
+            && !said.contains(&e.json_path)
+        {
+            said.push(e.json_path.clone());
             diags.push(Diagnostic {
                 file: PLAN_FILE.into(),
+                message: e.message(),
                 json_path: e.json_path,
                 step_id: Some(e.step_id),
-                message: format!(
-                    "with its workflow variables substituted it would be longer than {}; use \
-                     shorter variables or name them fewer times",
-                    e.limit
-                ),
                 severity: Severity::Error,
             });
         }
@@ -239,21 +299,10 @@ pub fn check_plan_substitution(plan: &Plan, manifest: &WorkflowManifest) -> Diag
 
 #[derive(Clone, Copy)]
 enum TextKind {
-    /// A path, limited on its own.
+    /// A path (`context_dependencies`, `context_output`).
     Path,
-    /// A question or an option, limited with the rest of its step's: `left` bytes remain.
-    Prose { left: usize },
-}
-
-fn oversized(step_id: &str, json_path: &JsonPath, kind: TextKind) -> Oversized {
-    Oversized {
-        json_path: json_path.to_string(),
-        step_id: step_id.to_string(),
-        limit: match kind {
-            TextKind::Path => PATH_LIMIT,
-            TextKind::Prose { .. } => STEP_TEXT_LIMIT,
-        },
-    }
+    /// A question or an option.
+    Prose,
 }
 
 fn top_steps_mut(plan: &mut Plan) -> impl Iterator<Item = (JsonPath, &mut Step)> {
@@ -271,11 +320,11 @@ fn top_steps_mut(plan: &mut Plan) -> impl Iterator<Item = (JsonPath, &mut Step)>
 }
 
 /// Hands `each` every substituted text of `step` and of its routes' sub-agent steps, with
-/// its path and kind; `each` answers the new length of a question or option.
+/// its path and kind.
 fn visit_step(
     step: &mut Step,
     path: &JsonPath,
-    each: &mut impl FnMut(&str, &JsonPath, &mut String, TextKind) -> Result<usize, Oversized>,
+    each: &mut impl FnMut(&str, &JsonPath, &mut String, TextKind) -> Result<(), Oversized>,
 ) -> Result<(), Oversized> {
     let id = step.id.clone();
     for (i, dep) in step.context_dependencies.iter_mut().flatten().enumerate() {
@@ -287,9 +336,7 @@ fn visit_step(
         )?;
     }
     match &mut step.context_output {
-        Some(ContextOutput::One(o)) => {
-            each(&id, &path.key("context_output"), o, TextKind::Path)?;
-        }
+        Some(ContextOutput::One(o)) => each(&id, &path.key("context_output"), o, TextKind::Path)?,
         Some(ContextOutput::Many(list)) => {
             for (i, o) in list.iter_mut().enumerate() {
                 each(&id, &path.key("context_output").index(i), o, TextKind::Path)?;
@@ -297,15 +344,13 @@ fn visit_step(
         }
         None => {}
     }
-    let mut left = MAX_STEP_TEXT_BYTES;
     match &mut step.kind {
         StepKind::HumanInput(h) => {
             if let Some(q) = &mut h.question {
-                left -= each(&id, &path.key("question"), q, TextKind::Prose { left })?;
+                each(&id, &path.key("question"), q, TextKind::Prose)?;
             }
             for (i, o) in h.options.iter_mut().flatten().enumerate() {
-                let at = path.key("options").index(i);
-                left -= each(&id, &at, o, TextKind::Prose { left })?;
+                each(&id, &path.key("options").index(i), o, TextKind::Prose)?;
             }
         }
         StepKind::MessageSequence(m) => {

@@ -61,6 +61,11 @@ impl Serve {
         Serve { child, port }
     }
 
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// `METHOD PATH` with the header lines `headers` and `body`: the status, the headers
     /// (lower case) and the body.
     pub fn request(

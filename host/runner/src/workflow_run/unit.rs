@@ -13,9 +13,13 @@ pub(super) async fn run_unit(
     opts: &RunOptions,
 ) -> Result<UnitRun> {
     let mut ws = open_workspace(root, Some(folder))?;
-    let variables = unit_variables_with_answers(&ws, group, &opts.inputs);
+    // The plan as written: an answer given while the run waits for it (a server's page)
+    // becomes a variable of the steps after it, substituted afresh from this.
+    let written = ws.plan.clone();
+    let mut answers = opts.inputs.clone();
+    let variables = unit_variables_with_answers(&ws, group, &answers);
     substitute_variables(&mut ws, &variables)?;
-    let block = variables_block(&variables, group);
+    let mut block = variables_block(&variables, group);
     let mut given = None;
     let mut unit = UnitRun {
         group: group.map(|g| g.id.clone()),
@@ -155,7 +159,7 @@ pub(super) async fn run_unit(
                         run_folder: folder.to_string(),
                         step_id: id.clone(),
                         group: group.map(|g| g.id.clone()),
-                        inputs: opts.inputs.clone(),
+                        inputs: answers.clone(),
                     })
                     .await?;
                 let worker = remote.worker.clone().unwrap_or_default();
@@ -183,7 +187,7 @@ pub(super) async fn run_unit(
                 if has_scripted(&ws, step) {
                     let options = ScriptOptions {
                         group: group.map(|g| g.id.clone()),
-                        variables: opts.inputs.clone(),
+                        variables: answers.clone(),
                         approvals: env.llm.approvals(),
                         ..ScriptOptions::default()
                     };
@@ -240,13 +244,22 @@ pub(super) async fn run_unit(
                 (report, next)
             }
             StepKind::HumanInput(h) => {
-                let key = input_key(step, h);
-                let answer = match (opts.inputs.get(key), &env.human) {
-                    (Some(given), _) => Some(given.clone()),
-                    (None, Some(human)) => ask_human(env, human, step, h).await,
+                let key = input_key(step, h).to_string();
+                let (answer, asked) = match (answers.get(&key), &env.human) {
+                    (Some(given), _) => (Some(given.clone()), false),
+                    (None, Some(human)) => (ask_human(env, human, step, h).await, true),
                     (None, None) => bail!("step {id:?}: no --input {key}=VALUE"),
                 };
                 let ended = match answer {
+                    Some(answer) if asked => {
+                        let ended = answered(&ws, step, h, &answer, output_dir)?;
+                        answers.insert(key, answer);
+                        let variables = unit_variables_with_answers(&ws, group, &answers);
+                        ws.plan = written.clone();
+                        substitute_variables(&mut ws, &variables)?;
+                        block = variables_block(&variables, group);
+                        ended
+                    }
                     Some(answer) => answered(&ws, step, h, &answer, output_dir)?,
                     None => {
                         let report = StepReport {

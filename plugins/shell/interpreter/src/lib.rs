@@ -210,10 +210,14 @@ fn heredoc_delimiter(rest: &str) -> Option<(String, bool)> {
 }
 
 /// How deep the arithmetic parser would recurse on `text`: the deepest of bracket nesting,
-/// of `?` against `:`, and of prefix operators (`!`, `-`, `+`, `~`) in a row.
+/// of `?` against `:`, and of prefix operators (`!`, `-`, `+`, `~`) in a row; or how many
+/// operators that bind to the right (`**`, `=` and the assignments) it has, whichever is
+/// more, each of which nests the rest of the expression under it.
 pub(crate) fn arithmetic_nesting(text: &str) -> usize {
     let (mut brackets, mut conditional, mut prefixes, mut deepest) =
         (0usize, 0usize, 0usize, 0usize);
+    let mut rightward = 0usize;
+    let mut previous = ' ';
     for c in text.chars() {
         match c {
             '(' | '[' => brackets += 1,
@@ -224,9 +228,13 @@ pub(crate) fn arithmetic_nesting(text: &str) -> usize {
             c if c.is_whitespace() => {}
             _ => prefixes = 0,
         }
+        if c == '=' || (c == '*' && previous == '*') {
+            rightward += 1;
+        }
+        previous = if c == '*' && previous == '*' { ' ' } else { c };
         deepest = deepest.max(brackets).max(conditional).max(prefixes);
     }
-    deepest
+    deepest.max(rightward)
 }
 
 /// An error when `depth` is past [`MAX_NESTING`]: the text is not parsed.

@@ -448,6 +448,9 @@ fn deeply_nested_text_is_refused_before_it_is_parsed() {
             "fi; ".repeat(n)
         ),
         format!("x='{}1'; echo $((x)) $(( $x ))", "- ".repeat(2000)),
+        format!("echo $(( 1{} ))", "**1".repeat(2000)),
+        format!("echo $(( {}1 ))", (1..5000).map(|i| format!("a{i}=")).collect::<String>()),
+        format!("x='1{}'; echo $((x))", "**1".repeat(2000)),
     ] {
         let (status, _, err) = run(&script);
         assert_eq!(status, 2);
@@ -455,6 +458,8 @@ fn deeply_nested_text_is_refused_before_it_is_parsed() {
     }
     let (status, out, _) = run("[[ ! ! 1 ]] && echo ok; echo $(( ((1+2)) ))");
     assert_eq!((status, out.as_str()), (0, "ok\n3\n"));
+    let (status, out, _) = run("echo $(( 2**3**2 )) $(( a = b = 4 )) $(( a == b ))");
+    assert_eq!((status, out.as_str()), (0, "512 4 1\n"));
     // Prose is not nesting: the words and marks of a long text written by a here-document.
     let prose = "If you wait, then for a while: what? - done, in case! ~ -- ---\n".repeat(400);
     let (status, out, err) = run(&format!(

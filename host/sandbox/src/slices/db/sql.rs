@@ -86,9 +86,28 @@ pub enum SqlAccess {
 /// A fenced connection and the deadline its statements run under.
 #[derive(Debug)]
 pub struct GuardedDb {
-    conn: Connection,
+    /// Closed in `drop`, before the allocator is asked to give back what it freed.
+    conn: std::mem::ManuallyDrop<Connection>,
     deadline: Arc<Mutex<Instant>>,
     timeout: Duration,
+}
+
+impl Drop for GuardedDb {
+    fn drop(&mut self) {
+        // SAFETY: the connection is dropped once, here, and not used after.
+        unsafe {
+            std::mem::ManuallyDrop::drop(&mut self.conn);
+        }
+        // What a statement took from the C heap (up to the ceiling) is freed with it, but the
+        // allocator keeps the pages of each thread's arena: a server whose read slots each ran
+        // a large query held 1.6 GB once idle. They go back to the system when the
+        // connection ends.
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        // SAFETY: malloc_trim only releases free memory of the allocator's own arenas.
+        unsafe {
+            libc::malloc_trim(0);
+        }
+    }
 }
 
 /// What the message of an interrupted statement says, so callers can tell it from other errors.
@@ -252,7 +271,7 @@ fn open_fenced(
         }),
     )?;
     Ok(GuardedDb {
-        conn,
+        conn: std::mem::ManuallyDrop::new(conn),
         deadline,
         timeout,
     })
