@@ -216,7 +216,6 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
         start.retry.attempt_timeout = Some(Duration::from_secs_f64(secs));
     }
     start.wait_for_workspace = args.wait;
-    let stop_remote = Arc::new(std::sync::atomic::AtomicBool::new(false));
     if let Some(url) = &args.dispatch {
         anyhow::ensure!(
             args.record.is_none()
@@ -226,13 +225,9 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
             "--dispatch: a recorded or replayed run keeps one cassette position for all its \
              steps, which workers on other machines cannot share; run it locally"
         );
-        let dispatch = trellis_worker::NatsDispatch::connect(
-            &args.nats.options(url)?,
-            &args.nats.pool,
-            root,
-            stop_remote.clone(),
-        )
-        .await?;
+        let dispatch =
+            trellis_worker::NatsDispatch::connect(&args.nats.options(url)?, &args.nats.pool, root)
+                .await?;
         start.dispatch = Some(Arc::new(dispatch));
     }
     start.mcp_config = Arc::new(mcp);
@@ -283,7 +278,6 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
                     "stopping at the next boundary (Ctrl-C again to cancel the tool calls running)"
                 );
                 runtime.stop(&id);
-                stop_remote.store(true, std::sync::atomic::Ordering::SeqCst);
                 let _ = interrupts.recv().await;
                 eprintln!("cancelling the tool calls running (Ctrl-C again to abort)");
                 runtime.stop_now(&id);

@@ -85,7 +85,10 @@ fn a_nul_character_in_a_variable_is_refused_by_validate() {
         json!({"A": "x\u{0}y"}),
     );
     let said = validate_errors(dir.path());
-    assert!(said.contains("variables.A") && said.contains("NUL"), "{said}");
+    assert!(
+        said.contains("variables.A") && said.contains("NUL"),
+        "{said}"
+    );
 }
 
 /// In `trellis serve`, an answer given while the run waited for it did not become a
@@ -109,14 +112,11 @@ fn an_answer_given_while_the_run_waits_becomes_a_variable() {
     assert_eq!(status, 202, "{started}");
     let id = started["execution_id"].as_str().unwrap().to_string();
     let input = format!("/api/executions/{id}/input");
-    crate::serve_api::execution_until(&serve, &id, |e| {
-        e["waiting_for"]["step_id"] == "first"
-    });
+    crate::serve_api::execution_until(&serve, &id, |e| e["waiting_for"]["step_id"] == "first");
     let (status, _) = serve.post(&input, &json!({"answer": "QQQ"}));
     assert_eq!(status, 200);
-    let waiting = crate::serve_api::execution_until(&serve, &id, |e| {
-        e["waiting_for"]["step_id"] == "second"
-    });
+    let waiting =
+        crate::serve_api::execution_until(&serve, &id, |e| e["waiting_for"]["step_id"] == "second");
     assert_eq!(waiting["waiting_for"]["question"], "QQQQ", "{waiting}");
     let (status, _) = serve.post(&input, &json!({"answer": "done"}));
     assert_eq!(status, 200);

@@ -21,7 +21,9 @@ use support::{trellis, trellis_command};
 pub(crate) struct Nats {
     child: Child,
     pub(crate) url: String,
-    _store: tempfile::TempDir,
+    binary: PathBuf,
+    port: u16,
+    store: tempfile::TempDir,
 }
 
 impl Drop for Nats {
@@ -59,24 +61,40 @@ impl Nats {
             .local_addr()
             .unwrap()
             .port();
-        let child = Command::new(binary)
-            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
-            .arg(store.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("nats-server starts");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "nats-server never listened");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let child = spawn_server(binary, port, store.path());
         Nats {
             child,
             url: format!("nats://127.0.0.1:{port}"),
-            _store: store,
+            binary: binary.to_path_buf(),
+            port,
+            store,
         }
     }
+
+    /// Kills the server (SIGKILL) and starts it again on the same port and store.
+    fn restart(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+        self.child = spawn_server(&self.binary, self.port, self.store.path());
+    }
+}
+
+/// Starts nats-server with JetStream on 127.0.0.1:`port`, its store in `store`, and waits
+/// until it listens.
+fn spawn_server(binary: &Path, port: u16, store: &Path) -> Child {
+    let child = Command::new(binary)
+        .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+        .arg(store)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("nats-server starts");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "nats-server never listened");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child
 }
 
 /// A `trellis worker` process, killed when dropped.
@@ -309,6 +327,103 @@ fn a_worker_killed_mid_step_leaves_the_step_to_another() {
     );
 }
 
+/// Ctrl-C of the dispatcher reaches the worker through the task's cancellation key: the
+/// step stops there (its model call in flight ends), is committed `stopped`, and the run
+/// ends.
+#[test]
+fn ctrl_c_of_the_dispatcher_stops_the_step_on_its_worker() {
+    let Some(nats) = Nats::start() else {
+        return;
+    };
+    let never = Arc::new(AtomicBool::new(false));
+    let llm = model(Some(never.clone()));
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    workspace(&ws, &llm);
+    let _w = worker(&nats, "w", &[]);
+    let mut run = trellis_command(&[
+        "run",
+        ws.to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
+        "--dispatch",
+        &nats.url,
+    ])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while llm.connections() == 0 {
+        assert!(Instant::now() < deadline, "step a never reached its model");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // SAFETY: a signal to the child this test started.
+    unsafe {
+        libc::kill(run.id() as i32, libc::SIGINT);
+    }
+    let out = wait_output(&mut run, Duration::from_secs(60));
+    never.store(true, Ordering::SeqCst);
+    let stdout = text(&out.stdout);
+    assert!(!out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("a [regular]: stopped"),
+        "{stdout}{}",
+        text(&out.stderr)
+    );
+    assert!(stdout.contains("on worker w"), "{stdout}");
+    assert!(
+        !ws.join("runs/iteration-0/execution/b").exists(),
+        "b never ran"
+    );
+}
+
+/// The NATS server killed and started again while a step runs (its store kept): the worker
+/// and the dispatcher reconnect, the step is committed once, and the run completes.
+#[test]
+fn the_run_goes_on_across_a_restart_of_the_nats_server() {
+    let Some(mut nats) = Nats::start() else {
+        return;
+    };
+    let release = Arc::new(AtomicBool::new(false));
+    let llm = model(Some(release.clone()));
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    workspace(&ws, &llm);
+    let _w = worker(&nats, "w", &[]);
+    let mut run = trellis_command(&[
+        "run",
+        ws.to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
+        "--dispatch",
+        &nats.url,
+    ])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while llm.connections() == 0 {
+        assert!(Instant::now() < deadline, "step a never reached its model");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    nats.restart();
+    release.store(true, Ordering::SeqCst);
+    let out = wait_output(&mut run, Duration::from_secs(180));
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    assert_eq!(
+        stdout.matches(" turn(s) on worker w").count(),
+        2,
+        "{stdout}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(ws.join("runs/iteration-0/execution/b/beta.md")).unwrap(),
+        "beta after alpha\n"
+    );
+}
+
 /// A task published twice within the window is stored once (JetStream's de-duplication by
 /// message id).
 #[test]
@@ -323,14 +438,9 @@ fn a_task_published_twice_is_stored_once() {
             url: nats.url.clone(),
             ..Default::default()
         };
-        let dispatch = trellis_worker::NatsDispatch::connect(
-            &options,
-            "dedup",
-            dir.path(),
-            Arc::new(AtomicBool::new(false)),
-        )
-        .await
-        .unwrap();
+        let dispatch = trellis_worker::NatsDispatch::connect(&options, "dedup", dir.path())
+            .await
+            .unwrap();
         let task = trellis_worker::bus::Task {
             id: "ws/run/iteration-0/s/1".into(),
             run_folder: "iteration-0".into(),

@@ -31,6 +31,8 @@ pub struct RemoteStep {
     pub group: Option<String>,
     /// The `human_input` answers of the run.
     pub inputs: BTreeMap<String, String>,
+    /// Set when the run is stopped: the step is stopped wherever it runs.
+    pub cancel: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// How a step run elsewhere ended: what the run needs of a [`StepOutcome`].

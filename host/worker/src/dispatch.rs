@@ -36,17 +36,15 @@ pub struct NatsDispatch {
     workspace_id: String,
     /// Tasks published per step, for the attempt number of the next.
     attempts: Mutex<BTreeMap<String, u32>>,
-    cancel: std::sync::Arc<AtomicBool>,
 }
 
 impl NatsDispatch {
     /// Connects to the server and readies the stream, bucket and store; steps go to the
-    /// workers of `pool`; `cancel` set stops the run's remote steps.
+    /// workers of `pool`.
     pub async fn connect(
         options: &NatsOptions,
         pool: &str,
         workspace: &std::path::Path,
-        cancel: std::sync::Arc<AtomicBool>,
     ) -> Result<NatsDispatch> {
         check_pool(pool)?;
         let bus = Bus::open(options).await?;
@@ -69,7 +67,6 @@ impl NatsDispatch {
             run_id,
             workspace_id,
             attempts: Mutex::default(),
-            cancel,
         })
     }
 
@@ -134,13 +131,13 @@ impl NatsDispatch {
         );
         let task = Task {
             input: key_of("input", &id),
+            cancel_key: key_of("cancel", &id),
             id,
             run_folder: step.run_folder.clone(),
             step_id: step.step_id.clone(),
             group: step.group.clone(),
             inputs: step.inputs.clone(),
             writable: writable.clone(),
-            cancel_key: key_of("cancel", &self.run_id),
         };
         self.bus.put(&task.input, bundle.encode()).await?;
         let key = task.key();
@@ -151,7 +148,7 @@ impl NatsDispatch {
             .map_err(|e| anyhow::anyhow!("recording step {}: {e}", step.step_id))?;
         self.publish(&task).await?;
 
-        let (worker, mut outcome, output) = self.wait(&task, &key).await?;
+        let (worker, mut outcome, output) = self.wait(&task, &key, &step.cancel).await?;
         outcome.worker = Some(worker.clone());
         let received = Received::decode(self.bus.get(&output).await?)
             .with_context(|| format!("the outputs of step {} from {worker}", step.step_id))?;
@@ -172,47 +169,71 @@ impl NatsDispatch {
         Ok(outcome)
     }
 
-    /// Waits for the task's state to be committed (or failed); sets the run's cancellation
-    /// key when the run is stopped.
-    async fn wait(&self, task: &Task, key: &str) -> Result<(String, RemoteOutcome, String)> {
-        let mut watch = self
-            .bus
-            .states
-            .watch_with_history(key)
-            .await
-            .map_err(|e| anyhow::anyhow!("watching step {}: {e}", task.step_id))?;
+    /// Waits for the task's state to be committed (or failed); sets the task's cancellation
+    /// key when the run is stopped. A watch the server drops (a restart) is made again; the
+    /// server gone for longer than [`SERVER_GONE`] fails the step.
+    async fn wait(
+        &self,
+        task: &Task,
+        key: &str,
+        cancel: &AtomicBool,
+    ) -> Result<(String, RemoteOutcome, String)> {
         let mut cancelled = false;
+        let mut gone_since: Option<std::time::Instant> = None;
         loop {
-            if !cancelled && self.cancel.load(Ordering::SeqCst) {
-                cancelled = true;
-                self.bus
-                    .states
-                    .put(&task.cancel_key, "stop".into())
-                    .await
-                    .map_err(|e| anyhow::anyhow!("stopping step {}: {e}", task.step_id))?;
+            if gone_since.is_some_and(|since| since.elapsed() > SERVER_GONE) {
+                bail!(
+                    "step {}: the NATS server was out of reach for {} s while the step ran",
+                    task.step_id,
+                    SERVER_GONE.as_secs()
+                );
             }
-            let next = tokio::time::timeout(Duration::from_millis(200), watch.next()).await;
-            let Ok(entry) = next else {
-                continue;
+            let mut watch = match self.bus.states.watch_with_history(key).await {
+                Ok(watch) => watch,
+                Err(e) => {
+                    tracing::warn!("watching step {}: {e}", task.step_id);
+                    gone_since.get_or_insert_with(std::time::Instant::now);
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    continue;
+                }
             };
-            let entry = entry
-                .context("the NATS server closed the watch")?
-                .map_err(|e| anyhow::anyhow!("watching step {}: {e}", task.step_id))?;
-            let Ok(state) = serde_json::from_slice::<State>(&entry.value) else {
-                continue;
-            };
-            match state {
-                State::Done {
-                    worker,
-                    outcome,
-                    output,
-                } => return Ok((worker, outcome, output)),
-                State::Failed { why } => bail!("step {}: {why}", task.step_id),
-                State::Queued | State::Running { .. } | State::Refused { .. } => {}
+            loop {
+                if !cancelled && cancel.load(Ordering::SeqCst) {
+                    cancelled = self
+                        .bus
+                        .states
+                        .put(&task.cancel_key, "stop".into())
+                        .await
+                        .is_ok();
+                }
+                let next = tokio::time::timeout(Duration::from_millis(200), watch.next()).await;
+                let entry = match next {
+                    Err(_) => continue,
+                    Ok(Some(Ok(entry))) => entry,
+                    Ok(None) | Ok(Some(Err(_))) => break,
+                };
+                gone_since = None;
+                let Ok(state) = serde_json::from_slice::<State>(&entry.value) else {
+                    continue;
+                };
+                match state {
+                    State::Done {
+                        worker,
+                        outcome,
+                        output,
+                    } => return Ok((worker, outcome, output)),
+                    State::Failed { why } => bail!("step {}: {why}", task.step_id),
+                    State::Queued | State::Running { .. } | State::Refused { .. } => {}
+                }
             }
+            gone_since.get_or_insert_with(std::time::Instant::now);
+            tokio::time::sleep(Duration::from_millis(500)).await;
         }
     }
 }
+
+/// How long a dispatcher waits for a NATS server it lost while a step runs.
+const SERVER_GONE: Duration = Duration::from_secs(60);
 
 impl StepDispatch for NatsDispatch {
     fn run_step(&self, step: RemoteStep) -> BoxFuture<'_, Result<RemoteOutcome>> {

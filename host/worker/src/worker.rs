@@ -39,6 +39,16 @@ pub type StepRunner = Arc<
         + Sync,
 >;
 
+/// How a commit ended.
+enum Commit {
+    /// Written.
+    Done,
+    /// Another worker's commit or claim stands (this one's lease ran out).
+    Lost,
+    /// The server could not be reached.
+    Unreachable,
+}
+
 /// A worker of one pool.
 pub struct Worker {
     bus: Bus,
@@ -105,13 +115,21 @@ impl Worker {
         tracing::info!(worker = %me.name, pool = %me.pool, "taking tasks");
         while !stop.load(Ordering::SeqCst) {
             let permit = slots.clone().acquire_owned().await?;
-            let mut batch = consumer
+            let mut batch = match consumer
                 .fetch()
                 .max_messages(1)
                 .expires(Duration::from_secs(1))
                 .messages()
                 .await
-                .map_err(|e| anyhow::anyhow!("fetching a task: {e}"))?;
+            {
+                Ok(batch) => batch,
+                Err(e) => {
+                    // The server restarting: tasks wait in its stream meanwhile.
+                    tracing::warn!("fetching a task: {e}");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    continue;
+                }
+            };
             let Some(message) = batch.next().await else {
                 continue;
             };
@@ -272,29 +290,58 @@ impl Worker {
             }
         };
         let refused = matches!(commit, State::Refused { .. });
-        match self
-            .bus
-            .states
-            .update(&key, serde_json::to_vec(&commit)?.into(), revision)
-            .await
-        {
-            Ok(_) if refused => {
+        match self.commit(&key, &commit, revision).await {
+            Commit::Done if refused => {
                 tracing::warn!(worker = %self.name, step = %task.step_id, "refused the task");
                 // Another worker of the pool may have what this one lacks.
                 let _ = message
                     .ack_with(AckKind::Nak(Some(Duration::from_millis(200))))
                     .await;
             }
-            Ok(_) => {
+            Commit::Done | Commit::Lost => {
                 let _ = message.ack().await;
             }
-            Err(e) => {
-                // Another worker committed it (this one's lease ran out): its commit stands.
-                tracing::warn!(worker = %self.name, step = %task.step_id, "not committed: {e}");
-                let _ = message.ack().await;
+            Commit::Unreachable => {
+                // Left unacked: delivered again once the lease is over, and run again.
+                tracing::warn!(worker = %self.name, step = %task.step_id, "not committed: the NATS server is out of reach");
             }
         }
         Ok(())
+    }
+
+    /// Writes `state` over the claim this worker holds at `revision`, trying again while the
+    /// server is out of reach (a restart), for up to a minute.
+    async fn commit(&self, key: &str, state: &State, mut revision: u64) -> Commit {
+        let Ok(bytes) = serde_json::to_vec(state) else {
+            return Commit::Unreachable;
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            if self
+                .bus
+                .states
+                .update(key, bytes.clone().into(), revision)
+                .await
+                .is_ok()
+            {
+                return Commit::Done;
+            }
+            // Why it failed: another worker's commit or claim (this one's lease ran out),
+            // or no server to answer.
+            match self.bus.states.entry(key).await {
+                Ok(Some(entry)) => match serde_json::from_slice::<State>(&entry.value) {
+                    Ok(State::Running { worker, .. }) if worker == self.name => {
+                        revision = entry.revision;
+                    }
+                    _ => return Commit::Lost,
+                },
+                Ok(None) => return Commit::Lost,
+                Err(_) if std::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                Err(_) => return Commit::Unreachable,
+            }
+        }
     }
 
     /// Runs the task in a scratch workspace; its outcome and the object of its writable

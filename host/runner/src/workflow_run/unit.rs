@@ -160,6 +160,7 @@ pub(super) async fn run_unit(
                         step_id: id.clone(),
                         group: group.map(|g| g.id.clone()),
                         inputs: answers.clone(),
+                        cancel: env.cancel.clone(),
                     })
                     .await?;
                 let worker = remote.worker.clone().unwrap_or_default();
