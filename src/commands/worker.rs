@@ -114,11 +114,12 @@ pub async fn run(engine: &Engine, args: WorkerArgs) -> Result<ExitCode> {
     let approvals = super::approvals(&args.allow_keys, &args.allow_hosts)?;
     let llm = LlmSetup::new(None).with_approvals(approvals);
     let bus = Bus::open(&args.connection.options(&args.nats)?).await?;
-    let runner: StepRunner = Arc::new(move |root, run, cancel: Arc<AtomicBool>| {
+    let runner: StepRunner = Arc::new(move |root, run, cancel: Arc<AtomicBool>, observer| {
         let (runtime, llm, mcp) = (runtime.clone(), llm.clone(), mcp.clone());
         Box::pin(async move {
             let step = run.step.clone().unwrap_or_default();
             let mut start = StartOptions::new(run, llm);
+            start.observer = observer;
             start.mcp_config = mcp;
             start.tool_servers = Arc::new(trellis_mcp::client::McpClient);
             let id = runtime.start_workflow(&root, start);

@@ -266,6 +266,14 @@ fn a_run_spread_over_two_workers_gives_the_artifacts_of_a_local_run() {
         2,
         "both steps ran on the workers: {stdout}"
     );
+    // Their events came back as they happened: each step's model call and tool call.
+    let said = stdout.clone() + &text(&out.stderr);
+    assert_eq!(
+        said.matches("tool workspace:write_file: ok").count(),
+        2,
+        "{said}"
+    );
+    assert_eq!(said.matches("llm openai:m:").count(), 4, "{said}");
 
     let execution = |root: &Path| root.join("runs/iteration-0/execution");
     let local_files = comparable(files_under(&execution(&local)));
@@ -450,6 +458,7 @@ fn a_task_published_twice_is_stored_once() {
             input: "input.x".into(),
             writable: Vec::new(),
             cancel_key: "cancel.x".into(),
+            events: "trellis.events.x".into(),
         };
         assert!(!dispatch.publish(&task).await.unwrap(), "the first is new");
         assert!(

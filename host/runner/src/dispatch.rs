@@ -33,6 +33,8 @@ pub struct RemoteStep {
     pub inputs: BTreeMap<String, String>,
     /// Set when the run is stopped: the step is stopped wherever it runs.
     pub cancel: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Sees the step's events (turns, model and tool calls) as they happen where it runs.
+    pub observer: crate::events::Observer,
 }
 
 /// How a step run elsewhere ended: what the run needs of a [`StepOutcome`].

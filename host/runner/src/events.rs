@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use crate::session::Status;
 
-/// One thing that happened in a run.
-#[derive(Debug, Clone, PartialEq)]
+/// One thing that happened in a run (as JSON, what a worker sends its dispatcher).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum RunEvent {
     /// A problem found while loading the workspace that does not stop the run.
     Warning {

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 pub const MAX_ANSWER_BYTES: usize = 64 << 10;
 
 /// A question a run waits on.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Question {
     /// The `human_input` step asking.
     pub step_id: String,

@@ -197,6 +197,8 @@ pub struct Task {
     pub writable: Vec<String>,
     /// The key of the run's cancellation in the states bucket.
     pub cancel_key: String,
+    /// The subject the step's events are published on as they happen.
+    pub events: String,
 }
 
 impl Task {

@@ -11,6 +11,7 @@ use futures::StreamExt;
 use futures::future::BoxFuture;
 use sha2::{Digest, Sha256};
 use trellis_runner::dispatch::{RemoteOutcome, RemoteStep, StepDispatch, step_folders};
+use trellis_runner::events::RunEvent;
 use trellis_sandbox::capabilities::Access;
 use trellis_sandbox::store::WorkspaceFs;
 use trellis_workflow::Workspace;
@@ -132,6 +133,7 @@ impl NatsDispatch {
         let task = Task {
             input: key_of("input", &id),
             cancel_key: key_of("cancel", &id),
+            events: format!("trellis.events.{}", key_of("step", &id).replace('.', "-")),
             id,
             run_folder: step.run_folder.clone(),
             step_id: step.step_id.clone(),
@@ -146,9 +148,44 @@ impl NatsDispatch {
             .put(&key, serde_json::to_vec(&State::Queued)?.into())
             .await
             .map_err(|e| anyhow::anyhow!("recording step {}: {e}", step.step_id))?;
+        // The step's events, as they happen where it runs: seen here as if it ran here (but
+        // its start and end, which this run says itself).
+        let mut events = self
+            .bus
+            .client
+            .subscribe(task.events.clone())
+            .await
+            .map_err(|e| anyhow::anyhow!("following step {}: {e}", step.step_id))?;
+        let mut forward = {
+            let (observer, step_id) = (step.observer.clone(), step.step_id.clone());
+            tokio::spawn(async move {
+                while let Some(message) = events.next().await {
+                    if message.payload.is_empty() {
+                        break;
+                    }
+                    match serde_json::from_slice::<RunEvent>(&message.payload) {
+                        Ok(RunEvent::StepStarted { step_id: s, .. })
+                        | Ok(RunEvent::StepEnded { step_id: s, .. })
+                            if s == step_id => {}
+                        Ok(RunEvent::GroupStarted { .. }) => {}
+                        Ok(event) => observer.emit(event),
+                        Err(_) => {}
+                    }
+                }
+            })
+        };
         self.publish(&task).await?;
 
-        let (worker, mut outcome, output) = self.wait(&task, &key, &step.cancel).await?;
+        let waited = self.wait(&task, &key, &step.cancel).await;
+        // The worker sent its last events before it committed: they are shown before the
+        // step's end, unless they were lost on the way.
+        if tokio::time::timeout(Duration::from_secs(2), &mut forward)
+            .await
+            .is_err()
+        {
+            forward.abort();
+        }
+        let (worker, mut outcome, output) = waited?;
         outcome.worker = Some(worker.clone());
         let received = Received::decode(self.bus.get(&output).await?)
             .with_context(|| format!("the outputs of step {} from {worker}", step.step_id))?;

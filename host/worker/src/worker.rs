@@ -17,6 +17,7 @@ use async_nats::jetstream::{self, AckKind, consumer::pull};
 use futures::StreamExt;
 use futures::future::BoxFuture;
 use trellis_runner::dispatch::RemoteOutcome;
+use trellis_runner::events::{Observer, RunEvent};
 use trellis_runner::workflow_run::RunOptions;
 use trellis_sandbox::store::WorkspaceFs;
 
@@ -26,18 +27,24 @@ use crate::bus::{
 };
 use crate::dispatch::check_pool;
 
-/// Runs one step in a scratch workspace: the run options (the step, its group, inputs) and
-/// a flag set to stop it. `Err` is a refusal (the worker cannot run it: a plugin or a key
-/// approval it lacks), said to the dispatcher; the step's own failure is an `Ok` outcome.
+/// Runs one step in a scratch workspace: the run options (the step, its group, inputs), a
+/// flag set to stop it, and the observer of its events. `Err` is a refusal (the worker
+/// cannot run it: a plugin or a key approval it lacks), said to the dispatcher; the step's
+/// own failure is an `Ok` outcome.
 pub type StepRunner = Arc<
     dyn Fn(
             std::path::PathBuf,
             RunOptions,
             Arc<AtomicBool>,
+            Observer,
         ) -> BoxFuture<'static, Result<RemoteOutcome>>
         + Send
         + Sync,
 >;
+
+/// Events of a step waiting to be published, at most: past it, events are dropped (what
+/// the dispatcher shows is a view; the step's files and outcome come whole).
+const EVENTS_QUEUED: usize = 1024;
 
 /// How a commit ended.
 enum Commit {
@@ -368,7 +375,27 @@ impl Worker {
             inputs: task.inputs.clone(),
             ..RunOptions::default()
         };
-        let outcome = (self.runner)(scratch.path().to_path_buf(), options, cancel).await?;
+        let (events, mut queued) = tokio::sync::mpsc::channel::<Vec<u8>>(EVENTS_QUEUED);
+        let publisher = {
+            let (client, subject) = (self.bus.client.clone(), task.events.clone());
+            tokio::spawn(async move {
+                while let Some(event) = queued.recv().await {
+                    let _ = client.publish(subject.clone(), event.into()).await;
+                }
+                // The end of the events: an empty message.
+                let _ = client.publish(subject, bytes::Bytes::new()).await;
+                let _ = client.flush().await;
+            })
+        };
+        let observer = Observer::new(move |event: &RunEvent| {
+            if let Ok(bytes) = serde_json::to_vec(event) {
+                let _ = events.try_send(bytes);
+            }
+        });
+        let ran = (self.runner)(scratch.path().to_path_buf(), options, cancel, observer).await;
+        // The observer is gone with the run: the publisher ends once the queue is empty.
+        let _ = tokio::time::timeout(Duration::from_secs(5), publisher).await;
+        let outcome = ran?;
         let output = pack_writable(&fs, &task.writable)?;
         let name = key_of("output", &task.id);
         self.bus.put(&name, output).await?;

@@ -161,6 +161,7 @@ pub(super) async fn run_unit(
                         group: group.map(|g| g.id.clone()),
                         inputs: answers.clone(),
                         cancel: env.cancel.clone(),
+                        observer: env.observer.clone(),
                     })
                     .await?;
                 let worker = remote.worker.clone().unwrap_or_default();

@@ -65,7 +65,7 @@ impl Delta {
 }
 
 /// What a front end sees of a reply as it arrives.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum ReplyEvent {
     /// More text of the answer.
     Text(String),
