@@ -226,7 +226,7 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
              steps, which workers on other machines cannot share; run it locally"
         );
         let dispatch =
-            trellis_worker::NatsDispatch::connect(&args.nats.options(url)?, &args.nats.pool, root)
+            trellis_worker::NatsDispatch::connect(&args.nats.options(url)?, &args.nats.pool)
                 .await?;
         start.dispatch = Some(Arc::new(dispatch));
     }

@@ -54,6 +54,13 @@ pub struct ServeArgs {
     /// (default 8); past it a start is refused with 503.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1_000))]
     max_executions: Option<u32>,
+    /// Run the agent steps of the executions (the API's, the builder's, the schedules') on
+    /// `trellis worker`s through the NATS JetStream server at URL, as `trellis run
+    /// --dispatch` does. docs/workers.md.
+    #[arg(long, value_name = "URL")]
+    dispatch: Option<String>,
+    #[command(flatten)]
+    nats: super::worker::NatsArgs,
     #[command(flatten)]
     plugins: PluginDirs,
     #[command(flatten)]
@@ -70,7 +77,7 @@ pub async fn run(engine: &Engine, args: ServeArgs) -> Result<ExitCode> {
     let BuilderSetup {
         runtime,
         own,
-        template,
+        mut template,
         retry,
     } = builder_setup(
         engine,
@@ -85,6 +92,12 @@ pub async fn run(engine: &Engine, args: ServeArgs) -> Result<ExitCode> {
         args.no_stream,
     )
     .await?;
+    if let Some(url) = &args.dispatch {
+        let dispatch =
+            trellis_worker::NatsDispatch::connect(&args.nats.options(url)?, &args.nats.pool)
+                .await?;
+        template.dispatch = Some(Arc::new(dispatch));
+    }
     let api_template = template.clone();
     let max_running = args
         .max_executions

@@ -432,6 +432,51 @@ fn the_run_goes_on_across_a_restart_of_the_nats_server() {
     );
 }
 
+/// `trellis serve --dispatch`: an execution started over the API runs its steps on the
+/// workers, and its events (the steps' turns and calls) reach the server's event log.
+#[test]
+fn a_servers_executions_run_their_steps_on_the_workers() {
+    let Some(nats) = Nats::start() else {
+        return;
+    };
+    let llm = model(None);
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    workspace(&ws, &llm);
+    let _w = worker(&nats, "w", &[]);
+    let serve = support::serve::Serve::start(
+        &ws,
+        None,
+        &["--allow-host", "127.0.0.1", "--dispatch", &nats.url],
+    );
+    let (status, started) = serve.post("/api/executions", &json!({}));
+    assert_eq!(status, 202, "{started}");
+    let id = started["execution_id"].as_str().unwrap().to_string();
+    let ended = crate::serve_api::execution_until(&serve, &id, |e| e["status"] != "running");
+    assert_eq!(ended["status"], "done", "{ended}");
+    let (_, events) = serve.get("/api/executions/events?since=0", &[]);
+    let lines: Vec<String> = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["line"].as_str().map(str::to_string))
+        .collect();
+    let on_worker = lines.iter().filter(|l| l.contains("on worker w)")).count();
+    assert_eq!(on_worker, 2, "{lines:#?}");
+    assert_eq!(
+        lines
+            .iter()
+            .filter(|l| l.contains("tool workspace:write_file"))
+            .count(),
+        2,
+        "the workers' events reached the server: {lines:#?}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(ws.join("runs/iteration-0/execution/b/beta.md")).unwrap(),
+        "beta after alpha\n"
+    );
+}
+
 /// A task published twice within the window is stored once (JetStream's de-duplication by
 /// message id).
 #[test]
@@ -439,14 +484,13 @@ fn a_task_published_twice_is_stored_once() {
     let Some(nats) = Nats::start() else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let options = trellis_worker::NatsOptions {
             url: nats.url.clone(),
             ..Default::default()
         };
-        let dispatch = trellis_worker::NatsDispatch::connect(&options, "dedup", dir.path())
+        let dispatch = trellis_worker::NatsDispatch::connect(&options, "dedup")
             .await
             .unwrap();
         let task = trellis_worker::bus::Task {

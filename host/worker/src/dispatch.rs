@@ -32,9 +32,9 @@ const WORKFLOW_FILES: &[&str] = &[
 pub struct NatsDispatch {
     bus: Bus,
     pool: String,
-    /// This run: unique, so that a second run of the workspace is not taken for a duplicate.
+    /// This dispatcher: unique, so that a second run of a workspace is not taken for a
+    /// duplicate of the first.
     run_id: String,
-    workspace_id: String,
     /// Tasks published per step, for the attempt number of the next.
     attempts: Mutex<BTreeMap<String, u32>>,
 }
@@ -42,18 +42,9 @@ pub struct NatsDispatch {
 impl NatsDispatch {
     /// Connects to the server and readies the stream, bucket and store; steps go to the
     /// workers of `pool`.
-    pub async fn connect(
-        options: &NatsOptions,
-        pool: &str,
-        workspace: &std::path::Path,
-    ) -> Result<NatsDispatch> {
+    pub async fn connect(options: &NatsOptions, pool: &str) -> Result<NatsDispatch> {
         check_pool(pool)?;
         let bus = Bus::open(options).await?;
-        let canonical = workspace
-            .canonicalize()
-            .unwrap_or_else(|_| workspace.to_path_buf());
-        let workspace_id =
-            hex::encode(Sha256::digest(canonical.to_string_lossy().as_bytes()))[..16].to_string();
         let run_id = format!(
             "{}-{}",
             trellis_sandbox::store::now_rfc3339()
@@ -66,7 +57,6 @@ impl NatsDispatch {
             bus,
             pool: pool.to_string(),
             run_id,
-            workspace_id,
             attempts: Mutex::default(),
         })
     }
@@ -120,15 +110,26 @@ impl NatsDispatch {
             bundle.add_bytes("db/db.sqlite", &snapshot)?;
         }
 
+        let canonical = step
+            .workspace
+            .canonicalize()
+            .unwrap_or_else(|_| step.workspace.clone());
+        let workspace_id =
+            hex::encode(Sha256::digest(canonical.to_string_lossy().as_bytes()))[..16].to_string();
         let attempt = {
             let mut attempts = self.attempts.lock().unwrap_or_else(|e| e.into_inner());
-            let n = attempts.entry(step.step_id.clone()).or_insert(0);
+            let n = attempts
+                .entry(format!(
+                    "{workspace_id}/{}/{}",
+                    step.run_folder, step.step_id
+                ))
+                .or_insert(0);
             *n += 1;
             *n
         };
         let id = format!(
-            "{}/{}/{}/{}/{attempt}",
-            self.workspace_id, self.run_id, step.run_folder, step.step_id
+            "{workspace_id}/{}/{}/{}/{attempt}",
+            self.run_id, step.run_folder, step.step_id
         );
         let task = Task {
             input: key_of("input", &id),
