@@ -276,9 +276,13 @@ fn a_run_spread_over_two_workers_gives_the_artifacts_of_a_local_run() {
     assert_eq!(said.matches("llm openai:m:").count(), 4, "{said}");
 
     let execution = |root: &Path| root.join("runs/iteration-0/execution");
-    let local_files = comparable(files_under(&execution(&local)));
-    let remote_files = comparable(files_under(&execution(&remote)));
+    let local_files = comparable(files_under(&local.join("runs/iteration-0")));
+    let remote_files = comparable(files_under(&remote.join("runs/iteration-0")));
     assert_eq!(local_files, remote_files);
+    assert!(
+        local_files.iter().any(|(p, _)| p.starts_with("logs/a/")),
+        "{local_files:?}"
+    );
     assert_eq!(
         std::fs::read_to_string(execution(&remote).join("b/beta.md")).unwrap(),
         "beta after alpha\n"
@@ -475,6 +479,83 @@ fn a_servers_executions_run_their_steps_on_the_workers() {
         std::fs::read_to_string(ws.join("runs/iteration-0/execution/b/beta.md")).unwrap(),
         "beta after alpha\n"
     );
+}
+
+/// A step that may write the workflow database runs on the dispatcher; one whose items leave
+/// the database out runs on a worker, which reads a copy of it.
+#[test]
+fn a_step_that_may_write_the_database_runs_on_the_dispatcher() {
+    let Some(nats) = Nats::start() else {
+        return;
+    };
+    let llm = FakeServer::start(Box::new(|body| {
+        let messages = body["messages"].as_array().cloned().unwrap_or_default();
+        let last = messages.last().cloned().unwrap_or(Value::Null);
+        if last["role"] == "tool" {
+            return (200, completion("Done. STATUS: COMPLETED", &[]));
+        }
+        (
+            200,
+            completion(
+                "",
+                &[("query_workflow_db", json!({"sql": "SELECT x FROM t"}))],
+            ),
+        )
+    }));
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    write_files(
+        &ws,
+        &[
+            (
+                "planning/plan.json",
+                json!({"objective": "o", "steps": [
+                    {"id": "reads", "type": "message_sequence", "title": "Reads",
+                     "description": "Read the table.", "items": [
+                        {"id": "q", "type": "user_message", "message": "Query it.",
+                         "write_access": {"db": false}}]},
+                    {"id": "may-write", "type": "regular", "title": "W",
+                     "description": "Query it."}]})
+                .to_string(),
+            ),
+            ("planning/step_config.json", r#"{"steps": []}"#.to_string()),
+            (
+                "workflow.json",
+                json!({"llm": {"provider": "openai", "model_id": "m"},
+                       "providers": llm.providers()})
+                .to_string(),
+            ),
+        ],
+    );
+    support::workspace::create_db(&ws, "CREATE TABLE t(x); INSERT INTO t VALUES (4242);");
+    let _w = worker(&nats, "w", &[]);
+    let out = trellis(&[
+        "run",
+        ws.to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
+        "--dispatch",
+        &nats.url,
+    ]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    let line = |step: &str| {
+        stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("step {step}: completed")))
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(line("reads").contains("on worker w"), "{stdout}");
+    assert!(!line("may-write").contains("on worker"), "{stdout}");
+    // Both read the database, the worker its copy.
+    for request in [1, 3] {
+        let results = llm.tool_results(request);
+        assert!(
+            results.len() == 1 && results[0].1.contains("4242"),
+            "{results:?}"
+        );
+    }
 }
 
 /// A task published twice within the window is stored once (JetStream's de-duplication by

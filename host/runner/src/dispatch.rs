@@ -99,12 +99,24 @@ pub trait StepDispatch: Send + Sync + std::fmt::Debug {
     fn run_step(&self, step: RemoteStep) -> BoxFuture<'_, Result<RemoteOutcome>>;
 }
 
-/// Why step `step_id` runs here rather than elsewhere, when it must: it may write the
-/// workflow database, which stays with the dispatcher (one writer, under its fences and
-/// deadlines).
+/// Why step `step_id` runs here rather than elsewhere, when it must: one of its turns (or
+/// of its routes' sub-agents) may write the workflow database, which stays with the
+/// dispatcher (one writer, under its fences and deadlines). A step whose items all narrow
+/// `write_access` to leave the database out (`"db": false`), or a workspace without a
+/// database, runs elsewhere.
 pub fn runs_here(ws: &Workspace, step_id: &str) -> Option<&'static str> {
-    let access = TurnAccess::for_step(&ws.agent_configs(step_id));
-    (access.db_write && ws.fs.is_file("db/db.sqlite"))
+    fn may_write_db(ws: &Workspace, step: &Step) -> bool {
+        let configs = ws.agent_configs(&step.id);
+        step.effective_items()
+            .iter()
+            .any(|item| TurnAccess::for_item(&configs, item).db_write)
+            || step
+                .predefined_routes()
+                .iter()
+                .any(|r| may_write_db(ws, &r.sub_agent_step))
+    }
+    let step = ws.plan.find_step(step_id)?;
+    (ws.fs.is_file("db/db.sqlite") && may_write_db(ws, step))
         .then_some("it may write the workflow database, which stays with the dispatcher")
 }
 

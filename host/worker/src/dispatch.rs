@@ -90,11 +90,14 @@ impl NatsDispatch {
             .with_context(|| format!("no step {:?} in the plan", step.step_id))?
             .clone();
         let folders = step_folders(&ws, &step.run_folder, &plan_step)?;
-        let writable: Vec<String> = folders
+        // What comes back: the folders the step may write, and its logs (which the host
+        // writes for it).
+        let mut writable: Vec<String> = folders
             .iter()
             .filter(|f| f.access == Access::ReadWrite)
             .map(|f| f.path.clone())
             .collect();
+        writable.push(format!("runs/{}/logs/{}", step.run_folder, step.step_id));
 
         let mut bundle = Bundle::new();
         for file in WORKFLOW_FILES {
