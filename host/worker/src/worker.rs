@@ -229,7 +229,7 @@ impl Worker {
 
         // Renew the lease while the step runs; stop the step when the run is cancelled.
         let cancel = Arc::new(AtomicBool::new(false));
-        let done = Arc::new(AtomicBool::new(false));
+        let (done, mut ended) = tokio::sync::oneshot::channel::<()>();
         let message = Arc::new(message);
         let heartbeat = {
             let (bus, key, name, tried) = (
@@ -238,39 +238,49 @@ impl Worker {
                 self.name.clone(),
                 tried.clone(),
             );
-            let (message, cancel, done, cancel_key) = (
-                message.clone(),
-                cancel.clone(),
-                done.clone(),
-                task.cancel_key.clone(),
-            );
+            let (message, cancel, cancel_key) =
+                (message.clone(), cancel.clone(), task.cancel_key.clone());
             tokio::spawn(async move {
-                let mut last = std::time::Instant::now();
-                while !done.load(Ordering::SeqCst) {
-                    if let Ok(Some(_)) = bus.states.get(&cancel_key).await {
-                        cancel.store(true, Ordering::SeqCst);
-                    }
-                    if last.elapsed() >= HEARTBEAT {
-                        last = std::time::Instant::now();
-                        let _ = message.ack_with(AckKind::Progress).await;
-                        let lease = State::Running {
-                            worker: name.clone(),
-                            lease_until: now_ms() + LEASE.as_millis() as u64,
-                            tried: tried.clone(),
-                        };
-                        if let Ok(bytes) = serde_json::to_vec(&lease)
-                            && let Ok(r) = bus.states.update(&key, bytes.into(), revision).await
-                        {
-                            revision = r;
+                let mut stops = bus.states.watch_with_history(&cancel_key).await.ok();
+                let mut beat = tokio::time::interval(HEARTBEAT);
+                beat.tick().await;
+                loop {
+                    let stop = async {
+                        match &mut stops {
+                            Some(watch) => watch.next().await,
+                            None => std::future::pending().await,
+                        }
+                    };
+                    tokio::select! {
+                        _ = &mut ended => break,
+                        entry = stop => match entry {
+                            Some(Ok(_)) => cancel.store(true, Ordering::SeqCst),
+                            // The watch ended (the server restarting): made again.
+                            _ => {
+                                tokio::time::sleep(Duration::from_millis(500)).await;
+                                stops = bus.states.watch_with_history(&cancel_key).await.ok();
+                            }
+                        },
+                        _ = beat.tick() => {
+                            let _ = message.ack_with(AckKind::Progress).await;
+                            let lease = State::Running {
+                                worker: name.clone(),
+                                lease_until: now_ms() + LEASE.as_millis() as u64,
+                                tried: tried.clone(),
+                            };
+                            if let Ok(bytes) = serde_json::to_vec(&lease)
+                                && let Ok(r) = bus.states.update(&key, bytes.into(), revision).await
+                            {
+                                revision = r;
+                            }
                         }
                     }
-                    tokio::time::sleep(Duration::from_millis(250)).await;
                 }
                 revision
             })
         };
         let ran = self.run_task(&task, cancel).await;
-        done.store(true, Ordering::SeqCst);
+        let _ = done.send(());
         let revision = heartbeat.await.unwrap_or(0);
 
         let commit = match ran {
