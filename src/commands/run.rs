@@ -227,7 +227,8 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
         );
         let dispatch =
             trellis_worker::NatsDispatch::connect(&args.nats.options(url)?, &args.nats.pool)
-                .await?;
+                .await?
+                .with_plugins(super::worker::third_party(runtime.registry()));
         start.dispatch = Some(Arc::new(dispatch));
     }
     start.mcp_config = Arc::new(mcp);

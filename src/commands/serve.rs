@@ -95,7 +95,8 @@ pub async fn run(engine: &Engine, args: ServeArgs) -> Result<ExitCode> {
     if let Some(url) = &args.dispatch {
         let dispatch =
             trellis_worker::NatsDispatch::connect(&args.nats.options(url)?, &args.nats.pool)
-                .await?;
+                .await?
+                .with_plugins(super::worker::third_party(runtime.registry()));
         template.dispatch = Some(Arc::new(dispatch));
     }
     let api_template = template.clone();

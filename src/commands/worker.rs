@@ -107,9 +107,20 @@ pub struct WorkerArgs {
     pub(crate) cache: CacheArgs,
 }
 
+/// The third-party plugins of `registry`, `(id, version)`: what a step may need a worker to
+/// have.
+pub fn third_party(registry: &trellis_sandbox::PluginRegistry) -> Vec<(String, String)> {
+    registry
+        .plugins()
+        .filter(|p| !matches!(p.source(), trellis_sandbox::plugins::PluginSource::Bundled))
+        .map(|p| (p.manifest().id.clone(), p.manifest().version.clone()))
+        .collect()
+}
+
 /// Takes tasks until Ctrl-C or SIGTERM.
 pub async fn run(engine: &Engine, args: WorkerArgs) -> Result<ExitCode> {
     let runtime = Runtime::new(Arc::new(registry(engine, &args.plugins).await?));
+    let plugins = third_party(runtime.registry());
     let mcp = Arc::new(super::mcp_config(&args.mcp, runtime.registry())?);
     let approvals = super::approvals(&args.allow_keys, &args.allow_hosts)?;
     let llm = LlmSetup::new(None).with_approvals(approvals);
@@ -158,7 +169,8 @@ pub async fn run(engine: &Engine, args: WorkerArgs) -> Result<ExitCode> {
         &name,
         args.concurrency as usize,
         runner,
-    )?;
+    )?
+    .with_plugins(plugins);
     let stop = Arc::new(AtomicBool::new(false));
     {
         let stop = stop.clone();

@@ -666,6 +666,153 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
+/// A step that names a third-party plugin goes only to a worker that has it: a worker
+/// without it refuses the task naming the plugin, and one with it runs the step.
+#[test]
+fn a_worker_without_a_plugin_the_step_names_refuses_it() {
+    let Some(nats) = Nats::start() else {
+        return;
+    };
+    let llm = model(None);
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    workspace(&ws, &llm);
+    write_files(
+        &ws,
+        &[(
+            "planning/step_config.json",
+            json!({"steps": [{"id": "a", "agent_configs":
+                {"selected_servers": ["workspace", "adversary"]}}]})
+            .to_string(),
+        )],
+    );
+    let plugins = dir.path().join("plugins");
+    support::plugin_folder(&plugins, "adversary", "adversary", "tool");
+    let run = || {
+        trellis(&[
+            "run",
+            ws.to_str().unwrap(),
+            "--allow-host",
+            "127.0.0.1",
+            "--plugins",
+            plugins.to_str().unwrap(),
+            "--dispatch",
+            &nats.url,
+        ])
+    };
+    let bare = worker(&nats, "bare", &[]);
+    let out = run();
+    let said = text(&out.stdout) + &text(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains("worker bare does not have the plugin(s) the step names: adversary@0.1.0"),
+        "{said}"
+    );
+    drop(bare);
+    let _full = worker(&nats, "full", &["--plugins", plugins.to_str().unwrap()]);
+    let out = run();
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    assert!(stdout.contains("on worker full"), "{stdout}");
+}
+
+/// A client that is not a worker takes a dispatched task off the queue: writing a state
+/// that does not read as one, or acking the task without committing it, hung the
+/// dispatcher (round 18, HIGH). Either now fails the step, saying what happened.
+#[test]
+fn a_task_taken_by_a_client_that_is_not_a_worker_fails_the_step() {
+    let Some(nats) = Nats::start() else {
+        return;
+    };
+    let llm = model(None);
+    let dir = tempfile::tempdir().unwrap();
+    for (attack, said) in [
+        ("garbage", "does not read as a step state"),
+        ("ack", "left the queue without a worker committing it"),
+    ] {
+        let ws = dir.path().join(attack);
+        workspace(&ws, &llm);
+        let mut run = trellis_command(&[
+            "run",
+            ws.to_str().unwrap(),
+            "--allow-host",
+            "127.0.0.1",
+            "--dispatch",
+            &nats.url,
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            use futures::StreamExt;
+            let options = trellis_worker::NatsOptions {
+                url: nats.url.clone(),
+                ..Default::default()
+            };
+            let bus = trellis_worker::Bus::open(&options).await.unwrap();
+            let stream = bus
+                .js
+                .get_stream(trellis_worker::bus::STREAM)
+                .await
+                .unwrap();
+            let consumer: async_nats::jetstream::consumer::Consumer<
+                async_nats::jetstream::consumer::pull::Config,
+            > = stream
+                .get_or_create_consumer(
+                    "pool-default",
+                    async_nats::jetstream::consumer::pull::Config {
+                        durable_name: Some("pool-default".into()),
+                        filter_subject: "trellis.tasks.default".into(),
+                        ack_policy: async_nats::jetstream::consumer::AckPolicy::Explicit,
+                        ack_wait: trellis_worker::bus::LEASE,
+                        max_deliver: trellis_worker::bus::DEFAULT_MAX_DELIVER,
+                        ..Default::default()
+                    },
+                )
+                .await
+                .unwrap();
+            let mut messages = consumer.messages().await.unwrap();
+            let message = messages.next().await.unwrap().unwrap();
+            let task: trellis_worker::bus::Task =
+                serde_json::from_slice(&message.payload).unwrap();
+            if attack == "garbage" {
+                bus.states.put(task.key(), "garbage".into()).await.unwrap();
+            }
+            message.ack().await.unwrap();
+        });
+        let out = wait_output(&mut run, Duration::from_secs(60));
+        let text_of = text(&out.stderr) + &text(&out.stdout);
+        assert!(!out.status.success(), "{attack}: {text_of}");
+        assert!(text_of.contains(said), "{attack}: {text_of}");
+    }
+}
+
+/// A bundle object larger than a bundle may be is refused on its recorded size, before its
+/// bytes are read (a forged 1.1 GB input took a worker to 1.3 GB first: round 18, MEDIUM).
+#[test]
+fn a_bundle_past_its_limit_is_refused_before_it_is_read() {
+    let Some(nats) = Nats::start() else {
+        return;
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let options = trellis_worker::NatsOptions {
+            url: nats.url.clone(),
+            ..Default::default()
+        };
+        let bus = trellis_worker::Bus::open(&options).await.unwrap();
+        bus.put("big", vec![7u8; 3 << 20]).await.unwrap();
+        let err = bus.get("big", 1 << 20).await.unwrap_err().to_string();
+        assert!(
+            err.contains("big is 3145728 bytes, more than the 1048576"),
+            "{err}"
+        );
+        assert_eq!(bus.get("big", 3 << 20).await.unwrap().len(), 3 << 20);
+    });
+}
+
 /// A task published twice within the window is stored once (JetStream's de-duplication by
 /// message id).
 #[test]
@@ -692,6 +839,7 @@ fn a_task_published_twice_is_stored_once() {
             writable: Vec::new(),
             cancel_key: "cancel.x".into(),
             events: "trellis.events.x".into(),
+            plugins: Vec::new(),
         };
         assert!(!dispatch.publish(&task).await.unwrap(), "the first is new");
         assert!(

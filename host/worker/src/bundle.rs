@@ -15,6 +15,10 @@ use trellis_sandbox::store::{Kind, WorkspaceFs, check_relative};
 pub const MAX_BUNDLE_BYTES: u64 = 512 << 20;
 /// The most files one bundle carries.
 pub const MAX_BUNDLE_FILES: usize = 100_000;
+/// The most bytes of manifest one bundle carries (its paths, sizes and digests).
+pub const MAX_MANIFEST_BYTES: usize = 64 << 20;
+/// The most bytes of an encoded bundle: its files and its manifest.
+pub const MAX_ENCODED_BYTES: u64 = MAX_BUNDLE_BYTES + MAX_MANIFEST_BYTES as u64 + 1;
 
 /// One file of a bundle.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -32,6 +36,8 @@ pub struct Entry {
 pub struct Bundle {
     entries: Vec<Entry>,
     bytes: Vec<u8>,
+    /// What the manifest takes, about.
+    manifest: usize,
 }
 
 impl Bundle {
@@ -59,6 +65,13 @@ impl Bundle {
             (self.bytes.len() + data.len()) as u64 <= MAX_BUNDLE_BYTES,
             "more than {} MiB to send",
             MAX_BUNDLE_BYTES >> 20
+        );
+        // A path escaped in JSON at worst, a size and a digest.
+        self.manifest += rel.len() * 6 + 128;
+        ensure!(
+            self.manifest <= MAX_MANIFEST_BYTES,
+            "the names of the files to send take more than {} MiB",
+            MAX_MANIFEST_BYTES >> 20
         );
         self.entries.push(Entry {
             path: rel.to_string(),
@@ -109,14 +122,15 @@ impl Received {
     /// sha256 as the manifest says, nothing left over.
     pub fn decode(bytes: Vec<u8>) -> Result<Received> {
         ensure!(
-            bytes.len() as u64 <= MAX_BUNDLE_BYTES + (64 << 20),
+            bytes.len() as u64 <= MAX_ENCODED_BYTES,
             "the bundle is {} bytes, more than a bundle may be",
             bytes.len()
         );
         let line = bytes
             .iter()
+            .take(MAX_MANIFEST_BYTES + 1)
             .position(|&b| b == b'\n')
-            .context("the bundle has no manifest")?;
+            .context("the bundle has no manifest within its first 64 MiB")?;
         let entries: Vec<Entry> =
             serde_json::from_slice(&bytes[..line]).context("the bundle's manifest")?;
         ensure!(

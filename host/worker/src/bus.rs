@@ -155,21 +155,38 @@ impl Bus {
         Ok(())
     }
 
-    /// The bytes of object `name`.
-    pub async fn get(&self, name: &str) -> Result<Vec<u8>> {
+    /// The bytes of object `name`, at most `limit`: an object larger (by its recorded
+    /// size, or by what it turns out to hold) is refused before more than `limit` bytes are
+    /// held.
+    pub async fn get(&self, name: &str, limit: u64) -> Result<Vec<u8>> {
         use tokio::io::AsyncReadExt;
-        let mut object = self
+        let object = self
             .artifacts
             .get(name)
             .await
             .map_err(|e| anyhow::anyhow!("fetching {name}: {e}"))?;
+        let recorded = object.info().size as u64;
+        anyhow::ensure!(
+            recorded <= limit,
+            "{name} is {recorded} bytes, more than the {limit} a bundle may be"
+        );
         let mut bytes = Vec::new();
         object
+            .take(limit + 1)
             .read_to_end(&mut bytes)
             .await
             .with_context(|| format!("reading {name}"))?;
+        anyhow::ensure!(
+            bytes.len() as u64 <= limit,
+            "{name} holds more than the {limit} bytes a bundle may be"
+        );
         Ok(bytes)
     }
+}
+
+/// The durable consumer of pool `pool`'s workers.
+pub fn consumer_name(pool: &str) -> String {
+    format!("pool-{pool}")
 }
 
 /// The subject of the tasks of pool `pool`.
@@ -199,6 +216,10 @@ pub struct Task {
     pub cancel_key: String,
     /// The subject the step's events are published on as they happen.
     pub events: String,
+    /// The third-party plugins the step names, `id@version`: a worker without one of them
+    /// refuses the task.
+    #[serde(default)]
+    pub plugins: Vec<String>,
 }
 
 impl Task {

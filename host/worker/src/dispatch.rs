@@ -16,8 +16,9 @@ use trellis_sandbox::capabilities::Access;
 use trellis_sandbox::store::WorkspaceFs;
 use trellis_workflow::Workspace;
 
-use crate::bundle::{Bundle, Received, is_under};
-use crate::bus::{Bus, NatsOptions, State, Task, key_of, task_subject};
+use crate::bundle::{Bundle, MAX_ENCODED_BYTES, Received, is_under};
+use crate::bus::{Bus, NatsOptions, STATES, STREAM, State, Task, key_of, task_subject};
+use async_nats::jetstream::stream::LastRawMessageErrorKind;
 
 /// Files every worker needs besides the step's folders: the workflow's own.
 const WORKFLOW_FILES: &[&str] = &[
@@ -37,6 +38,8 @@ pub struct NatsDispatch {
     run_id: String,
     /// Tasks published per step, for the attempt number of the next.
     attempts: Mutex<BTreeMap<String, u32>>,
+    /// The third-party plugins loaded here, `(id, version)`.
+    plugins: Vec<(String, String)>,
 }
 
 impl NatsDispatch {
@@ -58,12 +61,44 @@ impl NatsDispatch {
             pool: pool.to_string(),
             run_id,
             attempts: Mutex::default(),
+            plugins: Vec::new(),
         })
+    }
+
+    /// The third-party plugins loaded here, `(id, version)`: a step that names one goes
+    /// only to a worker that has it.
+    pub fn with_plugins(mut self, plugins: Vec<(String, String)>) -> Self {
+        self.plugins = plugins;
+        self
+    }
+
+    /// The plugins of `self.plugins` that `step` names (its plan entry or its step config
+    /// holds the id as a string, or `id:` at the start of one), `id@version`.
+    fn plugins_named(&self, ws: &Workspace, step: &trellis_workflow::Step) -> Vec<String> {
+        let text = format!(
+            "{}{}",
+            serde_json::to_string(step).unwrap_or_default(),
+            serde_json::to_string(&ws.agent_configs(&step.id)).unwrap_or_default()
+        );
+        self.plugins
+            .iter()
+            .filter(|(id, _)| {
+                let quoted = serde_json::Value::String(id.clone()).to_string();
+                let prefix = format!("\"{}:", id.replace('"', "\\\""));
+                text.contains(&quoted) || text.contains(&prefix)
+            })
+            .map(|(id, version)| format!("{id}@{version}"))
+            .collect()
     }
 
     /// Publishes `task` (its id the message id: a second publish of it is dropped); whether
     /// the server took it as a duplicate.
     pub async fn publish(&self, task: &Task) -> Result<bool> {
+        Ok(self.publish_at(task).await?.duplicate)
+    }
+
+    /// [`Self::publish`], with where the stream keeps the task.
+    async fn publish_at(&self, task: &Task) -> Result<async_nats::jetstream::publish::PublishAck> {
         let mut headers = async_nats::HeaderMap::new();
         headers.insert("Nats-Msg-Id", task.id.as_str());
         let ack = self
@@ -78,7 +113,7 @@ impl NatsDispatch {
             .map_err(|e| anyhow::anyhow!("publishing step {}: {e}", task.step_id))?
             .await
             .map_err(|e| anyhow::anyhow!("publishing step {}: {e}", task.step_id))?;
-        Ok(ack.duplicate)
+        Ok(ack)
     }
 
     async fn run(&self, step: RemoteStep) -> Result<RemoteOutcome> {
@@ -134,7 +169,9 @@ impl NatsDispatch {
             "{workspace_id}/{}/{}/{}/{attempt}",
             self.run_id, step.run_folder, step.step_id
         );
+        let plugins = self.plugins_named(&ws, &plan_step);
         let task = Task {
+            plugins,
             input: key_of("input", &id),
             cancel_key: key_of("cancel", &id),
             events: format!("trellis.events.{}", key_of("step", &id).replace('.', "-")),
@@ -178,9 +215,23 @@ impl NatsDispatch {
                 }
             })
         };
-        self.publish(&task).await?;
+        // JetStream says when a task was delivered its last time without an ack.
+        let advisories = self
+            .bus
+            .client
+            .subscribe(format!(
+                "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{STREAM}.{}",
+                crate::bus::consumer_name(&self.pool)
+            ))
+            .await
+            .map_err(|e| anyhow::anyhow!("following step {}: {e}", step.step_id))?;
+        let sequence = self.publish_at(&task).await?.sequence;
 
-        let waited = self.wait(&task, &key, &step.cancel).await;
+        let waited = self
+            .wait(&task, &key, sequence, advisories, &step.cancel)
+            .await;
+        // The input was read, or will never be.
+        let _ = self.bus.artifacts.delete(&task.input).await;
         // The worker sent its last events before it committed: they are shown before the
         // step's end, unless they were lost on the way.
         if tokio::time::timeout(Duration::from_secs(2), &mut forward)
@@ -191,7 +242,10 @@ impl NatsDispatch {
         }
         let (worker, mut outcome, output) = waited?;
         outcome.worker = Some(worker.clone());
-        let received = Received::decode(self.bus.get(&output).await?)
+        let fetched = self.bus.get(&output, MAX_ENCODED_BYTES).await;
+        let _ = self.bus.artifacts.delete(&output).await;
+        let received = fetched
+            .and_then(Received::decode)
             .with_context(|| format!("the outputs of step {} from {worker}", step.step_id))?;
         if let Some(outside) = received
             .entries()
@@ -204,9 +258,6 @@ impl NatsDispatch {
             );
         }
         bring_back(&ws.fs, &writable, &received)?;
-        // Each bundle was read: kept no longer.
-        let _ = self.bus.artifacts.delete(&task.input).await;
-        let _ = self.bus.artifacts.delete(&output).await;
         Ok(outcome)
     }
 
@@ -217,10 +268,13 @@ impl NatsDispatch {
         &self,
         task: &Task,
         key: &str,
+        sequence: u64,
+        mut advisories: async_nats::Subscriber,
         cancel: &AtomicBool,
     ) -> Result<(String, RemoteOutcome, String)> {
         let mut cancelled = false;
         let mut gone_since: Option<std::time::Instant> = None;
+        let mut looked = std::time::Instant::now();
         loop {
             if gone_since.is_some_and(|since| since.elapsed() > SERVER_GONE) {
                 bail!(
@@ -249,14 +303,24 @@ impl NatsDispatch {
                 }
                 let next = tokio::time::timeout(Duration::from_millis(200), watch.next()).await;
                 let entry = match next {
-                    Err(_) => continue,
+                    Err(_) => {
+                        if looked.elapsed() >= TASK_LOOK {
+                            looked = std::time::Instant::now();
+                            self.check_queued(task, key, sequence).await?;
+                        }
+                        while let Ok(Some(advisory)) =
+                            tokio::time::timeout(Duration::ZERO, advisories.next()).await
+                        {
+                            self.check_last_delivery(task, key, sequence, &advisory.payload)
+                                .await?;
+                        }
+                        continue;
+                    }
                     Ok(Some(Ok(entry))) => entry,
                     Ok(None) | Ok(Some(Err(_))) => break,
                 };
                 gone_since = None;
-                let Ok(state) = serde_json::from_slice::<State>(&entry.value) else {
-                    continue;
-                };
+                let state = read_state(task, &entry.value)?;
                 match state {
                     State::Done {
                         worker,
@@ -271,6 +335,95 @@ impl NatsDispatch {
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
     }
+}
+
+impl NatsDispatch {
+    /// Fails when the task left the queue without being committed (a client acked or
+    /// deleted it: no worker will ever take it again). A task the stream still holds, or one
+    /// committed meanwhile, is fine; a server out of reach says nothing.
+    async fn check_queued(&self, task: &Task, key: &str, sequence: u64) -> Result<()> {
+        let Ok(stream) = self.bus.js.get_stream(STREAM).await else {
+            return Ok(());
+        };
+        match stream.get_raw_message(sequence).await {
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => {
+                // Committed and then acked, the usual end: the state says so.
+                if let Ok(Some(entry)) = self.bus.states.entry(key).await
+                    && matches!(
+                        read_state(task, &entry.value)?,
+                        State::Done { .. } | State::Failed { .. }
+                    )
+                {
+                    return Ok(());
+                }
+                bail!(
+                    "step {}: its task left the queue without a worker committing it (taken \
+                     off by a client that is not a worker?)",
+                    task.step_id
+                )
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+impl NatsDispatch {
+    /// Fails when `advisory` says the task was delivered its last time and no worker
+    /// committed it (the last worker died with it), naming the workers that tried.
+    async fn check_last_delivery(
+        &self,
+        task: &Task,
+        key: &str,
+        sequence: u64,
+        advisory: &[u8],
+    ) -> Result<()> {
+        let advisory: serde_json::Value = serde_json::from_slice(advisory).unwrap_or_default();
+        if advisory["stream_seq"].as_u64() != Some(sequence) {
+            return Ok(());
+        }
+        // Give a commit on its way the time of a lease.
+        let deadline = std::time::Instant::now() + crate::bus::LEASE;
+        let mut tried = Vec::new();
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(entry)) = self.bus.states.entry(key).await {
+                match read_state(task, &entry.value)? {
+                    State::Done { .. } | State::Failed { .. } => return Ok(()),
+                    State::Running { worker, tried: t, .. } => {
+                        tried = t;
+                        tried.push(worker);
+                    }
+                    State::Refused { tried: t, .. } => tried = t,
+                    State::Queued => {}
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        bail!(
+            "step {}: delivered {} times and no worker committed it (workers that tried: {})",
+            task.step_id,
+            crate::bus::DEFAULT_MAX_DELIVER,
+            if tried.is_empty() {
+                "none named".to_string()
+            } else {
+                tried.join(", ")
+            }
+        )
+    }
+}
+
+/// How often a dispatcher looks that a task it waits on is still queued.
+const TASK_LOOK: Duration = Duration::from_secs(5);
+
+/// A task's state as its entry holds it; one that does not read as a state fails the step
+/// (something other than a worker wrote it).
+fn read_state(task: &Task, value: &[u8]) -> Result<State> {
+    serde_json::from_slice::<State>(value).map_err(|e| {
+        anyhow::anyhow!(
+            "step {}: its state in the bucket {STATES} does not read as a step state ({e}); \
+             something other than a worker wrote it",
+            task.step_id
+        )
+    })
 }
 
 /// How long a dispatcher waits for a NATS server it lost while a step runs.

@@ -21,9 +21,10 @@ use trellis_runner::events::{Observer, RunEvent};
 use trellis_runner::workflow_run::RunOptions;
 use trellis_sandbox::store::WorkspaceFs;
 
-use crate::bundle::{Bundle, Received};
+use crate::bundle::{Bundle, MAX_ENCODED_BYTES, Received};
 use crate::bus::{
-    Bus, DEFAULT_MAX_DELIVER, HEARTBEAT, LEASE, STREAM, State, Task, key_of, now_ms, task_subject,
+    Bus, DEFAULT_MAX_DELIVER, HEARTBEAT, LEASE, STREAM, State, Task, consumer_name, key_of, now_ms,
+    task_subject,
 };
 use crate::dispatch::check_pool;
 
@@ -63,6 +64,8 @@ pub struct Worker {
     name: String,
     concurrency: usize,
     runner: StepRunner,
+    /// The third-party plugins this worker has, `id@version`.
+    plugins: Vec<String>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -92,7 +95,18 @@ impl Worker {
             name: name.to_string(),
             concurrency: concurrency.max(1),
             runner,
+            plugins: Vec::new(),
         })
+    }
+
+    /// The third-party plugins this worker has, `(id, version)`: a task naming another is
+    /// refused, naming it.
+    pub fn with_plugins(mut self, plugins: Vec<(String, String)>) -> Self {
+        self.plugins = plugins
+            .into_iter()
+            .map(|(id, version)| format!("{id}@{version}"))
+            .collect();
+        self
     }
 
     /// Takes tasks until `stop` is set.
@@ -105,9 +119,9 @@ impl Worker {
             .map_err(|e| anyhow::anyhow!("finding the stream {STREAM}: {e}"))?;
         let consumer: jetstream::consumer::Consumer<pull::Config> = stream
             .get_or_create_consumer(
-                &format!("pool-{}", self.pool),
+                &consumer_name(&self.pool),
                 pull::Config {
-                    durable_name: Some(format!("pool-{}", self.pool)),
+                    durable_name: Some(consumer_name(&self.pool)),
                     filter_subject: task_subject(&self.pool),
                     ack_policy: jetstream::consumer::AckPolicy::Explicit,
                     ack_wait: LEASE,
@@ -368,8 +382,22 @@ impl Worker {
         task: &Task,
         cancel: Arc<AtomicBool>,
     ) -> Result<(RemoteOutcome, String)> {
+        let missing: Vec<&str> = task
+            .plugins
+            .iter()
+            .filter(|p| !self.plugins.contains(p))
+            .map(String::as_str)
+            .collect();
+        if !missing.is_empty() {
+            anyhow::bail!(
+                "worker {} does not have the plugin(s) the step names: {} (load them with \
+                 `trellis worker --plugins DIR`)",
+                self.name,
+                missing.join(", ")
+            );
+        }
         let input =
-            Received::decode(self.bus.get(&task.input).await?).context("the step's inputs")?;
+            Received::decode(self.bus.get(&task.input, MAX_ENCODED_BYTES).await?).context("the step's inputs")?;
         let scratch = tempfile::Builder::new()
             .prefix("trellis-worker-")
             .tempdir()
