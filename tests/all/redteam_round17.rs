@@ -46,7 +46,7 @@ fn what_substitution_adds_is_bounded_per_step_and_per_plan() {
     workspace(
         &root,
         json!([{"id": "s", "type": "regular", "title": "S", "description": "d",
-                "context_dependencies": vec!["knowledgebase/{{A}}"; 2000]}]),
+                "context_dependencies": vec!["knowledgebase/{{A}}"; 1000]}]),
         json!({"A": long}),
     );
     let said = validate_errors(&root);

@@ -348,14 +348,32 @@ fn every_way_out_of_the_shell_is_denied_and_nothing_outside_the_grant_changes() 
 fn endless_scripts_are_bounded() {
     let (_dir, root, _outside) = attack_ground();
     let cases = [
-        ("while true; do :; done", "steps"),
-        ("f() { f; }; f", "nested 64 deep"),
-        ("f() { f | f; }; f", "nested 64 deep"),
-        ("yes | head -2 > /out/y; cat /out/y", "y\ny\n"),
-        ("seq 1 100000000 | tail -1", "cut at the 16777216 bytes"),
-        ("sleep 100", "stopped at the call's deadline"),
+        ("while true; do :; done".to_string(), "steps"),
+        ("f() { f; }; f".to_string(), "nested 64 deep"),
+        // Nesting chained through function bodies and eval, each text within its own bound,
+        // together past the stack (round 18): stopped, not crashed.
+        (
+            format!("f() {{ {}f; {}}}; f", "{ ".repeat(150), "}; ".repeat(150)),
+            "together",
+        ),
+        (
+            format!(
+                "a='{}e; {}'; e() {{ eval \"$a\"; }}; e",
+                "{ ".repeat(190),
+                "}; ".repeat(190)
+            ),
+            "together",
+        ),
+        ("f() { f | f; }; f".to_string(), "nested 64 deep"),
+        ("yes | head -2 > /out/y; cat /out/y".to_string(), "y\ny\n"),
+        (
+            "seq 1 100000000 | tail -1".to_string(),
+            "cut at the 16777216 bytes",
+        ),
+        ("sleep 100".to_string(), "stopped at the call's deadline"),
     ];
     for (command, expected) in cases {
+        let command = command.as_str();
         let started = std::time::Instant::now();
         let result = call(&root, command, "8");
         let all = format!(

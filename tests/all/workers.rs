@@ -775,8 +775,7 @@ fn a_task_taken_by_a_client_that_is_not_a_worker_fails_the_step() {
                 .unwrap();
             let mut messages = consumer.messages().await.unwrap();
             let message = messages.next().await.unwrap().unwrap();
-            let task: trellis_worker::bus::Task =
-                serde_json::from_slice(&message.payload).unwrap();
+            let task: trellis_worker::bus::Task = serde_json::from_slice(&message.payload).unwrap();
             if attack == "garbage" {
                 bus.states.put(task.key(), "garbage".into()).await.unwrap();
             }

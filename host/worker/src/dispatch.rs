@@ -388,7 +388,9 @@ impl NatsDispatch {
             if let Ok(Some(entry)) = self.bus.states.entry(key).await {
                 match read_state(task, &entry.value)? {
                     State::Done { .. } | State::Failed { .. } => return Ok(()),
-                    State::Running { worker, tried: t, .. } => {
+                    State::Running {
+                        worker, tried: t, ..
+                    } => {
                         tried = t;
                         tried.push(worker);
                     }

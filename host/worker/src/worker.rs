@@ -396,8 +396,8 @@ impl Worker {
                 missing.join(", ")
             );
         }
-        let input =
-            Received::decode(self.bus.get(&task.input, MAX_ENCODED_BYTES).await?).context("the step's inputs")?;
+        let input = Received::decode(self.bus.get(&task.input, MAX_ENCODED_BYTES).await?)
+            .context("the step's inputs")?;
         let scratch = tempfile::Builder::new()
             .prefix("trellis-worker-")
             .tempdir()

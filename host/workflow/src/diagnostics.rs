@@ -221,11 +221,19 @@ impl JsonPath {
     /// The path of a key of this object.
     pub fn key(&self, key: &str) -> Self {
         let plain = !key.is_empty()
+            && key.len() <= MAX_PATH_KEY
             && key
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
         let seg = if plain {
             key.to_string()
+        } else if let Some((end, _)) = key.char_indices().nth(MAX_PATH_KEY) {
+            // A key as long as a file allows would make every message that long.
+            format!(
+                "[{}...({} bytes)]",
+                Value::String(key[..end].to_string()),
+                key.len()
+            )
         } else {
             format!("[{}]", Value::String(key.to_string()))
         };
@@ -252,6 +260,9 @@ impl fmt::Display for JsonPath {
         f.write_str(&self.0)
     }
 }
+
+/// The longest key a JSON path shows whole; a longer one is cut, its length said.
+const MAX_PATH_KEY: usize = 128;
 
 /// Names a JSON value's kind the way a message should: "a string", "an array".
 pub fn kind_of(v: &Value) -> &'static str {

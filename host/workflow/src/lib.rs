@@ -249,6 +249,7 @@ fn load(
     if let Some(m) = &manifest {
         diags.extend(manifest::schedules::check_groups(m));
         diags.extend(m.check_variable_values());
+        diags.extend(m.check_group_count());
     }
 
     // The step config first (its diagnostics still come after the plan's): the steps it
@@ -295,7 +296,9 @@ fn load(
         diags.extend(configs.orphan_warnings(plan, &config_label));
         check_configs_against_plan(src, plan, configs, &config_label, &mut diags);
     }
-    if let (Some(plan), Some(m)) = (&plan, &manifest) {
+    if let (Some(plan), Some(m)) = (&plan, &manifest)
+        && m.groups.len() <= manifest::MAX_GROUPS
+    {
         diags.extend(substitution::check_plan_substitution(plan, m));
     }
     if let Some(m) = &manifest

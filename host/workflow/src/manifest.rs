@@ -335,6 +335,26 @@ impl WorkflowManifest {
         out
     }
 
+    /// An error when there are more groups than [`MAX_GROUPS`] (those of
+    /// `variables/variables.json` included): each is a run unit of the whole plan.
+    pub fn check_group_count(&self) -> Diagnostics {
+        let mut diags = Diagnostics::new();
+        if self.groups.len() > MAX_GROUPS {
+            diags.push(Diagnostic {
+                file: WORKFLOW_FILE.into(),
+                json_path: "groups".into(),
+                step_id: None,
+                message: format!(
+                    "{} groups, more than the {MAX_GROUPS} a workflow may have (each runs the \
+                     whole plan)",
+                    self.groups.len()
+                ),
+                severity: Severity::Error,
+            });
+        }
+        diags
+    }
+
     /// The variables whose value holds a NUL character, which no environment variable
     /// (`VAR_<NAME>` of a step script) can hold: each an error naming where it is set.
     pub fn check_variable_values(&self) -> Diagnostics {
@@ -413,12 +433,28 @@ pub fn parse_manifest(text: &str, file: &str) -> Parsed<WorkflowManifest> {
     finish(parsed, diags)
 }
 
+/// The most groups a workflow may have.
+pub const MAX_GROUPS: usize = 1_000;
+
+/// The longest variable name, in bytes (the substitution of `{{NAME}}` looks this far for
+/// the closing braces).
+pub const MAX_VARIABLE_NAME: usize = 128;
+
 fn valid_variable_name(name: &str) -> bool {
     let mut chars = name.chars();
-    chars
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+    name.len() <= MAX_VARIABLE_NAME
+        && chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// A name as an error shows it: quoted, its start only when it is long.
+fn shown_variable_name(name: &str) -> String {
+    match name.char_indices().nth(MAX_VARIABLE_NAME) {
+        Some((end, _)) => format!("{}... ({} bytes)", quote(&name[..end]), name.len()),
+        None => quote(name),
+    }
 }
 
 fn manifest_from_value(ctx: &mut Ctx, value: &Value) -> Option<WorkflowManifest> {
@@ -474,8 +510,8 @@ fn manifest_from_value(ctx: &mut Ctx, value: &Value) -> Option<WorkflowManifest>
                         ctx.error(
                             &p,
                             format!(
-                                "invalid variable name {}: use letters, digits and _ (scripts see it as VAR_<NAME>)",
-                                quote(name)
+                                "invalid variable name {}: use 1 to 128 letters, digits and _ (scripts see it as VAR_<NAME>)",
+                                shown_variable_name(name)
                             ),
                         );
                     }
@@ -549,15 +585,14 @@ fn manifest_from_value(ctx: &mut Ctx, value: &Value) -> Option<WorkflowManifest>
             })
         })
         .unwrap_or_default();
-    let mut seen = Vec::new();
+    let mut seen = std::collections::HashSet::new();
     for (i, g) in groups.iter().enumerate() {
-        if seen.contains(&g.id) {
+        if !seen.insert(g.id.as_str()) {
             ctx.error(
                 &JsonPath::root().key("groups").index(i).key("id"),
                 format!("duplicate group id {}", quote(&g.id)),
             );
         }
-        seen.push(g.id.clone());
     }
     let llm = obj
         .raw("llm")

@@ -227,6 +227,9 @@ impl Step {
     }
 }
 
+/// The most `context_dependencies` entries, and the most `context_output` names, of a step.
+pub const MAX_STEP_PATHS: usize = 1_000;
+
 /// `context_output`: one name or a list.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(untagged)]
@@ -484,7 +487,16 @@ fn parse_step_body(
     };
     let context_dependencies = obj.str_list(ctx, "context_dependencies");
     if let Some(deps) = &context_dependencies {
-        for (i, d) in deps.iter().enumerate() {
+        if deps.len() > MAX_STEP_PATHS {
+            ctx.error(
+                &obj.path().key("context_dependencies"),
+                format!(
+                    "{} entries, more than the {MAX_STEP_PATHS} a step may depend on",
+                    deps.len()
+                ),
+            );
+        }
+        for (i, d) in deps.iter().enumerate().take(MAX_STEP_PATHS + 1) {
             if let Err(why) = trellis_sandbox::store::check_relative(d) {
                 ctx.error(&obj.path().key("context_dependencies").index(i), why);
             }
@@ -507,6 +519,17 @@ fn parse_step_body(
             None
         }
     };
+    if let Some(ContextOutput::Many(list)) = &context_output
+        && list.len() > MAX_STEP_PATHS
+    {
+        ctx.error(
+            &obj.path().key("context_output"),
+            format!(
+                "{} entries, more than the {MAX_STEP_PATHS} output files a step may name",
+                list.len()
+            ),
+        );
+    }
     check_db_outputs(ctx, obj, &context_output);
     let validation_schema = obj
         .raw("validation_schema")

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use crate::diagnostics::{Diagnostic, Diagnostics, JsonPath, Severity};
-use crate::manifest::WorkflowManifest;
+use crate::manifest::{MAX_VARIABLE_NAME, WorkflowManifest};
 use crate::plan::{ContextOutput, PLAN_FILE, Plan, Step, StepKind};
 
 /// The most one substituted path (`context_dependencies`, `context_output`) may hold, in bytes.
@@ -70,7 +70,15 @@ fn walk(
     // A name between braces is one of the variables' names with spaces around it: the
     // closing brace is looked for that far only, so a text of many unclosed braces costs
     // its length, not its length squared.
-    let window = variables.keys().map(String::len).max().unwrap_or(0) + NAME_SPACES;
+    // A name longer than a variable name may be is never looked for: the cost of a text
+    // of many unclosed braces stays its length times a bound.
+    let window = variables
+        .keys()
+        .map(String::len)
+        .filter(|&n| n <= MAX_VARIABLE_NAME)
+        .max()
+        .unwrap_or(0)
+        + NAME_SPACES;
     let mut rest = text;
     while !rest.is_empty() {
         let Some(at) = rest
@@ -157,6 +165,9 @@ impl std::error::Error for Oversized {}
 pub const MAX_STEP_GROWTH: usize = 1 << 20;
 /// What substitution may add to all the texts of a plan together, in one run unit.
 pub const MAX_PLAN_GROWTH: usize = 4 << 20;
+/// What substitution may add to the plan's texts over a whole run, every group's unit (and
+/// every answer given while it runs) together.
+pub const MAX_RUN_GROWTH: usize = 16 << 20;
 
 const PATH_LIMIT: &str = "4 KiB (4,096 bytes), the most a path may hold";
 const STEP_LIMIT: &str = "what substitution may add to one step's texts: 1 MiB (1,048,576 bytes) \
@@ -203,9 +214,9 @@ impl Growth {
 pub fn substitute_plan(
     plan: &mut Plan,
     variables: &BTreeMap<String, String>,
-) -> Result<(), Oversized> {
+) -> Result<usize, Oversized> {
     if variables.is_empty() {
-        return Ok(());
+        return Ok(0);
     }
     walk_plan(plan, &mut |text, limit| {
         let done = substitute_within(text, variables, limit)?;
@@ -214,19 +225,19 @@ pub fn substitute_plan(
     })
 }
 
-/// [`substitute_plan`] measured, nothing changed.
-fn measure_plan(plan: &mut Plan, variables: &BTreeMap<String, String>) -> Result<(), Oversized> {
+/// [`substitute_plan`] measured, nothing changed: what it would add.
+fn measure_plan(plan: &mut Plan, variables: &BTreeMap<String, String>) -> Result<usize, Oversized> {
     walk_plan(plan, &mut |text, limit| {
         substituted_len(text, variables, limit)
     })
 }
 
 /// Gives `each` every substituted text of the plan with the longest it may become; `each`
-/// answers its length once substituted, or `None` past that.
+/// answers its length once substituted, or `None` past that. What the texts grew by.
 fn walk_plan(
     plan: &mut Plan,
     each: &mut impl FnMut(&mut String, usize) -> Option<usize>,
-) -> Result<(), Oversized> {
+) -> Result<usize, Oversized> {
     let mut growth = Growth {
         step: MAX_STEP_GROWTH,
         plan: MAX_PLAN_GROWTH,
@@ -245,7 +256,7 @@ fn walk_plan(
             Ok(())
         })?;
     }
-    Ok(())
+    Ok(MAX_PLAN_GROWTH - growth.plan)
 }
 
 /// The plan's texts that substitution would make longer than their limits, with the values
@@ -276,26 +287,62 @@ pub fn check_plan_substitution(plan: &Plan, manifest: &WorkflowManifest) -> Diag
         return diags;
     }
     let mut scratch = plan.clone();
-    if measure_plan(&mut scratch, &longest).is_ok() {
+    if let Ok(grown) = measure_plan(&mut scratch, &longest)
+        && grown.saturating_mul(units.len()) <= MAX_RUN_GROWTH
+    {
         return diags;
     }
     let mut said: Vec<String> = Vec::new();
+    let mut run = 0usize;
     for unit in &units {
-        if let Err(e) = measure_plan(&mut scratch, unit)
-            && !said.contains(&e.json_path)
-        {
-            said.push(e.json_path.clone());
-            diags.push(Diagnostic {
-                file: PLAN_FILE.into(),
-                message: e.message(),
-                json_path: e.json_path,
-                step_id: Some(e.step_id),
-                severity: Severity::Error,
-            });
+        match measure_plan(&mut scratch, unit) {
+            Ok(grown) => run = run.saturating_add(grown),
+            Err(e) if !said.contains(&e.json_path) => {
+                said.push(e.json_path.clone());
+                diags.push(Diagnostic {
+                    file: PLAN_FILE.into(),
+                    message: e.message(),
+                    json_path: e.json_path,
+                    step_id: Some(e.step_id),
+                    severity: Severity::Error,
+                });
+            }
+            Err(_) => {}
         }
+    }
+    if run > MAX_RUN_GROWTH {
+        diags.push(Diagnostic {
+            file: PLAN_FILE.into(),
+            json_path: String::new(),
+            step_id: None,
+            message: format!("{}", RunOversized { grown: run }),
+            severity: Severity::Error,
+        });
     }
     diags
 }
+
+/// A run whose units' substitutions together would add more than [`MAX_RUN_GROWTH`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunOversized {
+    /// What they would add, at least.
+    pub grown: usize,
+}
+
+impl std::fmt::Display for RunOversized {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "with the workflow variables of every group substituted, the plan's texts would \
+             grow by {} bytes or more in one run, more than the 16 MiB (16,777,216 bytes) \
+             substitution may add over a run; use shorter variables, name them fewer times, \
+             or run fewer groups at once",
+            self.grown
+        )
+    }
+}
+
+impl std::error::Error for RunOversized {}
 
 #[derive(Clone, Copy)]
 enum TextKind {

@@ -351,7 +351,7 @@ const CORPUS: &[(&str, &str, &[&str])] = &[
         r#"{"version": "1.0", "variables": {"my-var": "x"}}"#,
         &[
             r#"workflow.json: version: expected a version such as "1.0.11", found "1.0""#,
-            r#"workflow.json: variables.my-var: invalid variable name "my-var": use letters, digits and _ (scripts see it as VAR_<NAME>)"#,
+            r#"workflow.json: variables.my-var: invalid variable name "my-var": use 1 to 128 letters, digits and _ (scripts see it as VAR_<NAME>)"#,
         ],
     ),
     (

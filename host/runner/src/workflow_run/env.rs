@@ -44,6 +44,8 @@ pub struct RunEnv<'a> {
     scripts: OnceLock<Arc<ScriptRunner>>,
     /// Runs the agent steps elsewhere (`trellis worker`s), when set.
     pub dispatch: Option<Arc<dyn crate::dispatch::StepDispatch>>,
+    /// What substituting variables added to the plan's texts so far in this run.
+    substituted: std::sync::atomic::AtomicUsize,
 }
 
 impl<'a> RunEnv<'a> {
@@ -69,7 +71,22 @@ impl<'a> RunEnv<'a> {
             mcp: Mutex::new(None),
             scripts: OnceLock::new(),
             dispatch: None,
+            substituted: Default::default(),
         }
+    }
+
+    /// Counts `grown` bytes of substitution against the run's
+    /// [`trellis_workflow::substitution::MAX_RUN_GROWTH`]; an error past it.
+    pub fn take_substituted(&self, grown: usize) -> Result<()> {
+        use trellis_workflow::substitution::{MAX_RUN_GROWTH, RunOversized};
+        let before = self
+            .substituted
+            .fetch_add(grown, std::sync::atomic::Ordering::SeqCst);
+        let total = before.saturating_add(grown);
+        if total > MAX_RUN_GROWTH {
+            return Err(RunOversized { grown: total }.into());
+        }
+        Ok(())
     }
 
     /// The script runner of the run's scripted steps (spec section 7).

@@ -18,7 +18,7 @@ pub(super) async fn run_unit(
     let written = ws.plan.clone();
     let mut answers = opts.inputs.clone();
     let variables = unit_variables_with_answers(&ws, group, &answers);
-    substitute_variables(&mut ws, &variables)?;
+    substitute_variables(env, &mut ws, &variables)?;
     let mut block = variables_block(&variables, group);
     let mut given = None;
     let mut unit = UnitRun {
@@ -258,7 +258,7 @@ pub(super) async fn run_unit(
                         answers.insert(key, answer);
                         let variables = unit_variables_with_answers(&ws, group, &answers);
                         ws.plan = written.clone();
-                        substitute_variables(&mut ws, &variables)?;
+                        substitute_variables(env, &mut ws, &variables)?;
                         block = variables_block(&variables, group);
                         ended
                     }

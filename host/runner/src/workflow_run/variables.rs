@@ -140,11 +140,14 @@ pub fn unit_variables_with_answers(
 }
 
 /// Substitutes the unit's variables in the plan's step texts, each within its limit
-/// ([`trellis_workflow::substitution::substitute_plan`]).
+/// ([`trellis_workflow::substitution::substitute_plan`]), what they add counted against the
+/// run's ([`trellis_workflow::substitution::MAX_RUN_GROWTH`]).
 pub fn substitute_variables(
+    env: &RunEnv<'_>,
     ws: &mut Workspace,
     variables: &BTreeMap<String, String>,
 ) -> Result<()> {
-    trellis_workflow::substitution::substitute_plan(&mut ws.plan, variables)?;
+    let grown = trellis_workflow::substitution::substitute_plan(&mut ws.plan, variables)?;
+    env.take_substituted(grown)?;
     Ok(())
 }

@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use super::{Group, Variable, WORKFLOW_FILE, WorkflowManifest, valid_variable_name};
+use super::{
+    Group, Variable, WORKFLOW_FILE, WorkflowManifest, shown_variable_name, valid_variable_name,
+};
 use crate::diagnostics::{Ctx, Diagnostics, JsonPath, Obj, kind_of, parse_json, quote};
 
 /// Where the original keeps variables and groups, beside `workflow.json`'s.
@@ -56,8 +58,8 @@ fn merge_variables_value(ctx: &mut Ctx, value: &Value, manifest: &mut WorkflowMa
             ctx.error(
                 &o.path().key("name"),
                 format!(
-                    "invalid variable name {}: use letters, digits and _",
-                    quote(n)
+                    "invalid variable name {}: use 1 to 128 letters, digits and _",
+                    shown_variable_name(n)
                 ),
             );
         }
@@ -130,6 +132,20 @@ fn merge_variables_value(ctx: &mut Ctx, value: &Value, manifest: &mut WorkflowMa
                 ),
             );
         }
+    }
+    if let Some(list) = &groups
+        && list.len() + manifest.groups.len() > super::MAX_GROUPS
+    {
+        ctx.error(
+            &JsonPath::root().key("groups"),
+            format!(
+                "{} groups with workflow.json's, more than the {} a workflow may have (each \
+                 runs the whole plan)",
+                list.len() + manifest.groups.len(),
+                super::MAX_GROUPS
+            ),
+        );
+        return;
     }
     for (i, (name, enabled, values)) in groups.into_iter().flatten().enumerate() {
         let existing = manifest.groups.iter().position(|g| g.id == name);

@@ -395,6 +395,18 @@ pub(super) fn parse_human_input(ctx: &mut Ctx, obj: &mut Obj) -> Option<HumanInp
     // The original writes `""` for unset fields: no variable, a text answer, and for a
     // target the next step in order (as an absent one).
     let variable_name = obj.str(ctx, "variable_name").filter(|s| !s.is_empty());
+    if let Some(name) = &variable_name
+        && name.len() > crate::manifest::MAX_VARIABLE_NAME
+    {
+        ctx.error(
+            &obj.path().key("variable_name"),
+            format!(
+                "{} bytes, more than the {} a variable name may have",
+                name.len(),
+                crate::manifest::MAX_VARIABLE_NAME
+            ),
+        );
+    }
     let response_type = if obj.map().get("response_type").and_then(Value::as_str) == Some("") {
         obj.accept(&["response_type"]);
         None

@@ -16,10 +16,13 @@ impl<S: System> Shell<S> {
         if expanded.trim().is_empty() {
             return Ok(0);
         }
-        crate::refuse_nesting(crate::arithmetic_nesting(&expanded)).map_err(Halt::Fatal)?;
-        let expr = brush_parser::arithmetic::parse(&expanded)
-            .map_err(|e| Halt::Fatal(format!("bad arithmetic {expanded:?}: {e}")))?;
-        self.deeper(|sh| sh.eval(&expr))
+        let nesting = crate::arithmetic_nesting(&expanded);
+        crate::refuse_nesting(nesting).map_err(Halt::Fatal)?;
+        self.nested(nesting, |sh| {
+            let expr = brush_parser::arithmetic::parse(&expanded)
+                .map_err(|e| Halt::Fatal(format!("bad arithmetic {expanded:?}: {e}")))?;
+            sh.deeper(|sh| sh.eval(&expr))
+        })
     }
 
     fn variable(&mut self, name: &str) -> Result<i64, Halt> {
@@ -32,10 +35,13 @@ impl<S: System> Shell<S> {
             return Ok(n);
         }
         // A variable may hold an expression, as in bash; nesting is bounded.
-        crate::refuse_nesting(crate::arithmetic_nesting(value)).map_err(Halt::Fatal)?;
-        let expr = brush_parser::arithmetic::parse(value)
-            .map_err(|e| Halt::Fatal(format!("{name}: bad arithmetic {value:?}: {e}")))?;
-        self.deeper(|sh| sh.eval(&expr))
+        let nesting = crate::arithmetic_nesting(value);
+        crate::refuse_nesting(nesting).map_err(Halt::Fatal)?;
+        self.nested(nesting, |sh| {
+            let expr = brush_parser::arithmetic::parse(value)
+                .map_err(|e| Halt::Fatal(format!("{name}: bad arithmetic {value:?}: {e}")))?;
+            sh.deeper(|sh| sh.eval(&expr))
+        })
     }
 
     fn target(&mut self, target: &ArithmeticTarget) -> Result<String, Halt> {

@@ -42,10 +42,49 @@ pub(crate) fn parser_options() -> brush_parser::ParserOptions {
     }
 }
 
+/// A function as defined: its body, and the nesting of the text it was defined in (what
+/// running the body may take of the stack, at most).
+#[derive(Debug)]
+pub(crate) struct Function {
+    pub(crate) body: ast::FunctionBody,
+    pub(crate) nesting: usize,
+}
+
 impl<S: System> Shell<S> {
     /// Parses and runs `text` with the streams given.
     pub(crate) fn run_text(&mut self, text: &str, io: &Streams) -> Step {
-        crate::refuse_nesting(crate::nesting(text)).map_err(Halt::Fatal)?;
+        let nesting = crate::nesting(text);
+        crate::refuse_nesting(nesting).map_err(Halt::Fatal)?;
+        self.nested(nesting, |sh| {
+            let outer = std::mem::replace(&mut sh.text_nesting, nesting);
+            let result = sh.parse_and_run(text, io);
+            sh.text_nesting = outer;
+            result
+        })
+    }
+
+    /// Runs `f` with `nesting` more of the stack's nesting in use; stops the run when the
+    /// texts running inside each other would nest past [`crate::MAX_ACTIVE_NESTING`].
+    pub(crate) fn nested<T>(
+        &mut self,
+        nesting: usize,
+        f: impl FnOnce(&mut Self) -> Result<T, Halt>,
+    ) -> Result<T, Halt> {
+        let total = self.nesting_in_use + nesting;
+        if total > crate::MAX_ACTIVE_NESTING {
+            return Err(Halt::Fatal(format!(
+                "stopped: texts run inside each other (eval, substitutions, function bodies, \
+                 arithmetic) nest {total} deep together, more than the {} one command may",
+                crate::MAX_ACTIVE_NESTING
+            )));
+        }
+        self.nesting_in_use = total;
+        let result = f(self);
+        self.nesting_in_use -= nesting;
+        result
+    }
+
+    fn parse_and_run(&mut self, text: &str, io: &Streams) -> Step {
         let mut parser = brush_parser::Parser::new(text.as_bytes(), &parser_options());
         let program = match parser.parse_program() {
             Ok(program) => program,
@@ -230,8 +269,12 @@ impl<S: System> Shell<S> {
                 self.redirected(redirects, io, |sh, io| sh.compound(compound, io))
             }
             ast::Command::Function(def) => {
+                let function = Function {
+                    body: def.body.clone(),
+                    nesting: self.text_nesting,
+                };
                 self.funcs
-                    .insert(def.fname.value.clone(), std::rc::Rc::new(def.body.clone()));
+                    .insert(def.fname.value.clone(), std::rc::Rc::new(function));
                 self.status = 0;
                 Ok(())
             }
@@ -486,8 +529,12 @@ impl<S: System> Shell<S> {
         assigned: Vec<(String, String)>,
         io: &Streams,
     ) -> Step {
-        if let Some(body) = self.funcs.get(&argv[0]).cloned() {
-            return self.with_assigned(assigned, |sh| sh.call_function(&body, &argv[1..], io));
+        if let Some(function) = self.funcs.get(&argv[0]).cloned() {
+            return self.with_assigned(assigned, |sh| {
+                sh.nested(function.nesting, |sh| {
+                    sh.call_function(&function.body, &argv[1..], io)
+                })
+            });
         }
         if crate::builtins::is_builtin(&argv[0]) {
             return self.with_assigned(assigned, |sh| sh.builtin(&argv, io));

@@ -59,6 +59,10 @@ impl Default for Limits {
 /// How deep a script's text may nest ([`nesting`]).
 const MAX_NESTING: usize = 200;
 
+/// How deep the texts running inside each other may nest together: a script, the `eval`s,
+/// substitutions and function bodies it runs, arithmetic ([`Shell::nested`]).
+const MAX_ACTIVE_NESTING: usize = 400;
+
 /// How deep the parser would recurse on script `text`, counted on the text before it is
 /// parsed: the deepest of `(`, `[` and `{` nesting (quoted or not); of compound commands (an
 /// unquoted `if`, `while`, `until`, `for`, `select` or `case` where a command starts, against
@@ -270,7 +274,7 @@ pub struct Shell<S: System> {
     limits: Limits,
     vars: HashMap<String, String>,
     exported: HashSet<String>,
-    funcs: HashMap<String, Rc<brush_parser::ast::FunctionBody>>,
+    funcs: HashMap<String, Rc<exec::Function>>,
     positional: Vec<String>,
     cwd: String,
     status: i32,
@@ -286,6 +290,12 @@ pub struct Shell<S: System> {
     in_condition: u32,
     /// When the shell was made, for [`Limits::time`].
     started: std::time::Instant,
+    /// The nesting of the texts running inside each other now (a script, the `eval`s and
+    /// substitutions in it, the function bodies called, arithmetic), added up: what the
+    /// parser's and the walker's recursion take of the stack ([`MAX_ACTIVE_NESTING`]).
+    nesting_in_use: usize,
+    /// The nesting of the text running now, which a function defined in it keeps.
+    text_nesting: usize,
 }
 
 impl<S: System> std::fmt::Debug for Shell<S> {
@@ -319,6 +329,8 @@ impl<S: System> Shell<S> {
             in_condition: 0,
             substituted: None,
             started: std::time::Instant::now(),
+            nesting_in_use: 0,
+            text_nesting: 0,
         };
         for (name, value) in env {
             shell.vars.insert(name.clone(), value.clone());

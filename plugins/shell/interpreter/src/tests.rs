@@ -449,7 +449,10 @@ fn deeply_nested_text_is_refused_before_it_is_parsed() {
         ),
         format!("x='{}1'; echo $((x)) $(( $x ))", "- ".repeat(2000)),
         format!("echo $(( 1{} ))", "**1".repeat(2000)),
-        format!("echo $(( {}1 ))", (1..5000).map(|i| format!("a{i}=")).collect::<String>()),
+        format!(
+            "echo $(( {}1 ))",
+            (1..5000).map(|i| format!("a{i}=")).collect::<String>()
+        ),
         format!("x='1{}'; echo $((x))", "**1".repeat(2000)),
     ] {
         let (status, _, err) = run(&script);
