@@ -229,6 +229,10 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
             trellis_worker::NatsDispatch::connect(&args.nats.options(url)?, &args.nats.pool)
                 .await?
                 .with_plugins(super::worker::third_party(runtime.registry()));
+        let dispatch = match args.nats.artifact_store()? {
+            Some(store) => dispatch.with_artifacts(store),
+            None => dispatch,
+        };
         start.dispatch = Some(Arc::new(dispatch));
     }
     start.mcp_config = Arc::new(mcp);

@@ -43,9 +43,22 @@ pub struct NatsArgs {
     /// Require TLS with the NATS server (also `tls://` URLs).
     #[arg(long = "nats-tls")]
     pub tls: bool,
+    /// Keep the steps' bundles (what a step may read, what it wrote) in DIR, a folder the
+    /// dispatcher and every worker of the pool reach (a shared file system), instead of the
+    /// NATS server's object store. Give the same folder on both sides.
+    #[arg(long = "artifacts", value_name = "DIR")]
+    pub artifacts: Option<PathBuf>,
 }
 
 impl NatsArgs {
+    /// The store of `--artifacts DIR`, when given.
+    pub fn artifact_store(&self) -> Result<Option<Arc<dyn trellis_worker::ArtifactStore>>> {
+        Ok(match &self.artifacts {
+            Some(dir) => Some(Arc::new(trellis_worker::FolderArtifacts::new(dir)?)),
+            None => None,
+        })
+    }
+
     /// The connection options for the server at `url`.
     pub fn options(&self, url: &str) -> Result<trellis_worker::NatsOptions> {
         let token = match &self.token_env {
@@ -124,7 +137,10 @@ pub async fn run(engine: &Engine, args: WorkerArgs) -> Result<ExitCode> {
     let mcp = Arc::new(super::mcp_config(&args.mcp, runtime.registry())?);
     let approvals = super::approvals(&args.allow_keys, &args.allow_hosts)?;
     let llm = LlmSetup::new(None).with_approvals(approvals);
-    let bus = Bus::open(&args.connection.options(&args.nats)?).await?;
+    let mut bus = Bus::open(&args.connection.options(&args.nats)?).await?;
+    if let Some(store) = args.connection.artifact_store()? {
+        bus = bus.with_artifacts(store);
+    }
     let runner: StepRunner = Arc::new(move |root, run, cancel: Arc<AtomicBool>, observer| {
         let (runtime, llm, mcp) = (runtime.clone(), llm.clone(), mcp.clone());
         Box::pin(async move {

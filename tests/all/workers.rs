@@ -812,6 +812,51 @@ fn a_bundle_past_its_limit_is_refused_before_it_is_read() {
     });
 }
 
+/// `--artifacts DIR` keeps the bundles in a folder both sides reach instead of the object
+/// store: a worker given the same folder runs the step; one that looks in the object store
+/// finds no inputs there and refuses it. The folder is empty once the run ends.
+#[test]
+fn bundles_can_go_through_a_shared_folder() {
+    let Some(nats) = Nats::start() else {
+        return;
+    };
+    let llm = model(None);
+    let dir = tempfile::tempdir().unwrap();
+    let shared = dir.path().join("shared");
+    let shared_arg = shared.to_str().unwrap().to_string();
+    let run = |ws: &Path| {
+        trellis(&[
+            "run",
+            ws.to_str().unwrap(),
+            "--allow-host",
+            "127.0.0.1",
+            "--dispatch",
+            &nats.url,
+            "--artifacts",
+            &shared_arg,
+        ])
+    };
+    let ws = dir.path().join("ws");
+    workspace(&ws, &llm);
+    let elsewhere = worker(&nats, "elsewhere", &[]);
+    let out = run(&ws);
+    let said = text(&out.stdout) + &text(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("no worker could run it"), "{said}");
+    drop(elsewhere);
+    let _same = worker(&nats, "same", &["--artifacts", &shared_arg]);
+    let out = run(&ws);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    assert_eq!(
+        stdout.matches("turn(s) on worker same").count(),
+        2,
+        "{stdout}"
+    );
+    let left: Vec<_> = std::fs::read_dir(&shared).unwrap().flatten().collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
 /// A task published twice within the window is stored once (JetStream's de-duplication by
 /// message id).
 #[test]

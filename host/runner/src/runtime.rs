@@ -508,10 +508,7 @@ impl Runtime {
             .name(format!("trellis-{id}"))
             .spawn({
                 let execution = execution.clone();
-                move || {
-                    let _early = early;
-                    run_in_thread(registry, holds, execution, workspace, options)
-                }
+                move || run_in_thread(registry, holds, execution, workspace, options, early)
             });
         if let Err(e) = spawned {
             finish(
@@ -704,9 +701,10 @@ fn run_in_thread(
     execution: Arc<Execution>,
     workspace: PathBuf,
     options: StartOptions,
+    early: Option<WorkspaceHold>,
 ) {
     let run = std::panic::AssertUnwindSafe(|| {
-        run_execution(&registry, &holds, &execution, &workspace, options)
+        run_execution(&registry, &holds, &execution, &workspace, options, early)
     });
     let result = std::panic::catch_unwind(run).unwrap_or_else(|panic| {
         Err(format!(
@@ -733,6 +731,7 @@ fn run_execution(
     execution: &Arc<Execution>,
     workspace: &Path,
     options: StartOptions,
+    early: Option<WorkspaceHold>,
 ) -> Result<WorkflowRun, String> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -744,6 +743,8 @@ fn run_execution(
     // free unless another holder of this runtime keeps it.
     let wait = options.wait_for_workspace.then_some(&*execution.cancel);
     let _lock = share_workspace(holds, workspace, wait).map_err(|e| format!("{e:#}"))?;
+    // The hold its admission took is this execution's own share now.
+    drop(early);
     runtime.block_on(async {
         let mut env = RunEnv::new(registry, options.llm);
         env.limits = options.limits;

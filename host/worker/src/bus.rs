@@ -93,7 +93,7 @@ pub struct Bus {
     /// The step states.
     pub states: kv::Store,
     /// The bundles.
-    pub artifacts: object_store::ObjectStore,
+    pub artifacts: std::sync::Arc<dyn crate::artifacts::ArtifactStore>,
 }
 
 impl std::fmt::Debug for Bus {
@@ -141,46 +141,28 @@ impl Bus {
             client,
             js,
             states,
-            artifacts,
+            artifacts: std::sync::Arc::new(crate::artifacts::ObjectStoreArtifacts(artifacts)),
         })
     }
 
-    /// Stores `bytes` as object `name`.
-    pub async fn put(&self, name: &str, bytes: Vec<u8>) -> Result<()> {
-        let mut reader = std::io::Cursor::new(bytes);
-        self.artifacts
-            .put(name, &mut reader)
-            .await
-            .map_err(|e| anyhow::anyhow!("storing {name}: {e}"))?;
-        Ok(())
+    /// Bundles kept in `store` instead of the NATS object store (a folder both sides
+    /// reach: `--artifacts DIR`).
+    pub fn with_artifacts(
+        mut self,
+        store: std::sync::Arc<dyn crate::artifacts::ArtifactStore>,
+    ) -> Self {
+        self.artifacts = store;
+        self
     }
 
-    /// The bytes of object `name`, at most `limit`: an object larger (by its recorded
-    /// size, or by what it turns out to hold) is refused before more than `limit` bytes are
-    /// held.
+    /// Stores `bytes` as bundle `name`.
+    pub async fn put(&self, name: &str, bytes: Vec<u8>) -> Result<()> {
+        self.artifacts.put(name, bytes).await
+    }
+
+    /// The bytes of bundle `name`, at most `limit` ([`crate::artifacts::ArtifactStore::get`]).
     pub async fn get(&self, name: &str, limit: u64) -> Result<Vec<u8>> {
-        use tokio::io::AsyncReadExt;
-        let object = self
-            .artifacts
-            .get(name)
-            .await
-            .map_err(|e| anyhow::anyhow!("fetching {name}: {e}"))?;
-        let recorded = object.info().size as u64;
-        anyhow::ensure!(
-            recorded <= limit,
-            "{name} is {recorded} bytes, more than the {limit} a bundle may be"
-        );
-        let mut bytes = Vec::new();
-        object
-            .take(limit + 1)
-            .read_to_end(&mut bytes)
-            .await
-            .with_context(|| format!("reading {name}"))?;
-        anyhow::ensure!(
-            bytes.len() as u64 <= limit,
-            "{name} holds more than the {limit} bytes a bundle may be"
-        );
-        Ok(bytes)
+        self.artifacts.get(name, limit).await
     }
 }
 

@@ -65,6 +65,12 @@ impl NatsDispatch {
         })
     }
 
+    /// Bundles kept in `store` instead of the NATS object store.
+    pub fn with_artifacts(mut self, store: std::sync::Arc<dyn crate::ArtifactStore>) -> Self {
+        self.bus = self.bus.with_artifacts(store);
+        self
+    }
+
     /// The third-party plugins loaded here, `(id, version)`: a step that names one goes
     /// only to a worker that has it.
     pub fn with_plugins(mut self, plugins: Vec<(String, String)>) -> Self {

@@ -7,11 +7,13 @@
 //! and commits once (compare-and-set); the dispatcher brings the step's writable folders
 //! back and the run goes on. See `docs/workers.md`.
 
+pub mod artifacts;
 pub mod bundle;
 pub mod bus;
 mod dispatch;
 mod worker;
 
+pub use artifacts::{ArtifactStore, FolderArtifacts, ObjectStoreArtifacts};
 pub use bus::{Bus, NatsOptions};
 pub use dispatch::{NatsDispatch, check_pool};
 pub use worker::{StepRunner, Worker, default_name};

@@ -126,20 +126,23 @@ impl CallTime {
         }
     }
 
-    /// Holds at most `most` of the time left for a call starting, when at least `least` is
-    /// left; `None` (nothing held) otherwise.
+    /// Holds at most `most`, and at most a `share`-th of the time left, for a call
+    /// starting, when at least `least` is left (of the share); `None` (nothing held)
+    /// otherwise.
     pub(super) fn hold(
         &self,
         most: std::time::Duration,
         least: std::time::Duration,
+        share: usize,
     ) -> Option<std::time::Duration> {
         let mut spent = self.spent.lock().unwrap_or_else(|e| e.into_inner());
         let (used, held) = *spent;
         let left = self.total.saturating_sub(used.saturating_add(held));
-        if left < least {
+        let fair = left / u32::try_from(share.max(1)).unwrap_or(u32::MAX);
+        if fair < least {
             return None;
         }
-        let taken = most.min(left);
+        let taken = most.min(fair);
         spent.1 = held.saturating_add(taken);
         Some(taken)
     }
@@ -228,17 +231,24 @@ mod tests {
     fn calls_running_at_once_share_the_turns_call_time() {
         let s = std::time::Duration::from_secs;
         let time = CallTime::new(20);
-        let first = time.hold(s(30), s(1));
+        let first = time.hold(s(30), s(1), 1);
         assert_eq!(first, Some(s(20)), "a call gets no more than is left");
-        assert_eq!(time.hold(s(30), s(1)), None, "the first holds it all");
+        assert_eq!(time.hold(s(30), s(1), 1), None, "the first holds it all");
         time.settle(s(20), s(5));
-        let second = time.hold(s(10), s(1));
+        let second = time.hold(s(10), s(1), 1);
         assert_eq!(second, Some(s(10)), "what the first left unused came back");
-        assert_eq!(time.hold(s(30), s(1)), Some(s(5)));
-        assert_eq!(time.hold(s(30), s(1)), None);
+        assert_eq!(time.hold(s(30), s(1), 1), Some(s(5)));
+        assert_eq!(time.hold(s(30), s(1), 1), None);
         time.settle(s(10), s(10));
         time.settle(s(5), s(5));
-        assert_eq!(time.hold(s(30), s(0)), Some(s(0)), "all 20 s taken");
+        assert_eq!(time.hold(s(30), s(0), 1), Some(s(0)), "all 20 s taken");
+        // Four calls that may run at once share it: none starves the others.
+        let time = CallTime::new(20);
+        let shares: Vec<_> = (1..=4)
+            .rev()
+            .map(|share| time.hold(s(600), s(1), share))
+            .collect();
+        assert_eq!(shares, [Some(s(5)), Some(s(5)), Some(s(5)), Some(s(5))]);
     }
 
     #[test]

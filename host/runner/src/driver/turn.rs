@@ -435,11 +435,31 @@ impl StepRunner<'_> {
             trellis_sandbox::plugins::normalize_tool_name(c.name.trim()) == CALL_SUB_AGENT
                 && run.policy.host.allows(DELEGATION_CATEGORY, CALL_SUB_AGENT)
         };
+        // The calls of the round not started yet: one starting takes at most an equal
+        // share of the time left among those that may run beside it.
+        let pending = std::sync::atomic::AtomicUsize::new(
+            to_run.iter().filter(|c| !is_delegation(c)).count(),
+        );
+        let at_once = if turn.parallel {
+            self.budgets.concurrent_calls.max(1)
+        } else {
+            1
+        };
         let plugin_calls = to_run.iter().filter(|c| !is_delegation(c)).map(|c| async {
             let record = {
                 let _slot = turn.slots.acquire().await;
-                self.tool_call_within(&run.policy, c, turn.grant, turn.db_budget, turn.call_time)
-                    .await
+                let share = pending
+                    .fetch_sub(1, std::sync::atomic::Ordering::SeqCst)
+                    .clamp(1, at_once);
+                self.tool_call_within(
+                    &run.policy,
+                    c,
+                    turn.grant,
+                    turn.db_budget,
+                    turn.call_time,
+                    share,
+                )
+                .await
             };
             kept(run, record, turn.result_bytes)
         });
@@ -482,7 +502,8 @@ impl StepRunner<'_> {
     }
 
     /// [`Self::tool_call`] within what is left of the turn's call time: its deadline is no
-    /// later, and its time is taken from it; not run when none is left.
+    /// later than its `share` of it (the calls that may run beside it share what is left),
+    /// and its time is taken from it; not run when less than a second is left.
     async fn tool_call_within(
         &self,
         policy: &ToolPolicy,
@@ -490,10 +511,14 @@ impl StepRunner<'_> {
         grant: &TurnGrant,
         db_budget: &DbWriteBudget,
         time: &CallTime,
+        share: usize,
     ) -> ToolCallRecord {
         // A call with less than a second left would only fail at its deadline: not run.
-        let Some(held) = time.hold(self.limits.timeout, MIN_CALL_TIME.min(self.limits.timeout))
-        else {
+        let Some(held) = time.hold(
+            self.limits.timeout,
+            MIN_CALL_TIME.min(self.limits.timeout),
+            share,
+        ) else {
             let args = parse_arguments(&call.arguments);
             return tool_record(call, args, Err(time.spent()), now_rfc3339(), Instant::now());
         };
