@@ -788,6 +788,60 @@ fn a_task_taken_by_a_client_that_is_not_a_worker_fails_the_step() {
     }
 }
 
+/// A forged task naming another subject for its events (JetStream's API: deleting the task
+/// stream) is terminated unread: the worker publishes only on the task's own subject (round
+/// 19, MEDIUM).
+#[test]
+fn a_task_naming_another_subject_for_its_events_is_refused() {
+    let Some(nats) = Nats::start() else {
+        return;
+    };
+    let _w = worker(&nats, "w", &[]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let options = trellis_worker::NatsOptions {
+            url: nats.url.clone(),
+            ..Default::default()
+        };
+        let dispatch = trellis_worker::NatsDispatch::connect(&options, "default")
+            .await
+            .unwrap();
+        let task = trellis_worker::bus::Task {
+            id: "forged/1".into(),
+            run_folder: "iteration-0".into(),
+            step_id: "s".into(),
+            group: None,
+            inputs: Default::default(),
+            input: "input.none".into(),
+            writable: Vec::new(),
+            cancel_key: "cancel.none".into(),
+            events: "$JS.API.STREAM.DELETE.TRELLIS_TASKS".into(),
+            plugins: Vec::new(),
+        };
+        dispatch.publish(&task).await.unwrap();
+        let bus = trellis_worker::Bus::open(&options).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let mut stream = bus
+                .js
+                .get_stream(trellis_worker::bus::STREAM)
+                .await
+                .expect("the task stream is still there");
+            if stream.info().await.unwrap().state.messages == 0 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the forged task was never taken");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(bus.js.get_stream(trellis_worker::bus::STREAM).await.is_ok());
+        assert!(
+            bus.states.get(task.key()).await.unwrap().is_none(),
+            "nothing ran"
+        );
+    });
+}
+
 /// A bundle object larger than a bundle may be is refused on its recorded size, before its
 /// bytes are read (a forged 1.1 GB input took a worker to 1.3 GB first: round 18, MEDIUM).
 #[test]

@@ -19,6 +19,9 @@ pub trait ArtifactStore: Send + Sync + std::fmt::Debug {
     fn delete<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<()>>;
 }
 
+/// The longest a bundle's read waits for its next piece.
+pub const READ_STALL: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// The NATS object store.
 pub struct ObjectStoreArtifacts(pub object_store::ObjectStore);
 
@@ -43,22 +46,37 @@ impl ArtifactStore for ObjectStoreArtifacts {
     fn get<'a>(&'a self, name: &'a str, limit: u64) -> BoxFuture<'a, Result<Vec<u8>>> {
         Box::pin(async move {
             use tokio::io::AsyncReadExt;
-            let object = self
-                .0
-                .get(name)
+            let object = tokio::time::timeout(READ_STALL, self.0.get(name))
                 .await
+                .map_err(|_| {
+                    anyhow::anyhow!("fetching {name}: no answer in {} s", READ_STALL.as_secs())
+                })?
                 .map_err(|e| anyhow::anyhow!("fetching {name}: {e}"))?;
             let recorded = object.info().size as u64;
             ensure!(
                 recorded <= limit,
                 "{name} is {recorded} bytes, more than the {limit} a bundle may be"
             );
+            // Read piece by piece, each within [`READ_STALL`]: an object whose pieces never
+            // come (a record without its chunks) fails instead of waiting forever.
             let mut bytes = Vec::new();
-            object
-                .take(limit + 1)
-                .read_to_end(&mut bytes)
-                .await
-                .with_context(|| format!("reading {name}"))?;
+            let mut object = object.take(limit + 1);
+            let mut piece = vec![0u8; 64 << 10];
+            loop {
+                let read = tokio::time::timeout(READ_STALL, object.read(&mut piece))
+                    .await
+                    .map_err(|_| {
+                        anyhow::anyhow!(
+                            "reading {name}: nothing came for {} s",
+                            READ_STALL.as_secs()
+                        )
+                    })?
+                    .with_context(|| format!("reading {name}"))?;
+                if read == 0 {
+                    break;
+                }
+                bytes.extend_from_slice(&piece[..read]);
+            }
             ensure!(
                 bytes.len() as u64 <= limit,
                 "{name} holds more than the {limit} bytes a bundle may be"

@@ -166,6 +166,11 @@ impl Bus {
     }
 }
 
+/// The subject of the events of task `id`: the only one a worker publishes them on.
+pub fn events_subject(id: &str) -> String {
+    format!("trellis.events.{}", key_of("step", id).replace('.', "-"))
+}
+
 /// The durable consumer of pool `pool`'s workers.
 pub fn consumer_name(pool: &str) -> String {
     format!("pool-{pool}")

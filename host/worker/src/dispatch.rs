@@ -17,7 +17,9 @@ use trellis_sandbox::store::WorkspaceFs;
 use trellis_workflow::Workspace;
 
 use crate::bundle::{Bundle, MAX_ENCODED_BYTES, Received, is_under};
-use crate::bus::{Bus, NatsOptions, STATES, STREAM, State, Task, key_of, task_subject};
+use crate::bus::{
+    Bus, NatsOptions, STATES, STREAM, State, Task, events_subject, key_of, task_subject,
+};
 use async_nats::jetstream::stream::LastRawMessageErrorKind;
 
 /// Files every worker needs besides the step's folders: the workflow's own.
@@ -180,7 +182,7 @@ impl NatsDispatch {
             plugins,
             input: key_of("input", &id),
             cancel_key: key_of("cancel", &id),
-            events: format!("trellis.events.{}", key_of("step", &id).replace('.', "-")),
+            events: events_subject(&id),
             id,
             run_folder: step.run_folder.clone(),
             step_id: step.step_id.clone(),
@@ -281,6 +283,8 @@ impl NatsDispatch {
         let mut cancelled = false;
         let mut gone_since: Option<std::time::Instant> = None;
         let mut looked = std::time::Instant::now();
+        let published = std::time::Instant::now();
+        let mut queued = true;
         loop {
             if gone_since.is_some_and(|since| since.elapsed() > SERVER_GONE) {
                 bail!(
@@ -314,6 +318,15 @@ impl NatsDispatch {
                             looked = std::time::Instant::now();
                             self.check_queued(task, key, sequence).await?;
                         }
+                        if queued && published.elapsed() > CLAIM_WAIT {
+                            bail!(
+                                "step {}: no worker of pool {} took it within {} s (are \
+                                 workers running, on this pool?)",
+                                task.step_id,
+                                self.pool,
+                                CLAIM_WAIT.as_secs()
+                            );
+                        }
                         while let Ok(Some(advisory)) =
                             tokio::time::timeout(Duration::ZERO, advisories.next()).await
                         {
@@ -327,6 +340,7 @@ impl NatsDispatch {
                 };
                 gone_since = None;
                 let state = read_state(task, &entry.value)?;
+                queued = matches!(state, State::Queued | State::Refused { .. });
                 match state {
                     State::Done {
                         worker,
@@ -418,6 +432,10 @@ impl NatsDispatch {
         )
     }
 }
+
+/// How long a task may wait for a worker to take it: past it the step fails (no worker of
+/// the pool runs, or a client held the task back).
+const CLAIM_WAIT: Duration = Duration::from_secs(600);
 
 /// How often a dispatcher looks that a task it waits on is still queued.
 const TASK_LOOK: Duration = Duration::from_secs(5);

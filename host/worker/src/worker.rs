@@ -23,8 +23,8 @@ use trellis_sandbox::store::WorkspaceFs;
 
 use crate::bundle::{Bundle, MAX_ENCODED_BYTES, Received};
 use crate::bus::{
-    Bus, DEFAULT_MAX_DELIVER, HEARTBEAT, LEASE, STREAM, State, Task, consumer_name, key_of, now_ms,
-    task_subject,
+    Bus, DEFAULT_MAX_DELIVER, HEARTBEAT, LEASE, STREAM, State, Task, consumer_name, events_subject,
+    key_of, now_ms, task_subject,
 };
 use crate::dispatch::check_pool;
 
@@ -135,7 +135,15 @@ impl Worker {
         let me = Arc::new(self);
         tracing::info!(worker = %me.name, pool = %me.pool, "taking tasks");
         while !stop.load(Ordering::SeqCst) {
-            let permit = slots.clone().acquire_owned().await?;
+            // A free slot, looked for again and again so that a stop is heard while every
+            // slot is busy.
+            let Ok(permit) =
+                tokio::time::timeout(Duration::from_millis(500), slots.clone().acquire_owned())
+                    .await
+            else {
+                continue;
+            };
+            let permit = permit?;
             let mut batch = match consumer
                 .fetch()
                 .max_messages(1)
@@ -175,8 +183,17 @@ impl Worker {
 
     /// One delivered task: claimed, run, committed, acked; or dropped when committed already.
     async fn take(&self, message: jetstream::Message) -> Result<()> {
-        let task: Task = match serde_json::from_slice(&message.payload) {
-            Ok(task) => task,
+        let task: Task = match serde_json::from_slice::<Task>(&message.payload) {
+            Ok(task) if task.events == events_subject(&task.id) => task,
+            Ok(task) => {
+                // Its events would go to a subject of its choosing (JetStream's API, say).
+                let _ = message.ack_with(AckKind::Term).await;
+                anyhow::bail!(
+                    "task {:?} names {:?} for its events, not its own subject",
+                    task.id,
+                    task.events
+                );
+            }
             Err(e) => {
                 // Not a task of ours: nothing will ever read it.
                 let _ = message.ack_with(AckKind::Term).await;
