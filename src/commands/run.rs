@@ -225,15 +225,7 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
             "--dispatch: a recorded or replayed run keeps one cassette position for all its \
              steps, which workers on other machines cannot share; run it locally"
         );
-        let dispatch =
-            trellis_worker::NatsDispatch::connect(&args.nats.options(url)?, &args.nats.pool)
-                .await?
-                .with_plugins(super::worker::third_party(runtime.registry()));
-        let dispatch = match args.nats.artifact_store()? {
-            Some(store) => dispatch.with_artifacts(store),
-            None => dispatch,
-        };
-        start.dispatch = Some(Arc::new(dispatch));
+        start.dispatch = Some(args.nats.dispatcher(url, runtime.registry()).await?);
     }
     start.mcp_config = Arc::new(mcp);
     start.tool_servers = Arc::new(trellis_mcp::client::McpClient);

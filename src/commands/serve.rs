@@ -93,15 +93,7 @@ pub async fn run(engine: &Engine, args: ServeArgs) -> Result<ExitCode> {
     )
     .await?;
     if let Some(url) = &args.dispatch {
-        let dispatch =
-            trellis_worker::NatsDispatch::connect(&args.nats.options(url)?, &args.nats.pool)
-                .await?
-                .with_plugins(super::worker::third_party(runtime.registry()));
-        let dispatch = match args.nats.artifact_store()? {
-            Some(store) => dispatch.with_artifacts(store),
-            None => dispatch,
-        };
-        template.dispatch = Some(Arc::new(dispatch));
+        template.dispatch = Some(args.nats.dispatcher(url, runtime.registry()).await?);
     }
     let api_template = template.clone();
     let max_running = args

@@ -130,6 +130,24 @@ pub fn third_party(registry: &trellis_sandbox::PluginRegistry) -> Vec<(String, S
         .collect()
 }
 
+impl NatsArgs {
+    /// The dispatcher of `--dispatch URL` for a run or server whose plugins are those of
+    /// `registry`: the pool's workers, with its connection options and `--artifacts`.
+    pub async fn dispatcher(
+        &self,
+        url: &str,
+        registry: &trellis_sandbox::PluginRegistry,
+    ) -> Result<Arc<dyn trellis_runner::dispatch::StepDispatch>> {
+        let dispatch = trellis_worker::NatsDispatch::connect(&self.options(url)?, &self.pool)
+            .await?
+            .with_plugins(third_party(registry));
+        Ok(match self.artifact_store()? {
+            Some(store) => Arc::new(dispatch.with_artifacts(store)),
+            None => Arc::new(dispatch),
+        })
+    }
+}
+
 /// Takes tasks until Ctrl-C or SIGTERM.
 pub async fn run(engine: &Engine, args: WorkerArgs) -> Result<ExitCode> {
     let runtime = Runtime::new(Arc::new(registry(engine, &args.plugins).await?));

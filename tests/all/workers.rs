@@ -127,6 +127,34 @@ fn worker(nats: &Nats, name: &str, extra: &[&str]) -> WorkerProcess {
     )
 }
 
+/// `trellis run WS --allow-host 127.0.0.1 --dispatch URL`, and `extra`.
+fn dispatched(nats: &Nats, ws: &Path, extra: &[&str]) -> Command {
+    let mut args = vec![
+        "run",
+        ws.to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
+        "--dispatch",
+        &nats.url,
+    ];
+    args.extend_from_slice(extra);
+    trellis_command(&args)
+}
+
+/// [`dispatched`] run to its end.
+fn run_dispatched(nats: &Nats, ws: &Path, extra: &[&str]) -> std::process::Output {
+    dispatched(nats, ws, extra).output().expect("trellis runs")
+}
+
+/// [`dispatched`] started, its output piped, for [`wait_output`].
+fn start_dispatched(nats: &Nats, ws: &Path) -> Child {
+    dispatched(nats, ws, &[])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 /// A model for a two-step plan: each step's agent writes one file into its output folder
 /// (step `b` after reading `a`'s), then says it is done. `slow` makes step `a` wait for it.
 fn model(slow: Option<Arc<AtomicBool>>) -> FakeServer {
@@ -249,14 +277,7 @@ fn a_run_spread_over_two_workers_gives_the_artifacts_of_a_local_run() {
 
     let _w1 = worker(&nats, "w1", &[]);
     let _w2 = worker(&nats, "w2", &[]);
-    let out = trellis(&[
-        "run",
-        remote.to_str().unwrap(),
-        "--allow-host",
-        "127.0.0.1",
-        "--dispatch",
-        &nats.url,
-    ]);
+    let out = run_dispatched(&nats, &remote, &[]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
     assert!(stdout.contains("a [regular]: completed"), "{stdout}");
@@ -306,18 +327,7 @@ fn a_worker_killed_mid_step_leaves_the_step_to_another() {
     let ws = dir.path().join("ws");
     workspace(&ws, &llm);
     let mut first = worker(&nats, "first", &[]);
-    let mut run = trellis_command(&[
-        "run",
-        ws.to_str().unwrap(),
-        "--allow-host",
-        "127.0.0.1",
-        "--dispatch",
-        &nats.url,
-    ])
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped())
-    .spawn()
-    .unwrap();
+    let mut run = start_dispatched(&nats, &ws);
     // The first worker holds step a (its model call waits): kill it.
     let deadline = Instant::now() + Duration::from_secs(60);
     while llm.connections() == 0 {
@@ -353,18 +363,7 @@ fn ctrl_c_of_the_dispatcher_stops_the_step_on_its_worker() {
     let ws = dir.path().join("ws");
     workspace(&ws, &llm);
     let _w = worker(&nats, "w", &[]);
-    let mut run = trellis_command(&[
-        "run",
-        ws.to_str().unwrap(),
-        "--allow-host",
-        "127.0.0.1",
-        "--dispatch",
-        &nats.url,
-    ])
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped())
-    .spawn()
-    .unwrap();
+    let mut run = start_dispatched(&nats, &ws);
     let deadline = Instant::now() + Duration::from_secs(60);
     while llm.connections() == 0 {
         assert!(Instant::now() < deadline, "step a never reached its model");
@@ -403,18 +402,7 @@ fn the_run_goes_on_across_a_restart_of_the_nats_server() {
     let ws = dir.path().join("ws");
     workspace(&ws, &llm);
     let _w = worker(&nats, "w", &[]);
-    let mut run = trellis_command(&[
-        "run",
-        ws.to_str().unwrap(),
-        "--allow-host",
-        "127.0.0.1",
-        "--dispatch",
-        &nats.url,
-    ])
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped())
-    .spawn()
-    .unwrap();
+    let mut run = start_dispatched(&nats, &ws);
     let deadline = Instant::now() + Duration::from_secs(60);
     while llm.connections() == 0 {
         assert!(Instant::now() < deadline, "step a never reached its model");
@@ -529,14 +517,7 @@ fn a_step_that_may_write_the_database_runs_on_the_dispatcher() {
     );
     support::workspace::create_db(&ws, "CREATE TABLE t(x); INSERT INTO t VALUES (4242);");
     let _w = worker(&nats, "w", &[]);
-    let out = trellis(&[
-        "run",
-        ws.to_str().unwrap(),
-        "--allow-host",
-        "127.0.0.1",
-        "--dispatch",
-        &nats.url,
-    ]);
+    let out = run_dispatched(&nats, &ws, &[]);
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
     let line = |step: &str| {
@@ -688,18 +669,7 @@ fn a_worker_without_a_plugin_the_step_names_refuses_it() {
     );
     let plugins = dir.path().join("plugins");
     support::plugin_folder(&plugins, "adversary", "adversary", "tool");
-    let run = || {
-        trellis(&[
-            "run",
-            ws.to_str().unwrap(),
-            "--allow-host",
-            "127.0.0.1",
-            "--plugins",
-            plugins.to_str().unwrap(),
-            "--dispatch",
-            &nats.url,
-        ])
-    };
+    let run = || run_dispatched(&nats, &ws, &["--plugins", plugins.to_str().unwrap()]);
     let bare = worker(&nats, "bare", &[]);
     let out = run();
     let said = text(&out.stdout) + &text(&out.stderr);
@@ -732,18 +702,7 @@ fn a_task_taken_by_a_client_that_is_not_a_worker_fails_the_step() {
     ] {
         let ws = dir.path().join(attack);
         workspace(&ws, &llm);
-        let mut run = trellis_command(&[
-            "run",
-            ws.to_str().unwrap(),
-            "--allow-host",
-            "127.0.0.1",
-            "--dispatch",
-            &nats.url,
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        let mut run = start_dispatched(&nats, &ws);
         let rt = tokio::runtime::Runtime::new().unwrap();
         rt.block_on(async {
             use futures::StreamExt;
@@ -878,18 +837,7 @@ fn bundles_can_go_through_a_shared_folder() {
     let dir = tempfile::tempdir().unwrap();
     let shared = dir.path().join("shared");
     let shared_arg = shared.to_str().unwrap().to_string();
-    let run = |ws: &Path| {
-        trellis(&[
-            "run",
-            ws.to_str().unwrap(),
-            "--allow-host",
-            "127.0.0.1",
-            "--dispatch",
-            &nats.url,
-            "--artifacts",
-            &shared_arg,
-        ])
-    };
+    let run = |ws: &Path| run_dispatched(&nats, ws, &["--artifacts", &shared_arg]);
     let ws = dir.path().join("ws");
     workspace(&ws, &llm);
     let elsewhere = worker(&nats, "elsewhere", &[]);
@@ -977,18 +925,7 @@ fn a_step_no_worker_can_run_fails_naming_the_workers_that_tried() {
     };
     let _w1 = spawn("no-approval-1");
     let _w2 = spawn("no-approval-2");
-    let mut run = trellis_command(&[
-        "run",
-        ws.to_str().unwrap(),
-        "--allow-host",
-        "127.0.0.1",
-        "--dispatch",
-        &nats.url,
-    ])
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped())
-    .spawn()
-    .unwrap();
+    let mut run = start_dispatched(&nats, &ws);
     let out = wait_output(&mut run, Duration::from_secs(180));
     let said = text(&out.stderr) + &text(&out.stdout);
     assert!(!out.status.success(), "{said}");

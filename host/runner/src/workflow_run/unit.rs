@@ -170,15 +170,7 @@ pub(super) async fn run_unit(
                     Some(e) => format!("{e} (on worker {worker})"),
                     None => format!("{} turn(s) on worker {worker}", outcome.turns),
                 };
-                let report = StepReport {
-                    step_id: id.clone(),
-                    step_type: step.type_name(),
-                    status: outcome.status,
-                    detail,
-                    output_dir: outcome.output_dir.clone(),
-                    outcome: Some(outcome),
-                };
-                (report, default_next(&ws, step))
+                (agent_report(step, detail, outcome), default_next(&ws, step))
             }
             StepKind::MessageSequence(_) | StepKind::Regular | StepKind::TodoTask(_) => {
                 let returned = returns.get(&id).copied().unwrap_or(0);
@@ -204,15 +196,7 @@ pub(super) async fn run_unit(
                     }
                     (None, _) => format!("{} turn(s)", outcome.turns),
                 };
-                let report = StepReport {
-                    step_id: id.clone(),
-                    step_type: step.type_name(),
-                    status: outcome.status,
-                    detail,
-                    output_dir: outcome.output_dir.clone(),
-                    outcome: Some(outcome),
-                };
-                (report, default_next(&ws, step))
+                (agent_report(step, detail, outcome), default_next(&ws, step))
             }
             StepKind::Routing(routing) => {
                 let (route, next, how) = select_route(&ws, step, routing, previous.as_deref())?;
@@ -305,6 +289,18 @@ pub(super) async fn run_unit(
         current = next;
     }
     Ok(unit)
+}
+
+/// The report of agent step `step`, run here or elsewhere, that ended with `outcome`.
+fn agent_report(step: &Step, detail: String, outcome: StepOutcome) -> StepReport {
+    StepReport {
+        step_id: step.id.clone(),
+        step_type: step.type_name(),
+        status: outcome.status,
+        detail,
+        output_dir: outcome.output_dir.clone(),
+        outcome: Some(outcome),
+    }
 }
 
 /// Whether `step`, or a route's sub-agent step under it, is a scripted regular step: its
