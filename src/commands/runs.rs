@@ -131,6 +131,9 @@ fn show_run_step(root: &Path, step: &str, run: Option<&str>) -> Result<()> {
         report.turns.len().to_string()
     };
     println!("turns: {turns}");
+    if let Some(remote) = &report.remote {
+        remote_lines(remote);
+    }
     println!("entries:");
     if report.entries.is_empty() {
         println!("  (no session.json)");
@@ -241,6 +244,41 @@ fn show_run_step(root: &Path, step: &str, run: Option<&str>) -> Result<()> {
 }
 
 /// The tool names of a turn as `runs show` lists them: the first 20, then how many more.
+/// What a step running on a worker did so far (its files come back when it ends).
+fn remote_lines(remote: &runs::RemoteProgress) {
+    let worker = remote.worker.as_deref().unwrap_or("(none has taken it yet)");
+    println!("on worker: {}", shown_name(worker));
+    let item = remote
+        .item
+        .as_deref()
+        .map(|item| format!(" (last item {})", shown_name(item)))
+        .unwrap_or_default();
+    let model = remote
+        .model
+        .as_deref()
+        .map(|model| format!(", last model {}", shown_name(model)))
+        .unwrap_or_default();
+    let recent: Vec<String> = remote
+        .recent_tools
+        .iter()
+        .map(|name| shown_name(name).into_owned())
+        .collect();
+    println!(
+        "  so far: {} turn(s){item}, LLM calls {} ({} failed){model}, tokens {} prompt / {} \
+         completion, tool calls {} ({} failed){}, gates {} ({} passed)",
+        remote.turns,
+        remote.llm_calls,
+        remote.llm_errors,
+        remote.prompt_tokens,
+        remote.completion_tokens,
+        remote.tool_calls,
+        remote.tool_errors,
+        tool_list(&recent),
+        remote.gates,
+        remote.gates_passed
+    );
+}
+
 fn tool_list(names: &[String]) -> String {
     const SHOWN: usize = 20;
     match names.len() {

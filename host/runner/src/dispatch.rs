@@ -5,15 +5,17 @@
 //! first, and takes the second back.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use trellis_sandbox::capabilities::Access;
+use trellis_sandbox::store::WorkspaceFs;
 use trellis_workflow::{Step, Workspace};
 
 use crate::driver::StepOutcome;
+use crate::events::{Observer, RunEvent};
 use crate::grants::{GrantedFolder, TurnAccess, TurnContext, grant_for_access};
 use crate::prerequisites::GoBack;
 use crate::session::Status;
@@ -34,7 +36,11 @@ pub struct RemoteStep {
     /// Set when the run is stopped: the step is stopped wherever it runs.
     pub cancel: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// Sees the step's events (turns, model and tool calls) as they happen where it runs.
-    pub observer: crate::events::Observer,
+    pub observer: Observer,
+    /// How often the step already sent this run back to a prerequisite.
+    pub prerequisite_returns: u32,
+    /// High-priority context from the operator for the step's agent (`--step-context`).
+    pub context: Option<String>,
 }
 
 /// How a step run elsewhere ended: what the run needs of a [`StepOutcome`].
@@ -89,6 +95,109 @@ impl RemoteOutcome {
             error: self.error,
             output_dir,
         }
+    }
+}
+
+/// The file under a step's logs folder (`logs/<step>/`) where the run records what its step
+/// running elsewhere did so far: what `trellis runs show` reads while the step runs. The
+/// step's own logs replace the folder when it ends.
+pub const REMOTE_PROGRESS_FILE: &str = "remote-progress.json";
+
+/// Tool names kept in [`RemoteProgress::recent_tools`].
+const RECENT_TOOLS: usize = 20;
+
+/// What a step running elsewhere did so far, from its events.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RemoteProgress {
+    /// The worker running it (the last to take it).
+    pub worker: Option<String>,
+    /// Turns started.
+    pub turns: u64,
+    /// The item of the last turn.
+    pub item: Option<String>,
+    /// LLM calls ended.
+    pub llm_calls: u64,
+    /// LLM calls that failed.
+    pub llm_errors: u64,
+    /// `provider:model` of the last LLM call.
+    pub model: Option<String>,
+    /// Prompt tokens of all LLM calls.
+    pub prompt_tokens: u64,
+    /// Completion tokens of all LLM calls.
+    pub completion_tokens: u64,
+    /// Tool calls ended.
+    pub tool_calls: u64,
+    /// Tool calls that failed.
+    pub tool_errors: u64,
+    /// The names of the last tool calls, oldest first.
+    pub recent_tools: Vec<String>,
+    /// Gates run, and how many of them passed.
+    pub gates: u64,
+    /// Gates that passed.
+    pub gates_passed: u64,
+}
+
+impl RemoteProgress {
+    /// Counts `event` (of the step or of its sub-agents); whether it changed anything.
+    pub fn see(&mut self, event: &RunEvent) -> bool {
+        match event {
+            RunEvent::StepOnWorker { worker, .. } => self.worker = Some(worker.clone()),
+            RunEvent::TurnStarted { item_id, .. } => {
+                self.turns = self.turns.saturating_add(1);
+                self.item = Some(item_id.clone());
+            }
+            RunEvent::LlmCall {
+                provider,
+                model,
+                prompt_tokens,
+                completion_tokens,
+                error,
+                ..
+            } => {
+                self.llm_calls = self.llm_calls.saturating_add(1);
+                self.llm_errors = self.llm_errors.saturating_add(u64::from(error.is_some()));
+                self.model = Some(format!("{provider}:{model}"));
+                self.prompt_tokens = self.prompt_tokens.saturating_add(*prompt_tokens);
+                self.completion_tokens = self.completion_tokens.saturating_add(*completion_tokens);
+            }
+            RunEvent::ToolCall { tool, error, .. } => {
+                self.tool_calls = self.tool_calls.saturating_add(1);
+                self.tool_errors = self.tool_errors.saturating_add(u64::from(error.is_some()));
+                if self.recent_tools.len() == RECENT_TOOLS {
+                    self.recent_tools.remove(0);
+                }
+                self.recent_tools.push(tool.clone());
+            }
+            RunEvent::Gate { passed, .. } => {
+                self.gates = self.gates.saturating_add(1);
+                self.gates_passed = self.gates_passed.saturating_add(u64::from(*passed));
+            }
+            _ => return false,
+        }
+        true
+    }
+
+    /// An observer that passes each event on to `inner` and keeps the progress of step
+    /// `step_id` in `logs/<step>/`[`REMOTE_PROGRESS_FILE`] under `run_dir` (rewritten whole,
+    /// atomically, as events come).
+    pub fn recorder(fs: &WorkspaceFs, run_dir: &Path, step_id: &str, inner: Observer) -> Observer {
+        let path = crate::session::logs_dir(run_dir, step_id).join(REMOTE_PROGRESS_FILE);
+        let fs = fs.clone();
+        let progress = std::sync::Mutex::new(RemoteProgress::default());
+        Observer::new(move |event: &RunEvent| {
+            let changed = progress
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .see(event);
+            if changed {
+                let now = progress.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                // A view for `runs show`: a write that fails leaves the last one.
+                if let Err(e) = fs.write_json_atomic(&path, &now) {
+                    tracing::debug!("writing {}: {e}", path.display());
+                }
+            }
+            inner.emit(event.clone());
+        })
     }
 }
 

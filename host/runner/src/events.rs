@@ -66,6 +66,14 @@ pub enum RunEvent {
         /// `regular`, `routing`, `human_input`, ...
         step_type: String,
     },
+    /// A step running elsewhere (`trellis run --dispatch`) was taken by a worker: its
+    /// events that follow come from there. Said again when another worker takes it over.
+    StepOnWorker {
+        /// The step id.
+        step_id: String,
+        /// The worker's name.
+        worker: String,
+    },
     /// A `human_input` step whose answer was not given waits for one
     /// ([`crate::human_inputs::HumanInputs::answer`]); its end follows once it comes.
     InputRequested {
@@ -240,6 +248,9 @@ impl RunEvent {
                 status,
                 detail,
             } => format!("step {step_id}: {status} ({detail})"),
+            RunEvent::StepOnWorker { step_id, worker } => {
+                format!("step {step_id}: running on worker {worker}")
+            }
             RunEvent::InputRequested { question } => format!(
                 "step {}: waiting for an answer to {:?} ({})",
                 question.step_id,

@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 
+pub use super::dispatch::RemoteProgress;
+use super::dispatch::REMOTE_PROGRESS_FILE;
 use super::session::{
     FINAL_SUMMARY_FILE, FinalSummary, Session, SessionEntry, Status, TurnSummary, logs_dir,
     turn_log_dirs, turn_log_paths, turn_logs_dir,
@@ -100,6 +102,9 @@ pub struct StepReport {
     pub sub_agent_calls: Vec<SubAgentCall>,
     /// The turns of the step's sub-agents (their logs under `logs/<step>/agents/`).
     pub sub_agent_turns: usize,
+    /// What the step did so far on the worker running it (`trellis run --dispatch`), while
+    /// it runs there.
+    pub remote: Option<RemoteProgress>,
 }
 
 /// The last attempt of one gate of a step.
@@ -307,10 +312,29 @@ fn step_state(
     let status = match Session::read(fs, step_dir) {
         Ok(Some(s)) if s.status == Status::Running && !held => INTERRUPTED.to_string(),
         Ok(Some(s)) => s.status.to_string(),
-        Ok(None) => "no summary".to_string(),
+        Ok(None) => match remote_progress(fs, run_dir, step) {
+            Some(_) if !held => INTERRUPTED.to_string(),
+            Some(RemoteProgress {
+                worker: Some(worker),
+                ..
+            }) => format!("running on worker {worker}"),
+            Some(_) => "waiting for a worker".to_string(),
+            None => "no summary".to_string(),
+        },
         Err(e) => format!("{UNREADABLE} (session.json: {e:#})"),
     };
     Ok((status, None, Vec::new()))
+}
+
+/// What step `step` of `run_dir` did so far on a worker, from the file its dispatcher keeps
+/// while it runs there ([`REMOTE_PROGRESS_FILE`]); `None` without one or when it does not
+/// read (a view, never an error).
+fn remote_progress(fs: &WorkspaceFs, run_dir: &Path, step: &str) -> Option<RemoteProgress> {
+    let path = logs_dir(run_dir, step).join(REMOTE_PROGRESS_FILE);
+    if fs.kind(&path).ok()? != Some(Kind::File) {
+        return None;
+    }
+    read_json(fs, &path).ok()
 }
 
 /// Status, end time and concerns of a final summary: Trellis's own, or one the original
@@ -408,6 +432,7 @@ pub fn show_step(root: &Path, run: &str, step: &str) -> Result<StepReport> {
         gates,
         sub_agent_calls,
         sub_agent_turns,
+        remote: remote_progress(fs, &run_dir, step),
     })
 }
 

@@ -38,12 +38,13 @@ use std::sync::{Arc, Mutex, OnceLock};
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Value, json};
 
+use crate::dispatch::{REMOTE_PROGRESS_FILE, RemoteProgress};
 use crate::driver::{AgentModels, ModelResolver, StepOutcome, StepRunner};
 use crate::events::{Observer, RunEvent};
 use crate::llm_choice::{self, LlmSetup, check_models};
 use crate::mcp_servers::{McpConfig, NoServers, ServerStarter, ToolServers};
 use crate::run_folder::{ACTIVE_RUN, group_folder_name, open_group_run, start_full_run};
-use crate::session::Status;
+use crate::session::{Status, logs_dir};
 use crate::steering::Steering;
 use crate::step_script::ScriptOptions;
 use trellis_sandbox::Limits;
@@ -121,6 +122,12 @@ pub struct RunOptions {
     /// High-priority context for the agents of these steps (step id -> text), read before
     /// the first user message of each.
     pub step_context: BTreeMap<String, String>,
+    /// How often each step already sent this run back to a prerequisite (a step run on a
+    /// worker carries its count from the dispatcher's run).
+    pub prerequisite_returns: BTreeMap<String, u32>,
+    /// With `step`: the run ends with that step even when it sends the run back to a
+    /// prerequisite (a worker's run: the dispatcher's run follows the return).
+    pub step_alone: bool,
 }
 
 /// `next_step_id`, else the next step in array order; `None` at the end.

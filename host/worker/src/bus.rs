@@ -47,13 +47,35 @@ pub struct NatsOptions {
 }
 
 impl NatsOptions {
-    /// Connects, with the options' credentials and TLS.
+    /// Connects, with the options' credentials and TLS. A server that refuses this side
+    /// (its certificate not trusted, TLS not spoken, the credentials refused) is an error at
+    /// once, naming why; a server not up yet is waited for (tasks wait in JetStream: a
+    /// dispatcher or worker losing the server waits for it).
     pub async fn connect(&self) -> Result<async_nats::Client> {
+        use async_nats::ConnectErrorKind as Kind;
+        let failed = || format!("connecting to the NATS server {}", self.url);
+        match self.options(false).await?.connect(&self.url).await {
+            Ok(client) => return Ok(client),
+            Err(e) if matches!(e.kind(), Kind::Dns | Kind::Io | Kind::TimedOut) => {
+                tracing::warn!("{}: {e}; trying again until it answers", failed());
+            }
+            Err(e) => return Err(anyhow::Error::new(e).context(failed())),
+        }
+        self.options(true)
+            .await?
+            .connect(&self.url)
+            .await
+            .with_context(failed)
+    }
+
+    /// The connection options; `retry` keeps trying to reach the server.
+    async fn options(&self, retry: bool) -> Result<async_nats::ConnectOptions> {
         let mut options = async_nats::ConnectOptions::new()
             .name("trellis")
-            .connection_timeout(Duration::from_secs(5))
-            // Tasks wait in JetStream: a dispatcher or worker losing the server waits for it.
-            .retry_on_initial_connect();
+            .connection_timeout(Duration::from_secs(5));
+        if retry {
+            options = options.retry_on_initial_connect();
+        }
         if let Some(path) = &self.creds {
             options = options
                 .credentials_file(path)
@@ -76,10 +98,7 @@ impl NatsOptions {
         } else if self.tls {
             options = options.require_tls(true);
         }
-        options
-            .connect(&self.url)
-            .await
-            .with_context(|| format!("connecting to the NATS server {}", self.url))
+        Ok(options)
     }
 }
 
@@ -182,7 +201,7 @@ pub fn task_subject(pool: &str) -> String {
 }
 
 /// One step of a run for a worker.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Task {
     /// `<workspace-id>/<run>/<step>/<attempt>`: the message id (a task published twice is
     /// stored once).
@@ -207,6 +226,12 @@ pub struct Task {
     /// refuses the task.
     #[serde(default)]
     pub plugins: Vec<String>,
+    /// How often the step already sent its run back to a prerequisite.
+    #[serde(default)]
+    pub prerequisite_returns: u32,
+    /// High-priority context from the operator for the step's agent.
+    #[serde(default)]
+    pub context: Option<String>,
 }
 
 impl Task {

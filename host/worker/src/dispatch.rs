@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -189,6 +189,8 @@ impl NatsDispatch {
             group: step.group.clone(),
             inputs: step.inputs.clone(),
             writable: writable.clone(),
+            prerequisite_returns: step.prerequisite_returns,
+            context: step.context.clone(),
         };
         self.bus.put(&task.input, bundle.encode()).await?;
         let key = task.key();
@@ -236,7 +238,7 @@ impl NatsDispatch {
         let sequence = self.publish_at(&task).await?.sequence;
 
         let waited = self
-            .wait(&task, &key, sequence, advisories, &step.cancel)
+            .wait(&task, &key, sequence, advisories, &step)
             .await;
         // The input was read, or will never be.
         let _ = self.bus.artifacts.delete(&task.input).await;
@@ -278,9 +280,11 @@ impl NatsDispatch {
         key: &str,
         sequence: u64,
         mut advisories: async_nats::Subscriber,
-        cancel: &AtomicBool,
+        step: &RemoteStep,
     ) -> Result<(String, RemoteOutcome, String)> {
+        let (cancel, observer) = (&step.cancel, &step.observer);
         let mut cancelled = false;
+        let mut taken_by: Option<String> = None;
         let mut gone_since: Option<std::time::Instant> = None;
         let mut looked = std::time::Instant::now();
         let published = std::time::Instant::now();
@@ -348,6 +352,13 @@ impl NatsDispatch {
                         output,
                     } => return Ok((worker, outcome, output)),
                     State::Failed { why } => bail!("step {}: {why}", task.step_id),
+                    State::Running { worker, .. } if taken_by.as_ref() != Some(&worker) => {
+                        observer.emit(RunEvent::StepOnWorker {
+                            step_id: task.step_id.clone(),
+                            worker: worker.clone(),
+                        });
+                        taken_by = Some(worker);
+                    }
                     State::Queued | State::Running { .. } | State::Refused { .. } => {}
                 }
             }

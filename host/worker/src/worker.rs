@@ -428,6 +428,13 @@ impl Worker {
             step: Some(task.step_id.clone()),
             group: task.group.clone(),
             inputs: task.inputs.clone(),
+            step_context: task
+                .context
+                .iter()
+                .map(|text| (task.step_id.clone(), text.clone()))
+                .collect(),
+            prerequisite_returns: [(task.step_id.clone(), task.prerequisite_returns)].into(),
+            step_alone: true,
             ..RunOptions::default()
         };
         let (events, mut queued) = tokio::sync::mpsc::channel::<Vec<u8>>(EVENTS_QUEUED);

@@ -62,7 +62,7 @@ pub(super) async fn run_unit(
         )?;
     }
     let mut previous: Option<String> = None;
-    let mut returns: BTreeMap<String, u32> = BTreeMap::new();
+    let mut returns: BTreeMap<String, u32> = opts.prerequisite_returns.clone();
     let mut visited: BTreeSet<String> = BTreeSet::new();
     let mut jumps: BTreeMap<(String, String), u32> = BTreeMap::new();
     let mut chosen: BTreeMap<(String, String), u32> = BTreeMap::new();
@@ -153,6 +153,10 @@ pub(super) async fn run_unit(
                     .as_ref()
                     .filter(|_| crate::dispatch::runs_here(&ws, &id).is_none()) =>
             {
+                // What the step does there, kept for `runs show` while it runs.
+                let run_dir = ws.run_dir();
+                let observer =
+                    RemoteProgress::recorder(&ws.fs, &run_dir, &id, env.observer.clone());
                 let remote = dispatch
                     .run_step(crate::dispatch::RemoteStep {
                         workspace: root.to_path_buf(),
@@ -161,9 +165,18 @@ pub(super) async fn run_unit(
                         group: group.map(|g| g.id.clone()),
                         inputs: answers.clone(),
                         cancel: env.cancel.clone(),
-                        observer: env.observer.clone(),
+                        observer,
+                        prerequisite_returns: returns.get(&id).copied().unwrap_or(0),
+                        context: opts.step_context.get(&id).cloned(),
                     })
-                    .await?;
+                    .await;
+                // Its own logs replace the progress once it ends; a step that did not end
+                // leaves none behind.
+                let progress = logs_dir(&run_dir, &id).join(REMOTE_PROGRESS_FILE);
+                if remote.is_err() && ws.fs.kind(&progress)? == Some(Kind::File) {
+                    ws.fs.remove_file(&progress)?;
+                }
+                let remote = remote?;
                 let worker = remote.worker.clone().unwrap_or_default();
                 let outcome = remote.into_outcome(output_dir.clone());
                 let detail = match &outcome.error {
@@ -282,7 +295,7 @@ pub(super) async fn run_unit(
         if done || env.cancelled() {
             break;
         }
-        if opts.step.as_deref() == Some(id.as_str()) && !went_back {
+        if opts.step.as_deref() == Some(id.as_str()) && (!went_back || opts.step_alone) {
             break;
         }
         previous = Some(id);
