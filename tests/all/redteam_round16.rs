@@ -16,20 +16,6 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-/// The total size of the files under `dir`.
-fn bytes_under(dir: &std::path::Path) -> u64 {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    entries
-        .flatten()
-        .map(|e| match e.file_type() {
-            Ok(t) if t.is_dir() => bytes_under(&e.path()),
-            _ => e.metadata().map_or(0, |m| m.len()),
-        })
-        .sum()
-}
-
 /// A 1 MB variable named 1,000 times in a `human_input` question made a 1 GB step file and
 /// took 4 GB of memory; through `trellis serve`, one request took more than 6 GB (MEDIUM,
 /// MEDIUM), and `validate` passed it. Now `validate`, `run` and the server refuse it,
@@ -79,7 +65,7 @@ fn a_variable_named_many_times_in_a_question_is_refused_before_it_is_expanded() 
         "the error is short: {}",
         stderr.len()
     );
-    assert!(bytes_under(&ws.join("runs")) < 100_000);
+    assert!(support::bytes_under(&ws.join("runs")) < 100_000);
 
     let serve = Serve::start(&ws, None, &[]);
     let (status, body) = serve.post("/api/executions", &json!({}));
@@ -108,7 +94,7 @@ fn a_variable_named_many_times_in_a_question_is_refused_before_it_is_expanded() 
         stderr.contains("steps[1].question") && stderr.contains("step again"),
         "{stderr}"
     );
-    assert!(bytes_under(&ws.join("runs")) < 100_000);
+    assert!(support::bytes_under(&ws.join("runs")) < 100_000);
     let out = trellis(&[
         "run", root, "--input", "B=b", "--input", "C=c", "--input", "pick=xxx",
     ]);

@@ -127,3 +127,32 @@ fn what_substitution_adds_over_a_run_of_many_groups_is_bounded() {
     let said = validate(dir.path());
     assert!(said.contains("1001 groups, more than the 1000"), "{said}");
 }
+
+/// A review loop of four `human_input` steps each asking a 1 MB substituted question, the
+/// last answering "no" back to the first: each pass wrote the questions again, 104 MB by
+/// the loop's 25th jump (round 19, LOW). A jump counts what substitution added to the plan
+/// again, so the run stops at the 16 MiB over a run.
+#[test]
+fn a_loop_counts_its_substituted_texts_each_time_it_runs_them_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut steps: Vec<Value> = (0..4)
+        .map(|i| {
+            json!({"id": format!("h{i}"), "type": "human_input", "title": "H",
+                   "question": "{{A}}", "variable_name": "ans"})
+        })
+        .collect();
+    steps[3] = json!({"id": "h3", "type": "human_input", "title": "H", "question": "{{A}}",
+                      "variable_name": "ans", "response_type": "yesno",
+                      "if_yes_next_step_id": "end", "if_no_next_step_id": "h0"});
+    workspace(
+        dir.path(),
+        json!(steps),
+        json!({"variables": {"A": "a".repeat(1_000_000)}}),
+    );
+    let out = trellis(&["run", dir.path().to_str().unwrap(), "--input", "ans=no"]);
+    let said = text(&out.stdout) + &text(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("each time a loop runs its steps again"), "{said}");
+    let written = support::bytes_under(&dir.path().join("runs"));
+    assert!(written < 20 << 20, "the run wrote {written} bytes");
+}

@@ -154,3 +154,17 @@ pub fn trellis_command(args: &[&str]) -> std::process::Command {
     }
     command
 }
+
+/// The total size of the files under `dir`.
+pub fn bytes_under(dir: &std::path::Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => bytes_under(&e.path()),
+            _ => e.metadata().map_or(0, |m| m.len()),
+        })
+        .sum()
+}

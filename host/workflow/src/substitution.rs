@@ -333,10 +333,11 @@ impl std::fmt::Display for RunOversized {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "with the workflow variables of every group substituted, the plan's texts would \
-             grow by {} bytes or more in one run, more than the 16 MiB (16,777,216 bytes) \
-             substitution may add over a run; use shorter variables, name them fewer times, \
-             or run fewer groups at once",
+            "with the workflow variables of every group substituted (and counted again each \
+             time a loop runs its steps again), the plan's texts would grow by {} bytes or \
+             more in one run, more than the 16 MiB (16,777,216 bytes) substitution may add \
+             over a run; use shorter variables, name them fewer times, or run fewer groups or \
+             loops at once",
             self.grown
         )
     }

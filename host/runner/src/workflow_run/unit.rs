@@ -18,7 +18,9 @@ pub(super) async fn run_unit(
     let written = ws.plan.clone();
     let mut answers = opts.inputs.clone();
     let variables = unit_variables_with_answers(&ws, group, &answers);
-    substitute_variables(env, &mut ws, &variables)?;
+    // What substitution added to the plan: counted again each time a loop's jump runs
+    // steps again (their texts are written again).
+    let mut grown = substitute_variables(env, &mut ws, &variables)?;
     let mut block = variables_block(&variables, group);
     let mut given = None;
     let mut unit = UnitRun {
@@ -113,6 +115,7 @@ pub(super) async fn run_unit(
             {
                 archives += 1;
             }
+            env.take_substituted(grown)?;
             let moved = archive_from(&ws, &id, archives)?;
             // The archived steps start afresh: running them again in order is no jump.
             let fresh = steps_from(&ws, &id);
@@ -255,7 +258,7 @@ pub(super) async fn run_unit(
                         answers.insert(key, answer);
                         let variables = unit_variables_with_answers(&ws, group, &answers);
                         ws.plan = written.clone();
-                        substitute_variables(env, &mut ws, &variables)?;
+                        grown = substitute_variables(env, &mut ws, &variables)?;
                         block = variables_block(&variables, group);
                         ended
                     }

@@ -146,8 +146,8 @@ pub fn substitute_variables(
     env: &RunEnv<'_>,
     ws: &mut Workspace,
     variables: &BTreeMap<String, String>,
-) -> Result<()> {
+) -> Result<usize> {
     let grown = trellis_workflow::substitution::substitute_plan(&mut ws.plan, variables)?;
     env.take_substituted(grown)?;
-    Ok(())
+    Ok(grown)
 }
