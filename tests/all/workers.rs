@@ -637,6 +637,9 @@ fn users_with_the_documented_permissions_run_a_dispatched_workflow() {
         ws.join("runs/iteration-0/execution/top-words/top.md")
             .is_file()
     );
+    // A worker holds one step's code: it says nothing of the others' scripts missing.
+    let said = stdout + &text(&out.stderr);
+    assert!(!said.contains("has no script yet"), "{said}");
 }
 
 fn copy_dir(from: &Path, to: &Path) {

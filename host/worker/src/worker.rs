@@ -449,7 +449,16 @@ impl Worker {
                 let _ = client.flush().await;
             })
         };
+        // The scratch workspace holds the code of this step only: what loading it says of
+        // the other steps (a script missing) is not so, and the dispatcher said its own.
+        let own = format!("(step {:?})", task.step_id);
         let observer = Observer::new(move |event: &RunEvent| {
+            if let RunEvent::Warning { message } = event
+                && message.contains("(step \"")
+                && !message.contains(&own)
+            {
+                return;
+            }
             if let Ok(bytes) = serde_json::to_vec(event) {
                 let _ = events.try_send(bytes);
             }
