@@ -246,7 +246,10 @@ fn show_run_step(root: &Path, step: &str, run: Option<&str>) -> Result<()> {
 /// The tool names of a turn as `runs show` lists them: the first 20, then how many more.
 /// What a step running on a worker did so far (its files come back when it ends).
 fn remote_lines(remote: &runs::RemoteProgress) {
-    let worker = remote.worker.as_deref().unwrap_or("(none has taken it yet)");
+    let worker = remote
+        .worker
+        .as_deref()
+        .unwrap_or("(none has taken it yet)");
     println!("on worker: {}", shown_name(worker));
     let item = remote
         .item

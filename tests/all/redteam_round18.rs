@@ -152,7 +152,10 @@ fn a_loop_counts_its_substituted_texts_each_time_it_runs_them_again() {
     let out = trellis(&["run", dir.path().to_str().unwrap(), "--input", "ans=no"]);
     let said = text(&out.stdout) + &text(&out.stderr);
     assert!(!out.status.success(), "{said}");
-    assert!(said.contains("each time a loop runs its steps again"), "{said}");
+    assert!(
+        said.contains("each time a loop runs its steps again"),
+        "{said}"
+    );
     let written = support::bytes_under(&dir.path().join("runs"));
     assert!(written < 20 << 20, "the run wrote {written} bytes");
 }

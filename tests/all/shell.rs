@@ -580,12 +580,16 @@ fn a_long_database_statement_holds_up_its_own_call_only() {
         "WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM c) SELECT count(*) FROM c";
     let slow =
         format!("date +%s%N > a_start; sqlite3 /db/db.sqlite '{ENDLESS}'; date +%s%N > a_end");
+    // `b` ends once `a` has started (however late a loaded machine starts it), and a second
+    // on.
+    const WAIT_FOR_A: &str = "n=0; while [ ! -e a_start ] && [ $n -lt 100 ]; do sleep 0.1; \
+         n=$((n + 1)); done; sleep 1; date +%s%N > b";
     let mut both = completion("", &[("x", json!({}))]);
     both["choices"][0]["message"]["tool_calls"] = json!([
         {"id": "a", "type": "function", "function": {"name": SHELL,
             "arguments": json!({"command": slow}).to_string()}},
         {"id": "b", "type": "function", "function": {"name": SHELL,
-            "arguments": json!({"command": "sleep 1; date +%s%N > b"}).to_string()}}
+            "arguments": json!({"command": WAIT_FOR_A}).to_string()}}
     ]);
     let server = scripted(vec![both, completion("done", &[])]);
     let dir = tempfile::tempdir().unwrap();

@@ -1011,13 +1011,19 @@ fn runs_show_follows_a_step_while_it_runs_on_a_worker() {
     while !(shown.contains("status: running on worker live")
         && shown.contains("tool calls 1 (0 failed) (workspace:read_file)"))
     {
-        assert!(Instant::now() < deadline, "runs show never saw the step: {shown}");
+        assert!(
+            Instant::now() < deadline,
+            "runs show never saw the step: {shown}"
+        );
         std::thread::sleep(Duration::from_millis(200));
         shown = show();
     }
     assert!(shown.contains("on worker: live"), "{shown}");
     assert!(shown.contains("so far: 1 turn(s)"), "{shown}");
-    assert!(shown.contains("LLM calls 1 (0 failed), last model"), "{shown}");
+    assert!(
+        shown.contains("LLM calls 1 (0 failed), last model"),
+        "{shown}"
+    );
     release.store(true, Ordering::SeqCst);
     let out = wait_output(&mut run, Duration::from_secs(120));
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -1085,7 +1091,8 @@ fn the_connection_goes_over_tls_with_a_private_authority() {
         .unwrap();
     assert!(made.status.success(), "{}", text(&made.stderr));
     let tls = &docs[docs.find("tls { cert_file").unwrap()..];
-    let tls = tls[..tls.find('\n').unwrap()].replace("/etc/nats/", &format!("{}/", dir.path().display()));
+    let tls =
+        tls[..tls.find('\n').unwrap()].replace("/etc/nats/", &format!("{}/", dir.path().display()));
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()

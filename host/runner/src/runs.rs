@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 
-pub use super::dispatch::RemoteProgress;
 use super::dispatch::REMOTE_PROGRESS_FILE;
+pub use super::dispatch::RemoteProgress;
 use super::session::{
     FINAL_SUMMARY_FILE, FinalSummary, Session, SessionEntry, Status, TurnSummary, logs_dir,
     turn_log_dirs, turn_log_paths, turn_logs_dir,

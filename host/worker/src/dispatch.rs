@@ -237,9 +237,7 @@ impl NatsDispatch {
             .map_err(|e| anyhow::anyhow!("following step {}: {e}", step.step_id))?;
         let sequence = self.publish_at(&task).await?.sequence;
 
-        let waited = self
-            .wait(&task, &key, sequence, advisories, &step)
-            .await;
+        let waited = self.wait(&task, &key, sequence, advisories, &step).await;
         // The input was read, or will never be.
         let _ = self.bus.artifacts.delete(&task.input).await;
         // The worker sent its last events before it committed: they are shown before the
