@@ -105,6 +105,17 @@ pub const REMOTE_PROGRESS_FILE: &str = "remote-progress.json";
 
 /// Tool names kept in [`RemoteProgress::recent_tools`].
 const RECENT_TOOLS: usize = 20;
+/// Bytes kept of each name in a [`RemoteProgress`] (the events come from another machine).
+const NAME_BYTES: usize = 200;
+
+/// `text` cut to [`NAME_BYTES`] at a character boundary.
+fn name(text: &str) -> String {
+    let mut end = text.len().min(NAME_BYTES);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_string()
+}
 
 /// What a step running elsewhere did so far, from its events.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -141,10 +152,10 @@ impl RemoteProgress {
     /// Counts `event` (of the step or of its sub-agents); whether it changed anything.
     pub fn see(&mut self, event: &RunEvent) -> bool {
         match event {
-            RunEvent::StepOnWorker { worker, .. } => self.worker = Some(worker.clone()),
+            RunEvent::StepOnWorker { worker, .. } => self.worker = Some(name(worker)),
             RunEvent::TurnStarted { item_id, .. } => {
                 self.turns = self.turns.saturating_add(1);
-                self.item = Some(item_id.clone());
+                self.item = Some(name(item_id));
             }
             RunEvent::LlmCall {
                 provider,
@@ -156,7 +167,7 @@ impl RemoteProgress {
             } => {
                 self.llm_calls = self.llm_calls.saturating_add(1);
                 self.llm_errors = self.llm_errors.saturating_add(u64::from(error.is_some()));
-                self.model = Some(format!("{provider}:{model}"));
+                self.model = Some(name(&format!("{provider}:{model}")));
                 self.prompt_tokens = self.prompt_tokens.saturating_add(*prompt_tokens);
                 self.completion_tokens = self.completion_tokens.saturating_add(*completion_tokens);
             }
@@ -166,7 +177,7 @@ impl RemoteProgress {
                 if self.recent_tools.len() == RECENT_TOOLS {
                     self.recent_tools.remove(0);
                 }
-                self.recent_tools.push(tool.clone());
+                self.recent_tools.push(name(tool));
             }
             RunEvent::Gate { passed, .. } => {
                 self.gates = self.gates.saturating_add(1);

@@ -69,6 +69,17 @@ pub fn default_concurrent_calls() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get())
 }
 
+/// What the tool calls of one turn share: the bytes they write and create, the result
+/// bytes kept, the call time. A `call_sub_agent` call's sub-agent runs its turns on the
+/// calling turn's shares: its tool calls draw from the caller's budgets, so sub-agents
+/// cannot multiply them.
+#[derive(Debug)]
+pub(super) struct TurnShares {
+    pub(super) db_budget: trellis_sandbox::capabilities::DbWriteBudget,
+    pub(super) result_bytes: ResultBytes,
+    pub(super) call_time: CallTime,
+}
+
 /// What is left of one turn's result bytes, shared by its calls as they end.
 #[derive(Debug)]
 pub(super) struct ResultBytes {
@@ -145,6 +156,12 @@ impl CallTime {
         let taken = most.min(fair);
         spent.1 = held.saturating_add(taken);
         Some(taken)
+    }
+
+    /// Whether less than `least` is left for a call starting.
+    pub(super) fn spent_below(&self, least: std::time::Duration) -> bool {
+        let (used, held) = *self.spent.lock().unwrap_or_else(|e| e.into_inner());
+        self.total.saturating_sub(used.saturating_add(held)) < least
     }
 
     /// Ends a call that [`Self::hold`] gave `held`: it took `took`.

@@ -73,6 +73,8 @@ pub(super) struct Run<'w> {
     pub(super) offloaded: std::sync::Mutex<std::collections::HashSet<String>>,
     /// How much of the conversation `session.json` holds ([`Run::checkpoint_session`]).
     pub(super) session_size: SessionSize,
+    /// The budgets of the calling turn, for a sub-agent: its turns share them.
+    pub(super) caller_shares: Option<std::sync::Arc<super::budget::TurnShares>>,
 }
 
 /// Bytes of the conversation counted so far, and at the last write of `session.json`.
@@ -145,6 +147,7 @@ impl StepRunner<'_> {
             earlier_writes_on_disk: false,
             offloaded: Default::default(),
             session_size: SessionSize::default(),
+            caller_shares: None,
         }
     }
 

@@ -1,12 +1,14 @@
 //! `call_sub_agent`: one call of a route's sub-agent, run as a child agent in a fresh call
 //! folder with its route's conversation (see [`crate::routes`]).
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use serde_json::Value;
 
+use super::budget::TurnShares;
 use super::prompts::{system_prompt, unsandboxed_note};
-use super::turn::{parse_arguments, tool_record};
+use super::turn::{MIN_CALL_TIME, parse_arguments, tool_record};
 use super::{AgentSetup, Resolver, Run, StepRunner, TurnEnd};
 use crate::events::RunEvent;
 use crate::grants::{AgentFolders, TurnAccess};
@@ -24,10 +26,13 @@ impl StepRunner<'_> {
     /// runs the route's sub-agent in a fresh call folder and returns what it did. Never
     /// fails: errors (an unknown route, too deep) land in the record as tool errors, and a
     /// sub-agent that fails is a result saying so.
+    /// The sub-agent's turns share the calling turn's budgets (`shares`); a call is not
+    /// started when the calling turn's call time is spent.
     pub(super) fn sub_agent_call<'s>(
         &'s self,
         parent: &'s Run<'_>,
         call: &'s ToolCall,
+        shares: &'s Arc<TurnShares>,
     ) -> futures::future::BoxFuture<'s, ToolCallRecord> {
         Box::pin(async move {
             let started_at = now_rfc3339();
@@ -35,13 +40,21 @@ impl StepRunner<'_> {
             let args = parse_arguments(&call.arguments);
             let outcome = match &args {
                 Err(e) => Err(e.clone()),
-                Ok(a) => self.run_call(parent, a).await,
+                Ok(_) if shares.call_time.spent_below(MIN_CALL_TIME) => {
+                    Err(shares.call_time.spent())
+                }
+                Ok(a) => self.run_call(parent, a, shares).await,
             };
             tool_record(call, args, outcome, started_at, t0)
         })
     }
 
-    pub(super) async fn run_call(&self, parent: &Run<'_>, args: &Value) -> Result<Value, String> {
+    pub(super) async fn run_call(
+        &self,
+        parent: &Run<'_>,
+        args: &Value,
+        shares: &Arc<TurnShares>,
+    ) -> Result<Value, String> {
         let routes = parent.step.predefined_routes();
         let route_id = args
             .get("route_id")
@@ -154,6 +167,7 @@ impl StepRunner<'_> {
                 history,
             },
         );
+        run.caller_shares = Some(shares.clone());
         // The system prompt names this call's folders: it is replaced on every call, the
         // rest of the conversation is kept.
         let grant = run

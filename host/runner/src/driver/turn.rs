@@ -2,13 +2,14 @@
 //! and `call_sub_agent`) and the steering hooks; what it keeps of the results is
 //! [`super::results`].
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use serde_json::Value;
 
 use tokio::sync::Semaphore;
 
-use super::budget::{CallTime, ResultBytes, out_of_model_calls};
+use super::budget::{CallTime, ResultBytes, TurnShares, out_of_model_calls};
 use super::prompts::out_of_tool_rounds;
 use super::results::{event_arguments, kept};
 use super::{AgentModels, Run, StepRunner, TurnEnd, TurnOk, entry_outcome};
@@ -157,16 +158,21 @@ impl StepRunner<'_> {
         run.session.execution_turn_count += 1;
         // What the calls of the turn may write together: its database tool calls grow the
         // database out of it, and its plugin calls write their files out of it too.
-        let db_budget = DbWriteBudget::new(trellis_sandbox::capabilities::FsLimits {
-            write_bytes: self.budgets.write_bytes,
-            created_entries: self.budgets.created_entries,
-            ..self.limits.fs
-        });
         // What one model answer can make the host do (see `budget`): calls at once, and the
-        // bytes of results the turn keeps, shared by all its rounds.
+        // bytes of results the turn keeps, shared by all its rounds. A sub-agent's turns
+        // take them from the turn that called it.
+        let shares = run.caller_shares.clone().unwrap_or_else(|| {
+            Arc::new(TurnShares {
+                db_budget: DbWriteBudget::new(trellis_sandbox::capabilities::FsLimits {
+                    write_bytes: self.budgets.write_bytes,
+                    created_entries: self.budgets.created_entries,
+                    ..self.limits.fs
+                }),
+                result_bytes: ResultBytes::new(self.budgets.result_bytes),
+                call_time: CallTime::new(self.budgets.call_seconds),
+            })
+        });
         let slots = Semaphore::new(self.budgets.concurrent_calls.max(1));
-        let result_bytes = ResultBytes::new(self.budgets.result_bytes);
-        let call_time = CallTime::new(self.budgets.call_seconds);
         let turn_no = run.session.execution_turn_count;
         self.observer.emit(RunEvent::TurnStarted {
             step_id: run.label.clone(),
@@ -327,11 +333,9 @@ impl StepRunner<'_> {
             }
             let calls = TurnCalls {
                 grant,
-                db_budget: &db_budget,
                 parallel,
                 slots: &slots,
-                result_bytes: &result_bytes,
-                call_time: &call_time,
+                shares: &shares,
             };
             let (records, refused) = self.tool_calls(run, &response.tool_calls, &calls).await;
             let ran = records.len() - refused;
@@ -455,13 +459,13 @@ impl StepRunner<'_> {
                     &run.policy,
                     c,
                     turn.grant,
-                    turn.db_budget,
-                    turn.call_time,
+                    &turn.shares.db_budget,
+                    &turn.shares.call_time,
                     share,
                 )
                 .await
             };
-            kept(run, record, turn.result_bytes)
+            kept(run, record, &turn.shares.result_bytes)
         });
         let mut plugin_records = if turn.parallel {
             futures::future::join_all(plugin_calls).await
@@ -476,8 +480,8 @@ impl StepRunner<'_> {
         let mut records = Vec::with_capacity(calls.len());
         for c in to_run {
             if is_delegation(c) {
-                let record = self.sub_agent_call(run, c).await;
-                records.push(kept(run, record, turn.result_bytes));
+                let record = self.sub_agent_call(run, c, turn.shares).await;
+                records.push(kept(run, record, &turn.shares.result_bytes));
             } else if let Some(r) = plugin_records.next() {
                 records.push(r);
             }
@@ -629,16 +633,14 @@ pub(super) fn tool_record(
 }
 
 /// The least time a call of a turn is started with ([`CallTime`]).
-const MIN_CALL_TIME: std::time::Duration = std::time::Duration::from_secs(1);
+pub(super) const MIN_CALL_TIME: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// What the tool calls of one round share: the turn's grant and budgets.
 pub(super) struct TurnCalls<'t> {
     pub(super) grant: &'t TurnGrant,
-    pub(super) db_budget: &'t DbWriteBudget,
     pub(super) parallel: bool,
     pub(super) slots: &'t Semaphore,
-    pub(super) result_bytes: &'t ResultBytes,
-    pub(super) call_time: &'t CallTime,
+    pub(super) shares: &'t Arc<TurnShares>,
 }
 
 pub(super) fn parse_arguments(text: &str) -> Result<Value, String> {
