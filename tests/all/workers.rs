@@ -1129,8 +1129,25 @@ fn the_connection_goes_over_tls_with_a_private_authority() {
         .unwrap();
     let said = text(&out.stderr);
     assert!(!out.status.success());
-    assert!(said.to_lowercase().contains("certificate"), "{said}");
+    // The error it ends with names the certificate (it is not waited for as a server that
+    // is not up yet).
+    let error = said
+        .lines()
+        .find(|l| l.starts_with("error:"))
+        .unwrap_or_default();
+    assert!(error.to_lowercase().contains("certificate"), "{said}");
+    assert!(!said.contains("trying again"), "{said}");
     assert!(!ws.join("runs").exists(), "nothing ran");
+    // A file of the authority that is not one (a device, a huge file) is refused unread.
+    let out = trellis_command(&["worker", "--nats", &url, "--nats-ca", "/dev/zero"])
+        .output()
+        .unwrap();
+    let said = text(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        said.contains("--nats-ca /dev/zero: not a regular file"),
+        "{said}"
+    );
 
     let _w = WorkerProcess(
         trellis_command(&["worker", "--nats", &url, "--nats-ca", ca.to_str().unwrap()])
@@ -1147,4 +1164,55 @@ fn the_connection_goes_over_tls_with_a_private_authority() {
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
     assert_eq!(stdout.matches("turn(s) on worker w").count(), 2, "{stdout}");
+}
+
+/// Anyone who may publish on a step's events subject can send events: the dispatcher shows
+/// only those of what happens inside that step, and drops a big one unread (600 events of a
+/// 900 KB worker name took the dispatcher to 1.7 GB, printed each whole, and could name any
+/// step and worker).
+#[test]
+fn forged_events_on_a_steps_subject_show_nothing_outside_the_step() {
+    let Some(nats) = Nats::start() else {
+        return;
+    };
+    let release = Arc::new(AtomicBool::new(false));
+    let llm = model(Some(release.clone()));
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    workspace(&ws, &llm);
+    let _w = worker(&nats, "w", &[]);
+    let mut run = start_dispatched(&nats, &ws);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        use futures::StreamExt;
+        let client = async_nats::connect(&nats.url).await.unwrap();
+        let mut events = client.subscribe("trellis.events.>").await.unwrap();
+        let first = tokio::time::timeout(Duration::from_secs(90), events.next())
+            .await
+            .expect("the step's first event")
+            .unwrap();
+        let forged = [
+            json!({"StepOnWorker": {"step_id": "a", "worker": "W".repeat(900_000)}}),
+            json!({"StepOnWorker": {"step_id": "a", "worker": "forged-worker"}}),
+            json!({"ToolCall": {"step_id": "../../x", "call_id": "c", "tool": "forged:tool",
+                                "arguments": null, "error": null, "duration_ms": 1}}),
+            json!({"StepEnded": {"step_id": "b", "status": "failed", "detail": "forged-end"}}),
+        ];
+        for event in forged {
+            client
+                .publish(first.subject.clone(), event.to_string().into())
+                .await
+                .unwrap();
+        }
+        client.flush().await.unwrap();
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    release.store(true, Ordering::SeqCst);
+    let out = wait_output(&mut run, Duration::from_secs(120));
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    for forged in ["WWWW", "forged-worker", "forged:tool", "forged-end"] {
+        assert!(!stdout.contains(forged), "{forged} shown: {stdout}");
+    }
+    assert!(stdout.contains("step a: running on worker w"), "{stdout}");
 }

@@ -52,11 +52,10 @@ impl NatsOptions {
     /// once, naming why; a server not up yet is waited for (tasks wait in JetStream: a
     /// dispatcher or worker losing the server waits for it).
     pub async fn connect(&self) -> Result<async_nats::Client> {
-        use async_nats::ConnectErrorKind as Kind;
         let failed = || format!("connecting to the NATS server {}", self.url);
         match self.options(false).await?.connect(&self.url).await {
             Ok(client) => return Ok(client),
-            Err(e) if matches!(e.kind(), Kind::Dns | Kind::Io | Kind::TimedOut) => {
+            Err(e) if may_come_up(&e) => {
                 tracing::warn!("{}: {e}; trying again until it answers", failed());
             }
             Err(e) => return Err(anyhow::Error::new(e).context(failed())),
@@ -77,12 +76,14 @@ impl NatsOptions {
             options = options.retry_on_initial_connect();
         }
         if let Some(path) = &self.creds {
+            check_small_file(path, "--nats-creds")?;
             options = options
                 .credentials_file(path)
                 .await
                 .with_context(|| format!("reading the credentials file {}", path.display()))?;
         }
         if let Some(path) = &self.nkey {
+            check_small_file(path, "--nats-nkey")?;
             let seed = std::fs::read_to_string(path)
                 .with_context(|| format!("reading the NKey seed file {}", path.display()))?;
             options = options.nkey(seed.trim().to_string());
@@ -94,11 +95,66 @@ impl NatsOptions {
             options = options.user_and_password(user.clone(), password.clone());
         }
         if let Some(ca) = &self.tls_ca {
+            check_small_file(ca, "--nats-ca")?;
             options = options.add_root_certificates(ca.clone()).require_tls(true);
         } else if self.tls {
             options = options.require_tls(true);
         }
         Ok(options)
+    }
+}
+
+/// The most a credentials, key or certificate file may be (they are a few KiB).
+const MAX_KEY_FILE: u64 = 1 << 20;
+
+/// Refuses `path` (given with `flag`) unless it is a regular file of at most
+/// [`MAX_KEY_FILE`] bytes: it is read whole.
+fn check_small_file(path: &std::path::Path, flag: &str) -> Result<()> {
+    let meta = std::fs::metadata(path)
+        .with_context(|| format!("{flag} {}: cannot read it", path.display()))?;
+    if !meta.is_file() {
+        anyhow::bail!("{flag} {}: not a regular file", path.display());
+    }
+    if meta.len() > MAX_KEY_FILE {
+        anyhow::bail!(
+            "{flag} {}: {} bytes, more than the {MAX_KEY_FILE} such a file may be",
+            path.display(),
+            meta.len()
+        );
+    }
+    Ok(())
+}
+
+/// Whether a first connection that failed with `e` may be the server not being up yet
+/// (worth waiting for), rather than a server that refuses this side: a TLS handshake that
+/// fails (a certificate not trusted) surfaces as an I/O error of kind `InvalidData`, and is
+/// not waited for.
+fn may_come_up(e: &async_nats::ConnectError) -> bool {
+    use async_nats::ConnectErrorKind as Kind;
+    use std::io::ErrorKind as Io;
+    match e.kind() {
+        Kind::Dns | Kind::TimedOut => true,
+        Kind::Io => {
+            let mut source = std::error::Error::source(e);
+            while let Some(inner) = source {
+                if let Some(io) = inner.downcast_ref::<std::io::Error>() {
+                    return matches!(
+                        io.kind(),
+                        Io::ConnectionRefused
+                            | Io::ConnectionReset
+                            | Io::ConnectionAborted
+                            | Io::NotConnected
+                            | Io::AddrNotAvailable
+                            | Io::TimedOut
+                            | Io::HostUnreachable
+                            | Io::NetworkUnreachable
+                    );
+                }
+                source = inner.source();
+            }
+            false
+        }
+        _ => false,
     }
 }
 

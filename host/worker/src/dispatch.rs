@@ -214,13 +214,15 @@ impl NatsDispatch {
                     if message.payload.is_empty() {
                         break;
                     }
-                    match serde_json::from_slice::<RunEvent>(&message.payload) {
-                        Ok(RunEvent::StepStarted { step_id: s, .. })
-                        | Ok(RunEvent::StepEnded { step_id: s, .. })
-                            if s == step_id => {}
-                        Ok(RunEvent::GroupStarted { .. }) => {}
-                        Ok(event) => observer.emit(event),
-                        Err(_) => {}
+                    // Anyone who may publish on the subject can send events: a big one is
+                    // dropped unread, and only what happens inside this step is shown.
+                    if message.payload.len() > MAX_EVENT_BYTES {
+                        continue;
+                    }
+                    if let Ok(event) = serde_json::from_slice::<RunEvent>(&message.payload)
+                        && inside_step(&event, &step_id)
+                    {
+                        observer.emit(event);
                     }
                 }
             })
@@ -505,6 +507,34 @@ fn database_snapshot(fs: &WorkspaceFs) -> Result<Option<Vec<u8>>> {
         .context("copying db/db.sqlite")?;
     drop(target);
     Ok(Some(std::fs::read(&copy)?))
+}
+
+/// The largest event of a step shown (a turn's, a call's: small; a model's streamed piece
+/// of a reply the largest).
+const MAX_EVENT_BYTES: usize = 64 << 10;
+
+/// Whether `event` is one a worker sends for step `step_id`: what happens inside the step
+/// (or a sub-agent of it), never the run's own events, which the dispatcher says itself.
+fn inside_step(event: &RunEvent, step_id: &str) -> bool {
+    let of_step = |s: &str| {
+        s == step_id
+            || s.strip_prefix(step_id)
+                .is_some_and(|rest| rest.starts_with('/'))
+    };
+    match event {
+        RunEvent::ItemStarted { step_id: s, .. }
+        | RunEvent::ItemEnded { step_id: s, .. }
+        | RunEvent::TurnStarted { step_id: s, .. }
+        | RunEvent::LlmCall { step_id: s, .. }
+        | RunEvent::Reply { step_id: s, .. }
+        | RunEvent::ToolCall { step_id: s, .. }
+        | RunEvent::ToolCallsRefused { step_id: s, .. }
+        | RunEvent::Gate { step_id: s, .. }
+        | RunEvent::SubAgentStarted { step_id: s, .. }
+        | RunEvent::SubAgentEnded { step_id: s, .. } => of_step(s),
+        RunEvent::Warning { .. } => true,
+        _ => false,
+    }
 }
 
 /// Replaces each writable folder's content with what the worker sent for it.
