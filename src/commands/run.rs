@@ -90,6 +90,10 @@ pub struct RunArgs {
     /// model so.
     #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=65_536))]
     max_turn_result_mib: Option<u64>,
+    /// MiB of tool results the whole run keeps, every turn of every step together
+    /// (default 1024); a result past it is replaced by an error telling the model so.
+    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
+    max_run_result_mib: Option<u64>,
     /// MiB the tool calls of one turn write together, to their folders and the database
     /// (default 1024; each call also at most 1 GiB); a write past it fails and the model is
     /// told the call went over the turn's limit.
@@ -195,6 +199,9 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
     }
     if let Some(mib) = args.max_turn_result_mib {
         start.turn_budgets.result_bytes = mib << 20;
+    }
+    if let Some(mib) = args.max_run_result_mib {
+        start.turn_budgets.run_result_bytes = mib << 20;
     }
     if let Some(mib) = args.max_turn_write_mib {
         start.turn_budgets.write_bytes = mib << 20;

@@ -158,3 +158,68 @@ fn sub_agents_take_their_tool_calls_time_from_the_calling_turn() {
         "{slept} sleeps of 1 s ran in a 3 s turn: {said}"
     );
 }
+
+/// Each turn kept up to its own budget, with nothing over a run: a plan's six turns kept
+/// 1.6 GB (MEDIUM). The run's results together are bounded too (`--max-run-result-mib`).
+#[test]
+fn the_tool_results_a_run_keeps_are_bounded_over_its_turns() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = FakeServer::start(Box::new(|body: &Value| {
+        let last = &body["messages"].as_array().unwrap().last().unwrap()["role"];
+        if last == "tool" {
+            return (200, completion("done", &[]));
+        }
+        let read = json!({"path": "knowledgebase/big.txt"});
+        let reads: Vec<(&str, Value)> = (0..4)
+            .map(|_| ("workspace__read_file", read.clone()))
+            .collect();
+        (200, completion("", &reads))
+    }));
+    let steps: Vec<Value> = (0..3)
+        .map(
+            |i| json!({"id": format!("s{i}"), "type": "regular", "title": "S", "description": "d"}),
+        )
+        .collect();
+    write_files(
+        dir.path(),
+        &[
+            (
+                "planning/plan.json",
+                json!({"objective": "o", "steps": steps}).to_string(),
+            ),
+            ("planning/step_config.json", r#"{"steps": []}"#.to_string()),
+            (
+                "workflow.json",
+                json!({"llm": {"provider": "openai", "model_id": "m"},
+                       "providers": server.providers()})
+                .to_string(),
+            ),
+            ("knowledgebase/big.txt", "y".repeat(200_000)),
+        ],
+    );
+    let out = trellis(&[
+        "run",
+        dir.path().to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
+        "--max-run-result-mib",
+        "1",
+    ]);
+    let said = text(&out.stdout) + &text(&out.stderr);
+    assert!(
+        said.contains(
+            "this run's tool results already reached its budget of 1 MiB (--max-run-result-mib)"
+        ),
+        "{said}"
+    );
+    let kept: u64 = (0..3)
+        .map(|i| {
+            support::bytes_under(
+                &dir.path()
+                    .join(format!("runs/iteration-0/execution/s{i}/tool-results")),
+            )
+        })
+        .sum();
+    assert!(kept > 0, "{said}");
+    assert!(kept <= 1 << 20, "the run kept {kept} bytes of results");
+}

@@ -17,6 +17,8 @@ pub const DEFAULT_CALLS_PER_ANSWER: usize = 64;
 pub const DEFAULT_TURN_RESULT_BYTES: u64 = 256 << 20;
 /// Model calls one run makes by default, all its steps, turns and sub-agents together.
 pub const DEFAULT_RUN_MODEL_CALLS: u64 = 10_000;
+/// Bytes of tool results one run keeps by default (1 GiB), all its turns together.
+pub const DEFAULT_RUN_RESULT_BYTES: u64 = 1 << 30;
 
 /// Bytes the calls of one turn write together by default (1 GiB): to their folders and the
 /// database, each call also within its own per-call budget.
@@ -40,6 +42,9 @@ pub struct TurnBudgets {
     /// Model calls of the whole run, every turn of every step and sub-agent counted in one
     /// [`ModelCalls`] (`--max-model-calls`).
     pub run_model_calls: u64,
+    /// Bytes of tool results the whole run keeps, every turn of every step and sub-agent
+    /// together (`--max-run-result-mib`).
+    pub run_result_bytes: u64,
     /// Bytes the calls of one turn write together, to their folders and the database
     /// (`--max-turn-write-mib`).
     pub write_bytes: u64,
@@ -57,6 +62,7 @@ impl Default for TurnBudgets {
             concurrent_calls: default_concurrent_calls(),
             result_bytes: DEFAULT_TURN_RESULT_BYTES,
             run_model_calls: DEFAULT_RUN_MODEL_CALLS,
+            run_result_bytes: DEFAULT_RUN_RESULT_BYTES,
             write_bytes: DEFAULT_TURN_WRITE_BYTES,
             created_entries: DEFAULT_TURN_CREATED_ENTRIES,
             call_seconds: DEFAULT_TURN_CALL_SECONDS,
@@ -80,11 +86,14 @@ pub(super) struct TurnShares {
     pub(super) call_time: CallTime,
 }
 
-/// What is left of one turn's result bytes, shared by its calls as they end.
+/// What is left of one turn's result bytes, shared by its calls as they end, and within
+/// what the whole run may keep.
 #[derive(Debug)]
 pub(super) struct ResultBytes {
     left: AtomicU64,
     total: u64,
+    /// The run's counter and its budget (`--max-run-result-mib`).
+    run: Option<(std::sync::Arc<ModelCalls>, u64)>,
 }
 
 impl ResultBytes {
@@ -92,27 +101,48 @@ impl ResultBytes {
         ResultBytes {
             left: AtomicU64::new(total),
             total,
+            run: None,
         }
     }
 
-    /// Takes `n` bytes; `false` (and nothing taken) when fewer are left.
-    pub(super) fn take(&self, n: usize) -> bool {
-        let n = u64::try_from(n).unwrap_or(u64::MAX);
-        self.left
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
-                left.checked_sub(n)
-            })
-            .is_ok()
+    /// The same, also within the `max` bytes the run's results may take together, counted
+    /// in `run`.
+    pub(super) fn within_run(mut self, run: std::sync::Arc<ModelCalls>, max: u64) -> Self {
+        self.run = Some((run, max));
+        self
     }
 
-    /// The error a result gets in place of its `len` bytes when the turn has no room left.
-    pub(super) fn exceeded(&self, len: usize) -> String {
-        format!(
-            "result not kept: it is {len} bytes and this turn's tool results already reached \
+    /// Takes `n` bytes; the error the result gets in its place (nothing taken) when the
+    /// turn or the run has no room left for it.
+    pub(super) fn take(&self, n: usize) -> Result<(), String> {
+        let bytes = u64::try_from(n).unwrap_or(u64::MAX);
+        if let Some((run, max)) = &self.run
+            && !run.keep(bytes, *max)
+        {
+            return Err(format!(
+                "result not kept: it is {n} bytes and this run's tool results already reached \
+                 its budget of {} (--max-run-result-mib); end this turn with what you have",
+                mib(*max)
+            ));
+        }
+        let taken = self
+            .left
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+                left.checked_sub(bytes)
+            })
+            .is_ok();
+        if taken {
+            return Ok(());
+        }
+        if let Some((run, _)) = &self.run {
+            run.unkeep(bytes);
+        }
+        Err(format!(
+            "result not kept: it is {n} bytes and this turn's tool results already reached \
              its budget of {} (--max-turn-result-mib); end this turn with what you have, or \
              ask for smaller results (a line range, a narrower query)",
             mib(self.total)
-        )
+        ))
     }
 }
 
@@ -181,11 +211,12 @@ impl CallTime {
     }
 }
 
-/// The model calls a run made, shared by the step runners of its steps (and so by their
-/// sub-agents).
+/// The model calls a run made, and the bytes of tool results it kept, shared by the step
+/// runners of its steps (and so by their sub-agents).
 #[derive(Debug, Default)]
 pub struct ModelCalls {
     made: AtomicU64,
+    kept: AtomicU64,
 }
 
 impl ModelCalls {
@@ -196,6 +227,25 @@ impl ModelCalls {
                 (made < max).then_some(made + 1)
             })
             .is_ok()
+    }
+
+    /// Counts `bytes` more of results kept; `false` (nothing counted) when that would pass
+    /// `max`.
+    pub(super) fn keep(&self, bytes: u64, max: u64) -> bool {
+        self.kept
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |kept| {
+                kept.checked_add(bytes).filter(|total| *total <= max)
+            })
+            .is_ok()
+    }
+
+    /// Gives back `bytes` that [`Self::keep`] counted.
+    pub(super) fn unkeep(&self, bytes: u64) {
+        let _ = self
+            .kept
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |kept| {
+                Some(kept.saturating_sub(bytes))
+            });
     }
 
     /// Whether `max` calls were made: the run makes no more.
@@ -236,12 +286,26 @@ mod tests {
     #[test]
     fn result_bytes_are_taken_until_none_is_left() {
         let bytes = ResultBytes::new(10);
-        assert!(bytes.take(6));
-        assert!(!bytes.take(5), "6 + 5 is over 10");
-        assert!(bytes.take(4));
-        assert!(!bytes.take(1));
-        assert!(bytes.take(0));
-        assert!(!bytes.take(usize::MAX));
+        assert!(bytes.take(6).is_ok());
+        assert!(bytes.take(5).is_err(), "6 + 5 is over 10");
+        assert!(bytes.take(4).is_ok());
+        assert!(bytes.take(1).is_err());
+        assert!(bytes.take(0).is_ok());
+        assert!(bytes.take(usize::MAX).is_err());
+        // Two turns within a run of 12: the second has room for what the first left.
+        let run = std::sync::Arc::new(ModelCalls::default());
+        let first = ResultBytes::new(10).within_run(run.clone(), 12);
+        let second = ResultBytes::new(10).within_run(run.clone(), 12);
+        assert!(first.take(8).is_ok());
+        let refused = second.take(5).unwrap_err();
+        assert!(refused.contains("--max-run-result-mib"), "{refused}");
+        assert!(second.take(4).is_ok());
+        // A result the turn refuses is not counted against the run.
+        let run = std::sync::Arc::new(ModelCalls::default());
+        let turn = ResultBytes::new(10).within_run(run.clone(), 18);
+        assert!(turn.take(8).is_ok());
+        assert!(turn.take(3).unwrap_err().contains("--max-turn-result-mib"));
+        assert!(ResultBytes::new(10).within_run(run, 18).take(10).is_ok());
     }
 
     #[test]
@@ -289,12 +353,11 @@ mod tests {
              a time"
         );
         let bytes = ResultBytes::new(256 << 20);
+        assert!(bytes.take(256 << 20).is_ok());
+        let error = bytes.take(7).unwrap_err();
         assert!(
-            bytes
-                .exceeded(7)
-                .starts_with("result not kept: it is 7 bytes and this turn's tool results already reached its budget of 256 MiB (--max-turn-result-mib)"),
-            "{}",
-            bytes.exceeded(7)
+            error.starts_with("result not kept: it is 7 bytes and this turn's tool results already reached its budget of 256 MiB (--max-turn-result-mib)"),
+            "{error}"
         );
     }
 }

@@ -24,8 +24,7 @@ pub(super) fn kept(
         // An error is content the model gets too (an external MCP server's `isError`
         // result is as long as its results may be): it counts against the same bytes.
         let content = format!("error: {e}");
-        if !result_bytes.take(content.len()) {
-            let error = result_bytes.exceeded(content.len());
+        if let Err(error) = result_bytes.take(content.len()) {
             record.error = Some(error.clone());
             return (record, format!("error: {error}"));
         }
@@ -36,8 +35,7 @@ pub(super) fn kept(
         Some(other) => other.to_string(),
         None => String::new(),
     };
-    if !result_bytes.take(content.len()) {
-        let error = result_bytes.exceeded(content.len());
+    if let Err(error) = result_bytes.take(content.len()) {
         record.result = None;
         record.error = Some(error.clone());
         return (record, format!("error: {error}"));

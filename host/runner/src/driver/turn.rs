@@ -168,7 +168,8 @@ impl StepRunner<'_> {
                     created_entries: self.budgets.created_entries,
                     ..self.limits.fs
                 }),
-                result_bytes: ResultBytes::new(self.budgets.result_bytes),
+                result_bytes: ResultBytes::new(self.budgets.result_bytes)
+                    .within_run(self.model_calls.clone(), self.budgets.run_result_bytes),
                 call_time: CallTime::new(self.budgets.call_seconds),
             })
         });
