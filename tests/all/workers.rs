@@ -1216,3 +1216,55 @@ fn forged_events_on_a_steps_subject_show_nothing_outside_the_step() {
     }
     assert!(stdout.contains("step a: running on worker w"), "{stdout}");
 }
+
+/// A flood of events under the size each may have, on a step's subject, from a client that
+/// is not its worker: `serve --dispatch` held them all (25,000 of 60 KB took it to 1.57 GB).
+/// The dispatcher's connection buffers few of a step's events and drops the rest, and an
+/// execution keeps at most 64 MiB of its events.
+#[test]
+fn a_flood_of_events_on_a_steps_subject_is_dropped_not_held() {
+    let Some(nats) = Nats::start() else {
+        return;
+    };
+    let release = Arc::new(AtomicBool::new(false));
+    let llm = model(Some(release.clone()));
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    workspace(&ws, &llm);
+    let _w = worker(&nats, "w", &[]);
+    let printed = std::fs::File::create(dir.path().join("out")).unwrap();
+    let mut run = dispatched(&nats, &ws, &[])
+        .stdout(printed.try_clone().unwrap())
+        .stderr(printed)
+        .spawn()
+        .unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        use futures::StreamExt;
+        let client = async_nats::connect(&nats.url).await.unwrap();
+        let mut events = client.subscribe("trellis.events.>").await.unwrap();
+        let first = tokio::time::timeout(Duration::from_secs(90), events.next())
+            .await
+            .expect("the step's first event")
+            .unwrap();
+        drop(events);
+        let warning = json!({"Warning": {"message": "B".repeat(60_000)}}).to_string();
+        for _ in 0..4_000 {
+            client
+                .publish(first.subject.clone(), warning.clone().into())
+                .await
+                .unwrap();
+        }
+        client.flush().await.unwrap();
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let peak = support::measure::high_water(run.id()).unwrap();
+    release.store(true, Ordering::SeqCst);
+    let out = wait_output(&mut run, Duration::from_secs(120));
+    assert!(out.status.success());
+    assert!(
+        peak < 200 << 20,
+        "240 MB of events took the dispatcher to {} MiB",
+        peak >> 20
+    );
+}

@@ -292,6 +292,9 @@ fn share_workspace(
 
 /// Events kept per execution, at most: a run longer than this keeps its latest.
 const KEPT_EVENTS: usize = 100_000;
+/// Bytes of events kept per execution, at most (as JSON): a tool call's arguments, a
+/// worker's events are as long as a model or a worker makes them.
+const KEPT_EVENT_BYTES: usize = 64 << 20;
 
 /// Bytes of a message sent to an execution its event keeps.
 const EVENT_MESSAGE_BYTES: usize = 1024;
@@ -317,6 +320,9 @@ struct Execution {
 #[derive(Debug, Default)]
 struct EventLog {
     kept: VecDeque<ExecutionEvent>,
+    /// The size of each event kept, and of all of them.
+    sizes: VecDeque<usize>,
+    bytes: usize,
     ended: bool,
 }
 
@@ -340,10 +346,20 @@ impl Execution {
         // The pieces of a reply are for those watching now: a late reader gets the whole
         // answer from the `LlmCall` that follows, and the pieces would crowd out the rest.
         if !matches!(event, ExecutionEvent::Run(RunEvent::Reply { .. })) {
-            if log.kept.len() == KEPT_EVENTS {
+            let size = match &event {
+                ExecutionEvent::Run(run) => serde_json::to_vec(run).map_or(0, |v| v.len()),
+                _ => 0,
+            };
+            while log.kept.len() == KEPT_EVENTS
+                || (!log.kept.is_empty() && log.bytes.saturating_add(size) > KEPT_EVENT_BYTES)
+            {
                 log.kept.pop_front();
+                let dropped = log.sizes.pop_front().unwrap_or(0);
+                log.bytes = log.bytes.saturating_sub(dropped);
             }
             log.kept.push_back(event.clone());
+            log.sizes.push_back(size);
+            log.bytes = log.bytes.saturating_add(size);
         }
         // No reader is fine: the log keeps the event for later ones.
         let _ = self.sender.send(event);

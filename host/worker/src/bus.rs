@@ -52,15 +52,28 @@ impl NatsOptions {
     /// once, naming why; a server not up yet is waited for (tasks wait in JetStream: a
     /// dispatcher or worker losing the server waits for it).
     pub async fn connect(&self) -> Result<async_nats::Client> {
+        self.connect_buffering(None).await
+    }
+
+    /// [`Self::connect`], each subscription of the connection buffering at most `messages`
+    /// (past it, the server's messages to it are dropped): for what anyone may publish.
+    pub async fn connect_buffering(&self, messages: Option<usize>) -> Result<async_nats::Client> {
+        let options = |retry| async move {
+            let options = self.options(retry).await?;
+            Ok::<_, anyhow::Error>(match messages {
+                Some(n) => options.subscription_capacity(n),
+                None => options,
+            })
+        };
         let failed = || format!("connecting to the NATS server {}", self.url);
-        match self.options(false).await?.connect(&self.url).await {
+        match options(false).await?.connect(&self.url).await {
             Ok(client) => return Ok(client),
             Err(e) if may_come_up(&e) => {
                 tracing::warn!("{}: {e}; trying again until it answers", failed());
             }
             Err(e) => return Err(anyhow::Error::new(e).context(failed())),
         }
-        self.options(true)
+        options(true)
             .await?
             .connect(&self.url)
             .await
@@ -107,13 +120,17 @@ impl NatsOptions {
 /// The most a credentials, key or certificate file may be (they are a few KiB).
 const MAX_KEY_FILE: u64 = 1 << 20;
 
-/// Refuses `path` (given with `flag`) unless it is a regular file of at most
-/// [`MAX_KEY_FILE`] bytes: it is read whole.
+/// Refuses `path` (given with `flag`) unless it is a regular file of 1 to [`MAX_KEY_FILE`]
+/// bytes: it is read whole.
 fn check_small_file(path: &std::path::Path, flag: &str) -> Result<()> {
     let meta = std::fs::metadata(path)
         .with_context(|| format!("{flag} {}: cannot read it", path.display()))?;
     if !meta.is_file() {
         anyhow::bail!("{flag} {}: not a regular file", path.display());
+    }
+    // A file of the kernel's (`/proc`, `/sys`) says 0 bytes, whatever reading it gives.
+    if meta.len() == 0 {
+        anyhow::bail!("{flag} {}: an empty file", path.display());
     }
     if meta.len() > MAX_KEY_FILE {
         anyhow::bail!(

@@ -34,6 +34,8 @@ const WORKFLOW_FILES: &[&str] = &[
 #[derive(Debug)]
 pub struct NatsDispatch {
     bus: Bus,
+    /// The connection the steps' events come on.
+    events: async_nats::Client,
     pool: String,
     /// This dispatcher: unique, so that a second run of a workspace is not taken for a
     /// duplicate of the first.
@@ -50,6 +52,10 @@ impl NatsDispatch {
     pub async fn connect(options: &NatsOptions, pool: &str) -> Result<NatsDispatch> {
         check_pool(pool)?;
         let bus = Bus::open(options).await?;
+        // Steps' events come from anyone allowed to publish on their subjects: on a
+        // connection of their own, each subscription buffering few, so a flood is dropped
+        // rather than held.
+        let events = options.connect_buffering(Some(EVENTS_BUFFERED)).await?;
         let run_id = format!(
             "{}-{}",
             trellis_sandbox::store::now_rfc3339()
@@ -60,6 +66,7 @@ impl NatsDispatch {
         );
         Ok(NatsDispatch {
             bus,
+            events,
             pool: pool.to_string(),
             run_id,
             attempts: Mutex::default(),
@@ -202,13 +209,16 @@ impl NatsDispatch {
         // The step's events, as they happen where it runs: seen here as if it ran here (but
         // its start and end, which this run says itself).
         let mut events = self
-            .bus
-            .client
+            .events
             .subscribe(task.events.clone())
             .await
             .map_err(|e| anyhow::anyhow!("following step {}: {e}", step.step_id))?;
-        let mut forward = {
-            let (observer, step_id) = (step.observer.clone(), step.step_id.clone());
+        // Read as fast as they come (a message held pins the connection's buffer), shown
+        // by a thread of their own (a slow terminal holds up nothing); past what waits to be
+        // shown, events are dropped.
+        let (shown, mut to_show) = tokio::sync::mpsc::channel::<RunEvent>(EVENTS_BUFFERED);
+        let reader = {
+            let step_id = step.step_id.clone();
             tokio::spawn(async move {
                 while let Some(message) = events.next().await {
                     if message.payload.is_empty() {
@@ -222,8 +232,16 @@ impl NatsDispatch {
                     if let Ok(event) = serde_json::from_slice::<RunEvent>(&message.payload)
                         && inside_step(&event, &step_id)
                     {
-                        observer.emit(event);
+                        let _ = shown.try_send(event);
                     }
+                }
+            })
+        };
+        let mut forward = {
+            let observer = step.observer.clone();
+            tokio::task::spawn_blocking(move || {
+                while let Some(event) = to_show.blocking_recv() {
+                    observer.emit(event);
                 }
             })
         };
@@ -248,7 +266,8 @@ impl NatsDispatch {
             .await
             .is_err()
         {
-            forward.abort();
+            // The reader's end ends the thread showing them.
+            reader.abort();
         }
         let (worker, mut outcome, output) = waited?;
         outcome.worker = Some(worker.clone());
@@ -508,6 +527,10 @@ fn database_snapshot(fs: &WorkspaceFs) -> Result<Option<Vec<u8>>> {
     drop(target);
     Ok(Some(std::fs::read(&copy)?))
 }
+
+/// Events of a step waiting, at most: on the dispatcher's connection (NATS's messages are
+/// at most 1 MiB by default), and read, to be shown. Past it they are dropped.
+const EVENTS_BUFFERED: usize = 64;
 
 /// The largest event of a step shown (a turn's, a call's: small; a model's streamed piece
 /// of a reply the largest).
