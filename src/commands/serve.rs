@@ -149,6 +149,9 @@ pub async fn run(engine: &Engine, args: ServeArgs) -> Result<ExitCode> {
         .map(|w| w.display().to_string())
         .collect();
     let workspace = shown.join(", ");
+    if args.dispatch.is_some() {
+        stop_executions_on_signal(runtime.clone())?;
+    }
     trellis_server::serve(
         ServerOptions {
             workspaces,
@@ -165,6 +168,49 @@ pub async fn run(engine: &Engine, args: ServeArgs) -> Result<ExitCode> {
     .await
     .context("trellis serve")?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// How long a stopped server waits for its executions to end (their steps stopped on their
+/// workers, their bundles deleted).
+const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// On Ctrl-C or SIGTERM, stops every running execution of `runtime` and exits once they
+/// ended (at most [`STOP_WAIT`]): a step dispatched to a worker is stopped there, not left
+/// running without its dispatcher.
+fn stop_executions_on_signal(runtime: trellis_runner::runtime::Runtime) -> Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    tokio::spawn(async move {
+        let code = tokio::select! {
+            _ = interrupt.recv() => 130,
+            _ = terminate.recv() => 143,
+        };
+        let running = || {
+            runtime
+                .list()
+                .into_iter()
+                .filter(|e| e.status == trellis_runner::runtime::ExecutionStatus::Running)
+                .map(|e| e.id)
+                .collect::<Vec<_>>()
+        };
+        let stopping = running();
+        if !stopping.is_empty() {
+            eprintln!(
+                "stopping {} execution(s) (their steps on workers too)",
+                stopping.len()
+            );
+        }
+        for id in &stopping {
+            runtime.stop_now(id);
+        }
+        let deadline = std::time::Instant::now() + STOP_WAIT;
+        while !running().is_empty() && std::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        std::process::exit(code);
+    });
+    Ok(())
 }
 
 impl ServeArgs {

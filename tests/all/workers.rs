@@ -602,6 +602,15 @@ fn users_with_the_documented_permissions_run_a_dispatched_workflow() {
     let said = text(&out.stderr);
     assert!(!out.status.success());
     assert!(said.contains("authorization"), "{said}");
+    // Credentials in the URL are refused, never shown.
+    let with_password = url.replace("nats://", "nats://dispatcher:d-secret@");
+    let out = trellis_command(&["run", ws.to_str().unwrap(), "--dispatch", &with_password])
+        .output()
+        .unwrap();
+    let said = text(&out.stdout) + &text(&out.stderr);
+    assert!(!out.status.success());
+    assert!(said.contains("--nats-user"), "{said}");
+    assert!(!said.contains("d-secret"), "{said}");
 
     let _w = WorkerProcess(
         trellis_command(&[
@@ -1267,4 +1276,72 @@ fn a_flood_of_events_on_a_steps_subject_is_dropped_not_held() {
         "240 MB of events took the dispatcher to {} MiB",
         peak >> 20
     );
+}
+
+/// Ctrl-C of `trellis serve --dispatch` stops the steps its executions run on workers (it
+/// exited at once, and the step ran on without its dispatcher, its bundles never deleted).
+#[test]
+fn stopping_a_dispatching_server_stops_its_steps_on_the_workers() {
+    let Some(nats) = Nats::start() else {
+        return;
+    };
+    let never = Arc::new(AtomicBool::new(false));
+    let llm = model(Some(never.clone()));
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    workspace(&ws, &llm);
+    let _w = worker(&nats, "w", &[]);
+    let serve = support::serve::Serve::start(
+        &ws,
+        None,
+        &["--allow-host", "127.0.0.1", "--dispatch", &nats.url],
+    );
+    let (status, started) = serve.post("/api/executions", &json!({}));
+    assert_eq!(status, 202, "{started}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while llm.connections() == 0 {
+        assert!(Instant::now() < deadline, "step a never reached its model");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // SAFETY: a signal to the child this test started.
+    unsafe {
+        libc::kill(serve.pid() as i32, libc::SIGINT);
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while support::measure::high_water(serve.pid()).is_some()
+        && std::fs::read_to_string(format!("/proc/{}/stat", serve.pid()))
+            .is_ok_and(|stat| !stat.contains(") Z "))
+    {
+        assert!(Instant::now() < deadline, "the server did not stop");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    never.store(true, Ordering::SeqCst);
+    // The step's state says it ended (stopped), and nothing it sent is left behind.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        use futures::StreamExt;
+        let options = trellis_worker::NatsOptions {
+            url: nats.url.clone(),
+            ..Default::default()
+        };
+        let bus = trellis_worker::Bus::open(&options).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let mut states = Vec::new();
+            let mut keys = bus.states.keys().await.unwrap();
+            while let Some(Ok(key)) = keys.next().await {
+                if key.starts_with("task.")
+                    && let Ok(Some(value)) = bus.states.get(&key).await
+                {
+                    states.push(String::from_utf8_lossy(&value).into_owned());
+                }
+            }
+            assert_eq!(states.len(), 1, "{states:?}");
+            if states[0].contains("\"stopped\"") {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the step still runs: {states:?}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
 }

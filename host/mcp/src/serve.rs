@@ -467,6 +467,11 @@ impl HttpServer {
         let max_connections = self.limits.max_connections.max(1);
         let connections = Arc::new(tokio::sync::Semaphore::new(max_connections));
         let sessionless = Arc::new(tokio::sync::Semaphore::new(sessions.max));
+        // What the answers being sent hold together (a client that does not read keeps its
+        // answer in memory).
+        let answers = trellis_sandbox::answers::AnswerBytes::new(
+            trellis_sandbox::answers::DEFAULT_ANSWER_BYTES,
+        );
         loop {
             let (stream, _) = tokio::select! {
                 accepted = self.listener.accept() => match accepted {
@@ -487,6 +492,7 @@ impl HttpServer {
             let shutdown = shutdown.clone();
             let sessions = sessions.clone();
             let sessionless = sessionless.clone();
+            let answers = answers.clone();
             tokio::spawn(async move {
                 let _slot = connection_slot;
                 let handler = hyper::service::service_fn(move |request| {
@@ -494,7 +500,8 @@ impl HttpServer {
                     let token = token.clone();
                     let sessions = sessions.clone();
                     let sessionless = sessionless.clone();
-                    async move {
+                    let answers = answers.clone();
+                    let answer = async move {
                         if let Some(refused) = refuse(&request, token.as_deref()) {
                             return Ok::<_, std::convert::Infallible>(refused);
                         }
@@ -545,6 +552,10 @@ impl HttpServer {
                             (Ok(response), None) => response,
                             (Err(never), _) => match never {},
                         })
+                    };
+                    async move {
+                        let Ok(answer) = answer.await;
+                        Ok::<_, std::convert::Infallible>(within(&answers, answer))
                     }
                 });
                 let connection = hyper::server::conn::http1::Builder::new()
@@ -566,6 +577,39 @@ impl HttpServer {
 
 type Response =
     hyper::Response<http_body_util::combinators::BoxBody<bytes::Bytes, std::convert::Infallible>>;
+
+/// An answer as sent: within the server's budget of answers being sent, or `503` when the
+/// budget does not have room for it.
+type Sent = hyper::Response<
+    http_body_util::Either<
+        trellis_sandbox::answers::Held<
+            http_body_util::combinators::BoxBody<bytes::Bytes, std::convert::Infallible>,
+        >,
+        http_body_util::Full<bytes::Bytes>,
+    >,
+>;
+
+/// `answer` within `answers` (see [`trellis_sandbox::answers`]).
+fn within(
+    answers: &std::sync::Arc<trellis_sandbox::answers::AnswerBytes>,
+    answer: Response,
+) -> Sent {
+    let (parts, body) = answer.into_parts();
+    match answers.hold(body) {
+        Ok(held) => hyper::Response::from_parts(parts, http_body_util::Either::Left(held)),
+        Err(busy) => {
+            let mut refused = hyper::Response::new(http_body_util::Either::Right(
+                http_body_util::Full::new(bytes::Bytes::from(format!("{busy}\n"))),
+            ));
+            *refused.status_mut() = hyper::StatusCode::SERVICE_UNAVAILABLE;
+            refused.headers_mut().insert(
+                hyper::header::RETRY_AFTER,
+                hyper::header::HeaderValue::from_static("5"),
+            );
+            refused
+        }
+    }
+}
 
 /// Answers a connection past `--max-connections` with `503` and closes it.
 async fn refuse_connection(mut stream: tokio::net::TcpStream, max: usize) {

@@ -22,6 +22,7 @@
 //! - [`bundled`]: plugins compiled into the binary.
 //! - [`store`]: workspace files through cap-std, atomic writes, the write-behind writer.
 
+pub mod answers;
 pub mod bundled;
 pub(crate) mod call;
 pub mod capabilities;

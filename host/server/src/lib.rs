@@ -575,6 +575,10 @@ pub async fn serve(options: ServerOptions, bound: impl FnOnce(SocketAddr)) -> Re
     );
     bound(addr);
     let connections = Arc::new(Semaphore::new(limits.connections));
+    // What the answers being sent hold together (a client that does not read keeps its
+    // answer in memory).
+    let answers =
+        trellis_sandbox::answers::AnswerBytes::new(trellis_sandbox::answers::DEFAULT_ANSWER_BYTES);
     loop {
         let (stream, _) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -592,6 +596,7 @@ pub async fn serve(options: ServerOptions, bound: impl FnOnce(SocketAddr)) -> Re
             routers: routers.clone(),
             apps: apps.clone(),
             guard: guard.clone(),
+            answers: answers.clone(),
         });
         tokio::spawn(async move {
             let _slot = slot;
@@ -614,6 +619,7 @@ struct Dispatch {
     routers: Arc<Vec<(String, Router)>>,
     apps: Workspaces,
     guard: Guard,
+    answers: Arc<trellis_sandbox::answers::AnswerBytes>,
 }
 
 impl tower_service::Service<hyper::Request<hyper::body::Incoming>> for Dispatch {
@@ -670,7 +676,24 @@ impl tower_service::Service<hyper::Request<hyper::body::Incoming>> for Dispatch 
         }
         let request = Request::from_parts(parts, axum::body::Body::new(body));
         let mut router = router;
-        Box::pin(async move { tower_service::Service::call(&mut router, request).await })
+        let answers = self.answers.clone();
+        Box::pin(async move {
+            let Ok(answer) = tower_service::Service::call(&mut router, request).await;
+            let (parts, body) = answer.into_parts();
+            Ok(match answers.hold(body) {
+                Ok(held) => Response::from_parts(parts, axum::body::Body::new(held)),
+                Err(busy) => {
+                    let mut refused =
+                        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "busy", busy.to_string())
+                            .into_response();
+                    refused.headers_mut().insert(
+                        axum::http::header::RETRY_AFTER,
+                        axum::http::HeaderValue::from_static("5"),
+                    );
+                    refused
+                }
+            })
+        })
     }
 }
 

@@ -58,6 +58,7 @@ impl NatsOptions {
     /// [`Self::connect`], each subscription of the connection buffering at most `messages`
     /// (past it, the server's messages to it are dropped): for what anyone may publish.
     pub async fn connect_buffering(&self, messages: Option<usize>) -> Result<async_nats::Client> {
+        check_url(&self.url)?;
         let options = |retry| async move {
             let options = self.options(retry).await?;
             Ok::<_, anyhow::Error>(match messages {
@@ -115,6 +116,25 @@ impl NatsOptions {
         }
         Ok(options)
     }
+}
+
+/// Refuses a server URL holding credentials (`nats://user:password@host`): they would be
+/// shown wherever the URL is (messages, process lists). The URL is not repeated.
+fn check_url(url: &str) -> Result<()> {
+    let authority = url
+        .split_once("://")
+        .map_or(url, |(_, rest)| rest)
+        .split(['/', '?', '#'])
+        .next()
+        .unwrap_or_default();
+    if authority.contains('@') {
+        anyhow::bail!(
+            "the NATS server URL holds credentials (`user:password@`): give the user with \
+             --nats-user and the password in TRELLIS_NATS_PASSWORD, or use --nats-creds, \
+             --nats-nkey or --nats-token-env"
+        );
+    }
+    Ok(())
 }
 
 /// The most a credentials, key or certificate file may be (they are a few KiB).
