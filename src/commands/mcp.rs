@@ -90,6 +90,11 @@ pub enum McpCommand {
         #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS as u32, value_name = "N",
               value_parser = clap::value_parser!(u32).range(1..), requires = "http")]
         max_connections: u32,
+        /// MiB of answers being sent at once over HTTP (an answer waits in memory until its
+        /// client reads it); past it an answer is refused with 503.
+        #[arg(long, default_value_t = 256, value_name = "MIB",
+              value_parser = clap::value_parser!(u64).range(1..=65_536), requires = "http")]
+        max_answer_mib: u64,
         /// Memory limit of each plugin instance (all its memories and tables together), in MiB.
         #[arg(long, default_value_t = 256, value_name = "MIB")]
         memory: usize,
@@ -131,6 +136,7 @@ pub async fn run(engine: &Engine, command: McpCommand) -> Result<ExitCode> {
             max_waiting_calls,
             max_sessions,
             max_connections,
+            max_answer_mib,
             memory,
             plugins,
             ..
@@ -159,6 +165,7 @@ pub async fn run(engine: &Engine, command: McpCommand) -> Result<ExitCode> {
                     let limits = HttpLimits {
                         max_sessions: max_sessions as usize,
                         max_connections: max_connections as usize,
+                        answer_bytes: max_answer_mib << 20,
                     };
                     let server = HttpServer::bind(server, addr, access, limits).await?;
                     // Tests and scripts read the chosen port from this line.

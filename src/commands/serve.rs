@@ -46,6 +46,10 @@ pub struct ServeArgs {
     /// Event streams open at once (default 64); past it a stream is refused with 503.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=10_000))]
     max_streams: Option<u32>,
+    /// MiB of answers being sent at once (default 256; an answer waits in memory until its
+    /// client reads it); past it an answer is refused with 503 busy.
+    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=65_536))]
+    max_answer_mib: Option<u64>,
     /// Builder sessions the server holds per workspace (default 16); past it a query for a new session is
     /// refused with 503.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1_000))]
@@ -137,6 +141,9 @@ pub async fn run(engine: &Engine, args: ServeArgs) -> Result<ExitCode> {
     let defaults = Limits::default();
     let limits = Limits {
         streams: args.max_streams.map_or(defaults.streams, |n| n as usize),
+        answer_bytes: args
+            .max_answer_mib
+            .map_or(defaults.answer_bytes, |mib| mib << 20),
         sessions: args.max_sessions.map_or(defaults.sessions, |n| n as usize),
         executions: args
             .max_executions

@@ -369,6 +369,9 @@ pub struct HttpLimits {
     pub max_sessions: usize,
     /// Open connections; one past it gets `503` and is closed.
     pub max_connections: usize,
+    /// Bytes of answers being sent at once (an answer waits in memory until its client
+    /// reads it): one past it gets `503`, a stream past it ends.
+    pub answer_bytes: u64,
 }
 
 impl Default for HttpLimits {
@@ -376,6 +379,7 @@ impl Default for HttpLimits {
         HttpLimits {
             max_sessions: DEFAULT_MAX_SESSIONS,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            answer_bytes: trellis_sandbox::answers::DEFAULT_ANSWER_BYTES,
         }
     }
 }
@@ -469,9 +473,7 @@ impl HttpServer {
         let sessionless = Arc::new(tokio::sync::Semaphore::new(sessions.max));
         // What the answers being sent hold together (a client that does not read keeps its
         // answer in memory).
-        let answers = trellis_sandbox::answers::AnswerBytes::new(
-            trellis_sandbox::answers::DEFAULT_ANSWER_BYTES,
-        );
+        let answers = trellis_sandbox::answers::AnswerBytes::new(self.limits.answer_bytes);
         loop {
             let (stream, _) = tokio::select! {
                 accepted = self.listener.accept() => match accepted {

@@ -74,6 +74,9 @@ pub struct Limits {
     /// Executions running at once on a workspace that `POST /api/executions` may add to
     /// (`503` past it).
     pub executions: usize,
+    /// Bytes of answers being sent at once (an answer waits in memory until its client
+    /// reads it): one past it is refused with `503 busy`.
+    pub answer_bytes: u64,
 }
 
 impl Default for Limits {
@@ -83,6 +86,7 @@ impl Default for Limits {
             streams: 64,
             sessions: 16,
             executions: trellis_runner::runtime::DEFAULT_MAX_RUNNING,
+            answer_bytes: trellis_sandbox::answers::DEFAULT_ANSWER_BYTES,
         }
     }
 }
@@ -577,8 +581,7 @@ pub async fn serve(options: ServerOptions, bound: impl FnOnce(SocketAddr)) -> Re
     let connections = Arc::new(Semaphore::new(limits.connections));
     // What the answers being sent hold together (a client that does not read keeps its
     // answer in memory).
-    let answers =
-        trellis_sandbox::answers::AnswerBytes::new(trellis_sandbox::answers::DEFAULT_ANSWER_BYTES);
+    let answers = trellis_sandbox::answers::AnswerBytes::new(limits.answer_bytes);
     loop {
         let (stream, _) = match listener.accept().await {
             Ok(accepted) => accepted,
