@@ -4,9 +4,10 @@
 //! [`AnswerBytes`] budget is shared by every connection of a server ([`AnswerBytes::hold`]
 //! wraps each answer's body): an answer whose size is known takes its share before it is
 //! sent, or is refused (the server says it is busy); a streamed one takes each piece's
-//! share as the piece comes, or ends. The body gives its bytes to the connection in slices
-//! of [`SLICE`], the connection asking for the next only once it has room, so an answer
-//! holds its share until its client has taken all but its last slice.
+//! share as the piece comes, or ends. An answer of known size is given to the connection in
+//! slices of [`SLICE`], the connection asking for the next only once it has room, so it
+//! holds its share until its client has taken all but its last slice; a streamed piece is
+//! given whole and holds its share until the connection asks for the next.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -145,6 +146,12 @@ where
                                 return Poll::Ready(Some(Err(busy.into())));
                             }
                         }
+                    }
+                    if !this.prepaid {
+                        // A frame of a stream goes whole (an event is not cut): the
+                        // connection asks for the next once it has room, and the share
+                        // goes back then.
+                        return Poll::Ready(Some(Ok(Frame::data(data))));
                     }
                     let slice = data.split_to(data.len().min(SLICE));
                     this.rest = data;
