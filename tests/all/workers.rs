@@ -1303,6 +1303,14 @@ fn stopping_a_dispatching_server_stops_its_steps_on_the_workers() {
         assert!(Instant::now() < deadline, "step a never reached its model");
         std::thread::sleep(Duration::from_millis(100));
     }
+    // A message does not reach an agent on another machine: said so.
+    let id = started["execution_id"].as_str().unwrap();
+    let (status, delivery) = serve.post(
+        &format!("/api/executions/{id}/message"),
+        &json!({"message": "hello"}),
+    );
+    assert_eq!(status, 200, "{delivery}");
+    assert_eq!(delivery["delivery"], "unsupported", "{delivery}");
     // SAFETY: a signal to the child this test started.
     unsafe {
         libc::kill(serve.pid() as i32, libc::SIGINT);

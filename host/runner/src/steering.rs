@@ -28,6 +28,8 @@ pub enum Phase {
     Script,
     /// A validation gate runs.
     Gate,
+    /// The step runs on a worker (`--dispatch`): messages do not reach its agent.
+    OnWorker,
     /// The execution has ended.
     Finished,
 }
@@ -39,6 +41,7 @@ impl fmt::Display for Phase {
             Phase::LlmCall => "llm_call",
             Phase::ToolCalls => "tool_calls",
             Phase::Script => "script",
+            Phase::OnWorker => "on_worker",
             Phase::Gate => "gate",
             Phase::Finished => "finished",
         })
@@ -144,6 +147,7 @@ impl Steering {
             }
             Phase::Finished => DeliveryStatus::NotRunning,
             Phase::Preparing | Phase::Script | Phase::Gate => DeliveryStatus::NoActiveAgent,
+            Phase::OnWorker => DeliveryStatus::Unsupported,
         };
         Delivery {
             status,

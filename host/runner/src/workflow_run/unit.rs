@@ -160,6 +160,10 @@ pub(super) async fn run_unit(
                 let run_dir = ws.run_dir();
                 let observer =
                     RemoteProgress::recorder(&ws.fs, &run_dir, &id, env.observer.clone());
+                // Messages to the execution do not reach an agent on another machine.
+                if let Some(steering) = &env.steering {
+                    steering.set_phase(crate::steering::Phase::OnWorker);
+                }
                 let remote = dispatch
                     .run_step(crate::dispatch::RemoteStep {
                         workspace: root.to_path_buf(),
@@ -173,6 +177,9 @@ pub(super) async fn run_unit(
                         context: opts.step_context.get(&id).cloned(),
                     })
                     .await;
+                if let Some(steering) = &env.steering {
+                    steering.set_phase(crate::steering::Phase::Preparing);
+                }
                 // Its own logs replace the progress once it ends; a step that did not end
                 // leaves none behind.
                 let progress = logs_dir(&run_dir, &id).join(REMOTE_PROGRESS_FILE);
