@@ -137,7 +137,7 @@ fn runs_at_once(roots: &[PathBuf], url: Option<&str>) -> Duration {
             String::from_utf8_lossy(&out.stderr)
         );
         if url.is_some() {
-            assert_eq!(stdout.matches("on worker").count(), 2, "{stdout}");
+            assert_eq!(stdout.matches("turn(s) on worker").count(), 2, "{stdout}");
         }
     }
     t0.elapsed()

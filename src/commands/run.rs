@@ -90,8 +90,9 @@ pub struct RunArgs {
     /// model so.
     #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=65_536))]
     max_turn_result_mib: Option<u64>,
-    /// MiB of tool results the whole run keeps, every turn of every step together
-    /// (default 1024); a result past it is replaced by an error telling the model so.
+    /// MiB of model answers and tool results the whole run keeps, every turn of every step
+    /// together (default 1024); a result past it is replaced by an error telling the model
+    /// so, an answer past it ends the run.
     #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
     max_run_result_mib: Option<u64>,
     /// MiB the tool calls of one turn write together, to their folders and the database

@@ -223,3 +223,61 @@ fn the_tool_results_a_run_keeps_are_bounded_over_its_turns() {
     assert!(kept > 0, "{said}");
     assert!(kept <= 1 << 20, "the run kept {kept} bytes of results");
 }
+
+/// A model's answers were kept (in the conversation, the turn log and the session) with no
+/// budget but the run's model calls: 240 MB of answers made a 960 MB run folder (round 22,
+/// MEDIUM). They count toward the run's kept bytes with its tool results.
+#[test]
+fn the_answers_a_run_keeps_count_toward_its_kept_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = FakeServer::start(Box::new(|body: &Value| {
+        let turns = body["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["role"] == "assistant")
+            .count();
+        if turns >= 6 {
+            return (200, completion("done", &[]));
+        }
+        let write = json!({"path": "../outside.md", "content": "w".repeat(250_000)});
+        let writes: Vec<(&str, Value)> = (0..4)
+            .map(|_| ("workspace__write_file", write.clone()))
+            .collect();
+        (200, completion("", &writes))
+    }));
+    let steps: Vec<Value> = (0..3)
+        .map(
+            |i| json!({"id": format!("s{i}"), "type": "regular", "title": "S", "description": "d"}),
+        )
+        .collect();
+    write_files(
+        dir.path(),
+        &[
+            (
+                "planning/plan.json",
+                json!({"objective": "o", "steps": steps}).to_string(),
+            ),
+            ("planning/step_config.json", r#"{"steps": []}"#.to_string()),
+            (
+                "workflow.json",
+                json!({"llm": {"provider": "openai", "model_id": "m"},
+                       "providers": server.providers()})
+                .to_string(),
+            ),
+        ],
+    );
+    let out = trellis(&[
+        "run",
+        dir.path().to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
+        "--max-run-result-mib",
+        "2",
+    ]);
+    let said = text(&out.stdout) + &text(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("(--max-run-result-mib)"), "{said}");
+    let written = support::bytes_under(&dir.path().join("runs"));
+    assert!(written < 20 << 20, "the run wrote {written} bytes");
+}

@@ -17,7 +17,8 @@ pub const DEFAULT_CALLS_PER_ANSWER: usize = 64;
 pub const DEFAULT_TURN_RESULT_BYTES: u64 = 256 << 20;
 /// Model calls one run makes by default, all its steps, turns and sub-agents together.
 pub const DEFAULT_RUN_MODEL_CALLS: u64 = 10_000;
-/// Bytes of tool results one run keeps by default (1 GiB), all its turns together.
+/// Bytes of model answers and tool results one run keeps by default (1 GiB), all its turns
+/// together.
 pub const DEFAULT_RUN_RESULT_BYTES: u64 = 1 << 30;
 
 /// Bytes the calls of one turn write together by default (1 GiB): to their folders and the
@@ -42,8 +43,8 @@ pub struct TurnBudgets {
     /// Model calls of the whole run, every turn of every step and sub-agent counted in one
     /// [`ModelCalls`] (`--max-model-calls`).
     pub run_model_calls: u64,
-    /// Bytes of tool results the whole run keeps, every turn of every step and sub-agent
-    /// together (`--max-run-result-mib`).
+    /// Bytes of model answers and tool results the whole run keeps, every turn of every
+    /// step and sub-agent together (`--max-run-result-mib`).
     pub run_result_bytes: u64,
     /// Bytes the calls of one turn write together, to their folders and the database
     /// (`--max-turn-write-mib`).
@@ -259,6 +260,17 @@ pub(super) fn out_of_model_calls(max: u64) -> String {
     format!(
         "the run made its {max} model calls, the limit of one run (`trellis run \
          --max-model-calls N` sets it); no more are made, and the run ends here"
+    )
+}
+
+/// Why a turn ends when the model's answer of `bytes` does not fit what the run may still
+/// keep.
+pub(super) fn out_of_kept_bytes(bytes: usize, max: u64) -> String {
+    format!(
+        "the model's answer of {bytes} bytes is past what the run keeps: its model answers \
+         and tool results together reached the run's budget of {} (--max-run-result-mib); \
+         the run ends here",
+        mib(max)
     )
 }
 

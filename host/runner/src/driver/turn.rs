@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use tokio::sync::Semaphore;
 
-use super::budget::{CallTime, ResultBytes, TurnShares, out_of_model_calls};
+use super::budget::{CallTime, ResultBytes, TurnShares, out_of_kept_bytes, out_of_model_calls};
 use super::prompts::out_of_tool_rounds;
 use super::results::{event_arguments, kept};
 use super::{AgentModels, Run, StepRunner, TurnEnd, TurnOk, entry_outcome};
@@ -291,6 +291,27 @@ impl StepRunner<'_> {
                     break;
                 }
             };
+            // What the host keeps of an answer (in the conversation, the turn log and the
+            // session, each a copy) counts toward the run's kept bytes, as tool results do.
+            let answer_bytes = response.text.len().saturating_add(
+                response
+                    .tool_calls
+                    .iter()
+                    .map(|c| c.id.len() + c.name.len() + c.arguments.len())
+                    .sum::<usize>(),
+            );
+            if !self
+                .model_calls
+                .keep(answer_bytes as u64, self.budgets.run_result_bytes)
+            {
+                let why = out_of_kept_bytes(answer_bytes, self.budgets.run_result_bytes);
+                record.status = Status::Failed;
+                record.error = Some(why.clone());
+                self.emit_llm_call(&run.label, &record);
+                conv.llm_calls.push(record);
+                result = Err(TurnEnd::Failed(format!("turn {item_id}: {why}")));
+                break;
+            }
             record.prompt_tokens = response.usage.prompt_tokens.into();
             record.completion_tokens = response.usage.completion_tokens.into();
             record.total_tokens = response.usage.total_tokens.into();
