@@ -1485,3 +1485,104 @@ fn a_server_flooding_requests_of_its_own_is_disconnected() {
         results[0].1
     );
 }
+
+/// A sessionless `tools/call` of `name` with `arguments` as request `id`, whole, as bytes.
+fn sessionless_call(port: u16, id: u64, name: &str, arguments: Value) -> Vec<u8> {
+    let version = crate::support::mcp_serve::SESSIONLESS_VERSION;
+    let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+        "name": name, "arguments": arguments, "_meta": {
+            "io.modelcontextprotocol/protocolVersion": version,
+            "io.modelcontextprotocol/clientCapabilities": {},
+            "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"}}}})
+    .to_string();
+    format!(
+        "POST /mcp HTTP/1.1\r\nHost: localhost:{port}\r\nMcp-Method: tools/call\r\n\
+         Mcp-Name: {name}\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nMCP-Protocol-Version: {version}\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// Clients that call a tool with a large result and never read the answer: `trellis mcp
+/// serve --http` holds the answers being sent within `--max-answer-mib` together; a call past
+/// it is not answered (`503 busy`, or its stream ends before the result), and once the
+/// stalled clients go a call is answered whole again.
+#[test]
+fn serve_holds_the_answers_its_clients_do_not_read_within_a_budget() {
+    let tree = Tree::new();
+    let serve = serve_http_with(
+        &tree,
+        "127.0.0.1:0",
+        None,
+        "60",
+        &[
+            "--max-answer-mib",
+            "8",
+            "--max-concurrent-calls",
+            "32",
+            "--max-sessions",
+            "64",
+            "--max-connections",
+            "64",
+        ],
+    );
+    let port = serve.port();
+    let big = json!({"bytes": 3_500_000});
+    let mut stalled = Vec::new();
+    for id in 0..16 {
+        let mut stream = crate::support::measure::small_window(port);
+        stream
+            .write_all(&sessionless_call(
+                port,
+                id,
+                "adversary__huge_output",
+                big.clone(),
+            ))
+            .unwrap();
+        stalled.push(stream);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let answered = |id: u64| {
+        let (status, body) = crate::support::mcp_serve::sessionless_post(
+            port,
+            id,
+            "tools/call",
+            json!({"name": "adversary__huge_output", "arguments": big}),
+        );
+        let whole = body.contains(&"x".repeat(3_500_000)) && body.contains(&format!("\"id\":{id}"));
+        (status, whole, body.chars().take(300).collect::<String>())
+    };
+    let (status, whole, start) = answered(100);
+    assert!(
+        !whole,
+        "a call past the budget was answered ({status}): {start}"
+    );
+    // Refused before it starts (`503`), or its stream ended: cut, or before its headers.
+    let ended = || {
+        serve
+            .log()
+            .iter()
+            .any(|l| l.contains("an answer stream ended: the server is busy"))
+    };
+    assert!(
+        status == 503 && start.contains("the server is busy") || ended(),
+        "{status}: {start}\n{:#?}",
+        serve.log()
+    );
+    drop(stalled);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, whole, start) = answered(101);
+        if whole {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not answered once the stalled clients went: {status} {start}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}

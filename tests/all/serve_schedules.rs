@@ -875,3 +875,128 @@ fn the_originals_workflow_json_with_schedules_validates_unchanged() {
     assert!(next.contains("2027-01-05T08:30:00+05:30"), "{next}");
     assert_eq!(std::fs::read_to_string(&path).unwrap(), text, "unchanged");
 }
+
+/// Fires `daily` by hand through `trellis schedules trigger`; its history entry.
+fn trigger_daily(ws: &Path) -> Value {
+    let out = support::trellis(&[
+        "schedules",
+        "trigger",
+        ws.to_str().unwrap(),
+        "daily",
+        "--allow-host",
+        "127.0.0.1",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    history(ws)[0].clone()
+}
+
+fn history(ws: &Path) -> Vec<Value> {
+    let text = std::fs::read(ws.join("schedule-runs.json")).unwrap();
+    serde_json::from_slice::<Vec<Value>>(&text).unwrap()
+}
+
+/// Each firing is a builder session with a conversation file: a schedule firing every minute
+/// made one more file and index entry each time, for ever. A firing's conversation is kept as
+/// long as its entry in `schedule-runs.json` (the 200 newest): when the entry goes, so does
+/// the run-mode session it names, unless someone went on with it after the firing; an
+/// operator's conversation in another mode is never removed, whatever an entry names.
+#[test]
+fn a_firings_conversation_goes_with_its_history_entry() {
+    let llm = model();
+    let dir = tempfile::tempdir().unwrap();
+    let ws = workspace(dir.path(), &llm);
+    let fired = trigger_daily(&ws);
+    let session = fired["session_id"].as_str().unwrap().to_string();
+    let conversations = ws.join("builder/conversation");
+    let date = std::fs::read_dir(&conversations)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .find(|n| n.len() == 10)
+        .unwrap();
+    let file_of = |id: &str| {
+        conversations
+            .join(&date)
+            .join(format!("session-{id}-conversation.json"))
+    };
+    assert!(file_of(&session).is_file());
+    // Two more sessions, copies of the firing's: one in builder mode (an operator's), one
+    // in run mode that someone went on with after its firing ended.
+    let original: Value =
+        serde_json::from_slice(&std::fs::read(file_of(&session)).unwrap()).unwrap();
+    for (id, mode) in [("operators-own", "builder"), ("went-on", "run")] {
+        let mut copy = original.clone();
+        copy["session_id"] = json!(id);
+        copy["workshop_mode"] = json!(mode);
+        std::fs::write(file_of(id), copy.to_string()).unwrap();
+    }
+    let entry = |id: String, session: Option<&str>, completed: &str| {
+        json!({"id": id, "schedule_id": "daily", "trigger_source": "cron",
+               "run_folder": "iteration-0", "session_id": session, "status": "success",
+               "started_at": "2026-01-01T09:00:00.000Z", "completed_at": completed})
+    };
+    let mut entries: Vec<Value> = (0..197)
+        .map(|i| entry(format!("filler-{i}"), None, "2026-01-01T09:01:00.000Z"))
+        .collect();
+    entries.push(entry(
+        "went-on".into(),
+        Some("went-on"),
+        "2000-01-01T00:00:00.000Z",
+    ));
+    entries.push(entry(
+        "operators-own".into(),
+        Some("operators-own"),
+        "2999-01-01T00:00:00.000Z",
+    ));
+    entries.push(fired.clone());
+    std::fs::write(
+        ws.join("schedule-runs.json"),
+        Value::from(entries).to_string(),
+    )
+    .unwrap();
+
+    // Each firing pushes the oldest entry out: the first firing's, then the other two.
+    let newest = trigger_daily(&ws);
+    let history_now = history(&ws);
+    assert_eq!(history_now.len(), 200);
+    assert!(history_now.iter().all(|e| e["id"] != fired["id"]));
+    assert!(
+        !file_of(&session).exists(),
+        "the dropped firing's conversation is kept"
+    );
+    let index: Value =
+        serde_json::from_slice(&std::fs::read(conversations.join("chat-index.json")).unwrap())
+            .unwrap();
+    let listed: Vec<&str> = index["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["session_id"].as_str().unwrap())
+        .collect();
+    assert!(!listed.contains(&session.as_str()), "{listed:?}");
+    let kept = newest["session_id"].as_str().unwrap();
+    assert!(listed.contains(&kept), "{listed:?}");
+    assert!(file_of(kept).is_file());
+
+    trigger_daily(&ws);
+    trigger_daily(&ws);
+    let history_now = history(&ws);
+    assert!(
+        history_now
+            .iter()
+            .all(|e| e["id"] != "went-on" && e["id"] != "operators-own")
+    );
+    assert!(
+        file_of("operators-own").is_file(),
+        "an operator's conversation went"
+    );
+    assert!(
+        file_of("went-on").is_file(),
+        "a conversation someone went on with went"
+    );
+    assert!(file_of(kept).is_file());
+}

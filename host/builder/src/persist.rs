@@ -295,6 +295,36 @@ pub fn load(fs: &WorkspaceFs, id: &str) -> Result<(ConversationFile, PathBuf)> {
     Ok((file, PathBuf::from(rel)))
 }
 
+/// Removes the conversations of the run-mode sessions of `firings` (each a session id and
+/// when its schedule firing ended, RFC 3339 UTC; firings whose history entries were dropped):
+/// each conversation file and its index entry. A session in another mode is an operator's
+/// conversation and is kept, whatever names it; so is one written after its firing ended
+/// (someone went on with it), and one that cannot be read. Returns how many were removed.
+pub fn forget_run_sessions(fs: &WorkspaceFs, firings: &[(String, String)]) -> usize {
+    let mut gone: Vec<&str> = Vec::new();
+    for (id, ended) in firings {
+        if check_session_id(id).is_err() {
+            continue;
+        }
+        let Ok((file, rel)) = load(fs, id) else {
+            continue;
+        };
+        if file.workshop_mode != "run" || file.updated_at.as_str() > ended.as_str() {
+            continue;
+        }
+        match fs.remove_file(&rel) {
+            Ok(()) => gone.push(id.as_str()),
+            Err(e) => tracing::warn!("removing {}: {e}", rel.display()),
+        }
+    }
+    if !gone.is_empty()
+        && let Err(e) = index::forget(fs, &gone)
+    {
+        tracing::warn!("{e:#}");
+    }
+    gone.len()
+}
+
 /// The bytes of a conversation file at most: under what a request to the model may carry
 /// (32 MiB) and what the file's reader reads ([`trellis_sandbox::store::workspace_fs::READ_CAP`]).
 pub const MAX_CONVERSATION_BYTES: usize = 24 << 20;

@@ -2,7 +2,7 @@
 //! `iteration-0`: it sends the schedule's messages one by one, each after the session is
 //! idle again (its executions and their completion turns done), and records how it went in
 //! `schedule-runs.json` at the workspace root (newest first, [`MAX_RUNS`] kept, written
-//! atomically). A workspace that needs a contract migration is never migrated by a schedule:
+//! atomically; the conversation of a firing goes with its entry). A workspace that needs a contract migration is never migrated by a schedule:
 //! the firing records `error` naming it.
 
 use std::path::Path;
@@ -250,15 +250,34 @@ pub fn record_all(fs: &WorkspaceFs, new: &[ScheduleRun]) -> Result<()> {
     if new.is_empty() {
         return Ok(());
     }
-    let _one = REWRITING.lock().unwrap_or_else(|e| e.into_inner());
-    let mut items = items_to_rewrite(fs)?;
-    for run in new {
-        items.retain(|v| v.get("id").and_then(Value::as_str) != Some(run.id.as_str()));
-        items.insert(0, serde_json::to_value(run.clone().cut())?);
-    }
-    items.truncate(MAX_RUNS);
-    fs.write_json_atomic(RUNS_FILE, &items)?;
+    let dropped = {
+        let _one = REWRITING.lock().unwrap_or_else(|e| e.into_inner());
+        let mut items = items_to_rewrite(fs)?;
+        for run in new {
+            items.retain(|v| v.get("id").and_then(Value::as_str) != Some(run.id.as_str()));
+            items.insert(0, serde_json::to_value(run.clone().cut())?);
+        }
+        let dropped = items.split_off(items.len().min(MAX_RUNS));
+        fs.write_json_atomic(RUNS_FILE, &items)?;
+        ended_sessions(&dropped, &items)
+    };
+    crate::persist::forget_run_sessions(fs, &dropped);
     Ok(())
+}
+
+/// The sessions of the ended firings `dropped` that no entry of `kept` names, each with when
+/// its firing ended: a firing's conversation is kept as long as its history entry.
+fn ended_sessions(dropped: &[Value], kept: &[Value]) -> Vec<(String, String)> {
+    let text = |v: &Value, key: &str| v.get(key).and_then(Value::as_str).map(str::to_string);
+    dropped
+        .iter()
+        .filter_map(|v| Some((text(v, "session_id")?, text(v, "completed_at")?)))
+        .filter(|(id, _)| {
+            !kept
+                .iter()
+                .any(|k| text(k, "session_id").as_ref() == Some(id))
+        })
+        .collect()
 }
 
 /// Marks the entries a process left `running` as `interrupted`: called when a server starts,

@@ -150,3 +150,23 @@ pub fn record(fs: &WorkspaceFs, rel: &Path, file: &ConversationFile) -> Result<(
     )
     .with_context(|| format!("writing {INDEX_FILE}"))
 }
+
+/// Takes the sessions `ids` out of Trellis's index; an index of the original's shape, or
+/// none, is left alone.
+pub fn forget(fs: &WorkspaceFs, ids: &[&str]) -> Result<()> {
+    let index = read_index(fs)?;
+    if index.original || index.sessions.is_empty() {
+        return Ok(());
+    }
+    let before = index.sessions.len();
+    let sessions: Vec<IndexEntry> = index
+        .sessions
+        .into_iter()
+        .filter(|s| !ids.contains(&s.session_id.as_str()))
+        .collect();
+    if sessions.len() == before {
+        return Ok(());
+    }
+    fs.write_json_atomic(INDEX_FILE, &TrellisIndex { sessions })
+        .with_context(|| format!("writing {INDEX_FILE}"))
+}
