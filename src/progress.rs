@@ -251,8 +251,10 @@ impl Progress {
         }
     }
 
+    /// Prints a lasting line: one line whatever it holds (a tool or model name a model
+    /// wrote, a worker's event), so a newline in it cannot print a line of its own.
     fn print(&self, state: &mut State, text: &str) {
-        let text = crate::terminal::shown(text);
+        let text = crate::terminal::shown_name(text);
         match self.mode {
             Mode::Quiet => {}
             Mode::Plain => println!("{text}"),

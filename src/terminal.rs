@@ -75,6 +75,18 @@ macro_rules! println_shown {
 }
 pub(crate) use println_shown;
 
+/// `println!` of one line whose text goes through [`shown_name`]: what a model or guest named
+/// (a tool, a model, an item, a status) cannot print a line of its own.
+macro_rules! println_line {
+    () => {
+        std::println!()
+    };
+    ($($arg:tt)*) => {
+        std::println!("{}", $crate::terminal::shown_name(&format!($($arg)*)))
+    };
+}
+pub(crate) use println_line;
+
 /// `eprintln!` whose text goes through [`shown`].
 macro_rules! eprintln_shown {
     () => {

@@ -1,7 +1,8 @@
 //! `trellis runs`: lists past runs and inspects their steps.
 
-// What is printed here was written by models, guests or workspaces: escaped.
-use crate::terminal::println_shown as println;
+// What is printed here was written by models, guests or workspaces: escaped, each line kept
+// one line whatever a model or guest wrote in it (a newline is shown as `\x0a`).
+use crate::terminal::println_line as println;
 use crate::terminal::shown_name;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

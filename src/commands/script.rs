@@ -95,22 +95,15 @@ pub async fn run(engine: &Engine, args: ScriptArgs) -> Result<ExitCode> {
     let runner = ScriptRunner::new(engine)?;
     let outcome = step_script::run(&runner, &ws, &args.step, &options).await?;
 
-    // The script's own output as it wrote it into a pipe or a file, escaped at a terminal.
-    let for_terminal = |text: &str, terminal: bool| {
-        if terminal {
-            crate::terminal::shown(text).into_owned()
-        } else {
-            text.to_string()
-        }
-    };
+    // The script's own output, escaped wherever it goes: a pipe often ends at a terminal
+    // (`trellis script ... | tee log`). Its bytes as written are in its log files.
     {
-        use std::io::IsTerminal;
-        let (stdout, stderr) = (std::io::stdout(), std::io::stderr());
-        let out = for_terminal(&outcome.stdout, stdout.is_terminal());
-        let err = for_terminal(&outcome.stderr, stderr.is_terminal());
-        stdout.lock().write_all(out.as_bytes())?;
-        stdout.lock().flush()?;
-        stderr.lock().write_all(err.as_bytes())?;
+        let out = crate::terminal::shown(&outcome.stdout);
+        let err = crate::terminal::shown(&outcome.stderr);
+        let mut stdout = std::io::stdout().lock();
+        stdout.write_all(out.as_bytes())?;
+        stdout.flush()?;
+        std::io::stderr().lock().write_all(err.as_bytes())?;
     }
     let logs = outcome
         .log_dir

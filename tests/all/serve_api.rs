@@ -354,8 +354,9 @@ fn idle_connections_time_out_and_connections_and_sessions_are_capped() {
         &["--allow-host", "127.0.0.1", "--max-sessions", "1"],
     );
 
-    // 256 connections that send nothing hold every slot.
-    let idle: Vec<TcpStream> = (0..256)
+    // 256 connections that send nothing take every slot; the next one takes the place of
+    // the oldest of them (none has sent a request), which is closed at once.
+    let mut idle: Vec<TcpStream> = (0..256)
         .map(|_| TcpStream::connect(("127.0.0.1", serve.port)).unwrap())
         .collect();
     std::thread::sleep(Duration::from_millis(300));
@@ -365,15 +366,25 @@ fn idle_connections_time_out_and_connections_and_sessions_are_capped() {
         .unwrap();
     let _ = write!(
         extra,
-        "GET /api/workflow/plan HTTP/1.1\r\nHost: 127.0.0.1:{}\r\n\r\n",
+        "GET /api/workflow/plan HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nConnection: close\r\n\r\n",
         serve.port
     );
     let mut answer = Vec::new();
     let read = extra.read_to_end(&mut answer);
     assert!(
-        answer.is_empty(),
-        "the 257th connection is closed unanswered: {read:?} {}",
+        answer.starts_with(b"HTTP/1.1 200"),
+        "the 257th connection is answered: {read:?} {}",
         String::from_utf8_lossy(&answer)
+    );
+    let mut oldest = idle.remove(0);
+    oldest
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut rest = Vec::new();
+    assert_eq!(
+        oldest.read_to_end(&mut rest).ok(),
+        Some(0),
+        "the oldest idle one is closed"
     );
     // Each idle one is closed within the header timeout (10 s), and the server answers again.
     let started = Instant::now();

@@ -469,7 +469,9 @@ impl HttpServer {
             StreamableHttpService::new(move || Ok(server.clone()), sessions.clone(), config);
         let token = self.access.token.map(Arc::<str>::from);
         let max_connections = self.limits.max_connections.max(1);
-        let connections = Arc::new(tokio::sync::Semaphore::new(max_connections));
+        // A connection that has not sent a request with the token gives its place to a new
+        // one when all are taken (clients without the token cannot hold them all).
+        let connections = trellis_sandbox::connections::Slots::new(max_connections);
         let sessionless = Arc::new(tokio::sync::Semaphore::new(sessions.max));
         // What the answers being sent hold together (a client that does not read keeps its
         // answer in memory).
@@ -485,10 +487,11 @@ impl HttpServer {
                 },
                 () = &mut stop => return Ok(()),
             };
-            let Ok(connection_slot) = connections.clone().try_acquire_owned() else {
+            let Some((connection_slot, evicted)) = connections.admit() else {
                 tokio::spawn(refuse_connection(stream, max_connections));
                 continue;
             };
+            let prover = connection_slot.prover();
             let service = service.clone();
             let token = token.clone();
             let shutdown = shutdown.clone();
@@ -500,6 +503,7 @@ impl HttpServer {
                 let handler = hyper::service::service_fn(move |request| {
                     let mut service = service.clone();
                     let token = token.clone();
+                    let prover = prover.clone();
                     let sessions = sessions.clone();
                     let sessionless = sessionless.clone();
                     let answers = answers.clone();
@@ -507,6 +511,7 @@ impl HttpServer {
                         if let Some(refused) = refuse(&request, token.as_deref()) {
                             return Ok::<_, std::convert::Infallible>(refused);
                         }
+                        prover.prove();
                         let (request, body) = match read_body(request).await {
                             Ok(read) => read,
                             Err(refused) => return Ok(refused),
@@ -571,6 +576,7 @@ impl HttpServer {
                         }
                     }
                     () = shutdown.cancelled() => {}
+                    () = evicted => tracing::debug!("HTTP connection closed for a newer one"),
                 }
             });
         }

@@ -70,6 +70,8 @@ pub struct ScriptOptions {
     pub folders: Option<AgentFolders>,
     /// Interrupts the script's guest code when cancelled (the run's second stop).
     pub cancel: Option<tokio_util::sync::CancellationToken>,
+    /// The run's write budget, which what the script writes also comes out of.
+    pub run_writes: Option<trellis_sandbox::capabilities::DbWriteBudget>,
 }
 
 impl ScriptOptions {
@@ -95,6 +97,7 @@ impl Default for ScriptOptions {
             approvals: Arc::new(KeyApprovals::none()),
             folders: None,
             cancel: None,
+            run_writes: None,
         }
     }
 }
@@ -172,7 +175,10 @@ fn prepare(
         tracing::warn!("{warning}");
     }
     let cwd = format!("/{code_rel}");
-    let grant = turn.grant.clone().read(code_host.clone(), &cwd)?;
+    let mut grant = turn.grant.clone().read(code_host.clone(), &cwd)?;
+    if let Some(run_writes) = &options.run_writes {
+        grant = grant.with_turn_writes(run_writes);
+    }
     let execution = format!("/runs/{}/execution", run_folder.trim_matches('/'));
     let output = match &options.folders {
         Some(folders) => format!("/{}", folders.output.trim_matches('/')),

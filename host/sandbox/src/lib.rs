@@ -26,6 +26,7 @@ pub mod answers;
 pub mod bundled;
 pub(crate) mod call;
 pub mod capabilities;
+pub mod connections;
 pub mod cut;
 pub mod engine;
 pub mod json_values;

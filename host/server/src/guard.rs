@@ -66,12 +66,7 @@ impl Guard {
         }
         let page = *method == Method::GET && path == "/";
         if let Some(token) = self.token.as_ref().filter(|_| !page) {
-            let given = headers
-                .get(header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "))
-                .unwrap_or_default();
-            if !same_secret(given.as_bytes(), token.as_bytes()) {
+            if !same_secret(bearer(headers).as_bytes(), token.as_bytes()) {
                 return Err(ApiError::new(
                     StatusCode::UNAUTHORIZED,
                     "unauthorized",
@@ -98,6 +93,17 @@ impl Guard {
         Ok(())
     }
 
+    /// Whether a request shows its connection is a client's: it passes [`Guard::check`] and,
+    /// when the server has a token, carries it (the page, which anyone may fetch, does not
+    /// count). A connection shown so keeps its place when the connections are all taken.
+    pub fn proves_its_client(&self, method: &Method, path: &str, headers: &HeaderMap) -> bool {
+        self.check(method, path, headers).is_ok()
+            && self
+                .token
+                .as_ref()
+                .is_none_or(|token| same_secret(bearer(headers).as_bytes(), token.as_bytes()))
+    }
+
     /// The bound address and port, or `localhost` with the port; any name when the server
     /// listens on every address (it then has a token).
     fn host_allowed(&self, host: &str) -> bool {
@@ -109,6 +115,15 @@ impl Guard {
             || host == format!("localhost:{port}")
             || (self.addr.ip().is_loopback() && host == format!("127.0.0.1:{port}"))
     }
+}
+
+/// The bearer token a request carries; empty without one.
+fn bearer(headers: &HeaderMap) -> &str {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or_default()
 }
 
 /// `a == b`, in a time that does not depend on where they differ.

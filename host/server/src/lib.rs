@@ -578,7 +578,9 @@ pub async fn serve(options: ServerOptions, bound: impl FnOnce(SocketAddr)) -> Re
             .collect(),
     );
     bound(addr);
-    let connections = Arc::new(Semaphore::new(limits.connections));
+    // A connection that has not sent a request with the token gives its place to a new
+    // one when all are taken (clients without the token cannot hold them all).
+    let connections = trellis_sandbox::connections::Slots::new(limits.connections);
     // What the answers being sent hold together (a client that does not read keeps its
     // answer in memory).
     let answers = trellis_sandbox::answers::AnswerBytes::new(limits.answer_bytes);
@@ -591,7 +593,7 @@ pub async fn serve(options: ServerOptions, bound: impl FnOnce(SocketAddr)) -> Re
                 continue;
             }
         };
-        let Ok(slot) = connections.clone().try_acquire_owned() else {
+        let Some((slot, evicted)) = connections.admit() else {
             drop(stream);
             continue;
         };
@@ -600,6 +602,7 @@ pub async fn serve(options: ServerOptions, bound: impl FnOnce(SocketAddr)) -> Re
             apps: apps.clone(),
             guard: guard.clone(),
             answers: answers.clone(),
+            prover: slot.prover(),
         });
         tokio::spawn(async move {
             let _slot = slot;
@@ -607,8 +610,13 @@ pub async fn serve(options: ServerOptions, bound: impl FnOnce(SocketAddr)) -> Re
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(HEADER_READ_TIMEOUT)
                 .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
-            if let Err(e) = connection.await {
-                tracing::debug!("HTTP connection: {e}");
+            tokio::select! {
+                ended = connection => {
+                    if let Err(e) = ended {
+                        tracing::debug!("HTTP connection: {e}");
+                    }
+                }
+                () = evicted => tracing::debug!("HTTP connection closed for a newer one"),
             }
         });
     }
@@ -623,6 +631,8 @@ struct Dispatch {
     apps: Workspaces,
     guard: Guard,
     answers: Arc<trellis_sandbox::answers::AnswerBytes>,
+    /// Marks the connection as its client's once a request passes the guard with the token.
+    prover: trellis_sandbox::connections::Prover,
 }
 
 impl tower_service::Service<hyper::Request<hyper::body::Incoming>> for Dispatch {
@@ -640,6 +650,12 @@ impl tower_service::Service<hyper::Request<hyper::body::Incoming>> for Dispatch 
 
     fn call(&mut self, request: hyper::Request<hyper::body::Incoming>) -> Self::Future {
         let (mut parts, body) = request.into_parts();
+        if self
+            .guard
+            .proves_its_client(&parts.method, parts.uri.path(), &parts.headers)
+        {
+            self.prover.prove();
+        }
         let (named, rest) = take_workspace(parts.uri.query());
         let router = match named.as_deref() {
             None => Some(self.routers[0].1.clone()),

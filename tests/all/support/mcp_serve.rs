@@ -161,3 +161,46 @@ pub fn post(port: u16, extra: &str, body: &str) -> u16 {
     let head = format!("POST /mcp HTTP/1.1{extra}");
     raw(port, &head, body.as_bytes()).0
 }
+
+/// One answer read from `stream` (kept open): its status and body (`Content-Length` or
+/// chunked).
+pub fn read_answer(stream: &mut TcpStream) -> (u16, String) {
+    let mut reader = BufReader::new(stream);
+    let mut status_line = String::new();
+    reader.read_line(&mut status_line).unwrap();
+    let status = status_line
+        .get(9..12)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let (mut length, mut chunked) = (None, false);
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        let lower = line.trim().to_ascii_lowercase();
+        if lower.is_empty() {
+            break;
+        }
+        if let Some(n) = lower.strip_prefix("content-length:") {
+            length = n.trim().parse::<usize>().ok();
+        }
+        chunked |= lower == "transfer-encoding: chunked";
+    }
+    let mut body = Vec::new();
+    if let Some(n) = length {
+        body.resize(n, 0);
+        reader.read_exact(&mut body).unwrap();
+    } else if chunked {
+        loop {
+            let mut size = String::new();
+            reader.read_line(&mut size).unwrap();
+            let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+            let mut chunk = vec![0; n + 2];
+            reader.read_exact(&mut chunk).unwrap();
+            body.extend_from_slice(&chunk[..n]);
+            if n == 0 {
+                break;
+            }
+        }
+    }
+    (status, String::from_utf8_lossy(&body).into_owned())
+}

@@ -26,6 +26,12 @@ pub const DEFAULT_RUN_RESULT_BYTES: u64 = 1 << 30;
 pub const DEFAULT_TURN_WRITE_BYTES: u64 = 1 << 30;
 /// Files and folders the calls of one turn create together by default.
 pub const DEFAULT_TURN_CREATED_ENTRIES: u64 = 10_000;
+/// Bytes one run writes by default (4 GiB), all its turns, sub-agents and scripts together,
+/// to their folders and the database: each turn within its own budget too, so a run of many
+/// turns cannot write a turn's budget again and again.
+pub const DEFAULT_RUN_WRITE_BYTES: u64 = 4 << 30;
+/// Files and folders one run creates by default, everything of it together.
+pub const DEFAULT_RUN_CREATED_ENTRIES: u64 = 100_000;
 /// Seconds the tool calls of one turn take together by default, each call's time added
 /// (calls at once each count): what one turn can make the host and its guests work.
 pub const DEFAULT_TURN_CALL_SECONDS: u64 = 600;
@@ -51,6 +57,11 @@ pub struct TurnBudgets {
     pub write_bytes: u64,
     /// Files and folders the calls of one turn create together.
     pub created_entries: u64,
+    /// Bytes the whole run writes, every turn, sub-agent and script together, to their
+    /// folders and the database (`--max-run-write-mib`).
+    pub run_write_bytes: u64,
+    /// Files and folders the whole run creates, everything of it together.
+    pub run_created_entries: u64,
     /// Seconds the tool calls of one turn take together, each call's time added
     /// (`--max-turn-call-seconds`).
     pub call_seconds: u64,
@@ -66,6 +77,8 @@ impl Default for TurnBudgets {
             run_result_bytes: DEFAULT_RUN_RESULT_BYTES,
             write_bytes: DEFAULT_TURN_WRITE_BYTES,
             created_entries: DEFAULT_TURN_CREATED_ENTRIES,
+            run_write_bytes: DEFAULT_RUN_WRITE_BYTES,
+            run_created_entries: DEFAULT_RUN_CREATED_ENTRIES,
             call_seconds: DEFAULT_TURN_CALL_SECONDS,
         }
     }
@@ -212,15 +225,36 @@ impl CallTime {
     }
 }
 
-/// The model calls a run made, and the bytes of tool results it kept, shared by the step
-/// runners of its steps (and so by their sub-agents).
+/// The model calls a run made, the bytes of tool results it kept and what it wrote, shared
+/// by the step runners of its steps (and so by their sub-agents).
 #[derive(Debug, Default)]
 pub struct ModelCalls {
     made: AtomicU64,
     kept: AtomicU64,
+    writes: std::sync::OnceLock<trellis_sandbox::capabilities::DbWriteBudget>,
 }
 
 impl ModelCalls {
+    /// What the whole run may write and create (made with `budgets` the first time): the
+    /// budget every turn's and script's writes also come out of.
+    pub(crate) fn run_writes(
+        &self,
+        budgets: &TurnBudgets,
+        limits: trellis_sandbox::capabilities::FsLimits,
+    ) -> trellis_sandbox::capabilities::DbWriteBudget {
+        self.writes
+            .get_or_init(|| {
+                trellis_sandbox::capabilities::DbWriteBudget::for_run(
+                    trellis_sandbox::capabilities::FsLimits {
+                        write_bytes: budgets.run_write_bytes,
+                        created_entries: budgets.run_created_entries,
+                        ..limits
+                    },
+                )
+            })
+            .clone()
+    }
+
     /// Counts one more call; `false` (nothing counted) once `max` were made.
     pub fn take(&self, max: u64) -> bool {
         self.made

@@ -52,6 +52,7 @@ impl StepRunner<'_> {
                     options.folders.clone()
                 },
                 cancel: Some(self.cancel_calls.clone()),
+                run_writes: Some(self.model_calls.run_writes(&self.budgets, self.limits.fs)),
                 ..options.clone()
             };
             let options = &options;

@@ -163,11 +163,14 @@ impl StepRunner<'_> {
         // take them from the turn that called it.
         let shares = run.caller_shares.clone().unwrap_or_else(|| {
             Arc::new(TurnShares {
-                db_budget: DbWriteBudget::new(trellis_sandbox::capabilities::FsLimits {
-                    write_bytes: self.budgets.write_bytes,
-                    created_entries: self.budgets.created_entries,
-                    ..self.limits.fs
-                }),
+                db_budget: DbWriteBudget::within(
+                    trellis_sandbox::capabilities::FsLimits {
+                        write_bytes: self.budgets.write_bytes,
+                        created_entries: self.budgets.created_entries,
+                        ..self.limits.fs
+                    },
+                    &self.model_calls.run_writes(&self.budgets, self.limits.fs),
+                ),
                 result_bytes: ResultBytes::new(self.budgets.result_bytes)
                     .within_run(self.model_calls.clone(), self.budgets.run_result_bytes),
                 call_time: CallTime::new(self.budgets.call_seconds),

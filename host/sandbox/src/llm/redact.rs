@@ -21,14 +21,18 @@ const W: usize = MIN_SECRET_CHARS;
 /// `secrets` replaced by [`REDACTED`] (one marker per run). Secrets shorter than
 /// [`MIN_SECRET_CHARS`] are ignored.
 pub fn redact_secrets<S: AsRef<str>>(text: &str, secrets: &[S]) -> String {
-    // Every window of W bytes of every secret; a run of the text is a piece of a secret
-    // when each of its windows is one of them.
+    // Every window of W bytes of every secret and of its encodings; a run of the text is a
+    // piece of a secret when each of its windows is one of them.
     let grams: HashSet<[u8; W]> = secrets
         .iter()
         .map(|s| s.as_ref().as_bytes())
         .filter(|s| s.len() >= W)
-        .flat_map(|s| s.windows(W))
-        .filter_map(|w| w.try_into().ok())
+        .flat_map(spellings)
+        .flat_map(|s| {
+            s.windows(W)
+                .filter_map(|w| <[u8; W]>::try_from(w).ok())
+                .collect::<Vec<_>>()
+        })
         .collect();
     let bytes = text.as_bytes();
     if grams.is_empty() || bytes.len() < W {
@@ -76,6 +80,55 @@ pub fn redact_secrets<S: AsRef<str>>(text: &str, secrets: &[S]) -> String {
         at = at.max(end);
     }
     out.push_str(&text[at..]);
+    out
+}
+
+/// `secret` and the ways it is commonly written out that do not show its bytes: in hex
+/// (lower and upper case) and in base64 (standard and URL-safe), the latter at each of the
+/// three places it may start within a longer encoded text (`Basic` credentials, a token
+/// holding the key), each cut to the characters that come from the secret alone.
+fn spellings(secret: &[u8]) -> Vec<Vec<u8>> {
+    let hex = hex::encode(secret);
+    let mut all = vec![
+        secret.to_vec(),
+        hex.to_ascii_uppercase().into_bytes(),
+        hex.into_bytes(),
+    ];
+    for offset in 0..3 {
+        let mut shifted = vec![0u8; offset];
+        shifted.extend_from_slice(secret);
+        let encoded = base64(&shifted);
+        // Characters holding a bit of the bytes before the secret, or of those after it.
+        let first = (offset * 8).div_ceil(6);
+        let last = (shifted.len() * 8) / 6;
+        let core = &encoded[first..last.max(first)];
+        all.push(core.to_vec());
+        all.push(
+            core.iter()
+                .map(|c| match c {
+                    b'+' => b'-',
+                    b'/' => b'_',
+                    c => *c,
+                })
+                .collect(),
+        );
+    }
+    all
+}
+
+/// `bytes` in standard base64, without padding.
+fn base64(bytes: &[u8]) -> Vec<u8> {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = Vec::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
+        for i in 0..=chunk.len() {
+            out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize]);
+        }
+    }
     out
 }
 
@@ -139,5 +192,30 @@ mod tests {
         let text = format!("«{}»", &wide[..wide.len() - 2]);
         let hidden = redact_secrets(&text, &[wide]);
         assert_eq!(hidden, "«[REDACTED]»");
+    }
+
+    #[test]
+    fn a_secret_in_base64_or_hex_is_hidden_wherever_it_starts() {
+        const KEY: &str = "sk-test-SECRETKEY1234567890abcdef";
+        // The reference encodings, as `base64` and `xxd` print them.
+        let whole = "c2stdGVzdC1TRUNSRVRLRVkxMjM0NTY3ODkwYWJjZGVm";
+        let basic = "dXNlcjpzay10ZXN0LVNFQ1JFVEtFWTEyMzQ1Njc4OTBhYmNkZWY=";
+        let shifted = "eHNrLXRlc3QtU0VDUkVUS0VZMTIzNDU2Nzg5MGFiY2RlZg==";
+        for encoded in [whole, basic, shifted] {
+            let hidden = redact_secrets(&format!("b64={encoded} end"), &[KEY]);
+            assert!(hidden.contains(REDACTED), "{hidden}");
+            let left = hidden.replace(REDACTED, "");
+            assert!(left.len() < 12 + 8, "{hidden}");
+        }
+        let hex = "736b2d746573742d5345435245544b4559313233343536373839306162636465660a";
+        assert_eq!(
+            redact_secrets(&format!("x {hex}"), &[KEY]),
+            format!("x {REDACTED}0a")
+        );
+        let upper = hex.to_ascii_uppercase();
+        assert!(redact_secrets(&upper, &[KEY]).starts_with(REDACTED));
+        // Plain text that is not an encoding of it stays.
+        let plain = "hello in base64 is aGVsbG8= and in hex 68656c6c6f";
+        assert_eq!(redact_secrets(plain, &[KEY]), plain);
     }
 }

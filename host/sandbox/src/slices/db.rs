@@ -506,6 +506,25 @@ impl DbWriteBudget {
         DbWriteBudget(FsBudget::new(limits))
     }
 
+    /// The budget of a whole run (`limits`: what everything of the run may write and
+    /// create together), which its turns' budgets ([`DbWriteBudget::within`]) are part of.
+    pub fn for_run(limits: crate::capabilities::FsLimits) -> Self {
+        DbWriteBudget(FsBudget::shared(
+            limits,
+            crate::slices::fs::guard::Shared::Run,
+            None,
+        ))
+    }
+
+    /// A turn's budget of `limits` whose writes also come out of `run`'s.
+    pub fn within(limits: crate::capabilities::FsLimits, run: &DbWriteBudget) -> Self {
+        DbWriteBudget(FsBudget::shared(
+            limits,
+            crate::slices::fs::guard::Shared::Turn,
+            Some(run.0.clone()),
+        ))
+    }
+
     /// The bytes the calls may still write.
     pub fn bytes_left(&self) -> u64 {
         self.0.write_bytes_left()
@@ -562,7 +581,8 @@ impl HostDb {
             let mut text = describe_error(e);
             if text.contains("database or disk is full") {
                 text.push_str(&format!(
-                    " (the database may grow by {limit} more bytes in this turn; delete or \
+                    " (the database may grow by {limit} more bytes in this turn, within what \
+                     its run may write (--max-turn-write-mib, --max-run-write-mib); delete or \
                      shrink rows, or write less)"
                 ));
             }

@@ -110,6 +110,27 @@ pub enum FsLimitExceeded {
          (the per-turn limit)"
     )]
     TurnCreatedEntries(u64),
+    /// The write budget of the whole run: its bytes written.
+    #[error(
+        "wrote more than {0} bytes to its folders together with everything else of its run \
+         (the per-run limit, --max-run-write-mib)"
+    )]
+    RunWriteBytes(u64),
+    /// The write budget of the whole run: its files and folders created.
+    #[error(
+        "created more than {0} files and folders together with everything else of its run \
+         (the per-run limit)"
+    )]
+    RunCreatedEntries(u64),
+}
+
+/// What a budget shared by several calls stands for: a turn's calls, or a whole run's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Shared {
+    /// The calls of one turn.
+    Turn,
+    /// Everything of one run: its turns, their sub-agents, its scripts.
+    Run,
 }
 
 /// What one call has used of its [`FsLimits`]; shared with the output streams it opens.
@@ -125,8 +146,11 @@ pub(crate) struct FsBudget {
     exceeded: Mutex<Option<FsLimitExceeded>>,
     /// The granted folders, which [`FsLimits::folder_depth`] counts from.
     roots: Vec<FolderId>,
-    /// The budget of the turn the call is part of: what is written is taken out of it too.
+    /// The budget the call is part of (its turn's, whose own is the run's): what is written
+    /// is taken out of it too.
     turn: Option<Arc<FsBudget>>,
+    /// What this budget stands for when calls share it.
+    shared: Shared,
 }
 
 impl FsBudget {
@@ -146,14 +170,78 @@ impl FsBudget {
         roots: Vec<FolderId>,
         turn: Option<Arc<FsBudget>>,
     ) -> Arc<Self> {
+        FsBudget::build(limits, roots, turn, Shared::Turn)
+    }
+
+    fn build(
+        limits: FsLimits,
+        roots: Vec<FolderId>,
+        turn: Option<Arc<FsBudget>>,
+        shared: Shared,
+    ) -> Arc<Self> {
         Arc::new(FsBudget {
             turn,
+            shared,
             limits,
             written: AtomicU64::new(0),
             created: AtomicU64::new(0),
             open: Mutex::new(Vec::new()),
             exceeded: Mutex::new(None),
             roots,
+        })
+    }
+
+    /// A budget shared by calls, standing for `shared`, within `parent` when it has one
+    /// (a turn's within its run's).
+    pub(crate) fn shared(
+        limits: FsLimits,
+        shared: Shared,
+        parent: Option<Arc<FsBudget>>,
+    ) -> Arc<Self> {
+        FsBudget::build(limits, Vec::new(), parent, shared)
+    }
+
+    fn bytes_counter(&self) -> (&AtomicU64, u64) {
+        (&self.written, self.limits.write_bytes)
+    }
+
+    fn entries_counter(&self) -> (&AtomicU64, u64) {
+        (&self.created, self.limits.created_entries)
+    }
+
+    /// The error of this shared budget's bytes running out.
+    fn bytes_exceeded(&self) -> FsLimitExceeded {
+        match self.shared {
+            Shared::Turn => FsLimitExceeded::TurnWriteBytes(self.limits.write_bytes),
+            Shared::Run => FsLimitExceeded::RunWriteBytes(self.limits.write_bytes),
+        }
+    }
+
+    /// The error of this shared budget's entries running out.
+    fn entries_exceeded(&self) -> FsLimitExceeded {
+        match self.shared {
+            Shared::Turn => FsLimitExceeded::TurnCreatedEntries(self.limits.created_entries),
+            Shared::Run => FsLimitExceeded::RunCreatedEntries(self.limits.created_entries),
+        }
+    }
+
+    /// Takes `n` from `counter` of each budget above this one (`which` picks the counter and
+    /// its limit), all or none: the error of the first without room.
+    fn take_above(
+        &self,
+        n: u64,
+        which: fn(&FsBudget) -> (&AtomicU64, u64),
+        exceeded: fn(&FsBudget) -> FsLimitExceeded,
+    ) -> Result<(), FsLimitExceeded> {
+        let Some(parent) = &self.turn else {
+            return Ok(());
+        };
+        let (counter, limit) = which(parent);
+        if !Self::take(counter, n, limit) {
+            return Err(exceeded(parent));
+        }
+        parent.take_above(n, which, exceeded).inspect_err(|_| {
+            counter.fetch_sub(n, Ordering::Relaxed);
         })
     }
 
@@ -183,11 +271,9 @@ impl FsBudget {
         if !Self::take(&self.written, n, self.limits.write_bytes) {
             return Err(self.over(FsLimitExceeded::WriteBytes(self.limits.write_bytes)));
         }
-        if let Some(turn) = &self.turn
-            && !Self::take(&turn.written, n, turn.limits.write_bytes)
-        {
+        if let Err(which) = self.take_above(n, FsBudget::bytes_counter, FsBudget::bytes_exceeded) {
             self.written.fetch_sub(n, Ordering::Relaxed);
-            return Err(self.over(FsLimitExceeded::TurnWriteBytes(turn.limits.write_bytes)));
+            return Err(self.over(which));
         }
         Ok(())
     }
@@ -196,13 +282,11 @@ impl FsBudget {
         if !Self::take(&self.created, 1, self.limits.created_entries) {
             return Err(self.over(FsLimitExceeded::CreatedEntries(self.limits.created_entries)));
         }
-        if let Some(turn) = &self.turn
-            && !Self::take(&turn.created, 1, turn.limits.created_entries)
+        if let Err(which) =
+            self.take_above(1, FsBudget::entries_counter, FsBudget::entries_exceeded)
         {
             self.created.fetch_sub(1, Ordering::Relaxed);
-            return Err(self.over(FsLimitExceeded::TurnCreatedEntries(
-                turn.limits.created_entries,
-            )));
+            return Err(self.over(which));
         }
         Ok(())
     }
@@ -227,18 +311,24 @@ impl FsBudget {
         }
     }
 
-    /// A write outside the filesystem (the workflow database) ran into the write budget.
+    /// A write outside the filesystem (the workflow database) ran into the write budget:
+    /// the budget with the least left (the call's, its turn's or its run's) is the one named.
     pub(crate) fn note_write_limit(&self) {
-        let own = self
-            .limits
-            .write_bytes
-            .saturating_sub(self.written.load(Ordering::Relaxed));
-        let which = match &self.turn {
-            Some(turn) if turn.write_bytes_left() < own => {
-                FsLimitExceeded::TurnWriteBytes(turn.limits.write_bytes)
-            }
-            _ => FsLimitExceeded::WriteBytes(self.limits.write_bytes),
+        let own_left = |b: &FsBudget| {
+            b.limits
+                .write_bytes
+                .saturating_sub(b.written.load(Ordering::Relaxed))
         };
+        let mut which = FsLimitExceeded::WriteBytes(self.limits.write_bytes);
+        let mut least = own_left(self);
+        let mut above = self.turn.as_deref();
+        while let Some(parent) = above {
+            if own_left(parent) < least {
+                least = own_left(parent);
+                which = parent.bytes_exceeded();
+            }
+            above = parent.turn.as_deref();
+        }
         let _ = self.over(which);
     }
 
