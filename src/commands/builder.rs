@@ -85,6 +85,10 @@ pub struct BuilderArgs {
     /// model is told the call went over the turn's limit.
     #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
     max_turn_write_mib: Option<u64>,
+    /// MiB the whole session writes, its turns and the executions it starts together
+    /// (default 4096), as `trellis run`'s run budget; a write past it fails, naming it.
+    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=16_777_216))]
+    max_run_write_mib: Option<u64>,
     /// Retries of a failed LLM call (default 3), as for `trellis run`.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=100))]
     llm_retries: Option<u32>,
@@ -240,6 +244,11 @@ pub async fn run(engine: impl FnOnce() -> Result<Engine>, args: BuilderArgs) -> 
             max_turn_write_bytes: args
                 .max_turn_write_mib
                 .map_or(trellis_builder::DEFAULT_TURN_WRITE_BYTES, |mib| mib << 20),
+            max_run_write_bytes: args
+                .max_run_write_mib
+                .map_or(trellis_runner::driver::DEFAULT_RUN_WRITE_BYTES, |mib| {
+                    mib << 20
+                }),
             max_model_calls: args
                 .max_model_calls
                 .unwrap_or(trellis_runner::driver::DEFAULT_RUN_MODEL_CALLS),

@@ -127,6 +127,7 @@ pub async fn run(engine: &Engine, args: ServeArgs) -> Result<ExitCode> {
                         max_rounds: trellis_builder::agent::DEFAULT_MAX_ROUNDS,
                         max_turn_result_bytes: trellis_builder::DEFAULT_TURN_RESULT_BYTES,
                         max_turn_write_bytes: trellis_builder::DEFAULT_TURN_WRITE_BYTES,
+                        max_run_write_bytes: trellis_runner::driver::DEFAULT_RUN_WRITE_BYTES,
                         max_model_calls: trellis_runner::driver::DEFAULT_RUN_MODEL_CALLS,
                         observer,
                     },

@@ -760,10 +760,10 @@ fn serve_caps_sessions_and_connections() {
     assert!((200..300).contains(&status), "{status}");
     let third = session(port);
     assert_eq!(raw(port, &in_session(&third), list).0, 200);
-    // Connections: one that sends nothing gives its place to a new one when all four are
-    // taken; four that each sent a request keep theirs, and the next one is told why and
-    // closed. (Connections closed just before may hold their places for a moment: the
-    // refusal is waited for.)
+    // Connections: three that each sent a request and stay open give their places to new
+    // ones (a server without a token: the one idle longest goes); four waiting for their
+    // answers keep theirs, and the next one is told why and closed. (Connections closed
+    // just before may hold their places for a moment: the refusal is waited for.)
     let proven = |_| {
         let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
         stream
@@ -778,34 +778,39 @@ fn serve_caps_sessions_and_connections() {
         stream
     };
     let held: Vec<TcpStream> = (0..3).map(proven).collect();
-    // Connections closed just before may hold their places for a moment (proven ones: a
-    // new connection is then refused, the idle one too): tried again until they are gone,
-    // well within the 10 s an idle connection has to send its headers.
-    let idle_one = || {
-        let idle = TcpStream::connect(("127.0.0.1", port)).unwrap();
-        idle.set_read_timeout(Some(Duration::from_millis(100)))
-            .unwrap();
-        idle
+    // Four waiting for their answers (calls that spin until their deadline) keep their
+    // places: the next one is told why and closed.
+    let busy: Vec<TcpStream> = (0..4)
+        .map(|i| {
+            let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+            let body = format!(
+                r#"{{"jsonrpc":"2.0","id":{},"method":"tools/call","params":{{"name":"adversary__spin","arguments":{{}}}}}}"#,
+                100 + i
+            );
+            let request = format!(
+                "POST /mcp HTTP/1.1{host}\r\nMcp-Session-Id: {third}\r\n\
+                 Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
+                 MCP-Protocol-Version: 2025-06-18\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            stream.write_all(request.as_bytes()).unwrap();
+            stream
+        })
+        .collect();
+    // Each of the four has its call under way (or waiting for a slot) before the fifth.
+    let under_way = || {
+        serve
+            .log()
+            .iter()
+            .filter(|l| l.contains("call started") || l.contains("waiting for a call slot"))
+            .count()
     };
-    let mut idle = idle_one();
-    let mut closed = false;
-    for _ in 0..40 {
-        let status = raw(port, &in_session(&third), list).0;
-        let mut head = [0u8; 12];
-        match idle.read(&mut head) {
-            Ok(0) if status == 200 => {
-                closed = true;
-                break;
-            }
-            // Refused as it came, while every place was a proven connection's.
-            Ok(_) => idle = idle_one(),
-            Err(_) => {}
-        }
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while under_way() < 4 {
+        assert!(std::time::Instant::now() < deadline, "{:#?}", serve.log());
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert!(closed, "the idle connection kept its place");
     let mut refused = false;
-    let fourth = proven(3);
     for _ in 0..50 {
         let (status, _, body) = raw(port, &in_session(&third), list);
         if status == 503 {
@@ -817,9 +822,9 @@ fn serve_caps_sessions_and_connections() {
     }
     assert!(
         refused,
-        "a fifth connection went through while four clients held theirs"
+        "a fifth connection went through while four calls held theirs"
     );
-    drop((held, fourth));
+    drop((held, busy));
     // Once they are closed (the server notices in its own time), calls go through again.
     let mut status = 0;
     for _ in 0..600 {

@@ -71,6 +71,10 @@ pub struct SessionOptions {
     /// database (`--max-turn-write-mib`; default [`DEFAULT_TURN_WRITE_BYTES`], as for a run),
     /// each call also within its own limits.
     pub max_turn_write_bytes: u64,
+    /// Bytes the whole session writes, its turns and the executions it starts together
+    /// (`--max-run-write-mib`; default [`trellis_runner::driver::DEFAULT_RUN_WRITE_BYTES`], as
+    /// for a run).
+    pub max_run_write_bytes: u64,
     /// Model calls of the whole session, every turn, side agent and execution it started
     /// together (`--max-model-calls`; default [`trellis_runner::driver::DEFAULT_RUN_MODEL_CALLS`], as for a run).
     pub max_model_calls: u64,
@@ -216,6 +220,15 @@ impl BuilderSession {
         let model_calls: Arc<trellis_runner::driver::ModelCalls> = Arc::default();
         let mut executions = executions;
         executions.share_model_calls(model_calls.clone(), options.max_model_calls);
+        // What the session writes, its turns and its executions together: made now, with
+        // the session's limit, for every one of them to take from.
+        model_calls.run_writes(
+            &trellis_runner::driver::TurnBudgets {
+                run_write_bytes: options.max_run_write_bytes,
+                ..Default::default()
+            },
+            options.limits.fs,
+        );
         let agent = Agent {
             root,
             registry: runtime.shared_registry(),
@@ -573,6 +586,7 @@ mod tests {
                 max_rounds: 5,
                 max_turn_result_bytes: DEFAULT_TURN_RESULT_BYTES,
                 max_turn_write_bytes: DEFAULT_TURN_WRITE_BYTES,
+                max_run_write_bytes: trellis_runner::driver::DEFAULT_RUN_WRITE_BYTES,
                 max_model_calls: trellis_runner::driver::DEFAULT_RUN_MODEL_CALLS,
                 observer: BuilderObserver::none(),
             },

@@ -471,7 +471,8 @@ impl HttpServer {
         let max_connections = self.limits.max_connections.max(1);
         // A connection that has not sent a request with the token gives its place to a new
         // one when all are taken (clients without the token cannot hold them all).
-        let connections = trellis_sandbox::connections::Slots::new(max_connections);
+        let connections =
+            trellis_sandbox::connections::Slots::new(max_connections, token.is_some());
         let sessionless = Arc::new(tokio::sync::Semaphore::new(sessions.max));
         // What the answers being sent hold together (a client that does not read keeps its
         // answer in memory).
@@ -512,6 +513,8 @@ impl HttpServer {
                             return Ok::<_, std::convert::Infallible>(refused);
                         }
                         prover.prove();
+                        // The connection is busy until the answer is sent.
+                        let busy = prover.busy();
                         let (request, body) = match read_body(request).await {
                             Ok(read) => read,
                             Err(refused) => return Ok(refused),
@@ -548,16 +551,15 @@ impl HttpServer {
                             );
                             return Ok(response);
                         }
-                        Ok(match (response, sessionless_slot) {
-                            (Ok(response), Some(slot)) => response.map(|body| {
+                        Ok(match response {
+                            Ok(response) => response.map(|body| {
                                 body.map_frame(move |frame| {
-                                    let _held = &slot;
+                                    let _held = (&sessionless_slot, &busy);
                                     frame
                                 })
                                 .boxed()
                             }),
-                            (Ok(response), None) => response,
-                            (Err(never), _) => match never {},
+                            Err(never) => match never {},
                         })
                     };
                     async move {

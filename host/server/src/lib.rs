@@ -579,8 +579,10 @@ pub async fn serve(options: ServerOptions, bound: impl FnOnce(SocketAddr)) -> Re
     );
     bound(addr);
     // A connection that has not sent a request with the token gives its place to a new
-    // one when all are taken (clients without the token cannot hold them all).
-    let connections = trellis_sandbox::connections::Slots::new(limits.connections);
+    // one when all are taken (clients without the token cannot hold them all; see
+    // `trellis_sandbox::connections` for a server without a token).
+    let connections =
+        trellis_sandbox::connections::Slots::new(limits.connections, guard.token.is_some());
     // What the answers being sent hold together (a client that does not read keeps its
     // answer in memory).
     let answers = trellis_sandbox::answers::AnswerBytes::new(limits.answer_bytes);
@@ -656,6 +658,8 @@ impl tower_service::Service<hyper::Request<hyper::body::Incoming>> for Dispatch 
         {
             self.prover.prove();
         }
+        // The connection is busy until the answer is sent (an event stream's too).
+        let busy = self.prover.busy();
         let (named, rest) = take_workspace(parts.uri.query());
         let router = match named.as_deref() {
             None => Some(self.routers[0].1.clone()),
@@ -700,7 +704,13 @@ impl tower_service::Service<hyper::Request<hyper::body::Incoming>> for Dispatch 
             let Ok(answer) = tower_service::Service::call(&mut router, request).await;
             let (parts, body) = answer.into_parts();
             Ok(match answers.hold(body) {
-                Ok(held) => Response::from_parts(parts, axum::body::Body::new(held)),
+                Ok(held) => Response::from_parts(
+                    parts,
+                    axum::body::Body::new(http_body_util::BodyExt::map_frame(held, move |f| {
+                        let _busy = &busy;
+                        f
+                    })),
+                ),
                 Err(busy) => {
                     let mut refused =
                         ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "busy", busy.to_string())

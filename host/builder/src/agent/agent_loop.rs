@@ -32,10 +32,19 @@ impl Agent {
         // What the turn's tool results may add to the conversation, and what its calls may
         // write, all rounds together.
         let mut result_bytes_left = self.max_turn_result_bytes;
-        let writes = DbWriteBudget::new(trellis_sandbox::capabilities::FsLimits {
-            write_bytes: self.max_turn_write_bytes,
-            ..self.limits.fs
-        });
+        // Within what the session and the executions it starts write together (their
+        // `--max-run-write-mib`): a chain of completion turns cannot write a turn's budget
+        // again and again.
+        let writes = DbWriteBudget::within(
+            trellis_sandbox::capabilities::FsLimits {
+                write_bytes: self.max_turn_write_bytes,
+                ..self.limits.fs
+            },
+            &self.model_calls.run_writes(
+                &trellis_runner::driver::TurnBudgets::default(),
+                self.limits.fs,
+            ),
+        );
         let work = crate::TurnWork::default();
         for _ in 0..self.max_rounds {
             // The request carries the whole conversation: the oldest payloads are cut when

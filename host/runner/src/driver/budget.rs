@@ -236,8 +236,9 @@ pub struct ModelCalls {
 
 impl ModelCalls {
     /// What the whole run may write and create (made with `budgets` the first time): the
-    /// budget every turn's and script's writes also come out of.
-    pub(crate) fn run_writes(
+    /// budget every turn's and script's writes also come out of. A builder session shares
+    /// it with the executions it starts: its turns and theirs write within one budget.
+    pub fn run_writes(
         &self,
         budgets: &TurnBudgets,
         limits: trellis_sandbox::capabilities::FsLimits,

@@ -1,0 +1,110 @@
+//! Red team round 24 (a re-check of round 23's fixes: a builder session's writes, a server
+//! without a token): each a test that failed before its fix.
+
+use crate::support;
+
+use std::io::Write;
+use std::net::TcpStream;
+use std::time::Duration;
+
+use serde_json::json;
+use support::fake_llm::{FakeServer, completion};
+use support::trellis;
+use support::workspace::{create_db, write_files};
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// A builder session had no write budget over its turns (the run's was for `trellis run`):
+/// completion turns that each grew the database by 700 MiB wrote 2.94 GB on default
+/// settings (MEDIUM). A session's turns and the executions it starts write within one budget
+/// (`--max-run-write-mib`): here 8 MiB, and each of four turns grows the database by 3 MiB.
+#[test]
+fn a_builder_sessions_turns_write_within_one_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let llm = FakeServer::start(Box::new(|body: &serde_json::Value| {
+        let last = &body["messages"].as_array().unwrap().last().unwrap()["role"];
+        if last == "tool" {
+            return (200, completion("done", &[]));
+        }
+        let grow = json!({"statements": [
+            {"sql": "INSERT INTO t VALUES (randomblob(3145728))"}]});
+        (200, completion("", &[("mutate_workflow_db", grow)]))
+    }));
+    write_files(
+        root,
+        &[
+            (
+                "planning/plan.json",
+                json!({"objective": "o", "steps": [
+                    {"id": "s", "type": "regular", "title": "S", "description": "d"}]})
+                .to_string(),
+            ),
+            ("planning/step_config.json", r#"{"steps": []}"#.to_string()),
+            (
+                "workflow.json",
+                json!({"llm": {"provider": "openai", "model_id": "m"},
+                       "providers": llm.providers()})
+                .to_string(),
+            ),
+        ],
+    );
+    create_db(root, "CREATE TABLE t(b BLOB);");
+    let out = trellis(&[
+        "builder",
+        root.to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
+        "--max-run-write-mib",
+        "8",
+        "-m",
+        "one",
+        "-m",
+        "two",
+        "-m",
+        "three",
+        "-m",
+        "four",
+    ]);
+    let said = text(&out.stdout) + &text(&out.stderr);
+    let size = std::fs::metadata(root.join("db/db.sqlite")).unwrap().len();
+    assert!(size > 3 << 20, "no turn wrote: {said}");
+    assert!(
+        size < 9 << 20,
+        "the session grew the database to {size} bytes: {said}"
+    );
+    let refused = said
+        .lines()
+        .filter(|l| l.contains("FAILED mutate_workflow_db") && l.contains("--max-run-write-mib"))
+        .count();
+    assert_eq!(refused, 2, "{said}");
+}
+
+/// Without a token (on loopback), any request proves its connection: 300 connections that
+/// each sent one request and stayed open held every place of `trellis serve`, and no other
+/// client got in (MEDIUM). When every connection is proven, the one idle longest gives its
+/// place to a new one.
+#[test]
+fn kept_open_connections_of_a_server_without_a_token_give_their_places() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = support::serve::demo(dir.path());
+    let serve = support::serve::Serve::start(&ws, None, &[]);
+    let port = serve.port;
+    let mut held = Vec::new();
+    for _ in 0..300 {
+        let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+            continue;
+        };
+        let request = format!("GET /api/workspaces HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n");
+        if stream.write_all(request.as_bytes()).is_ok() {
+            held.push(stream);
+        }
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    for _ in 0..5 {
+        let (status, body) = serve.get("/api/workspaces", &[]);
+        assert_eq!(status, 200, "{body}");
+    }
+}
