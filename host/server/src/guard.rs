@@ -65,14 +65,14 @@ impl Guard {
             }
         }
         let page = *method == Method::GET && path == "/";
-        if let Some(token) = self.token.as_ref().filter(|_| !page) {
-            if !same_secret(bearer(headers).as_bytes(), token.as_bytes()) {
-                return Err(ApiError::new(
-                    StatusCode::UNAUTHORIZED,
-                    "unauthorized",
-                    "this server needs `Authorization: Bearer <TRELLIS_TOKEN>`",
-                ));
-            }
+        if let Some(token) = self.token.as_ref().filter(|_| !page)
+            && !same_secret(bearer(headers).as_bytes(), token.as_bytes())
+        {
+            return Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "this server needs `Authorization: Bearer <TRELLIS_TOKEN>`",
+            ));
         }
         // Every method with a body that may change something (POST, PUT, PATCH) carries
         // JSON: a form a foreign page posts cannot be one.
