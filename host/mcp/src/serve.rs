@@ -513,12 +513,13 @@ impl HttpServer {
                             return Ok::<_, std::convert::Infallible>(refused);
                         }
                         prover.prove();
-                        // The connection is busy until the answer is sent.
-                        let busy = prover.busy();
                         let (request, body) = match read_body(request).await {
                             Ok(read) => read,
                             Err(refused) => return Ok(refused),
                         };
+                        // The connection is busy once its request is in whole, until the
+                        // answer is sent: a body trickled in does not keep its place.
+                        let busy = prover.busy();
                         // A request without a session holds a slot until its answer is sent
                         // (a tool call's stream included): rmcp serves such a request with
                         // an instance of its own, which the session cap does not count. An

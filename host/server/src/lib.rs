@@ -658,8 +658,6 @@ impl tower_service::Service<hyper::Request<hyper::body::Incoming>> for Dispatch 
         {
             self.prover.prove();
         }
-        // The connection is busy until the answer is sent (an event stream's too).
-        let busy = self.prover.busy();
         let (named, rest) = take_workspace(parts.uri.query());
         let router = match named.as_deref() {
             None => Some(self.routers[0].1.clone()),
@@ -700,8 +698,12 @@ impl tower_service::Service<hyper::Request<hyper::body::Incoming>> for Dispatch 
         let request = Request::from_parts(parts, axum::body::Body::new(body));
         let mut router = router;
         let answers = self.answers.clone();
+        let prover = self.prover.clone();
         Box::pin(async move {
             let Ok(answer) = tower_service::Service::call(&mut router, request).await;
+            // The connection is busy while its answer is sent (an event stream's too), not
+            // while its request comes in: a body trickled in does not keep its place.
+            let busy = prover.busy();
             let (parts, body) = answer.into_parts();
             Ok(match answers.hold(body) {
                 Ok(held) => Response::from_parts(
