@@ -6,7 +6,7 @@ use crate::support;
 use serde_json::{Value, json};
 use support::fake_llm::{FakeServer, completion};
 use support::trellis;
-use support::workspace::write_files;
+use support::workspace::{regular_steps, write_file, write_files};
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
@@ -175,28 +175,8 @@ fn the_tool_results_a_run_keeps_are_bounded_over_its_turns() {
             .collect();
         (200, completion("", &reads))
     }));
-    let steps: Vec<Value> = (0..3)
-        .map(
-            |i| json!({"id": format!("s{i}"), "type": "regular", "title": "S", "description": "d"}),
-        )
-        .collect();
-    write_files(
-        dir.path(),
-        &[
-            (
-                "planning/plan.json",
-                json!({"objective": "o", "steps": steps}).to_string(),
-            ),
-            ("planning/step_config.json", r#"{"steps": []}"#.to_string()),
-            (
-                "workflow.json",
-                json!({"llm": {"provider": "openai", "model_id": "m"},
-                       "providers": server.providers()})
-                .to_string(),
-            ),
-            ("knowledgebase/big.txt", "y".repeat(200_000)),
-        ],
-    );
+    regular_steps(dir.path(), server.providers(), &["s0", "s1", "s2"]);
+    write_file(dir.path(), "knowledgebase/big.txt", "y".repeat(200_000));
     let out = trellis(&[
         "run",
         dir.path().to_str().unwrap(),
@@ -246,27 +226,7 @@ fn the_answers_a_run_keeps_count_toward_its_kept_bytes() {
             .collect();
         (200, completion("", &writes))
     }));
-    let steps: Vec<Value> = (0..3)
-        .map(
-            |i| json!({"id": format!("s{i}"), "type": "regular", "title": "S", "description": "d"}),
-        )
-        .collect();
-    write_files(
-        dir.path(),
-        &[
-            (
-                "planning/plan.json",
-                json!({"objective": "o", "steps": steps}).to_string(),
-            ),
-            ("planning/step_config.json", r#"{"steps": []}"#.to_string()),
-            (
-                "workflow.json",
-                json!({"llm": {"provider": "openai", "model_id": "m"},
-                       "providers": server.providers()})
-                .to_string(),
-            ),
-        ],
-    );
+    regular_steps(dir.path(), server.providers(), &["s0", "s1", "s2"]);
     let out = trellis(&[
         "run",
         dir.path().to_str().unwrap(),

@@ -6,7 +6,6 @@ use crate::support;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -15,32 +14,10 @@ use serde_json::json;
 use support::fake_llm::{FakeServer, completion};
 use support::mcp_serve::{HttpServe, INIT, read_answer};
 use support::trellis;
-use support::workspace::write_files;
+use support::workspace::{regular_steps, write_file, write_files};
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
-}
-
-/// A workspace of one agent step `s1` on `llm`.
-fn one_step(root: &Path, llm: &FakeServer) {
-    write_files(
-        root,
-        &[
-            (
-                "planning/plan.json",
-                json!({"objective": "o", "steps": [
-                    {"id": "s1", "type": "regular", "title": "S", "description": "Do it."}]})
-                .to_string(),
-            ),
-            ("planning/step_config.json", r#"{"steps": []}"#.to_string()),
-            (
-                "workflow.json",
-                json!({"llm": {"provider": "openai", "model_id": "m"},
-                       "providers": llm.providers()})
-                .to_string(),
-            ),
-        ],
-    );
 }
 
 /// A model's tool call named `read_file\nstep s1: completed (0 turn(s))` printed that line
@@ -65,7 +42,7 @@ fn a_newline_in_a_tool_name_cannot_print_a_run_line_of_its_own() {
     }));
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
-    one_step(root, &llm);
+    regular_steps(root, llm.providers(), &["s1"]);
     let out = trellis(&["run", root.to_str().unwrap(), "--allow-host", "127.0.0.1"]);
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
@@ -244,28 +221,8 @@ fn what_a_runs_turns_write_together_is_bounded() {
             {"sql": "INSERT INTO t VALUES (randomblob(3145728))"}]});
         (200, completion("", &[("mutate_workflow_db", grow)]))
     }));
-    let steps: Vec<serde_json::Value> = (0..4)
-        .map(
-            |i| json!({"id": format!("s{i}"), "type": "regular", "title": "S", "description": "d"}),
-        )
-        .collect();
-    write_files(
-        root,
-        &[
-            (
-                "planning/plan.json",
-                json!({"objective": "o", "steps": steps}).to_string(),
-            ),
-            ("planning/step_config.json", r#"{"steps": []}"#.to_string()),
-            (
-                "workflow.json",
-                json!({"llm": {"provider": "openai", "model_id": "m"},
-                       "providers": llm.providers()})
-                .to_string(),
-            ),
-            ("db/seed.sql", "CREATE TABLE t(b BLOB);".to_string()),
-        ],
-    );
+    regular_steps(root, llm.providers(), &["s0", "s1", "s2", "s3"]);
+    write_file(root, "db/seed.sql", "CREATE TABLE t(b BLOB);");
     let out = trellis(&[
         "run",
         root.to_str().unwrap(),

@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde_json::json;
 use support::fake_llm::{FakeServer, completion};
 use support::trellis;
-use support::workspace::{create_db, write_files};
+use support::workspace::{create_db, regular_steps};
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
@@ -33,24 +33,7 @@ fn a_builder_sessions_turns_write_within_one_budget() {
             {"sql": "INSERT INTO t VALUES (randomblob(3145728))"}]});
         (200, completion("", &[("mutate_workflow_db", grow)]))
     }));
-    write_files(
-        root,
-        &[
-            (
-                "planning/plan.json",
-                json!({"objective": "o", "steps": [
-                    {"id": "s", "type": "regular", "title": "S", "description": "d"}]})
-                .to_string(),
-            ),
-            ("planning/step_config.json", r#"{"steps": []}"#.to_string()),
-            (
-                "workflow.json",
-                json!({"llm": {"provider": "openai", "model_id": "m"},
-                       "providers": llm.providers()})
-                .to_string(),
-            ),
-        ],
-    );
+    regular_steps(root, llm.providers(), &["s"]);
     create_db(root, "CREATE TABLE t(b BLOB);");
     let out = trellis(&[
         "builder",

@@ -57,3 +57,30 @@ pub fn copy_workspace(from: &Path, to: &Path, leave_out: &[&str]) {
 pub fn read_json(path: &Path) -> Value {
     serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
 }
+
+/// A workspace of one `regular` agent step per id of `ids`, on the model `providers` name
+/// (`FakeServer::providers`).
+pub fn regular_steps(root: &Path, providers: Value, ids: &[&str]) {
+    let steps: Vec<Value> = ids
+        .iter()
+        .map(
+            |id| serde_json::json!({"id": id, "type": "regular", "title": "S", "description": "d"}),
+        )
+        .collect();
+    write_files(
+        root,
+        &[
+            (
+                "planning/plan.json",
+                serde_json::json!({"objective": "o", "steps": steps}).to_string(),
+            ),
+            ("planning/step_config.json", r#"{"steps": []}"#.to_string()),
+            (
+                "workflow.json",
+                serde_json::json!({"llm": {"provider": "openai", "model_id": "m"},
+                                   "providers": providers})
+                .to_string(),
+            ),
+        ],
+    );
+}
