@@ -94,6 +94,7 @@ impl Bench {
                 max_turn_result_bytes: trellis_builder::DEFAULT_TURN_RESULT_BYTES,
                 max_turn_write_bytes: trellis_builder::DEFAULT_TURN_WRITE_BYTES,
                 max_run_write_bytes: trellis_runner::driver::DEFAULT_RUN_WRITE_BYTES,
+                max_workspace_bytes: trellis_runner::driver::DEFAULT_WORKSPACE_BYTES,
                 max_model_calls: trellis_runner::driver::DEFAULT_RUN_MODEL_CALLS,
                 observer: BuilderObserver::none(),
             },

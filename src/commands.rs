@@ -66,6 +66,60 @@ pub struct CacheArgs {
     pub no_cache: bool,
 }
 
+/// The write budgets of the commands that run model turns: a turn's, a run's (a builder
+/// session's, with the executions it starts) and the workspace's quota.
+#[derive(Args, Debug, Clone, Copy)]
+pub struct WriteBudgetArgs {
+    /// MiB the tool calls of one turn write together, to their folders and the database
+    /// (default 1024; each call also at most 1 GiB); a write past it fails and the model is
+    /// told the call went over the turn's limit.
+    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
+    pub max_turn_write_mib: Option<u64>,
+    /// MiB a whole run writes, every turn, sub-agent and script together (a builder session:
+    /// its turns and the executions it starts), to their folders and the database (default
+    /// 4096); a write past it fails and the model is told the call went over the run's limit.
+    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=16_777_216))]
+    pub max_run_write_mib: Option<u64>,
+    /// MiB the workspace's folder may take on disk, its database, run folders and shared
+    /// folders together (default 16384): a run (a builder session, an execution) writes no
+    /// more than what is left of it when it begins; a write past it fails, naming it.
+    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=1_073_741_824))]
+    pub max_workspace_mib: Option<u64>,
+}
+
+impl WriteBudgetArgs {
+    /// Bytes the calls of one turn write together.
+    pub fn turn_bytes(&self) -> u64 {
+        self.max_turn_write_mib
+            .map_or(trellis_runner::driver::DEFAULT_TURN_WRITE_BYTES, |mib| {
+                mib << 20
+            })
+    }
+
+    /// Bytes a run (a builder session) writes.
+    pub fn run_bytes(&self) -> u64 {
+        self.max_run_write_mib
+            .map_or(trellis_runner::driver::DEFAULT_RUN_WRITE_BYTES, |mib| {
+                mib << 20
+            })
+    }
+
+    /// Bytes the workspace's folder may take.
+    pub fn workspace_bytes(&self) -> u64 {
+        self.max_workspace_mib
+            .map_or(trellis_runner::driver::DEFAULT_WORKSPACE_BYTES, |mib| {
+                mib << 20
+            })
+    }
+
+    /// `budgets` with these write budgets.
+    pub fn apply(&self, budgets: &mut trellis_runner::driver::TurnBudgets) {
+        budgets.write_bytes = self.turn_bytes();
+        budgets.run_write_bytes = self.run_bytes();
+        budgets.workspace_bytes = self.workspace_bytes();
+    }
+}
+
 impl CacheArgs {
     /// The cache these options ask for.
     pub fn setting(&self) -> CacheSetting {

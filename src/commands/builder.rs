@@ -80,15 +80,8 @@ pub struct BuilderArgs {
     /// `trellis run`; a result past it is replaced by an error telling the model so.
     #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=65_536))]
     max_turn_result_mib: Option<u64>,
-    /// MiB the tool calls of one builder turn write together, to the workspace's folders and
-    /// its database (default 1024), as for `trellis run`; a write past it fails and the
-    /// model is told the call went over the turn's limit.
-    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
-    max_turn_write_mib: Option<u64>,
-    /// MiB the whole session writes, its turns and the executions it starts together
-    /// (default 4096), as `trellis run`'s run budget; a write past it fails, naming it.
-    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=16_777_216))]
-    max_run_write_mib: Option<u64>,
+    #[command(flatten)]
+    writes: super::WriteBudgetArgs,
     /// Retries of a failed LLM call (default 3), as for `trellis run`.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=100))]
     llm_retries: Option<u32>,
@@ -241,14 +234,9 @@ pub async fn run(engine: impl FnOnce() -> Result<Engine>, args: BuilderArgs) -> 
             max_turn_result_bytes: args
                 .max_turn_result_mib
                 .map_or(trellis_builder::DEFAULT_TURN_RESULT_BYTES, |mib| mib << 20),
-            max_turn_write_bytes: args
-                .max_turn_write_mib
-                .map_or(trellis_builder::DEFAULT_TURN_WRITE_BYTES, |mib| mib << 20),
-            max_run_write_bytes: args
-                .max_run_write_mib
-                .map_or(trellis_runner::driver::DEFAULT_RUN_WRITE_BYTES, |mib| {
-                    mib << 20
-                }),
+            max_turn_write_bytes: args.writes.turn_bytes(),
+            max_run_write_bytes: args.writes.run_bytes(),
+            max_workspace_bytes: args.writes.workspace_bytes(),
             max_model_calls: args
                 .max_model_calls
                 .unwrap_or(trellis_runner::driver::DEFAULT_RUN_MODEL_CALLS),

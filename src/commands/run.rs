@@ -95,16 +95,8 @@ pub struct RunArgs {
     /// so, an answer past it ends the run.
     #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
     max_run_result_mib: Option<u64>,
-    /// MiB the tool calls of one turn write together, to their folders and the database
-    /// (default 1024; each call also at most 1 GiB); a write past it fails and the model is
-    /// told the call went over the turn's limit.
-    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
-    max_turn_write_mib: Option<u64>,
-    /// MiB the whole run writes, every turn, sub-agent and script together, to their
-    /// folders and the database (default 4096); a write past it fails and the model is told
-    /// the call went over the run's limit.
-    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=16_777_216))]
-    max_run_write_mib: Option<u64>,
+    #[command(flatten)]
+    writes: super::WriteBudgetArgs,
     /// Model calls of the whole run, every step, turn and sub-agent together (default
     /// 10000); past it no call is made and the run ends, failed.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
@@ -209,12 +201,7 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
     if let Some(mib) = args.max_run_result_mib {
         start.turn_budgets.run_result_bytes = mib << 20;
     }
-    if let Some(mib) = args.max_turn_write_mib {
-        start.turn_budgets.write_bytes = mib << 20;
-    }
-    if let Some(mib) = args.max_run_write_mib {
-        start.turn_budgets.run_write_bytes = mib << 20;
-    }
+    args.writes.apply(&mut start.turn_budgets);
     if let Some(n) = args.max_model_calls {
         start.turn_budgets.run_model_calls = n;
     }

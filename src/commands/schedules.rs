@@ -62,6 +62,8 @@ pub enum SchedulesCommand {
         #[command(flatten)]
         mcp: super::McpConfigArg,
         #[command(flatten)]
+        writes: super::WriteBudgetArgs,
+        #[command(flatten)]
         cache: CacheArgs,
     },
 }
@@ -183,6 +185,7 @@ pub async fn run(
             llm,
             plugins,
             mcp,
+            writes,
             cache: _,
         } => {
             let all = schedules(&workspace)?;
@@ -203,7 +206,7 @@ pub async fn run(
                     let BuilderSetup {
                         runtime,
                         own,
-                        template,
+                        mut template,
                         retry,
                     } = builder_setup(
                         &engine,
@@ -218,6 +221,7 @@ pub async fn run(
                         false,
                     )
                     .await?;
+                    writes.apply(&mut template.turn_budgets);
                     let executions = Executions::new(runtime.clone(), template);
                     let mut session = BuilderSession::open(
                         &runtime,
@@ -231,8 +235,9 @@ pub async fn run(
                             retry,
                             max_rounds: trellis_builder::agent::DEFAULT_MAX_ROUNDS,
                             max_turn_result_bytes: trellis_builder::DEFAULT_TURN_RESULT_BYTES,
-                            max_turn_write_bytes: trellis_builder::DEFAULT_TURN_WRITE_BYTES,
-                            max_run_write_bytes: trellis_runner::driver::DEFAULT_RUN_WRITE_BYTES,
+                            max_turn_write_bytes: writes.turn_bytes(),
+                            max_run_write_bytes: writes.run_bytes(),
+                            max_workspace_bytes: writes.workspace_bytes(),
                             max_model_calls: trellis_runner::driver::DEFAULT_RUN_MODEL_CALLS,
                             observer: super::builder::printer(false),
                         },

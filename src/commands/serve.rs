@@ -66,6 +66,8 @@ pub struct ServeArgs {
     #[command(flatten)]
     nats: super::worker::NatsArgs,
     #[command(flatten)]
+    writes: super::WriteBudgetArgs,
+    #[command(flatten)]
     plugins: PluginDirs,
     #[command(flatten)]
     mcp: super::McpConfigArg,
@@ -96,6 +98,7 @@ pub async fn run(engine: &Engine, args: ServeArgs) -> Result<ExitCode> {
         args.no_stream,
     )
     .await?;
+    args.writes.apply(&mut template.turn_budgets);
     if let Some(url) = &args.dispatch {
         template.dispatch = Some(args.nats.dispatcher(url, runtime.registry()).await?);
     }
@@ -103,6 +106,7 @@ pub async fn run(engine: &Engine, args: ServeArgs) -> Result<ExitCode> {
     let max_running = args
         .max_executions
         .map_or(trellis_runner::runtime::DEFAULT_MAX_RUNNING, |n| n as usize);
+    let writes = args.writes;
     let workspaces = args
         .workspaces
         .iter()
@@ -126,8 +130,9 @@ pub async fn run(engine: &Engine, args: ServeArgs) -> Result<ExitCode> {
                         retry,
                         max_rounds: trellis_builder::agent::DEFAULT_MAX_ROUNDS,
                         max_turn_result_bytes: trellis_builder::DEFAULT_TURN_RESULT_BYTES,
-                        max_turn_write_bytes: trellis_builder::DEFAULT_TURN_WRITE_BYTES,
-                        max_run_write_bytes: trellis_runner::driver::DEFAULT_RUN_WRITE_BYTES,
+                        max_turn_write_bytes: writes.turn_bytes(),
+                        max_run_write_bytes: writes.run_bytes(),
+                        max_workspace_bytes: writes.workspace_bytes(),
                         max_model_calls: trellis_runner::driver::DEFAULT_RUN_MODEL_CALLS,
                         observer,
                     },

@@ -76,4 +76,5 @@ mod validators;
 mod workers;
 mod workflow_cli;
 mod workspace_lock;
+mod workspace_quota;
 mod workspace_tools;

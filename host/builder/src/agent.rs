@@ -75,6 +75,9 @@ pub struct SessionOptions {
     /// (`--max-run-write-mib`; default [`trellis_runner::driver::DEFAULT_RUN_WRITE_BYTES`], as
     /// for a run).
     pub max_run_write_bytes: u64,
+    /// Bytes the workspace's folder may take on disk: the session and its executions write
+    /// no more than what is left of it when the session opens (`--max-workspace-mib`).
+    pub max_workspace_bytes: u64,
     /// Model calls of the whole session, every turn, side agent and execution it started
     /// together (`--max-model-calls`; default [`trellis_runner::driver::DEFAULT_RUN_MODEL_CALLS`], as for a run).
     pub max_model_calls: u64,
@@ -225,9 +228,11 @@ impl BuilderSession {
         model_calls.run_writes(
             &trellis_runner::driver::TurnBudgets {
                 run_write_bytes: options.max_run_write_bytes,
+                workspace_bytes: options.max_workspace_bytes,
                 ..Default::default()
             },
             options.limits.fs,
+            &root,
         );
         let agent = Agent {
             root,
@@ -587,6 +592,7 @@ mod tests {
                 max_turn_result_bytes: DEFAULT_TURN_RESULT_BYTES,
                 max_turn_write_bytes: DEFAULT_TURN_WRITE_BYTES,
                 max_run_write_bytes: trellis_runner::driver::DEFAULT_RUN_WRITE_BYTES,
+                max_workspace_bytes: trellis_runner::driver::DEFAULT_WORKSPACE_BYTES,
                 max_model_calls: trellis_runner::driver::DEFAULT_RUN_MODEL_CALLS,
                 observer: BuilderObserver::none(),
             },

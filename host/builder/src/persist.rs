@@ -540,4 +540,76 @@ mod tests {
         }));
         assert_eq!(history.last().unwrap().role, Role::Tool, "the latest stay");
     }
+
+    /// The ids and files a removal of old firings' conversations goes by come from
+    /// workspace files (`schedule-runs.json`, the index): ids by traversal, a date folder
+    /// that is a link out of the workspace, an index naming a linked file, remove nothing
+    /// outside `builder/conversation/` and follow no link.
+    #[test]
+    fn old_firings_conversations_are_removed_without_traversal_or_links() {
+        let outer = tempfile::tempdir().unwrap();
+        let root = outer.path().join("ws");
+        let outside = outer.path().join("outside");
+        std::fs::create_dir_all(root.join(CONVERSATION_DIR)).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        let conversation = |id: &str| {
+            let mut file = ConversationFile::new(id.into(), "run", "2026-01-01T00:00:00Z".into());
+            file.updated_at = "2026-01-01T00:00:00Z".into();
+            serde_json::to_string(&file.to_json()).unwrap()
+        };
+        for id in ["linked", "dirlinked", "relinked"] {
+            let name = format!("session-{id}-conversation.json");
+            std::fs::write(outside.join(&name), conversation(id)).unwrap();
+        }
+        let conv = root.join(CONVERSATION_DIR);
+        std::os::unix::fs::symlink(&outside, conv.join("2026-01-02")).unwrap();
+        std::os::unix::fs::symlink("../../../outside", conv.join("2026-01-03")).unwrap();
+        std::fs::create_dir(conv.join("2026-01-04")).unwrap();
+        std::os::unix::fs::symlink(
+            outside.join("session-linked-conversation.json"),
+            conv.join("2026-01-04/session-linked-conversation.json"),
+        )
+        .unwrap();
+        let entry = |id: &str, file: String| {
+            serde_json::json!({"session_id": id, "workshop_mode": "run",
+                "created_at": "2026-01-01T00:00:00Z", "updated_at": "2026-01-01T00:00:00Z",
+                "message_count": 0, "first_query": null, "file": file})
+        };
+        let index = serde_json::json!({"sessions": [
+            entry("dirlinked", format!("{CONVERSATION_DIR}/2026-01-02/session-dirlinked-conversation.json")),
+            entry("relinked", format!("{CONVERSATION_DIR}/2026-01-03/session-relinked-conversation.json")),
+        ]});
+        std::fs::write(root.join(index::INDEX_FILE), index.to_string()).unwrap();
+        let before: Vec<(std::path::PathBuf, Vec<u8>)> = std::fs::read_dir(&outside)
+            .unwrap()
+            .map(|e| {
+                let path = e.unwrap().path();
+                let bytes = std::fs::read(&path).unwrap();
+                (path, bytes)
+            })
+            .collect();
+        let fs = WorkspaceFs::open(&root).unwrap();
+        let ended = "9999-01-01T00:00:00Z".to_string();
+        let firings: Vec<(String, String)> = [
+            "../../outside/session-linked",
+            "/etc/passwd",
+            "linked",
+            "dirlinked",
+            "relinked",
+        ]
+        .iter()
+        .map(|id| (id.to_string(), ended.clone()))
+        .collect();
+        assert_eq!(forget_run_sessions(&fs, &firings), 0);
+        for (path, bytes) in before {
+            assert_eq!(std::fs::read(&path).unwrap(), bytes, "{}", path.display());
+        }
+        // The link itself is not followed, and stays for the operator to see.
+        assert!(
+            std::fs::symlink_metadata(conv.join("2026-01-04/session-linked-conversation.json"))
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+    }
 }

@@ -86,8 +86,8 @@ pub const REFLECTION_ITEM_TYPE: &str = "reflection";
 pub use budget::not_run;
 pub use budget::{
     DEFAULT_CALLS_PER_ANSWER, DEFAULT_RUN_MODEL_CALLS, DEFAULT_RUN_RESULT_BYTES,
-    DEFAULT_RUN_WRITE_BYTES, DEFAULT_TURN_RESULT_BYTES, DEFAULT_TURN_WRITE_BYTES, ModelCalls,
-    TurnBudgets, default_concurrent_calls,
+    DEFAULT_RUN_WRITE_BYTES, DEFAULT_TURN_RESULT_BYTES, DEFAULT_TURN_WRITE_BYTES,
+    DEFAULT_WORKSPACE_BYTES, ModelCalls, TurnBudgets, default_concurrent_calls,
 };
 pub use prompts::{
     TOOL_POLICY_NOTE, offload_reference, out_of_tool_rounds, reflection_message, repair_message,

@@ -103,11 +103,6 @@ impl Slots {
         })
     }
 
-    /// The most connections open at once.
-    pub fn max(&self) -> usize {
-        self.max
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, Open> {
         self.open.lock().unwrap_or_else(|e| e.into_inner())
     }

@@ -93,11 +93,12 @@ impl Guard {
         Ok(())
     }
 
-    /// Whether a request shows its connection is a client's: it passes [`Guard::check`] and,
-    /// when the server has a token, carries it (the page, which anyone may fetch, does not
-    /// count). A connection shown so keeps its place when the connections are all taken.
-    pub fn proves_its_client(&self, method: &Method, path: &str, headers: &HeaderMap) -> bool {
-        self.check(method, path, headers).is_ok()
+    /// Whether a request shows its connection is a client's: it passed [`Guard::check`]
+    /// (`passed`) and, when the server has a token, carries it (the page, which anyone may
+    /// fetch, does not count). A connection shown so keeps its place when the connections
+    /// are all taken.
+    pub fn proves_its_client(&self, passed: bool, headers: &HeaderMap) -> bool {
+        passed
             && self
                 .token
                 .as_ref()

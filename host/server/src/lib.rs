@@ -454,6 +454,11 @@ async fn guarded(State(app): State<Arc<App>>, request: Request, next: Next) -> R
     response
 }
 
+/// Marks a request the guard let through as it came in ([`Dispatch`]): the router's layer
+/// does not check it again.
+#[derive(Debug, Clone, Copy)]
+struct Passed;
+
 /// The request once the guard lets it through, its body read whole: within
 /// [`BODY_READ_TIMEOUT`] (a body sent a byte at a time would hold a connection forever)
 /// and [`MAX_BODY_BYTES`].
@@ -465,8 +470,10 @@ async fn admitted(app: &App, request: Request) -> Result<Request, ApiError> {
             "absolute request targets are not served: ask for the path",
         ));
     }
-    app.guard
-        .check(request.method(), request.uri().path(), request.headers())?;
+    if request.extensions().get::<Passed>().is_none() {
+        app.guard
+            .check(request.method(), request.uri().path(), request.headers())?;
+    }
     let (parts, body) = request.into_parts();
     let read = axum::body::to_bytes(body, MAX_BODY_BYTES);
     let bytes = match tokio::time::timeout(BODY_READ_TIMEOUT, read).await {
@@ -652,11 +659,15 @@ impl tower_service::Service<hyper::Request<hyper::body::Incoming>> for Dispatch 
 
     fn call(&mut self, request: hyper::Request<hyper::body::Incoming>) -> Self::Future {
         let (mut parts, body) = request.into_parts();
-        if self
+        let passed = self
             .guard
-            .proves_its_client(&parts.method, parts.uri.path(), &parts.headers)
-        {
+            .check(&parts.method, parts.uri.path(), &parts.headers)
+            .is_ok();
+        if self.guard.proves_its_client(passed, &parts.headers) {
             self.prover.prove();
+        }
+        if passed {
+            parts.extensions.insert(Passed);
         }
         let (named, rest) = take_workspace(parts.uri.query());
         let router = match named.as_deref() {

@@ -43,6 +43,7 @@ impl Agent {
             &self.model_calls.run_writes(
                 &trellis_runner::driver::TurnBudgets::default(),
                 self.limits.fs,
+                &self.root,
             ),
         );
         let work = crate::TurnWork::default();

@@ -9,7 +9,7 @@ use rmcp::transport::streamable_http_server::session::{
     ServerSseMessage, SessionId, SessionManager,
 };
 
-use super::{Response, plain_owned};
+use super::http::{Response, plain_owned};
 
 /// The header naming a request's MCP session.
 pub(super) const SESSION_HEADER: &str = "mcp-session-id";

@@ -32,6 +32,9 @@ pub const DEFAULT_TURN_CREATED_ENTRIES: u64 = 10_000;
 pub const DEFAULT_RUN_WRITE_BYTES: u64 = 4 << 30;
 /// Files and folders one run creates by default, everything of it together.
 pub const DEFAULT_RUN_CREATED_ENTRIES: u64 = 100_000;
+/// Bytes a workspace's folder may take on disk by default (16 GiB): a run writes no more
+/// than what is left of it when it begins (see [`ModelCalls::run_writes`]).
+pub const DEFAULT_WORKSPACE_BYTES: u64 = 16 << 30;
 /// Seconds the tool calls of one turn take together by default, each call's time added
 /// (calls at once each count): what one turn can make the host and its guests work.
 pub const DEFAULT_TURN_CALL_SECONDS: u64 = 600;
@@ -62,6 +65,9 @@ pub struct TurnBudgets {
     pub run_write_bytes: u64,
     /// Files and folders the whole run creates, everything of it together.
     pub run_created_entries: u64,
+    /// Bytes the workspace's folder may take on disk: the run writes no more than what is
+    /// left of it (`--max-workspace-mib`).
+    pub workspace_bytes: u64,
     /// Seconds the tool calls of one turn take together, each call's time added
     /// (`--max-turn-call-seconds`).
     pub call_seconds: u64,
@@ -79,6 +85,7 @@ impl Default for TurnBudgets {
             created_entries: DEFAULT_TURN_CREATED_ENTRIES,
             run_write_bytes: DEFAULT_RUN_WRITE_BYTES,
             run_created_entries: DEFAULT_RUN_CREATED_ENTRIES,
+            workspace_bytes: DEFAULT_WORKSPACE_BYTES,
             call_seconds: DEFAULT_TURN_CALL_SECONDS,
         }
     }
@@ -235,13 +242,15 @@ pub struct ModelCalls {
 }
 
 impl ModelCalls {
-    /// What the whole run may write and create (made with `budgets` the first time): the
+    /// What the whole run may write and create (made with `budgets` the first time, when
+    /// the workspace at `root` is measured: no more than what is left of its quota): the
     /// budget every turn's and script's writes also come out of. A builder session shares
     /// it with the executions it starts: its turns and theirs write within one budget.
     pub fn run_writes(
         &self,
         budgets: &TurnBudgets,
         limits: trellis_sandbox::capabilities::FsLimits,
+        root: &std::path::Path,
     ) -> trellis_sandbox::capabilities::DbWriteBudget {
         self.writes
             .get_or_init(|| {
@@ -251,6 +260,8 @@ impl ModelCalls {
                         created_entries: budgets.run_created_entries,
                         ..limits
                     },
+                    root,
+                    budgets.workspace_bytes,
                 )
             })
             .clone()

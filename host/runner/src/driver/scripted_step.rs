@@ -52,7 +52,11 @@ impl StepRunner<'_> {
                     options.folders.clone()
                 },
                 cancel: Some(self.cancel_calls.clone()),
-                run_writes: Some(self.model_calls.run_writes(&self.budgets, self.limits.fs)),
+                run_writes: Some(self.model_calls.run_writes(
+                    &self.budgets,
+                    self.limits.fs,
+                    &run.ws.root,
+                )),
                 ..options.clone()
             };
             let options = &options;

@@ -169,7 +169,9 @@ impl StepRunner<'_> {
                         created_entries: self.budgets.created_entries,
                         ..self.limits.fs
                     },
-                    &self.model_calls.run_writes(&self.budgets, self.limits.fs),
+                    &self
+                        .model_calls
+                        .run_writes(&self.budgets, self.limits.fs, &run.ws.root),
                 ),
                 result_bytes: ResultBytes::new(self.budgets.result_bytes)
                     .within_run(self.model_calls.clone(), self.budgets.run_result_bytes),

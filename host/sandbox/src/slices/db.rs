@@ -7,6 +7,7 @@
 
 pub mod sql;
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -506,13 +507,16 @@ impl DbWriteBudget {
         DbWriteBudget(FsBudget::new(limits))
     }
 
-    /// The budget of a whole run (`limits`: what everything of the run may write and
-    /// create together), which its turns' budgets ([`DbWriteBudget::within`]) are part of.
-    pub fn for_run(limits: crate::capabilities::FsLimits) -> Self {
+    /// The budget of a whole run of the workspace at `root` (`limits`: what everything of
+    /// the run may write and create together), which its turns' budgets
+    /// ([`DbWriteBudget::within`]) are part of; its writes also come out of the workspace's
+    /// quota of `quota` bytes on disk, its folder measured now
+    /// ([`crate::slices::fs::quota`]).
+    pub fn for_run(limits: crate::capabilities::FsLimits, root: &Path, quota: u64) -> Self {
         DbWriteBudget(FsBudget::shared(
             limits,
             crate::slices::fs::guard::Shared::Run,
-            None,
+            Some(crate::slices::fs::quota::workspace_budget(root, quota)),
         ))
     }
 
@@ -582,8 +586,9 @@ impl HostDb {
             if text.contains("database or disk is full") {
                 text.push_str(&format!(
                     " (the database may grow by {limit} more bytes in this turn, within what \
-                     its run may write (--max-turn-write-mib, --max-run-write-mib); delete or \
-                     shrink rows, or write less)"
+                     its run may write (--max-turn-write-mib, --max-run-write-mib) and what is \
+                     left of the workspace's quota (--max-workspace-mib); delete or shrink \
+                     rows, or write less)"
                 ));
             }
             (i, text)

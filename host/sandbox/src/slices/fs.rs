@@ -6,6 +6,7 @@
 //! stdout/stderr sinks, nothing else) and the call's filesystem budget.
 
 pub(crate) mod guard;
+pub(crate) mod quota;
 
 use std::sync::Arc;
 

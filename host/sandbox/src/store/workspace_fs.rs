@@ -37,6 +37,7 @@ mod tree;
 
 pub use super::host_work::HostWork;
 pub use tree::MAX_WALK_DEPTH;
+pub(crate) use tree::disk_use_at;
 
 /// The largest file the host reads from a workspace (plans, configs, sessions, logs, seeds).
 pub const READ_CAP: u64 = 64 << 20;

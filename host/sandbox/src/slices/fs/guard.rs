@@ -122,6 +122,13 @@ pub enum FsLimitExceeded {
          (the per-run limit)"
     )]
     RunCreatedEntries(u64),
+    /// The workspace's quota: what its folder may take on disk.
+    #[error(
+        "wrote more than what was left of the workspace's quota of {0} bytes on disk (its \
+         folder as measured when the last run began, and what runs wrote since; \
+         --max-workspace-mib)"
+    )]
+    WorkspaceBytes(u64),
 }
 
 /// What a budget shared by several calls stands for: a turn's calls, or a whole run's.
@@ -131,6 +138,9 @@ pub(crate) enum Shared {
     Turn,
     /// Everything of one run: its turns, their sub-agents, its scripts.
     Run,
+    /// Everything the runs of one workspace write, counted from what its folder took on
+    /// disk when the last of them began ([`crate::slices::fs::quota`]).
+    Workspace,
 }
 
 /// What one call has used of its [`FsLimits`]; shared with the output streams it opens.
@@ -214,6 +224,7 @@ impl FsBudget {
         match self.shared {
             Shared::Turn => FsLimitExceeded::TurnWriteBytes(self.limits.write_bytes),
             Shared::Run => FsLimitExceeded::RunWriteBytes(self.limits.write_bytes),
+            Shared::Workspace => FsLimitExceeded::WorkspaceBytes(self.limits.write_bytes),
         }
     }
 
@@ -221,7 +232,9 @@ impl FsBudget {
     fn entries_exceeded(&self) -> FsLimitExceeded {
         match self.shared {
             Shared::Turn => FsLimitExceeded::TurnCreatedEntries(self.limits.created_entries),
-            Shared::Run => FsLimitExceeded::RunCreatedEntries(self.limits.created_entries),
+            Shared::Run | Shared::Workspace => {
+                FsLimitExceeded::RunCreatedEntries(self.limits.created_entries)
+            }
         }
     }
 
@@ -291,12 +304,22 @@ impl FsBudget {
         Ok(())
     }
 
+    /// Counts `n` bytes as written, whatever was before: a workspace's budget when its folder
+    /// was measured again.
+    pub(crate) fn set_written(&self, n: u64) {
+        self.written.store(n, Ordering::Relaxed);
+    }
+
+    /// Bytes this budget has left of its own, whatever the budgets above it have.
+    pub(crate) fn own_bytes_left(&self) -> u64 {
+        self.limits
+            .write_bytes
+            .saturating_sub(self.written.load(Ordering::Relaxed))
+    }
+
     /// Bytes the call may still write (within its turn's budget too).
     pub(crate) fn write_bytes_left(&self) -> u64 {
-        let own = self
-            .limits
-            .write_bytes
-            .saturating_sub(self.written.load(Ordering::Relaxed));
+        let own = self.own_bytes_left();
         self.turn
             .as_ref()
             .map_or(own, |turn| own.min(turn.write_bytes_left()))
@@ -314,17 +337,12 @@ impl FsBudget {
     /// A write outside the filesystem (the workflow database) ran into the write budget:
     /// the budget with the least left (the call's, its turn's or its run's) is the one named.
     pub(crate) fn note_write_limit(&self) {
-        let own_left = |b: &FsBudget| {
-            b.limits
-                .write_bytes
-                .saturating_sub(b.written.load(Ordering::Relaxed))
-        };
         let mut which = FsLimitExceeded::WriteBytes(self.limits.write_bytes);
-        let mut least = own_left(self);
+        let mut least = self.own_bytes_left();
         let mut above = self.turn.as_deref();
         while let Some(parent) = above {
-            if own_left(parent) < least {
-                least = own_left(parent);
+            if parent.own_bytes_left() < least {
+                least = parent.own_bytes_left();
                 which = parent.bytes_exceeded();
             }
             above = parent.turn.as_deref();

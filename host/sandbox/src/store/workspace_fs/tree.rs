@@ -141,6 +141,119 @@ pub(crate) fn remove_dir_all(parent: impl AsFd, name: &OsStr) -> io::Result<()> 
     Ok(rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR)?)
 }
 
+/// What a folder tree takes on disk ([`disk_use`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiskUse {
+    /// Bytes allocated to its files and folders (a file with several links counted once).
+    pub bytes: u64,
+    /// Files, folders and other entries in it.
+    pub entries: u64,
+    /// Whether every entry was counted: `false` when the walk stopped at its entry limit.
+    pub complete: bool,
+}
+
+/// Adds what the entries of `dir` take to `used`, counting a file with other links once
+/// (by `seen`), and returns the names of the folders in it.
+fn count_entries(
+    dir: &OwnedFd,
+    used: &mut DiskUse,
+    seen: &mut std::collections::HashSet<Id>,
+) -> io::Result<Vec<CString>> {
+    let mut folders = Vec::new();
+    let mut entries = rustix::fs::Dir::read_from(dir)?;
+    while let Some(entry) = entries.read() {
+        let entry = entry?;
+        let name = entry.file_name();
+        if name == c"." || name == c".." {
+            continue;
+        }
+        let stat = match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(stat) => stat,
+            Err(rustix::io::Errno::NOENT) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        used.entries += 1;
+        let kind = FileType::from_raw_mode(stat.st_mode);
+        if kind != FileType::Directory
+            && stat.st_nlink > 1
+            && !seen.insert((stat.st_dev, stat.st_ino))
+        {
+            continue;
+        }
+        let bytes = u64::try_from(stat.st_blocks)
+            .unwrap_or(0)
+            .saturating_mul(512);
+        used.bytes = used.bytes.saturating_add(bytes);
+        if kind == FileType::Directory {
+            folders.push(name.to_owned());
+        }
+    }
+    Ok(folders)
+}
+
+/// What the tree of the folder `top` takes on disk, however deep, without following links
+/// and without recursion: like [`remove_dir_all`], it holds the folder it is in and the
+/// names still to visit on the way down, and comes back up through `..`, checking the folder
+/// it reaches. It stops after `max_entries` entries (`complete` is then `false`).
+pub(crate) fn disk_use(top: OwnedFd, max_entries: u64) -> io::Result<DiskUse> {
+    let mut used = DiskUse {
+        bytes: u64::try_from(rustix::fs::fstat(&top)?.st_blocks)
+            .unwrap_or(0)
+            .saturating_mul(512),
+        entries: 0,
+        complete: true,
+    };
+    let mut seen = std::collections::HashSet::new();
+    // The way down: each folder above the current one, with the folders of it still to visit.
+    let mut way: Vec<(Vec<CString>, Id)> = Vec::new();
+    let mut current = top;
+    let mut pending = count_entries(&current, &mut used, &mut seen)?;
+    loop {
+        if used.entries > max_entries {
+            used.complete = false;
+            return Ok(used);
+        }
+        if let Some(child) = pending.pop() {
+            let below = match open_dir_at(&current, child.as_c_str()) {
+                Ok(below) => below,
+                // Gone, or replaced by something that is not a folder, since it was listed.
+                Err(e) if e.raw_os_error().is_some_and(gone_or_not_a_folder) => continue,
+                Err(e) => return Err(e),
+            };
+            way.push((std::mem::take(&mut pending), id_of(&current)?));
+            current = below;
+            pending = count_entries(&current, &mut used, &mut seen)?;
+        } else {
+            let Some((rest, parent_id)) = way.pop() else {
+                return Ok(used);
+            };
+            let up = open_dir_at(&current, c"..")?;
+            if id_of(&up)? != parent_id {
+                return Err(io::Error::other(
+                    "a folder was moved while Trellis was measuring the tree it was in",
+                ));
+            }
+            current = up;
+            pending = rest;
+        }
+    }
+}
+
+/// [`disk_use`] of the folder at `path` (itself not a link).
+pub(crate) fn disk_use_at(path: &std::path::Path, max_entries: u64) -> io::Result<DiskUse> {
+    disk_use(open_dir_at(rustix::fs::CWD, path)?, max_entries)
+}
+
+fn gone_or_not_a_folder(errno: i32) -> bool {
+    [
+        rustix::io::Errno::NOENT,
+        rustix::io::Errno::NOTDIR,
+        rustix::io::Errno::LOOP,
+    ]
+    .iter()
+    .any(|e| e.raw_os_error() == errno)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -199,5 +312,45 @@ mod tests {
         let parent = open_dir_at(rustix::fs::CWD, outer.path()).unwrap();
         remove_dir_all(&parent, OsStr::new("wide")).unwrap();
         assert!(!top.exists());
+    }
+    #[test]
+    fn disk_use_measures_a_chain_deeper_than_any_stack() {
+        let outer = tempfile::tempdir().unwrap();
+        let top = outer.path().join("tree");
+        std::fs::create_dir(&top).unwrap();
+        chain(&top, 3_000);
+        let measure =
+            move || disk_use(open_dir_at(rustix::fs::CWD, &top).unwrap(), u64::MAX).unwrap();
+        let used = std::thread::Builder::new()
+            .stack_size(256 << 10)
+            .spawn(measure)
+            .unwrap()
+            .join()
+            .unwrap();
+        assert!(used.complete);
+        // 3,000 folders, and a file and a link halfway down.
+        assert_eq!(used.entries, 3_002);
+        let capped = disk_use(open_dir_at(rustix::fs::CWD, outer.path()).unwrap(), 100).unwrap();
+        assert!(!capped.complete);
+    }
+
+    #[test]
+    fn disk_use_counts_a_file_of_several_links_once_and_follows_no_link() {
+        let outer = tempfile::tempdir().unwrap();
+        let top = outer.path().join("tree");
+        std::fs::create_dir(&top).unwrap();
+        std::fs::write(outer.path().join("big"), vec![1u8; 4 << 20]).unwrap();
+        std::fs::write(top.join("one"), vec![1u8; 1 << 20]).unwrap();
+        let measure = || disk_use(open_dir_at(rustix::fs::CWD, &top).unwrap(), u64::MAX).unwrap();
+        let alone = measure();
+        assert!(alone.bytes >= 1 << 20, "{alone:?}");
+        std::fs::hard_link(top.join("one"), top.join("two")).unwrap();
+        std::os::unix::fs::symlink(outer.path(), top.join("out")).unwrap();
+        let linked = measure();
+        assert_eq!(linked.entries, 3);
+        assert!(
+            linked.bytes < alone.bytes + (1 << 20),
+            "{alone:?} {linked:?}"
+        );
     }
 }

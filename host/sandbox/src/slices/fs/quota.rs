@@ -1,0 +1,129 @@
+//! The workspace's quota: the most its folder may take on disk.
+//!
+//! A run's write budget bounds one run; what outlives it (the workflow database, the
+//! shared folders a step may write, the run folders kept) adds up over runs, builder
+//! sessions and schedule firings. So the runs of a workspace also write within one budget
+//! of the workspace's, whose limit is the quota and whose count starts from what the folder
+//! takes on disk (its files and folders, a file of several links once, links not
+//! followed), measured again whenever a run begins: the runs of the same workspace going on
+//! at once in this process take from one count, and what runs in other processes wrote is
+//! seen at the next measurement. Between two measurements a write counts whether or not it
+//! grew the folder (a rewritten file counts again): the count only errs high.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex, Weak};
+
+use super::guard::{FsBudget, FsLimits, Shared};
+use crate::store::workspace_fs::disk_use_at;
+
+/// Files and folders a measurement counts at most: a workspace holding more counts as
+/// full (its quota used).
+pub const MAX_MEASURED_ENTRIES: u64 = 2_000_000;
+
+/// A folder's identity: its device and inode.
+type Id = (u64, u64);
+
+/// The workspaces' budgets alive in this process (while a run of theirs is).
+static LIVE: Mutex<Vec<(Id, u64, Weak<FsBudget>)>> = Mutex::new(Vec::new());
+
+/// The budget of the workspace at `root` with a quota of `quota` bytes, its folder measured
+/// now: the one its runs going on already write within, or a new one.
+pub(crate) fn workspace_budget(root: &Path, quota: u64) -> Arc<FsBudget> {
+    let taken = measure(root, quota);
+    let id = std::fs::metadata(root).map_or((0, 0), |m| {
+        use std::os::unix::fs::MetadataExt;
+        (m.dev(), m.ino())
+    });
+    let mut live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
+    live.retain(|(_, _, budget)| budget.strong_count() > 0);
+    let found = live
+        .iter()
+        .filter(|(of, limit, _)| *of == id && *limit == quota)
+        .find_map(|(_, _, budget)| budget.upgrade());
+    let budget = found.unwrap_or_else(|| {
+        let budget = FsBudget::shared(
+            FsLimits {
+                write_bytes: quota,
+                created_entries: u64::MAX,
+                ..FsLimits::DEFAULT
+            },
+            Shared::Workspace,
+            None,
+        );
+        live.push((id, quota, Arc::downgrade(&budget)));
+        budget
+    });
+    budget.set_written(taken);
+    budget
+}
+
+/// Bytes the folder `root` takes on disk; `quota` (all of it used) when it holds more than
+/// [`MAX_MEASURED_ENTRIES`] or cannot be measured (a folder moved while it was walked, twice).
+fn measure(root: &Path, quota: u64) -> u64 {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match disk_use_at(root, MAX_MEASURED_ENTRIES) {
+            Ok(used) if used.complete => return used.bytes,
+            Ok(_) => {
+                tracing::warn!(
+                    "{} holds more than {MAX_MEASURED_ENTRIES} files and folders: its quota \
+                     counts as used, and its runs write nothing",
+                    root.display()
+                );
+                return quota;
+            }
+            Err(e) if tries >= 2 => {
+                tracing::warn!(
+                    "{} could not be measured for its quota ({e}): its quota counts as used, \
+                     and its runs write nothing",
+                    root.display()
+                );
+                return quota;
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(workspace: &Arc<FsBudget>, bytes: u64) -> Arc<FsBudget> {
+        FsBudget::shared(
+            FsLimits {
+                write_bytes: bytes,
+                ..FsLimits::DEFAULT
+            },
+            Shared::Run,
+            Some(workspace.clone()),
+        )
+    }
+
+    #[test]
+    fn runs_at_once_share_what_is_left_of_the_quota_measured_when_each_begins() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("data"), vec![1u8; 4 << 20]).unwrap();
+        let quota = 16 << 20;
+        let first = run(&workspace_budget(dir.path(), quota), 64 << 20);
+        let left = first.write_bytes_left();
+        assert!(left < 12 << 20 && left > 11 << 20, "{left}");
+        // The first run writes 6 MiB to the folder (and counts them).
+        std::fs::write(dir.path().join("written"), vec![1u8; 6 << 20]).unwrap();
+        first.charge_growth(6 << 20);
+        // A second run begins: the folder is measured again, and both take from one count.
+        let second = run(&workspace_budget(dir.path(), quota), 64 << 20);
+        let left = second.write_bytes_left();
+        assert!(left < 6 << 20 && left > 5 << 20, "{left}");
+        assert_eq!(first.write_bytes_left(), left);
+        second.charge_growth(4 << 20);
+        assert_eq!(first.write_bytes_left(), left - (4 << 20));
+        drop((first, second));
+        // With no run going on, the folder as it is.
+        std::fs::remove_file(dir.path().join("written")).unwrap();
+        let third = run(&workspace_budget(dir.path(), quota), 64 << 20);
+        let left = third.write_bytes_left();
+        assert!(left < 12 << 20 && left > 11 << 20, "{left}");
+    }
+}
