@@ -756,7 +756,8 @@ fn a_task_taken_by_a_client_that_is_not_a_worker_fails_the_step() {
             }
             message.ack().await.unwrap();
         });
-        let out = wait_output(&mut run, Duration::from_secs(60));
+        // A bound against a hang, far past the few seconds the dispatcher takes to see it.
+        let out = wait_output(&mut run, Duration::from_secs(180));
         let text_of = text(&out.stderr) + &text(&out.stdout);
         assert!(!out.status.success(), "{attack}: {text_of}");
         assert!(text_of.contains(said), "{attack}: {text_of}");

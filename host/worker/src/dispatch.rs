@@ -334,13 +334,15 @@ impl NatsDispatch {
                         .await
                         .is_ok();
                 }
+                // Looked at on a clock, not only when the watch is quiet: a watch the server
+                // keeps ending and making again must not keep the look from happening.
+                if looked.elapsed() >= TASK_LOOK {
+                    looked = std::time::Instant::now();
+                    self.check_queued(task, key, sequence).await?;
+                }
                 let next = tokio::time::timeout(Duration::from_millis(200), watch.next()).await;
                 let entry = match next {
                     Err(_) => {
-                        if looked.elapsed() >= TASK_LOOK {
-                            looked = std::time::Instant::now();
-                            self.check_queued(task, key, sequence).await?;
-                        }
                         if queued && published.elapsed() > CLAIM_WAIT {
                             bail!(
                                 "step {}: no worker of pool {} took it within {} s (are \
