@@ -136,8 +136,10 @@ fn show_run_step(root: &Path, step: &str, run: Option<&str>) -> Result<()> {
         remote_lines(remote);
     }
     println!("entries:");
-    if report.entries.is_empty() {
-        println!("  (no session.json)");
+    match &report.session_unreadable {
+        Some(why) => println!("  (session.json unreadable: {why})"),
+        None if report.entries.is_empty() => println!("  (no session.json)"),
+        None => {}
     }
     for e in &report.entries {
         // A gate's entry tells the gate's result, not the agent's last reply.

@@ -51,6 +51,7 @@ mod redteam_round21;
 mod redteam_round23;
 mod redteam_round24;
 mod redteam_round25;
+mod redteam_round26;
 mod redteam_round3;
 mod redteam_round5;
 mod redteam_round7;

@@ -752,6 +752,58 @@ cp '{component}' "$out"
     );
 }
 
+/// A Python build copied every module into its staging folder, with no bound on the total:
+/// 30 sparse modules of 67 MB (nothing on disk in the project) wrote 2 GB to /tmp, and
+/// 20,000 modules were all copied (round 26, MEDIUM). The copy stops at 64 MiB together
+/// (the largest component a plugin folder may hold) and 10,000 modules, before
+/// componentize-py is run. (componentize-py is a stand-in that records that it ran.)
+#[test]
+fn a_python_build_stages_a_bounded_amount() {
+    let dir = tempfile::tempdir().unwrap();
+    let record = dir.path().join("record.txt");
+    let tool = shell_script(
+        dir.path(),
+        "componentize-py",
+        &format!(
+            r#"if [ "$1" = "--version" ]; then echo "componentize-py {version}"; exit 0; fi
+echo ran > '{record}'
+exit 3
+"#,
+            version = trellis_sandbox::script::COMPONENTIZE_PY_VERSION,
+            record = record.display(),
+        ),
+    );
+    let env = [("TRELLIS_COMPONENTIZE_PY", tool.as_path())];
+    let project = |name: &str| {
+        let project = dir.path().join(name);
+        write_files(
+            &project,
+            &[
+                ("plugin.json", tool_manifest(name)),
+                ("plugin.py", "VALUE = 1\n".to_string()),
+            ],
+        );
+        project
+    };
+    let sparse = project("sparse");
+    for i in 0..30 {
+        let file = std::fs::File::create(sparse.join(format!("m{i}.py"))).unwrap();
+        file.set_len(67_000_000).unwrap();
+    }
+    let out = build_with(&sparse, &env);
+    refused(
+        &out,
+        "more than the 67108864 bytes a plugin build copies together",
+    );
+    let many = project("many");
+    for i in 0..10_001 {
+        std::fs::write(many.join(format!("m{i}.py")), "").unwrap();
+    }
+    let out = build_with(&many, &env);
+    refused(&out, "more than the 10000 a plugin build copies");
+    assert!(!record.exists(), "componentize-py was run");
+}
+
 /// Links planted in `dist/` to files outside the project: a symbolic link at the component
 /// is refused, naming it; hard links at the component and at plugin.json are replaced by
 /// the build, never written through. A project whose plugin.json is a link is refused. (cargo

@@ -87,6 +87,8 @@ pub struct StepReport {
     pub concerns: Vec<String>,
     /// The entries of session.json (none without one).
     pub entries: Vec<SessionEntry>,
+    /// Why session.json, which is there, could not be read (its entries are then none).
+    pub session_unreadable: Option<String>,
     /// The turns, by attempt and iteration.
     pub turns: Vec<TurnLog>,
     /// The logs of the step's last script run (`script-result.json`, `script-stdout.txt`,
@@ -391,12 +393,10 @@ pub fn show_step(root: &Path, run: &str, step: &str) -> Result<StepReport> {
     }
     let held = crate::workspace_lock::is_held(root);
     let (status, completed_at, concerns) = step_state(fs, &run_dir, step, held)?;
-    // Unreadable, it is said in the status (`step_state`).
-    let entries = Session::read(fs, &step_dir)
-        .ok()
-        .flatten()
-        .map(|s| s.entries)
-        .unwrap_or_default();
+    let (entries, session_unreadable) = match Session::read(fs, &step_dir) {
+        Ok(session) => (session.map(|s| s.entries).unwrap_or_default(), None),
+        Err(e) => (Vec::new(), Some(format!("{e:#}"))),
+    };
     let logs = logs_dir(&run_dir, step);
     let turns = turn_logs(fs, &logs)?;
     let mut sub_agent_turns = 0;
@@ -426,6 +426,7 @@ pub fn show_step(root: &Path, run: &str, step: &str) -> Result<StepReport> {
         completed_at,
         concerns,
         entries,
+        session_unreadable,
         turns,
         script_logs,
         outputs,

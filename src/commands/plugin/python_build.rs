@@ -87,6 +87,14 @@ fn build_in(
 ) -> Result<Vec<u8>> {
     let app = staging.join("app");
     std::fs::create_dir(&app)?;
+    if sources.len() > MAX_STAGED_FILES {
+        bail!(
+            "{} has {} Python modules, more than the {MAX_STAGED_FILES} a plugin build copies",
+            dir.display(),
+            sources.len()
+        );
+    }
+    let mut staged: u64 = 0;
     for rel in sources {
         let to = app.join(rel);
         if let Some(parent) = to.parent() {
@@ -95,6 +103,14 @@ fn build_in(
         let bytes = project
             .read(rel)
             .with_context(|| format!("cannot read {}", dir.join(rel).display()))?;
+        staged = staged.saturating_add(bytes.len() as u64);
+        if staged > MAX_STAGED_BYTES {
+            bail!(
+                "the Python modules of {} are more than the {MAX_STAGED_BYTES} bytes a plugin \
+                 build copies together (a plugin's component is at most that size)",
+                dir.display()
+            );
+        }
         std::fs::write(&to, bytes)?;
     }
     std::fs::write(app.join(SDK_FILE), SDK)?;
@@ -134,6 +150,13 @@ fn build_in(
     }
     std::fs::read(&built).context("cannot read the component componentize-py built")
 }
+
+/// Python modules a build copies into its staging folder at most.
+pub const MAX_STAGED_FILES: usize = 10_000;
+
+/// Bytes of Python modules a build copies into its staging folder at most, together: the
+/// size of the largest component a plugin folder may hold.
+pub const MAX_STAGED_BYTES: u64 = 64 << 20;
 
 /// How long a build may take by default (`--timeout`): componentize-py imports `plugin.py` to pre-initialize the
 /// component, so the plugin's top-level code runs at build time (about 20 s a build here).

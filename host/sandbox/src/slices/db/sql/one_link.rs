@@ -269,6 +269,19 @@ unsafe extern "C" fn open_checked(path: *const c_char, flags: c_int, mode: c_int
     let fd = unsafe { libc::open(path, flags | libc::O_NONBLOCK, mode as libc::c_uint) };
     if fd < 0 {
         // errno as open(2) left it: SQLite retries on EINTR and tells EISDIR apart.
+        let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+        if errno == libc::ELOOP && flags & libc::O_NOFOLLOW != 0 {
+            // SAFETY: as below, a NUL-terminated path.
+            let name = Path::new(OsStr::from_bytes(
+                unsafe { CStr::from_ptr(path) }.to_bytes(),
+            ));
+            record_refusal(format!(
+                "{} is a symbolic link, so Trellis will not open it (nor what it points to): \
+                 remove the link",
+                shown(name)
+            ));
+            set_errno(errno);
+        }
         return fd;
     }
     let fail = |errno: c_int| {
@@ -298,11 +311,7 @@ unsafe extern "C" fn open_checked(path: *const c_char, flags: c_int, mode: c_int
         } else {
             libc::ENXIO
         };
-        let _ = REFUSAL.try_with(|r| {
-            if let Ok(mut r) = r.try_borrow_mut() {
-                *r = Some(message);
-            }
-        });
+        record_refusal(message);
         return fail(errno);
     }
     if flags & libc::O_NONBLOCK == 0 {
@@ -319,6 +328,15 @@ unsafe extern "C" fn open_checked(path: *const c_char, flags: c_int, mode: c_int
         }
     }
     fd
+}
+
+/// Keeps `message` as why the open on this thread was refused ([`take_refusal`]).
+fn record_refusal(message: String) {
+    let _ = REFUSAL.try_with(|r| {
+        if let Ok(mut r) = r.try_borrow_mut() {
+            *r = Some(message);
+        }
+    });
 }
 
 fn set_errno(errno: c_int) {
@@ -425,6 +443,32 @@ mod tests {
                 let meta = std::fs::metadata(&outside).unwrap();
                 assert_eq!((meta.nlink(), meta.mode()), (2, mode), "{case}");
             }
+        }
+    }
+
+    /// A symbolic link at the rollback journal, the WAL file or the `-shm`, to a file
+    /// outside: SQLite's `O_NOFOLLOW` refuses it, and the error names the file and the link
+    /// (it was a bare "unable to open database file", round 26).
+    #[test]
+    fn a_symbolic_link_at_a_file_beside_the_database_is_refused_naming_it() {
+        for (name, wal) in [
+            ("db.sqlite-journal", false),
+            ("db.sqlite-wal", true),
+            ("db.sqlite-shm", true),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = database(dir.path(), wal);
+            let outside = dir.path().join("outside/file");
+            std::fs::write(&outside, vec![7u8; 32768]).unwrap();
+            let at = dir.path().join("db").join(name);
+            let _ = std::fs::remove_file(&at);
+            std::os::unix::fs::symlink(&outside, &at).unwrap();
+            let err = attempt(&path, SqlAccess::ReadWrite).expect_err(name);
+            assert!(
+                err.starts_with(&format!("db/{name} is a symbolic link")),
+                "{name}: {err}"
+            );
+            assert_eq!(std::fs::read(&outside).unwrap(), vec![7u8; 32768], "{name}");
         }
     }
 
