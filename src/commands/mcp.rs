@@ -98,6 +98,11 @@ pub enum McpCommand {
         /// Memory limit of each plugin instance (all its memories and tables together), in MiB.
         #[arg(long, default_value_t = 256, value_name = "MIB")]
         memory: usize,
+        /// MiB ROOT may take on disk (default 16384), with --write: ROOT is measured as each
+        /// call begins, and the calls going on write from what is left of it (each also at
+        /// most 1 GiB); a write past it fails, naming it.
+        #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=1_073_741_824))]
+        max_workspace_mib: Option<u64>,
         #[command(flatten)]
         plugins: PluginDirs,
         #[command(flatten)]
@@ -138,6 +143,7 @@ pub async fn run(engine: &Engine, command: McpCommand) -> Result<ExitCode> {
             max_connections,
             max_answer_mib,
             memory,
+            max_workspace_mib,
             plugins,
             ..
         } => {
@@ -145,7 +151,18 @@ pub async fn run(engine: &Engine, command: McpCommand) -> Result<ExitCode> {
             let grant = tool::grant(&root, &read, &write)?;
             let limits = tool::limits(timeout, memory)?;
             let registry = Arc::new(registry(engine, &plugins).await?);
-            let server = ToolServer::new(registry, grant, limits, &tools)?
+            let writes = !write.is_empty();
+            let mut server = ToolServer::new(registry, grant, limits, &tools)?;
+            if writes {
+                server = server.quota(
+                    &root,
+                    max_workspace_mib
+                        .map_or(trellis_runner::driver::DEFAULT_WORKSPACE_BYTES, |mib| {
+                            mib << 20
+                        }),
+                );
+            }
+            let server = server
                 .max_concurrent_calls(
                     max_concurrent_calls.map_or_else(default_max_concurrent_calls, |n| n as usize),
                 )

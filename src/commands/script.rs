@@ -51,6 +51,14 @@ pub struct ScriptArgs {
     /// resolves to, a loopback or private address; HOST:PORT, that port only (repeatable).
     #[arg(long = "allow-host", value_name = "HOST")]
     allow_hosts: Vec<String>,
+    /// MiB the script writes, to its folders and the database, as a run's scripts do
+    /// (default 4096).
+    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=16_777_216))]
+    max_run_write_mib: Option<u64>,
+    /// MiB the workspace's folder may take on disk, as for `trellis run` (default 16384): the
+    /// script writes no more than what is left of it, and does not run when none is.
+    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=1_073_741_824))]
+    max_workspace_mib: Option<u64>,
     #[command(flatten)]
     pub(crate) cache: super::CacheArgs,
 }
@@ -83,6 +91,28 @@ pub async fn run(engine: &Engine, args: ScriptArgs) -> Result<ExitCode> {
     }
     let _lock = trellis_runner::workspace_lock::acquire_for(&args.workspace, "trellis script")?;
     let ws = open_workspace(&args.workspace, args.run.as_deref())?;
+    // What the script writes comes out of a run's budget and the workspace's quota, as a
+    // run's scripts' writes do.
+    let budgets = trellis_runner::driver::TurnBudgets {
+        run_write_bytes: args
+            .max_run_write_mib
+            .map_or(trellis_runner::driver::DEFAULT_RUN_WRITE_BYTES, |mib| {
+                mib << 20
+            }),
+        workspace_bytes: args
+            .max_workspace_mib
+            .map_or(trellis_runner::driver::DEFAULT_WORKSPACE_BYTES, |mib| {
+                mib << 20
+            }),
+        ..Default::default()
+    };
+    if let Some(why) =
+        trellis_sandbox::capabilities::DbWriteBudget::over_quota(&ws.root, budgets.workspace_bytes)
+    {
+        anyhow::bail!("{why}");
+    }
+    let calls = trellis_runner::driver::ModelCalls::default();
+    options.run_writes = Some(calls.run_writes(&budgets, options.limits.fs, &ws.root));
     if seed_database(&ws.fs)? {
         let seeded = RunEvent::DatabaseSeeded {
             database: DB_FILE.to_string(),

@@ -785,3 +785,21 @@ fn an_orphan_step_is_added_off_the_main_path_and_its_route_keeps_it() {
     );
     assert!(err.message.contains("not both"), "{err}");
 }
+
+/// An edit's reason is the model's own text: a 3 MB reason made each changelog entry 3 MB,
+/// and a day's file passed its 4 MiB roll-over size by one entry's reason (round 26, LOW).
+/// The entry keeps 4 KiB of it, the cut marked.
+#[test]
+fn a_changelog_entry_keeps_a_bounded_reason() {
+    let env = Env::new();
+    let reason = "why ".repeat(750_000);
+    env.ok(
+        "update_variable",
+        json!({"reason": reason, "action": "add", "name": "REGION", "value": "eu"}),
+    );
+    let entry = env.changelog().pop().unwrap();
+    let kept = entry["reason"].as_str().unwrap();
+    assert!(kept.len() < 4200, "{} bytes", kept.len());
+    assert!(kept.starts_with("why why "), "{kept}");
+    assert!(kept.contains("cut: "), "{kept}");
+}

@@ -1620,3 +1620,32 @@ fn serve_holds_the_answers_its_clients_do_not_read_within_a_budget() {
         std::thread::sleep(Duration::from_millis(300));
     }
 }
+
+/// `trellis mcp serve --write` bounded each call alone (1 GiB), so many calls could fill the
+/// disk: 4 calls wrote 640 MB (round 26, MEDIUM). The calls write from what is left of the
+/// root's quota on disk (`--max-workspace-mib`), measured as each call begins.
+#[test]
+fn serve_calls_write_within_the_roots_quota() {
+    let tree = Tree::new();
+    let mut serve = StdioServe::start(&tree, &["--max-workspace-mib", "8"]);
+    let content = "x".repeat(3 << 20);
+    let mut refused = Vec::new();
+    for n in 0..4 {
+        let answer = serve.call(
+            "workspace__write_file",
+            json!({"path": format!("notes/part-{n}.txt"), "content": content}),
+        );
+        if answer["result"]["isError"] == true {
+            refused.push(answer.to_string());
+        }
+    }
+    assert_eq!(refused.len(), 2, "{refused:?}");
+    assert!(refused[0].contains("--max-workspace-mib"), "{refused:?}");
+    let written: u64 = std::fs::read_dir(tree.root().join("notes"))
+        .unwrap()
+        .filter_map(|e| e.ok()?.metadata().ok())
+        .filter(|m| m.is_file())
+        .map(|m| m.len())
+        .sum();
+    assert!(written < 8 << 20, "{written} bytes written");
+}

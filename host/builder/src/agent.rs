@@ -166,6 +166,14 @@ impl BuilderSession {
         let root = options.root.clone();
         let fs = WorkspaceFs::open(&root)
             .with_context(|| format!("opening workspace {}", root.display()))?;
+        // A workspace at its quota opens no session: its conversation file is written as the
+        // host's, not charged to any budget.
+        if let Some(why) = trellis_sandbox::capabilities::DbWriteBudget::over_quota(
+            &root,
+            options.max_workspace_bytes,
+        ) {
+            anyhow::bail!("{why}");
+        }
         let hold = hold(runtime, &root, &fs)?;
         let (conversation, file) = match &options.session_id {
             // A resumed conversation is written back where it was found. One whose file

@@ -97,9 +97,10 @@ pub fn call(ctx: &ToolContext<'_>, name: &str, args: &Value) -> ToolResult {
     if at_most > left {
         return Err(ToolFailure::new(format!(
             "refused: this edit may rewrite {at_most} bytes (the plan, configs and today's \
-             changelog it changes), and this turn may write {left} more (the per-turn write \
-             budget, --max-turn-write-mib); nothing was written. Go on in the next turn, or \
-             make the plan smaller"
+             changelog it changes), and this turn may write {left} more (what is left of the \
+             turn's, the run's and the workspace's budgets: --max-turn-write-mib, \
+             --max-run-write-mib, --max-workspace-mib); nothing was written. Make the plan \
+             smaller, or end the turn and tell the operator which budget ran out"
         )));
     }
     let answer = edit(ctx, name, args);

@@ -99,6 +99,8 @@ pub const DEFAULT_MAX_WAITING_CALLS: usize = 16;
 pub struct ToolServer {
     registry: Arc<PluginRegistry>,
     grant: Arc<Grant>,
+    /// The folder the calls write in and its quota on disk ([`ToolServer::quota`]).
+    quota: Option<(Arc<std::path::Path>, u64)>,
     limits: Limits,
     /// MCP name to the tool's `server:tool` name and its listing.
     tools: Arc<BTreeMap<String, (String, Tool)>>,
@@ -188,6 +190,7 @@ impl ToolServer {
             // A long-lived grant: a folder moved away since the server started, another made at
             // its path, is refused rather than served from where it went.
             grant: Arc::new(grant.rechecked_every_call()),
+            quota: None,
             limits,
             tools: Arc::new(tools),
             calls: Arc::new(tokio::sync::Semaphore::new(default_max_concurrent_calls())),
@@ -195,6 +198,15 @@ impl ToolServer {
             max_waiting: DEFAULT_MAX_WAITING_CALLS,
             waiting: Arc::default(),
         })
+    }
+
+    /// Bounds what the calls write together to what is left of `quota` bytes on disk for
+    /// the folder `root` (the one the grant's folders are in), measured as each call begins:
+    /// the calls going on at once write from one count, so many calls cannot each write
+    /// their whole budget again.
+    pub fn quota(mut self, root: &std::path::Path, quota: u64) -> Self {
+        self.quota = Some((Arc::from(root), quota));
+        self
     }
 
     /// Lets at most `max` calls run at once (at least one); up to
@@ -332,9 +344,19 @@ impl ServerHandler for ToolServer {
         };
         tracing::debug!(tool = %full_name, "call started");
         let args = serde_json::Value::Object(request.arguments.unwrap_or_default());
+        let grant = match &self.quota {
+            Some((root, quota)) => Arc::new((*self.grant).clone().with_turn_writes(
+                &trellis_sandbox::capabilities::DbWriteBudget::for_run(
+                    self.limits.fs,
+                    root,
+                    *quota,
+                ),
+            )),
+            None => self.grant.clone(),
+        };
         let outcome = self
             .registry
-            .call_tool_cancellable(full_name, &args, &self.grant, &self.limits, &context.ct)
+            .call_tool_cancellable(full_name, &args, &grant, &self.limits, &context.ct)
             .await;
         let result = match outcome {
             Ok(value) => {

@@ -761,6 +761,14 @@ fn run_execution(
     let _lock = share_workspace(holds, workspace, wait).map_err(|e| format!("{e:#}"))?;
     // The hold its admission took is this execution's own share now.
     drop(early);
+    // A workspace at its quota begins nothing more: what the host writes for a run (its
+    // logs, sessions, offloaded results) is not charged as it is written.
+    if let Some(why) = trellis_sandbox::capabilities::DbWriteBudget::over_quota(
+        workspace,
+        options.turn_budgets.workspace_bytes,
+    ) {
+        return Err(why);
+    }
     runtime.block_on(async {
         let mut env = RunEnv::new(registry, options.llm);
         env.limits = options.limits;

@@ -31,6 +31,9 @@ pub const CHANGELOG_FILE_VALUES: usize = trellis_sandbox::json_values::MAX_FILE_
 const ENTRY_BYTES: usize = 1 << 20;
 const ENTRY_VALUES: usize = 100_000;
 
+/// The bytes of an edit's reason an entry keeps; the rest is cut, the cut marked.
+pub const REASON_BYTES: usize = 4096;
+
 /// The changes an entry summarises at most; the rest are counted.
 const ENTRY_CHANGES: usize = 5_000;
 

@@ -347,7 +347,9 @@ impl Draft {
         let entry = json!({
             "timestamp": timestamp,
             "tool": tool,
-            "reason": reason,
+            // The model's reason is its own text: kept as long as a sentence or a few,
+            // so an entry stays the size of its changes' summary.
+            "reason": trellis_sandbox::cut::marked(reason, changelog::REASON_BYTES),
             "step_ids": step_ids,
             "changes": changelog::entry_changes(changes),
             "before_sha256": changelog::sha256(self.plan.before.as_deref()),

@@ -162,7 +162,13 @@ impl HttpServer {
                     let sessionless = sessionless.clone();
                     let answers = answers.clone();
                     let answer = async move {
-                        if let Some(refused) = refuse(&request, token.as_deref()) {
+                        if let Some(mut refused) = refuse(&request, token.as_deref()) {
+                            // A refused request ends its connection: a client without the
+                            // token cannot keep a place by sending request after request.
+                            refused.headers_mut().insert(
+                                hyper::header::CONNECTION,
+                                hyper::header::HeaderValue::from_static("close"),
+                            );
                             return Ok::<_, std::convert::Infallible>(refused);
                         }
                         prover.prove();

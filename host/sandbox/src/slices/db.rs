@@ -520,6 +520,12 @@ impl DbWriteBudget {
         ))
     }
 
+    /// Why a run of the workspace at `root` may not begin: its folder takes `quota` bytes
+    /// or more on disk (or cannot be measured), the message saying so.
+    pub fn over_quota(root: &Path, quota: u64) -> Option<String> {
+        crate::slices::fs::quota::over_quota(root, quota)
+    }
+
     /// A turn's budget of `limits` whose writes also come out of `run`'s.
     pub fn within(limits: crate::capabilities::FsLimits, run: &DbWriteBudget) -> Self {
         DbWriteBudget(FsBudget::shared(

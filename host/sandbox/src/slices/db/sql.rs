@@ -233,6 +233,14 @@ fn open_fenced(
         // refused rather than followed out of the workspace; a hard link at it or at a file
         // beside it, by the checked open of `one_link`.
         | OpenFlags::SQLITE_OPEN_NOFOLLOW;
+    if access == SqlAccess::ReadWrite
+        && let Some(message) = sparse(path)
+    {
+        return Err(rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CANTOPEN),
+            Some(message),
+        ));
+    }
     let mut conn = Connection::open_with_flags(path, flags)?;
     // A database another process holds locked is waited for, but never past the call's
     // deadline (SQLite's own wait does not look at the progress handler's).
@@ -274,6 +282,62 @@ fn open_fenced(
         conn: std::mem::ManuallyDrop::new(conn),
         deadline,
         timeout,
+    })
+}
+
+/// Bytes of holes a database file written through [`open`] may have: SQLite leaves none.
+const MAX_HOLE_BYTES: u64 = 1 << 20;
+
+/// Why the database file at `path` is not written: it has holes, which SQLite fills with
+/// pages without growing the file, so `max_page_count` would not bound what it takes on
+/// disk (a file of 1 TiB with 8 KiB on disk grew to 1.15 GB under a budget of 16 MiB). A file
+/// that is not there yet, or one the file system cannot say holes of, has none.
+fn sparse(path: &Path) -> Option<String> {
+    use rustix::fs::SeekFrom;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    let meta = file.metadata().ok()?;
+    if !meta.is_file() {
+        return None;
+    }
+    let len = meta.len();
+    let (mut at, mut holes, mut seen) = (0u64, 0u64, 0u32);
+    while at < len && holes <= MAX_HOLE_BYTES {
+        // A file with more pieces than this is no database SQLite wrote.
+        seen += 1;
+        if seen > 100_000 {
+            holes = u64::MAX;
+            break;
+        }
+        let Ok(hole) = rustix::fs::seek(&file, SeekFrom::Hole(at)) else {
+            return None;
+        };
+        if hole >= len {
+            break;
+        }
+        let end = match rustix::fs::seek(&file, SeekFrom::Data(hole)) {
+            Ok(data) => data.min(len),
+            Err(rustix::io::Errno::NXIO) => len,
+            Err(_) => return None,
+        };
+        holes = holes.saturating_add(end - hole);
+        at = end;
+    }
+    (holes > MAX_HOLE_BYTES).then(|| {
+        let shown = match (path.parent().and_then(Path::file_name), path.file_name()) {
+            (Some(dir), Some(name)) => Path::new(dir).join(name).display().to_string(),
+            _ => path.display().to_string(),
+        };
+        format!(
+            "{shown} is a sparse file ({len} bytes, with holes SQLite would fill without \
+             growing it, past what the write budgets can count), so Trellis will not write \
+             it: make it whole again (`sqlite3 {shown} VACUUM`, or copy it without \
+             --sparse)"
+        )
     })
 }
 
@@ -636,5 +700,33 @@ mod tests {
         assert_eq!(first_keyword("-- a\n/* b */ vacuum"), "vacuum");
         assert_eq!(first_keyword(";; SELECT 1"), "SELECT");
         assert_eq!(first_keyword(""), "");
+    }
+
+    /// A database file with holes (a 64 MiB file of one page on disk, as `truncate` or a
+    /// sparse copy makes): SQLite fills them without growing the file, past every write
+    /// budget (round 26), so it is not opened to write; it is read, and a whole file is
+    /// written.
+    #[test]
+    fn a_sparse_database_is_not_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = db(dir.path());
+        let whole = open(&path, SqlAccess::ReadWrite, Duration::from_secs(5)).unwrap();
+        whole
+            .conn()
+            .execute("INSERT INTO t VALUES (1)", [])
+            .unwrap();
+        drop(whole);
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(64 << 20)
+            .unwrap();
+        let err = open(&path, SqlAccess::ReadWrite, Duration::from_secs(5))
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(err.contains("db.sqlite is a sparse file"), "{err}");
+        open(&path, SqlAccess::ReadOnly, Duration::from_secs(5)).unwrap();
     }
 }

@@ -29,7 +29,10 @@ static LIVE: Mutex<Vec<(Id, u64, Weak<FsBudget>)>> = Mutex::new(Vec::new());
 /// The budget of the workspace at `root` with a quota of `quota` bytes, its folder measured
 /// now: the one its runs going on already write within, or a new one.
 pub(crate) fn workspace_budget(root: &Path, quota: u64) -> Arc<FsBudget> {
-    let taken = measure(root, quota);
+    let taken = measure(root).unwrap_or_else(|why| {
+        tracing::warn!("{}: {why}", root.display());
+        quota
+    });
     let id = std::fs::metadata(root).map_or((0, 0), |m| {
         use std::os::unix::fs::MetadataExt;
         (m.dev(), m.ino())
@@ -57,29 +60,46 @@ pub(crate) fn workspace_budget(root: &Path, quota: u64) -> Arc<FsBudget> {
     budget
 }
 
-/// Bytes the folder `root` takes on disk; `quota` (all of it used) when it holds more than
-/// [`MAX_MEASURED_ENTRIES`] or cannot be measured (a folder moved while it was walked, twice).
-fn measure(root: &Path, quota: u64) -> u64 {
+/// Why a run of the workspace at `root` may not begin: its folder takes `quota` bytes or
+/// more on disk, or cannot be measured. Files the host writes for a run (its logs, sessions,
+/// offloaded results, a builder's conversation) are not charged as they are written, so a
+/// workspace past its quota begins nothing more.
+pub(crate) fn over_quota(root: &Path, quota: u64) -> Option<String> {
+    let taken = match measure(root) {
+        Ok(taken) => taken,
+        Err(why) => return Some(why),
+    };
+    (taken >= quota).then(|| {
+        format!(
+            "the workspace takes {taken} bytes on disk, its quota of {quota} or more \
+             (--max-workspace-mib): remove what it no longer needs (old runs under runs/, \
+             builder conversations under builder/conversation/, rows of db/db.sqlite), or \
+             give it a larger quota"
+        )
+    })
+}
+
+/// Bytes the folder `root` takes on disk, or why it counts as full: it holds more than
+/// [`MAX_MEASURED_ENTRIES`] files and folders, or cannot be measured (a folder moved while
+/// it was walked, twice).
+fn measure(root: &Path) -> Result<u64, String> {
     let mut tries = 0;
     loop {
         tries += 1;
         match disk_use_at(root, MAX_MEASURED_ENTRIES) {
-            Ok(used) if used.complete => return used.bytes,
+            Ok(used) if used.complete => return Ok(used.bytes),
             Ok(_) => {
-                tracing::warn!(
-                    "{} holds more than {MAX_MEASURED_ENTRIES} files and folders: its quota \
-                     counts as used, and its runs write nothing",
-                    root.display()
-                );
-                return quota;
+                return Err(format!(
+                    "the workspace holds more than {MAX_MEASURED_ENTRIES} files and folders, \
+                     the most its quota measures: it counts as full (--max-workspace-mib); \
+                     remove what it no longer needs (old runs under runs/, say)"
+                ));
             }
             Err(e) if tries >= 2 => {
-                tracing::warn!(
-                    "{} could not be measured for its quota ({e}): its quota counts as used, \
-                     and its runs write nothing",
-                    root.display()
-                );
-                return quota;
+                return Err(format!(
+                    "the workspace's folder could not be measured for its quota ({e}): it \
+                     counts as full (--max-workspace-mib)"
+                ));
             }
             Err(_) => {}
         }
@@ -125,5 +145,14 @@ mod tests {
         let third = run(&workspace_budget(dir.path(), quota), 64 << 20);
         let left = third.write_bytes_left();
         assert!(left < 12 << 20 && left > 11 << 20, "{left}");
+    }
+
+    #[test]
+    fn a_workspace_at_its_quota_begins_no_run() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("data"), vec![1u8; 4 << 20]).unwrap();
+        assert_eq!(over_quota(dir.path(), 16 << 20), None);
+        let why = over_quota(dir.path(), 4 << 20).unwrap();
+        assert!(why.contains("its quota of 4194304 or more"), "{why}");
     }
 }
