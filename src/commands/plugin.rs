@@ -266,6 +266,15 @@ async fn build(engine: &Engine, args: &BuildArgs) -> Result<()> {
             python_build::build(&project, dir, deadline)?
         }
     };
+    // Refused before it is written: a component no plugin folder loads is not put in one.
+    anyhow::ensure!(
+        bytes.len() as u64 <= trellis_sandbox::plugins::MAX_COMPONENT_BYTES,
+        "the built component is {} bytes, over the limit of {} bytes (64 MiB) a plugin \
+         folder's component may be: nothing was written to {}",
+        bytes.len(),
+        trellis_sandbox::plugins::MAX_COMPONENT_BYTES,
+        dist.dir().display()
+    );
     dist.write(&manifest.component, &bytes)?;
     let out = dist.dir();
     let out_manifest = dist.path(MANIFEST_FILE);

@@ -52,6 +52,7 @@ mod redteam_round23;
 mod redteam_round24;
 mod redteam_round25;
 mod redteam_round26;
+mod redteam_round27;
 mod redteam_round3;
 mod redteam_round5;
 mod redteam_round7;

@@ -40,7 +40,14 @@ pub fn success_summary(outcome: &ScriptOutcome) -> String {
         .lines()
         .rev()
         .find(|l| !l.trim().is_empty())
-        .map(|l| format!("; last line of stdout: {}", l.trim()))
+        // A summary is kept with the step (its session entry, the run's report): a line of
+        // megabytes would be kept as often.
+        .map(|l| {
+            format!(
+                "; last line of stdout: {}",
+                trellis_sandbox::cut::marked(l.trim(), SUMMARY_LINE_BYTES)
+            )
+        })
         .unwrap_or_default();
     format!(
         "{} succeeded in {} ms{last}",
@@ -48,6 +55,9 @@ pub fn success_summary(outcome: &ScriptOutcome) -> String {
         outcome.duration.as_millis()
     )
 }
+
+/// The bytes of the script's last line of stdout its success summary keeps.
+pub const SUMMARY_LINE_BYTES: usize = 512;
 
 /// The message of a repair turn: what failed, the script's source and what to do.
 pub fn repair_message(

@@ -142,8 +142,9 @@ fn build_in(
     let output = run_bounded(command, deadline)?;
     if !output.status.success() {
         bail!(
-            "componentize-py could not build {} (an error in plugin.py is raised at build time, when the module is imported):\n{}{}",
+            "componentize-py could not build {} ({}; an error in plugin.py is raised at build time, when the module is imported):\n{}{}",
             dir.display(),
+            output.status,
             String::from_utf8_lossy(&output.stdout),
             String::from_utf8_lossy(&output.stderr).trim_end()
         );

@@ -526,6 +526,12 @@ impl DbWriteBudget {
         crate::slices::fs::quota::over_quota(root, quota)
     }
 
+    /// The bytes the folder at `root` takes on disk, as the quota measures it (allocated,
+    /// a file of several links once, links not followed), or why it counts as full.
+    pub fn disk_use(root: &Path) -> Result<u64, String> {
+        crate::slices::fs::quota::measure(root)
+    }
+
     /// A turn's budget of `limits` whose writes also come out of `run`'s.
     pub fn within(limits: crate::capabilities::FsLimits, run: &DbWriteBudget) -> Self {
         DbWriteBudget(FsBudget::shared(

@@ -125,7 +125,7 @@ pub enum FsLimitExceeded {
     /// The workspace's quota: what its folder may take on disk.
     #[error(
         "wrote more than what was left of the workspace's quota of {0} bytes on disk (its \
-         folder as measured when the last run began, and what runs wrote since; \
+         folder as measured when the last run or call began, and what was written since; \
          --max-workspace-mib)"
     )]
     WorkspaceBytes(u64),

@@ -82,7 +82,11 @@ pub(crate) fn over_quota(root: &Path, quota: u64) -> Option<String> {
 /// Bytes the folder `root` takes on disk, or why it counts as full: it holds more than
 /// [`MAX_MEASURED_ENTRIES`] files and folders, or cannot be measured (a folder moved while
 /// it was walked, twice).
-fn measure(root: &Path) -> Result<u64, String> {
+pub(crate) fn measure(root: &Path) -> Result<u64, String> {
+    // Links are refused inside a workspace, not above it: a workspace reached through one
+    // is measured where it is.
+    let canonical = root.canonicalize();
+    let root = canonical.as_deref().unwrap_or(root);
     let mut tries = 0;
     loop {
         tries += 1;
