@@ -107,14 +107,12 @@ impl Drop for Server {
     }
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[index]
-}
-
 fn report(name: &str, mut samples: Vec<Duration>) -> (Duration, Duration) {
     samples.sort();
-    let (p50, p99) = (percentile(&samples, 0.50), percentile(&samples, 0.99));
+    let (p50, p99) = (
+        support::percentile(&samples, 0.50),
+        support::percentile(&samples, 0.99),
+    );
     println!(
         "{name:<12} p50 {p50:>10.1?}  p99 {p99:>10.1?}  ({} calls)",
         samples.len()

@@ -133,11 +133,6 @@ impl Drop for WarmPython {
     }
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[index]
-}
-
 fn millis(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
@@ -224,7 +219,7 @@ fn script(c: &mut Criterion) {
     for t in &mut times {
         t.sort();
     }
-    let p = |i: usize, q: f64| millis(percentile(&times[i], q));
+    let p = |i: usize, q: f64| millis(support::percentile(&times[i], q));
     let names = [
         "trellis",
         "trellis, no logs",

@@ -71,10 +71,6 @@ fn sorted(text: &str) -> Vec<&str> {
     lines
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
-}
-
 fn micros(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
@@ -141,8 +137,14 @@ fn shell(c: &mut Criterion) {
         }
         inside.sort_unstable();
         outside.sort_unstable();
-        let (p50, p99) = (percentile(&inside, 0.5), percentile(&inside, 0.99));
-        let (n50, n99) = (percentile(&outside, 0.5), percentile(&outside, 0.99));
+        let (p50, p99) = (
+            support::percentile(&inside, 0.5),
+            support::percentile(&inside, 0.99),
+        );
+        let (n50, n99) = (
+            support::percentile(&outside, 0.5),
+            support::percentile(&outside, 0.99),
+        );
         println!(
             "  {name:<9} trellis {:>9.0} us / {:>9.0} us   native {:>9.0} us / {:>9.0} us   ratio p50 {:.2}",
             micros(p50),

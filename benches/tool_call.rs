@@ -227,11 +227,6 @@ impl Bare {
     }
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[index]
-}
-
 fn micros(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
@@ -314,8 +309,8 @@ fn tool_call(c: &mut Criterion) {
     let [new_grant, per_call, turn_grant, reused, default] = times.map(|mut all| {
         all.sort();
         (
-            micros(percentile(&all, 0.5)),
-            micros(percentile(&all, 0.99)),
+            micros(support::percentile(&all, 0.5)),
+            micros(support::percentile(&all, 0.99)),
         )
     });
     println!();
@@ -407,7 +402,7 @@ impl Phases {
     fn p50(mut self) -> [f64; 4] {
         self.0.each_mut().map(|all| {
             all.sort();
-            micros(percentile(all, 0.5))
+            micros(support::percentile(all, 0.5))
         })
     }
 }

@@ -49,10 +49,6 @@ fn du(root: &Path) -> u64 {
         .unwrap()
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
-}
-
 fn millis(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
@@ -97,8 +93,14 @@ fn quota(c: &mut Criterion) {
         }
         inside.sort_unstable();
         outside.sort_unstable();
-        let (p50, p99) = (percentile(&inside, 0.5), percentile(&inside, 0.99));
-        let (n50, n99) = (percentile(&outside, 0.5), percentile(&outside, 0.99));
+        let (p50, p99) = (
+            support::percentile(&inside, 0.5),
+            support::percentile(&inside, 0.99),
+        );
+        let (n50, n99) = (
+            support::percentile(&outside, 0.5),
+            support::percentile(&outside, 0.99),
+        );
         println!(
             "  {name:<10} trellis {:>7.2} ms / {:>7.2} ms   du {:>7.2} ms / {:>7.2} ms   ratio p50 {:.2}",
             millis(p50),

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// Whether the bench runs in its quick mode: a few rounds of each sample instead of the
 /// thousands a figure needs, so `cargo test --benches` (which CI runs) checks that every path
@@ -27,4 +28,9 @@ pub fn component_cache() -> PathBuf {
         Some(dir) => PathBuf::from(dir),
         None => std::env::temp_dir().join("trellis-bench-cache"),
     }
+}
+
+/// The `p` quantile (0 to 1) of `sorted`, the nearest sample.
+pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }

@@ -223,7 +223,9 @@ pub async fn run(
                     .await?;
                     writes.apply(&mut template.turn_budgets);
                     let executions = Executions::new(runtime.clone(), template);
-                    let mut session = BuilderSession::open(
+                    // A session that does not open (a workspace at its quota, say) ends the
+                    // firing as an error naming why, not as one left running.
+                    let opened = BuilderSession::open(
                         &runtime,
                         executions,
                         SessionOptions {
@@ -241,11 +243,17 @@ pub async fn run(
                             max_model_calls: trellis_runner::driver::DEFAULT_RUN_MODEL_CALLS,
                             observer: super::builder::printer(false),
                         },
-                    )?;
-                    run.session_id = Some(session.id().to_string());
-                    record(&fs, &run)?;
-                    eprintln!("schedule {}: builder session {}", s.id, session.id());
-                    trellis_builder::schedules::fire(&mut session, &s.firing_messages()).await
+                    );
+                    match opened {
+                        Err(e) => ("error".to_string(), Some(format!("{e:#}"))),
+                        Ok(mut session) => {
+                            run.session_id = Some(session.id().to_string());
+                            record(&fs, &run)?;
+                            eprintln!("schedule {}: builder session {}", s.id, session.id());
+                            trellis_builder::schedules::fire(&mut session, &s.firing_messages())
+                                .await
+                        }
+                    }
                 }
             };
             run.end(&status, error.clone());

@@ -212,15 +212,7 @@ fn clients_without_the_token_cannot_hold_every_connection_of_mcp_serve() {
 fn what_a_runs_turns_write_together_is_bounded() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
-    let llm = FakeServer::start(Box::new(|body: &serde_json::Value| {
-        let last = &body["messages"].as_array().unwrap().last().unwrap()["role"];
-        if last == "tool" {
-            return (200, completion("done", &[]));
-        }
-        let grow = json!({"statements": [
-            {"sql": "INSERT INTO t VALUES (randomblob(3145728))"}]});
-        (200, completion("", &[("mutate_workflow_db", grow)]))
-    }));
+    let llm = support::fake_llm::db_growing_model(3145728);
     regular_steps(root, llm.providers(), &["s0", "s1", "s2", "s3"]);
     write_file(root, "db/seed.sql", "CREATE TABLE t(b BLOB);");
     let out = trellis(&[

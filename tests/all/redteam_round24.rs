@@ -7,8 +7,6 @@ use std::io::Write;
 use std::net::TcpStream;
 use std::time::Duration;
 
-use serde_json::json;
-use support::fake_llm::{FakeServer, completion};
 use support::trellis;
 use support::workspace::{create_db, regular_steps};
 
@@ -24,15 +22,7 @@ fn text(bytes: &[u8]) -> String {
 fn a_builder_sessions_turns_write_within_one_budget() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
-    let llm = FakeServer::start(Box::new(|body: &serde_json::Value| {
-        let last = &body["messages"].as_array().unwrap().last().unwrap()["role"];
-        if last == "tool" {
-            return (200, completion("done", &[]));
-        }
-        let grow = json!({"statements": [
-            {"sql": "INSERT INTO t VALUES (randomblob(3145728))"}]});
-        (200, completion("", &[("mutate_workflow_db", grow)]))
-    }));
+    let llm = support::fake_llm::db_growing_model(3145728);
     regular_steps(root, llm.providers(), &["s"]);
     create_db(root, "CREATE TABLE t(b BLOB);");
     let out = trellis(&[

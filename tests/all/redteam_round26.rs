@@ -3,7 +3,6 @@
 
 use crate::support;
 
-use serde_json::json;
 use support::fake_llm::{FakeServer, completion};
 use support::trellis;
 use support::workspace::{create_db, regular_steps};
@@ -42,15 +41,7 @@ fn runs_show_says_a_session_that_does_not_read_is_unreadable() {
 fn a_sparse_database_is_not_written() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
-    let llm = FakeServer::start(Box::new(|body: &serde_json::Value| {
-        let last = &body["messages"].as_array().unwrap().last().unwrap()["role"];
-        if last == "tool" {
-            return (200, completion("done", &[]));
-        }
-        let grow = json!({"statements": [
-            {"sql": "INSERT INTO t VALUES (randomblob(4194304))"}]});
-        (200, completion("", &[("mutate_workflow_db", grow)]))
-    }));
+    let llm = support::fake_llm::db_growing_model(4194304);
     regular_steps(root, llm.providers(), &["s"]);
     create_db(root, "CREATE TABLE t(b BLOB);");
     let db = root.join("db/db.sqlite");

@@ -6,7 +6,7 @@
 use crate::support;
 
 use serde_json::json;
-use support::fake_llm::{FakeServer, completion};
+use support::fake_llm::FakeServer;
 use support::serve::Serve;
 use support::trellis;
 use support::workspace::{create_db, regular_steps};
@@ -17,15 +17,7 @@ fn text(bytes: &[u8]) -> String {
 
 /// A model that grows the database by 3 MiB in each turn, then ends the turn.
 fn growing_model() -> FakeServer {
-    FakeServer::start(Box::new(|body: &serde_json::Value| {
-        let last = &body["messages"].as_array().unwrap().last().unwrap()["role"];
-        if last == "tool" {
-            return (200, completion("done", &[]));
-        }
-        let grow = json!({"statements": [
-            {"sql": "INSERT INTO t VALUES (randomblob(3145728))"}]});
-        (200, completion("", &[("mutate_workflow_db", grow)]))
-    }))
+    support::fake_llm::db_growing_model(3 << 20)
 }
 
 /// The results of the model's database calls that were refused by the quota.

@@ -807,7 +807,11 @@ fn finish(execution: &Execution, result: Result<WorkflowRun, String>) {
         Ok(run) if run.succeeded() => ExecutionStatus::Done,
         Ok(_) | Err(_) => ExecutionStatus::Failed,
     };
-    let error = result.as_ref().err().cloned();
+    // The end event is kept as long as the execution (a server keeps 200 ended ones).
+    let error = result
+        .as_ref()
+        .err()
+        .map(|e| trellis_sandbox::cut::marked(e, crate::workflow_run::DETAIL_BYTES));
     *execution.outcome.lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
     execution
         .info

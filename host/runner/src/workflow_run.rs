@@ -76,7 +76,7 @@ pub use env::RunEnv;
 use loops::{archive_dir, archive_from, ordinal, steps_from};
 use preflight::preflight;
 pub use preflight::{check_inputs, check_step_models, missing_inputs, needs_llm};
-pub use report::{StepReport, UnitRun, WorkflowRun};
+pub use report::{DETAIL_BYTES, StepReport, UnitRun, WorkflowRun};
 use routing::present;
 pub use routing::{HumanAnswer, answer_human_input, human_input_file, input_key, select_route};
 pub use seed::seed_database;

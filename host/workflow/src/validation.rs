@@ -257,7 +257,7 @@ pub async fn run_gate(
         Err(e) if e.kind() == io::ErrorKind::NotFound => None,
         Err(e) => return Err(io_err(&output_dir.display().to_string(), e)),
     };
-    let mut checks = Vec::new();
+    let mut checks = report::Kept::default();
     let mut warnings = Vec::new();
 
     for rule in &schema.files {
@@ -350,11 +350,10 @@ pub async fn run_gate(
                 })?;
             // A validator names the file by whatever path it was shown; the report
             // names it as the schema does.
-            sink.checks
-                .extend(outcome.checks.into_iter().map(|mut check| {
-                    check.file = name.to_string();
-                    check
-                }));
+            for mut check in outcome.checks {
+                check.file = name.to_string();
+                sink.checks.push(check);
+            }
             sink.warnings.extend(outcome.warnings);
         }
         if !rule.needs_json() {
@@ -447,9 +446,11 @@ pub async fn run_gate(
     }
 
     Ok(Report {
-        passed: checks.iter().all(|c| c.passed),
+        passed: checks.failures_left_out == 0 && checks.checks.iter().all(|c| c.passed),
         skipped: false,
-        checks,
+        passed_left_out: checks.passed_left_out,
+        failures_left_out: checks.failures_left_out,
+        checks: checks.checks,
         warnings,
     })
 }

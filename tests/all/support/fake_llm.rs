@@ -168,6 +168,20 @@ pub fn completion(text: &str, calls: &[(&str, Value)]) -> Value {
            "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}})
 }
 
+/// A model whose every turn grows the workflow database by `bytes` (one
+/// `mutate_workflow_db` call inserting a blob into table `t`), then ends the turn.
+pub fn db_growing_model(bytes: usize) -> FakeServer {
+    FakeServer::start(Box::new(move |body: &Value| {
+        let last = &body["messages"].as_array().unwrap().last().unwrap()["role"];
+        if last == "tool" {
+            return (200, completion("done", &[]));
+        }
+        let grow = json!({"statements": [
+            {"sql": format!("INSERT INTO t VALUES (randomblob({bytes}))")}]});
+        (200, completion("", &[("mutate_workflow_db", grow)]))
+    }))
+}
+
 /// The chat completion the bundled `openai` provider reads back as `response` (tool names in
 /// their API form `server__tool`; no `model`, so none is reported).
 pub fn completion_of(response: &Response) -> Value {

@@ -320,6 +320,18 @@ pub(super) fn out_of_kept_bytes(bytes: usize, max: u64) -> String {
     )
 }
 
+/// Why a turn ends when the message it begins with (a foreach row's, a gate repair's: text
+/// the host builds from the workspace and the files checked) of `bytes` does not fit what
+/// the run may still keep.
+pub(super) fn message_past_kept_bytes(bytes: usize, max: u64) -> String {
+    format!(
+        "the turn's message of {bytes} bytes is past what the run keeps: its messages, model \
+         answers and tool results together reached the run's budget of {} \
+         (--max-run-result-mib); the run ends here",
+        mib(max)
+    )
+}
+
 /// The error of a call an answer asked for past the per-answer budget.
 pub fn not_run(asked: usize, budget: usize) -> String {
     format!(

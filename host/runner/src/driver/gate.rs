@@ -33,7 +33,7 @@ impl StepRunner<'_> {
             item_id: item_id.to_string(),
             attempt,
             passed: report.passed,
-            failures: report.failures().count(),
+            failures: report.failure_count(),
         });
         Ok(report)
     }

@@ -288,5 +288,11 @@ pub(super) fn failing_checks(report: &Report) -> String {
             c.file, c.kind, c.expected, c.actual, c.message
         ));
     }
+    if report.failures_left_out > 0 {
+        text.push_str(&format!(
+            "- and {} more failing checks, not listed (fix the ones above first)\n",
+            report.failures_left_out
+        ));
+    }
     text
 }

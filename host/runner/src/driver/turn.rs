@@ -154,6 +154,16 @@ impl StepRunner<'_> {
         message: String,
         grant: &TurnGrant,
     ) -> Result<(), TurnEnd> {
+        // The message is kept (the session, the turn log) and sent with every round, as an
+        // answer is: it counts in what the run keeps. Foreach rows and repair turns build
+        // them from the workspace and the files checked (100 MB of them under a 1 MiB budget).
+        let bytes = u64::try_from(message.len()).unwrap_or(u64::MAX);
+        if !self.model_calls.keep(bytes, self.budgets.run_result_bytes) {
+            return Err(TurnEnd::Failed(super::budget::message_past_kept_bytes(
+                message.len(),
+                self.budgets.run_result_bytes,
+            )));
+        }
         run.turns += 1;
         run.session.execution_turn_count += 1;
         // What the calls of the turn may write together: its database tool calls grow the

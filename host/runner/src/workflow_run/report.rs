@@ -2,6 +2,9 @@
 
 use super::*;
 
+/// The bytes of a step report's detail a run keeps (a gate's failures, an agent's error).
+pub const DETAIL_BYTES: usize = 64 << 10;
+
 /// How one step of the workflow ended.
 #[derive(Debug, Clone)]
 pub struct StepReport {

@@ -320,7 +320,8 @@ fn agent_report(step: &Step, detail: String, outcome: StepOutcome) -> StepReport
         step_id: step.id.clone(),
         step_type: step.type_name(),
         status: outcome.status,
-        detail,
+        // Kept with the run's report as long as the run (a server keeps 200 ended ones).
+        detail: trellis_sandbox::cut::marked(&detail, super::report::DETAIL_BYTES),
         output_dir: outcome.output_dir.clone(),
         outcome: Some(outcome),
     }

@@ -214,7 +214,7 @@ mod tests {
             .execute_batch("CREATE TABLE t (x); INSERT INTO t VALUES (1);")
             .unwrap();
         let db = sql::open(&path, SqlAccess::ReadOnly, Duration::from_millis(300)).unwrap();
-        let (mut checks, mut warnings) = (Vec::new(), Vec::new());
+        let (mut checks, mut warnings) = (super::super::report::Kept::default(), Vec::new());
         let mut sink = Sink {
             file: DB_FILE,
             checks: &mut checks,
@@ -243,6 +243,6 @@ mod tests {
             ))
             .to_string()
         );
-        assert!(sink.checks.is_empty(), "{:?}", sink.checks);
+        assert!(sink.checks.checks.is_empty(), "{:?}", sink.checks);
     }
 }

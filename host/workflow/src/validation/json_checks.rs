@@ -18,7 +18,7 @@ use crate::diagnostics::{describe, kind_of};
 #[derive(Debug)]
 pub(crate) struct Sink<'a> {
     pub file: &'a str,
-    pub checks: &'a mut Vec<CheckResult>,
+    pub checks: &'a mut super::report::Kept,
     pub warnings: &'a mut Vec<String>,
 }
 

@@ -21,12 +21,73 @@ pub struct Report {
     pub checks: Vec<CheckResult>,
     /// Problems with the schema that do not fail the gate (an invalid regex, say).
     pub warnings: Vec<String>,
+    /// Passed checks past the [`MAX_KEPT_CHECKS`] a report keeps: counted, not recorded.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub passed_left_out: usize,
+    /// Failed checks past the [`MAX_KEPT_CHECKS`] a report keeps: counted, not recorded.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub failures_left_out: usize,
+}
+
+/// Failed checks a report records, and passed checks likewise, at most: a schema of many
+/// checks over a file of many values makes a record of each (200,000 of them made 200 MB of
+/// reports from a 50 KB file). The rest are counted.
+pub const MAX_KEPT_CHECKS: usize = 100;
+
+/// The bytes of each text of a record (its path, what was expected and found, the message)
+/// a report keeps; the rest is cut, the cut marked.
+pub const RECORD_TEXT_BYTES: usize = 512;
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 impl Report {
     /// The failed checks.
     pub fn failures(&self) -> impl Iterator<Item = &CheckResult> {
         self.checks.iter().filter(|c| !c.passed)
+    }
+
+    /// How many checks failed, those left out of the records included.
+    pub fn failure_count(&self) -> usize {
+        self.failures().count() + self.failures_left_out
+    }
+}
+
+/// The checks of one gate run as they are recorded: at most [`MAX_KEPT_CHECKS`] failed and
+/// as many passed, each text cut to [`RECORD_TEXT_BYTES`]; the rest counted.
+#[derive(Debug, Default)]
+pub(crate) struct Kept {
+    pub checks: Vec<CheckResult>,
+    failed: usize,
+    passed: usize,
+    pub passed_left_out: usize,
+    pub failures_left_out: usize,
+}
+
+impl Kept {
+    pub fn push(&mut self, mut check: CheckResult) {
+        let (kept, left_out) = if check.passed {
+            (&mut self.passed, &mut self.passed_left_out)
+        } else {
+            (&mut self.failed, &mut self.failures_left_out)
+        };
+        if *kept >= MAX_KEPT_CHECKS {
+            *left_out += 1;
+            return;
+        }
+        *kept += 1;
+        for text in [
+            &mut check.path,
+            &mut check.expected,
+            &mut check.actual,
+            &mut check.message,
+        ] {
+            if text.len() > RECORD_TEXT_BYTES {
+                *text = trellis_sandbox::cut::marked(text, RECORD_TEXT_BYTES);
+            }
+        }
+        self.checks.push(check);
     }
 }
 
@@ -111,6 +172,7 @@ mod tests {
                 message: "m".into(),
             }],
             warnings: vec![],
+            ..Report::default()
         };
         let (latest, attempt) = write_report(
             &trellis_sandbox::store::WorkspaceFs::open(dir.path()).unwrap(),
