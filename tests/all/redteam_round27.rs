@@ -25,7 +25,7 @@ fn printing_steps(root: &std::path::Path, steps: usize, bytes: usize) {
     write_file(
         root,
         "planning/plan.json",
-        &json!({"objective": "print", "steps": plan}).to_string(),
+        json!({"objective": "print", "steps": plan}).to_string(),
     );
     let configs: Vec<serde_json::Value> = ids
         .iter()
@@ -37,7 +37,7 @@ fn printing_steps(root: &std::path::Path, steps: usize, bytes: usize) {
     write_file(
         root,
         "planning/step_config.json",
-        &json!({"steps": configs}).to_string(),
+        json!({"steps": configs}).to_string(),
     );
     write_file(root, "workflow.json", "{}");
     let script = format!(

@@ -40,7 +40,7 @@ fn a_gate_of_many_failing_checks_records_a_bounded_number() {
     write_file(
         root,
         "planning/plan.json",
-        &json!({"objective": "x", "steps": [{"id": "s", "type": "regular", "title": "s",
+        json!({"objective": "x", "steps": [{"id": "s", "type": "regular", "title": "s",
             "description": "s", "context_output": ["data.json"],
             "validation_schema": {"files": [{"file_name": "data.json", "must_exist": true,
                                              "json_checks": checks}]}}]})
@@ -49,7 +49,7 @@ fn a_gate_of_many_failing_checks_records_a_bounded_number() {
     write_file(
         root,
         "planning/step_config.json",
-        &json!({"steps": [{"id": "s", "agent_configs": {
+        json!({"steps": [{"id": "s", "agent_configs": {
             "declared_execution_mode": "scripted", "lock_code": true}}]})
         .to_string(),
     );
@@ -99,7 +99,7 @@ fn the_messages_of_foreach_rows_count_in_what_the_run_keeps() {
     write_file(
         root,
         "planning/plan.json",
-        &json!({"objective": "x", "steps": [{"id": "each", "type": "message_sequence",
+        json!({"objective": "x", "steps": [{"id": "each", "type": "message_sequence",
             "title": "Each", "description": "d",
             "items": [{"id": "rows", "type": "foreach", "source_sql": "SELECT b FROM t",
                        "message": "Row: {{.b}}"}]}]})
@@ -142,7 +142,7 @@ fn a_firing_the_quota_refuses_is_recorded_as_an_error_naming_it() {
         serde_json::from_slice(&std::fs::read(root.join("workflow.json")).unwrap()).unwrap();
     manifest["schedules"] =
         json!([{"id": "daily", "cron_expression": "0 9 * * *", "enabled": true}]);
-    write_file(root, "workflow.json", &manifest.to_string());
+    write_file(root, "workflow.json", manifest.to_string());
     std::fs::create_dir_all(root.join("knowledge")).unwrap();
     std::fs::write(root.join("knowledge/data.bin"), vec![7u8; 5 << 20]).unwrap();
     let out = trellis(&[

@@ -722,10 +722,10 @@ mod tests {
             .unwrap()
             .set_len(64 << 20)
             .unwrap();
-        let err = open(&path, SqlAccess::ReadWrite, Duration::from_secs(5))
-            .err()
-            .expect("refused")
-            .to_string();
+        let Err(err) = open(&path, SqlAccess::ReadWrite, Duration::from_secs(5)) else {
+            panic!("a sparse database was opened to write");
+        };
+        let err = err.to_string();
         assert!(err.contains("db.sqlite is a sparse file"), "{err}");
         open(&path, SqlAccess::ReadOnly, Duration::from_secs(5)).unwrap();
     }
