@@ -94,10 +94,20 @@ pub async fn run(engine: &Engine, args: &CheckArgs) -> Result<ExitCode> {
     for warning in &report.warnings {
         println!("warning: {warning}");
     }
-    let failed = report.failures().count();
+    if report.passed_left_out + report.failures_left_out > 0 {
+        println!(
+            "... and {} more checks not recorded ({} passed, {} failed: a report records {} \
+             of each)",
+            report.passed_left_out + report.failures_left_out,
+            report.passed_left_out,
+            report.failures_left_out,
+            validation::report::MAX_KEPT_CHECKS
+        );
+    }
+    let failed = report.failure_count();
     println!(
         "{} checks, {failed} failed; report: {}",
-        report.checks.len(),
+        report.checks.len() + report.passed_left_out + report.failures_left_out,
         latest.display()
     );
     Ok(if report.passed {

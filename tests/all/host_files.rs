@@ -879,6 +879,11 @@ const DEEP: usize = 30_000;
 /// Makes a chain of `depth` folders named `d` in the folder `top`, one `mkdirat` at a time
 /// (no path to the bottom would fit in `PATH_MAX`), with a file at the bottom.
 fn deep_chain(top: &Path, depth: usize) {
+    chain_of(top, depth, c"d");
+}
+
+/// [`deep_chain`] of folders named `name`.
+fn chain_of(top: &Path, depth: usize, name: &std::ffi::CStr) {
     use std::os::unix::ffi::OsStrExt;
     let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC;
     let top = std::ffi::CString::new(top.as_os_str().as_bytes()).unwrap();
@@ -888,8 +893,8 @@ fn deep_chain(top: &Path, depth: usize) {
     for _ in 0..depth {
         // SAFETY: `fd` is an open folder this loop owns, the names are NUL-terminated.
         let next = unsafe {
-            assert_eq!(libc::mkdirat(fd, c"d".as_ptr(), 0o755), 0);
-            let next = libc::openat(fd, c"d".as_ptr(), flags);
+            assert_eq!(libc::mkdirat(fd, name.as_ptr(), 0o755), 0);
+            let next = libc::openat(fd, name.as_ptr(), flags);
             libc::close(fd);
             next
         };
@@ -962,6 +967,40 @@ fn a_chain_of_folders_deeper_than_any_stack_does_not_stop_later_runs() {
         ws.join("runs/iteration-2/execution/digest/digest.md")
             .is_file()
     );
+}
+
+/// A chain of 20 folders of 255-byte names in a step's output folder (a guest makes it in
+/// 18 ms, far within the depth limit) passes the longest path the system takes: every later
+/// run failed `removing stale temp files ...: File name too long`, and `runs show` with it
+/// (round 29, MEDIUM). The walks that name entries by path do not go below such a folder.
+#[test]
+fn a_chain_of_long_folder_names_does_not_stop_later_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    support::workspace::copy_workspace(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/ticket-digest"),
+        &ws,
+        &["runs", "db.sqlite"],
+    );
+    let root = ws.to_str().unwrap();
+    let ran = |args: &[&str]| {
+        let out = bounded(args);
+        let text = both(&out);
+        assert!(out.status.success(), "trellis {args:?}: {text}");
+        text
+    };
+    ran(&["run", root]);
+    let long = std::ffi::CString::new("l".repeat(255)).unwrap();
+    chain_of(
+        &ws.join("runs/iteration-0/execution/export-open"),
+        20,
+        &long,
+    );
+    let shown = ran(&["runs", "show", root, "export-open"]);
+    assert!(shown.contains("open_tickets.json"), "{shown}");
+    ran(&["run", root, "--step", "digest"]);
+    ran(&["run", root]);
+    assert!(ws.join("runs/iteration-1/execution/export-open").is_dir());
 }
 
 /// A guest makes folders at most 256 levels below its granted folder, and cannot join two
