@@ -54,6 +54,7 @@ mod redteam_round25;
 mod redteam_round26;
 mod redteam_round27;
 mod redteam_round28;
+mod redteam_round29;
 mod redteam_round3;
 mod redteam_round5;
 mod redteam_round7;

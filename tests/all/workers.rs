@@ -754,7 +754,10 @@ fn a_task_taken_by_a_client_that_is_not_a_worker_fails_the_step() {
             if attack == "garbage" {
                 bus.states.put(task.key(), "garbage".into()).await.unwrap();
             }
-            message.ack().await.unwrap();
+            // Acknowledged and confirmed by the server: a plain ack is only sent, and the
+            // connection closing right after could lose it (the task then stays queued and
+            // the dispatcher rightly waits for a worker).
+            message.double_ack().await.unwrap();
         });
         // A bound against a hang, far past the few seconds the dispatcher takes to see it.
         let out = wait_output(&mut run, Duration::from_secs(180));

@@ -261,7 +261,7 @@ async fn run_prepared(
         units: Vec::new(),
     };
     for (group, folder) in units {
-        if env.cancelled() || env.out_of_model_calls() {
+        if env.cancelled() || env.out_of_model_calls() || env.out_of_kept_bytes() {
             break;
         }
         if let Some(g) = group {

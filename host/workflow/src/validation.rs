@@ -257,7 +257,7 @@ pub async fn run_gate(
         Err(e) if e.kind() == io::ErrorKind::NotFound => None,
         Err(e) => return Err(io_err(&output_dir.display().to_string(), e)),
     };
-    let mut checks = report::Kept::default();
+    let mut checks = report::Kept::starting_now();
     let mut warnings = Vec::new();
 
     for rule in &schema.files {

@@ -238,6 +238,8 @@ impl CallTime {
 pub struct ModelCalls {
     made: AtomicU64,
     kept: AtomicU64,
+    /// A turn ended because what it would keep did not fit the run's budget: the run ends.
+    kept_out: std::sync::atomic::AtomicBool,
     writes: std::sync::OnceLock<trellis_sandbox::capabilities::DbWriteBudget>,
 }
 
@@ -293,6 +295,17 @@ impl ModelCalls {
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |kept| {
                 Some(kept.saturating_sub(bytes))
             });
+    }
+
+    /// Marks that a turn ended for what the run keeps ([`Self::kept_out`]).
+    pub(super) fn mark_kept_out(&self) {
+        self.kept_out.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether a turn ended because what it would keep (its message, an answer) did not fit
+    /// the run's `--max-run-result-mib`: the run ends, no later group starts.
+    pub fn kept_out(&self) -> bool {
+        self.kept_out.load(Ordering::SeqCst)
     }
 
     /// Whether `max` calls were made: the run makes no more.

@@ -159,6 +159,7 @@ impl StepRunner<'_> {
         // them from the workspace and the files checked (100 MB of them under a 1 MiB budget).
         let bytes = u64::try_from(message.len()).unwrap_or(u64::MAX);
         if !self.model_calls.keep(bytes, self.budgets.run_result_bytes) {
+            self.model_calls.mark_kept_out();
             return Err(TurnEnd::Failed(super::budget::message_past_kept_bytes(
                 message.len(),
                 self.budgets.run_result_bytes,
@@ -320,6 +321,7 @@ impl StepRunner<'_> {
                 .keep(answer_bytes as u64, self.budgets.run_result_bytes)
             {
                 let why = out_of_kept_bytes(answer_bytes, self.budgets.run_result_bytes);
+                self.model_calls.mark_kept_out();
                 record.status = Status::Failed;
                 record.error = Some(why.clone());
                 self.emit_llm_call(&run.label, &record);

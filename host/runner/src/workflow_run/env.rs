@@ -162,4 +162,9 @@ impl<'a> RunEnv<'a> {
     pub(super) fn out_of_model_calls(&self) -> bool {
         self.model_calls.spent(self.turn_budgets.run_model_calls)
     }
+
+    /// Whether a turn ended the run for what it would keep (`--max-run-result-mib`).
+    pub(super) fn out_of_kept_bytes(&self) -> bool {
+        self.model_calls.kept_out()
+    }
 }

@@ -72,6 +72,7 @@ fn same(a: &Value, b: &Value) -> bool {
 /// Runs one check on `doc`. `Err` is a schema error (an unparsable JSONPath): the gate cannot
 /// run.
 pub(crate) fn run_check(sink: &mut Sink, doc: &Value, check: &JsonCheck) -> Result<(), String> {
+    sink.checks.past_deadline()?;
     let path = parse_json_path(&check.path)?;
     let compare_path = match &check.consistency_check {
         Some(c) => Some((c, parse_json_path(&c.compare_with_path)?)),
@@ -139,6 +140,7 @@ pub(crate) fn run_check(sink: &mut Sink, doc: &Value, check: &JsonCheck) -> Resu
         None => None,
     };
     for node in located {
+        sink.checks.past_deadline()?;
         let at = if many {
             node.location().to_string()
         } else {

@@ -63,9 +63,35 @@ pub(crate) struct Kept {
     passed: usize,
     pub passed_left_out: usize,
     pub failures_left_out: usize,
+    /// When the gate's checks of files must have ended ([`GATE_CHECKS_TIME`]).
+    pub deadline: Option<std::time::Instant>,
 }
 
+/// How long the checks of one gate's files (their JSON checks) may take together: a
+/// workspace's 2,000 `pattern` checks over a file of 10,000 values ran for hours.
+pub const GATE_CHECKS_TIME: std::time::Duration = std::time::Duration::from_secs(30);
+
 impl Kept {
+    /// Records for a gate beginning now.
+    pub fn starting_now() -> Self {
+        Kept {
+            deadline: Some(std::time::Instant::now() + GATE_CHECKS_TIME),
+            ..Kept::default()
+        }
+    }
+
+    /// Why no more checks are run: the gate's time is up.
+    pub fn past_deadline(&self) -> Result<(), String> {
+        match self.deadline {
+            Some(at) if std::time::Instant::now() >= at => Err(format!(
+                "the gate's checks ran past their {} s together; nothing more was checked \
+                 (fewer checks, or narrower paths)",
+                GATE_CHECKS_TIME.as_secs()
+            )),
+            _ => Ok(()),
+        }
+    }
+
     pub fn push(&mut self, mut check: CheckResult) {
         let (kept, left_out) = if check.passed {
             (&mut self.passed, &mut self.passed_left_out)
@@ -200,5 +226,35 @@ mod tests {
             )
             .is_err()
         );
+    }
+
+    #[test]
+    fn records_are_capped_and_checks_stop_at_the_gates_deadline() {
+        let check = |passed: bool| CheckResult {
+            file: "a.json".into(),
+            path: "$.x".repeat(1000),
+            kind: "pattern".into(),
+            passed,
+            expected: "e".into(),
+            actual: "a".into(),
+            message: "m".into(),
+        };
+        let mut kept = Kept::starting_now();
+        assert!(kept.past_deadline().is_ok());
+        for n in 0..(MAX_KEPT_CHECKS * 3) {
+            kept.push(check(n % 3 == 0));
+        }
+        assert_eq!(kept.checks.len(), 2 * MAX_KEPT_CHECKS);
+        // 100 passed and 200 failed: 100 of each recorded.
+        assert_eq!(kept.passed_left_out, 0);
+        assert_eq!(kept.failures_left_out, MAX_KEPT_CHECKS);
+        assert!(
+            kept.checks
+                .iter()
+                .all(|c| c.path.len() < RECORD_TEXT_BYTES + 64)
+        );
+        kept.deadline = Some(std::time::Instant::now());
+        let why = kept.past_deadline().unwrap_err();
+        assert!(why.contains("ran past their 30 s"), "{why}");
     }
 }
