@@ -28,7 +28,7 @@ mod support;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use criterion::{Criterion, criterion_group};
 use serde_json::json;
@@ -193,32 +193,21 @@ fn script(c: &mut Criterion) {
 
     // Interleaved sample for percentiles: drift in machine load hits all alike.
     let samples = support::rounds(300, 3);
-    let mut times = [(); 5].map(|()| Vec::new());
     for _ in 0..support::rounds(20, 1) {
         sandboxed(&with_logs);
         native(&python, &root, &output_dir, false);
         warm.borrow_mut().run();
     }
-    for _ in 0..samples {
-        let start = Instant::now();
-        sandboxed(&with_logs);
-        times[0].push(start.elapsed());
-        let start = Instant::now();
-        sandboxed(&no_logs);
-        times[1].push(start.elapsed());
-        let start = Instant::now();
-        warm.borrow_mut().run();
-        times[2].push(start.elapsed());
-        let start = Instant::now();
-        native(&python, &root, &output_dir, false);
-        times[3].push(start.elapsed());
-        let start = Instant::now();
-        native(&python, &root, &output_dir, true);
-        times[4].push(start.elapsed());
-    }
-    for t in &mut times {
-        t.sort();
-    }
+    let times = support::interleaved(
+        samples,
+        [
+            &mut || sandboxed(&with_logs),
+            &mut || sandboxed(&no_logs),
+            &mut || warm.borrow_mut().run(),
+            &mut || native(&python, &root, &output_dir, false),
+            &mut || native(&python, &root, &output_dir, true),
+        ],
+    );
     let p = |i: usize, q: f64| millis(support::percentile(&times[i], q));
     let names = [
         "trellis",

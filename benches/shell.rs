@@ -19,7 +19,7 @@ mod support;
 
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use criterion::{Criterion, criterion_group};
 use serde_json::{Value, json};
@@ -126,25 +126,18 @@ fn shell(c: &mut Criterion) {
     let samples = support::rounds(200, 2);
     println!("\nshell: p50 / p99 of {samples} interleaved calls of each");
     for &(name, script) in &cases {
-        let (mut inside, mut outside) = (Vec::new(), Vec::new());
-        for _ in 0..samples {
-            let started = Instant::now();
-            trellis(script);
-            inside.push(started.elapsed());
-            let started = Instant::now();
-            native(&root, script);
-            outside.push(started.elapsed());
-        }
-        inside.sort_unstable();
-        outside.sort_unstable();
-        let (p50, p99) = (
-            support::percentile(&inside, 0.5),
-            support::percentile(&inside, 0.99),
+        let [inside, outside] = support::interleaved(
+            samples,
+            [
+                &mut || {
+                    trellis(script);
+                },
+                &mut || {
+                    native(&root, script);
+                },
+            ],
         );
-        let (n50, n99) = (
-            support::percentile(&outside, 0.5),
-            support::percentile(&outside, 0.99),
-        );
+        let ((p50, p99), (n50, n99)) = (support::p50_p99(&inside), support::p50_p99(&outside));
         println!(
             "  {name:<9} trellis {:>9.0} us / {:>9.0} us   native {:>9.0} us / {:>9.0} us   ratio p50 {:.2}",
             micros(p50),

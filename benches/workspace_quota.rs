@@ -15,7 +15,7 @@ mod support;
 
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use criterion::{Criterion, criterion_group};
 use trellis_sandbox::capabilities::DbWriteBudget;
@@ -82,25 +82,18 @@ fn quota(c: &mut Criterion) {
     let samples = support::rounds(100, 2);
     println!("\nworkspace_quota: p50 / p99 of {samples} interleaved measurements of each");
     for (name, dir) in &dirs {
-        let (mut inside, mut outside) = (Vec::new(), Vec::new());
-        for _ in 0..samples {
-            let started = Instant::now();
-            DbWriteBudget::disk_use(dir.path()).unwrap();
-            inside.push(started.elapsed());
-            let started = Instant::now();
-            du(dir.path());
-            outside.push(started.elapsed());
-        }
-        inside.sort_unstable();
-        outside.sort_unstable();
-        let (p50, p99) = (
-            support::percentile(&inside, 0.5),
-            support::percentile(&inside, 0.99),
+        let [inside, outside] = support::interleaved(
+            samples,
+            [
+                &mut || {
+                    DbWriteBudget::disk_use(dir.path()).unwrap();
+                },
+                &mut || {
+                    du(dir.path());
+                },
+            ],
         );
-        let (n50, n99) = (
-            support::percentile(&outside, 0.5),
-            support::percentile(&outside, 0.99),
-        );
+        let ((p50, p99), (n50, n99)) = (support::p50_p99(&inside), support::p50_p99(&outside));
         println!(
             "  {name:<10} trellis {:>7.2} ms / {:>7.2} ms   du {:>7.2} ms / {:>7.2} ms   ratio p50 {:.2}",
             millis(p50),

@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Whether the bench runs in its quick mode: a few rounds of each sample instead of the
 /// thousands a figure needs, so `cargo test --benches` (which CI runs) checks that every path
@@ -33,4 +33,29 @@ pub fn component_cache() -> PathBuf {
 /// The `p` quantile (0 to 1) of `sorted`, the nearest sample.
 pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+/// The 0.5 and 0.99 quantiles of `sorted`.
+pub fn p50_p99(sorted: &[Duration]) -> (Duration, Duration) {
+    (percentile(sorted, 0.5), percentile(sorted, 0.99))
+}
+
+/// Times `samples` rounds of `runs`, each round calling every one of them once in turn, so
+/// drift in the machine's load hits them all alike: each one's times, sorted.
+pub fn interleaved<const N: usize>(
+    samples: usize,
+    mut runs: [&mut dyn FnMut(); N],
+) -> [Vec<Duration>; N] {
+    let mut times = [(); N].map(|()| Vec::with_capacity(samples));
+    for _ in 0..samples {
+        for (run, taken) in runs.iter_mut().zip(&mut times) {
+            let started = Instant::now();
+            run();
+            taken.push(started.elapsed());
+        }
+    }
+    for taken in &mut times {
+        taken.sort_unstable();
+    }
+    times
 }

@@ -216,6 +216,10 @@ pub async fn run(engine: impl FnOnce() -> Result<Engine>, args: BuilderArgs) -> 
             args.record_max_mib,
         )?);
     }
+    // The executions the session starts begin within its budgets (their writes come out of
+    // the session's, which it shares with them).
+    let mut template = template;
+    args.writes.apply(&mut template.turn_budgets);
     let executions = Executions::new(runtime.clone(), template);
     let interactive = args.messages.is_empty();
     let observer = printer(interactive);

@@ -90,9 +90,10 @@ pub struct RunArgs {
     /// model so.
     #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=65_536))]
     max_turn_result_mib: Option<u64>,
-    /// MiB of model answers and tool results the whole run keeps, every turn of every step
-    /// together (default 1024); a result past it is replaced by an error telling the model
-    /// so, an answer past it ends the run.
+    /// MiB of model answers, tool results, turn messages and system prompts the whole run
+    /// keeps, every turn of every step together (default 1024); a result past it is replaced
+    /// by an error telling the model so, an answer, a message or a system prompt past it
+    /// ends the run.
     #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
     max_run_result_mib: Option<u64>,
     #[command(flatten)]
@@ -358,6 +359,9 @@ pub async fn run(engine: &Engine, args: RunArgs) -> Result<ExitCode> {
                 );
             }
         }
+    }
+    if let Some(why) = &run.cut_short {
+        println!("the run stopped before its end: {why}");
     }
     let t = progress.totals();
     println!(

@@ -106,14 +106,13 @@ pub async fn run(engine: &Engine, args: ScriptArgs) -> Result<ExitCode> {
             }),
         ..Default::default()
     };
-    if let Some(why) =
-        trellis_sandbox::capabilities::DbWriteBudget::over_quota(&ws.root, budgets.workspace_bytes)
-    {
+    let calls = trellis_runner::driver::ModelCalls::default();
+    if let Err(why) = calls.begin_run(&budgets, options.limits.fs, &ws.root) {
         anyhow::bail!("{why}");
     }
-    let calls = trellis_runner::driver::ModelCalls::default();
-    options.run_writes = Some(calls.run_writes(&budgets, options.limits.fs, &ws.root));
-    if seed_database(&ws.fs)? {
+    let writes = calls.run_writes(&budgets, options.limits.fs, &ws.root);
+    options.run_writes = Some(writes.clone());
+    if seed_database(&ws.fs, &writes)? {
         let seeded = RunEvent::DatabaseSeeded {
             database: DB_FILE.to_string(),
             seed: SEED_SQL.to_string(),

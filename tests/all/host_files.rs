@@ -915,6 +915,25 @@ fn chain_of(top: &Path, depth: usize, name: &std::ffi::CStr) {
     }
 }
 
+/// A copy of the `ticket-digest` example (no runs, no database) in `dir/ws`.
+fn digest_workspace(dir: &Path) -> std::path::PathBuf {
+    let ws = dir.join("ws");
+    support::workspace::copy_workspace(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/ticket-digest"),
+        &ws,
+        &["runs", "db.sqlite"],
+    );
+    ws
+}
+
+/// Runs `trellis args` (bounded), asserting it succeeded: what it printed.
+fn ran(args: &[&str]) -> String {
+    let out = bounded(args);
+    let text = both(&out);
+    assert!(out.status.success(), "trellis {args:?}: {text}");
+    text
+}
+
 /// A chain of folders 30,000 deep put (outside the sandbox) in a run's `Downloads/` and in
 /// a step's output folder: `runs show` still lists the step, a single-step run empties the
 /// step's folder, and the full runs after it archive the run and then delete it, each as if
@@ -922,24 +941,13 @@ fn chain_of(top: &Path, depth: usize, name: &std::ffi::CStr) {
 #[test]
 fn a_chain_of_folders_deeper_than_any_stack_does_not_stop_later_runs() {
     let dir = tempfile::tempdir().unwrap();
-    let ws = dir.path().join("ws");
-    support::workspace::copy_workspace(
-        &Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/ticket-digest"),
-        &ws,
-        &["runs", "db.sqlite"],
-    );
+    let ws = digest_workspace(dir.path());
     // One archived run kept: the third full run deletes the run the chain is in.
     let manifest = ws.join("workflow.json");
     let mut workflow = support::workspace::read_json(&manifest);
     workflow["run_retention_count"] = json!(1);
     std::fs::write(&manifest, workflow.to_string()).unwrap();
     let root = ws.to_str().unwrap();
-    let ran = |args: &[&str]| {
-        let out = bounded(args);
-        let text = both(&out);
-        assert!(out.status.success(), "trellis {args:?}: {text}");
-        text
-    };
 
     ran(&["run", root]);
     let exec = ws.join("runs/iteration-0/execution");
@@ -976,19 +984,8 @@ fn a_chain_of_folders_deeper_than_any_stack_does_not_stop_later_runs() {
 #[test]
 fn a_chain_of_long_folder_names_does_not_stop_later_runs() {
     let dir = tempfile::tempdir().unwrap();
-    let ws = dir.path().join("ws");
-    support::workspace::copy_workspace(
-        &Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/ticket-digest"),
-        &ws,
-        &["runs", "db.sqlite"],
-    );
+    let ws = digest_workspace(dir.path());
     let root = ws.to_str().unwrap();
-    let ran = |args: &[&str]| {
-        let out = bounded(args);
-        let text = both(&out);
-        assert!(out.status.success(), "trellis {args:?}: {text}");
-        text
-    };
     ran(&["run", root]);
     let long = std::ffi::CString::new("l".repeat(255)).unwrap();
     chain_of(

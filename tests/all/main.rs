@@ -56,6 +56,7 @@ mod redteam_round27;
 mod redteam_round28;
 mod redteam_round29;
 mod redteam_round3;
+mod redteam_round30;
 mod redteam_round5;
 mod redteam_round7;
 mod redteam_round8;

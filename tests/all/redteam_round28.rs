@@ -5,24 +5,10 @@ use crate::support;
 
 use serde_json::json;
 use support::trellis;
-use support::workspace::write_file;
+use support::workspace::{tree_bytes, write_file};
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
-}
-
-fn tree_bytes(dir: &std::path::Path) -> u64 {
-    let mut total = 0;
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let entry = entry.unwrap();
-        let meta = entry.metadata().unwrap();
-        total += if meta.is_dir() {
-            tree_bytes(&entry.path())
-        } else {
-            meta.len()
-        };
-    }
-    total
 }
 
 /// A gate recorded every check of every value: 20 failing `pattern` checks over a 50 KB

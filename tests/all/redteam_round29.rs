@@ -6,7 +6,7 @@ use crate::support;
 use serde_json::json;
 use support::fake_llm::{FakeServer, completion};
 use support::trellis;
-use support::workspace::{regular_steps, write_file};
+use support::workspace::{regular_steps, tree_bytes, with_groups, write_file};
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
@@ -28,12 +28,7 @@ fn a_run_out_of_kept_bytes_starts_no_later_group() {
                "description": "d".repeat(2 << 20)}]})
         .to_string(),
     );
-    let mut manifest: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(root.join("workflow.json")).unwrap()).unwrap();
-    manifest["groups"] = (0..5)
-        .map(|i| json!({"id": format!("g{i}"), "name": format!("g{i}")}))
-        .collect();
-    write_file(root, "workflow.json", manifest.to_string());
+    with_groups(root, 5);
     let out = trellis(&[
         "run",
         root.to_str().unwrap(),
@@ -45,5 +40,42 @@ fn a_run_out_of_kept_bytes_starts_no_later_group() {
     let said = text(&out.stdout) + &text(&out.stderr);
     assert!(!out.status.success(), "{said}");
     assert_eq!(said.matches("step s: failed (").count(), 1, "{said}");
+    assert!(llm.seen().is_empty());
+}
+
+/// A step's `description` went into its system prompt, which its `session.json` keeps, once
+/// for each group that runs the step, outside every budget: a 2 MB description and 100 groups
+/// wrote 204 MB under a 1 MiB `--max-run-result-mib` (MEDIUM). The system prompt counts in
+/// what the run keeps: the first group's step fails, naming the budget, and no later group
+/// starts.
+#[test]
+fn a_long_description_counts_in_what_the_run_keeps() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let llm = FakeServer::start(Box::new(|_| (200, completion("done", &[]))));
+    regular_steps(root, llm.providers(), &[]);
+    write_file(
+        root,
+        "planning/plan.json",
+        json!({"objective": "o", "steps": [{"id": "s", "type": "message_sequence",
+               "title": "S", "description": "d".repeat(2 << 20),
+               "items": [{"id": "m", "type": "user_message", "message": "Go."}]}]})
+        .to_string(),
+    );
+    with_groups(root, 20);
+    let out = trellis(&[
+        "run",
+        root.to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
+        "--max-run-result-mib",
+        "1",
+    ]);
+    let said = text(&out.stdout) + &text(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("--max-run-result-mib"), "{said}");
+    assert_eq!(said.matches("step s: failed (").count(), 1, "{said}");
+    let written = tree_bytes(&root.join("runs"));
+    assert!(written < 4 << 20, "{written} bytes under runs/: {said}");
     assert!(llm.seen().is_empty());
 }

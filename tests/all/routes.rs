@@ -731,7 +731,7 @@ async fn example_cassette(registry: &PluginRegistry) -> Cassette {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("ws");
     copy_example(&root);
-    assert!(seed_database(&trellis_sandbox::store::WorkspaceFs::open(&root).unwrap()).unwrap());
+    assert!(seed_database(&workspace_fs(&root), &default_budget()).unwrap());
     let ws = Workspace::open(&root).unwrap();
     let step = ws.plan.step(EXAMPLE_STEP).unwrap();
     let configs = ws.agent_configs(EXAMPLE_STEP);
@@ -1041,10 +1041,7 @@ async fn the_example_cassette_is_current_and_the_example_delegates_and_reflects(
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("ws");
     copy_example(&root);
-    trellis_runner::workflow_run::seed_database(
-        &trellis_sandbox::store::WorkspaceFs::open(&root).unwrap(),
-    )
-    .unwrap();
+    trellis_runner::workflow_run::seed_database(&workspace_fs(&root), &default_budget()).unwrap();
     let ws = Workspace::open(&root).unwrap();
     let outcome = replay_runner(&registry, EXAMPLE_MODEL, &example_cassette_path())
         .run_step(&ws, EXAMPLE_STEP)
@@ -1067,4 +1064,15 @@ async fn the_example_cassette_is_current_and_the_example_delegates_and_reflects(
         .clone();
     assert_eq!(last["entry_id"], "triage-tickets-reflection");
     assert_eq!(last["status"], "completed");
+}
+
+fn workspace_fs(root: &Path) -> trellis_sandbox::store::WorkspaceFs {
+    trellis_sandbox::store::WorkspaceFs::open(root).unwrap()
+}
+
+/// A write budget of the default limits, for seeding a test's database.
+fn default_budget() -> trellis_sandbox::capabilities::DbWriteBudget {
+    trellis_sandbox::capabilities::DbWriteBudget::new(
+        trellis_sandbox::capabilities::FsLimits::DEFAULT,
+    )
 }

@@ -103,6 +103,68 @@ fn builder_sessions_one_after_another_write_within_the_workspaces_quota() {
     assert_eq!(refused, 2, "{said}");
 }
 
+/// The executions a builder session starts begin only within the session's quota: they
+/// were checked against the default quota, so a session kept starting executions (each
+/// writing its logs) into a workspace far past its `--max-workspace-mib` (round 30,
+/// MEDIUM: 379 MB in a 50 MiB workspace). Here the workspace passes its quota after the
+/// session opened (6 MiB written beside it); the execution its model starts is refused.
+#[test]
+fn a_builder_sessions_executions_begin_only_within_its_quota() {
+    use support::fake_llm::completion;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    let filled = root.join("knowledge/filled.bin");
+    let llm = FakeServer::start(Box::new(move |body| {
+        let system = body["messages"][0]["content"].as_str().unwrap_or_default();
+        let answered = body["messages"]
+            .as_array()
+            .is_some_and(|m| m.iter().any(|m| m["role"] == "tool"));
+        if system.contains("Say hello.") {
+            (200, completion("hello", &[]))
+        } else if !answered {
+            // Another process fills the workspace while the session is open.
+            std::fs::create_dir_all(filled.parent().unwrap()).unwrap();
+            std::fs::write(&filled, vec![7u8; 6 << 20]).unwrap();
+            (
+                200,
+                completion("", &[("execute_step", json!({"step_id": "s"}))]),
+            )
+        } else {
+            (200, completion("started", &[]))
+        }
+    }));
+    regular_steps(&root, llm.providers(), &[]);
+    support::workspace::write_file(
+        &root,
+        "planning/plan.json",
+        json!({"objective": "o", "steps": [{"id": "s", "type": "regular", "title": "S",
+               "description": "Say hello."}]})
+        .to_string(),
+    );
+    let out = trellis(&[
+        "builder",
+        root.to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
+        "--max-workspace-mib",
+        "4",
+        "-m",
+        "run s",
+    ]);
+    let said = text(&out.stdout) + &text(&out.stderr);
+    assert!(said.contains("--max-workspace-mib"), "{said}");
+    let step_calls = llm
+        .seen()
+        .iter()
+        .filter(|b| {
+            b["messages"][0]["content"]
+                .as_str()
+                .is_some_and(|s| s.contains("Say hello."))
+        })
+        .count();
+    assert_eq!(step_calls, 0, "the execution ran: {said}");
+}
+
 /// `trellis serve` had no write budget flags: its executions, started one after another,
 /// write within the quota it is given, counting what is already in the workspace (here a
 /// 4 MiB file of the workspace's own, and an 8 MiB quota: one 3 MiB turn fits, no second).

@@ -166,11 +166,19 @@ impl BuilderSession {
         let root = options.root.clone();
         let fs = WorkspaceFs::open(&root)
             .with_context(|| format!("opening workspace {}", root.display()))?;
-        // A workspace at its quota opens no session: its conversation file is written as the
-        // host's, not charged to any budget.
-        if let Some(why) = trellis_sandbox::capabilities::DbWriteBudget::over_quota(
+        // What the session writes, its turns and its executions together: made now, with
+        // the session's limit, for every one of them to take from. A workspace at its quota
+        // opens no session: its conversation file is written as the host's, not charged to
+        // any budget.
+        let model_calls: Arc<trellis_runner::driver::ModelCalls> = Arc::default();
+        if let Err(why) = model_calls.begin_run(
+            &trellis_runner::driver::TurnBudgets {
+                run_write_bytes: options.max_run_write_bytes,
+                workspace_bytes: options.max_workspace_bytes,
+                ..Default::default()
+            },
+            options.limits.fs,
             &root,
-            options.max_workspace_bytes,
         ) {
             anyhow::bail!("{why}");
         }
@@ -228,20 +236,8 @@ impl BuilderSession {
         )
         .with_context(|| format!("writing {ACTIVE_SESSION_FILE}"))?;
         // The session's model calls: its own turns', its side agents' and its executions'.
-        let model_calls: Arc<trellis_runner::driver::ModelCalls> = Arc::default();
         let mut executions = executions;
         executions.share_model_calls(model_calls.clone(), options.max_model_calls);
-        // What the session writes, its turns and its executions together: made now, with
-        // the session's limit, for every one of them to take from.
-        model_calls.run_writes(
-            &trellis_runner::driver::TurnBudgets {
-                run_write_bytes: options.max_run_write_bytes,
-                workspace_bytes: options.max_workspace_bytes,
-                ..Default::default()
-            },
-            options.limits.fs,
-            &root,
-        );
         let agent = Agent {
             root,
             registry: runtime.shared_registry(),

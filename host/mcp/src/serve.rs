@@ -345,13 +345,16 @@ impl ServerHandler for ToolServer {
         tracing::debug!(tool = %full_name, "call started");
         let args = serde_json::Value::Object(request.arguments.unwrap_or_default());
         let grant = match &self.quota {
-            Some((root, quota)) => Arc::new((*self.grant).clone().with_turn_writes(
-                &trellis_sandbox::capabilities::DbWriteBudget::for_run(
-                    self.limits.fs,
-                    root,
-                    *quota,
+            Some((root, quota)) => Arc::new(
+                (*self.grant).clone().with_turn_writes(
+                    &trellis_sandbox::capabilities::DbWriteBudget::for_run(
+                        self.limits.fs,
+                        root,
+                        *quota,
+                    )
+                    .0,
                 ),
-            )),
+            ),
             None => self.grant.clone(),
         };
         let outcome = self

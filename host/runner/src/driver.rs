@@ -367,9 +367,11 @@ impl<'a> StepRunner<'a> {
                 other.name()
             ),
         };
-        let mut run = self.start_step(ws, step)?;
+        let (mut run, started) = self.start_step(ws, step)?;
         let scripted = matches!(step.kind, StepKind::Regular) && run.configs.is_scripted();
-        let mut result = if scripted {
+        let mut result = if started.is_err() {
+            started
+        } else if scripted {
             self.run_scripted(&mut run).await
         } else {
             self.run_items(&mut run, &items).await

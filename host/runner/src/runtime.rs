@@ -761,14 +761,6 @@ fn run_execution(
     let _lock = share_workspace(holds, workspace, wait).map_err(|e| format!("{e:#}"))?;
     // The hold its admission took is this execution's own share now.
     drop(early);
-    // A workspace at its quota begins nothing more: what the host writes for a run (its
-    // logs, sessions, offloaded results) is not charged as it is written.
-    if let Some(why) = trellis_sandbox::capabilities::DbWriteBudget::over_quota(
-        workspace,
-        options.turn_budgets.workspace_bytes,
-    ) {
-        return Err(why);
-    }
     runtime.block_on(async {
         let mut env = RunEnv::new(registry, options.llm);
         env.limits = options.limits;
@@ -793,6 +785,9 @@ fn run_execution(
                 also.emit(event.clone());
             })
         };
+        // A workspace at its quota begins nothing more: what the host writes for a run (its
+        // logs, sessions, offloaded results) is not charged as it is written.
+        env.begin_run(workspace)?;
         run_workflow(&env, workspace, &options.run)
             .await
             .map_err(|e| format!("{e:#}"))
@@ -808,10 +803,11 @@ fn finish(execution: &Execution, result: Result<WorkflowRun, String>) {
         Ok(_) | Err(_) => ExecutionStatus::Failed,
     };
     // The end event is kept as long as the execution (a server keeps 200 ended ones).
-    let error = result
-        .as_ref()
-        .err()
-        .map(|e| trellis_sandbox::cut::marked(e, crate::workflow_run::DETAIL_BYTES));
+    let error = match &result {
+        Err(e) => Some(e.as_str()),
+        Ok(run) => run.cut_short.as_deref(),
+    }
+    .map(|e| trellis_sandbox::cut::marked(e, crate::workflow_run::DETAIL_BYTES));
     *execution.outcome.lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
     execution
         .info

@@ -126,22 +126,24 @@ pub async fn run(
         // What the logs keep comes out of the run's write budget (a run of a thousand
         // scripts each printing a megabyte wrote 2 GB of logs under a 16 MiB quota): past
         // what is left, each keeps its head, the cut marked.
-        let logged = match &options.run_writes {
+        let (stdout, stderr) = match &options.run_writes {
             Some(budget) => {
-                let left = budget.bytes_left();
-                let each = usize::try_from(left / 2).unwrap_or(usize::MAX);
+                let each = usize::try_from(budget.bytes_left() / 2).unwrap_or(usize::MAX);
                 let cut = |text: &str| trellis_sandbox::cut::marked(text, each);
-                let logged = ScriptOutcome {
-                    stdout: cut(&outcome.stdout),
-                    stderr: cut(&outcome.stderr),
-                    ..outcome.clone()
-                };
-                budget.charge((logged.stdout.len() + logged.stderr.len()) as u64);
-                Some(logged)
+                let (stdout, stderr) = (cut(&outcome.stdout), cut(&outcome.stderr));
+                budget.charge((stdout.len() + stderr.len()) as u64);
+                (Some(stdout), Some(stderr))
             }
-            None => None,
+            None => (None, None),
         };
-        write_logs(&ws.fs, &log_dir, logged.as_ref().unwrap_or(&outcome)).with_context(|| {
+        write_logs(
+            &ws.fs,
+            &log_dir,
+            &outcome,
+            stdout.as_deref().unwrap_or(&outcome.stdout),
+            stderr.as_deref().unwrap_or(&outcome.stderr),
+        )
+        .with_context(|| {
             format!(
                 "step {step_id:?}: writing the script's logs in {}",
                 log_dir.display()

@@ -103,6 +103,9 @@ pub const SEED_SQL: &str = "db/seed.sql";
 pub const DB_FILE: &str = "db/db.sqlite";
 /// A bound on steps run in one run unit, behind the per-pair jump caps.
 pub const MAX_STEPS: usize = 1000;
+/// A bound on steps run in one run, all its groups together: each writes a few files of
+/// the host's (its session, summary, reports), so groups must not multiply them without end.
+pub const MAX_RUN_STEPS: usize = 10_000;
 
 /// What to run.
 #[derive(Debug, Clone, Default)]
@@ -214,7 +217,7 @@ async fn run_prepared(
             "removed the temp files of writes cut short under runs/{ACTIVE_RUN}"
         );
     }
-    if seed_database(&ws.fs)? {
+    if seed_database(&ws.fs, &env.run_writes(root))? {
         env.observer.emit(RunEvent::DatabaseSeeded {
             database: DB_FILE.to_string(),
             seed: SEED_SQL.to_string(),
@@ -259,9 +262,16 @@ async fn run_prepared(
     let mut run = WorkflowRun {
         archived,
         units: Vec::new(),
+        cut_short: None,
     };
-    for (group, folder) in units {
-        if env.cancelled() || env.out_of_model_calls() || env.out_of_kept_bytes() {
+    let count = units.len();
+    for (n, (group, folder)) in units.into_iter().enumerate() {
+        if env.cancelled() {
+            break;
+        }
+        if let Some(why) = env.spent() {
+            let left = count - n;
+            run.cut_short = Some(format!("{why}: {left} of its {count} groups did not run",));
             break;
         }
         if let Some(g) = group {
@@ -431,27 +441,36 @@ mod tests {
     fn a_missing_database_is_created_from_seed_sql() {
         let dir = tempfile::tempdir().unwrap();
         let fs = WorkspaceFs::open(dir.path()).unwrap();
-        assert!(!seed_database(&fs).unwrap(), "no seed: nothing to do");
+        let budget = trellis_sandbox::capabilities::DbWriteBudget::new(
+            trellis_sandbox::capabilities::FsLimits::DEFAULT,
+        );
+        assert!(
+            !seed_database(&fs, &budget).unwrap(),
+            "no seed: nothing to do"
+        );
         std::fs::create_dir_all(dir.path().join("db")).unwrap();
         std::fs::write(
             dir.path().join(SEED_SQL),
             "CREATE TABLE t (x INTEGER); INSERT INTO t VALUES (7);",
         )
         .unwrap();
-        assert!(seed_database(&fs).unwrap());
+        assert!(seed_database(&fs, &budget).unwrap());
         let conn = rusqlite::Connection::open(dir.path().join(DB_FILE)).unwrap();
         let x: i64 = conn.query_row("SELECT x FROM t", [], |r| r.get(0)).unwrap();
         assert_eq!(x, 7);
-        assert!(!seed_database(&fs).unwrap(), "an existing db is kept");
+        assert!(
+            !seed_database(&fs, &budget).unwrap(),
+            "an existing db is kept"
+        );
 
         // An empty file holds no data: it is seeded over, unless a write-ahead log beside it
         // may hold some.
         drop(conn);
         std::fs::write(dir.path().join(DB_FILE), "").unwrap();
         std::fs::write(dir.path().join("db/db.sqlite-wal"), "").unwrap();
-        assert!(!seed_database(&fs).unwrap());
+        assert!(!seed_database(&fs, &budget).unwrap());
         std::fs::remove_file(dir.path().join("db/db.sqlite-wal")).unwrap();
-        assert!(seed_database(&fs).unwrap());
+        assert!(seed_database(&fs, &budget).unwrap());
         let conn = rusqlite::Connection::open(dir.path().join(DB_FILE)).unwrap();
         let x: i64 = conn.query_row("SELECT x FROM t", [], |r| r.get(0)).unwrap();
         assert_eq!(x, 7);

@@ -502,20 +502,22 @@ fn workspace_relative(guest: &str) -> String {
     guest.strip_prefix('/').unwrap_or(guest).to_string()
 }
 
-/// Writes stdout, stderr and the result record of `outcome` into `dir` (a step's logs
-/// folder), each atomically, in one batch (one wait for the disk, not six).
-pub fn write_logs(fs: &store::WorkspaceFs, dir: &Path, outcome: &ScriptOutcome) -> Result<()> {
+/// Writes `stdout`, `stderr` (the outcome's, or what a budget leaves of them) and the
+/// result record of `outcome` into `dir` (a step's logs folder), each atomically, in one
+/// batch (one wait for the disk, not six).
+pub fn write_logs(
+    fs: &store::WorkspaceFs,
+    dir: &Path,
+    outcome: &ScriptOutcome,
+    stdout: &str,
+    stderr: &str,
+) -> Result<()> {
     let completed = rfc3339(std::time::SystemTime::now());
     let record = store::json_bytes(&outcome.record(&completed))?;
-    let (stdout, stderr, result) = (
-        dir.join(STDOUT_LOG),
-        dir.join(STDERR_LOG),
-        dir.join(RESULT_LOG),
-    );
     fs.write_all_atomic(&[
-        (&stdout, outcome.stdout.as_bytes()),
-        (&stderr, outcome.stderr.as_bytes()),
-        (&result, &record),
+        (&dir.join(STDOUT_LOG), stdout.as_bytes()),
+        (&dir.join(STDERR_LOG), stderr.as_bytes()),
+        (&dir.join(RESULT_LOG), &record),
     ])?;
     Ok(())
 }

@@ -126,6 +126,10 @@ pub fn check_foreach_queries(ws: &Workspace) -> Diagnostics {
     diags
 }
 
+/// The most the scratch database `validate` seeds may take: past it the seed is not run to
+/// its end and the queries are not checked (a warning says so).
+pub const SCRATCH_SEED_BYTES: u64 = 256 << 20;
+
 /// Opens `db/db.sqlite` read-only, else builds a scratch copy from `db/seed.sql` in
 /// `scratch`; `None` when there is neither (or either is not a regular file: the run
 /// refuses that itself). The label says which one the queries were checked against.
@@ -152,10 +156,12 @@ fn open_database(
         .fs
         .read_to_string(SEED_SQL)
         .map_err(|e| format!("cannot be read: {e}"))?;
-    let db = sql::open(
+    // In the system's temp folder: bounded well below a run's database.
+    let db = sql::open_with_growth(
         &scratch.join("seed.sqlite"),
         SqlAccess::ReadWrite,
         sql::PLAN_SQL_TIMEOUT,
+        SCRATCH_SEED_BYTES,
     )
     .map_err(|e| format!("a scratch database cannot be made: {e}"))?;
     db.conn()

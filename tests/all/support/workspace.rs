@@ -84,3 +84,28 @@ pub fn regular_steps(root: &Path, providers: Value, ids: &[&str]) {
         ],
     );
 }
+
+/// Gives the workspace's `workflow.json` `n` groups (`g0`, `g1`, ...): the run goes through
+/// its steps once per group.
+pub fn with_groups(root: &Path, n: usize) {
+    let mut manifest = read_json(&root.join("workflow.json"));
+    manifest["groups"] = (0..n)
+        .map(|i| serde_json::json!({"id": format!("g{i}"), "name": format!("g{i}")}))
+        .collect();
+    write_file(root, "workflow.json", manifest.to_string());
+}
+
+/// The bytes of the files under `dir`, all the way down.
+pub fn tree_bytes(dir: &Path) -> u64 {
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let entry = entry.unwrap();
+        let meta = entry.metadata().unwrap();
+        total += if meta.is_dir() {
+            tree_bytes(&entry.path())
+        } else {
+            meta.len()
+        };
+    }
+    total
+}

@@ -305,8 +305,13 @@ impl Agent {
         crate::reads::check_args(&run_in_background_spec(), args)?;
         let name = crate::tool::str_arg(args, "name")?;
         let instruction = crate::tool::str_arg(args, "instruction")?.to_string();
+        // A side agent's turn keeps a share of a turn's tool results, so the session's turn
+        // and its side agents at once hold at most twice a turn's (each keeping a whole
+        // turn's, a turn and four side agents held 1.45 GB).
         let agent = Agent {
             is_side: true,
+            max_turn_result_bytes: self.max_turn_result_bytes
+                / crate::side_agents::MAX_RUNNING as u64,
             ..self.clone()
         };
         self.side.start(name, move || {

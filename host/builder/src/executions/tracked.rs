@@ -290,6 +290,7 @@ fn summarize(run: &WorkflowRun, status: ExecutionStatus) -> String {
         .flat_map(|u| &u.steps)
         .find(|s| s.status != trellis_runner::session::Status::Completed)
         .map(|s| format!(": {}", cut(&s.detail, 300)))
+        .or_else(|| run.cut_short.as_ref().map(|why| format!(": {why}")))
         .unwrap_or_default();
     let steps = if steps.is_empty() {
         "no step ran".to_string()

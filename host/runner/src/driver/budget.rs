@@ -255,18 +255,54 @@ impl ModelCalls {
         root: &std::path::Path,
     ) -> trellis_sandbox::capabilities::DbWriteBudget {
         self.writes
-            .get_or_init(|| {
-                trellis_sandbox::capabilities::DbWriteBudget::for_run(
-                    trellis_sandbox::capabilities::FsLimits {
-                        write_bytes: budgets.run_write_bytes,
-                        created_entries: budgets.run_created_entries,
-                        ..limits
-                    },
-                    root,
-                    budgets.workspace_bytes,
-                )
-            })
+            .get_or_init(|| Self::measured(budgets, limits, root).0)
             .clone()
+    }
+
+    /// Begins a run (an execution, a builder session, a script) of the workspace at `root`:
+    /// makes [`Self::run_writes`] if it is not made yet, else measures the workspace again
+    /// (the executions of a builder session share the session's), one measurement either
+    /// way. `Err` says why the run may not begin: the workspace takes its quota or more
+    /// (what the host writes for a run, its logs and sessions, is not charged as written).
+    pub fn begin_run(
+        &self,
+        budgets: &TurnBudgets,
+        limits: trellis_sandbox::capabilities::FsLimits,
+        root: &std::path::Path,
+    ) -> Result<(), String> {
+        let mut refused = None;
+        let mut measured = false;
+        self.writes.get_or_init(|| {
+            measured = true;
+            let (budget, why) = Self::measured(budgets, limits, root);
+            refused = why;
+            budget
+        });
+        if !measured {
+            refused = trellis_sandbox::capabilities::DbWriteBudget::over_quota(
+                root,
+                budgets.workspace_bytes,
+            );
+        }
+        refused.map_or(Ok(()), Err)
+    }
+
+    /// The run's write budget, the workspace at `root` measured now, and why a run may not
+    /// begin.
+    fn measured(
+        budgets: &TurnBudgets,
+        limits: trellis_sandbox::capabilities::FsLimits,
+        root: &std::path::Path,
+    ) -> (trellis_sandbox::capabilities::DbWriteBudget, Option<String>) {
+        trellis_sandbox::capabilities::DbWriteBudget::for_run(
+            trellis_sandbox::capabilities::FsLimits {
+                write_bytes: budgets.run_write_bytes,
+                created_entries: budgets.run_created_entries,
+                ..limits
+            },
+            root,
+            budgets.workspace_bytes,
+        )
     }
 
     /// Counts one more call; `false` (nothing counted) once `max` were made.
@@ -340,6 +376,27 @@ pub(super) fn message_past_kept_bytes(bytes: usize, max: u64) -> String {
     format!(
         "the turn's message of {bytes} bytes is past what the run keeps: its messages, model \
          answers and tool results together reached the run's budget of {} \
+         (--max-run-result-mib); the run ends here",
+        mib(max)
+    )
+}
+
+/// Why a step (or a route's call) does not start when its system prompt does not fit what
+/// the run keeps.
+pub(super) fn system_prompt_past_kept_bytes(bytes: usize, max: u64) -> String {
+    format!(
+        "the step's system prompt of {bytes} bytes (its description, its inlined context \
+         dependencies) is past what the run keeps: its messages, model answers and tool results \
+         together reached the run's budget of {} (--max-run-result-mib); the run ends here",
+        mib(max)
+    )
+}
+
+/// Why a step ends when a gate's report does not fit what the run keeps.
+pub(super) fn report_past_kept_bytes(item_id: &str, bytes: usize, max: u64) -> String {
+    format!(
+        "gate {item_id}: its report of {bytes} bytes is past what the run keeps: its messages, \
+         model answers, tool results and gate reports together reached the run's budget of {} \
          (--max-run-result-mib); the run ends here",
         mib(max)
     )

@@ -26,6 +26,16 @@ pub(super) enum TurnEnd {
     Failed(String),
 }
 
+impl TurnEnd {
+    /// Why the turn ended, as a call's error says it.
+    pub(super) fn reason(self) -> String {
+        match self {
+            TurnEnd::Failed(r) => r,
+            TurnEnd::Stopped => "stop requested".to_string(),
+        }
+    }
+}
+
 pub(super) struct TurnOk {
     pub(super) text: String,
 }
@@ -153,8 +163,14 @@ impl StepRunner<'_> {
 
     /// The [`Run`] of `step`'s own agent: its output and logs folders made afresh (the
     /// routes' conversations and call folders of an earlier run of the step go), a new
-    /// session, and the system prompt as the first message, saved in `session.json`.
-    pub(super) fn start_step<'w>(&self, ws: &'w Workspace, step: &'w Step) -> Result<Run<'w>> {
+    /// session, and the system prompt as the first message, saved in `session.json`. The
+    /// second value is `Err` when the system prompt is past what the run keeps: the step
+    /// fails without a turn.
+    pub(super) fn start_step<'w>(
+        &self,
+        ws: &'w Workspace,
+        step: &'w Step,
+    ) -> Result<(Run<'w>, Result<(), TurnEnd>)> {
         let step_id = step.id.as_str();
         let configs = ws.agent_configs(step_id);
         let run_folder = ws
@@ -222,9 +238,31 @@ impl StepRunner<'_> {
             system.push_str(&inlined_dependencies(&ws.fs, &deps));
         }
         let system = unsandboxed_note(system, &run.tools);
-        run.history.push(Message::system(system));
+        // The system prompt is kept in the step's session, once for each group that runs the
+        // step: it counts in what the run keeps, as a turn's message does (a 2 MB description
+        // and 100 groups wrote 204 MB of sessions under a 1 MiB budget).
+        let kept = self.keep_system_prompt(&system);
+        if kept.is_ok() {
+            run.history.push(Message::system(system));
+        }
         run.save_session()?;
-        Ok(run)
+        Ok((run, kept))
+    }
+
+    /// Counts a system prompt in the run's kept bytes (`--max-run-result-mib`); past them the
+    /// run ends, no later group starts.
+    pub(super) fn keep_system_prompt(&self, system: &str) -> Result<(), TurnEnd> {
+        let bytes = u64::try_from(system.len()).unwrap_or(u64::MAX);
+        if self.model_calls.keep(bytes, self.budgets.run_result_bytes) {
+            return Ok(());
+        }
+        self.model_calls.mark_kept_out();
+        Err(TurnEnd::Failed(
+            super::budget::system_prompt_past_kept_bytes(
+                system.len(),
+                self.budgets.run_result_bytes,
+            ),
+        ))
     }
 }
 

@@ -172,14 +172,11 @@ impl StepRunner<'_> {
         // rest of the conversation is kept.
         let grant = run
             .grant_for(TurnAccess::for_step(&run.configs))
-            .map_err(|e| match e {
-                TurnEnd::Failed(r) => r,
-                TurnEnd::Stopped => "stop requested".to_string(),
-            })?;
-        let system = Message::system(unsandboxed_note(
-            system_prompt(&ws.plan, step, &grant),
-            &run.tools,
-        ));
+            .map_err(TurnEnd::reason)?;
+        let system = unsandboxed_note(system_prompt(&ws.plan, step, &grant), &run.tools);
+        // Saved again with the route's session at every call: kept, so counted.
+        self.keep_system_prompt(&system).map_err(TurnEnd::reason)?;
+        let system = Message::system(system);
         match run.history.first_mut() {
             Some(first) if first.role == trellis_sandbox::llm::Role::System => *first = system,
             _ => run.history.insert(0, system),

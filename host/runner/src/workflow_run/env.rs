@@ -46,6 +46,8 @@ pub struct RunEnv<'a> {
     pub dispatch: Option<Arc<dyn crate::dispatch::StepDispatch>>,
     /// What substituting variables added to the plan's texts so far in this run.
     substituted: std::sync::atomic::AtomicUsize,
+    /// Steps run so far in this run, all groups together ([`super::MAX_RUN_STEPS`]).
+    steps_run: std::sync::atomic::AtomicUsize,
 }
 
 impl<'a> RunEnv<'a> {
@@ -72,6 +74,7 @@ impl<'a> RunEnv<'a> {
             scripts: OnceLock::new(),
             dispatch: None,
             substituted: Default::default(),
+            steps_run: Default::default(),
         }
     }
 
@@ -149,16 +152,60 @@ impl<'a> RunEnv<'a> {
         })
     }
 
+    /// Begins a run of the workspace at `root` within the run's budgets
+    /// ([`crate::driver::ModelCalls::begin_run`]): `Err` says why it may not, its workspace at
+    /// its quota.
+    pub fn begin_run(&self, root: &std::path::Path) -> Result<(), String> {
+        self.model_calls
+            .begin_run(&self.turn_budgets, self.limits.fs, root)
+    }
+
+    /// What the whole run may write ([`crate::driver::ModelCalls::run_writes`]).
+    pub(super) fn run_writes(
+        &self,
+        root: &std::path::Path,
+    ) -> trellis_sandbox::capabilities::DbWriteBudget {
+        self.model_calls
+            .run_writes(&self.turn_budgets, self.limits.fs, root)
+    }
+
+    /// Counts one more step run; an error once the run ran [`super::MAX_RUN_STEPS`].
+    pub(super) fn take_step_run(&self) -> Result<()> {
+        let run = self.steps_run.fetch_add(1, Ordering::SeqCst);
+        if run >= super::MAX_RUN_STEPS {
+            anyhow::bail!(
+                "more than {} steps run in this run, all its groups together: run fewer groups \
+                 at once (--group)",
+                super::MAX_RUN_STEPS
+            );
+        }
+        Ok(())
+    }
+
     pub(super) fn cancelled(&self) -> bool {
         self.cancel.load(Ordering::SeqCst)
     }
 
-    /// Whether the run made all the model calls it may: no later step or group starts.
+    /// Why no later group starts ([`Self::out_of_model_calls`], [`Self::out_of_kept_bytes`]).
+    pub(super) fn spent(&self) -> Option<String> {
+        if self.out_of_model_calls() {
+            Some(format!(
+                "the run made its {} model calls, the limit of one run (--max-model-calls)",
+                self.turn_budgets.run_model_calls
+            ))
+        } else if self.out_of_kept_bytes() {
+            Some("what the run keeps reached its budget (--max-run-result-mib)".to_string())
+        } else {
+            None
+        }
+    }
+
     /// Counts the run's model calls in `calls`, shared with whoever else holds it.
     pub fn share_model_calls(&mut self, calls: Arc<crate::driver::ModelCalls>) {
         self.model_calls = calls;
     }
 
+    /// Whether the run made all the model calls it may: no later step or group starts.
     pub(super) fn out_of_model_calls(&self) -> bool {
         self.model_calls.spent(self.turn_budgets.run_model_calls)
     }

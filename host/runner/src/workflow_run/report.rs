@@ -53,11 +53,14 @@ pub struct WorkflowRun {
     pub archived: Option<String>,
     /// The run units, in order.
     pub units: Vec<UnitRun>,
+    /// Why the run stopped before its last unit: it made all its model calls, or what it
+    /// keeps reached its budget. Such a run did not succeed.
+    pub cut_short: Option<String>,
 }
 
 impl WorkflowRun {
-    /// Whether every unit succeeded.
+    /// Whether every unit ran and succeeded.
     pub fn succeeded(&self) -> bool {
-        self.units.iter().all(UnitRun::succeeded)
+        self.cut_short.is_none() && self.units.iter().all(UnitRun::succeeded)
     }
 }

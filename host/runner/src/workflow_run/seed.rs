@@ -9,8 +9,12 @@ const SEED_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
 /// with no write-ahead log beside it: what opening a database that was not there leaves, and
 /// no data) and the seed exists: a workspace may ship SQL instead of a binary database.
 /// Returns whether it did. `trellis run` and `trellis script` call it before anything opens
-/// the database.
-pub fn seed_database(fs: &WorkspaceFs) -> Result<bool> {
+/// the database. The database the seed makes is written out of `writes`, the run's write
+/// budget (a seed inserting blobs made a 300 MB database under an 8 MiB budget).
+pub fn seed_database(
+    fs: &WorkspaceFs,
+    writes: &trellis_sandbox::capabilities::DbWriteBudget,
+) -> Result<bool> {
     // A link or a FIFO at either path is refused, not followed (see `store::workspace_fs`).
     match fs.kind(DB_FILE)? {
         None => {}
@@ -35,8 +39,13 @@ pub fn seed_database(fs: &WorkspaceFs) -> Result<bool> {
         .ensure_regular_file(tmp)
         .with_context(|| format!("creating {tmp}"))?;
     // The seed is the workspace's SQL: fenced like a plan's (no ATTACH, a deadline).
-    let db = sql::open(&tmp_host, SqlAccess::ReadWrite, SEED_TIMEOUT)
-        .with_context(|| format!("creating {tmp}"))?;
+    let db = sql::open_with_growth(
+        &tmp_host,
+        SqlAccess::ReadWrite,
+        SEED_TIMEOUT,
+        writes.bytes_left().min(sql::DEFAULT_MAX_GROWTH_BYTES),
+    )
+    .with_context(|| format!("creating {tmp}"))?;
     let seeded = sql::refuse_unseen(&sql)
         .map_err(anyhow::Error::msg)
         .and_then(|()| {
@@ -45,10 +54,24 @@ pub fn seed_database(fs: &WorkspaceFs) -> Result<bool> {
                 .map_err(|e| anyhow::anyhow!(db.describe(&e)))
         });
     drop(db);
+    // SQLite says `database or disk is full`: the budget that made it so is named.
+    let seeded = seeded.map_err(|err| {
+        if format!("{err:#}").contains("is full") {
+            err.context(format!(
+                "the database it makes would take more than the {} bytes left of the run's \
+                 write budget (--max-run-write-mib) or the workspace's quota \
+                 (--max-workspace-mib)",
+                writes.bytes_left()
+            ))
+        } else {
+            err
+        }
+    });
     if let Err(err) = seeded {
         let _ = fs.remove_file(tmp);
         return Err(err.context(format!("running {SEED_SQL}")));
     }
+    writes.charge(fs.metadata_len(tmp).unwrap_or(0));
     fs.rename(tmp, DB_FILE)
         .with_context(|| format!("creating {DB_FILE}"))?;
     Ok(true)

@@ -76,6 +76,7 @@ pub(super) async fn run_unit(
         if unit.steps.len() >= MAX_STEPS {
             bail!("more than {MAX_STEPS} steps run: is there a loop in next_step_id?");
         }
+        env.take_step_run()?;
         // Going back to a step already run is a loop's jump: bounded per (source, target)
         // pair, and the target's and every later step's outputs are archived first.
         if let Some(from) = &previous

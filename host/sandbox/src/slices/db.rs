@@ -511,13 +511,20 @@ impl DbWriteBudget {
     /// the run may write and create together), which its turns' budgets
     /// ([`DbWriteBudget::within`]) are part of; its writes also come out of the workspace's
     /// quota of `quota` bytes on disk, its folder measured now
-    /// ([`crate::slices::fs::quota`]).
-    pub fn for_run(limits: crate::capabilities::FsLimits, root: &Path, quota: u64) -> Self {
-        DbWriteBudget(FsBudget::shared(
+    /// ([`crate::slices::fs::quota`]). The second value is why the run may not begin (as
+    /// [`DbWriteBudget::over_quota`] says), from the same measurement.
+    pub fn for_run(
+        limits: crate::capabilities::FsLimits,
+        root: &Path,
+        quota: u64,
+    ) -> (Self, Option<String>) {
+        let (workspace, refused) = crate::slices::fs::quota::workspace_budget(root, quota);
+        let budget = DbWriteBudget(FsBudget::shared(
             limits,
             crate::slices::fs::guard::Shared::Run,
-            Some(crate::slices::fs::quota::workspace_budget(root, quota)),
-        ))
+            Some(workspace),
+        ));
+        (budget, refused)
     }
 
     /// Why a run of the workspace at `root` may not begin: its folder takes `quota` bytes

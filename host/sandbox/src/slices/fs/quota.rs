@@ -27,12 +27,16 @@ type Id = (u64, u64);
 static LIVE: Mutex<Vec<(Id, u64, Weak<FsBudget>)>> = Mutex::new(Vec::new());
 
 /// The budget of the workspace at `root` with a quota of `quota` bytes, its folder measured
-/// now: the one its runs going on already write within, or a new one.
-pub(crate) fn workspace_budget(root: &Path, quota: u64) -> Arc<FsBudget> {
-    let taken = measure(root).unwrap_or_else(|why| {
-        tracing::warn!("{}: {why}", root.display());
-        quota
-    });
+/// now: the one its runs going on already write within, or a new one; and why a run may
+/// not begin ([`over_quota`]), from the same measurement.
+pub(crate) fn workspace_budget(root: &Path, quota: u64) -> (Arc<FsBudget>, Option<String>) {
+    let (taken, refused) = match measure(root) {
+        Ok(taken) => (taken, past_quota(taken, quota)),
+        Err(why) => {
+            tracing::warn!("{}: {why}", root.display());
+            (quota, Some(why))
+        }
+    };
     let id = std::fs::metadata(root).map_or((0, 0), |m| {
         use std::os::unix::fs::MetadataExt;
         (m.dev(), m.ino())
@@ -57,7 +61,7 @@ pub(crate) fn workspace_budget(root: &Path, quota: u64) -> Arc<FsBudget> {
         budget
     });
     budget.set_written(taken);
-    budget
+    (budget, refused)
 }
 
 /// Why a run of the workspace at `root` may not begin: its folder takes `quota` bytes or
@@ -65,10 +69,14 @@ pub(crate) fn workspace_budget(root: &Path, quota: u64) -> Arc<FsBudget> {
 /// offloaded results, a builder's conversation) are not charged as they are written, so a
 /// workspace past its quota begins nothing more.
 pub(crate) fn over_quota(root: &Path, quota: u64) -> Option<String> {
-    let taken = match measure(root) {
-        Ok(taken) => taken,
-        Err(why) => return Some(why),
-    };
+    match measure(root) {
+        Ok(taken) => past_quota(taken, quota),
+        Err(why) => Some(why),
+    }
+}
+
+/// What [`over_quota`] says of a folder that takes `taken` bytes.
+fn past_quota(taken: u64, quota: u64) -> Option<String> {
     (taken >= quota).then(|| {
         format!(
             "the workspace takes {taken} bytes on disk, its quota of {quota} or more \
@@ -130,14 +138,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("data"), vec![1u8; 4 << 20]).unwrap();
         let quota = 16 << 20;
-        let first = run(&workspace_budget(dir.path(), quota), 64 << 20);
+        let first = run(&workspace_budget(dir.path(), quota).0, 64 << 20);
         let left = first.write_bytes_left();
         assert!(left < 12 << 20 && left > 11 << 20, "{left}");
         // The first run writes 6 MiB to the folder (and counts them).
         std::fs::write(dir.path().join("written"), vec![1u8; 6 << 20]).unwrap();
         first.charge_growth(6 << 20);
         // A second run begins: the folder is measured again, and both take from one count.
-        let second = run(&workspace_budget(dir.path(), quota), 64 << 20);
+        let second = run(&workspace_budget(dir.path(), quota).0, 64 << 20);
         let left = second.write_bytes_left();
         assert!(left < 6 << 20 && left > 5 << 20, "{left}");
         assert_eq!(first.write_bytes_left(), left);
@@ -146,7 +154,7 @@ mod tests {
         drop((first, second));
         // With no run going on, the folder as it is.
         std::fs::remove_file(dir.path().join("written")).unwrap();
-        let third = run(&workspace_budget(dir.path(), quota), 64 << 20);
+        let third = run(&workspace_budget(dir.path(), quota).0, 64 << 20);
         let left = third.write_bytes_left();
         assert!(left < 12 << 20 && left > 11 << 20, "{left}");
     }
@@ -158,5 +166,10 @@ mod tests {
         assert_eq!(over_quota(dir.path(), 16 << 20), None);
         let why = over_quota(dir.path(), 4 << 20).unwrap();
         assert!(why.contains("its quota of 4194304 or more"), "{why}");
+        // The run's budget, made from the same measurement, says the same.
+        assert_eq!(workspace_budget(dir.path(), 16 << 20).1, None);
+        let (budget, refused) = workspace_budget(dir.path(), 4 << 20);
+        assert_eq!(refused.as_deref(), Some(why.as_str()));
+        assert_eq!(budget.write_bytes_left(), 0);
     }
 }
