@@ -171,15 +171,7 @@ impl<'a> RunEnv<'a> {
 
     /// Counts one more step run; an error once the run ran [`super::MAX_RUN_STEPS`].
     pub(super) fn take_step_run(&self) -> Result<()> {
-        let run = self.steps_run.fetch_add(1, Ordering::SeqCst);
-        if run >= super::MAX_RUN_STEPS {
-            anyhow::bail!(
-                "more than {} steps run in this run, all its groups together: run fewer groups \
-                 at once (--group)",
-                super::MAX_RUN_STEPS
-            );
-        }
-        Ok(())
+        take_step_run(&self.steps_run, super::MAX_RUN_STEPS)
     }
 
     pub(super) fn cancelled(&self) -> bool {
@@ -213,5 +205,33 @@ impl<'a> RunEnv<'a> {
     /// Whether a turn ended the run for what it would keep (`--max-run-result-mib`).
     pub(super) fn out_of_kept_bytes(&self) -> bool {
         self.model_calls.kept_out()
+    }
+}
+
+/// Counts one more step run in `runs`; an error once `max` were run.
+fn take_step_run(runs: &std::sync::atomic::AtomicUsize, max: usize) -> Result<()> {
+    if runs.fetch_add(1, Ordering::SeqCst) >= max {
+        anyhow::bail!(
+            "more than {max} steps run in this run, all its groups together: run fewer groups \
+             at once (--group)"
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each group ran up to 1,000 steps, each writing a few files of the host's, and
+    /// nothing bounded groups times steps (round 30): one count for the whole run.
+    #[test]
+    fn the_steps_of_a_run_are_bounded_over_its_groups() {
+        let runs = std::sync::atomic::AtomicUsize::new(0);
+        for _ in 0..3 {
+            take_step_run(&runs, 3).unwrap();
+        }
+        let err = take_step_run(&runs, 3).unwrap_err().to_string();
+        assert!(err.contains("more than 3 steps run in this run"), "{err}");
     }
 }

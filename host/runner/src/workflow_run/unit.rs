@@ -328,8 +328,6 @@ fn agent_report(step: &Step, detail: String, outcome: StepOutcome) -> StepReport
     }
 }
 
-/// Whether `step`, or a route's sub-agent step under it, is a scripted regular step: its
-/// runner then needs the script runner.
 /// Records `answer` to `human_input` step `step` in its answer file: the step's report and
 /// the step it routes to.
 fn answered(
@@ -344,12 +342,17 @@ fn answered(
     let decided = answer_human_input(h, answer);
     let next = decided.next.clone().or_else(|| default_next(ws, step));
     let file = human_input_file(ws, step);
-    // Joined to the output folder, an absolute path would replace it (a `..` is refused by
-    // the workspace handle).
-    if Path::new(&file).has_root() {
+    // Joined to the output folder, an absolute path or `.` would replace it (a `..` is
+    // refused by the workspace handle; an answer `.` made the folder a file).
+    let named = Path::new(&file);
+    if named.as_os_str().is_empty()
+        || !named
+            .components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)))
+    {
         bail!(
-            "step {id:?}: the answer file (context_output) {file:?} is an absolute path; \
-             expected a name in the step's output folder"
+            "step {id:?}: the answer file (context_output) {file:?} does not name a file in \
+             the step's output folder; expected a name such as \"answer.json\""
         );
     }
     write_json(
