@@ -966,8 +966,9 @@ fn a_second_call_to_a_route_continues_its_conversation_with_the_new_instructions
 // ------------------------------------------------------------------------- attack tests
 
 /// A plan naming a file or step outside the run folder cannot make the run write, empty or
-/// archive anything there: the answer file, the emptying and the archive all go through the
-/// workspace handle, which refuses `..`; nothing in the workspace but the run folder changes.
+/// archive anything there: an answer file with `..` is refused, the emptying and the archive
+/// go through the workspace handle, which refuses `..`; nothing in the workspace but the run
+/// folder changes.
 #[test]
 fn a_plan_cannot_aim_the_answer_file_or_the_emptying_outside_the_run() {
     let dir = tempfile::tempdir().unwrap();
@@ -979,7 +980,10 @@ fn a_plan_cannot_aim_the_answer_file_or_the_emptying_outside_the_run() {
     write_file(dir.path(), "knowledgebase/notes/keep.md", "keep");
     let before = support::tree_digest(&dir.path().join("planning"));
     let all = failed(&run(dir.path(), &["--input", "v=x"]));
-    assert!(all.contains("leaves the workspace"), "{all}");
+    assert!(
+        all.contains("does not name a file in the step's output folder"),
+        "{all}"
+    );
     assert_eq!(support::tree_digest(&dir.path().join("planning")), before);
 
     // A step id that climbs out of execution/ is refused before anything is emptied.
