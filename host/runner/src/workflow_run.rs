@@ -270,8 +270,10 @@ async fn run_prepared(
             break;
         }
         if let Some(why) = env.spent() {
-            let left = count - n;
-            run.cut_short = Some(format!("{why}: {left} of its {count} groups did not run",));
+            run.cut_short = Some(match group {
+                Some(_) => format!("{why}: {} of its {count} groups did not run", count - n),
+                None => why,
+            });
             break;
         }
         if let Some(g) = group {

@@ -250,6 +250,7 @@ fn load(
         diags.extend(manifest::schedules::check_groups(m));
         diags.extend(m.check_variable_values());
         diags.extend(m.check_group_count());
+        diags.extend(m.check_group_folders());
     }
 
     // The step config first (its diagnostics still come after the plan's): the steps it

@@ -132,7 +132,11 @@ pub fn group_folder_name(display_name: Option<&str>, group_id: &str) -> anyhow::
         .filter(|s| !s.is_empty())
         .or_else(|| Some(sanitize_folder_name(group_id)).filter(|s| !s.is_empty()));
     anyhow::Context::with_context(name, || {
-        format!("group {group_id:?} has no usable folder name (display name {display_name:?})")
+        let named = display_name.map_or(String::new(), |n| format!(" nor its name {n:?}"));
+        format!(
+            "group {group_id:?} has no usable folder name: neither its id{named} has a letter, \
+             digit, `_` or `-`"
+        )
     })
 }
 
@@ -349,6 +353,37 @@ impl WorkflowManifest {
                      whole plan)",
                     self.groups.len()
                 ),
+                severity: Severity::Error,
+            });
+        }
+        diags
+    }
+
+    /// An error for each group whose run folder cannot be named
+    /// ([`group_folder_name`]), or is another group's.
+    pub fn check_group_folders(&self) -> Diagnostics {
+        let mut diags = Diagnostics::new();
+        let mut seen: BTreeMap<String, &str> = BTreeMap::new();
+        for (i, g) in self.groups.iter().enumerate() {
+            let message = match group_folder_name(g.name.as_deref(), &g.id) {
+                Err(e) => format!("{e}"),
+                Ok(folder) => match seen.get(folder.as_str()) {
+                    Some(other) => format!(
+                        "group {:?} runs in the folder {folder:?} of group {other:?}: give one \
+                         of them another name",
+                        g.id
+                    ),
+                    None => {
+                        seen.insert(folder, &g.id);
+                        continue;
+                    }
+                },
+            };
+            diags.push(Diagnostic {
+                file: WORKFLOW_FILE.into(),
+                json_path: format!("groups[{i}]"),
+                step_id: None,
+                message,
                 severity: Severity::Error,
             });
         }
@@ -819,5 +854,21 @@ mod tests {
         assert_eq!(vars["REGION"], "us");
         assert_eq!(vars["TICKER"], "ACME");
         assert_eq!(m.contract(), Some(ContractVersion::V1_0_11));
+    }
+
+    /// `validate` found nothing wrong with groups that `run` then refused: a group whose
+    /// name and id leave no folder name, two groups in one folder (round 30).
+    #[test]
+    fn groups_without_a_folder_of_their_own_are_errors() {
+        let text = r#"{"groups":[{"id":".."},{"id":"emea","name":"EMEA"},
+                                 {"id":"e2","name":"emea"},{"id":"us"}]}"#;
+        let (m, _) = parse_manifest(text, WORKFLOW_FILE).unwrap();
+        assert_eq!(
+            m.check_group_folders().lines(),
+            [
+                "workflow.json: groups[0]: group \"..\" has no usable folder name: neither its id has a letter, digit, `_` or `-`",
+                "workflow.json: groups[2]: group \"e2\" runs in the folder \"emea\" of group \"emea\": give one of them another name",
+            ]
+        );
     }
 }

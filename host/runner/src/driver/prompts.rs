@@ -153,12 +153,24 @@ pub fn inlined_dependencies(fs: &trellis_sandbox::store::WorkspaceFs, deps: &[&s
         if !matches!(fs.kind(dep), Ok(Some(trellis_sandbox::store::Kind::File))) {
             continue;
         }
-        // Larger than the cap: named, never read whole.
-        let Ok(bytes) = fs.read_capped(dep, MAX_INLINE_FILE as u64) else {
-            text.push_str(&format!(
-                "File: {dep} (over {MAX_INLINE_FILE} bytes; read it with your tools)\n"
-            ));
-            continue;
+        // Larger than the cap: named, never read whole. One the host does not read (a
+        // file with other hard links, say) is named with why.
+        let bytes = match fs.read_capped(dep, MAX_INLINE_FILE as u64) {
+            Ok(bytes) => bytes,
+            Err(_)
+                if fs
+                    .metadata_len(dep)
+                    .is_some_and(|n| n > MAX_INLINE_FILE as u64) =>
+            {
+                text.push_str(&format!(
+                    "File: {dep} (over {MAX_INLINE_FILE} bytes; read it with your tools)\n"
+                ));
+                continue;
+            }
+            Err(e) => {
+                text.push_str(&format!("File: {dep} (not read: {e})\n"));
+                continue;
+            }
         };
         let size = bytes.len();
         let is_text = !bytes[..size.min(512)].contains(&0);
@@ -295,4 +307,34 @@ pub(super) fn failing_checks(report: &Report) -> String {
         ));
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A small file with another hard link is not read, and the prompt says why, not that
+    /// it is too large (round 30).
+    #[test]
+    fn dependencies_are_inlined_named_when_large_and_refused_with_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::write(root.join("small.md"), "hello").unwrap();
+        std::fs::write(root.join("large.md"), "x".repeat(MAX_INLINE_FILE + 1)).unwrap();
+        std::fs::write(root.join("linked.md"), "secret").unwrap();
+        std::fs::hard_link(root.join("linked.md"), root.join("other-link.md")).unwrap();
+        let fs = trellis_sandbox::store::WorkspaceFs::open(root).unwrap();
+        let text = inlined_dependencies(&fs, &["small.md", "large.md", "linked.md"]);
+        assert!(
+            text.contains("File: small.md (inlined, 5 bytes)\n<content>\nhello"),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("File: large.md (over {MAX_INLINE_FILE} bytes;")),
+            "{text}"
+        );
+        assert!(text.contains("File: linked.md (not read: "), "{text}");
+        assert!(text.contains("hard link"), "{text}");
+        assert!(!text.contains("secret"), "{text}");
+    }
 }
