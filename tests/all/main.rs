@@ -57,6 +57,7 @@ mod redteam_round28;
 mod redteam_round29;
 mod redteam_round3;
 mod redteam_round30;
+mod redteam_round31;
 mod redteam_round5;
 mod redteam_round7;
 mod redteam_round8;

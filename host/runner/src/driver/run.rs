@@ -88,10 +88,12 @@ pub(super) struct Run<'w> {
 }
 
 /// Bytes of the conversation counted so far, and at the last write of `session.json`.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(super) struct SessionSize {
     /// Messages of the history counted.
     counted: usize,
+    /// Entries of the session counted (a scripted route's calls add entries, no messages).
+    entries: usize,
     /// Their bytes, serialized.
     bytes: u64,
     /// `bytes` when `session.json` was last written.
@@ -319,17 +321,27 @@ impl<'w> Run<'w> {
         }
     }
 
-    /// Counts the bytes of the messages added since the last count (all of them again when
-    /// the history was cut).
+    /// Counts the bytes of the messages and entries added since the last count (all of them
+    /// again when the history was cut).
     fn count_session(&mut self) {
         let size = &mut self.session_size;
-        if self.history.len() < size.counted {
+        if self.history.len() < size.counted || self.session.entries.len() < size.entries {
             *size = SessionSize::default();
         }
         for message in &self.history[size.counted..] {
             size.bytes += serde_json::to_vec(message).map_or(0, |b| b.len() as u64);
         }
+        for entry in &self.session.entries[size.entries..] {
+            size.bytes += serde_json::to_vec(entry).map_or(0, |b| b.len() as u64);
+        }
         size.counted = self.history.len();
+        size.entries = self.session.entries.len();
+    }
+
+    /// Whether `session.json` lacks part of the conversation (a checkpoint skipped it).
+    pub(super) fn session_behind(&mut self) -> bool {
+        self.count_session();
+        self.session_size.bytes != self.session_size.written
     }
 
     /// Writes `session.json` with the whole conversation.

@@ -143,7 +143,7 @@ impl StepRunner<'_> {
             let turn = self.turn(run, &repair_id, 1, message, &grant).await;
             let (status, summary) = entry_outcome(&turn, run.final_text.clone());
             run.session.end_entry(entry, status, summary);
-            run.save_session()
+            run.checkpoint_session()
                 .map_err(|e| TurnEnd::Failed(format!("{e:#}")))?;
             turn?;
             attempt += 1;
@@ -194,7 +194,7 @@ impl StepRunner<'_> {
         let turn = self.turn(run, item_id, 1, message, &grant).await;
         let (status, summary) = entry_outcome(&turn, run.final_text.clone());
         run.session.end_entry(entry, status, summary);
-        run.save_session()
+        run.checkpoint_session()
             .map_err(|e| TurnEnd::Failed(format!("{e:#}")))?;
         turn
     }

@@ -51,6 +51,7 @@ impl StepRunner<'_> {
         };
         run.session.status = status;
         run.save_session()?;
+        self.write_route_sessions(&run.ws.fs);
         let summary = FinalSummary {
             schema_version: crate::session::FINAL_SUMMARY_SCHEMA_VERSION,
             step_id,

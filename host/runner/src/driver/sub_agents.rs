@@ -134,8 +134,8 @@ impl StepRunner<'_> {
             .unwrap_or_else(|e| e.into_inner())
             .get(&home.dir)
             .cloned();
-        let (session, history) = match kept {
-            Some(kept) => (kept.session, kept.history),
+        let (session, history, size) = match kept {
+            Some(kept) => (kept.session, kept.history, kept.size),
             None => {
                 if matches!(ws.fs.kind(home.dir.join(SESSION_FILE)), Ok(Some(_))) {
                     tracing::warn!(
@@ -144,7 +144,11 @@ impl StepRunner<'_> {
                         home.rel
                     );
                 }
-                (Session::new(route_id, &parent.run_folder), Vec::new())
+                (
+                    Session::new(route_id, &parent.run_folder),
+                    Vec::new(),
+                    Default::default(),
+                )
             }
         };
         let mut run = self.new_run(
@@ -168,6 +172,7 @@ impl StepRunner<'_> {
             },
         );
         run.caller_shares = Some(shares.clone());
+        run.session_size = size;
         // The system prompt names this call's folders: it is replaced on every call, the
         // rest of the conversation is kept.
         let grant = run
@@ -182,7 +187,10 @@ impl StepRunner<'_> {
             _ => run.history.insert(0, system),
         }
         run.session.status = Status::Running;
-        run.save_session().map_err(|e| format!("{e:#}"))?;
+        // Each call adds to the route's conversation: a checkpoint, not the whole of it again
+        // (5,000 calls of one turn rewrote a growing session 20,000 times, 15 GB); the
+        // calling step's end writes what checkpoints left out.
+        run.checkpoint_session().map_err(|e| format!("{e:#}"))?;
         self.observer.emit(RunEvent::SubAgentStarted {
             step_id: parent.label.clone(),
             route_id: route_id.to_string(),
@@ -220,7 +228,7 @@ impl StepRunner<'_> {
             Err(TurnEnd::Failed(reason)) => (Status::Failed, Some(reason)),
         };
         run.session.status = status;
-        if let Err(e) = run.save_session() {
+        if let Err(e) = run.checkpoint_session() {
             tracing::warn!("{label}: {e:#}");
         }
         self.sub_agent_sessions
@@ -231,6 +239,8 @@ impl StepRunner<'_> {
                 SubAgentSession {
                     session: run.session.clone(),
                     history: run.history.clone(),
+                    size: run.session_size.clone(),
+                    behind: run.session_behind(),
                 },
             );
         self.observer.emit(RunEvent::SubAgentEnded {
@@ -252,9 +262,34 @@ impl StepRunner<'_> {
     }
 }
 
-/// A route's conversation as the host saved it at the end of its last call.
+/// A route's conversation as the host kept it at the end of its last call.
 #[derive(Debug, Clone)]
 pub(super) struct SubAgentSession {
     session: Session,
     history: Vec<Message>,
+    size: super::run::SessionSize,
+    /// Its `session.json` lacks part of it: the calling step's end writes it whole.
+    behind: bool,
+}
+
+impl StepRunner<'_> {
+    /// Writes whole the `session.json` of each route whose last call's checkpoint left part
+    /// of its conversation out (at the calling step's end).
+    pub(super) fn write_route_sessions(&self, fs: &trellis_sandbox::store::WorkspaceFs) {
+        let mut kept = self
+            .sub_agent_sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        for (dir, route) in kept.iter_mut().filter(|(_, r)| r.behind) {
+            route.session.conversation_history = route
+                .history
+                .iter()
+                .map(|m| serde_json::to_value(m).unwrap_or(serde_json::Value::Null))
+                .collect();
+            match route.session.write(fs, dir) {
+                Ok(()) => route.behind = false,
+                Err(e) => tracing::warn!("writing session.json in {}: {e}", dir.display()),
+            }
+        }
+    }
 }
