@@ -45,6 +45,10 @@ fn a_routes_calls_write_its_session_a_bounded_number_of_times() {
         .to_string(),
     );
     write_file(root, "code/count-rows/main.py", "print('counted')\n");
+    #[allow(
+        clippy::zombie_processes,
+        reason = "reaped by wait4 below, which also gives its resource use"
+    )]
     let child =
         support::trellis_command(&["run", root.to_str().unwrap(), "--allow-host", "127.0.0.1"])
             .stdout(std::process::Stdio::null())
