@@ -1357,3 +1357,52 @@ fn stopping_a_dispatching_server_stops_its_steps_on_the_workers() {
         }
     });
 }
+
+/// A step whose files cannot be sent back (one past the 64 MiB a bundle's file may be) was
+/// marked refused, delivered again and run again, four times (each run with its model
+/// calls), then failed as "no worker could run it" (round 31, MEDIUM): it fails at once,
+/// saying why.
+#[test]
+fn a_step_whose_files_cannot_be_sent_back_fails_without_running_again() {
+    let Some(nats) = Nats::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    write_files(
+        &ws,
+        &[
+            (
+                "planning/plan.json",
+                json!({"objective": "o", "steps": [
+                    {"id": "big", "type": "regular", "title": "Big", "description": "d"}]})
+                .to_string(),
+            ),
+            (
+                "planning/step_config.json",
+                json!({"steps": [{"id": "big",
+                    "agent_configs": {"declared_execution_mode": "scripted"}}]})
+                .to_string(),
+            ),
+            ("workflow.json", "{}".to_string()),
+            (
+                "code/big/main.py",
+                "import os\n\
+                 with open(os.path.join(os.environ['STEP_OUTPUT_DIR'], 'big.bin'), 'wb') as f:\n    \
+                 f.truncate(70_000_000)\n\
+                 print('RAN-ONCE')\n"
+                    .to_string(),
+            ),
+        ],
+    );
+    let _w1 = worker(&nats, "w1", &[]);
+    let mut run = start_dispatched(&nats, &ws);
+    let out = wait_output(&mut run, Duration::from_secs(180));
+    let said = text(&out.stderr) + &text(&out.stdout);
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains("the step ran on worker w1, and what the step wrote cannot be sent back"),
+        "{said}"
+    );
+    assert!(!said.contains("deliveries"), "{said}");
+}

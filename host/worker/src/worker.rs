@@ -320,6 +320,9 @@ impl Worker {
                 outcome,
                 output,
             },
+            Err(why) if why.downcast_ref::<NotSendable>().is_some() => State::Failed {
+                why: format!("the step ran on worker {}, and {why:#}", self.name),
+            },
             Err(why) => {
                 let mut tried = tried;
                 tried.push(self.name.clone());
@@ -467,12 +470,27 @@ impl Worker {
         // The observer is gone with the run: the publisher ends once the queue is empty.
         let _ = tokio::time::timeout(Duration::from_secs(5), publisher).await;
         let outcome = ran?;
-        let output = pack_writable(&fs, &task.writable)?;
+        let output =
+            pack_writable(&fs, &task.writable).map_err(|e| NotSendable(format!("{e:#}")))?;
         let name = key_of("output", &task.id);
         self.bus.put(&name, output).await?;
         Ok((outcome, name))
     }
 }
+
+/// What a step that ran wrote cannot be sent back (a file past what a bundle carries): the
+/// task fails at once, since another delivery would run the step again to the same end
+/// (four runs of a step writing a 600 MiB file, each with its model calls).
+#[derive(Debug)]
+struct NotSendable(String);
+
+impl std::fmt::Display for NotSendable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "what the step wrote cannot be sent back: {}", self.0)
+    }
+}
+
+impl std::error::Error for NotSendable {}
 
 /// The writable folders of a step, as a bundle.
 fn pack_writable(fs: &WorkspaceFs, writable: &[String]) -> Result<Vec<u8>> {
