@@ -358,45 +358,13 @@ pub(super) fn out_of_model_calls(max: u64) -> String {
     )
 }
 
-/// Why a turn ends when the model's answer of `bytes` does not fit what the run may still
-/// keep.
-pub(super) fn out_of_kept_bytes(bytes: usize, max: u64) -> String {
+/// Why the run ends when `what` (the model's answer, a turn's message, a step's system
+/// prompt, a gate's report: each kept by the host) of `bytes` does not fit what the run may
+/// still keep.
+pub(super) fn past_kept_bytes(what: &str, bytes: usize, max: u64) -> String {
     format!(
-        "the model's answer of {bytes} bytes is past what the run keeps: its model answers \
-         and tool results together reached the run's budget of {} (--max-run-result-mib); \
-         the run ends here",
-        mib(max)
-    )
-}
-
-/// Why a turn ends when the message it begins with (a foreach row's, a gate repair's: text
-/// the host builds from the workspace and the files checked) of `bytes` does not fit what
-/// the run may still keep.
-pub(super) fn message_past_kept_bytes(bytes: usize, max: u64) -> String {
-    format!(
-        "the turn's message of {bytes} bytes is past what the run keeps: its messages, model \
-         answers and tool results together reached the run's budget of {} \
-         (--max-run-result-mib); the run ends here",
-        mib(max)
-    )
-}
-
-/// Why a step (or a route's call) does not start when its system prompt does not fit what
-/// the run keeps.
-pub(super) fn system_prompt_past_kept_bytes(bytes: usize, max: u64) -> String {
-    format!(
-        "the step's system prompt of {bytes} bytes (its description, its inlined context \
-         dependencies) is past what the run keeps: its messages, model answers and tool results \
-         together reached the run's budget of {} (--max-run-result-mib); the run ends here",
-        mib(max)
-    )
-}
-
-/// Why a step ends when a gate's report does not fit what the run keeps.
-pub(super) fn report_past_kept_bytes(item_id: &str, bytes: usize, max: u64) -> String {
-    format!(
-        "gate {item_id}: its report of {bytes} bytes is past what the run keeps: its messages, \
-         model answers, tool results and gate reports together reached the run's budget of {} \
+        "{what} of {bytes} bytes is past what the run keeps: its model answers, tool results, \
+         messages, system prompts and gate reports together reached the run's budget of {} \
          (--max-run-result-mib); the run ends here",
         mib(max)
     )
@@ -498,6 +466,12 @@ mod tests {
         assert!(
             error.starts_with("result not kept: it is 7 bytes and this turn's tool results already reached its budget of 256 MiB (--max-turn-result-mib)"),
             "{error}"
+        );
+        assert_eq!(
+            past_kept_bytes("the turn's message", 9, 1 << 20),
+            "the turn's message of 9 bytes is past what the run keeps: its model answers, tool \
+             results, messages, system prompts and gate reports together reached the run's \
+             budget of 1 MiB (--max-run-result-mib); the run ends here"
         );
     }
 }

@@ -28,20 +28,11 @@ impl StepRunner<'_> {
         // The report is kept twice (the attempt's file and the latest): it counts in what
         // the run keeps, as a turn's messages do (2,000 prevalidation items, no model call,
         // wrote 247 MB of reports under a 1 MiB budget).
-        let bytes = serde_json::to_vec(&report)
-            .map_or(0, |b| b.len())
-            .saturating_mul(2);
-        if !self
-            .model_calls
-            .keep(bytes as u64, self.budgets.run_result_bytes)
-        {
-            self.model_calls.mark_kept_out();
-            return Err(TurnEnd::Failed(super::budget::report_past_kept_bytes(
-                item_id,
-                bytes,
-                self.budgets.run_result_bytes,
-            )));
-        }
+        let bytes = serde_json::to_vec(&report).map_or(0, |b| b.len());
+        self.keep(
+            &format!("gate {item_id}: its report"),
+            bytes.saturating_mul(2),
+        )?;
         if let Err(e) = write_gate_report(run, item_id, attempt, &report) {
             tracing::warn!("{}: gate {item_id}: writing the report: {e}", run.label);
         }

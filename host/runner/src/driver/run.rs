@@ -243,7 +243,7 @@ impl StepRunner<'_> {
         // The system prompt is kept in the step's session, once for each group that runs the
         // step: it counts in what the run keeps, as a turn's message does (a 2 MB description
         // and 100 groups wrote 204 MB of sessions under a 1 MiB budget).
-        let kept = self.keep_system_prompt(&system);
+        let kept = self.keep("the step's system prompt", system.len());
         if kept.is_ok() {
             run.history.push(Message::system(system));
         }
@@ -251,20 +251,21 @@ impl StepRunner<'_> {
         Ok((run, kept))
     }
 
-    /// Counts a system prompt in the run's kept bytes (`--max-run-result-mib`); past them the
-    /// run ends, no later group starts.
-    pub(super) fn keep_system_prompt(&self, system: &str) -> Result<(), TurnEnd> {
-        let bytes = u64::try_from(system.len()).unwrap_or(u64::MAX);
-        if self.model_calls.keep(bytes, self.budgets.run_result_bytes) {
+    /// Counts `bytes` of `what` the host keeps for the run (an answer, a message, a system
+    /// prompt, a gate's report) in its `--max-run-result-mib`; past it the run ends, no later
+    /// group starts.
+    pub(super) fn keep(&self, what: &str, bytes: usize) -> Result<(), TurnEnd> {
+        let max = self.budgets.run_result_bytes;
+        if self
+            .model_calls
+            .keep(u64::try_from(bytes).unwrap_or(u64::MAX), max)
+        {
             return Ok(());
         }
         self.model_calls.mark_kept_out();
-        Err(TurnEnd::Failed(
-            super::budget::system_prompt_past_kept_bytes(
-                system.len(),
-                self.budgets.run_result_bytes,
-            ),
-        ))
+        Err(TurnEnd::Failed(super::budget::past_kept_bytes(
+            what, bytes, max,
+        )))
     }
 }
 

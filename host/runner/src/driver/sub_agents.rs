@@ -180,7 +180,8 @@ impl StepRunner<'_> {
             .map_err(TurnEnd::reason)?;
         let system = unsandboxed_note(system_prompt(&ws.plan, step, &grant), &run.tools);
         // Saved again with the route's session at every call: kept, so counted.
-        self.keep_system_prompt(&system).map_err(TurnEnd::reason)?;
+        self.keep("the step's system prompt", system.len())
+            .map_err(TurnEnd::reason)?;
         let system = Message::system(system);
         match run.history.first_mut() {
             Some(first) if first.role == trellis_sandbox::llm::Role::System => *first = system,

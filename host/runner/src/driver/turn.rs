@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use tokio::sync::Semaphore;
 
-use super::budget::{CallTime, ResultBytes, TurnShares, out_of_kept_bytes, out_of_model_calls};
+use super::budget::{CallTime, ResultBytes, TurnShares, out_of_model_calls};
 use super::prompts::out_of_tool_rounds;
 use super::results::{event_arguments, kept};
 use super::{AgentModels, Run, StepRunner, TurnEnd, TurnOk, entry_outcome};
@@ -157,14 +157,7 @@ impl StepRunner<'_> {
         // The message is kept (the session, the turn log) and sent with every round, as an
         // answer is: it counts in what the run keeps. Foreach rows and repair turns build
         // them from the workspace and the files checked (100 MB of them under a 1 MiB budget).
-        let bytes = u64::try_from(message.len()).unwrap_or(u64::MAX);
-        if !self.model_calls.keep(bytes, self.budgets.run_result_bytes) {
-            self.model_calls.mark_kept_out();
-            return Err(TurnEnd::Failed(super::budget::message_past_kept_bytes(
-                message.len(),
-                self.budgets.run_result_bytes,
-            )));
-        }
+        self.keep("the turn's message", message.len())?;
         run.turns += 1;
         run.session.execution_turn_count += 1;
         // What the calls of the turn may write together: its database tool calls grow the
@@ -316,12 +309,8 @@ impl StepRunner<'_> {
                     .map(|c| c.id.len() + c.name.len() + c.arguments.len())
                     .sum::<usize>(),
             );
-            if !self
-                .model_calls
-                .keep(answer_bytes as u64, self.budgets.run_result_bytes)
-            {
-                let why = out_of_kept_bytes(answer_bytes, self.budgets.run_result_bytes);
-                self.model_calls.mark_kept_out();
+            if let Err(end) = self.keep("the model's answer", answer_bytes) {
+                let why = end.reason();
                 record.status = Status::Failed;
                 record.error = Some(why.clone());
                 self.emit_llm_call(&run.label, &record);

@@ -49,24 +49,22 @@ pub fn seed_database(
     let seeded = sql::refuse_unseen(&sql)
         .map_err(anyhow::Error::msg)
         .and_then(|()| {
-            db.conn()
-                .execute_batch(&sql)
-                .map_err(|e| anyhow::anyhow!(db.describe(&e)))
+            db.conn().execute_batch(&sql).map_err(|e| {
+                let described = anyhow::anyhow!(db.describe(&e));
+                // Full: the database reached what the budget lets it grow by, which is named.
+                if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull) {
+                    described.context(format!(
+                        "the database it makes would take more than the {} bytes left of the \
+                         run's write budget (--max-run-write-mib) or the workspace's quota \
+                         (--max-workspace-mib)",
+                        writes.bytes_left()
+                    ))
+                } else {
+                    described
+                }
+            })
         });
     drop(db);
-    // SQLite says `database or disk is full`: the budget that made it so is named.
-    let seeded = seeded.map_err(|err| {
-        if format!("{err:#}").contains("is full") {
-            err.context(format!(
-                "the database it makes would take more than the {} bytes left of the run's \
-                 write budget (--max-run-write-mib) or the workspace's quota \
-                 (--max-workspace-mib)",
-                writes.bytes_left()
-            ))
-        } else {
-            err
-        }
-    });
     if let Err(err) = seeded {
         let _ = fs.remove_file(tmp);
         return Err(err.context(format!("running {SEED_SQL}")));
