@@ -4,12 +4,9 @@
 use crate::support;
 
 use serde_json::json;
+use support::plugin_build::all_output;
 use support::trellis;
 use support::workspace::{tree_bytes, write_file};
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
 
 /// A gate recorded every check of every value: 20 failing `pattern` checks over a 50 KB
 /// file of 10,000 values made 200,000 records, 200 MB of reports and a 31 MB line on stdout,
@@ -66,7 +63,7 @@ fn a_gate_of_many_failing_checks_records_a_bounded_number() {
         .iter()
         .filter(|c| c["passed"] == false)
         .count();
-    assert_eq!(failed, 100, "{}", text(&out.stderr));
+    assert_eq!(failed, 100, "{}", all_output(&out));
     assert_eq!(report["failures_left_out"], 200_000 - 100);
 }
 
@@ -106,7 +103,7 @@ fn the_messages_of_foreach_rows_count_in_what_the_run_keeps() {
         "--max-run-result-mib",
         "2",
     ]);
-    let said = text(&out.stdout) + &text(&out.stderr);
+    let said = all_output(&out);
     assert!(!out.status.success(), "{said}");
     assert!(said.contains("--max-run-result-mib"), "{said}");
     let sent: usize = llm.seen().iter().map(|b| b.to_string().len()).sum();
@@ -141,7 +138,7 @@ fn a_firing_the_quota_refuses_is_recorded_as_an_error_naming_it() {
         "--max-workspace-mib",
         "4",
     ]);
-    let said = text(&out.stdout) + &text(&out.stderr);
+    let said = all_output(&out);
     assert!(!out.status.success(), "{said}");
     let runs: serde_json::Value =
         serde_json::from_slice(&std::fs::read(root.join("schedule-runs.json")).unwrap()).unwrap();

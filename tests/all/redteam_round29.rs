@@ -5,12 +5,9 @@ use crate::support;
 
 use serde_json::json;
 use support::fake_llm::{FakeServer, completion};
+use support::plugin_build::all_output;
 use support::trellis;
 use support::workspace::{regular_steps, tree_bytes, with_groups, write_file};
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
 
 /// A turn whose message did not fit what the run keeps said "the run ends here", and the
 /// run went on to its next group, which met the same refusal and wrote its session again:
@@ -37,7 +34,7 @@ fn a_run_out_of_kept_bytes_starts_no_later_group() {
         "--max-run-result-mib",
         "1",
     ]);
-    let said = text(&out.stdout) + &text(&out.stderr);
+    let said = all_output(&out);
     assert!(!out.status.success(), "{said}");
     assert_eq!(said.matches("step s: failed (").count(), 1, "{said}");
     assert!(llm.seen().is_empty());
@@ -71,7 +68,7 @@ fn a_long_description_counts_in_what_the_run_keeps() {
         "--max-run-result-mib",
         "1",
     ]);
-    let said = text(&out.stdout) + &text(&out.stderr);
+    let said = all_output(&out);
     assert!(!out.status.success(), "{said}");
     assert!(said.contains("--max-run-result-mib"), "{said}");
     assert_eq!(said.matches("step s: failed (").count(), 1, "{said}");

@@ -5,12 +5,9 @@ use crate::support;
 
 use serde_json::json;
 use support::fake_llm::{FakeServer, completion};
+use support::plugin_build::all_output;
 use support::trellis;
 use support::workspace::{create_db, regular_steps};
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
 
 /// Each side agent's turn kept a whole turn's tool results: a session's turn and its four
 /// side agents held five times `--max-turn-result-mib` (1.45 GB peak with 256 MiB each,
@@ -62,7 +59,7 @@ fn a_side_agent_keeps_a_share_of_a_turns_tool_results() {
         "-m",
         "start the side work",
     ]);
-    let said = text(&out.stdout) + &text(&out.stderr);
+    let said = all_output(&out);
     let side_results: Vec<String> = llm
         .seen()
         .iter()
@@ -97,7 +94,7 @@ fn a_run_that_stops_for_its_model_calls_before_its_last_group_fails() {
         "--max-model-calls",
         "1",
     ]);
-    let said = text(&out.stdout) + &text(&out.stderr);
+    let said = all_output(&out);
     assert_eq!(llm.seen().len(), 1, "{said}");
     assert!(!out.status.success(), "{said}");
     assert!(
@@ -149,7 +146,7 @@ fn gate_reports_count_in_what_the_run_keeps() {
         "--max-run-result-mib",
         "1",
     ]);
-    let said = text(&out.stdout) + &text(&out.stderr);
+    let said = all_output(&out);
     assert!(!out.status.success(), "{said}");
     assert!(said.contains("--max-run-result-mib"), "{said}");
     assert!(said.contains("gate p"), "{said}");
@@ -182,7 +179,7 @@ fn a_seed_writes_within_the_runs_write_budget() {
         }
         args.extend(["--allow-host", "127.0.0.1", "--max-run-write-mib", "8"]);
         let out = trellis(&args);
-        let said = text(&out.stdout) + &text(&out.stderr);
+        let said = all_output(&out);
         assert!(!out.status.success(), "{command}: {said}");
         assert!(said.contains("--max-run-write-mib"), "{command}: {said}");
         let left: Vec<_> = std::fs::read_dir(root.join("db"))

@@ -7,13 +7,10 @@ use crate::support;
 
 use serde_json::json;
 use support::fake_llm::FakeServer;
+use support::plugin_build::all_output;
 use support::serve::Serve;
 use support::trellis;
 use support::workspace::{create_db, regular_steps};
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
 
 /// A model that grows the database by 3 MiB in each turn, then ends the turn.
 fn growing_model() -> FakeServer {
@@ -52,7 +49,7 @@ fn runs_one_after_another_write_within_the_workspaces_quota() {
             "--max-workspace-mib",
             "8",
         ]);
-        said += &(text(&out.stdout) + &text(&out.stderr));
+        said += &(all_output(&out));
     }
     let size = db_size(root);
     assert!(size > 6 << 20, "the first runs did not write: {said}");
@@ -85,7 +82,7 @@ fn builder_sessions_one_after_another_write_within_the_workspaces_quota() {
             "-m",
             "grow",
         ]);
-        let now = text(&out.stdout) + &text(&out.stderr);
+        let now = all_output(&out);
         refused += now
             .lines()
             .filter(|l| {
@@ -151,7 +148,7 @@ fn a_builder_sessions_executions_begin_only_within_its_quota() {
         "-m",
         "run s",
     ]);
-    let said = text(&out.stdout) + &text(&out.stderr);
+    let said = all_output(&out);
     assert!(said.contains("--max-workspace-mib"), "{said}");
     let step_calls = llm
         .seen()
