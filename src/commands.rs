@@ -87,29 +87,34 @@ pub struct WriteBudgetArgs {
     pub max_workspace_mib: Option<u64>,
 }
 
+/// The bytes of a `--max-...-mib` flag, `default` bytes without it.
+pub fn mib_or(mib: Option<u64>, default: u64) -> u64 {
+    mib.map_or(default, |mib| mib << 20)
+}
+
 impl WriteBudgetArgs {
     /// Bytes the calls of one turn write together.
     pub fn turn_bytes(&self) -> u64 {
-        self.max_turn_write_mib
-            .map_or(trellis_runner::driver::DEFAULT_TURN_WRITE_BYTES, |mib| {
-                mib << 20
-            })
+        mib_or(
+            self.max_turn_write_mib,
+            trellis_runner::driver::DEFAULT_TURN_WRITE_BYTES,
+        )
     }
 
     /// Bytes a run (a builder session) writes.
     pub fn run_bytes(&self) -> u64 {
-        self.max_run_write_mib
-            .map_or(trellis_runner::driver::DEFAULT_RUN_WRITE_BYTES, |mib| {
-                mib << 20
-            })
+        mib_or(
+            self.max_run_write_mib,
+            trellis_runner::driver::DEFAULT_RUN_WRITE_BYTES,
+        )
     }
 
     /// Bytes the workspace's folder may take.
     pub fn workspace_bytes(&self) -> u64 {
-        self.max_workspace_mib
-            .map_or(trellis_runner::driver::DEFAULT_WORKSPACE_BYTES, |mib| {
-                mib << 20
-            })
+        mib_or(
+            self.max_workspace_mib,
+            trellis_runner::driver::DEFAULT_WORKSPACE_BYTES,
+        )
     }
 
     /// `budgets` with these write budgets.

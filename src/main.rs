@@ -236,7 +236,11 @@ fn main() -> ExitCode {
     match runtime.block_on(run(cli)) {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("error: {}", terminal::shown(&format!("{err:#}")));
+            // A workspace's diagnostics label each line themselves (`error:`, `warning:`).
+            let text = format!("{err:#}");
+            let labelled = text.starts_with("error: ") || text.starts_with("warning: ");
+            let label = if labelled { "" } else { "error: " };
+            eprintln!("{label}{}", terminal::shown(&text));
             ExitCode::FAILURE
         }
     }

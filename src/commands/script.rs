@@ -94,16 +94,14 @@ pub async fn run(engine: &Engine, args: ScriptArgs) -> Result<ExitCode> {
     // What the script writes comes out of a run's budget and the workspace's quota, as a
     // run's scripts' writes do.
     let budgets = trellis_runner::driver::TurnBudgets {
-        run_write_bytes: args
-            .max_run_write_mib
-            .map_or(trellis_runner::driver::DEFAULT_RUN_WRITE_BYTES, |mib| {
-                mib << 20
-            }),
-        workspace_bytes: args
-            .max_workspace_mib
-            .map_or(trellis_runner::driver::DEFAULT_WORKSPACE_BYTES, |mib| {
-                mib << 20
-            }),
+        run_write_bytes: super::mib_or(
+            args.max_run_write_mib,
+            trellis_runner::driver::DEFAULT_RUN_WRITE_BYTES,
+        ),
+        workspace_bytes: super::mib_or(
+            args.max_workspace_mib,
+            trellis_runner::driver::DEFAULT_WORKSPACE_BYTES,
+        ),
         ..Default::default()
     };
     let calls = trellis_runner::driver::ModelCalls::default();

@@ -58,9 +58,7 @@ fn run(root: &Path) -> std::process::Output {
     trellis(&["run", root.to_str().unwrap(), "--allow-host", "127.0.0.1"])
 }
 
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use crate::support::plugin_build::text;
 
 fn rows(root: &Path, sql: &str) -> Vec<i64> {
     let conn = rusqlite::Connection::open(root.join("db/db.sqlite")).unwrap();

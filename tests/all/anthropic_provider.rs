@@ -68,9 +68,7 @@ fn run(root: &Path, args: &[&str], vars: &[(&str, &str)]) -> Output {
     command.output().unwrap()
 }
 
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use crate::support::plugin_build::text;
 
 fn both(out: &Output) -> String {
     format!("{}\n{}", text(&out.stdout), text(&out.stderr))

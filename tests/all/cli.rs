@@ -6,9 +6,7 @@ use std::path::PathBuf;
 
 use support::trellis_in;
 
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use crate::support::plugin_build::text;
 
 fn example() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/ticket-triage")

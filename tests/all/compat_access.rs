@@ -34,9 +34,7 @@ fn calls(calls: Vec<Value>) -> Value {
     c
 }
 
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use crate::support::plugin_build::text;
 
 /// Writes a workspace: `steps` of the plan, their step configs, workflow.json reaching
 /// `server` (plus `manifest_extra`), and a database with `t(x)`.

@@ -42,9 +42,7 @@ fn write_call(path: &str, content: &str) -> Value {
     )
 }
 
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use crate::support::plugin_build::text;
 
 /// Writes plan.json (`plan`), step_config.json (`configs`) and workflow.json (`manifest`,
 /// plus the fake server's provider when one is given).

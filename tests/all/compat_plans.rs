@@ -17,9 +17,7 @@ use support::workspace::{create_db, read_json, write_file};
 
 const EXEC: &str = "runs/iteration-0/execution";
 
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use crate::support::plugin_build::text;
 
 /// Writes plan.json (`steps`, `orphan_steps`), step_config.json and workflow.json (with the
 /// fake server's provider and a default model when `server` is given).

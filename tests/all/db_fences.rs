@@ -75,9 +75,7 @@ impl World {
     }
 }
 
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use crate::support::plugin_build::text;
 
 #[test]
 fn a_script_cannot_attach_another_file_or_vacuum_into_one() {

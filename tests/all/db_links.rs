@@ -30,9 +30,7 @@ fn refusal(name: &str) -> String {
     )
 }
 
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use crate::support::plugin_build::text;
 
 /// A workspace `ws/` beside a folder `outside/` holding the file a hard link in `ws/db/`
 /// names.

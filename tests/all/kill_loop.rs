@@ -126,9 +126,7 @@ fn workspace(root: &Path, server: &FakeServer) {
     );
 }
 
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use crate::support::plugin_build::text;
 
 fn spawn_run(root: &Path) -> Child {
     // The operator approves loopback, where the workspace's fake LLM is.

@@ -58,6 +58,7 @@ mod redteam_round29;
 mod redteam_round3;
 mod redteam_round30;
 mod redteam_round31;
+mod redteam_round32;
 mod redteam_round5;
 mod redteam_round7;
 mod redteam_round8;

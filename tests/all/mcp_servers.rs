@@ -15,9 +15,7 @@ use support::mcp_fixture::{self, HttpFixture};
 use support::mcp_servers::{asking_for, fixture_entry, server_file, with_servers, workspace};
 use support::{tree_digest, trellis, trellis_command};
 
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use crate::support::plugin_build::text;
 
 fn both(out: &Output) -> String {
     format!("{}\n{}", text(&out.stdout), text(&out.stderr))

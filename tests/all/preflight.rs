@@ -12,9 +12,7 @@ use support::fake_llm::{FakeServer, completion};
 use support::trellis;
 use support::workspace::write_files;
 
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use crate::support::plugin_build::text;
 
 /// A workspace at `root`: a `regular` step `answer` with `configs` as its agent_configs, a
 /// `human_input` step asking for `mood`, `manifest` as workflow.json, an old run folder and

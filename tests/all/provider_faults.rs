@@ -217,9 +217,7 @@ fn run(root: &Path) -> Output {
     ])
 }
 
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use crate::support::plugin_build::text;
 
 /// Every `.json` file under `runs/` parses, and there is at least the session.
 fn assert_runs_parse(root: &Path) {

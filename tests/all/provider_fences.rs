@@ -13,9 +13,7 @@ use std::process::Output;
 use serde_json::{Value, json};
 use support::fake_llm::{FakeServer, completion};
 
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use crate::support::plugin_build::text;
 
 /// A one-step agent workspace at `root` whose model is `openai:m` at `base_url`, with an
 /// old run folder and a seed: a refusal before anything runs leaves both as they are.

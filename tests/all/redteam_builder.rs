@@ -518,9 +518,7 @@ fn scripted(replies: Vec<Value>) -> FakeServer {
     }))
 }
 
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use crate::support::plugin_build::text;
 
 /// A planted session index naming files outside `builder/conversation/`, and session ids
 /// that are paths: refused before anything is read or written.

@@ -36,9 +36,7 @@ fn calls(calls: Vec<Value>) -> Value {
     c
 }
 
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use crate::support::plugin_build::text;
 
 /// `trellis run ROOT ARGS`, killed if it has not ended after two minutes (a run that loops
 /// forever fails its test instead of hanging it); the operator approves loopback, where the

@@ -13,9 +13,7 @@ use support::fake_llm::{FakeServer, completion, result_of};
 use support::tree_digest;
 use support::workspace::{write_file, write_files};
 
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use crate::support::plugin_build::text;
 
 /// A fake model answering `replies` in order, then `done`.
 fn scripted(replies: Vec<Value>) -> FakeServer {

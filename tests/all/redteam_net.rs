@@ -238,9 +238,7 @@ fn script(root: &Path, args: &[&str], env: &[(&str, &str)]) -> std::process::Out
     command.output().expect("the trellis binary runs")
 }
 
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use crate::support::plugin_build::text;
 
 /// What the script recorded, by attempt.
 fn result(root: &Path, out: &std::process::Output) -> Value {

@@ -13,9 +13,7 @@ use support::serve::Serve;
 use support::trellis;
 use support::workspace::{create_db, write_file, write_files};
 
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use crate::support::plugin_build::text;
 
 /// A workspace of one scripted step `s` whose `main.py` is `script`.
 fn scripted(root: &Path, script: &str) {

@@ -12,9 +12,7 @@ use support::serve::Serve;
 use support::trellis;
 use support::workspace::{create_db, write_files};
 
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use crate::support::plugin_build::text;
 
 /// A 1 MB variable named 1,000 times in a `human_input` question made a 1 GB step file and
 /// took 4 GB of memory; through `trellis serve`, one request took more than 6 GB (MEDIUM,

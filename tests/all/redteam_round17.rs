@@ -8,9 +8,7 @@ use support::serve::Serve;
 use support::trellis;
 use support::workspace::write_files;
 
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use crate::support::plugin_build::text;
 
 /// A workspace of `steps` with `variables`, no model.
 fn workspace(root: &std::path::Path, steps: Value, variables: Value) {

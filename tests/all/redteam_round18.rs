@@ -8,9 +8,7 @@ use serde_json::{Value, json};
 use support::trellis;
 use support::workspace::write_files;
 
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use crate::support::plugin_build::text;
 
 fn workspace(root: &std::path::Path, steps: Value, workflow: Value) {
     write_files(

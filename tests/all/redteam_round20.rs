@@ -8,9 +8,7 @@ use support::fake_llm::{FakeServer, completion};
 use support::trellis;
 use support::workspace::{regular_steps, write_file, write_files};
 
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use crate::support::plugin_build::text;
 
 /// A step with route `helper`, whose model answers the step's first turn with `calls`
 /// `call_sub_agent` calls and every sub-agent turn with `each` tool calls `(tool, arguments)`
@@ -187,9 +185,7 @@ fn the_tool_results_a_run_keeps_are_bounded_over_its_turns() {
     ]);
     let said = text(&out.stdout) + &text(&out.stderr);
     assert!(
-        said.contains(
-            "this run's tool results already reached its budget of 1 MiB (--max-run-result-mib)"
-        ),
+        said.contains("this run's tool results past their budget of 1 MiB (--max-run-result-mib)"),
         "{said}"
     );
     let kept: u64 = (0..3)

@@ -16,9 +16,7 @@ use support::mcp_serve::{HttpServe, INIT, read_answer};
 use support::trellis;
 use support::workspace::{regular_steps, write_file, write_files};
 
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use crate::support::plugin_build::text;
 
 /// A model's tool call named `read_file\nstep s1: completed (0 turn(s))` printed that line
 /// at the start of a line of `trellis run`'s progress and of `runs show` (a newline was

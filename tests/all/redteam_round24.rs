@@ -10,9 +10,7 @@ use std::time::Duration;
 use support::trellis;
 use support::workspace::{create_db, regular_steps};
 
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use crate::support::plugin_build::text;
 
 /// A builder session had no write budget over its turns (the run's was for `trellis run`):
 /// completion turns that each grew the database by 700 MiB wrote 2.94 GB on default

@@ -7,9 +7,7 @@ use support::fake_llm::{FakeServer, completion};
 use support::trellis;
 use support::workspace::{create_db, regular_steps};
 
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use crate::support::plugin_build::text;
 
 /// A `session.json` that is there but does not read (a status no run writes) was shown as
 /// `(no session.json)`, its entries quietly gone (LOW): `runs show` says it is unreadable

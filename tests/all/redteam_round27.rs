@@ -7,9 +7,7 @@ use serde_json::json;
 use support::trellis;
 use support::workspace::write_file;
 
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use crate::support::plugin_build::text;
 
 /// A plan of `steps` scripted steps, each printing `bytes` on stdout and on stderr, in one
 /// line, and writing its output.

@@ -26,9 +26,7 @@ fn copy_example(root: &Path) {
     copy_workspace(&example_dir(), root, &["runs", "db.sqlite"]);
 }
 
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use crate::support::plugin_build::text;
 
 #[test]
 fn example_runs_offline_and_a_second_run_rotates() {

@@ -190,9 +190,7 @@ fn workspace(root: &Path, script: &str, agent_configs: Value, url: &str) {
     );
 }
 
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use crate::support::plugin_build::text;
 
 /// `trellis run WS --step fetch` with `args` and `env`; its output.
 fn run(root: &Path, args: &[&str], env: &[(&str, &str)]) -> std::process::Output {

@@ -69,9 +69,7 @@ fn workspace(root: &Path, script: &str, agent_configs: Value, manifest: Value) {
     );
 }
 
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use crate::support::plugin_build::text;
 
 /// `(entry_id, item_type, status)` of every session entry of the step.
 fn entries(root: &Path) -> Vec<(String, String, String)> {

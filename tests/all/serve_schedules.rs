@@ -37,7 +37,10 @@ pub(crate) fn model() -> FakeServer {
         if last["role"] == "user" && text == "trigger daily" {
             return (
                 200,
-                completion("", &[("trigger_schedule", json!({"schedule_id": "daily"}))]),
+                completion(
+                    "",
+                    &vec![("trigger_schedule", json!({"schedule_id": "daily"})); 3],
+                ),
             );
         }
         if last["role"] == "user" && text == "run greet" {
@@ -726,7 +729,8 @@ fn whole_schedules_are_added_replaced_and_deleted_over_http() {
 }
 
 /// The builder's `trigger_schedule` in `trellis serve`: the turn that calls it ends, then the
-/// firing runs as a manual one and succeeds.
+/// firing runs as a manual one and succeeds. An answer that triggers the schedule three
+/// times fires it once: the calls after the first are told a firing waits already.
 #[test]
 fn the_builders_trigger_fires_the_schedule_once_its_turn_ends() {
     let llm = model();
@@ -759,10 +763,17 @@ fn the_builders_trigger_fires_the_schedule_once_its_turn_ends() {
         .flat_map(support::fake_llm::tool_results_of)
         .map(|(_, r)| r)
         .collect();
-    assert!(
-        answers.iter().any(|r| r.contains("\"queued\":true")),
+    let queued = |how: &str| answers.iter().filter(|r| r.contains(how)).count();
+    assert_eq!(
+        (queued("\"queued\":true"), queued("\"queued\":false")),
+        (1, 2),
         "{answers:?}"
     );
+    // Nothing else waited: no second firing follows the first.
+    std::thread::sleep(Duration::from_secs(3));
+    let history: Value =
+        serde_json::from_slice(&std::fs::read(ws.join("schedule-runs.json")).unwrap()).unwrap();
+    assert_eq!(history.as_array().map(Vec::len), Some(1), "{history}");
 }
 
 /// The bundled `examples/ticket-digest` fires every minute offline: its builder answers from

@@ -16,9 +16,7 @@ use support::{tree_digest, trellis};
 
 const SHELL: &str = "shell__execute_shell_command";
 
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use crate::support::plugin_build::text;
 
 /// A server answering the n-th request with `replies[n]` (the last one after that).
 fn scripted(replies: Vec<Value>) -> FakeServer {

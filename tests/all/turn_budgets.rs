@@ -122,8 +122,8 @@ fn one_answer_of_ten_thousand_reads_ends_within_the_turn_budgets() {
     let not_kept = results
         .iter()
         .filter(|(_, c)| {
-            c.starts_with("error: result not kept: it is ")
-                && c.contains("this turn's tool results already reached its budget of 16 MiB")
+            c.starts_with("error: result not kept: its ")
+                && c.contains("this turn's tool results past their budget of 16 MiB")
         })
         .count();
     assert_eq!(offloaded.len(), 16, "{:?}", &results[..3]);

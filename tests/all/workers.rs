@@ -256,9 +256,7 @@ fn comparable(files: Vec<(String, Vec<u8>)>) -> Vec<(String, Option<Vec<u8>>)> {
         .collect()
 }
 
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use crate::support::plugin_build::text;
 
 #[test]
 fn a_run_spread_over_two_workers_gives_the_artifacts_of_a_local_run() {

@@ -9,9 +9,7 @@ use support::trellis;
 
 use serde_json::{Value, json};
 
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use crate::support::plugin_build::text;
 
 /// A copy of the fixture workspace that uses every step type.
 fn workspace() -> tempfile::TempDir {
@@ -179,6 +177,21 @@ fn check_runs_the_gate_prints_each_check_and_writes_the_report() {
         text(&out.stderr).contains("no step `nope` in the plan"),
         "{}",
         text(&out.stderr)
+    );
+    // A run folder outside `runs/` is refused, the workspace's diagnostic labelled once.
+    let out = trellis(&[
+        "check",
+        root,
+        "--step",
+        "review-and-correct",
+        "--run",
+        "../..",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.starts_with("error: ") && !stderr.contains("error: error:"),
+        "{stderr}"
     );
 }
 

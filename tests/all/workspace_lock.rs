@@ -16,9 +16,7 @@ use serde_json::json;
 use support::fake_llm::{FakeServer, completion};
 use support::{tree_digest, trellis, trellis_command};
 
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use crate::support::plugin_build::text;
 
 /// A server whose answers ("done", no tool call) are held back until `release` is set.
 fn held_server() -> (FakeServer, Arc<AtomicBool>) {

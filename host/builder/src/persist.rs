@@ -285,10 +285,7 @@ pub fn load(fs: &WorkspaceFs, id: &str) -> Result<(ConversationFile, PathBuf)> {
             }
         }
     };
-    let value = fs
-        .read_json_value(&rel)
-        .with_context(|| format!("reading {rel}, a builder conversation"))?;
-    let file = ConversationFile::from_json(&value, &rel)?;
+    let file = read_conversation(fs, Path::new(&rel))?;
     if file.session_id != id {
         bail!("{rel}: holds session {:?}, not {id:?}", file.session_id);
     }
@@ -325,13 +322,51 @@ pub fn forget_run_sessions(fs: &WorkspaceFs, firings: &[(String, String)]) -> us
     gone.len()
 }
 
-/// The bytes of a conversation file at most: under what a request to the model may carry
-/// (32 MiB) and what the file's reader reads ([`trellis_sandbox::store::workspace_fs::READ_CAP`]).
+/// The bytes of a conversation's history at most: under what a request to the model may
+/// carry (32 MiB) and what a conversation file is read with ([`CONVERSATION_READ_BYTES`]).
 pub const MAX_CONVERSATION_BYTES: usize = 24 << 20;
 
-/// The JSON values of a conversation file at most: half of what the reader parses of one file
-/// ([`trellis_sandbox::json_values::MAX_FILE_VALUES`]).
-pub const MAX_CONVERSATION_VALUES: usize = trellis_sandbox::json_values::MAX_FILE_VALUES / 2;
+/// The JSON values of a conversation's history at most: under what a conversation file is
+/// read with ([`CONVERSATION_READ_VALUES`]).
+pub const MAX_CONVERSATION_VALUES: usize = 500_000;
+
+/// The bytes of a conversation file Trellis reads, and writes, at most: its history
+/// ([`MAX_CONVERSATION_BYTES`]) and the file's other keys. A larger file is refused unparsed:
+/// the builder never writes one ([`save`] refuses it), and parsing a planted one whole would
+/// cost the server memory many times its size at each read.
+pub const CONVERSATION_READ_BYTES: u64 = 32 << 20;
+
+/// The JSON values of a conversation file Trellis reads, and writes, at most (as
+/// [`CONVERSATION_READ_BYTES`]).
+pub const CONVERSATION_READ_VALUES: usize = 600_000;
+
+/// One conversation file is parsed at a time in a process: a parse holds several times the
+/// file's size until it ends, and many reads at once (a server's requests, sessions resumed
+/// together) would multiply it.
+static PARSING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The conversation file at `rel`, within [`CONVERSATION_READ_BYTES`] and
+/// [`CONVERSATION_READ_VALUES`].
+fn read_conversation(fs: &WorkspaceFs, rel: &Path) -> Result<ConversationFile> {
+    let _parsing = PARSING.lock().unwrap_or_else(|e| e.into_inner());
+    let file = parse_conversation(fs, rel);
+    // The parse's tree is freed: its pages go back, whichever thread parses next.
+    trellis_sandbox::heap::give_back();
+    file
+}
+
+fn parse_conversation(fs: &WorkspaceFs, rel: &Path) -> Result<ConversationFile> {
+    let shown = rel.display().to_string();
+    let value = fs
+        .read_json_value_within(rel, CONVERSATION_READ_BYTES, CONVERSATION_READ_VALUES)
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "{e} (a builder conversation is read within {CONVERSATION_READ_BYTES} bytes \
+                 and {CONVERSATION_READ_VALUES} JSON values, the most the builder writes)"
+            )
+        })?;
+    ConversationFile::from_json(&value, &shown)
+}
 
 /// The bytes of a message's text, and of a tool call's arguments, that a message cut to fit
 /// the conversation's budget keeps.
@@ -462,8 +497,7 @@ fn cut_payload(message: &mut Message) -> bool {
 pub fn save(fs: &WorkspaceFs, rel: &Path, file: &ConversationFile) -> Result<()> {
     let shown = rel.display().to_string();
     if fs.is_file(rel)
-        && let Ok(value) = fs.read_json_value(rel)
-        && let Ok(on_disk) = ConversationFile::from_json(&value, &shown)
+        && let Ok(on_disk) = read_conversation(fs, rel)
         && on_disk.user_turns() > file.user_turns()
     {
         bail!(
@@ -477,9 +511,7 @@ pub fn save(fs: &WorkspaceFs, rel: &Path, file: &ConversationFile) -> Result<()>
     // What is written can be read back: a conversation is fitted ([`fit`]) before it is
     // saved, and one that still would not be read is not written.
     let values = trellis_sandbox::json_values::json_values(&bytes);
-    if bytes.len() as u64 > trellis_sandbox::store::workspace_fs::READ_CAP
-        || values > trellis_sandbox::json_values::MAX_FILE_VALUES
-    {
+    if bytes.len() as u64 > CONVERSATION_READ_BYTES || values > CONVERSATION_READ_VALUES {
         bail!(
             "{shown}: not written: {} bytes and about {values} JSON values, more than a \
              builder conversation is read back with",

@@ -201,16 +201,26 @@ pub fn history_problem(fs: &WorkspaceFs) -> Option<String> {
 
 /// The history as the file holds it, each `error` cut to [`MAX_ERROR_BYTES`]; entries that
 /// do not read as runs are left out (and kept in the file). A file that cannot be read is
-/// empty, a warning logged ([`history_problem`] says why).
+/// empty, a warning logged once for each new problem ([`history_problem`] says why): a
+/// server's scheduler reads it each second.
 pub fn read_runs(fs: &WorkspaceFs) -> Vec<ScheduleRun> {
-    match read_items(fs) {
-        Ok(items) => items
-            .into_iter()
-            .filter_map(|v| serde_json::from_value::<ScheduleRun>(v).ok())
-            .map(ScheduleRun::cut)
-            .collect(),
+    static WARNED: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+    let read = read_items(fs);
+    let mut warned = WARNED.lock().unwrap_or_else(|e| e.into_inner());
+    match read {
+        Ok(items) => {
+            *warned = None;
+            items
+                .into_iter()
+                .filter_map(|v| serde_json::from_value::<ScheduleRun>(v).ok())
+                .map(ScheduleRun::cut)
+                .collect()
+        }
         Err(why) => {
-            tracing::warn!("{why}");
+            if warned.as_deref() != Some(why.as_str()) {
+                tracing::warn!("{why}");
+                *warned = Some(why);
+            }
             Vec::new()
         }
     }

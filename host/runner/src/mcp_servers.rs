@@ -30,6 +30,10 @@ pub use config::{McpConfig, ServerConfig, Transport};
 /// Put before the description of every tool of an external server, as the model sees it.
 pub const UNSANDBOXED_MARK: &str = "[unsandboxed: external MCP server]";
 
+/// How long one call of an external server's tool may take (a plugin's call takes its
+/// [`trellis_sandbox::Limits::timeout`]); no longer than the turn's tool calls have left.
+pub const EXTERNAL_CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
+
 /// The future a [`ToolServers`] or [`ServerStarter`] method gives.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 

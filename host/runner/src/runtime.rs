@@ -16,7 +16,6 @@
 //! keeps for a whole session). Another process still finds the workspace busy.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -26,111 +25,20 @@ use tokio::sync::broadcast;
 use crate::events::{Observer, RunEvent};
 use crate::llm_choice::LlmSetup;
 use crate::steering::{Delivery, DeliveryStatus, Phase, Steering};
-use crate::workflow_run::{RunEnv, RunOptions, WorkflowRun, run_workflow};
+use crate::workflow_run::{RunOptions, WorkflowRun};
 use crate::workspace_lock::WorkspaceLock;
 use trellis_sandbox::Limits;
 use trellis_sandbox::llm::RetryPolicy;
 use trellis_sandbox::plugins::PluginRegistry;
 
 mod admission;
+mod execute;
+mod types;
 
 pub use admission::{DEFAULT_MAX_RUNNING, Refused};
-
-/// Names one execution of a [`Runtime`]: `exec-<step>-<n>` for the `n`th execution of a step,
-/// `workflow-full-<n>` for the `n`th of a whole workflow (the original system's names), counted
-/// per runtime.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ExecutionId(String);
-
-impl ExecutionId {
-    /// The id as text.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl From<&str> for ExecutionId {
-    fn from(id: &str) -> Self {
-        ExecutionId(id.to_string())
-    }
-}
-
-impl fmt::Display for ExecutionId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-/// Where an execution is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ExecutionStatus {
-    /// Still working.
-    Running,
-    /// Ended, every step completed.
-    Done,
-    /// Ended with a failed step or a broken setup.
-    Failed,
-    /// Stopped by [`Runtime::stop`].
-    Cancelled,
-}
-
-impl fmt::Display for ExecutionStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            ExecutionStatus::Running => "running",
-            ExecutionStatus::Done => "done",
-            ExecutionStatus::Failed => "failed",
-            ExecutionStatus::Cancelled => "cancelled",
-        })
-    }
-}
-
-/// One thing an execution reports.
-#[derive(Debug, Clone)]
-pub enum ExecutionEvent {
-    /// Something in the run: a step started or ended, the run folder rotated, and inside a
-    /// step an item, turn, LLM call, tool call, gate or sub-agent call.
-    Run(RunEvent),
-    /// A message sent with [`Runtime::send_message`] and what became of it.
-    Delivery {
-        /// The message.
-        text: String,
-        /// Its delivery.
-        delivery: Delivery,
-    },
-    /// The execution ended; the last event.
-    End {
-        /// How.
-        status: ExecutionStatus,
-        /// The error of a broken setup.
-        error: Option<String>,
-    },
-}
-
-/// What an execution runs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ExecutionKind {
-    /// A whole workflow (or one group of it).
-    Workflow,
-    /// One step.
-    Step(String),
-}
-
-/// An execution as [`Runtime::list`] shows it.
-#[derive(Debug, Clone)]
-pub struct ExecutionInfo {
-    /// Its id.
-    pub id: ExecutionId,
-    /// The workspace folder.
-    pub workspace: PathBuf,
-    /// What it runs.
-    pub kind: ExecutionKind,
-    /// Where it is.
-    pub status: ExecutionStatus,
-    /// The question of the `human_input` step it waits on, if it waits
-    /// ([`StartOptions::ask_for_inputs`]).
-    pub waiting_for: Option<crate::human_inputs::Question>,
-}
+pub use execute::panic_message;
+use execute::{finish, run_in_thread};
+pub use types::{ExecutionEvent, ExecutionId, ExecutionInfo, ExecutionKind, ExecutionStatus};
 
 /// How to run: the run's selection and inputs, its models, and the bounds of every call.
 #[derive(Debug, Clone)]
@@ -706,113 +614,4 @@ fn same_folder(a: &Path, b: &Path) -> bool {
         (Ok(a), Ok(b)) => a == b,
         _ => a == b,
     }
-}
-
-/// The body of an execution's thread: the run, then its end, which is published whatever
-/// happens (a panic in the run ends the execution as failed with the panic's message, so
-/// no one waiting for the end waits forever).
-fn run_in_thread(
-    registry: Arc<PluginRegistry>,
-    holds: Arc<Mutex<Holds>>,
-    execution: Arc<Execution>,
-    workspace: PathBuf,
-    options: StartOptions,
-    early: Option<WorkspaceHold>,
-) {
-    let run = std::panic::AssertUnwindSafe(|| {
-        run_execution(&registry, &holds, &execution, &workspace, options, early)
-    });
-    let result = std::panic::catch_unwind(run).unwrap_or_else(|panic| {
-        Err(format!(
-            "the execution panicked: {}",
-            panic_message(&*panic)
-        ))
-    });
-    finish(&execution, result);
-}
-
-/// The message a panic was raised with (`panic!("...")`'s text).
-pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "(no message)".to_string())
-}
-
-/// Runs the workflow of an execution, holding its workspace.
-fn run_execution(
-    registry: &Arc<PluginRegistry>,
-    holds: &Arc<Mutex<Holds>>,
-    execution: &Arc<Execution>,
-    workspace: &Path,
-    options: StartOptions,
-    early: Option<WorkspaceHold>,
-) -> Result<WorkflowRun, String> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("starting the execution: {e}"))?;
-    // One process per workspace: the lock is taken (or shared with this runtime's other
-    // holders) before the run changes anything, and held until the run ends; this share is
-    // let go before the end is published, so whoever waited for the end finds the workspace
-    // free unless another holder of this runtime keeps it.
-    let wait = options.wait_for_workspace.then_some(&*execution.cancel);
-    let _lock = share_workspace(holds, workspace, wait).map_err(|e| format!("{e:#}"))?;
-    // The hold its admission took is this execution's own share now.
-    drop(early);
-    runtime.block_on(async {
-        let mut env = RunEnv::new(registry, options.llm);
-        env.limits = options.limits;
-        env.retry = options.retry;
-        env.max_tool_rounds = options.max_tool_rounds;
-        env.turn_budgets = options.turn_budgets;
-        if let Some(calls) = &options.model_calls {
-            env.share_model_calls(calls.clone());
-        }
-        env.mcp_config = options.mcp_config.clone();
-        env.tool_servers = options.tool_servers.clone();
-        env.dispatch = options.dispatch.clone();
-        env.cancel = execution.cancel.clone();
-        env.cancel_calls = execution.cancel_calls.clone();
-        env.steering = Some(execution.steering.clone());
-        env.human = execution.human.clone();
-        env.observer = {
-            let execution = execution.clone();
-            let also = options.observer.clone();
-            Observer::new(move |event: &RunEvent| {
-                execution.publish(ExecutionEvent::Run(event.clone()));
-                also.emit(event.clone());
-            })
-        };
-        // A workspace at its quota begins nothing more: what the host writes for a run (its
-        // logs, sessions, offloaded results) is not charged as it is written.
-        env.begin_run(workspace)?;
-        run_workflow(&env, workspace, &options.run)
-            .await
-            .map_err(|e| format!("{e:#}"))
-    })
-}
-
-/// Records how an execution ended and publishes its last event.
-fn finish(execution: &Execution, result: Result<WorkflowRun, String>) {
-    execution.steering.set_phase(Phase::Finished);
-    let status = match &result {
-        Ok(_) if execution.cancel.load(Ordering::SeqCst) => ExecutionStatus::Cancelled,
-        Ok(run) if run.succeeded() => ExecutionStatus::Done,
-        Ok(_) | Err(_) => ExecutionStatus::Failed,
-    };
-    // The end event is kept as long as the execution (a server keeps 200 ended ones).
-    let error = match &result {
-        Err(e) => Some(e.as_str()),
-        Ok(run) => run.cut_short.as_deref(),
-    }
-    .map(|e| trellis_sandbox::cut::marked(e, crate::workflow_run::DETAIL_BYTES));
-    *execution.outcome.lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
-    execution
-        .info
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .status = status;
-    execution.publish(ExecutionEvent::End { status, error });
 }

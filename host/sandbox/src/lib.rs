@@ -29,6 +29,7 @@ pub mod capabilities;
 pub mod connections;
 pub mod cut;
 pub mod engine;
+pub mod heap;
 pub mod json_values;
 pub mod llm;
 pub(crate) mod output;

@@ -373,13 +373,14 @@ pub async fn builder_session(
         .clone();
     if let Some(live) = live {
         // A turn holds the session: its messages are in its events until it ends.
-        let messages = match live.session.try_lock() {
+        let shown = match live.session.try_lock() {
             Ok(session) => Some(messages_json(session.history())),
             Err(_) => None,
         };
+        let (messages, earlier) = shown.map_or((None, 0), |(m, e)| (Some(m), e));
         return Ok(Json(json!({
             "session_id": live.id, "live": true, "busy": messages.is_none(),
-            "last_event": live.log.last(), "messages": messages,
+            "last_event": live.log.last(), "messages": messages, "earlier": earlier,
         })));
     }
     // The conversation file is read off the server's threads, among the reads at once.
@@ -393,10 +394,10 @@ pub async fn builder_session(
         };
         let (file, _) = trellis_builder::persist::load(&fs, &latest.session_id)
             .map_err(|e| ApiError::refused(format!("{e:#}")))?;
+        let (messages, earlier) = messages_json(&file.conversation_history);
         Ok(Json(json!({
             "session_id": latest.session_id, "live": false, "mode": latest.workshop_mode,
-            "updated_at": latest.updated_at,
-            "messages": messages_json(&file.conversation_history),
+            "updated_at": latest.updated_at, "messages": messages, "earlier": earlier,
         })))
     })
     .await?
@@ -457,13 +458,17 @@ pub struct WorkspaceQuery {
     workspace: Option<String>,
 }
 
-/// The user and assistant messages of a history, as the page shows them (tool results and
-/// the system prompt left out).
-fn messages_json(history: &[trellis_sandbox::llm::Message]) -> Vec<Value> {
+/// The latest [`SHOWN_MESSAGES`] user and assistant messages of a history, as the page shows
+/// them (tool results and the system prompt left out), and how many earlier ones are not.
+fn messages_json(history: &[trellis_sandbox::llm::Message]) -> (Vec<Value>, usize) {
     use trellis_sandbox::llm::Role;
-    history
+    let shown: Vec<&trellis_sandbox::llm::Message> = history
         .iter()
         .filter(|m| matches!(m.role, Role::User | Role::Assistant))
+        .collect();
+    let earlier = shown.len().saturating_sub(SHOWN_MESSAGES);
+    let messages = shown[earlier..]
+        .iter()
         .map(|m| {
             json!({
                 "role": if m.role == Role::User { "user" } else { "assistant" },
@@ -471,8 +476,12 @@ fn messages_json(history: &[trellis_sandbox::llm::Message]) -> Vec<Value> {
                 "tool_calls": m.tool_calls.iter().map(|c| c.name.clone()).collect::<Vec<_>>(),
             })
         })
-        .collect()
+        .collect();
+    (messages, earlier)
 }
+
+/// The latest messages of a session its page opens with; the rest are counted (`earlier`).
+pub const SHOWN_MESSAGES: usize = 500;
 
 /// `POST /api/session/stop {session_id}`: stops the session's turn running now (before its
 /// next model call; a call in flight is let go) and asks every execution the session started

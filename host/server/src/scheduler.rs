@@ -354,11 +354,23 @@ impl Scheduler {
     }
 
     /// What a builder session's `trigger_schedule` calls: a manual occurrence queued, to
-    /// fire when the workspace is free (the turn that asked and its executions done).
+    /// fire when the workspace is free (the turn that asked and its executions done). A
+    /// schedule whose manual firing waits already is not queued again: one answer of many
+    /// calls fires each schedule once.
     pub fn hook(&self) -> trellis_builder::schedules::TriggerHook {
         let state = self.state.clone();
         trellis_builder::schedules::TriggerHook::new(move |id| {
             let mut state = state.lock().unwrap_or_else(|e| e.into_inner());
+            if state
+                .queue
+                .iter()
+                .any(|q| q.schedule_id == id && q.source == "manual")
+            {
+                return Ok(json!({"ok": true, "schedule_id": id, "queued": false,
+                          "waiting": state.queue.len(),
+                          "fires": "a manual firing of this schedule waits already: it \
+                                    fires once the workspace is free"}));
+            }
             if state.queue.len() >= MAX_QUEUED {
                 return Err(format!(
                     "{MAX_QUEUED} firings wait for the workspace already: try again once \

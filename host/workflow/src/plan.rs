@@ -572,7 +572,10 @@ fn parse_step_body(
             StepKind::Regular
         }
         "routing" => StepKind::Routing(parse_routing(ctx, obj)?),
-        "human_input" => StepKind::HumanInput(parse_human_input(ctx, obj)?),
+        "human_input" => {
+            check_answer_file(ctx, obj, &context_output);
+            StepKind::HumanInput(parse_human_input(ctx, obj)?)
+        }
         _ => {
             let predefined_routes = parse_routes(ctx, obj);
             let has_schema =
@@ -609,6 +612,37 @@ fn parse_step_body(
         compat,
         kind,
     })
+}
+
+/// A human_input step's answer file, its first output, is a file in its output folder (a
+/// relative name without `.` or `..`): the run refuses any other when the step is reached. A
+/// name with a placeholder is checked once it is filled in.
+fn check_answer_file(ctx: &mut Ctx, obj: &Obj, output: &Option<ContextOutput>) {
+    let first = match output {
+        Some(ContextOutput::One(s)) => s.split(',').map(str::trim).find(|n| !n.is_empty()),
+        Some(ContextOutput::Many(v)) => v.first().map(String::as_str),
+        None => None,
+    };
+    let Some(name) = first.filter(|n| !n.contains("{{")) else {
+        return;
+    };
+    let plain = !name.is_empty()
+        && std::path::Path::new(name)
+            .components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)));
+    if !plain {
+        let path = match output {
+            Some(ContextOutput::Many(_)) => obj.path().key("context_output").index(0),
+            _ => obj.path().key("context_output"),
+        };
+        ctx.error(
+            &path,
+            format!(
+                "the answer file {name:?} does not name a file in the step's output folder; \
+                 expected a name such as \"answer.json\""
+            ),
+        );
+    }
 }
 
 /// An output named under `db/` must be under `db/assets/`: `db/` holds the database and

@@ -234,6 +234,14 @@ const CORPUS: &[(&str, &str, &[&str])] = &[
     ),
     (
         "P",
+        r#"{"steps": [{"id": "h", "type": "human_input", "title": "H", "description": "d", "question": "q", "variable_name": "v", "context_output": "."}, {"id": "k", "type": "human_input", "title": "K", "description": "d", "question": "q", "variable_name": "w", "context_output": ["x/../a.json", "b.json"]}]}"#,
+        &[
+            r#"planning/plan.json: steps[0].context_output (step "h"): the answer file "." does not name a file in the step's output folder; expected a name such as "answer.json""#,
+            r#"planning/plan.json: steps[1].context_output[0] (step "k"): the answer file "x/../a.json" does not name a file in the step's output folder; expected a name such as "answer.json""#,
+        ],
+    ),
+    (
+        "P",
         r#"{"steps": "all of them"}"#,
         &[r#"planning/plan.json: steps: expected an array, found a string"#],
     ),

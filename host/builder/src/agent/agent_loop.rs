@@ -117,8 +117,8 @@ impl Agent {
                             content
                         }
                         None => format!(
-                            "error: result not kept: it is {len} bytes and this turn's tool \
-                             results already reached their budget of {} MiB \
+                            "error: result not kept: its {len} bytes would take this turn's \
+                             tool results past their budget of {} MiB \
                              (--max-turn-result-mib); end this turn with what you have, or \
                              ask for smaller results (a line range, a narrower query)",
                             self.max_turn_result_bytes >> 20

@@ -141,8 +141,8 @@ impl ResultBytes {
             && !run.keep(bytes, *max)
         {
             return Err(format!(
-                "result not kept: it is {n} bytes and this run's tool results already reached \
-                 its budget of {} (--max-run-result-mib); end this turn with what you have",
+                "result not kept: its {n} bytes would take this run's tool results past their \
+                 budget of {} (--max-run-result-mib); end this turn with what you have",
                 mib(*max)
             ));
         }
@@ -159,9 +159,9 @@ impl ResultBytes {
             run.unkeep(bytes);
         }
         Err(format!(
-            "result not kept: it is {n} bytes and this turn's tool results already reached \
-             its budget of {} (--max-turn-result-mib); end this turn with what you have, or \
-             ask for smaller results (a line range, a narrower query)",
+            "result not kept: its {n} bytes would take this turn's tool results past their \
+             budget of {} (--max-turn-result-mib); end this turn with what you have, or ask \
+             for smaller results (a line range, a narrower query)",
             mib(self.total)
         ))
     }
@@ -464,7 +464,7 @@ mod tests {
         assert!(bytes.take(256 << 20).is_ok());
         let error = bytes.take(7).unwrap_err();
         assert!(
-            error.starts_with("result not kept: it is 7 bytes and this turn's tool results already reached its budget of 256 MiB (--max-turn-result-mib)"),
+            error.starts_with("result not kept: its 7 bytes would take this turn's tool results past their budget of 256 MiB (--max-turn-result-mib)"),
             "{error}"
         );
         assert_eq!(

@@ -533,6 +533,20 @@ impl StepRunner<'_> {
         (records, refused.len())
     }
 
+    /// How long `call` may take on its own: an external server's tool
+    /// [`crate::mcp_servers::EXTERNAL_CALL_TIMEOUT`], the rest a plugin call's deadline.
+    fn call_deadline(&self, call: &ToolCall) -> std::time::Duration {
+        let external = self
+            .mcp
+            .as_deref()
+            .is_some_and(|m| m.server_of(&call.name).is_some());
+        if external {
+            crate::mcp_servers::EXTERNAL_CALL_TIMEOUT
+        } else {
+            self.limits.timeout
+        }
+    }
+
     /// [`Self::tool_call`] within what is left of the turn's call time: its deadline is no
     /// later than its `share` of it (the calls that may run beside it share what is left),
     /// and its time is taken from it; not run when less than a second is left.
@@ -546,11 +560,8 @@ impl StepRunner<'_> {
         share: usize,
     ) -> ToolCallRecord {
         // A call with less than a second left would only fail at its deadline: not run.
-        let Some(held) = time.hold(
-            self.limits.timeout,
-            MIN_CALL_TIME.min(self.limits.timeout),
-            share,
-        ) else {
+        let deadline = self.call_deadline(call);
+        let Some(held) = time.hold(deadline, MIN_CALL_TIME.min(deadline), share) else {
             let args = parse_arguments(&call.arguments);
             return tool_record(call, args, Err(time.spent()), now_rfc3339(), Instant::now());
         };
@@ -595,9 +606,13 @@ impl StepRunner<'_> {
                             Err("the call was cancelled".to_string())
                         }
                         () = tokio::time::sleep(limits.timeout) => Err(format!(
-                            "the call was stopped after {} s, what this turn's tool calls had left \
-                             (--max-turn-call-seconds)",
-                            limits.timeout.as_secs()
+                            "the call was stopped after {} s, {}",
+                            limits.timeout.as_secs(),
+                            if limits.timeout < self.call_deadline(call) {
+                                "what this turn's tool calls had left (--max-turn-call-seconds)"
+                            } else {
+                                "an external server's call's deadline"
+                            }
                         )),
                     }
                 } else {

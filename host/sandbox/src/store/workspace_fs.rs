@@ -373,10 +373,21 @@ impl WorkspaceFs {
     /// [`crate::json_values::MAX_FILE_VALUES`] values is refused unparsed, naming it, and so
     /// is one that is not JSON.
     pub fn read_json_value(&self, path: impl AsRef<Path>) -> io::Result<serde_json::Value> {
+        self.read_json_value_within(path, READ_CAP, crate::json_values::MAX_FILE_VALUES)
+    }
+
+    /// [`WorkspaceFs::read_json_value`] of a file of a kind Trellis writes smaller: one of
+    /// more than `max_bytes` bytes or `max_values` values is refused unparsed.
+    pub fn read_json_value_within(
+        &self,
+        path: impl AsRef<Path>,
+        max_bytes: u64,
+        max_values: usize,
+    ) -> io::Result<serde_json::Value> {
         let path = path.as_ref();
-        let bytes = self.read(path)?;
+        let bytes = self.read_capped(path, max_bytes)?;
         let name = path.display().to_string();
-        crate::json_values::check_values(&name, &bytes, crate::json_values::MAX_FILE_VALUES)
+        crate::json_values::check_values(&name, &bytes, max_values)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
         serde_json::from_slice(&bytes).map_err(|e| {
             io::Error::new(io::ErrorKind::InvalidData, format!("{name}: not JSON: {e}"))

@@ -1,0 +1,30 @@
+//! Red team round 32 and this round's review: each a test that failed before its fix.
+
+use crate::support;
+
+use serde_json::json;
+
+/// A call of an external MCP server's tool was stopped after a plugin call's 30 s deadline,
+/// where the docs give it 300 s, and the error blamed the turn's call time
+/// (`--max-turn-call-seconds`) it had not reached. It may take its 300 s.
+#[test]
+fn an_external_servers_call_may_take_longer_than_a_plugin_call() {
+    use support::mcp_servers::{asking_for, fixture_entry, server_file, with_servers};
+    let dir = tempfile::tempdir().unwrap();
+    let started = dir.path().join("started");
+    let config = server_file(
+        &dir.path().join("servers.json"),
+        json!({"fx": fixture_entry(&started)}),
+    );
+    let llm = asking_for(vec![("fx__hang", json!({"seconds": 32}))]);
+    let ws = dir.path().join("ws");
+    support::mcp_servers::workspace(&ws, json!({"selected_tools": ["fx:hang"]}), &llm);
+    let out = with_servers(&["run", ws.to_str().unwrap()], &config)
+        .output()
+        .unwrap();
+    let said = support::plugin_build::all_output(&out);
+    assert!(out.status.success(), "{said}");
+    let results = llm.last_tool_results();
+    assert_eq!(results.len(), 1, "{said}");
+    assert!(results[0].1.contains("woke"), "{}", results[0].1);
+}
