@@ -166,16 +166,37 @@ impl Progress {
             }
             _ => {}
         }
-        // Events of the run as a whole are lasting lines in every mode but quiet.
-        if let Some(mut line) = event.run_line() {
-            // The step's own turns, then its sub-agents': together they are what the
-            // totals count.
-            if let RunEvent::StepEnded { .. } = event
-                && state.step_sub_turns > 0
-                && let Some(open) = line.strip_suffix(')')
-            {
-                line = format!("{open}; {} more by its sub-agents)", state.step_sub_turns);
+        // A step's end: its detail's first line, and the rest (a script's traceback) each on
+        // a line of its own under it, marked as its continuation so none reads as a line of
+        // the run's. The step's own turns, then its sub-agents': together they are what the
+        // totals count.
+        if let RunEvent::StepEnded {
+            step_id,
+            status,
+            detail,
+        } = event
+        {
+            let mut lines = detail.split('\n');
+            let first = lines.next().unwrap_or_default();
+            let more = match state.step_sub_turns {
+                0 => String::new(),
+                n => format!("; {n} more by its sub-agents"),
+            };
+            self.print(
+                &mut state,
+                &format!("step {step_id}: {status} ({first}{more})"),
+            );
+            for line in lines {
+                let line = line.strip_suffix('\r').unwrap_or(line);
+                self.print(
+                    &mut state,
+                    &format!("    |{}{line}", if line.is_empty() { "" } else { " " }),
+                );
             }
+            return;
+        }
+        // Events of the run as a whole are lasting lines in every mode but quiet.
+        if let Some(line) = event.run_line() {
             return self.print(&mut state, &line);
         }
         let line = describe(&mut state, event);

@@ -28,3 +28,50 @@ fn an_external_servers_call_may_take_longer_than_a_plugin_call() {
     assert_eq!(results.len(), 1, "{said}");
     assert!(results[0].1.contains("woke"), "{}", results[0].1);
 }
+
+/// A failed script's traceback was printed by `trellis run` as one line with every newline
+/// shown as `\x0a` (LOW): its lines are printed under the step's line, each marked as its
+/// continuation, so the error reads as written and none reads as a line of the run's.
+#[test]
+fn a_failed_scripts_error_keeps_its_lines_and_forges_none() {
+    const FORGED: &str = "step s: completed (0 turn(s))";
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    support::workspace::write_files(
+        root,
+        &[
+            (
+                "planning/plan.json",
+                json!({"objective": "o", "steps": [
+                    {"id": "s", "type": "regular", "title": "S", "description": "d"}]})
+                .to_string(),
+            ),
+            (
+                "planning/step_config.json",
+                json!({"steps": [{"id": "s", "agent_configs":
+                    {"declared_execution_mode": "scripted", "lock_code": true}}]})
+                .to_string(),
+            ),
+            (
+                "code/s/main.py",
+                format!("raise ValueError('bad\\n{FORGED}\\x1b[2J')\n"),
+            ),
+        ],
+    );
+    let out = support::trellis(&["run", root.to_str().unwrap()]);
+    let stdout = support::plugin_build::text(&out.stdout);
+    assert!(!out.status.success(), "{stdout}");
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("step s: failed (") && !l.contains("\\x0a")),
+        "{stdout}"
+    );
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l == format!("    | {FORGED}\\x1b[2J")),
+        "{stdout}"
+    );
+    assert!(!stdout.lines().any(|l| l.starts_with(FORGED)), "{stdout}");
+}
