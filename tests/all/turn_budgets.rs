@@ -104,15 +104,20 @@ fn one_answer_of_ten_thousand_reads_ends_within_the_turn_budgets() {
     assert_eq!(seen.len(), 4, "{out}");
     let results = tool_results_of(&seen[1]);
     assert_eq!(results.len(), ASKED, "every call asked for is answered");
-    let not_run = results
+    // The first call not run says why; the others point to it.
+    assert_eq!(
+        results[64].1,
+        "error: not run: this answer asked for 10000 tool calls and at most 64 run per \
+         answer (--max-calls-per-answer); ask again for the calls you still need, at most 64 \
+         at a time"
+    );
+    let not_run = results[65..]
         .iter()
         .filter(|(_, c)| {
-            c == "error: not run: this answer asked for 10000 tool calls and at most 64 run \
-                  per answer (--max-calls-per-answer); ask again for the calls you still \
-                  need, at most 64 at a time"
+            c == "error: not run: past this answer's 64 calls, as the first call not run says"
         })
         .count();
-    assert_eq!(not_run, ASKED - 64);
+    assert_eq!(not_run, ASKED - 65);
     // One result is a little over 1,010,000 bytes (the content with its 10,000 newlines
     // escaped, and the path and counts): 16 fit in 16 MiB (16,777,216 bytes), 17 do not.
     let offloaded: Vec<_> = results

@@ -121,11 +121,20 @@ impl Engine {
             std::thread::Builder::new()
                 .name("trellis-epoch".into())
                 .spawn(move || {
+                    // The epochs follow the clock, not the ticker's wake-ups: on a busy
+                    // machine a sleep of one tick can take many, and a guest's deadline
+                    // counted in wake-ups would run that much past its time.
+                    let started = std::time::Instant::now();
+                    let mut given = 0u64;
                     while !stop.load(Ordering::Relaxed) {
                         std::thread::sleep(EPOCH_TICK);
-                        match engine.upgrade() {
-                            Some(engine) => engine.increment_epoch(),
-                            None => break,
+                        let Some(engine) = engine.upgrade() else {
+                            break;
+                        };
+                        let due = ticks_due(started.elapsed());
+                        while given < due {
+                            engine.increment_epoch();
+                            given += 1;
                         }
                     }
                 })
@@ -224,10 +233,17 @@ impl Engine {
     }
 
     /// Number of epoch ticks that covers `timeout` (at least one).
+    ///
+    /// The ticker gives one a tick of the clock ([`ticks_due`]), however late it wakes.
     pub fn ticks_for(timeout: Duration) -> u64 {
         let tick = EPOCH_TICK.as_micros().max(1);
         (timeout.as_micros().div_ceil(tick) as u64).max(1)
     }
+}
+
+/// The epoch ticks due `elapsed` after the ticker started: one a [`EPOCH_TICK`] of the clock.
+fn ticks_due(elapsed: Duration) -> u64 {
+    u64::try_from(elapsed.as_micros() / EPOCH_TICK.as_micros().max(1)).unwrap_or(u64::MAX)
 }
 
 fn config() -> Config {
@@ -667,6 +683,19 @@ mod tests {
     use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 
     use super::*;
+
+    #[test]
+    fn the_ticks_due_follow_the_clock_however_late_the_ticker_wakes() {
+        // A ticker that slept 30 s in one wake-up (a starved thread) gives the 6,000 ticks
+        // of those 30 s at once: a 30 s deadline is past, not 5 ms further away.
+        assert_eq!(ticks_due(Duration::from_secs(30)), 6_000);
+        assert_eq!(
+            ticks_due(Duration::from_secs(30)),
+            Engine::ticks_for(Duration::from_secs(30))
+        );
+        assert_eq!(ticks_due(Duration::from_millis(4)), 0);
+        assert_eq!(ticks_due(Duration::MAX), u64::MAX);
+    }
 
     fn cached_engine(dir: &Path) -> Engine {
         Engine::new(CacheSetting::Dir(dir.to_path_buf())).unwrap()

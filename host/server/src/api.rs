@@ -246,12 +246,20 @@ fn log_of(app: &App, id: &str) -> Result<Arc<EventLog>, ApiError> {
 /// last number, read apart from the events, skipped the events past a read's cap and any
 /// event appended in between.)
 fn page(log: &EventLog, since: u64) -> Value {
+    let since = resume_after(log, since);
     let events = log.since(since, EVENTS_PER_READ);
     let last = events
         .last()
         .and_then(|e| e["id"].as_u64())
         .unwrap_or(since);
     json!({"events": events, "last": last})
+}
+
+/// Where a reader resumes: after event `since`, or from the start when `since` is past the
+/// log's last event (a number from before the server started again, whose logs number
+/// their events from 1 again: waiting for it would give the reader nothing).
+fn resume_after(log: &EventLog, since: u64) -> u64 {
+    if since > log.last() { 0 } else { since }
 }
 
 /// `GET /api/sessions/{id}/events?since=N`: the events after `N` (at most 500), and the
@@ -324,11 +332,21 @@ fn sse(
             ),
         )
     })?;
-    let resume = headers
-        .get("last-event-id")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok());
-    let since = resume.or(q.since).unwrap_or(0);
+    let resume = match headers.get("last-event-id") {
+        None => None,
+        Some(v) => Some(
+            v.to_str()
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .ok_or_else(|| {
+                    ApiError::bad_request(
+                        "Last-Event-ID: expected the number of an event (a whole number from \
+                         0), as each event's `id` gives it",
+                    )
+                })?,
+        ),
+    };
+    let since = resume_after(&log, resume.or(q.since).unwrap_or(0));
     let rx = log.subscribe();
     let state = (log, rx, since, Vec::<Value>::new().into_iter(), permit);
     let stream = futures::stream::unfold(

@@ -268,9 +268,12 @@ impl Watcher {
                     ExecutionEvent::Delivery { text, delivery } => json!({"type": "execution",
                         "execution_id": id.as_str(),
                         "line": cut(&format!("message {text:?}: {}", delivery.status))}),
-                    ExecutionEvent::End { status, error } => json!({"type": "execution_ended",
-                        "execution_id": id.as_str(), "status": status.to_string(),
-                        "error": error.as_deref().map(cut)}),
+                    // A run that failed says why: its setup's error, or its first step
+                    // that did not complete.
+                    ExecutionEvent::End { status, error, failure } => json!({
+                        "type": "execution_ended", "execution_id": id.as_str(),
+                        "status": status.to_string(),
+                        "error": error.as_deref().or(failure.as_deref()).map(cut)}),
                 };
                 log.push(value);
             }

@@ -315,7 +315,7 @@ pub struct Scheduler {
 type Stamp = (u64, std::time::SystemTime);
 
 /// The schedules of `workflow.json`, or its problems.
-type Loaded = Result<Vec<Schedule>, String>;
+type Loaded = Result<Arc<Vec<Schedule>>, String>;
 
 impl Default for Scheduler {
     fn default() -> Self {
@@ -476,21 +476,22 @@ pub fn write_pause_config(globally_paused: bool) -> anyhow::Result<Value> {
 
 /// The enabled and disabled schedules of the workspace as `workflow.json` holds them now
 /// (none when there is no such file, or it does not load: the scheduler fires nothing then).
-pub fn schedules_of(app: &App) -> Vec<Schedule> {
+pub fn schedules_of(app: &App) -> Arc<Vec<Schedule>> {
     loaded_schedules(app).unwrap_or_default()
 }
 
 /// The schedules of `workflow.json`, or what makes it not load: its problems, each with its
-/// JSON path. Parsed again only when the file's length or modification time changed.
-pub fn loaded_schedules(app: &App) -> Result<Vec<Schedule>, String> {
+/// JSON path. Parsed again only when the file's length or modification time changed, and
+/// shared, not copied, by each reader (the tick reads them every second).
+pub fn loaded_schedules(app: &App) -> Result<Arc<Vec<Schedule>>, String> {
     let Ok(fs) = app.workspace_fs() else {
-        return Ok(Vec::new());
+        return Ok(Arc::default());
     };
     let Some(stamp) = fs.stamp(trellis_workflow::WORKFLOW_FILE) else {
         // Missing: no schedules. Anything else (a link, a FIFO, a folder) is refused, and
         // said: the workspace does not load.
         return match fs.kind(trellis_workflow::WORKFLOW_FILE) {
-            Ok(None) => Ok(Vec::new()),
+            Ok(None) => Ok(Arc::default()),
             Ok(Some(_)) => Err(format!(
                 "{}: not a regular file (a link, a FIFO or a folder is never read)",
                 trellis_workflow::WORKFLOW_FILE
@@ -512,7 +513,7 @@ pub fn loaded_schedules(app: &App) -> Result<Vec<Schedule>, String> {
         Err(e) => Err(format!("{}: {e}", trellis_workflow::WORKFLOW_FILE)),
         Ok(text) => {
             trellis_workflow::manifest::parse_manifest(&text, trellis_workflow::WORKFLOW_FILE)
-                .map(|(m, _)| m.original.schedules)
+                .map(|(m, _)| Arc::new(m.original.schedules))
                 .map_err(|diags| diags.lines().join("\n"))
         }
     };

@@ -45,7 +45,7 @@ fn job(app: &App, s: &Schedule, history: &[ScheduleRun], runs: usize) -> Value {
 
 /// The schedules of `workflow.json`; `422 workspace_errors` naming its problems when it
 /// does not load.
-fn schedules(app: &App) -> Result<Vec<Schedule>, ApiError> {
+fn schedules(app: &App) -> Result<Arc<Vec<Schedule>>, ApiError> {
     scheduler::loaded_schedules(app).map_err(|why| {
         ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -58,16 +58,20 @@ fn schedules(app: &App) -> Result<Vec<Schedule>, ApiError> {
 fn find(app: &App, id: &str) -> Result<Schedule, ApiError> {
     let schedules = schedules(app)?;
     let ids: Vec<String> = schedules.iter().map(|s| s.id.clone()).collect();
-    schedules.into_iter().find(|s| s.id == id).ok_or_else(|| {
-        ApiError::not_found(format!(
-            "no schedule {id:?} in workflow.json (its schedules: {})",
-            if ids.is_empty() {
-                "none".to_string()
-            } else {
-                ids.join(", ")
-            }
-        ))
-    })
+    schedules
+        .iter()
+        .find(|s| s.id == id)
+        .cloned()
+        .ok_or_else(|| {
+            ApiError::not_found(format!(
+                "no schedule {id:?} in workflow.json (its schedules: {})",
+                if ids.is_empty() {
+                    "none".to_string()
+                } else {
+                    ids.join(", ")
+                }
+            ))
+        })
 }
 
 /// The history, and why its file cannot be read when it cannot (the next entry written

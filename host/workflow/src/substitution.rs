@@ -265,18 +265,19 @@ fn walk_plan(
 /// which checks again.
 pub fn check_plan_substitution(plan: &Plan, manifest: &WorkflowManifest) -> Diagnostics {
     let mut diags = Diagnostics::new();
-    let mut units = vec![manifest.resolved_variables(None)];
-    units.extend(
-        manifest
-            .groups
-            .iter()
-            .map(|g| manifest.resolved_variables(Some(&g.id))),
-    );
-    // Every unit's values at their longest: a plan within its limits with these is within
-    // them in every unit, so each unit is measured only when it may not be.
-    let mut longest: BTreeMap<String, String> = BTreeMap::new();
-    for unit in &units {
-        for (name, value) in unit {
+    // The units (no group, then each group) are made one at a time: each holds every
+    // variable's value, and a thousand groups of large values held at once were gigabytes.
+    let units = 1 + manifest.groups.len();
+    let unit = |i: usize| match i {
+        0 => manifest.resolved_variables(None),
+        _ => manifest.resolved_variables(Some(&manifest.groups[i - 1].id)),
+    };
+    // Every unit's values at their longest (the declared values, or a group's when longer):
+    // a plan within its limits with these is within them in every unit, so each unit is
+    // measured only when it may not be.
+    let mut longest = unit(0);
+    for group in &manifest.groups {
+        for (name, value) in &group.variables {
             let kept = longest.entry(name.clone()).or_default();
             if value.len() > kept.len() {
                 kept.clone_from(value);
@@ -288,14 +289,14 @@ pub fn check_plan_substitution(plan: &Plan, manifest: &WorkflowManifest) -> Diag
     }
     let mut scratch = plan.clone();
     if let Ok(grown) = measure_plan(&mut scratch, &longest)
-        && grown.saturating_mul(units.len()) <= MAX_RUN_GROWTH
+        && grown.saturating_mul(units) <= MAX_RUN_GROWTH
     {
         return diags;
     }
     let mut said: Vec<String> = Vec::new();
     let mut run = 0usize;
-    for unit in &units {
-        match measure_plan(&mut scratch, unit) {
+    for i in 0..units {
+        match measure_plan(&mut scratch, &unit(i)) {
             Ok(grown) => run = run.saturating_add(grown),
             Err(e) if !said.contains(&e.json_path) => {
                 said.push(e.json_path.clone());

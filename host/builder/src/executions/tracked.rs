@@ -227,7 +227,7 @@ impl Tracked {
             ExecutionEvent::Delivery { delivery, .. } => {
                 Some(format!("message {} ({})", delivery.status, delivery.phase))
             }
-            ExecutionEvent::End { status, error } => {
+            ExecutionEvent::End { status, error, .. } => {
                 self.status = *status;
                 self.error = error.clone();
                 None

@@ -209,6 +209,11 @@ impl CallTime {
         Some(taken)
     }
 
+    /// The time taken by the calls that ended.
+    pub(super) fn used(&self) -> std::time::Duration {
+        self.spent.lock().unwrap_or_else(|e| e.into_inner()).0
+    }
+
     /// Whether less than `least` is left for a call starting.
     pub(super) fn spent_below(&self, least: std::time::Duration) -> bool {
         let (used, held) = *self.spent.lock().unwrap_or_else(|e| e.into_inner());
@@ -378,6 +383,16 @@ pub fn not_run(asked: usize, budget: usize) -> String {
          {budget} at a time"
     )
 }
+
+/// The answer to each call past the first not run of an answer (the first says why).
+pub fn not_run_either(budget: usize) -> String {
+    format!("not run: past this answer's {budget} calls, as the first call not run says")
+}
+
+/// What the host keeps for each call of an answer past its limit, counted in the run's kept
+/// bytes with the answer: its answer in the conversation and the session, and its record in
+/// the turn log.
+pub const NOT_RUN_KEPT_BYTES: usize = 512;
 
 fn mib(bytes: u64) -> String {
     if bytes.is_multiple_of(1 << 20) {

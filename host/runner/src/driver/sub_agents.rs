@@ -27,7 +27,9 @@ impl StepRunner<'_> {
     /// fails: errors (an unknown route, too deep) land in the record as tool errors, and a
     /// sub-agent that fails is a result saying so.
     /// The sub-agent's turns share the calling turn's budgets (`shares`); a call is not
-    /// started when the calling turn's call time is spent.
+    /// started when the calling turn's call time is spent, and its whole time (its model
+    /// calls too, not only its tool calls) is taken from it: a turn's sub-agent calls end
+    /// within `--max-turn-call-seconds` but the last one.
     pub(super) fn sub_agent_call<'s>(
         &'s self,
         parent: &'s Run<'_>,
@@ -43,7 +45,16 @@ impl StepRunner<'_> {
                 Ok(_) if shares.call_time.spent_below(MIN_CALL_TIME) => {
                     Err(shares.call_time.spent())
                 }
-                Ok(a) => self.run_call(parent, a, shares).await,
+                Ok(a) => {
+                    let before = shares.call_time.used();
+                    let outcome = self.run_call(parent, a, shares).await;
+                    // Its tool calls took their time already; the rest (its model calls,
+                    // its gates) is taken now.
+                    let theirs = shares.call_time.used().saturating_sub(before);
+                    let rest = t0.elapsed().saturating_sub(theirs);
+                    shares.call_time.settle(std::time::Duration::ZERO, rest);
+                    outcome
+                }
             };
             tool_record(call, args, outcome, started_at, t0)
         })

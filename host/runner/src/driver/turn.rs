@@ -301,14 +301,24 @@ impl StepRunner<'_> {
                 }
             };
             // What the host keeps of an answer (in the conversation, the turn log and the
-            // session, each a copy) counts toward the run's kept bytes, as tool results do.
-            let answer_bytes = response.text.len().saturating_add(
-                response
-                    .tool_calls
-                    .iter()
-                    .map(|c| c.id.len() + c.name.len() + c.arguments.len())
-                    .sum::<usize>(),
-            );
+            // session, each a copy) counts toward the run's kept bytes, as tool results do;
+            // so do the host's answers to its calls past the answer's limit (each a result
+            // and a record kept, and sent back to the model every round).
+            let past_limit = response
+                .tool_calls
+                .len()
+                .saturating_sub(self.budgets.calls_per_answer.max(1));
+            let answer_bytes = response
+                .text
+                .len()
+                .saturating_add(
+                    response
+                        .tool_calls
+                        .iter()
+                        .map(|c| c.id.len() + c.name.len() + c.arguments.len())
+                        .sum::<usize>(),
+                )
+                .saturating_add(past_limit.saturating_mul(super::budget::NOT_RUN_KEPT_BYTES));
             if let Err(end) = self.keep("the model's answer", answer_bytes) {
                 let why = end.reason();
                 record.status = Status::Failed;
@@ -514,8 +524,12 @@ impl StepRunner<'_> {
                 records.push(r);
             }
         }
-        for c in refused {
-            let error = super::budget::not_run(calls.len(), budget);
+        for (i, c) in refused.iter().enumerate() {
+            // The first says why in full; the rest point to it.
+            let error = match i {
+                0 => super::budget::not_run(calls.len(), budget),
+                _ => super::budget::not_run_either(budget),
+            };
             let now = now_rfc3339();
             let record = ToolCallRecord {
                 tool_call_id: c.id.clone(),

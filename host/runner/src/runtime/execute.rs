@@ -113,11 +113,21 @@ pub(super) fn finish(execution: &Execution, result: Result<WorkflowRun, String>)
         Ok(run) => run.cut_short.as_deref(),
     }
     .map(|e| trellis_sandbox::cut::marked(e, crate::workflow_run::DETAIL_BYTES));
+    let failure = match &result {
+        Ok(run) if error.is_none() => run
+            .failure()
+            .map(|f| trellis_sandbox::cut::marked(&f, crate::workflow_run::DETAIL_BYTES)),
+        _ => None,
+    };
     *execution.outcome.lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
     execution
         .info
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .status = status;
-    execution.publish(ExecutionEvent::End { status, error });
+    execution.publish(ExecutionEvent::End {
+        status,
+        error,
+        failure,
+    });
 }

@@ -74,8 +74,11 @@ pub enum ExecutionEvent {
     End {
         /// How.
         status: ExecutionStatus,
-        /// The error of a broken setup.
+        /// The error of a broken setup, or what cut the run short.
         error: Option<String>,
+        /// Else, for a run that did not succeed, its first step that did not complete (its
+        /// id, status and the first line of its detail).
+        failure: Option<String>,
     },
 }
 

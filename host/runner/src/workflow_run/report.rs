@@ -63,4 +63,29 @@ impl WorkflowRun {
     pub fn succeeded(&self) -> bool {
         self.cut_short.is_none() && self.units.iter().all(UnitRun::succeeded)
     }
+
+    /// Why the run did not succeed, when it did not: what cut it short, else its first step
+    /// that did not complete (the first line of that step's detail, and its group's).
+    pub fn failure(&self) -> Option<String> {
+        if let Some(why) = &self.cut_short {
+            return Some(why.clone());
+        }
+        self.units.iter().find(|u| !u.succeeded()).and_then(|unit| {
+            let step = unit
+                .steps
+                .iter()
+                .rev()
+                .find(|s| s.status != Status::Completed)?;
+            let group = unit
+                .group
+                .as_deref()
+                .map_or(String::new(), |g| format!(" (group {g})"));
+            Some(format!(
+                "step {}{group}: {}: {}",
+                step.step_id,
+                step.status,
+                step.detail.lines().next().unwrap_or_default()
+            ))
+        })
+    }
 }

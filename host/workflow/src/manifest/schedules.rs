@@ -42,6 +42,30 @@ pub const MAX_CALENDAR_ITEMS: usize = 1000;
 /// a 15 MB `workflow.json`, held 1.15 GB in four requests at once).
 pub const MAX_CALENDAR_ITEMS_TOTAL: usize = 10_000;
 
+/// The JSON values of all a workflow's schedules together at most (each key and value of
+/// theirs counts): the server holds them parsed and reads them for every scheduler request
+/// (a schedule's `route_selections` of 500,000 entries, an 11.9 MB `workflow.json`, held
+/// 1 GB in a server).
+pub const MAX_SCHEDULE_VALUES: usize = 200_000;
+
+/// The values of `value`, its keys counted as values too (as the JSON of a file counts).
+fn json_values_of(value: &Value) -> usize {
+    let mut count = 0;
+    let mut open = vec![value];
+    while let Some(v) = open.pop() {
+        count += 1;
+        match v {
+            Value::Array(items) => open.extend(items),
+            Value::Object(map) => {
+                count += map.len();
+                open.extend(map.values());
+            }
+            _ => {}
+        }
+    }
+    count
+}
+
 /// The messages of one firing at most (a schedule's, a calendar item's): each is a turn.
 pub const MAX_MESSAGES: usize = 50;
 
@@ -275,6 +299,18 @@ pub(super) fn read_schedules(ctx: &mut Ctx, value: &Value) -> Vec<Schedule> {
             format!(
                 "{calendar} calendar items in all, more than the {MAX_CALENDAR_ITEMS_TOTAL} the \
                  schedules of a workflow may have together"
+            ),
+        );
+        return Vec::new();
+    }
+    let values: usize = items.iter().map(json_values_of).sum();
+    if values > MAX_SCHEDULE_VALUES {
+        ctx.error(
+            &path,
+            format!(
+                "the schedules hold {values} JSON values in all (route_selections, \
+                 group_names, messages, calendar items, ...), more than the \
+                 {MAX_SCHEDULE_VALUES} the schedules of a workflow may hold together"
             ),
         );
         return Vec::new();
