@@ -66,6 +66,12 @@ impl Bundle {
             "more than {} MiB to send",
             MAX_BUNDLE_BYTES >> 20
         );
+        ensure!(
+            rel.len() <= MAX_PATH_BYTES,
+            "{:?}... is a path of {} bytes, more than the {MAX_PATH_BYTES} a bundle carries",
+            trellis_sandbox::cut::marked(rel, 200),
+            rel.len()
+        );
         // A path escaped in JSON at worst, a size and a digest.
         self.manifest += rel.len() * 6 + 128;
         ensure!(
@@ -158,6 +164,7 @@ impl Received {
             at = end;
         }
         ensure!(at == bytes.len(), "the bundle has bytes past its manifest");
+        check_tree(files.iter().map(|(e, _)| e.path.as_str()))?;
         Ok(Received { files, bytes })
     }
 
@@ -185,6 +192,48 @@ impl Received {
         }
         Ok(())
     }
+}
+
+/// The bytes of a path of a bundle, and of one of its names, at most: what one system call
+/// takes of a path, and of a name, on Linux (a longer one fails as the file is written).
+pub const MAX_PATH_BYTES: usize = 4000;
+/// See [`MAX_PATH_BYTES`].
+pub const MAX_NAME_BYTES: usize = 255;
+
+/// Refuses a bundle whose files could not all be written: a path past [`MAX_PATH_BYTES`] or
+/// with a name past [`MAX_NAME_BYTES`], a path named twice, or a file that is also a folder
+/// of another's path. Checked before any file is written, so a bundle is written whole or
+/// not at all.
+fn check_tree<'a>(paths: impl Iterator<Item = &'a str> + Clone) -> Result<()> {
+    let mut files = std::collections::BTreeSet::new();
+    for path in paths.clone() {
+        ensure!(
+            path.len() <= MAX_PATH_BYTES,
+            "the bundle names a path of {} bytes, more than the {MAX_PATH_BYTES} a path may be: \
+             {:?}...",
+            path.len(),
+            trellis_sandbox::cut::marked(path, 200)
+        );
+        if let Some(name) = path.split('/').find(|n| n.len() > MAX_NAME_BYTES) {
+            bail!(
+                "the bundle names {:?}, whose name {:?}... is more than the {MAX_NAME_BYTES} \
+                 bytes a name may be",
+                trellis_sandbox::cut::marked(path, 200),
+                trellis_sandbox::cut::marked(name, 64)
+            );
+        }
+        ensure!(files.insert(path), "the bundle names {path:?} twice");
+    }
+    for path in paths {
+        for (i, _) in path.match_indices('/') {
+            ensure!(
+                !files.contains(&path[..i]),
+                "the bundle names {:?} as a file and as a folder of {path:?}",
+                &path[..i]
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Whether `path` is `folder` or below it.
@@ -236,5 +285,51 @@ mod tests {
         .to_vec();
         let err = Received::decode(forged).unwrap_err().to_string();
         assert!(err.contains("../x"), "{err}");
+    }
+
+    /// A bundle none of whose files can all be written is refused before any is: a file that
+    /// is a folder of another (a worker's forged `x` and `x/y` left `x` and the files before
+    /// it written, LOW), a path named twice, a path or name too long to write ("File name too
+    /// long", naming nothing, LOW).
+    #[test]
+    fn a_bundle_that_cannot_be_written_whole_is_refused_unwritten() {
+        // A forged bundle: its manifest written by hand, as a client with a worker's rights
+        // may.
+        let encode = |paths: &[&str]| {
+            let digest = hex::encode(Sha256::digest(b"x"));
+            let manifest: Vec<Entry> = paths
+                .iter()
+                .map(|p| Entry {
+                    path: p.to_string(),
+                    size: 1,
+                    sha256: digest.clone(),
+                })
+                .collect();
+            let mut bytes = serde_json::to_vec(&manifest).unwrap();
+            bytes.push(b'\n');
+            bytes.extend(std::iter::repeat_n(b'x', paths.len()));
+            bytes
+        };
+        let refused = |paths: &[&str]| {
+            Received::decode(encode(paths))
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default()
+        };
+        let err = refused(&["w/counts.json", "w/x", "w/x/y"]);
+        assert!(
+            err.contains("\"w/x\" as a file and as a folder of \"w/x/y\""),
+            "{err}"
+        );
+        assert!(refused(&["w/a", "w/a"]).contains("twice"));
+        let deep = format!("w/{}f", "d/".repeat(3000));
+        assert!(refused(&[&deep]).contains("more than the 4000"));
+        assert!(
+            Bundle::new().add_bytes(&deep, b"x").is_err(),
+            "not sent either"
+        );
+        let long = format!("w/{}", "n".repeat(300));
+        assert!(refused(&[&long]).contains("more than the 255"));
+        assert!(Received::decode(encode(&["w/x/y", "w/xy", "w/x/z"])).is_ok());
     }
 }
