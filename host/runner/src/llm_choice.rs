@@ -189,9 +189,9 @@ pub fn needs_model(ws: &Workspace, step: &Step) -> bool {
 
 /// The fields of a request body that the host writes and `options` may not: the model,
 /// the conversation (`messages`, and `system`, where Anthropic's API puts the system
-/// prompt) and the tools. `stream` is not sent as it is either: it is the switch of
-/// [`stream_option`].
-pub const RESERVED_OPTIONS: [&str; 4] = ["model", "messages", "system", "tools"];
+/// prompt), the tools, and `stream_options` (what a streamed answer reports, its usage
+/// among it). `stream` is not sent as it is either: it is the switch of [`stream_option`].
+pub const RESERVED_OPTIONS: [&str; 5] = ["model", "messages", "system", "tools", "stream_options"];
 
 /// `stream` of a model's `options` object: `false` turns streaming off for that model (a
 /// server that cannot stream); absent leaves it to workflow.json's provider settings. The
