@@ -37,6 +37,17 @@ pub async fn run(engine: &Engine, args: &CheckArgs) -> Result<ExitCode> {
     let _lock = trellis_runner::workspace_lock::acquire_for(&args.workspace, "trellis check")?;
     let step_id = args.step.as_str();
     let ws = open_workspace(&args.workspace, args.run.as_deref())?;
+    // A run folder named is one there: the report is not written into a folder made for it.
+    if let Some(run) = &args.run {
+        let rel = std::path::Path::new("runs").join(run);
+        if ws.fs.kind(&rel)? != Some(trellis_sandbox::store::Kind::Dir) {
+            anyhow::bail!(
+                "{}: no such run folder (`--run` names a folder under runs/; `trellis runs \
+                 list` shows them)",
+                rel.display()
+            );
+        }
+    }
     let step = ws.plan.step(step_id).with_context(|| {
         let ids: Vec<_> = ws.plan.all_steps().map(|s| s.id.as_str()).collect();
         format!(

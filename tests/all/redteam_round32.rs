@@ -280,3 +280,41 @@ fn sub_agent_calls_end_within_the_turns_call_time() {
         .count();
     assert!(results >= 15, "{results}: {said}");
 }
+
+/// An edit of `workflow.json` through the server's scheduler API (and any builder edit)
+/// wrote a file past the 16 MiB Trellis reads of a JSON file, then answered `422`: the
+/// workspace no longer loaded, and no edit could undo it (MEDIUM, round 33). An edit that
+/// would make a file Trellis cannot read is refused, nothing written.
+#[test]
+fn an_edit_never_writes_a_file_trellis_would_not_read() {
+    use support::serve::Serve;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ws");
+    scripted_step(&root, "print('ok')\n");
+    let serve = Serve::start(&root, None, &[]);
+    let mut refused = None;
+    for i in 0..20 {
+        let (status, answer) = serve.post(
+            "/api/scheduler/jobs",
+            &json!({"id": format!("big{i}"), "cron_expression": "0 9 * * *",
+                    "enabled": false, "description": "x".repeat(900_000)}),
+        );
+        if status != 201 {
+            refused = Some((i, status, answer));
+            break;
+        }
+    }
+    let (i, status, answer) = refused.expect("an edit past the read cap is refused");
+    assert!(i >= 15, "{i}: {answer}");
+    assert_eq!(status, 422, "{answer}");
+    let detail = answer["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("more than the 16777216 bytes") && detail.contains("nothing was written"),
+        "{answer}"
+    );
+    let size = std::fs::metadata(root.join("workflow.json")).unwrap().len();
+    assert!(size <= 16 << 20, "{size}");
+    // The workspace still loads, and the API still answers from it.
+    let (status, jobs) = serve.get("/api/scheduler/jobs", &[]);
+    assert_eq!(status, 200, "{jobs}");
+}

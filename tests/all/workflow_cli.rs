@@ -178,6 +178,22 @@ fn check_runs_the_gate_prints_each_check_and_writes_the_report() {
         "{}",
         text(&out.stderr)
     );
+    // A run folder that is not there is refused, nothing made for it.
+    let out = trellis(&[
+        "check",
+        root,
+        "--step",
+        "review-and-correct",
+        "--run",
+        "iteration-01",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("runs/iteration-01: no such run folder"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!ws.path().join("runs/iteration-01").exists());
     // A run folder outside `runs/` is refused, the workspace's diagnostic labelled once.
     let out = trellis(&[
         "check",

@@ -38,6 +38,9 @@ pub struct Bundle {
     bytes: Vec<u8>,
     /// What the manifest takes, about.
     manifest: usize,
+    /// The paths added: a file named again (a folder of the grant and a context dependency
+    /// both holding it) is sent once.
+    paths: std::collections::HashSet<String>,
 }
 
 impl Bundle {
@@ -48,15 +51,18 @@ impl Bundle {
 
     /// Adds the file at workspace-relative `rel` of `fs`, when it is a regular file.
     pub fn add_file(&mut self, fs: &WorkspaceFs, rel: &str) -> Result<()> {
-        if fs.kind(rel)? != Some(Kind::File) {
+        if self.paths.contains(rel) || fs.kind(rel)? != Some(Kind::File) {
             return Ok(());
         }
         let data = fs.read(rel).with_context(|| format!("reading {rel}"))?;
         self.add_bytes(rel, &data)
     }
 
-    /// Adds `data` as the file `rel`.
+    /// Adds `data` as the file `rel` (once: a path added already is left as it was).
     pub fn add_bytes(&mut self, rel: &str, data: &[u8]) -> Result<()> {
+        if self.paths.contains(rel) {
+            return Ok(());
+        }
         ensure!(
             self.entries.len() < MAX_BUNDLE_FILES,
             "more than {MAX_BUNDLE_FILES} files to send"
@@ -79,6 +85,7 @@ impl Bundle {
             "the names of the files to send take more than {} MiB",
             MAX_MANIFEST_BYTES >> 20
         );
+        self.paths.insert(rel.to_string());
         self.entries.push(Entry {
             path: rel.to_string(),
             size: data.len() as u64,

@@ -150,6 +150,11 @@ impl NatsDispatch {
         writable.push(format!("runs/{}/logs/{}", step.run_folder, step.step_id));
 
         let mut bundle = Bundle::new();
+        // The database's consistent copy first: a path is sent once, the first time it is
+        // added, and a folder of the grant may hold the database file as it is on disk.
+        if let Some(snapshot) = database_snapshot(&ws.fs)? {
+            bundle.add_bytes("db/db.sqlite", &snapshot)?;
+        }
         for file in WORKFLOW_FILES {
             bundle.add_file(&ws.fs, file)?;
         }
@@ -158,9 +163,6 @@ impl NatsDispatch {
         bundle.add_folder(&ws.fs, &format!("code/{}", step.step_id))?;
         for folder in &folders {
             bundle.add_folder(&ws.fs, &folder.path)?;
-        }
-        if let Some(snapshot) = database_snapshot(&ws.fs)? {
-            bundle.add_bytes("db/db.sqlite", &snapshot)?;
         }
 
         let canonical = step

@@ -262,6 +262,24 @@ impl Draft {
         changes: &[Change],
     ) -> Result<Committed, ToolFailure> {
         let files = self.changed_files()?;
+        // A file Trellis would refuse to read is not written: the workspace would no longer
+        // load, and no edit through the same reader could undo it.
+        for (rel, bytes) in &files {
+            let values = trellis_sandbox::json_values::json_values(bytes);
+            let (cap, most) = (
+                trellis_sandbox::store::workspace_fs::JSON_READ_CAP,
+                trellis_sandbox::json_values::MAX_FILE_VALUES,
+            );
+            if bytes.len() as u64 > cap || values > most {
+                return Err(ToolFailure::new(format!(
+                    "refused: this edit would make {} {} bytes and about {values} JSON values, \
+                     more than the {cap} bytes and {most} values Trellis reads of a JSON file; \
+                     nothing was written",
+                    rel.display(),
+                    bytes.len()
+                )));
+            }
+        }
         let mut candidate = Candidate::new();
         for (rel, bytes) in &files {
             candidate.set(rel.clone(), bytes.clone());
