@@ -318,3 +318,58 @@ fn an_edit_never_writes_a_file_trellis_would_not_read() {
     let (status, jobs) = serve.get("/api/scheduler/jobs", &[]);
     assert_eq!(status, 200, "{jobs}");
 }
+
+/// A `call_sub_agent` call running when the turn's call time ran out ran to its end: its
+/// model call took its own `--llm-timeout`, whatever the turn had left (10 s budget, 100 s
+/// answers: two turns took 3:21; MEDIUM, round 33). A sub-agent's model call ends when the
+/// calling turn's call time does.
+#[test]
+fn a_sub_agents_model_call_ends_with_the_calling_turns_call_time() {
+    use support::fake_llm::{FakeServer, completion, tool_results_of};
+    let llm = FakeServer::start(Box::new(move |body| {
+        let system = body["messages"][0]["content"].as_str().unwrap_or_default();
+        if system.contains("Counts rows.") {
+            std::thread::sleep(std::time::Duration::from_secs(8));
+            return (200, completion("Counted. STATUS: COMPLETED", &[]));
+        }
+        if !tool_results_of(body).is_empty() {
+            return (200, completion("done", &[]));
+        }
+        let args = json!({"route_id": "counter", "instructions": "Count."});
+        (200, completion("", &[("call_sub_agent", args)]))
+    }));
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    support::workspace::regular_steps(root, llm.providers(), &[]);
+    support::workspace::write_file(
+        root,
+        "planning/plan.json",
+        json!({"objective": "count", "steps": [
+            {"id": "desk", "type": "message_sequence", "title": "Desk", "description": "d",
+             "items": [{"id": "work", "type": "user_message", "message": "Work."}],
+             "predefined_routes": [{"route_id": "counter", "orphan_step_ref": "count-rows"}]}
+        ], "orphan_steps": [{"id": "count-rows", "type": "regular", "title": "Count",
+            "description": "Counts rows."}]})
+        .to_string(),
+    );
+    let out = support::trellis(&[
+        "run",
+        root.to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
+        "--max-turn-call-seconds",
+        "2",
+    ]);
+    let said = support::plugin_build::all_output(&out);
+    let result = llm
+        .seen()
+        .iter()
+        .flat_map(tool_results_of)
+        .map(|(_, r)| r)
+        .next()
+        .unwrap_or_default();
+    assert!(
+        result.contains("stopped: the calling turn's tool calls took their 2 s together"),
+        "{result}\n{said}"
+    );
+}

@@ -105,6 +105,29 @@ pub(super) struct TurnShares {
     pub(super) db_budget: trellis_sandbox::capabilities::DbWriteBudget,
     pub(super) result_bytes: ResultBytes,
     pub(super) call_time: CallTime,
+    /// While a `call_sub_agent` call runs: when the calling turn's call time runs out. The
+    /// sub-agent's model calls end by then (its tool calls take their time from
+    /// `call_time`), so the call does too.
+    pub(super) sub_agent_deadline: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+impl TurnShares {
+    /// When a running sub-agent's model calls must end, if one runs.
+    pub(super) fn sub_agent_deadline(&self) -> Option<std::time::Instant> {
+        *self
+            .sub_agent_deadline
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sets the deadline of a sub-agent call starting, and puts back its caller's (or
+    /// `None`) once it ended.
+    pub(super) fn set_sub_agent_deadline(&self, deadline: Option<std::time::Instant>) {
+        *self
+            .sub_agent_deadline
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = deadline;
+    }
 }
 
 /// What is left of one turn's result bytes, shared by its calls as they end, and within
@@ -212,6 +235,17 @@ impl CallTime {
     /// The time taken by the calls that ended.
     pub(super) fn used(&self) -> std::time::Duration {
         self.spent.lock().unwrap_or_else(|e| e.into_inner()).0
+    }
+
+    /// The time neither taken nor held.
+    pub(super) fn left(&self) -> std::time::Duration {
+        let (used, held) = *self.spent.lock().unwrap_or_else(|e| e.into_inner());
+        self.total.saturating_sub(used.saturating_add(held))
+    }
+
+    /// The turn's call time in all.
+    pub(super) fn total(&self) -> std::time::Duration {
+        self.total
     }
 
     /// Whether less than `least` is left for a call starting.

@@ -47,7 +47,13 @@ impl StepRunner<'_> {
                 }
                 Ok(a) => {
                     let before = shares.call_time.used();
+                    // Its model calls end when the turn's call time does.
+                    let deadline = Instant::now() + shares.call_time.left();
+                    let outer = shares.sub_agent_deadline();
+                    shares
+                        .set_sub_agent_deadline(Some(outer.map_or(deadline, |o| o.min(deadline))));
                     let outcome = self.run_call(parent, a, shares).await;
+                    shares.set_sub_agent_deadline(outer);
                     // Its tool calls took their time already; the rest (its model calls,
                     // its gates) is taken now.
                     let theirs = shares.call_time.used().saturating_sub(before);

@@ -180,6 +180,7 @@ impl StepRunner<'_> {
                 result_bytes: ResultBytes::new(self.budgets.result_bytes)
                     .within_run(self.model_calls.clone(), self.budgets.run_result_bytes),
                 call_time: CallTime::new(self.budgets.call_seconds),
+                sub_agent_deadline: Default::default(),
             })
         });
         let slots = Semaphore::new(self.budgets.concurrent_calls.max(1));
@@ -254,7 +255,27 @@ impl StepRunner<'_> {
             }
             let call_started = now_rfc3339();
             let t0 = Instant::now();
-            let completion = self.call_llm(&run.label, &run.models, &request).await;
+            // A sub-agent's model call ends when its calling turn's call time does.
+            let completion = match shares.sub_agent_deadline() {
+                None => self.call_llm(&run.label, &run.models, &request).await,
+                Some(deadline) => {
+                    let call = self.call_llm(&run.label, &run.models, &request);
+                    match tokio::time::timeout_at(deadline.into(), call).await {
+                        Ok(completion) => completion,
+                        Err(_) => {
+                            let why = format!(
+                                "turn {item_id}: stopped: the calling turn's tool calls took \
+                                 their {} s together, the most one turn's calls may \
+                                 (--max-turn-call-seconds)",
+                                shares.call_time.total().as_secs()
+                            );
+                            tracing::warn!("{}: {why}", run.label);
+                            result = Err(TurnEnd::Failed(why));
+                            break;
+                        }
+                    }
+                }
+            };
             let answered = completion.answered_by().or(completion.attempts.last());
             let mut record = LlmCallRecord {
                 turn: turn_no,
