@@ -4,7 +4,7 @@ use crate::support;
 
 use serde_json::json;
 use support::fake_llm::{FakeServer, completion};
-use support::workspace::{regular_steps, write_file};
+use support::workspace::write_file;
 
 /// Calls of one route rewrote its whole `session.json` at each call's start and end, so
 /// the bytes written grew with the square of the calls (5,000 calls of one turn wrote
@@ -25,18 +25,7 @@ fn a_routes_calls_write_its_session_a_bounded_number_of_times() {
     }));
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
-    regular_steps(root, llm.providers(), &[]);
-    write_file(
-        root,
-        "planning/plan.json",
-        json!({"objective": "count", "steps": [
-            {"id": "desk", "type": "message_sequence", "title": "Desk", "description": "d",
-             "items": [{"id": "work", "type": "user_message", "message": "Work."}],
-             "predefined_routes": [{"route_id": "counter", "orphan_step_ref": "count-rows"}]}
-        ], "orphan_steps": [{"id": "count-rows", "type": "regular", "title": "Count",
-            "description": "Counts rows."}]})
-        .to_string(),
-    );
+    support::workspace::counter_route(root, llm.providers());
     write_file(
         root,
         "planning/step_config.json",

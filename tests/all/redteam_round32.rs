@@ -51,6 +51,18 @@ fn scripted_step(root: &std::path::Path, script: &str) {
     );
 }
 
+/// `trellis run` of `root` with `--max-turn-call-seconds SECONDS`, its model on loopback.
+fn run_with_call_seconds(root: &std::path::Path, seconds: u32) -> std::process::Output {
+    support::trellis(&[
+        "run",
+        root.to_str().unwrap(),
+        "--allow-host",
+        "127.0.0.1",
+        "--max-turn-call-seconds",
+        &seconds.to_string(),
+    ])
+}
+
 /// A failed script's traceback was printed by `trellis run` as one line with every newline
 /// shown as `\x0a` (LOW): its lines are printed under the step's line, each marked as its
 /// continuation, so the error reads as written and none reads as a line of the run's.
@@ -248,26 +260,8 @@ fn sub_agent_calls_end_within_the_turns_call_time() {
     }));
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
-    support::workspace::regular_steps(root, llm.providers(), &[]);
-    support::workspace::write_file(
-        root,
-        "planning/plan.json",
-        json!({"objective": "count", "steps": [
-            {"id": "desk", "type": "message_sequence", "title": "Desk", "description": "d",
-             "items": [{"id": "work", "type": "user_message", "message": "Work."}],
-             "predefined_routes": [{"route_id": "counter", "orphan_step_ref": "count-rows"}]}
-        ], "orphan_steps": [{"id": "count-rows", "type": "regular", "title": "Count",
-            "description": "Counts rows."}]})
-        .to_string(),
-    );
-    let out = support::trellis(&[
-        "run",
-        root.to_str().unwrap(),
-        "--allow-host",
-        "127.0.0.1",
-        "--max-turn-call-seconds",
-        "2",
-    ]);
+    support::workspace::counter_route(root, llm.providers());
+    let out = run_with_call_seconds(root, 2);
     let said = support::plugin_build::all_output(&out);
     // Each call takes at least 0.5 s of the turn's 2 s: at most five begin.
     let made = sub_calls.load(Ordering::SeqCst);
@@ -340,26 +334,8 @@ fn a_sub_agents_model_call_ends_with_the_calling_turns_call_time() {
     }));
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
-    support::workspace::regular_steps(root, llm.providers(), &[]);
-    support::workspace::write_file(
-        root,
-        "planning/plan.json",
-        json!({"objective": "count", "steps": [
-            {"id": "desk", "type": "message_sequence", "title": "Desk", "description": "d",
-             "items": [{"id": "work", "type": "user_message", "message": "Work."}],
-             "predefined_routes": [{"route_id": "counter", "orphan_step_ref": "count-rows"}]}
-        ], "orphan_steps": [{"id": "count-rows", "type": "regular", "title": "Count",
-            "description": "Counts rows."}]})
-        .to_string(),
-    );
-    let out = support::trellis(&[
-        "run",
-        root.to_str().unwrap(),
-        "--allow-host",
-        "127.0.0.1",
-        "--max-turn-call-seconds",
-        "2",
-    ]);
+    support::workspace::counter_route(root, llm.providers());
+    let out = run_with_call_seconds(root, 2);
     let said = support::plugin_build::all_output(&out);
     let result = llm
         .seen()

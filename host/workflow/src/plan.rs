@@ -614,6 +614,15 @@ fn parse_step_body(
     })
 }
 
+/// Whether `name`, joined to a folder, names a file in it: relative, no `.` or `..` (joined,
+/// an absolute path or `.` would replace the folder or be it).
+pub fn names_a_file_in_folder(name: &str) -> bool {
+    !name.is_empty()
+        && std::path::Path::new(name)
+            .components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)))
+}
+
 /// A human_input step's answer file, its first output, is a file in its output folder (a
 /// relative name without `.` or `..`): the run refuses any other when the step is reached. A
 /// name with a placeholder is checked once it is filled in.
@@ -626,11 +635,7 @@ fn check_answer_file(ctx: &mut Ctx, obj: &Obj, output: &Option<ContextOutput>) {
     let Some(name) = first.filter(|n| !n.contains("{{")) else {
         return;
     };
-    let plain = !name.is_empty()
-        && std::path::Path::new(name)
-            .components()
-            .all(|c| matches!(c, std::path::Component::Normal(_)));
-    if !plain {
+    if !names_a_file_in_folder(name) {
         let path = match output {
             Some(ContextOutput::Many(_)) => obj.path().key("context_output").index(0),
             _ => obj.path().key("context_output"),

@@ -85,6 +85,24 @@ pub fn regular_steps(root: &Path, providers: Value, ids: &[&str]) {
     );
 }
 
+/// A workspace of one message_sequence step `desk` (one item, "Work.") whose route
+/// `counter` calls the orphan step `count-rows` ("Counts rows."), on the model at
+/// `providers`.
+pub fn counter_route(root: &Path, providers: Value) {
+    regular_steps(root, providers, &[]);
+    write_file(
+        root,
+        "planning/plan.json",
+        serde_json::json!({"objective": "count", "steps": [
+            {"id": "desk", "type": "message_sequence", "title": "Desk", "description": "d",
+             "items": [{"id": "work", "type": "user_message", "message": "Work."}],
+             "predefined_routes": [{"route_id": "counter", "orphan_step_ref": "count-rows"}]}
+        ], "orphan_steps": [{"id": "count-rows", "type": "regular", "title": "Count",
+            "description": "Counts rows."}]})
+        .to_string(),
+    );
+}
+
 /// Gives the workspace's `workflow.json` `n` groups (`g0`, `g1`, ...): the run goes through
 /// its steps once per group.
 pub fn with_groups(root: &Path, n: usize) {

@@ -27,9 +27,9 @@ impl StepRunner<'_> {
     /// fails: errors (an unknown route, too deep) land in the record as tool errors, and a
     /// sub-agent that fails is a result saying so.
     /// The sub-agent's turns share the calling turn's budgets (`shares`); a call is not
-    /// started when the calling turn's call time is spent, and its whole time (its model
-    /// calls too, not only its tool calls) is taken from it: a turn's sub-agent calls end
-    /// within `--max-turn-call-seconds` but the last one.
+    /// started when the calling turn's call time is spent, its whole time (its model calls
+    /// too, not only its tool calls) is taken from it, and its model calls end when that
+    /// time does.
     pub(super) fn sub_agent_call<'s>(
         &'s self,
         parent: &'s Run<'_>,

@@ -344,12 +344,7 @@ fn answered(
     let file = human_input_file(ws, step);
     // Joined to the output folder, an absolute path or `.` would replace it (a `..` is
     // refused by the workspace handle; an answer `.` made the folder a file).
-    let named = Path::new(&file);
-    if named.as_os_str().is_empty()
-        || !named
-            .components()
-            .all(|c| matches!(c, std::path::Component::Normal(_)))
-    {
+    if !trellis_workflow::plan::names_a_file_in_folder(&file) {
         bail!(
             "step {id:?}: the answer file (context_output) {file:?} does not name a file in \
              the step's output folder; expected a name such as \"answer.json\""
